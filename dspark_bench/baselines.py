@@ -1,0 +1,61 @@
+"""Decoders that speculative decoding is measured against; same contract as the engine.
+
+`autoregressive_decode` uses the engine's own cache and sampling code, one target forward per
+token, so speedup is measured against a loop as fast as a plain loop can be. The Hugging Face
+`generate` peers exist to show that this baseline is not the slow one.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dspark_bench.cache import CachedLM
+from dspark_bench.config import DecodeConfig
+from dspark_bench.engine import DecodeResult
+from dspark_bench.sampling import choose, distribution, make_generator
+
+
+@torch.inference_mode()
+def autoregressive_decode(
+    target: torch.nn.Module, prompt_ids: list[int], config: DecodeConfig, eos_ids: frozenset[int] = frozenset()
+) -> DecodeResult:
+    target_lm = CachedLM(target)
+    target_lm.prefill(prompt_ids[:-1])
+    generator = make_generator(config, target_lm.device)
+    result, pending = DecodeResult(tokens=[]), prompt_ids[-1:]
+    while len(result.tokens) < config.max_new_tokens:
+        logits = target_lm.forward(pending)[-1]
+        result.target_forwards += 1
+        token = choose(logits, distribution(logits, config), config, generator)
+        result.tokens.append(token)
+        if token in eos_ids:
+            break
+        pending = [token]
+    return result
+
+
+@torch.inference_mode()
+def hf_generate(
+    target: torch.nn.Module,
+    prompt_ids: list[int],
+    config: DecodeConfig,
+    eos_ids: frozenset[int] = frozenset(),
+    assistant: torch.nn.Module | None = None,
+) -> DecodeResult:
+    """`model.generate`, plain or assisted by a draft: a peer, not the baseline."""
+    device = next(target.parameters()).device
+    ids = torch.tensor([prompt_ids], device=device)
+    kwargs = dict(max_new_tokens=config.max_new_tokens, do_sample=not config.greedy, min_new_tokens=0)
+    if not config.greedy:
+        kwargs.update(temperature=config.temperature, top_p=config.top_p, top_k=0)
+    if assistant is not None:
+        kwargs["assistant_model"] = assistant
+    out = target.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        eos_token_id=sorted(eos_ids) or None,
+        pad_token_id=min(eos_ids) if eos_ids else 0,
+        **kwargs,
+    )
+    tokens = out[0, len(prompt_ids) :].tolist()
+    return DecodeResult(tokens=tokens, target_forwards=len(tokens))

@@ -1,0 +1,311 @@
+"""The `dspark-bench` command line: thin wrappers over the library.
+
+Each command parses flags, builds a config, calls one library function and prints. Library
+errors (DsparkError) become one line on stderr and exit status 1, never a traceback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+from rich.text import Text
+
+from dspark_bench.config import DecodeConfig
+from dspark_bench.errors import DsparkError
+
+app = typer.Typer(help="Find, measure and prove the best speculative-decoding policy.", no_args_is_help=True,
+                  pretty_exceptions_enable=False, add_completion=False)
+tasks_app = typer.Typer(help="Inspect the built-in tasks and validate task files.", no_args_is_help=True)
+models_app = typer.Typer(help="The offline reference model pair.", no_args_is_help=True)
+app.add_typer(tasks_app, name="tasks")
+app.add_typer(models_app, name="models")
+
+def _console(stderr: bool = False) -> Console:
+    # Tables of metrics are wide: off a terminal (CI logs, pipes) do not wrap them at 80 columns.
+    probe = Console(stderr=stderr)
+    return Console(stderr=stderr, width=None if probe.is_terminal else 200)
+
+
+out_console = _console()
+err_console = _console(stderr=True)
+
+
+def quiet_libraries() -> None:
+    """Our own progress bars are enough; silence transformers' and datasets' chatter."""
+    import datasets
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    datasets.disable_progress_bars()
+
+
+@contextlib.contextmanager
+def cli_errors():
+    """Turn library errors into one clean line and a non-zero exit."""
+    try:
+        yield
+    except DsparkError as err:
+        err_console.print(f"[bold red]error:[/] {err}", highlight=False, soft_wrap=True)
+        raise typer.Exit(1) from None
+    except KeyboardInterrupt:
+        err_console.print("interrupted", highlight=False)
+        raise typer.Exit(130) from None
+
+
+def progress_bar() -> Progress:
+    return Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        TimeRemainingColumn(), console=err_console, transient=False,
+    )
+
+
+# Options shared by the commands that decode.
+Target = Annotated[Optional[str], typer.Option(help="Target model: Hugging Face name or local path [default: reference pair].")]
+Draft = Annotated[Optional[str], typer.Option(help="Draft model sharing the target's vocabulary [default: reference pair].")]
+Device = Annotated[str, typer.Option(help="auto | cpu | cuda | mps")]
+Dtype = Annotated[str, typer.Option(help="auto (fp32 on CPU, bf16 on CUDA) | float32 | bfloat16 | float16")]
+Metrics = Annotated[list[str], typer.Option("--metric", help="Confidence metric: top1 | entropy | topk_mass | margin (repeatable).")]
+Schedules = Annotated[list[str], typer.Option("--schedule", help="threshold | ramp | cumulative | fixed (repeatable).")]
+Thresholds = Annotated[list[float], typer.Option("--threshold", help="Stop drafting below this confidence (repeatable).")]
+GammaMaxes = Annotated[list[int], typer.Option("--gamma-max", help="Most draft tokens per round (repeatable).")]
+MinDraftLens = Annotated[list[int], typer.Option("--min-draft-len", help="Fewest draft tokens per round (repeatable).")]
+ThresholdStart = Annotated[float, typer.Option(help="Ramp schedule: threshold at draft position 1.")]
+ThresholdEnd = Annotated[float, typer.Option(help="Ramp schedule: threshold at position gamma_max.")]
+TopK = Annotated[int, typer.Option(help="k of the topk_mass metric.")]
+Temperature = Annotated[float, typer.Option(help="0 = greedy verification; > 0 = lossless rejection sampling.")]
+TopP = Annotated[float, typer.Option(help="Nucleus filter, applied to target and draft alike.")]
+MaxNewTokens = Annotated[Optional[int], typer.Option(help="Tokens to generate per prompt [default: the task's, else 128].")]
+Seed = Annotated[int, typer.Option(help="Sampling seed.")]
+Task = Annotated[Optional[str], typer.Option(help="Built-in task (see `dspark-bench tasks ls`).")]
+Dataset = Annotated[Optional[str], typer.Option(help="Your prompts: JSONL/JSON/CSV/Parquet/text file, or a hub id.")]
+PromptsFile = Annotated[Optional[str], typer.Option("--prompts", help="Alias of --dataset for a local file.")]
+Split = Annotated[str, typer.Option(help="Dataset split (hub datasets).")]
+PromptField = Annotated[Optional[str], typer.Option(help="Column holding the prompt [default: guessed].")]
+CategoryField = Annotated[Optional[str], typer.Option(help="Column holding the category [default: guessed].")]
+Turns = Annotated[str, typer.Option(help="Multi-turn prompts: first | all (each turn on the model's own answer).")]
+ChatTemplate = Annotated[str, typer.Option(help="auto (use the tokenizer's chat template if any) | none")]
+Limit = Annotated[Optional[int], typer.Option(help="Use only the first N prompts.")]
+
+
+def decode_configs(metrics, schedules, thresholds, gamma_maxes, min_draft_lens, **fixed) -> list[DecodeConfig]:
+    """Every combination of the repeatable policy flags, as validated configs."""
+    grid = itertools.product(metrics or ["top1"], schedules or ["threshold"], thresholds or [0.5],
+                             gamma_maxes or [5], min_draft_lens or [1])
+    return [
+        DecodeConfig(metric=m, schedule=s, threshold=t, gamma_max=g, min_draft_len=n, **fixed)
+        for m, s, t, g, n in grid
+    ]
+
+
+def resolve_prompts(task, dataset, prompts_file, split, prompt_field, category_field, limit):
+    """(prompts, description of their source, the task's default max_new_tokens or None)."""
+    from dspark_bench.tasks import get_task, load_dataset_prompts, load_task
+
+    chosen = [name for name, value in (("--task", task), ("--dataset", dataset), ("--prompts", prompts_file)) if value]
+    if len(chosen) != 1:
+        raise DsparkError("pass exactly one of --task, --dataset or --prompts" + (f" (got {', '.join(chosen)})" if chosen else ""))
+    if task:
+        spec = get_task(task)
+        return load_task(task, limit), {"task": spec.name, "task_version": spec.version, "domain": spec.domain}, spec.max_new_tokens
+    source = dataset or prompts_file
+    prompts = load_dataset_prompts(source, split, prompt_field, category_field, limit)
+    return prompts, {"dataset": source, "split": split}, None
+
+
+def summary_table(table, title: str) -> Table:
+    view = Table(title=title, title_justify="left")
+    columns = ["config_label", "prompts", "avg_draft_len", "acceptance_rate", "block_acceptance_rate",
+               "accepted_per_round", "tokens_per_round", "speedup", "identical_to_baseline"]
+    extra = [c for c in ("category",) if c in table]
+    for name in extra + columns:
+        view.add_column(name.replace("_", " "), justify="left" if name in ("config_label", "category") else "right")
+    for row in table.to_dict(orient="records"):
+        cells = [str(row[c]) for c in extra]
+        for name in columns:
+            value = row.get(name)
+            if name == "speedup" and value is not None:
+                cells.append(f"{value:.2f}× [{row['speedup_low']:.2f}, {row['speedup_high']:.2f}]")
+            elif isinstance(value, float):
+                cells.append(f"{value:.3f}")
+            else:
+                cells.append("" if value is None else str(value))
+        view.add_row(*cells)
+    return view
+
+
+@app.command()
+def run(
+    target: Target = None, draft: Draft = None, task: Task = None, dataset: Dataset = None,
+    prompts: PromptsFile = None, split: Split = "train", prompt_field: PromptField = None,
+    category_field: CategoryField = None, limit: Limit = None, turns: Turns = "first",
+    chat_template: ChatTemplate = "auto",
+    metric: Metrics = None, schedule: Schedules = None, threshold: Thresholds = None,
+    gamma_max: GammaMaxes = None, min_draft_len: MinDraftLens = None,
+    threshold_start: ThresholdStart = 0.3, threshold_end: ThresholdEnd = 0.8, topk: TopK = 5,
+    temperature: Temperature = 0.0, top_p: TopP = 1.0, max_new_tokens: MaxNewTokens = None, seed: Seed = 0,
+    repeats: Annotated[int, typer.Option(help="Timed baseline/speculative pairs per prompt (medians kept).")] = 3,
+    trace: Annotated[bool, typer.Option(help="Also write rounds.parquet, the per-round trace.")] = False,
+    device: Device = "auto", dtype: Dtype = "auto",
+    out: Annotated[Path, typer.Option(help="Folder that receives the run folder.")] = Path("results"),
+):
+    """Decode prompts with the speculative decoder and the autoregressive baseline; write a run folder.
+
+    Example: dspark-bench run --task code --limit 10 --threshold 0.3 --threshold 0.5 --gamma-max 6
+    """
+    from dspark_bench.models import load_pair
+    from dspark_bench.results import check_writable
+    from dspark_bench.runner import RunnerSettings, run_to_folder
+
+    with cli_errors():
+        if turns not in ("first", "all"):
+            raise DsparkError(f"--turns must be first or all (got {turns!r})")
+        if repeats < 1:
+            raise DsparkError(f"--repeats must be at least 1 (got {repeats})")
+        check_writable(out)
+        prompt_list, source, task_tokens = resolve_prompts(task, dataset, prompts, split, prompt_field, category_field, limit)
+        configs = decode_configs(
+            metric, schedule, threshold, gamma_max, min_draft_len, threshold_start=threshold_start,
+            threshold_end=threshold_end, topk=topk, temperature=temperature, top_p=top_p, seed=seed,
+            max_new_tokens=max_new_tokens or task_tokens or 128,
+        )
+        pair = load_pair(target, draft, device, dtype)
+        settings = RunnerSettings(repeats=repeats, trace=trace, chat_template=chat_template, turns=turns)
+        turns_per_prompt = [1 + len(p.turns) if turns == "all" else 1 for p in prompt_list]
+        samples = sum(turns_per_prompt) * len(configs)
+        with progress_bar() as bar:
+            job = bar.add_task("decoding", total=samples)
+            folder, table = run_to_folder(pair, prompt_list, configs, out, settings, source,
+                                          progress=lambda: bar.advance(job))
+        out_console.print(summary_table(table, f"{len(prompt_list)} prompts · {pair.device} · {pair.dtype}"))
+        out_console.print(f"run folder: {folder}")
+
+
+def render_rounds(tokenizer, result) -> Text:
+    """Accepted draft tokens green, rejected ones red and struck through, the target's own bold."""
+    text = Text()
+    for r in result.rounds:
+        for i, token in enumerate(r.draft_tokens):
+            piece = tokenizer.decode([token])
+            text.append(piece, style="green" if i < r.accepted else "red strike")
+        if r.target_token >= 0:
+            text.append(tokenizer.decode([r.target_token]), style="bold cyan")
+    return text
+
+
+@app.command()
+def decode(
+    text: Annotated[str, typer.Argument(help="The prompt.")],
+    target: Target = None, draft: Draft = None, chat_template: ChatTemplate = "auto",
+    metric: Annotated[str, typer.Option(help="top1 | entropy | topk_mass | margin")] = "top1",
+    schedule: Annotated[str, typer.Option(help="threshold | ramp | cumulative | fixed")] = "threshold",
+    threshold: Annotated[float, typer.Option(help="Stop drafting below this confidence.")] = 0.5,
+    gamma_max: Annotated[int, typer.Option(help="Most draft tokens per round.")] = 5,
+    min_draft_len: Annotated[int, typer.Option(help="Fewest draft tokens per round.")] = 1,
+    threshold_start: ThresholdStart = 0.3, threshold_end: ThresholdEnd = 0.8, topk: TopK = 5,
+    temperature: Temperature = 0.0, top_p: TopP = 1.0, max_new_tokens: MaxNewTokens = None, seed: Seed = 0,
+    device: Device = "auto", dtype: Dtype = "auto",
+):
+    """Generate once and show every round: accepted (green), rejected (red), target's token (bold).
+
+    Example: dspark-bench decode "def fibonacci(n):" --threshold 0.4
+    """
+    from dspark_bench.engine import speculative_decode
+    from dspark_bench.metrics import rates
+    from dspark_bench.models import load_pair
+    from dspark_bench.prompts import encode
+    from dspark_bench.runner import sample_row
+
+    with cli_errors():
+        config = DecodeConfig(metric=metric, schedule=schedule, threshold=threshold, gamma_max=gamma_max,
+                              min_draft_len=min_draft_len, threshold_start=threshold_start,
+                              threshold_end=threshold_end, topk=topk, temperature=temperature, top_p=top_p,
+                              max_new_tokens=max_new_tokens or 128, seed=seed)
+        pair = load_pair(target, draft, device, dtype)
+        ids = encode(pair.tokenizer, text, chat_template)
+        result = speculative_decode(pair.target, pair.draft, ids, config, pair.eos_ids)
+        out_console.print(Text(text, style="dim") + render_rounds(pair.tokenizer, result))
+        row = sample_row(result, config)
+        metrics = {k: row[k] for k in ("rounds", "new_tokens", "avg_draft_len", "acceptance_rate",
+                                       "block_acceptance_rate", "accepted_per_round", "tokens_per_round")}
+        out_console.print("  ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items()))
+        stops = {k.removeprefix("stop_"): row[k] for k in row if k.startswith("stop_") and row[k]}
+        out_console.print("stop reasons: " + ", ".join(f"{k} {v}" for k, v in stops.items()))
+
+
+@tasks_app.command("ls")
+def tasks_ls():
+    """List the built-in tasks. Example: dspark-bench tasks ls"""
+    from dspark_bench.tasks import registry
+
+    with cli_errors():
+        view = Table(title="built-in tasks", title_justify="left")
+        for column in ("name", "domain", "prompts", "max new tokens", "version", "source"):
+            view.add_column(column)
+        for spec in registry().values():
+            view.add_row(spec.name, spec.domain, str(spec.count), str(spec.max_new_tokens), str(spec.version), spec.source)
+        out_console.print(view)
+
+
+@tasks_app.command("show")
+def tasks_show(name: str, n: Annotated[int, typer.Option(help="How many prompts to show.")] = 3):
+    """Show a task's settings and a few of its prompts. Example: dspark-bench tasks show code --n 2"""
+    from dspark_bench.prompts import prompts_fingerprint
+    from dspark_bench.tasks import get_task, load_task
+
+    with cli_errors():
+        spec = get_task(name)
+        prompts = load_task(name)
+        out_console.print(f"[bold]{spec.name}[/] v{spec.version} · domain {spec.domain} · {len(prompts)} prompts · "
+                          f"fingerprint {prompts_fingerprint(prompts)}\n{spec.description}", highlight=False)
+        for prompt in prompts[:n]:
+            out_console.rule(f"{prompt.id} [{prompt.category}]")
+            out_console.print(Text(prompt.text))
+
+
+@tasks_app.command("validate")
+def tasks_validate(path: Path):
+    """Check a task file. Example: dspark-bench tasks validate my_task.yaml"""
+    from dspark_bench.tasks import validate_task_file
+
+    with cli_errors():
+        spec = validate_task_file(path)
+        out_console.print(f"ok: task {spec.name!r} (domain {spec.domain}, source {spec.source})", highlight=False)
+
+
+@models_app.command("info")
+def models_info():
+    """What the shipped reference pair is. Example: dspark-bench models info"""
+    from dspark_bench.reference import info
+
+    with cli_errors():
+        out_console.print_json(json.dumps(info(), default=str))
+
+
+@models_app.command("build")
+def models_build(
+    out: Annotated[Path, typer.Option(help="Build folder (checkpoints; an interrupted build resumes).")] = Path("build/reference"),
+    minutes: Annotated[float, typer.Option(help="Training time budget for target + draft.")] = 100.0,
+):
+    """Rebuild the reference pair from the local install's text. Example: dspark-bench models build --minutes 100"""
+    from dspark_bench.reference import build
+
+    with cli_errors():
+        build(out=out, minutes=minutes)
+
+
+@app.callback()
+def _setup() -> None:
+    quiet_libraries()
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,95 @@
+"""Frozen configuration: the policy being tuned and how tokens are verified.
+
+CLI flags, sweep files and Optuna trials only override fields of these dataclasses;
+unknown keys are errors, and every result stores the config it ran with (`to_dict`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from dspark_bench.errors import DsparkError
+
+METRICS = ("top1", "entropy", "topk_mass", "margin")
+SCHEDULES = ("threshold", "ramp", "cumulative", "fixed")
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """One speculative-decoding policy plus its verification settings."""
+
+    metric: str = "top1"  # confidence signal the drafter reports (confidence.METRICS)
+    schedule: str = "threshold"  # stopping rule (schedule.SCHEDULES)
+    threshold: float = 0.5  # stop when confidence < threshold ("threshold", "cumulative")
+    threshold_start: float = 0.3  # "ramp": threshold at draft position 1 ...
+    threshold_end: float = 0.8  # ... rising linearly to this at position gamma_max
+    gamma_max: int = 5  # never draft more than this many tokens per round
+    min_draft_len: int = 1  # always draft at least this many, whatever the confidence
+    topk: int = 5  # k of the "topk_mass" metric
+    temperature: float = 0.0  # 0 = greedy verification; > 0 = rejection sampling
+    top_p: float = 1.0  # nucleus filter, applied identically to target and draft
+    max_new_tokens: int = 128
+    seed: int = 0  # seeds the sampling generator of each decode
+
+    def __post_init__(self) -> None:
+        validate(self)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def replace(self, **changes) -> "DecodeConfig":
+        return from_dict({**self.to_dict(), **changes})
+
+    def label(self) -> str:
+        """Short human name of the policy, for tables and legends."""
+        if self.schedule == "fixed":
+            return f"fixed γ={self.gamma_max}"
+        if self.schedule == "ramp":
+            knob = f"{self.threshold_start:g}→{self.threshold_end:g}"
+        else:
+            knob = f"{self.threshold:g}"
+        return f"{self.metric} {self.schedule} {knob} γ≤{self.gamma_max} min{self.min_draft_len}"
+
+
+def from_dict(values: dict) -> DecodeConfig:
+    """Build a DecodeConfig from a mapping, refusing keys it does not know."""
+    known = {f.name for f in dataclasses.fields(DecodeConfig)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise DsparkError(f"unknown decode setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    return DecodeConfig(**values)
+
+
+def _check_unit(name: str, value: float, metric: str) -> None:
+    # Every metric is normalised to [0, 1] with 1 = most confident (see confidence.py),
+    # so one range check covers all of them.
+    if not 0.0 <= value <= 1.0:
+        raise DsparkError(f"{name} {value:g} is outside the {metric} metric's range [0, 1]")
+
+
+def validate(config: DecodeConfig) -> None:
+    if config.metric not in METRICS:
+        raise DsparkError(f"unknown confidence metric {config.metric!r}; choose one of {', '.join(METRICS)}")
+    if config.schedule not in SCHEDULES:
+        raise DsparkError(f"unknown schedule {config.schedule!r}; choose one of {', '.join(SCHEDULES)}")
+    if config.gamma_max < 1:
+        raise DsparkError(f"gamma_max must be at least 1 (got {config.gamma_max})")
+    if config.min_draft_len < 0:
+        raise DsparkError(f"min_draft_len must be at least 0 (got {config.min_draft_len})")
+    if config.min_draft_len > config.gamma_max:
+        raise DsparkError(f"min_draft_len ({config.min_draft_len}) must not exceed gamma_max ({config.gamma_max})")
+    for name in ("threshold", "threshold_start", "threshold_end"):
+        _check_unit(name, getattr(config, name), config.metric)
+    if config.topk < 1:
+        raise DsparkError(f"topk must be at least 1 (got {config.topk})")
+    if config.temperature < 0:
+        raise DsparkError(f"temperature must be >= 0 (got {config.temperature:g})")
+    if not 0.0 < config.top_p <= 1.0:
+        raise DsparkError(f"top_p must be in (0, 1] (got {config.top_p:g})")
+    if config.max_new_tokens < 1:
+        raise DsparkError(f"max_new_tokens must be at least 1 (got {config.max_new_tokens})")

@@ -1,0 +1,152 @@
+"""The confidence-scheduled speculative decoder.
+
+Invariant between rounds: `seq` holds every committed token (prompt + output); each model's
+cache holds a prefix of `seq` and is fed the rest at its next forward. Usually that is only
+the last token; after a fully accepted draft that ended at gamma_max, the draft also catches
+up on its own last token, in the same forward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from dspark_bench import confidence
+from dspark_bench.cache import CachedLM
+from dspark_bench.config import DecodeConfig
+from dspark_bench.sampling import choose, distribution, make_generator, uniform
+from dspark_bench.schedule import keeps
+
+
+@dataclass
+class Round:
+    drafted: int  # L_r: tokens kept in the draft and sent to the target
+    accepted: int  # a_r: how many of them the target accepted
+    emitted: int  # tokens this round added to the output (a_r + 1 unless EOS ended it)
+    stop_reason: str  # "threshold" | "gamma_max" | "eos" | "budget"
+    draft_tokens: list[int]  # the L_r drafted ids (the first a_r were accepted)
+    confidences: list[float]  # one per proposal, including a dropped one that stopped the round
+    target_token: int  # the target's own token ending the round (-1 if EOS was accepted first)
+    draft_forwards: int  # s_r: draft forward passes this round really ran
+
+
+@dataclass
+class DecodeResult:
+    """What every decoder returns, speculative or not."""
+
+    tokens: list[int]  # generated ids, prompt excluded
+    rounds: list[Round] = field(default_factory=list)
+    target_forwards: int = 0  # forward passes after the prefill
+    draft_forwards: int = 0
+
+
+@dataclass
+class Proposal:
+    tokens: list[int]
+    probs: list[torch.Tensor]  # the draft distribution q each token was drawn from
+    confidences: list[float]
+    stop_reason: str
+    forwards: int
+
+
+@torch.inference_mode()
+def speculative_decode(
+    target: torch.nn.Module,
+    draft: torch.nn.Module,
+    prompt_ids: list[int],
+    config: DecodeConfig,
+    eos_ids: frozenset[int] = frozenset(),
+) -> DecodeResult:
+    target_lm, draft_lm = CachedLM(target), CachedLM(draft)
+    target_lm.prefill(prompt_ids[:-1])
+    draft_lm.prefill(prompt_ids[:-1])
+    generator = make_generator(config, target_lm.device)
+    seq, result = list(prompt_ids), DecodeResult(tokens=[])
+    while len(result.tokens) < config.max_new_tokens:
+        # Leave room for the target's own token at the end of the round.
+        budget = config.max_new_tokens - len(result.tokens) - 1
+        proposal = propose(draft_lm, seq, config, budget, generator, eos_ids)
+        logits = target_lm.forward(seq[target_lm.length :] + proposal.tokens, keep=len(proposal.tokens) + 1)
+        accepted, target_token = verify(logits, proposal, config, generator)
+        emitted = proposal.tokens[:accepted]
+        if not (emitted and emitted[-1] in eos_ids):
+            emitted.append(target_token)
+        else:
+            target_token = -1  # the draft's accepted EOS ended the sequence
+        seq += emitted
+        result.tokens += emitted
+        result.rounds.append(
+            Round(len(proposal.tokens), accepted, len(emitted), proposal.stop_reason, proposal.tokens,
+                  proposal.confidences, target_token, proposal.forwards)
+        )
+        result.target_forwards += 1
+        result.draft_forwards += proposal.forwards
+        # The last emitted token is fed at the next forward of both models.
+        target_lm.rollback(len(seq) - 1)
+        draft_lm.rollback(len(seq) - 1)
+        if emitted[-1] in eos_ids:
+            break
+    return result
+
+
+def propose(
+    draft_lm: CachedLM, seq: list[int], config: DecodeConfig, budget: int, generator, eos_ids: frozenset[int]
+) -> Proposal:
+    """Draft up to min(gamma_max, budget) tokens, stopping when the schedule says so."""
+    limit = min(config.gamma_max, budget)
+    proposal = Proposal([], [], [], "gamma_max" if limit == config.gamma_max else "budget", 0)
+    pending, cumulative = seq[draft_lm.length :], 1.0
+    while len(proposal.tokens) < limit:
+        logits = draft_lm.forward(pending)[-1]
+        proposal.forwards += 1
+        probs = distribution(logits, config)
+        score = float(confidence.METRICS[config.metric](probs, config.topk))
+        cumulative *= score
+        proposal.confidences.append(score)
+        if not keeps(config, len(proposal.tokens) + 1, score, cumulative):
+            proposal.stop_reason = "threshold"  # the unconfident token is dropped
+            break
+        token = choose(logits, probs, config, generator)
+        proposal.tokens.append(token)
+        proposal.probs.append(probs)
+        if token in eos_ids:
+            proposal.stop_reason = "eos"
+            break
+        pending = [token]
+    return proposal
+
+
+def acceptance_probability(p_token: float, q_token: float) -> float:
+    """The rejection rule: accept a drafted token x with probability min(1, p(x) / q(x)).
+
+    On rejection the target's token is drawn from norm(max(p - q, 0)); if every drafted token
+    is accepted, a bonus token is drawn from p. This makes the output distributed exactly as
+    the target's own samples (Leviathan et al. 2023; Chen et al. 2023).
+    """
+    return 1.0 if p_token >= q_token else p_token / q_token
+
+
+def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """Where the target's token comes from after a rejection: norm(max(p - q, 0))."""
+    residual = (p - q).clamp_min(0.0)
+    total = residual.sum()
+    return residual / total if total > 0 else p  # p == q up to rounding: nothing to correct
+
+
+def verify(logits: torch.Tensor, proposal: Proposal, config: DecodeConfig, generator) -> tuple[int, int]:
+    """Target logits [L+1, vocab] over the draft -> (accepted count, the target's token)."""
+    if config.greedy:
+        # Greedy: accept the longest prefix matching the target's argmax.
+        choices = logits.argmax(dim=-1).tolist()
+        accepted = 0
+        while accepted < len(proposal.tokens) and proposal.tokens[accepted] == choices[accepted]:
+            accepted += 1
+        return accepted, choices[accepted]
+    target_probs = distribution(logits, config)
+    for i, (token, q) in enumerate(zip(proposal.tokens, proposal.probs)):
+        p = target_probs[i]
+        if uniform(generator) >= acceptance_probability(float(p[token]), float(q[token])):
+            return i, int(torch.multinomial(residual_distribution(p, q), 1, generator=generator))
+    bonus = target_probs[len(proposal.tokens)]
+    return len(proposal.tokens), int(torch.multinomial(bonus, 1, generator=generator))

@@ -1,0 +1,92 @@
+"""The metrics of DESIGN.md, computed from per-round records.
+
+Totals add up over prompts; ratios are taken from the totals, so a run's acceptance_rate is
+sum(accepted) / sum(drafted) over all its rounds, not a mean of per-prompt ratios.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+STOP_REASONS = ("threshold", "gamma_max", "eos", "budget")
+TOTAL_COLUMNS = ("rounds", "drafted_total", "accepted_total", "emitted_total", "full_blocks")
+METRIC_COLUMNS = (
+    "avg_draft_len",
+    "acceptance_rate",
+    "block_acceptance_rate",
+    "accepted_per_round",
+    "tokens_per_round",
+)
+
+
+def round_totals(drafted: np.ndarray, accepted: np.ndarray, emitted: np.ndarray, stop_reasons) -> dict:
+    """Sums over a set of rounds, including stop-reason counts."""
+    totals = {
+        "rounds": int(len(drafted)),
+        "drafted_total": int(drafted.sum()),
+        "accepted_total": int(accepted.sum()),
+        "emitted_total": int(emitted.sum()),
+        "full_blocks": int((accepted == drafted).sum()),
+    }
+    reasons = list(stop_reasons)
+    for reason in STOP_REASONS:
+        totals[f"stop_{reason}"] = reasons.count(reason)
+    return totals
+
+
+def rates(totals: dict | pd.Series) -> dict:
+    """The headline ratios from totals; NaN where a ratio has nothing to divide by."""
+    rounds, drafted = totals["rounds"], totals["drafted_total"]
+    return {
+        "avg_draft_len": drafted / rounds if rounds else np.nan,
+        "acceptance_rate": totals["accepted_total"] / drafted if drafted else np.nan,
+        "block_acceptance_rate": totals["full_blocks"] / rounds if rounds else np.nan,
+        "accepted_per_round": totals["accepted_total"] / rounds if rounds else np.nan,
+        "tokens_per_round": totals["emitted_total"] / rounds if rounds else np.nan,
+    }
+
+
+def position_acceptance(drafted: np.ndarray, accepted: np.ndarray, gamma_max: int) -> tuple[list[int], list[int]]:
+    """Per draft position k (1..gamma_max): how many rounds drafted it, how many accepted it."""
+    positions = np.arange(1, gamma_max + 1)[:, None]
+    return (
+        (drafted[None, :] >= positions).sum(axis=1).tolist(),
+        (accepted[None, :] >= positions).sum(axis=1).tolist(),
+    )
+
+
+def bootstrap_ratio(numerator: np.ndarray, denominator: np.ndarray, samples: int = 1000, seed: int = 0):
+    """sum(numerator) / sum(denominator) with a 95 % bootstrap interval over items (prompts)."""
+    numerator, denominator = np.asarray(numerator, float), np.asarray(denominator, float)
+    point = numerator.sum() / denominator.sum()
+    if len(numerator) < 2:
+        return point, point, point
+    rng = np.random.default_rng(seed)
+    picks = rng.integers(0, len(numerator), size=(samples, len(numerator)))
+    ratios = numerator[picks].sum(axis=1) / denominator[picks].sum(axis=1)
+    low, high = np.percentile(ratios, [2.5, 97.5])
+    return float(point), float(low), float(high)
+
+
+def summarize(samples: pd.DataFrame, by: list[str] | None = None) -> pd.DataFrame:
+    """One row per configuration (and per `by` group): metrics, tokens/s, speedup with CI."""
+    keys = ["config_id"] + (by or [])
+    rows = []
+    for key, group in samples.groupby(keys, sort=True, dropna=False):
+        key = key if isinstance(key, tuple) else (key,)
+        totals = {col: group[col].sum() for col in TOTAL_COLUMNS}
+        row = dict(zip(keys, key))
+        row["config_label"] = group["config_label"].iloc[0]
+        row["prompts"] = len(group)
+        row.update(rates(totals))
+        row["new_tokens"] = int(group["new_tokens"].sum())
+        if "spec_time_s" in group and group["spec_time_s"].notna().all():
+            speedup, low, high = bootstrap_ratio(group["baseline_time_s"], group["spec_time_s"])
+            row.update(speedup=speedup, speedup_low=low, speedup_high=high)
+            row["baseline_tokens_per_s"] = group["baseline_new_tokens"].sum() / group["baseline_time_s"].sum()
+            row["spec_tokens_per_s"] = group["new_tokens"].sum() / group["spec_time_s"].sum()
+        if "identical_to_baseline" in group and group["identical_to_baseline"].notna().any():
+            row["identical_to_baseline"] = float(group["identical_to_baseline"].astype(float).mean())
+        rows.append(row)
+    return pd.DataFrame(rows)

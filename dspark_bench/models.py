@@ -1,0 +1,155 @@
+"""Load a target/draft pair from Hugging Face names or local paths.
+
+Users' models load exactly as they would online (`from_pretrained(name_or_path)`); without
+`--target/--draft` the project's own offline reference pair is used.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
+
+from dspark_bench.errors import DsparkError
+from dspark_bench.hub import hub_reachable
+
+DEVICES = ("auto", "cpu", "cuda", "mps")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class ModelPair:
+    target: torch.nn.Module
+    draft: torch.nn.Module
+    tokenizer: PreTrainedTokenizerBase
+    target_name: str
+    draft_name: str
+    device: torch.device
+    dtype: torch.dtype
+
+    @property
+    def eos_ids(self) -> frozenset[int]:
+        eos = self.target.generation_config.eos_token_id if self.target.generation_config else None
+        eos = eos if eos is not None else self.tokenizer.eos_token_id
+        if eos is None:
+            return frozenset()
+        return frozenset(eos if isinstance(eos, list) else [eos])
+
+    def describe(self) -> dict:
+        return {
+            "target": self.target_name,
+            "draft": self.draft_name,
+            "target_fingerprint": model_fingerprint(self.target),
+            "draft_fingerprint": model_fingerprint(self.draft),
+            "target_params": sum(p.numel() for p in self.target.parameters()),
+            "draft_params": sum(p.numel() for p in self.draft.parameters()),
+            "device": str(self.device),
+            "dtype": str(self.dtype).removeprefix("torch."),
+        }
+
+
+def resolve_device(device: str) -> torch.device:
+    if device not in DEVICES:
+        raise DsparkError(f"unknown device {device!r}; choose one of {', '.join(DEVICES)}")
+    if device == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise DsparkError("--device cuda was asked for but no CUDA device is available")
+    if device == "mps" and not torch.backends.mps.is_available():
+        raise DsparkError("--device mps was asked for but MPS is not available")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    if dtype == "auto":
+        # fp32 on CPU (bf16 matmuls are slow there); bf16 on CUDA; fp16 on Apple silicon.
+        return {"cuda": torch.bfloat16, "mps": torch.float16}.get(device.type, torch.float32)
+    if dtype not in DTYPES:
+        raise DsparkError(f"unknown dtype {dtype!r}; choose one of auto, {', '.join(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def default_pair() -> tuple[str, str]:
+    """Paths of the shipped reference pair."""
+    from dspark_bench.reference import default_pair_paths
+
+    target, draft = default_pair_paths()
+    return str(target), str(draft)
+
+
+def _in_hub_cache(name: str) -> bool:
+    """Whether a hub model was downloaded before (then it loads offline)."""
+    from huggingface_hub import try_to_load_from_cache
+
+    return isinstance(try_to_load_from_cache(name, "config.json"), str)
+
+
+def _load_model(name: str, role: str, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
+    try:
+        model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype)
+    except (OSError, ValueError, EnvironmentError) as err:
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise DsparkError(f"cannot load the {role} model {name!r}: {reason}") from None
+    return model.to(device).eval()
+
+
+def load_tokenizer(name: str) -> PreTrainedTokenizerBase:
+    try:
+        return AutoTokenizer.from_pretrained(name)
+    except (OSError, ValueError) as err:
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise DsparkError(f"cannot load a tokenizer from {name!r}: {reason}") from None
+
+
+def load_pair(
+    target: str | None = None, draft: str | None = None, device: str = "auto", dtype: str = "auto"
+) -> ModelPair:
+    """Load both models (and the target's tokenizer), refusing pairs that cannot work together."""
+    if target is None and draft is None:
+        target, draft = default_pair()
+    elif target is None or draft is None:
+        raise DsparkError("pass both --target and --draft, or neither to use the reference pair")
+    for name, role in ((target, "target"), (draft, "draft")):
+        if Path(name).expanduser().exists():
+            continue
+        if name.startswith((".", "/", "~")) or Path(name).suffix or name.count("/") > 1:
+            raise DsparkError(f"{role} model path {name!r} does not exist")
+        if not _in_hub_cache(name) and not hub_reachable():
+            raise DsparkError(f"{role} model {name!r} is not a local folder and the hub cannot be reached; pass a local path")
+    torch_device = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, torch_device)
+    target_model = _load_model(target, "target", torch_device, torch_dtype)
+    draft_model = _load_model(draft, "draft", torch_device, torch_dtype)
+    check_vocabularies(target_model, draft_model)
+    return ModelPair(target_model, draft_model, load_tokenizer(target), target, draft, torch_device, torch_dtype)
+
+
+def check_vocabularies(target: torch.nn.Module, draft: torch.nn.Module) -> None:
+    target_size = target.get_output_embeddings().weight.shape[0]
+    draft_size = draft.get_output_embeddings().weight.shape[0]
+    if target_size != draft_size:
+        raise DsparkError(
+            f"target and draft vocabularies differ ({target_size} vs {draft_size} tokens); "
+            "speculative decoding needs a draft that shares the target's vocabulary"
+        )
+
+
+def model_fingerprint(model: torch.nn.Module) -> str:
+    """Short hash of a model's config and weights: equal models give equal fingerprints."""
+    digest = hashlib.sha256(json.dumps(model.config.to_dict(), sort_keys=True, default=str).encode())
+    with torch.inference_mode():
+        for name, param in sorted(model.state_dict().items()):
+            # The sum and a strided sample of values identify weights without hashing them all.
+            flat = param.detach().float().flatten()
+            sample = flat[:: max(1, flat.numel() // 64)][:64]
+            digest.update(f"{name}{tuple(param.shape)}{float(flat.sum()):.6e}".encode())
+            digest.update(sample.cpu().numpy().tobytes())
+    return digest.hexdigest()[:16]

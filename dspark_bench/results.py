@@ -1,0 +1,132 @@
+"""Run folders: how results are written (atomically, never rewritten) and read back.
+
+results/<run_id>/
+  run.json         what ran: kind, configs, models and prompts with fingerprints, versions, device
+  samples.parquet  one row per (prompt, config)
+  rounds.parquet   per-round trace (when asked)
+  summary.json     aggregate metrics per config
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import uuid
+from pathlib import Path
+
+import pandas as pd
+
+from dspark_bench.errors import DsparkError
+
+SCHEMA_VERSION = 1
+
+
+def environment() -> dict:
+    import optuna
+    import torch
+    import transformers
+
+    from dspark_bench import __version__
+
+    return {
+        "dspark_bench": __version__,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "optuna": optuna.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu_threads": torch.get_num_threads(),
+        "cuda_device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "git_commit": git_commit(),
+    }
+
+
+def git_commit() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5,
+            cwd=Path(__file__).resolve().parent,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
+def check_writable(root: Path) -> Path:
+    """Fail before any work is done if results cannot be written under `root`."""
+    root = Path(root)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=root, prefix=".write-check-"):
+            pass
+    except OSError as err:
+        raise DsparkError(f"output folder {str(root)!r} is not writable: {err.strerror or err}") from None
+    return root
+
+
+def new_run_id(kind: str) -> str:
+    return f"{dt.datetime.now():%Y%m%d-%H%M%S}-{kind}-{uuid.uuid4().hex[:6]}"
+
+
+def _to_json(obj) -> str:
+    return json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n"
+
+
+def write_run(
+    root: Path,
+    kind: str,
+    run_info: dict,
+    summary: dict,
+    tables: dict[str, pd.DataFrame | None],
+    run_id: str | None = None,
+) -> Path:
+    """Write a complete run folder under a temporary name, then rename it into place.
+
+    A crash leaves at most a hidden `.partial` folder; an existing run is never touched.
+    """
+    root = check_writable(root)
+    run_id = run_id or new_run_id(kind)
+    final = root / run_id
+    if final.exists():
+        raise DsparkError(f"run folder {str(final)!r} already exists; results are never rewritten")
+    partial = root / f".{run_id}.partial"
+    partial.mkdir()
+    try:
+        info = {"schema_version": SCHEMA_VERSION, "run_id": run_id, "kind": kind,
+                "created": dt.datetime.now().isoformat(timespec="seconds"), "environment": environment(), **run_info}
+        (partial / "run.json").write_text(_to_json(info))
+        for name, table in tables.items():
+            if table is not None:
+                table.to_parquet(partial / f"{name}.parquet", index=False)
+        (partial / "summary.json").write_text(_to_json({"schema_version": SCHEMA_VERSION, **summary}))
+        os.rename(partial, final)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    return final
+
+
+def read_json(path: Path, what: str) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise DsparkError(f"{what} {str(path)!r} does not exist")
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise DsparkError(f"{what} {str(path)!r} is not valid JSON: {err}") from None
+
+
+def read_run(folder: Path) -> tuple[dict, pd.DataFrame]:
+    """run.json and samples.parquet of one run folder."""
+    folder = Path(folder)
+    if not (folder / "run.json").is_file():
+        raise DsparkError(f"{str(folder)!r} is not a run folder (no run.json)")
+    info = read_json(folder / "run.json", "run file")
+    samples_path = folder / "samples.parquet"
+    samples = pd.read_parquet(samples_path) if samples_path.is_file() else pd.DataFrame()
+    return info, samples

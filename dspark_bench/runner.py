@@ -1,0 +1,193 @@
+"""Run decode configurations over prompts: warm-up, interleaved timing, one row per sample.
+
+The only place that reads clocks. For each (prompt, config) the baseline and the speculative
+decoder run alternately (A B A B ...), the device synchronised before each clock read, and
+the median of each is kept, so slow drift of a noisy machine hits both sides alike.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+import numpy as np
+import pandas as pd
+import torch
+
+from dspark_bench.baselines import autoregressive_decode
+from dspark_bench.config import DecodeConfig
+from dspark_bench.engine import DecodeResult, speculative_decode
+from dspark_bench.metrics import position_acceptance, rates, round_totals, summarize
+from dspark_bench.models import ModelPair
+from dspark_bench.prompts import Prompt, encode, prompts_fingerprint
+from dspark_bench.results import check_writable, write_run
+
+
+@dataclass(frozen=True)
+class RunnerSettings:
+    repeats: int = 3  # timed A/B pairs per (prompt, config); medians are kept
+    warmup: int = 1  # untimed decodes of each kind before timing starts
+    trace: bool = False  # keep per-round rows (rounds.parquet)
+    chat_template: str = "auto"
+    turns: str = "first"  # "first" or "all" turns of multi-turn prompts
+
+
+@dataclass
+class RunOutput:
+    samples: pd.DataFrame
+    rounds: pd.DataFrame | None
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+def timed(fn: Callable[[], DecodeResult], device: torch.device) -> tuple[DecodeResult, float]:
+    synchronize(device)
+    start = time.perf_counter()
+    result = fn()
+    synchronize(device)
+    return result, time.perf_counter() - start
+
+
+def sample_row(result: DecodeResult, config: DecodeConfig) -> dict:
+    """Per-sample metrics of one speculative decode."""
+    drafted = np.array([r.drafted for r in result.rounds], dtype=np.int64)
+    accepted = np.array([r.accepted for r in result.rounds], dtype=np.int64)
+    emitted = np.array([r.emitted for r in result.rounds], dtype=np.int64)
+    totals = round_totals(drafted, accepted, emitted, [r.stop_reason for r in result.rounds])
+    position_drafted, position_accepted = position_acceptance(drafted, accepted, config.gamma_max)
+    new_tokens = len(result.tokens)
+    return {
+        **totals,
+        **rates(totals),
+        "new_tokens": new_tokens,
+        "target_forwards": result.target_forwards,
+        "draft_forwards": result.draft_forwards,
+        "target_forwards_per_token": result.target_forwards / new_tokens if new_tokens else np.nan,
+        "draft_forwards_per_token": result.draft_forwards / new_tokens if new_tokens else np.nan,
+        "position_drafted": position_drafted,
+        "position_accepted": position_accepted,
+    }
+
+
+def round_rows(result: DecodeResult, base: dict) -> list[dict]:
+    return [
+        {**base, "round": i, "drafted": r.drafted, "accepted": r.accepted, "emitted": r.emitted,
+         "stop_reason": r.stop_reason, "draft_tokens": r.draft_tokens, "confidences": r.confidences,
+         "target_token": r.target_token, "draft_forwards": r.draft_forwards}
+        for i, r in enumerate(result.rounds)
+    ]
+
+
+def config_columns(config: DecodeConfig, config_id: int) -> dict:
+    return {"config_id": config_id, "config_label": config.label(), **config.to_dict()}
+
+
+def measure(pair: ModelPair, prompt_ids: list[int], config: DecodeConfig, repeats: int):
+    """Baseline and speculative decode of one prompt, interleaved; medians of the times."""
+    eos = pair.eos_ids
+    base_times, spec_times = [], []
+    for _ in range(repeats):
+        baseline, t = timed(lambda: autoregressive_decode(pair.target, prompt_ids, config, eos), pair.device)
+        base_times.append(t)
+        spec, t = timed(lambda: speculative_decode(pair.target, pair.draft, prompt_ids, config, eos), pair.device)
+        spec_times.append(t)
+    return baseline, spec, statistics.median(base_times), statistics.median(spec_times)
+
+
+def conversation(prompt: Prompt, settings: RunnerSettings) -> list[str]:
+    if settings.turns == "all":
+        return [prompt.text, *prompt.turns]
+    return [prompt.text]
+
+
+def warm_up(pair: ModelPair, prompts: list[Prompt], configs: list[DecodeConfig], settings: RunnerSettings) -> None:
+    if not prompts or settings.warmup < 1:
+        return
+    ids = encode(pair.tokenizer, prompts[0].text, settings.chat_template)
+    short = configs[0].replace(max_new_tokens=min(16, configs[0].max_new_tokens))
+    for _ in range(settings.warmup):
+        measure(pair, ids, short, repeats=1)
+
+
+def iter_samples(
+    pair: ModelPair, prompts: list[Prompt], configs: list[DecodeConfig], settings: RunnerSettings
+) -> Iterator[tuple[dict, list[dict]]]:
+    """Yield (sample row, round rows) per (prompt, turn, config)."""
+    warm_up(pair, prompts, configs, settings)
+    for prompt in prompts:
+        for config_id, config in enumerate(configs):
+            history: list[tuple[str, str]] = []
+            for turn, text in enumerate(conversation(prompt, settings)):
+                ids = encode(pair.tokenizer, text, settings.chat_template, history)
+                baseline, spec, base_time, spec_time = measure(pair, ids, config, settings.repeats)
+                base = {"prompt_id": prompt.id, "category": prompt.category, "turn": turn, **config_columns(config, config_id)}
+                row = {
+                    **base,
+                    **sample_row(spec, config),
+                    "prompt_tokens": len(ids),
+                    "baseline_new_tokens": len(baseline.tokens),
+                    "baseline_time_s": base_time,
+                    "spec_time_s": spec_time,
+                    "speedup": base_time / spec_time,
+                    # Only greedy outputs must be identical; sampled ones differ by design.
+                    "identical_to_baseline": (spec.tokens == baseline.tokens) if config.greedy else None,
+                    "output_ids": spec.tokens,
+                    "baseline_ids": baseline.tokens,
+                }
+                yield row, round_rows(spec, base) if settings.trace else []
+                # The next turn builds on the model's own previous answer.
+                history.append((text, pair.tokenizer.decode(baseline.tokens, skip_special_tokens=True)))
+
+
+def run(
+    pair: ModelPair,
+    prompts: list[Prompt],
+    configs: list[DecodeConfig],
+    settings: RunnerSettings = RunnerSettings(),
+    progress: Callable[[], None] | None = None,
+) -> RunOutput:
+    """Every (prompt, config), measured; `progress` is called after each sample."""
+    sample_rows, trace_rows = [], []
+    for row, rounds in iter_samples(pair, prompts, configs, settings):
+        sample_rows.append(row)
+        trace_rows += rounds
+        if progress:
+            progress()
+    samples = pd.DataFrame(sample_rows)
+    if "identical_to_baseline" in samples:
+        samples["identical_to_baseline"] = samples["identical_to_baseline"].astype("boolean")
+    return RunOutput(samples, pd.DataFrame(trace_rows) if settings.trace else None)
+
+
+def run_to_folder(
+    pair: ModelPair,
+    prompts: list[Prompt],
+    configs: list[DecodeConfig],
+    out: Path,
+    settings: RunnerSettings = RunnerSettings(),
+    source: dict | None = None,
+    progress: Callable[[], None] | None = None,
+) -> tuple[Path, pd.DataFrame]:
+    """`run`, then write the run folder; returns it and the per-config summary table."""
+    check_writable(out)
+    output = run(pair, prompts, configs, settings, progress)
+    table = summarize(output.samples)
+    by_category = summarize(output.samples, by=["category"])
+    run_info = {
+        "configs": [c.to_dict() for c in configs],
+        "settings": dataclasses.asdict(settings),
+        "models": pair.describe(),
+        "prompts": {"count": len(prompts), "fingerprint": prompts_fingerprint(prompts), **(source or {})},
+    }
+    summary = {"configs": table.to_dict(orient="records"), "by_category": by_category.to_dict(orient="records")}
+    folder = write_run(out, "run", run_info, summary, {"samples": output.samples, "rounds": output.rounds})
+    return folder, table

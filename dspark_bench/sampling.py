@@ -1,0 +1,50 @@
+"""Logits to probabilities and token choice, shared by the engine and the baseline.
+
+Target and draft go through the same `distribution`, so temperature and top-p are applied to
+both identically — the rejection rule is only lossless if they are.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dspark_bench.config import DecodeConfig
+
+
+def distribution(logits: torch.Tensor, config: DecodeConfig) -> torch.Tensor:
+    """logits [..., vocab] -> the probabilities tokens are drawn from [..., vocab].
+
+    Greedy decoding still needs probabilities for the confidence signal: plain softmax.
+    """
+    if config.greedy:
+        return torch.softmax(logits.float(), dim=-1)
+    probs = torch.softmax(logits.float() / config.temperature, dim=-1)
+    if config.top_p < 1.0:
+        probs = top_p_filter(probs, config.top_p)
+    return probs
+
+
+def top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Keep the smallest set of most likely tokens whose mass reaches top_p; renormalise."""
+    sorted_probs, order = probs.sort(dim=-1, descending=True)
+    mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+    sorted_probs = sorted_probs.masked_fill(mass_before >= top_p, 0.0)
+    kept = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
+    return kept / kept.sum(dim=-1, keepdim=True)
+
+
+def make_generator(config: DecodeConfig, device: torch.device | str) -> torch.Generator | None:
+    if config.greedy:
+        return None
+    return torch.Generator(device=device).manual_seed(config.seed)
+
+
+def choose(logits: torch.Tensor, probs: torch.Tensor, config: DecodeConfig, generator) -> int:
+    """The next token: argmax when greedy, else a draw from `probs` [vocab]."""
+    if config.greedy:
+        return int(logits.argmax())
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def uniform(generator) -> float:
+    return float(torch.rand((), generator=generator, device=generator.device))

@@ -1,0 +1,108 @@
+"""Tasks: named, versioned prompt sets (one YAML file each, in this folder), and user datasets.
+
+A task file says where its prompts come from (`source`): a builder over the held-out part of
+the reference pair's corpus (`heldout_code`, `heldout_prose`, `heldout_structured`) or a data
+file shipped beside it (`mixed.jsonl`). User data loads through `datasets`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import itertools
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from dspark_bench.errors import DsparkError
+from dspark_bench.prompts import Prompt
+from dspark_bench.tasks import builders
+from dspark_bench.tasks.userdata import load_dataset_prompts
+
+TASK_DIR = Path(__file__).parent
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    name: str  # what users type after --task
+    domain: str  # the traffic domain calibration keys on
+    description: str
+    source: str  # a builder name or a data file in this folder
+    version: int = 1  # bump when the prompts a task yields change
+    count: int = 40  # prompts the task provides
+    max_new_tokens: int = 128  # default generation length for this task
+    max_prompt_chars: int = 400  # prompts are cut to fit the reference pair's short context
+    seed: int = 0  # seeds the selection of prompts
+    fields: dict = field(default_factory=dict)  # prompt / category columns of a data-file source
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def _parse_task(data: object, where: str) -> TaskSpec:
+    if not isinstance(data, dict):
+        raise DsparkError(f"{where}: a task file must be a mapping of settings")
+    known = set(TaskSpec.__dataclass_fields__)
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise DsparkError(f"{where}: unknown task key(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    missing = sorted({"name", "domain", "description", "source"} - set(data))
+    if missing:
+        raise DsparkError(f"{where}: missing task key(s) {', '.join(missing)}")
+    spec = TaskSpec(**data)
+    if spec.source not in builders.BUILDERS and not (TASK_DIR / spec.source).is_file():
+        raise DsparkError(
+            f"{where}: source {spec.source!r} is neither a builder ({', '.join(builders.BUILDERS)}) "
+            "nor a data file beside the task files"
+        )
+    if spec.count < 1 or spec.max_new_tokens < 1:
+        raise DsparkError(f"{where}: count and max_new_tokens must be at least 1")
+    return spec
+
+
+def validate_task_file(path: str | Path) -> TaskSpec:
+    path = Path(path)
+    if not path.is_file():
+        raise DsparkError(f"task file {str(path)!r} does not exist")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise DsparkError(f"{path}: not valid YAML ({str(err).splitlines()[0]})") from None
+    return _parse_task(data, str(path))
+
+
+def registry() -> dict[str, TaskSpec]:
+    """Every built-in task, by name."""
+    specs = (validate_task_file(path) for path in sorted(TASK_DIR.glob("*.yaml")))
+    return {spec.name: spec for spec in specs}
+
+
+def get_task(name: str) -> TaskSpec:
+    tasks = registry()
+    if name not in tasks:
+        close = difflib.get_close_matches(name, tasks, n=3, cutoff=0.4)
+        hint = f"did you mean {', '.join(close)}?" if close else f"known tasks: {', '.join(tasks)}"
+        raise DsparkError(f"unknown task {name!r}; {hint}")
+    return tasks[name]
+
+
+def load_task(name: str, limit: int | None = None, seed: int | None = None) -> list[Prompt]:
+    """The task's prompts: a deterministic, seeded selection of `count` (or `limit`) of them."""
+    spec = get_task(name)
+    if spec.source in builders.BUILDERS:
+        candidates = list(builders.BUILDERS[spec.source](spec.max_prompt_chars))
+    else:
+        fields = spec.fields or {}
+        candidates = load_dataset_prompts(
+            str(TASK_DIR / spec.source), prompt_field=fields.get("prompt"), category_field=fields.get("category")
+        )
+    if not candidates:
+        raise DsparkError(f"task {name!r} found no prompts on this machine (source {spec.source})")
+    random.Random(spec.seed if seed is None else seed).shuffle(candidates)
+    if spec.source in builders.BUILDERS:
+        training = builders.training_text(builders.CORPUS_DOMAIN[spec.source])
+        candidates = (p for p in candidates if p.text not in training)
+    chosen = list(itertools.islice(candidates, min(limit or spec.count, spec.count)))
+    chosen = [p if p.category != "default" else Prompt(p.id, p.text, spec.domain, p.turns) for p in chosen]
+    return chosen

@@ -1,0 +1,95 @@
+"""A user's prompts through `datasets`: local JSONL / JSON / CSV / Parquet / text, or a hub id.
+
+Multi-turn files in the Spec-Bench / MT-Bench shape ({"question_id", "category", "turns"})
+load as they are: the first turn is the prompt, the rest are kept for `--turns all`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from dspark_bench.errors import DsparkError
+from dspark_bench.hub import hub_reachable
+from dspark_bench.prompts import Prompt
+
+BUILDER_BY_SUFFIX = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet", ".txt": "text"}
+PROMPT_FIELDS = ("turns", "prompt", "text", "question", "instruction", "input", "query", "content")
+CATEGORY_FIELDS = ("category", "domain", "task", "type")
+ID_FIELDS = ("question_id", "id", "prompt_id")
+
+
+def _check_jsonl(path: Path) -> None:
+    """datasets' own error for a bad line is opaque; name the line instead."""
+    with path.open(encoding="utf-8") as lines:
+        for number, line in enumerate(lines, start=1):
+            if line.strip():
+                try:
+                    json.loads(line)
+                except json.JSONDecodeError as err:
+                    raise DsparkError(f"{path}: line {number} is not valid JSON ({err.msg})") from None
+
+
+def _load(source: str, split: str):
+    import datasets
+
+    datasets.disable_progress_bars()
+    path = Path(source).expanduser()
+    if path.exists():
+        builder = BUILDER_BY_SUFFIX.get(path.suffix.lower())
+        if builder is None:
+            raise DsparkError(f"{path}: unsupported file type; use {', '.join(BUILDER_BY_SUFFIX)}")
+        if path.suffix.lower() == ".jsonl":
+            _check_jsonl(path)
+        try:
+            return datasets.load_dataset(builder, data_files=str(path), split="train")
+        except Exception as err:  # datasets raises many types for a corrupt file
+            raise DsparkError(f"{path}: cannot read as {builder} ({str(err).splitlines()[0][:200]})") from None
+    if source.startswith((".", "/", "~")) or Path(source).suffix.lower() in BUILDER_BY_SUFFIX:
+        raise DsparkError(f"dataset file {source!r} does not exist")
+    if not hub_reachable():
+        raise DsparkError(f"cannot reach the hub to load dataset {source!r}; offline, pass a local file instead")
+    try:
+        return datasets.load_dataset(source, split=split)
+    except Exception as err:
+        first = str(err).splitlines()[0][:160] if str(err) else type(err).__name__
+        raise DsparkError(
+            f"cannot load dataset {source!r} from the hub ({first}); offline, pass a local file instead"
+        ) from None
+
+
+def _pick(columns: list[str], wanted: str | None, guesses: tuple[str, ...], what: str) -> str | None:
+    if wanted is not None:
+        if wanted not in columns:
+            raise DsparkError(f"{what} field {wanted!r} is not in the dataset; its fields are: {', '.join(columns)}")
+        return wanted
+    return next((name for name in guesses if name in columns), None)
+
+
+def load_dataset_prompts(
+    source: str,
+    split: str = "train",
+    prompt_field: str | None = None,
+    category_field: str | None = None,
+    limit: int | None = None,
+) -> list[Prompt]:
+    table = _load(source, split)
+    columns = list(table.column_names)
+    text_field = _pick(columns, prompt_field, PROMPT_FIELDS, "prompt")
+    if text_field is None:
+        raise DsparkError(f"no prompt field found; pass --prompt-field, one of: {', '.join(columns)}")
+    category = _pick(columns, category_field, CATEGORY_FIELDS, "category")
+    id_field = next((name for name in ID_FIELDS if name in columns), None)
+    prompts = []
+    for index, row in enumerate(table):
+        value = row[text_field]
+        turns = [str(t) for t in value] if isinstance(value, list) else [str(value)]
+        if not turns or not turns[0].strip():
+            continue
+        prompt_id = str(row[id_field]) if id_field else str(index)
+        prompts.append(Prompt(prompt_id, turns[0], str(row[category]) if category else "default", tuple(turns[1:])))
+        if limit and len(prompts) >= limit:
+            break
+    if not prompts:
+        raise DsparkError(f"dataset {source!r} has no prompts")
+    return prompts

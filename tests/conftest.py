@@ -1,0 +1,32 @@
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import tiny  # noqa: E402
+
+# Tiny models: extra threads only add overhead, and CI shares two cores.
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session")
+def llama_pair():
+    target = tiny.llama()
+    return target, tiny.noisy_copy(target, 0.03)
+
+
+@pytest.fixture(scope="session")
+def gpt2_pair():
+    target = tiny.gpt2()
+    return target, tiny.noisy_copy(target, 0.03)
+
+
+@pytest.fixture(scope="session")
+def saved_pair(tmp_path_factory):
+    """A tiny Llama pair with a tokenizer, on disk, loadable by from_pretrained."""
+    folder = tmp_path_factory.mktemp("pair")
+    target = tiny.llama()
+    return tiny.save_pair(folder, target, tiny.noisy_copy(target, 0.03))

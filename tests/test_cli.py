@@ -1,0 +1,113 @@
+"""The CLI, driven through a runner with every output in a temp folder."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+import tiny
+from dspark_bench.cli import app
+
+runner = CliRunner()
+
+
+def invoke(*args: str):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+@pytest.fixture(scope="module")
+def prompts_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("prompts") / "prompts.jsonl"
+    rows = [{"prompt": "def add(a, b):", "category": "code"}, {"prompt": "The quick brown fox", "category": "prose"},
+            {"prompt": "for i in range(", "category": "code"}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def folder_digest(folder: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())}
+
+
+@pytest.fixture(scope="module")
+def first_run(saved_pair, prompts_file, tmp_path_factory):
+    out = tmp_path_factory.mktemp("results")
+    target, draft = saved_pair
+    result = invoke("run", "--target", target, "--draft", draft, "--prompts", prompts_file, "--out", out,
+                    "--threshold", "0.2", "--threshold", "0.6", "--gamma-max", "4", "--max-new-tokens", "16",
+                    "--repeats", "1", "--trace")
+    assert result.exit_code == 0, result.output
+    (folder,) = [p for p in out.iterdir() if not p.name.startswith(".")]
+    return out, folder, result
+
+
+def test_run_writes_a_complete_run_folder(first_run):
+    out, folder, result = first_run
+    assert {p.name for p in folder.iterdir()} == {"run.json", "samples.parquet", "rounds.parquet", "summary.json"}
+    samples = pd.read_parquet(folder / "samples.parquet")
+    assert len(samples) == 3 * 2  # prompts × thresholds
+    assert samples["identical_to_baseline"].all()
+    assert (samples["new_tokens"] == 16).all()
+    rounds = pd.read_parquet(folder / "rounds.parquet")
+    per_sample = rounds.groupby(["prompt_id", "config_id"])["emitted"].sum()
+    assert (per_sample == 16).all()
+    info = json.loads((folder / "run.json").read_text())
+    assert [c["threshold"] for c in info["configs"]] == [0.2, 0.6]
+    assert info["prompts"]["count"] == 3 and len(info["prompts"]["fingerprint"]) == 16
+    summary = json.loads((folder / "summary.json").read_text())
+    assert {row["category"] for row in summary["by_category"]} == {"code", "prose"}
+    assert "speedup" in result.output and "run folder" in result.output
+
+
+def test_decode_shows_rounds(saved_pair):
+    target, draft = saved_pair
+    result = invoke("decode", "def add(a, b):", "--target", target, "--draft", draft, "--max-new-tokens", "12")
+    assert result.exit_code == 0, result.output
+    assert "tokens_per_round=" in result.output and "stop reasons:" in result.output
+
+
+@pytest.mark.parametrize(
+    "flags,message",
+    [
+        (["--threshold", "1.5"], "outside"),
+        (["--gamma-max", "0"], "gamma_max must be at least 1"),
+        (["--min-draft-len", "6", "--gamma-max", "5"], "must not exceed"),
+        (["--target", "/nonexistent/model"], "does not exist"),
+        (["--draft", "MISMATCH"], "vocabularies differ"),
+        (["--out", "UNWRITABLE"], "not writable"),
+        (["--prompts", "/nonexistent/prompts.jsonl"], "does not exist"),
+    ],
+)
+def test_bad_inputs_fail_in_one_line(flags, message, first_run, saved_pair, prompts_file, tmp_path):
+    out, folder, _ = first_run
+    before = folder_digest(folder)
+    target, draft = saved_pair
+    if "MISMATCH" in flags:
+        other = tiny.llama(vocab=tiny.VOCAB + 8)
+        other.save_pretrained(tmp_path / "other")
+        flags = [f if f != "MISMATCH" else str(tmp_path / "other") for f in flags]
+    if "UNWRITABLE" in flags:
+        blocker = tmp_path / "a-file"
+        blocker.write_text("not a folder")
+        flags = [f if f != "UNWRITABLE" else str(blocker / "results") for f in flags]
+    args = {"--target": target, "--draft": draft, "--prompts": str(prompts_file), "--out": str(out)}
+    for i in range(0, len(flags), 2):
+        args[flags[i]] = flags[i + 1]
+    result = invoke("run", *[x for kv in args.items() for x in kv], "--max-new-tokens", "4", "--repeats", "1")
+    assert result.exit_code == 1
+    assert "Traceback" not in result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and message in lines[0], result.stderr
+    assert folder_digest(folder) == before
+    assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == [folder.name]
+
+
+def test_every_command_has_help():
+    for command in (["run"], ["decode"], ["tasks", "ls"], ["tasks", "show"], ["tasks", "validate"], ["models", "info"],
+                    ["models", "build"]):
+        result = invoke(*command, "--help")
+        assert result.exit_code == 0 and "Example" in result.output, command

@@ -1,0 +1,198 @@
+"""The decoder's correctness: greedy output equals the target's own, sampling is lossless."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import chisquare
+
+import tiny
+from dspark_bench import engine
+from dspark_bench.baselines import autoregressive_decode, hf_generate
+from dspark_bench.config import METRICS, SCHEDULES, DecodeConfig
+from dspark_bench.errors import DsparkError
+from dspark_bench.runner import sample_row
+from dspark_bench.sampling import distribution
+from dspark_bench.schedule import draft_length, threshold_at
+
+PROMPTS = [[0, 5, 9, 11], [7], [3, 3, 40, 2, 8, 100, 17]]
+
+
+def policies(metric: str, schedule: str):
+    for threshold, gamma_max, min_draft_len in itertools.product((0.15, 0.6), (1, 4), (0, 4)):
+        if min_draft_len <= gamma_max:
+            yield DecodeConfig(metric=metric, schedule=schedule, threshold=threshold, threshold_start=threshold / 2,
+                               threshold_end=threshold, gamma_max=gamma_max, min_draft_len=min_draft_len,
+                               max_new_tokens=24)
+
+
+@pytest.mark.parametrize("arch", ["llama_pair", "gpt2_pair"])
+@pytest.mark.parametrize("metric,schedule", list(itertools.product(METRICS, SCHEDULES)))
+def test_greedy_output_equals_target_greedy(arch, metric, schedule, request):
+    target, draft = request.getfixturevalue(arch)
+    accepted_any = rejected_any = False
+    expected_by_prompt = {}
+    for config in policies(metric, schedule):
+        for prompt in PROMPTS[:2]:
+            key = tuple(prompt)
+            if key not in expected_by_prompt:
+                expected_by_prompt[key] = autoregressive_decode(target, prompt, config).tokens
+            expected = expected_by_prompt[key]
+            result = engine.speculative_decode(target, draft, prompt, config)
+            assert result.tokens == expected, (config.label(), prompt)
+            accepted_any |= any(r.accepted > 0 for r in result.rounds)
+            rejected_any |= any(r.accepted < r.drafted for r in result.rounds)
+    # The pair must exercise both paths, or equality would prove little.
+    assert accepted_any and rejected_any
+
+
+def test_eos_in_the_middle_of_a_draft(llama_pair):
+    target, draft = llama_pair
+    config = DecodeConfig(threshold=0.0, gamma_max=6, max_new_tokens=40)
+    free = autoregressive_decode(target, PROMPTS[0], config).tokens
+    eos = free[9]
+    stop = free.index(eos)
+    for draft_model in (draft, target):  # with target as draft, EOS is accepted inside a draft
+        result = engine.speculative_decode(target, draft_model, PROMPTS[0], config, frozenset({eos}))
+        assert result.tokens == free[: stop + 1]
+        assert sum(r.emitted for r in result.rounds) == len(result.tokens)
+    rounds = engine.speculative_decode(target, target, PROMPTS[0], config, frozenset({eos})).rounds
+    assert rounds[-1].stop_reason == "eos" and rounds[-1].target_token == -1
+
+
+def test_rounds_respect_bounds_and_add_up(llama_pair):
+    target, draft = llama_pair
+    for config in policies("top1", "threshold"):
+        result = engine.speculative_decode(target, draft, PROMPTS[2], config)
+        produced = 0
+        for r in result.rounds:
+            budget = config.max_new_tokens - produced - 1
+            assert r.drafted <= min(config.gamma_max, budget)
+            if r.stop_reason != "eos":
+                assert r.drafted >= min(config.min_draft_len, budget)
+            assert 0 <= r.accepted <= r.drafted
+            assert r.emitted == r.accepted + 1
+            assert r.draft_forwards >= r.drafted
+            assert len(r.confidences) >= r.drafted
+            produced += r.emitted
+        assert produced == len(result.tokens) == config.max_new_tokens
+        row = sample_row(result, config)
+        assert row["accepted_per_round"] == pytest.approx(row["avg_draft_len"] * row["acceptance_rate"])
+        assert row["tokens_per_round"] == pytest.approx(row["accepted_per_round"] + 1)
+        assert row["position_drafted"][0] == sum(r.drafted >= 1 for r in result.rounds)
+
+
+def test_draft_equal_to_target_accepts_everything(llama_pair):
+    target, _ = llama_pair
+    config = DecodeConfig(schedule="fixed", gamma_max=4, max_new_tokens=27)
+    result = engine.speculative_decode(target, target, PROMPTS[0], config)
+    row = sample_row(result, config)
+    assert row["acceptance_rate"] == 1.0 and row["block_acceptance_rate"] == 1.0
+    # Five rounds of 4 drafted + 1 bonus token; the last round has room for only 1 + 1.
+    assert [r.drafted for r in result.rounds] == [4, 4, 4, 4, 4, 1]
+    assert result.rounds[-1].stop_reason == "budget"
+
+
+def test_seed_worked_example():
+    config = DecodeConfig(gamma_max=5, threshold=0.7, min_draft_len=1)
+    assert draft_length(config, [0.9, 0.85, 0.65, 0.99]) == (2, "threshold")
+    assert draft_length(config.replace(min_draft_len=3), [0.9, 0.85, 0.65, 0.99, 0.1]) == (4, "threshold")
+    assert draft_length(config, [0.9] * 8) == (5, "gamma_max")
+    assert draft_length(config, [0.9] * 8, budget=3) == (3, "budget")
+    assert draft_length(config.replace(schedule="cumulative"), [0.9, 0.85, 0.65]) == (1, "threshold")  # 0.9·0.85 < 0.7
+    assert draft_length(config.replace(schedule="fixed"), [0.01] * 8) == (5, "gamma_max")
+
+
+def test_ramp_rises_linearly():
+    config = DecodeConfig(schedule="ramp", threshold_start=0.2, threshold_end=0.6, gamma_max=5)
+    assert [round(threshold_at(config, k), 6) for k in range(1, 6)] == [0.2, 0.3, 0.4, 0.5, 0.6]
+    assert draft_length(config.replace(min_draft_len=0), [0.9, 0.35, 0.2]) == (2, "threshold")
+
+
+@pytest.mark.parametrize(
+    "changes,message",
+    [
+        ({"threshold": 1.5}, "outside"),
+        ({"gamma_max": 0}, "gamma_max"),
+        ({"min_draft_len": 6, "gamma_max": 5}, "must not exceed"),
+        ({"metric": "perplexity"}, "unknown confidence metric"),
+        ({"temperature": -1.0}, "temperature"),
+        ({"threshold_end": -0.1}, "outside"),
+    ],
+)
+def test_config_refuses_bad_values(changes, message):
+    with pytest.raises(DsparkError, match=message):
+        DecodeConfig(**changes)
+
+
+def test_hf_generate_peer_agrees_with_baseline(llama_pair):
+    target, _ = llama_pair
+    config = DecodeConfig(max_new_tokens=20)
+    assert hf_generate(target, PROMPTS[0], config).tokens == autoregressive_decode(target, PROMPTS[0], config).tokens
+
+
+# --- sampling: lossless rejection sampling ---------------------------------------------------
+
+SMALL_VOCAB = 6
+SAMPLES = 2000  # enough for a chi-square over 36 cells to catch the broken rules below
+
+
+def exact_first_two(target, prompt, config) -> np.ndarray:
+    """The target's own joint distribution of its first two sampled tokens [vocab * vocab]."""
+    with torch.inference_mode():
+        first = distribution(target(torch.tensor([prompt])).logits[0, -1], config)
+        joint = []
+        for x in range(SMALL_VOCAB):
+            second = distribution(target(torch.tensor([prompt + [x]])).logits[0, -1], config)
+            joint.append(first[x] * second)
+    return torch.stack(joint).flatten().double().numpy()
+
+
+def sampled_first_two(target, draft, prompt, config, samples: int = SAMPLES) -> np.ndarray:
+    counts = np.zeros(SMALL_VOCAB * SMALL_VOCAB)
+    for seed in range(samples):
+        tokens = engine.speculative_decode(target, draft, prompt, config.replace(seed=seed)).tokens
+        counts[tokens[0] * SMALL_VOCAB + tokens[1]] += 1
+    return counts
+
+
+def chi_square_p(counts: np.ndarray, probs: np.ndarray) -> float:
+    expected = probs / probs.sum() * counts.sum()
+    keep = expected >= 5  # pool rare cells so the chi-square approximation holds
+    observed = np.append(counts[keep], counts[~keep].sum())
+    expected = np.append(expected[keep], expected[~keep].sum())
+    if expected[-1] == 0:
+        if observed[-1] > 0:
+            return 0.0  # tokens the target can never produce (e.g. outside its top-p set)
+        observed, expected = observed[:-1], expected[:-1]
+    return chisquare(observed, expected).pvalue
+
+
+@pytest.fixture(scope="module")
+def sampling_setup():
+    target = tiny.llama(vocab=SMALL_VOCAB, seed=3)
+    draft = tiny.llama(layers=1, vocab=SMALL_VOCAB, seed=4)  # independent: q differs from p
+    # Three new tokens let one round draft both of the first two (gamma_max 3, budget 2).
+    config = DecodeConfig(temperature=1.0, top_p=0.9, threshold=0.0, gamma_max=3, max_new_tokens=3)
+    prompt = [2, 4]
+    return target, draft, prompt, config, exact_first_two(target, prompt, config)
+
+
+def test_sampling_matches_target_distribution(sampling_setup):
+    target, draft, prompt, config, exact = sampling_setup
+    counts = sampled_first_two(target, draft, prompt, config)
+    assert chi_square_p(counts, exact) > 0.001
+
+
+@pytest.mark.parametrize("broken", ["always_accept", "resample_from_target"])
+def test_sampling_test_catches_a_wrong_rule(sampling_setup, monkeypatch, broken):
+    target, draft, prompt, config, exact = sampling_setup
+    if broken == "always_accept":
+        monkeypatch.setattr(engine, "acceptance_probability", lambda p, q: 1.0)
+    else:  # the classic bug: on rejection, draw from p instead of norm(max(p - q, 0))
+        monkeypatch.setattr(engine, "residual_distribution", lambda p, q: p)
+    counts = sampled_first_two(target, draft, prompt, config, samples=SAMPLES // 2)
+    assert chi_square_p(counts, exact) < 1e-4

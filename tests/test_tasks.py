@@ -1,0 +1,152 @@
+"""Built-in tasks and user datasets."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from dspark_bench.cli import app
+from dspark_bench.errors import DsparkError
+from dspark_bench.prompts import prompts_fingerprint
+from dspark_bench.reference.corpus import iter_documents, split_of
+from dspark_bench.tasks import get_task, load_dataset_prompts, load_task, registry, validate_task_file
+
+runner = CliRunner()
+BUILT_IN = ["code", "prose", "structured", "mixed"]
+
+
+def test_registry_lists_the_built_in_tasks():
+    assert set(BUILT_IN) <= set(registry())
+
+
+@pytest.mark.parametrize("name", BUILT_IN)
+def test_built_in_tasks_are_deterministic(name):
+    first, again = load_task(name), load_task(name)
+    assert len(first) >= 20
+    assert [p.text for p in first] == [p.text for p in again]
+    assert prompts_fingerprint(first) == prompts_fingerprint(again)
+    assert prompts_fingerprint(load_task(name, seed=123)) != prompts_fingerprint(first)
+    assert all(p.text.strip() and len(p.text) <= get_task(name).max_prompt_chars for p in first)
+    assert len(load_task(name, limit=3)) == 3
+
+
+def source_key(prompt_id: str) -> str:
+    return prompt_id.split("::")[0].split("#p")[0].split("@")[0]
+
+
+@pytest.mark.parametrize("name,domain", [("code", "code"), ("prose", "prose"), ("structured", "structured")])
+def test_built_in_prompts_never_come_from_training_text(name, domain):
+    prompts = load_task(name)
+    assert all(split_of(source_key(p.id)) == "heldout" for p in prompts)
+    training = "\n".join(doc.text for doc in iter_documents(domain, "train"))
+    leaked = [p.id for p in prompts if p.text in training]
+    assert not leaked
+
+
+def test_mixed_task_has_categories():
+    categories = {p.category for p in load_task("mixed")}
+    assert {"instruction", "question", "translation", "summarisation", "arithmetic", "code"} <= categories
+
+
+def test_unknown_task_suggests_close_names():
+    with pytest.raises(DsparkError, match="did you mean code"):
+        get_task("cod")
+
+
+# --- user datasets ---------------------------------------------------------------------------
+
+ROWS = [{"question": "What is 2 + 2?", "domain": "math"}, {"question": "Name a colour.", "domain": "chat"}]
+
+
+def write(path, rows):
+    suffix = path.suffix
+    if suffix == ".jsonl":
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    elif suffix == ".json":
+        path.write_text(json.dumps(rows))
+    elif suffix == ".csv":
+        pd.DataFrame(rows).to_csv(path, index=False)
+    elif suffix == ".parquet":
+        pd.DataFrame(rows).to_parquet(path)
+    return path
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".json", ".csv", ".parquet"])
+def test_user_formats_load_with_guessed_fields(tmp_path, suffix):
+    prompts = load_dataset_prompts(str(write(tmp_path / f"data{suffix}", ROWS)))
+    assert [(p.text, p.category) for p in prompts] == [("What is 2 + 2?", "math"), ("Name a colour.", "chat")]
+
+
+def test_plain_text_is_one_prompt_per_line(tmp_path):
+    path = tmp_path / "prompts.txt"
+    path.write_text("first prompt\n\nsecond prompt\n")
+    assert [p.text for p in load_dataset_prompts(str(path))] == ["first prompt", "second prompt"]
+
+
+def test_multi_turn_file_loads_as_is(tmp_path):
+    rows = [{"question_id": 81, "category": "writing", "turns": ["Write a poem.", "Now shorten it."]}]
+    (prompt,) = load_dataset_prompts(str(write(tmp_path / "mt.jsonl", rows)))
+    assert (prompt.id, prompt.category, prompt.text, prompt.turns) == ("81", "writing", "Write a poem.", ("Now shorten it.",))
+
+
+def test_explicit_fields(tmp_path):
+    rows = [{"body": "hello", "kind": "greeting", "text": "ignored"}]
+    (prompt,) = load_dataset_prompts(str(write(tmp_path / "d.jsonl", rows)), prompt_field="body", category_field="kind")
+    assert (prompt.text, prompt.category) == ("hello", "greeting")
+
+
+def test_bad_datasets_fail_clearly(tmp_path):
+    with pytest.raises(DsparkError, match="'body' is not in the dataset; its fields are: question, domain"):
+        load_dataset_prompts(str(write(tmp_path / "d.jsonl", ROWS)), prompt_field="body")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "ok"}\n{"prompt": broken\n')
+    with pytest.raises(DsparkError, match="line 2 is not valid JSON"):
+        load_dataset_prompts(str(bad))
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n\n")
+    with pytest.raises(DsparkError, match="no prompts|cannot read"):
+        load_dataset_prompts(str(empty))
+    with pytest.raises(DsparkError, match="does not exist"):
+        load_dataset_prompts(str(tmp_path / "missing.jsonl"))
+    with pytest.raises(DsparkError, match="pass a local file"):
+        load_dataset_prompts("no-such-org/no-such-dataset-xyz")
+
+
+# --- CLI -------------------------------------------------------------------------------------
+
+
+def test_tasks_commands(tmp_path):
+    listing = runner.invoke(app, ["tasks", "ls"])
+    assert listing.exit_code == 0 and all(name in listing.output for name in BUILT_IN)
+    shown = runner.invoke(app, ["tasks", "show", "mixed", "--n", "2"])
+    assert shown.exit_code == 0 and "fingerprint" in shown.output
+    good = tmp_path / "mine.yaml"
+    good.write_text("name: mine\ndomain: code\ndescription: mine\nsource: heldout_code\n")
+    assert runner.invoke(app, ["tasks", "validate", str(good)]).exit_code == 0
+    assert validate_task_file(good).count == 40
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: bad\ndomain: code\ndescription: x\nsource: heldout_code\ncolour: red\n")
+    result = runner.invoke(app, ["tasks", "validate", str(bad)])
+    assert result.exit_code == 1 and "unknown task key(s) colour" in result.stderr
+    unknown = runner.invoke(app, ["tasks", "show", "prosee"])
+    assert unknown.exit_code == 1 and "did you mean prose" in unknown.stderr
+
+
+def test_run_all_turns_builds_on_previous_answers(saved_pair, tmp_path):
+    rows = [{"question_id": 1, "category": "writing", "turns": ["Write a line.", "Again."]},
+            {"question_id": 2, "category": "math", "turns": ["Add 2 and 2."]}]
+    data = write(tmp_path / "mt.jsonl", rows)
+    target, draft = saved_pair
+    result = runner.invoke(app, ["run", "--target", target, "--draft", draft, "--dataset", str(data), "--turns", "all",
+                                 "--max-new-tokens", "6", "--repeats", "1", "--out", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    (folder,) = (tmp_path / "out").iterdir()
+    samples = pd.read_parquet(folder / "samples.parquet")
+    assert sorted(zip(samples["prompt_id"], samples["turn"])) == [("1", 0), ("1", 1), ("2", 0)]
+    second = samples[(samples["prompt_id"] == "1") & (samples["turn"] == 1)].iloc[0]
+    first = samples[(samples["prompt_id"] == "1") & (samples["turn"] == 0)].iloc[0]
+    assert second["prompt_tokens"] > first["prompt_tokens"] + first["new_tokens"] - 1
+    assert samples["identical_to_baseline"].all()

@@ -1,0 +1,66 @@
+"""Tiny random model pairs built in the tests (no hub, no files unless asked)."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+VOCAB = 300
+TEXT = [
+    "def add(a, b):\n    return a + b\n",
+    "The quick brown fox jumps over the lazy dog. " * 3,
+    '{"name": "value", "items": [1, 2, 3]}\n',
+    "for i in range(10):\n    print(i)\n",
+]
+
+
+def llama(layers: int = 2, hidden: int = 32, vocab: int = VOCAB, seed: int = 0, init: float = 0.5) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=512,
+                         initializer_range=init, bos_token_id=0, eos_token_id=1, pad_token_id=1)
+    return LlamaForCausalLM(config).eval()
+
+
+def gpt2(layers: int = 2, hidden: int = 32, vocab: int = VOCAB, seed: int = 0, init: float = 0.5) -> GPT2LMHeadModel:
+    torch.manual_seed(seed)
+    config = GPT2Config(vocab_size=vocab, n_embd=hidden, n_layer=layers, n_head=2, n_positions=512,
+                        initializer_range=init, bos_token_id=0, eos_token_id=1)
+    return GPT2LMHeadModel(config).eval()
+
+
+def noisy_copy(model: torch.nn.Module, scale: float, seed: int = 1) -> torch.nn.Module:
+    """A draft that agrees with the target often but not always: its weights plus noise."""
+    draft = copy.deepcopy(model)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in draft.parameters():
+            param.add_(torch.randn(param.shape, generator=generator) * scale * param.std().clamp_min(1e-3))
+    return draft.eval()
+
+
+def tokenizer(vocab: int = VOCAB) -> PreTrainedTokenizerFast:
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=["<s>", "</s>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(TEXT, trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="</s>")
+    return fast
+
+
+def save_pair(folder: Path, target: torch.nn.Module, draft: torch.nn.Module, tok=None) -> tuple[str, str]:
+    """Save a pair (with a tokenizer beside each) so it loads through from_pretrained."""
+    tok = tok or tokenizer(target.config.vocab_size)
+    paths = []
+    for name, model in (("target", target), ("draft", draft)):
+        path = folder / name
+        model.save_pretrained(path)
+        tok.save_pretrained(path)
+        paths.append(str(path))
+    return paths[0], paths[1]
