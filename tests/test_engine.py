@@ -102,7 +102,9 @@ def test_seed_worked_example():
     assert draft_length(config.replace(min_draft_len=3), [0.9, 0.85, 0.65, 0.99, 0.1]) == (4, "threshold")
     assert draft_length(config, [0.9] * 8) == (5, "gamma_max")
     assert draft_length(config, [0.9] * 8, budget=3) == (3, "budget")
-    assert draft_length(config.replace(schedule="cumulative"), [0.9, 0.85, 0.65]) == (1, "threshold")  # 0.9·0.85 < 0.7
+    cumulative = config.replace(schedule="cumulative")
+    assert draft_length(cumulative, [0.9, 0.85, 0.65]) == (2, "threshold")  # 0.9·0.85 ≥ 0.7 > 0.9·0.85·0.65
+    assert draft_length(cumulative, [0.9, 0.75, 0.99]) == (1, "threshold")  # 0.9·0.75 < 0.7
     assert draft_length(config.replace(schedule="fixed"), [0.01] * 8) == (5, "gamma_max")
 
 

@@ -1,0 +1,387 @@
+"""Replay: the outcome of every greedy policy from one recorded decoding pass.
+
+Under greedy verification the output is the target's greedy continuation whatever the policy,
+and a round starting after j generated tokens drafts the draft's own greedy rollout from that
+point. So one record — the continuation, and at every position j the draft's rollout of
+`gamma_record` tokens with every confidence metric — fixes every policy's rounds:
+
+    a round at j drafts L(j) tokens (the schedule applied to the recorded confidences),
+    the target accepts a(j) = min(L(j), M(j)) where M(j) is how far the rollout matches the
+    continuation, and the next round starts at j + a(j) + 1.
+
+`simulate` walks that round by round and yields the engine's own per-round rows;
+`simulate_grid` does the same walk for thousands of policies at once, as array operations.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from dspark_bench import confidence
+from dspark_bench.baselines import autoregressive_decode
+from dspark_bench.config import DecodeConfig
+from dspark_bench.engine import Round
+from dspark_bench.errors import DsparkError
+from dspark_bench.metrics import rates
+from dspark_bench.schedule import threshold_at
+
+NEVER = 1 << 14  # "no such position" in int arrays (beyond any gamma)
+
+
+@dataclass
+class Record:
+    """Arrays over prompts p, positions j (tokens generated so far) and rollout steps k."""
+
+    continuation: np.ndarray  # [P, N] target greedy tokens, -1 past the end
+    lengths: np.ndarray  # [P] tokens in each continuation (EOS included)
+    rollout: np.ndarray  # [P, N, G] the draft's greedy proposal at step k from position j
+    confidences: dict[str, np.ndarray]  # metric -> [P, N, G] confidence of that proposal
+    eos_ids: tuple[int, ...]
+    info: dict  # max_new_tokens, gamma_record, topk, fingerprints, prompt ids and categories
+
+    @property
+    def max_new_tokens(self) -> int:
+        return int(self.info["max_new_tokens"])
+
+    @property
+    def gamma_record(self) -> int:
+        return self.rollout.shape[2]
+
+    def save(self, folder: Path) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        arrays = {"continuation": self.continuation, "lengths": self.lengths, "rollout": self.rollout}
+        arrays.update({f"confidence_{name}": values for name, values in self.confidences.items()})
+        np.savez_compressed(folder / "record.npz", **arrays)
+        (folder / "record.json").write_text(json.dumps({**self.info, "eos_ids": list(self.eos_ids)}, indent=2) + "\n")
+
+    @classmethod
+    def load(cls, folder: Path) -> "Record":
+        folder = Path(folder)
+        if not (folder / "record.npz").is_file() or not (folder / "record.json").is_file():
+            raise DsparkError(f"{str(folder)!r} holds no replay record (record.npz + record.json)")
+        try:
+            info = json.loads((folder / "record.json").read_text())
+            arrays = np.load(folder / "record.npz")
+            confidences = {m: arrays[f"confidence_{m}"] for m in confidence.METRICS}
+            return cls(arrays["continuation"], arrays["lengths"], arrays["rollout"], confidences,
+                       tuple(info.pop("eos_ids")), info)
+        except (OSError, KeyError, ValueError, json.JSONDecodeError) as err:
+            raise DsparkError(f"replay record in {str(folder)!r} is unreadable: {err}") from None
+
+    def check_matches(self, models: dict, prompts_fingerprint: str) -> None:
+        """Refuse a record made with other models or prompts."""
+        for key in ("target_fingerprint", "draft_fingerprint"):
+            if self.info["models"].get(key) != models.get(key):
+                raise DsparkError(f"replay record was made with another {key.split('_')[0]} model "
+                                  f"({self.info['models'].get(key)} vs {models.get(key)}); record again")
+        if self.info["prompts_fingerprint"] != prompts_fingerprint:
+            raise DsparkError(f"replay record was made with other prompts ({self.info['prompts_fingerprint']} "
+                              f"vs {prompts_fingerprint}); record again")
+
+
+# --- recording -------------------------------------------------------------------------------
+
+
+@torch.inference_mode()
+def draft_rollouts(draft: torch.nn.Module, sequence: list[int], prompt_len: int, positions: int, steps: int,
+                   topk: int, batch: int = 64):
+    """The draft's greedy rollout of `steps` tokens from every position, batched.
+
+    Row j's context is sequence[:prompt_len + j]; rows are left-padded to one length so a
+    batch of positions runs together (they are independent).
+    """
+    device = next(draft.parameters()).device
+    tokens = np.zeros((positions, steps), dtype=np.int64)
+    scores = {m: np.zeros((positions, steps), dtype=np.float32) for m in confidence.METRICS}
+    for start in range(0, positions, batch):
+        rows = [sequence[: prompt_len + j] for j in range(start, min(start + batch, positions))]
+        width = max(map(len, rows))
+        ids = torch.tensor([[0] * (width - len(r)) + r for r in rows], device=device)
+        mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=device)
+        position_ids = (mask.cumsum(-1) - 1).clamp_min(0)
+        cache = _new_cache()
+        for step in range(steps):
+            out = draft(input_ids=ids, attention_mask=mask, position_ids=position_ids, **_cache_kwargs(draft, cache))
+            probs = torch.softmax(out.logits[:, -1].float(), dim=-1)
+            choice = out.logits[:, -1].argmax(dim=-1)
+            tokens[start : start + len(rows), step] = choice.cpu().numpy()
+            for name, values in confidence.all_metrics(probs, topk).items():
+                scores[name][start : start + len(rows), step] = values.cpu().numpy()
+            ids = choice[:, None]
+            mask = torch.cat([mask, torch.ones_like(ids)], dim=1)
+            position_ids = position_ids[:, -1:] + 1
+    return tokens, scores
+
+
+def _new_cache():
+    from transformers import DynamicCache
+
+    return DynamicCache()
+
+
+def _cache_kwargs(model, cache) -> dict:
+    from dspark_bench.cache import _forward_kwargs
+
+    name, _ = _forward_kwargs(model)
+    return {name: cache, "use_cache": True}
+
+
+def record(pair, prompt_ids: list[list[int]], max_new_tokens: int, gamma_record: int, topk: int = 5,
+           info: dict | None = None, progress=None) -> Record:
+    """Record the target's greedy continuation and the draft's rollouts for every prompt."""
+    config = DecodeConfig(max_new_tokens=max_new_tokens)
+    P, N, G = len(prompt_ids), max_new_tokens, gamma_record
+    continuation = np.full((P, N), -1, dtype=np.int64)
+    lengths = np.zeros(P, dtype=np.int64)
+    rollout = np.full((P, N, G), -1, dtype=np.int64)
+    scores = {m: np.zeros((P, N, G), dtype=np.float32) for m in confidence.METRICS}
+    for p, ids in enumerate(prompt_ids):
+        generated = autoregressive_decode(pair.target, ids, config, pair.eos_ids).tokens
+        continuation[p, : len(generated)] = generated
+        lengths[p] = len(generated)
+        tokens, values = draft_rollouts(pair.draft, ids + generated, len(ids), len(generated), G, topk)
+        rollout[p, : len(generated)] = tokens
+        for name in scores:
+            scores[name][p, : len(generated)] = values[name]
+        if progress:
+            progress()
+    meta = {"max_new_tokens": N, "gamma_record": G, "topk": topk, **(info or {})}
+    return Record(continuation, lengths, rollout, scores, tuple(sorted(pair.eos_ids)), meta)
+
+
+# --- simulation, one policy at a time ---------------------------------------------------------
+
+
+def match_lengths(rec: Record) -> np.ndarray:
+    """M[p, j]: how many rollout tokens from j agree with the continuation, consecutively."""
+    P, N, G = rec.rollout.shape
+    ahead = np.full((P, N, G), -2, dtype=np.int64)
+    for k in range(G):  # rollout step k from j proposes the continuation's token j + k
+        ahead[:, : max(N - k, 0), k] = rec.continuation[:, k:]
+    agree = rec.rollout == ahead
+    return np.where(agree.all(axis=2), G, np.argmin(agree, axis=2))
+
+
+def eos_positions(rec: Record) -> np.ndarray:
+    """E[p, j]: the 1-based rollout step that proposes EOS, NEVER if none."""
+    is_eos = np.isin(rec.rollout, rec.eos_ids) if rec.eos_ids else np.zeros(rec.rollout.shape, bool)
+    return np.where(is_eos.any(axis=2), np.argmax(is_eos, axis=2) + 1, NEVER)
+
+
+def check_replayable(rec: Record, config: DecodeConfig) -> None:
+    if not config.greedy:
+        raise DsparkError("replay needs greedy verification; sampling always runs the real decoder")
+    if config.max_new_tokens != rec.max_new_tokens:
+        raise DsparkError(f"max_new_tokens {config.max_new_tokens} differs from the record's {rec.max_new_tokens}")
+    if config.gamma_max > rec.gamma_record:
+        raise DsparkError(f"gamma_max {config.gamma_max} exceeds the record's {rec.gamma_record}; record deeper")
+    if config.metric == "topk_mass" and config.topk != rec.info["topk"]:
+        raise DsparkError(f"the record has topk_mass for k={rec.info['topk']}, not k={config.topk}")
+
+
+def first_failures(rec: Record, config: DecodeConfig) -> np.ndarray:
+    """T[p, j]: the 1-based step whose proposal the schedule drops, NEVER if none."""
+    signal = rec.confidences[config.metric][:, :, : config.gamma_max].astype(np.float64)
+    # float32 storage, float64 products: the engine multiplies Python floats of float32 values.
+    if config.schedule == "cumulative":
+        signal = np.cumprod(signal, axis=2)
+    thresholds = np.array([threshold_at(config, k) for k in range(1, config.gamma_max + 1)])
+    kept = signal >= thresholds
+    kept[:, :, : config.min_draft_len] = True
+    return np.where(kept.all(axis=2), NEVER, np.argmin(kept, axis=2) + 1)
+
+
+def round_plan(rec: Record, config: DecodeConfig):
+    """Per (p, j): drafted L, draft forwards s and stop reason code, vectorised over positions."""
+    P, N, _ = rec.rollout.shape
+    budget = config.max_new_tokens - np.arange(N) - 1
+    limit = np.minimum(config.gamma_max, budget)[None, :].repeat(P, axis=0)
+    fail, eos = first_failures(rec, config), eos_positions(rec)
+    by_threshold = fail <= np.minimum(eos, limit)
+    by_eos = ~by_threshold & (eos <= limit)
+    drafted = np.where(by_threshold, fail - 1, np.where(by_eos, eos, limit))
+    forwards = np.where(by_threshold, fail, drafted)
+    reason = np.where(by_threshold, 0, np.where(by_eos, 2, np.where(limit == config.gamma_max, 1, 3)))
+    return drafted, forwards, reason
+
+
+REASONS = ("threshold", "gamma_max", "eos", "budget")
+
+
+def simulate(rec: Record, config: DecodeConfig) -> list[list[Round]]:
+    """The engine's rounds for every prompt, from the record alone (greedy only)."""
+    check_replayable(rec, config)
+    drafted, forwards, reason = round_plan(rec, config)
+    matches = match_lengths(rec)
+    eos = set(rec.eos_ids)
+    result = []
+    for p in range(len(rec.lengths)):
+        rounds, j, n = [], 0, int(rec.lengths[p])
+        while j < n:
+            L = int(drafted[p, j])
+            a = min(L, int(matches[p, j]))
+            proposal = rec.rollout[p, j, :L].tolist()
+            ended_in_draft = a > 0 and proposal[a - 1] in eos
+            target_token = -1 if ended_in_draft else int(rec.continuation[p, j + a])
+            s = int(forwards[p, j])
+            conf = rec.confidences[config.metric][p, j, :s].astype(np.float64).tolist()
+            rounds.append(Round(L, a, a if ended_in_draft else a + 1, REASONS[reason[p, j]], proposal, conf,
+                                target_token, s))
+            j += a if ended_in_draft else a + 1
+        result.append(rounds)
+    return result
+
+
+# --- simulation of a whole grid at once -------------------------------------------------------
+
+GRID_CHUNK = 64  # policies simulated together; bounds memory at chunk × P × N × G booleans
+
+
+def _threshold_table(configs: list[DecodeConfig], gamma: int) -> np.ndarray:
+    """[C, G]: the confidence each policy needs at each draft position (-inf where always kept)."""
+    table = np.full((len(configs), gamma), -np.inf)
+    for c, config in enumerate(configs):
+        for k in range(config.min_draft_len + 1, config.gamma_max + 1):
+            table[c, k - 1] = threshold_at(config, k)
+    return table
+
+
+def _plans(rec: Record, configs: list[DecodeConfig], signal: np.ndarray, eos: np.ndarray):
+    """drafted and draft forwards [C, P, N] for policies sharing one confidence signal."""
+    P, N, G = rec.rollout.shape
+    kept = signal[None] >= _threshold_table(configs, G)[:, None, None, :]  # [C, P, N, G]
+    fail = np.where(kept.all(axis=3), NEVER, np.argmin(kept, axis=3) + 1)
+    gamma = np.array([c.gamma_max for c in configs])[:, None, None]
+    limit = np.minimum(gamma, rec.max_new_tokens - np.arange(N) - 1)
+    by_threshold = fail <= np.minimum(eos, limit)
+    drafted = np.where(by_threshold, fail - 1, np.minimum(eos, limit))
+    return drafted, np.where(by_threshold, fail, drafted)
+
+
+def _walk(rec: Record, drafted: np.ndarray, forwards: np.ndarray, matches: np.ndarray, ends_in_draft: np.ndarray,
+          verify_cost: np.ndarray) -> dict[str, np.ndarray]:
+    """Follow every (policy, prompt)'s rounds at once; totals per policy [C]."""
+    C, P, N = drafted.shape
+    accepted = np.minimum(drafted, matches[None])
+    # An accepted EOS inside the draft ends the sequence without the target's extra token.
+    step = accepted + 1 - np.take_along_axis(ends_in_draft[None].repeat(C, 0), accepted[..., None], 3)[..., 0]
+    flat = {"drafted": drafted.ravel(), "accepted": accepted.ravel(), "forwards": forwards.ravel(),
+            "full": (accepted == drafted).ravel().astype(np.int64), "verify": verify_cost[drafted].ravel(),
+            "step": step.ravel()}
+    base = (np.arange(C * P) * N).reshape(C, P)
+    lengths = np.broadcast_to(rec.lengths[None], (C, P))
+    pos = np.zeros((C, P), dtype=np.int64)
+    totals = {name: np.zeros((C, P)) for name in ("rounds", "drafted", "accepted", "forwards", "full", "verify")}
+    active = pos < lengths
+    while active.any():
+        idx = base + np.minimum(pos, N - 1)
+        totals["rounds"] += active
+        for name in ("drafted", "accepted", "forwards", "full", "verify"):
+            totals[name] += flat[name][idx] * active
+        pos = pos + flat["step"][idx] * active
+        active = pos < lengths
+    return {name: values.sum(axis=1) for name, values in totals.items()}
+
+
+def simulate_grid(rec: Record, configs: list[DecodeConfig], cost: "CostModel | None" = None) -> pd.DataFrame:
+    """Totals, metrics and (with a cost model) predicted speedup for every policy, vectorised."""
+    for config in configs:
+        check_replayable(rec, config)
+    matches, eos = match_lengths(rec), eos_positions(rec)
+    G = rec.gamma_record
+    # ends_in_draft[p, j, a]: the a-th accepted rollout token is EOS (a = 0: nothing accepted).
+    is_eos = np.isin(rec.rollout, rec.eos_ids) if rec.eos_ids else np.zeros(rec.rollout.shape, bool)
+    ends_in_draft = np.concatenate([np.zeros(is_eos.shape[:2] + (1,), bool), is_eos], axis=2).astype(np.int64)
+    verify_cost = np.asarray(cost.t_verify if cost else np.zeros(G + 1))
+    rows = []
+    order = sorted(range(len(configs)), key=lambda i: (configs[i].metric, configs[i].schedule))
+    for start in range(0, len(order), GRID_CHUNK):
+        chunk_ids = order[start : start + GRID_CHUNK]
+        for (metric, cumulative), ids in _group(configs, chunk_ids).items():
+            signal = rec.confidences[metric].astype(np.float64)
+            signal = np.cumprod(signal, axis=2) if cumulative else signal
+            chunk = [configs[i] for i in ids]
+            drafted, forwards = _plans(rec, chunk, signal, eos)
+            totals = _walk(rec, drafted, forwards, matches, ends_in_draft, verify_cost)
+            for c, i in enumerate(ids):
+                rows.append(_grid_row(i, configs[i], {k: v[c] for k, v in totals.items()}, rec, cost))
+    return pd.DataFrame(rows).sort_values("config_id").reset_index(drop=True)
+
+
+def _group(configs, ids) -> dict[tuple[str, bool], list[int]]:
+    groups: dict[tuple[str, bool], list[int]] = {}
+    for i in ids:
+        groups.setdefault((configs[i].metric, configs[i].schedule == "cumulative"), []).append(i)
+    return groups
+
+
+def _grid_row(config_id: int, config: DecodeConfig, totals: dict, rec: Record, cost) -> dict:
+    tokens = int(rec.lengths.sum())
+    summed = {"rounds": int(totals["rounds"]), "drafted_total": int(totals["drafted"]),
+              "accepted_total": int(totals["accepted"]), "emitted_total": tokens, "full_blocks": int(totals["full"])}
+    row = {"config_id": config_id, "config_label": config.label(), **config.to_dict(), **summed, **rates(summed),
+           "draft_forwards": int(totals["forwards"]), "new_tokens": tokens}
+    if cost is not None:
+        row["predicted_speedup"] = tokens * cost.t_verify[0] / (totals["forwards"] * cost.t_draft + totals["verify"])
+    return row
+
+
+# --- cost model -------------------------------------------------------------------------------
+
+
+@dataclass
+class CostModel:
+    """Measured seconds: one draft step, and one target pass over k + 1 new positions."""
+
+    t_draft: float
+    t_verify: list[float]  # index k = 0 .. gamma: draft length verified
+    context_tokens: int  # cache length the timings were taken at
+
+    def to_dict(self) -> dict:
+        return {"t_draft": self.t_draft, "t_verify": list(self.t_verify), "context_tokens": self.context_tokens}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "CostModel":
+        return cls(float(data["t_draft"]), [float(t) for t in data["t_verify"]], int(data["context_tokens"]))
+
+    def predict(self, rounds: list[Round], tokens: int) -> float:
+        """DESIGN.md: N * t_verify(0) / sum over rounds of (s_r * t_draft + t_verify(L_r))."""
+        spent = sum(r.draft_forwards * self.t_draft + self.t_verify[r.drafted] for r in rounds)
+        return tokens * self.t_verify[0] / spent
+
+
+@torch.inference_mode()
+def measure_cost(pair, context: list[int], gamma: int, repeats: int = 15) -> CostModel:
+    """Median timings with the caches holding `context`, interleaved across k to share drift."""
+    from dspark_bench.cache import CachedLM
+    from dspark_bench.runner import synchronize
+
+    import statistics
+    import time
+
+    target, draft = CachedLM(pair.target), CachedLM(pair.draft)
+    target.prefill(context)
+    draft.prefill(context)
+    samples = {k: [] for k in range(-1, gamma + 1)}  # -1: the draft step
+    filler = context[-gamma - 1 :] * (gamma + 1)
+
+    def clock(lm, tokens):
+        synchronize(pair.device)
+        start = time.perf_counter()
+        lm.forward(tokens)
+        synchronize(pair.device)
+        lm.rollback(len(context))
+        return time.perf_counter() - start
+
+    for _ in range(repeats + 2):  # the first two passes warm up
+        samples[-1].append(clock(draft, filler[:1]))
+        for k in range(gamma + 1):
+            samples[k].append(clock(target, filler[: k + 1]))
+    median = {k: statistics.median(v[2:]) for k, v in samples.items()}
+    return CostModel(median[-1], [median[k] for k in range(gamma + 1)], len(context))

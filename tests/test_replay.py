@@ -1,0 +1,102 @@
+"""Replay: rounds simulated from one record equal the real engine's, for every kind of policy."""
+
+from __future__ import annotations
+
+import itertools
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+import tiny
+from dspark_bench.baselines import autoregressive_decode
+from dspark_bench.config import METRICS, SCHEDULES, DecodeConfig
+from dspark_bench.engine import speculative_decode
+from dspark_bench.errors import DsparkError
+from dspark_bench.replay import CostModel, Record, record, simulate, simulate_grid
+
+PROMPTS = [[0, 5, 9, 11], [7], [3, 3, 40, 2, 8, 100, 17], [12, 13]]
+N, G = 24, 6
+
+
+def policies() -> list[DecodeConfig]:
+    """Every metric × schedule, with thresholds, gamma_max and min_draft_len at their edges."""
+    out = []
+    for i, (metric, schedule) in enumerate(itertools.product(METRICS, SCHEDULES)):
+        gamma_max = (1, 3, G)[i % 3]
+        min_draft_len = (0, 1, gamma_max)[(i // 3) % 3]
+        threshold = (0.05, 0.3, 0.6, 0.95)[i % 4]
+        out.append(DecodeConfig(metric=metric, schedule=schedule, threshold=threshold, threshold_start=threshold / 3,
+                                threshold_end=threshold, gamma_max=gamma_max, min_draft_len=min_draft_len,
+                                max_new_tokens=N))
+    out += [DecodeConfig(threshold=0.0, gamma_max=G, max_new_tokens=N), DecodeConfig(threshold=1.0, max_new_tokens=N),
+            DecodeConfig(metric="margin", threshold=0.2, gamma_max=G, min_draft_len=G, max_new_tokens=N),
+            DecodeConfig(schedule="cumulative", threshold=0.1, gamma_max=G, max_new_tokens=N)]
+    return out
+
+
+@pytest.fixture(scope="module", params=["plain", "eos"])
+def recorded(request, llama_pair):
+    target, draft = llama_pair
+    eos = frozenset()
+    if request.param == "eos":  # a token the target emits mid-sequence, so EOS ends some prompts early
+        eos = frozenset({autoregressive_decode(target, PROMPTS[0], DecodeConfig(max_new_tokens=N)).tokens[10]})
+    pair = SimpleNamespace(target=target, draft=draft, eos_ids=eos)
+    return pair, record(pair, PROMPTS, N, G, topk=5)
+
+
+def test_simulated_rounds_equal_the_engine(recorded):
+    pair, rec = recorded
+    compared = 0
+    for config in policies():
+        simulated = simulate(rec, config)
+        for prompt, rounds in zip(PROMPTS, simulated):
+            real = speculative_decode(pair.target, pair.draft, prompt, config, pair.eos_ids).rounds
+            assert len(rounds) == len(real), config.label()
+            for mine, theirs in zip(rounds, real):
+                assert (mine.drafted, mine.accepted, mine.emitted, mine.stop_reason, mine.draft_tokens,
+                        mine.target_token, mine.draft_forwards) == (
+                        theirs.drafted, theirs.accepted, theirs.emitted, theirs.stop_reason, theirs.draft_tokens,
+                        theirs.target_token, theirs.draft_forwards), config.label()
+                assert mine.confidences == pytest.approx(theirs.confidences, abs=1e-5)
+                compared += 1
+    assert len(policies()) >= 20 and compared > 500
+
+
+def test_grid_totals_equal_round_by_round_simulation(recorded):
+    _, rec = recorded
+    configs = policies()
+    cost = CostModel(t_draft=0.001, t_verify=[0.01 + 0.001 * k for k in range(G + 1)], context_tokens=10)
+    grid = simulate_grid(rec, configs, cost)
+    for config, row in zip(configs, grid.itertuples()):
+        rounds = [r for prompt_rounds in simulate(rec, config) for r in prompt_rounds]
+        assert row.rounds == len(rounds)
+        assert row.drafted_total == sum(r.drafted for r in rounds)
+        assert row.accepted_total == sum(r.accepted for r in rounds)
+        assert row.emitted_total == sum(r.emitted for r in rounds)
+        assert row.full_blocks == sum(r.accepted == r.drafted for r in rounds)
+        assert row.draft_forwards == sum(r.draft_forwards for r in rounds)
+        assert row.predicted_speedup == pytest.approx(cost.predict(rounds, row.emitted_total))
+
+
+def test_record_round_trips_and_refuses_other_models_or_prompts(recorded, tmp_path):
+    _, rec = recorded
+    rec.info.update(models={"target_fingerprint": "aaa", "draft_fingerprint": "bbb"}, prompts_fingerprint="ppp")
+    rec.save(tmp_path)
+    loaded = Record.load(tmp_path)
+    assert np.array_equal(loaded.rollout, rec.rollout) and loaded.eos_ids == rec.eos_ids
+    loaded.check_matches({"target_fingerprint": "aaa", "draft_fingerprint": "bbb"}, "ppp")
+    with pytest.raises(DsparkError, match="another draft model"):
+        loaded.check_matches({"target_fingerprint": "aaa", "draft_fingerprint": "zzz"}, "ppp")
+    with pytest.raises(DsparkError, match="other prompts"):
+        loaded.check_matches({"target_fingerprint": "aaa", "draft_fingerprint": "bbb"}, "qqq")
+    with pytest.raises(DsparkError, match="no replay record"):
+        Record.load(tmp_path / "missing")
+
+
+def test_replay_refuses_what_it_cannot_replay(recorded):
+    _, rec = recorded
+    with pytest.raises(DsparkError, match="greedy"):
+        simulate(rec, DecodeConfig(temperature=0.7, max_new_tokens=N))
+    with pytest.raises(DsparkError, match="exceeds the record"):
+        simulate_grid(rec, [DecodeConfig(gamma_max=G + 1, max_new_tokens=N)])
