@@ -302,6 +302,16 @@ def models_build(
         build(out=out, minutes=minutes)
 
 
+def _register_commands() -> None:
+    # Commands that live in their own modules (they import this one for its helpers).
+    from dspark_bench.commands.regress import regress
+
+    app.command()(regress)
+
+
+_register_commands()
+
+
 @app.callback()
 def _setup() -> None:
     quiet_libraries()

@@ -368,20 +368,32 @@ def _settings(values: dict):
     return RunnerSettings(**{k: v for k, v in values.items() if k in known})
 
 
-def rerun(baseline_folder: Path, out: Path, progress: Callable[[], None] | None = None) -> Path:
-    """Run the benchmark a baseline describes again; returns the new run folder under `out`.
+@dataclass
+class Rerun:
+    """Everything needed to run a baseline's benchmark again, checked against the baseline."""
 
-    Refuses (NotComparable) before decoding anything when the models or prompts found here
-    are not the baseline's.
+    pair: object  # models.ModelPair
+    prompts: list
+    configs: list
+    settings: object  # runner.RunnerSettings
+    source: dict  # where the prompts came from, as run.json records it
+
+    @property
+    def samples(self) -> int:
+        turns = [1 + len(p.turns) if self.settings.turns == "all" else 1 for p in self.prompts]
+        return sum(turns) * len(self.configs)
+
+
+def plan_rerun(baseline: RunRecord) -> Rerun:
+    """Load the baseline's models, prompts and configs; refuse (NotComparable) if they are not its.
+
+    Checked before anything is decoded, so a changed model or prompt set costs seconds, not a run.
     """
     from dspark_bench.config import from_dict
     from dspark_bench.models import load_pair
     from dspark_bench.prompts import prompts_fingerprint
-    from dspark_bench.runner import run_to_folder
 
-    baseline = load_record(Path(baseline_folder), "baseline")
     info = baseline.run
-    check_writable(out)
     configs = [from_dict(c) for c in info["configs"]]
     settings = _settings(info["settings"])
     prompts, source = baseline_prompts(info["prompts"])
@@ -393,7 +405,16 @@ def rerun(baseline_folder: Path, out: Path, progress: Callable[[], None] | None 
     reasons = comparable(info, planned)
     if reasons:
         raise NotComparable(reasons)
-    folder, _ = run_to_folder(pair, prompts, configs, out, settings, source, progress)
+    return Rerun(pair, prompts, configs, settings, source)
+
+
+def rerun(baseline_folder: Path, out: Path, progress: Callable[[], None] | None = None, plan: Rerun | None = None) -> Path:
+    """Run the benchmark a baseline describes again; returns the new run folder under `out`."""
+    from dspark_bench.runner import run_to_folder
+
+    check_writable(out)
+    plan = plan or plan_rerun(load_record(Path(baseline_folder), "baseline"))
+    folder, _ = run_to_folder(plan.pair, plan.prompts, plan.configs, out, plan.settings, plan.source, progress)
     return folder
 
 

@@ -15,6 +15,7 @@ point. So one record — the continuation, and at every position j the draft's r
 
 from __future__ import annotations
 
+import itertools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -187,11 +188,11 @@ def check_replayable(rec: Record, config: DecodeConfig) -> None:
 
 def first_failures(rec: Record, config: DecodeConfig) -> np.ndarray:
     """T[p, j]: the 1-based step whose proposal the schedule drops, NEVER if none."""
-    signal = rec.confidences[config.metric][:, :, : config.gamma_max].astype(np.float64)
+    signal = rec.confidences[config.metric].astype(np.float64)
     # float32 storage, float64 products: the engine multiplies Python floats of float32 values.
     if config.schedule == "cumulative":
         signal = np.cumprod(signal, axis=2)
-    thresholds = np.array([threshold_at(config, k) for k in range(1, config.gamma_max + 1)])
+    thresholds = np.array([threshold_at(config, k) for k in range(1, rec.gamma_record + 1)])
     kept = signal >= thresholds
     kept[:, :, : config.min_draft_len] = True
     return np.where(kept.all(axis=2), NEVER, np.argmin(kept, axis=2) + 1)
@@ -240,92 +241,91 @@ def simulate(rec: Record, config: DecodeConfig) -> list[list[Round]]:
 
 # --- simulation of a whole grid at once -------------------------------------------------------
 
-GRID_CHUNK = 64  # policies simulated together; bounds memory at chunk × P × N × G booleans
+GRID_CHUNK = 512  # policies walked together; bounds memory at about chunk × P × N × 4 bytes
 
 
-def _threshold_table(configs: list[DecodeConfig], gamma: int) -> np.ndarray:
-    """[C, G]: the confidence each policy needs at each draft position (-inf where always kept)."""
-    table = np.full((len(configs), gamma), -np.inf)
+def _failure_key(config: DecodeConfig) -> tuple:
+    """Policies with equal keys drop the same draft positions; gamma_max only caps them
+    (except for the ramp, whose thresholds are spread over gamma_max)."""
+    knobs = {"threshold": (config.threshold,), "cumulative": (config.threshold,), "fixed": (),
+             "ramp": (config.threshold_start, config.threshold_end, config.gamma_max)}[config.schedule]
+    return config.metric, config.schedule, config.min_draft_len, knobs
+
+
+def _plans(rec: Record, configs: list[DecodeConfig], eos: np.ndarray, failures: dict) -> tuple[np.ndarray, np.ndarray]:
+    """drafted and draft forwards [C, P, N], the same rule as `round_plan`."""
+    P, N, _ = rec.rollout.shape
+    budget = rec.max_new_tokens - np.arange(N) - 1
+    drafted = np.empty((len(configs), P, N), dtype=np.int32)
+    forwards = np.empty_like(drafted)
     for c, config in enumerate(configs):
-        for k in range(config.min_draft_len + 1, config.gamma_max + 1):
-            table[c, k - 1] = threshold_at(config, k)
-    return table
+        key = _failure_key(config)
+        if key not in failures:
+            failures[key] = first_failures(rec, config)
+        fail = failures[key]
+        cap = np.minimum(eos, np.minimum(config.gamma_max, budget))
+        by_threshold = fail <= cap
+        drafted[c] = np.where(by_threshold, fail - 1, cap)
+        forwards[c] = np.where(by_threshold, fail, cap)
+    return drafted, forwards
 
 
-def _plans(rec: Record, configs: list[DecodeConfig], signal: np.ndarray, eos: np.ndarray):
-    """drafted and draft forwards [C, P, N] for policies sharing one confidence signal."""
-    P, N, G = rec.rollout.shape
-    kept = signal[None] >= _threshold_table(configs, G)[:, None, None, :]  # [C, P, N, G]
-    fail = np.where(kept.all(axis=3), NEVER, np.argmin(kept, axis=3) + 1)
-    gamma = np.array([c.gamma_max for c in configs])[:, None, None]
-    limit = np.minimum(gamma, rec.max_new_tokens - np.arange(N) - 1)
-    by_threshold = fail <= np.minimum(eos, limit)
-    drafted = np.where(by_threshold, fail - 1, np.minimum(eos, limit))
-    return drafted, np.where(by_threshold, fail, drafted)
-
-
-def _walk(rec: Record, drafted: np.ndarray, forwards: np.ndarray, matches: np.ndarray, ends_in_draft: np.ndarray,
-          verify_cost: np.ndarray) -> dict[str, np.ndarray]:
-    """Follow every (policy, prompt)'s rounds at once; totals per policy [C]."""
-    C, P, N = drafted.shape
-    accepted = np.minimum(drafted, matches[None])
-    # An accepted EOS inside the draft ends the sequence without the target's extra token.
-    step = accepted + 1 - np.take_along_axis(ends_in_draft[None].repeat(C, 0), accepted[..., None], 3)[..., 0]
-    flat = {"drafted": drafted.ravel(), "accepted": accepted.ravel(), "forwards": forwards.ravel(),
-            "full": (accepted == drafted).ravel().astype(np.int64), "verify": verify_cost[drafted].ravel(),
-            "step": step.ravel()}
-    base = (np.arange(C * P) * N).reshape(C, P)
-    lengths = np.broadcast_to(rec.lengths[None], (C, P))
-    pos = np.zeros((C, P), dtype=np.int64)
-    totals = {name: np.zeros((C, P)) for name in ("rounds", "drafted", "accepted", "forwards", "full", "verify")}
-    active = pos < lengths
-    while active.any():
-        idx = base + np.minimum(pos, N - 1)
-        totals["rounds"] += active
-        for name in ("drafted", "accepted", "forwards", "full", "verify"):
-            totals[name] += flat[name][idx] * active
-        pos = pos + flat["step"][idx] * active
-        active = pos < lengths
-    return {name: values.sum(axis=1) for name, values in totals.items()}
+def _round_starts(rec: Record, step: np.ndarray) -> np.ndarray:
+    """Flat indices into [C, P, N] of every position where a round starts, following
+    j -> j + step(j) from 0 for every (policy, prompt) at once."""
+    C, P, N = step.shape
+    sink = N
+    nxt = np.arange(N) + step
+    nxt = np.where(nxt >= rec.lengths[None, :, None], sink, nxt)
+    nxt = np.concatenate([nxt, np.full((C, P, 1), sink, dtype=nxt.dtype)], axis=2).ravel()
+    rows = np.arange(C * P)
+    pos = np.where(np.tile(rec.lengths, C) > 0, 0, sink)
+    starts = []
+    while rows.size:
+        alive = pos != sink
+        rows, pos = rows[alive], pos[alive]  # keep walking only the unfinished sequences
+        starts.append(rows * N + pos)
+        pos = nxt[rows * (N + 1) + pos]
+    return np.concatenate(starts)
 
 
 def simulate_grid(rec: Record, configs: list[DecodeConfig], cost: "CostModel | None" = None) -> pd.DataFrame:
     """Totals, metrics and (with a cost model) predicted speedup for every policy, vectorised."""
     for config in configs:
         check_replayable(rec, config)
+    P, N, G = rec.rollout.shape
     matches, eos = match_lengths(rec), eos_positions(rec)
-    G = rec.gamma_record
-    # ends_in_draft[p, j, a]: the a-th accepted rollout token is EOS (a = 0: nothing accepted).
     is_eos = np.isin(rec.rollout, rec.eos_ids) if rec.eos_ids else np.zeros(rec.rollout.shape, bool)
-    ends_in_draft = np.concatenate([np.zeros(is_eos.shape[:2] + (1,), bool), is_eos], axis=2).astype(np.int64)
+    # ends[p, j, a]: the a-th accepted token is EOS, which ends the sequence without a target token.
+    ends = np.concatenate([np.zeros((P, N, 1), bool), is_eos], axis=2).ravel()
+    cell = (np.arange(P * N) * (G + 1)).reshape(P, N)
     verify_cost = np.asarray(cost.t_verify if cost else np.zeros(G + 1))
+    failures: dict = {}
     rows = []
-    order = sorted(range(len(configs)), key=lambda i: (configs[i].metric, configs[i].schedule))
-    for start in range(0, len(order), GRID_CHUNK):
-        chunk_ids = order[start : start + GRID_CHUNK]
-        for (metric, cumulative), ids in _group(configs, chunk_ids).items():
-            signal = rec.confidences[metric].astype(np.float64)
-            signal = np.cumprod(signal, axis=2) if cumulative else signal
-            chunk = [configs[i] for i in ids]
-            drafted, forwards = _plans(rec, chunk, signal, eos)
-            totals = _walk(rec, drafted, forwards, matches, ends_in_draft, verify_cost)
-            for c, i in enumerate(ids):
-                rows.append(_grid_row(i, configs[i], {k: v[c] for k, v in totals.items()}, rec, cost))
-    return pd.DataFrame(rows).sort_values("config_id").reset_index(drop=True)
+    for start in range(0, len(configs), GRID_CHUNK):
+        chunk = configs[start : start + GRID_CHUNK]
+        drafted, forwards = _plans(rec, chunk, eos, failures)
+        accepted = np.minimum(drafted, matches)
+        starts = _round_starts(rec, accepted + 1 - ends[cell + accepted])
+        policy = starts // (P * N)
+        drafted, accepted, forwards = drafted.ravel()[starts], accepted.ravel()[starts], forwards.ravel()[starts]
 
+        def total(weights=None):
+            return np.bincount(policy, weights=weights, minlength=len(chunk))
 
-def _group(configs, ids) -> dict[tuple[str, bool], list[int]]:
-    groups: dict[tuple[str, bool], list[int]] = {}
-    for i in ids:
-        groups.setdefault((configs[i].metric, configs[i].schedule == "cumulative"), []).append(i)
-    return groups
+        totals = {"rounds": total(), "drafted": total(drafted), "accepted": total(accepted),
+                  "full": total(accepted == drafted), "forwards": total(forwards), "verify": total(verify_cost[drafted])}
+        for c, config in enumerate(chunk):
+            rows.append(_grid_row(start + c, config, {k: v[c] for k, v in totals.items()}, rec, cost))
+    return pd.DataFrame(rows)
 
 
 def _grid_row(config_id: int, config: DecodeConfig, totals: dict, rec: Record, cost) -> dict:
     tokens = int(rec.lengths.sum())
     summed = {"rounds": int(totals["rounds"]), "drafted_total": int(totals["drafted"]),
               "accepted_total": int(totals["accepted"]), "emitted_total": tokens, "full_blocks": int(totals["full"])}
-    row = {"config_id": config_id, "config_label": config.label(), **config.to_dict(), **summed, **rates(summed),
+    knobs = {name: getattr(config, name) for name in config.__dataclass_fields__}  # asdict is slow here
+    row = {"config_id": config_id, "config_label": config.label(), **knobs, **summed, **rates(summed),
            "draft_forwards": int(totals["forwards"]), "new_tokens": tokens}
     if cost is not None:
         row["predicted_speedup"] = tokens * cost.t_verify[0] / (totals["forwards"] * cost.t_draft + totals["verify"])

@@ -14,6 +14,7 @@ import typer
 
 from dspark_bench import regress as lib
 from dspark_bench.errors import DsparkError
+from dspark_bench.results import check_writable
 
 NO_VERDICT = 2
 
@@ -45,7 +46,7 @@ def regress(
                 out_console.print(text, markup=False, highlight=False, soft_wrap=True)
                 return
             old = lib.load_baseline(baseline)
-            folder = current if current is not None else rerun(old.folder, out, progress_bar)
+            folder = current if current is not None else rerun(old, out, progress_bar)
             new = lib.load_record(folder, "current run")
             reasons = lib.comparable(old.run, new.run)
             if reasons:
@@ -69,10 +70,13 @@ def check_tolerances(tolerance: float, speed_tolerance: float) -> None:
         raise DsparkError(f"--speed-tolerance must be in [0, 1) (got {speed_tolerance:g})")
 
 
-def rerun(baseline_folder: Path, out: Path, progress_bar) -> Path:
+def rerun(baseline: lib.RunRecord, out: Path, progress_bar) -> Path:
+    """Re-run the baseline's benchmark under `out`, with a progress bar once decoding starts."""
+    check_writable(out)
+    plan = lib.plan_rerun(baseline)  # refuses other models or prompts before any bar is drawn
     with progress_bar() as bar:
-        job = bar.add_task("re-running the baseline's benchmark", total=None)
-        return lib.rerun(baseline_folder, out, progress=lambda: bar.advance(job))
+        job = bar.add_task("re-running the baseline", total=plan.samples)
+        return lib.rerun(baseline.folder, out, progress=lambda: bar.advance(job), plan=plan)
 
 
 def update_baseline(baseline: Path, current: Optional[Path], out: Path, progress_bar) -> str:
@@ -81,6 +85,6 @@ def update_baseline(baseline: Path, current: Optional[Path], out: Path, progress
     if current is None:
         if not lib.summary_path(baseline).is_file():
             raise DsparkError(f"baseline {str(baseline)!r} does not exist yet; pass --current RUN to create it")
-        current = rerun(lib.load_baseline(baseline).folder, out, progress_bar)
+        current = rerun(lib.load_baseline(baseline), out, progress_bar)
     lib.update_baseline(current, target, replace=True)
     return f"baseline {target} updated from run {current}"

@@ -1,0 +1,51 @@
+"""How many policies per second `simulate_grid` evaluates (a benchmark, not a test).
+
+A synthetic record of 100 prompts × 128 tokens × 8 rollout steps, in which the draft agrees
+with the target with probability 0.6 per step, and a dense grid of 4 metrics × 20 thresholds
+× 8 gamma_max × 4 min_draft_len (2,560 policies). Prints the median of 3 timed passes.
+
+    python benchmarks/simulate_speed.py
+"""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+import time
+
+import numpy as np
+
+from dspark_bench.config import METRICS, DecodeConfig
+from dspark_bench.replay import Record, simulate_grid
+
+P, N, G = 100, 128, 8
+
+
+def synthetic_record(seed: int = 0) -> Record:
+    rng = np.random.default_rng(seed)
+    continuation = rng.integers(2, 8000, size=(P, N))
+    rollout = np.empty((P, N, G), dtype=np.int64)
+    for k in range(G):
+        ahead = np.full((P, N), -2)
+        ahead[:, : N - k] = continuation[:, k:]
+        rollout[:, :, k] = np.where(rng.random((P, N)) < 0.6, ahead, 1)
+    confidences = {m: rng.random((P, N, G), dtype=np.float32) for m in METRICS}
+    return Record(continuation, np.full(P, N), rollout, confidences, (), {"max_new_tokens": N, "topk": 5})
+
+
+def grid() -> list[DecodeConfig]:
+    thresholds = np.round(np.linspace(0.05, 0.95, 20), 3)
+    return [DecodeConfig(metric=m, threshold=float(t), gamma_max=g, min_draft_len=n, max_new_tokens=N)
+            for m, t, g, n in itertools.product(METRICS, thresholds, range(1, 9), range(0, 4)) if n <= g]
+
+
+if __name__ == "__main__":
+    rec, configs = synthetic_record(), grid()
+    times = []
+    for _ in range(3):
+        start = time.perf_counter()
+        table = simulate_grid(rec, configs)
+        times.append(time.perf_counter() - start)
+    median = statistics.median(times)
+    print(f"{len(configs)} policies over {P} prompts × {N} tokens: {median:.3f} s (median of 3) "
+          f"= {len(configs) / median:,.0f} policies/s; best tokens_per_round {table['tokens_per_round'].max():.3f}")
