@@ -41,8 +41,10 @@ err_console = _console(stderr=True)
 def quiet_libraries() -> None:
     """Our own progress bars are enough; silence transformers' and datasets' chatter."""
     import datasets
+    import optuna
     import transformers
 
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
     datasets.disable_progress_bars()
@@ -302,6 +304,99 @@ def models_build(
         build(out=out, minutes=minutes)
 
 
+@app.command()
+def sweep(
+    spec: Annotated[Optional[Path], typer.Option(help="Sweep specification (YAML), e.g. sweeps/code.yaml.")] = None,
+    task: Task = None, dataset: Dataset = None, limit: Limit = None,
+    target: Target = None, draft: Draft = None, device: Annotated[Optional[str], typer.Option(help="auto | cpu | cuda | mps")] = None,
+    dtype: Annotated[Optional[str], typer.Option(help="auto | float32 | bfloat16 | float16")] = None,
+    method: Annotated[Optional[str], typer.Option(help="grid (Optuna's GridSampler) | optuna (TPE).")] = None,
+    engine: Annotated[Optional[str], typer.Option(help="replay (greedy: record once, simulate all) | real | auto.")] = None,
+    trials: Annotated[Optional[int], typer.Option(help="Optuna budget (grid: the whole grid).")] = None,
+    objective: Annotated[Optional[str], typer.Option(help="speedup | tokens_per_round | ...; two, comma-separated, for a Pareto front.")] = None,
+    storage: Annotated[Optional[str], typer.Option(help="Optuna storage URL (sqlite:///, postgresql://, journal:///path) [default: SQLite in the run folder].")] = None,
+    study: Annotated[Optional[str], typer.Option(help="Study name, shared by workers on one storage.")] = None,
+    workers: Annotated[int, typer.Option(help="Local worker processes on the same study.")] = 1,
+    resume: Annotated[Optional[Path], typer.Option(help="Continue this sweep's run folder where it stopped.")] = None,
+    confirm_top: Annotated[Optional[int], typer.Option(help="Replay: confirm this many best policies with timed runs.")] = None,
+    repeats: Annotated[Optional[int], typer.Option(help="Timed pairs per prompt and trial.")] = None,
+    max_new_tokens: MaxNewTokens = None, temperature: Annotated[Optional[float], typer.Option(help="0 = greedy.")] = None,
+    metric: Metrics = None, schedule: Schedules = None, threshold: Thresholds = None,
+    gamma_max: GammaMaxes = None, min_draft_len: MinDraftLens = None,
+    set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override any spec field: key=value (YAML value), e.g. space.threshold=[0.2,0.4].")] = None,
+    out: Annotated[Path, typer.Option(help="Folder that receives the run folder.")] = Path("results"),
+    worker_only: Annotated[bool, typer.Option(hidden=True)] = False,
+):
+    """Search the policy's knobs over a task: replay (exact, greedy), grid or Optuna; resumable.
+
+    Example: dspark-bench sweep --task code --spec sweeps/code.yaml --limit 10
+    """
+    import yaml
+
+    from dspark_bench import sweep as sweeps
+
+    with cli_errors():
+        if resume is not None:
+            with progress_bar() as bar:
+                job = bar.add_task("trials", total=None)
+                table = sweeps.continue_sweep(resume, workers=workers, worker_only=worker_only,
+                                              progress=_trial_progress(bar, job))
+            if table is not None:
+                _print_best(table, resume)
+            return
+        overrides = {k: v for k, v in dict(task=task, dataset=dataset, limit=limit, target=target, draft=draft,
+                     device=device, dtype=dtype, method=method, engine=engine, trials=trials, objective=objective,
+                     confirm_top=confirm_top, repeats=repeats, max_new_tokens=max_new_tokens,
+                     temperature=temperature).items() if v is not None}
+        if task is not None or dataset is not None:
+            overrides.update(task=task, dataset=dataset)
+        for name, values in (("metric", metric), ("schedule", schedule), ("threshold", threshold),
+                             ("gamma_max", gamma_max), ("min_draft_len", min_draft_len)):
+            if values:
+                overrides[f"space.{name}"] = list(values)
+        for item in set_ or []:
+            key, sep, value = item.partition("=")
+            if not sep:
+                raise DsparkError(f"--set takes key=value (got {item!r})")
+            overrides[key.strip()] = yaml.safe_load(value)
+        sweep_spec = sweeps.load_spec(spec, overrides)
+        with progress_bar() as bar:
+            job = bar.add_task("sweep", total=None)
+            folder, table = sweeps.run_sweep(sweep_spec, out, storage, study, workers,
+                                             progress=_trial_progress(bar, job))
+        _print_best(table, folder)
+
+
+def _trial_progress(bar: Progress, job):
+    """Progress callback: trials done (or prompts recorded), elapsed, best value so far."""
+
+    def update(study=None, trial=None, budget=None):
+        if study is None:
+            bar.advance(job)
+            return
+        done = sum(t.state.is_finished() for t in study.get_trials(deepcopy=False))
+        best = ""
+        complete = [t for t in study.get_trials(deepcopy=False) if t.values]
+        if complete and len(study.directions) == 1:
+            best = f" · best {study.best_value:.3f}"
+        bar.update(job, total=budget, completed=min(done, budget), description=f"trials{best}")
+
+    return update
+
+
+def _print_best(table, folder) -> None:
+    columns = [c for c in ("config_label", "predicted_speedup", "speedup", "speedup_low", "speedup_high",
+                           "tokens_per_round", "acceptance_rate", "avg_draft_len", "block_acceptance_rate",
+                           "identical_to_baseline", "state") if c in table]
+    view = Table(title="best configurations", title_justify="left")
+    for name in columns:
+        view.add_column(name.replace("_", " "), justify="left" if name in ("config_label", "state") else "right")
+    for row in table.head(10).to_dict(orient="records"):
+        view.add_row(*[f"{row[c]:.3f}" if isinstance(row[c], float) else str(row[c]) for c in columns])
+    out_console.print(view)
+    out_console.print(f"run folder: {folder}")
+
+
 def _register_commands() -> None:
     # Commands that live in their own modules (they import this one for its helpers).
     from dspark_bench.commands.regress import regress
@@ -319,3 +414,7 @@ def _setup() -> None:
 
 def main() -> None:
     app()
+
+
+if __name__ == "__main__":
+    main()

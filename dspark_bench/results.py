@@ -130,3 +130,62 @@ def read_run(folder: Path) -> tuple[dict, pd.DataFrame]:
     samples_path = folder / "samples.parquet"
     samples = pd.read_parquet(samples_path) if samples_path.is_file() else pd.DataFrame()
     return info, samples
+
+
+def _run_columns(info: dict) -> dict:
+    """What identifies a run in a merged table: its id, kind, task and models."""
+    prompts, models = info.get("prompts", {}), info.get("models", {})
+    return {
+        "run_id": info.get("run_id"), "kind": info.get("kind"), "engine": info.get("engine", "real"),
+        "study": info.get("study"), "task": prompts.get("task") or prompts.get("dataset"),
+        "domain": prompts.get("domain"), "target": models.get("target"), "draft": models.get("draft"),
+        "device": models.get("device"), "dtype": models.get("dtype"),
+    }
+
+
+def _policy_table(folder: Path, info: dict) -> pd.DataFrame:
+    if (folder / "trials.parquet").is_file():  # a sweep: one row per trial / simulated policy
+        table = pd.read_parquet(folder / "trials.parquet")
+        for name, value in info.get("base_config", {}).items():
+            if name not in table:  # knobs the sweep did not search keep their base value
+                table[name] = value
+        return table
+    summary = read_json(folder / "summary.json", "summary file") if (folder / "summary.json").is_file() else {}
+    return pd.DataFrame(summary.get("configs", []))
+
+
+def load(paths) -> pd.DataFrame:
+    """Trials (sweeps) or configurations (runs) of one or more run folders, one row each.
+
+    Folders of several workers on one study repeat its trials; each trial is kept once.
+    """
+    paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
+    if not paths:
+        raise DsparkError("no run folder given")
+    frames = []
+    for path in paths:
+        folder = Path(path)
+        info = read_json(folder / "run.json", "run file") if (folder / "run.json").is_file() else None
+        if info is None:
+            raise DsparkError(f"{str(folder)!r} is not a run folder (no run.json)")
+        table = _policy_table(folder, info)
+        for name, value in _run_columns(info).items():
+            table[name] = value
+        frames.append(table)
+    merged = pd.concat(frames, ignore_index=True)
+    if "trial" in merged:
+        shared = merged["study"].notna() & merged["trial"].notna()
+        repeated = merged[shared].duplicated(subset=["study", "trial"], keep="first")
+        merged = merged.drop(index=repeated[repeated].index).reset_index(drop=True)
+    return merged
+
+
+def load_table(paths, name: str) -> pd.DataFrame:
+    """samples or rounds of one or more run folders, with their run_id (empty if none has it)."""
+    paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
+    frames = []
+    for path in paths:
+        file = Path(path) / f"{name}.parquet"
+        if file.is_file():
+            frames.append(pd.read_parquet(file).assign(run_id=Path(path).name))
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
