@@ -157,6 +157,7 @@ def run(
     repeats: Annotated[int, typer.Option(help="Timed baseline/speculative pairs per prompt (medians kept).")] = 3,
     trace: Annotated[bool, typer.Option(help="Also write rounds.parquet, the per-round trace.")] = False,
     device: Device = "auto", dtype: Dtype = "auto",
+    calibration: Annotated[Optional[Path], typer.Option(help="Per-domain policies from `calibrate`: each prompt gets its category's.")] = None,
     out: Annotated[Path, typer.Option(help="Folder that receives the run folder.")] = Path("results"),
 ):
     """Decode prompts with the speculative decoder and the autoregressive baseline; write a run folder.
@@ -179,16 +180,34 @@ def run(
             threshold_end=threshold_end, topk=topk, temperature=temperature, top_p=top_p, seed=seed,
             max_new_tokens=max_new_tokens or task_tokens or 128,
         )
+        assignment = None
+        if calibration is not None:
+            if metric or schedule or threshold or gamma_max or min_draft_len:
+                raise DsparkError("--calibration chooses the policy; drop --metric/--schedule/--threshold/--gamma-max/--min-draft-len")
+            configs, assignment = calibrated_configs(calibration, prompt_list, configs[0])
         pair = load_pair(target, draft, device, dtype)
+        if calibration is not None:
+            from dspark_bench.calibrate import load_calibration
+
+            load_calibration(calibration).check_models(pair.describe())
         settings = RunnerSettings(repeats=repeats, trace=trace, chat_template=chat_template, turns=turns)
         turns_per_prompt = [1 + len(p.turns) if turns == "all" else 1 for p in prompt_list]
-        samples = sum(turns_per_prompt) * len(configs)
+        samples = sum(turns_per_prompt) * (len(configs) if assignment is None else 1)
         with progress_bar() as bar:
             job = bar.add_task("decoding", total=samples)
             folder, table = run_to_folder(pair, prompt_list, configs, out, settings, source,
-                                          progress=lambda: bar.advance(job))
+                                          progress=lambda: bar.advance(job), assignment=assignment)
         out_console.print(summary_table(table, f"{len(prompt_list)} prompts · {pair.device} · {pair.dtype}"))
         out_console.print(f"run folder: {folder}")
+
+
+def calibrated_configs(path: Path, prompts, base: DecodeConfig) -> tuple[list[DecodeConfig], list[int]]:
+    """The distinct calibrated policies, and for each prompt the index of its own."""
+    from dspark_bench.calibrate import load_calibration
+
+    per_prompt = load_calibration(path).configs_for(prompts, base=base)
+    configs = list(dict.fromkeys(per_prompt))
+    return configs, [configs.index(c) for c in per_prompt]
 
 
 def render_rounds(tokenizer, result) -> Text:
@@ -215,6 +234,8 @@ def decode(
     threshold_start: ThresholdStart = 0.3, threshold_end: ThresholdEnd = 0.8, topk: TopK = 5,
     temperature: Temperature = 0.0, top_p: TopP = 1.0, max_new_tokens: MaxNewTokens = None, seed: Seed = 0,
     device: Device = "auto", dtype: Dtype = "auto",
+    calibration: Annotated[Optional[Path], typer.Option(help="Take the policy from a calibration file.")] = None,
+    domain: Annotated[Optional[str], typer.Option(help="With --calibration: the prompt's domain [default: the global policy].")] = None,
 ):
     """Generate once and show every round: accepted (green), rejected (red), target's token (bold).
 
@@ -231,6 +252,11 @@ def decode(
                               min_draft_len=min_draft_len, threshold_start=threshold_start,
                               threshold_end=threshold_end, topk=topk, temperature=temperature, top_p=top_p,
                               max_new_tokens=max_new_tokens or 128, seed=seed)
+        if calibration is not None:
+            from dspark_bench.calibrate import load_calibration
+
+            config = load_calibration(calibration).policy_for(domain or "", strict=domain is not None, base=config)
+            out_console.print(f"policy: {config.label()}", highlight=False)
         pair = load_pair(target, draft, device, dtype)
         ids = encode(pair.tokenizer, text, chat_template)
         result = speculative_decode(pair.target, pair.draft, ids, config, pair.eos_ids)
@@ -399,9 +425,11 @@ def _print_best(table, folder) -> None:
 
 def _register_commands() -> None:
     # Commands that live in their own modules (they import this one for its helpers).
+    from dspark_bench.commands.calibrate import calibrate
     from dspark_bench.commands.regress import regress
 
     app.command()(regress)
+    app.command()(calibrate)
 
 
 _register_commands()

@@ -119,12 +119,19 @@ def warm_up(pair: ModelPair, prompts: list[Prompt], configs: list[DecodeConfig],
 
 
 def iter_samples(
-    pair: ModelPair, prompts: list[Prompt], configs: list[DecodeConfig], settings: RunnerSettings
+    pair: ModelPair, prompts: list[Prompt], configs: list[DecodeConfig], settings: RunnerSettings,
+    assignment: list[int] | None = None,
 ) -> Iterator[tuple[dict, list[dict]]]:
-    """Yield (sample row, round rows) per (prompt, turn, config)."""
+    """Yield (sample row, round rows) per (prompt, turn, config).
+
+    Every prompt runs every config, unless `assignment` gives each prompt one config's index
+    (per-domain calibrated policies).
+    """
     warm_up(pair, prompts, configs, settings)
-    for prompt in prompts:
+    for index, prompt in enumerate(prompts):
         for config_id, config in enumerate(configs):
+            if assignment is not None and assignment[index] != config_id:
+                continue
             history: list[tuple[str, str]] = []
             for turn, text in enumerate(conversation(prompt, settings)):
                 ids = encode(pair.tokenizer, text, settings.chat_template, history)
@@ -154,10 +161,11 @@ def run(
     configs: list[DecodeConfig],
     settings: RunnerSettings = RunnerSettings(),
     progress: Callable[[], None] | None = None,
+    assignment: list[int] | None = None,
 ) -> RunOutput:
     """Every (prompt, config), measured; `progress` is called after each sample."""
     sample_rows, trace_rows = [], []
-    for row, rounds in iter_samples(pair, prompts, configs, settings):
+    for row, rounds in iter_samples(pair, prompts, configs, settings, assignment):
         sample_rows.append(row)
         trace_rows += rounds
         if progress:
@@ -176,14 +184,16 @@ def run_to_folder(
     settings: RunnerSettings = RunnerSettings(),
     source: dict | None = None,
     progress: Callable[[], None] | None = None,
+    assignment: list[int] | None = None,
 ) -> tuple[Path, pd.DataFrame]:
     """`run`, then write the run folder; returns it and the per-config summary table."""
     check_writable(out)
-    output = run(pair, prompts, configs, settings, progress)
+    output = run(pair, prompts, configs, settings, progress, assignment)
     table = summarize(output.samples)
     by_category = summarize(output.samples, by=["category"])
     run_info = {
         "configs": [c.to_dict() for c in configs],
+        "assignment": assignment,
         "settings": dataclasses.asdict(settings),
         "models": pair.describe(),
         "prompts": {"count": len(prompts), "fingerprint": prompts_fingerprint(prompts), **(source or {})},

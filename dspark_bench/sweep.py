@@ -14,6 +14,7 @@ import itertools
 import json
 import os
 import socket
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -26,6 +27,9 @@ import yaml
 from dspark_bench.config import METRICS, SCHEDULES, DecodeConfig
 from dspark_bench.errors import DsparkError
 from dspark_bench.metrics import summarize
+
+# Heartbeats and trial retries are Optuna's own (marked experimental); their warnings are noise here.
+warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
 
 PARAMS = ("metric", "schedule", "threshold", "threshold_start", "threshold_end", "gamma_max", "min_draft_len")
 # Objectives and their directions: what a user may optimise for.
@@ -182,6 +186,13 @@ def points(spec: SweepSpec, base: DecodeConfig | None = None) -> list[DecodeConf
 # --- storage --------------------------------------------------------------------------------
 
 
+# Optuna 4.9 renamed the retry of trials whose worker died; support both sides of the rename.
+if hasattr(optuna.storages, "RetryHeartbeatStaleTrialCallback"):
+    RETRY, RETRY_KWARG = optuna.storages.RetryHeartbeatStaleTrialCallback, "heartbeat_stale_trial_callback"
+else:
+    RETRY, RETRY_KWARG = optuna.storages.RetryFailedTrialCallback, "failed_trial_callback"
+
+
 def open_storage(url: str, heartbeat_s: int):
     """Optuna's own storages: an RDB URL (sqlite:///, postgresql://) with heartbeats so a killed
     worker's trial is retried, or a journal file (journal:///path) for shared filesystems."""
@@ -190,10 +201,10 @@ def open_storage(url: str, heartbeat_s: int):
 
         return optuna.storages.JournalStorage(JournalFileBackend(url.removeprefix("journal://")))
     engine_kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {"pool_pre_ping": True}
+    retry = {RETRY_KWARG: RETRY(max_retry=2)}
     try:
         return optuna.storages.RDBStorage(
-            url, engine_kwargs=engine_kwargs, heartbeat_interval=heartbeat_s, grace_period=2 * heartbeat_s,
-            failed_trial_callback=optuna.storages.RetryFailedTrialCallback(max_retry=2),
+            url, engine_kwargs=engine_kwargs, heartbeat_interval=heartbeat_s, grace_period=2 * heartbeat_s, **retry
         )
     except Exception as err:  # sqlalchemy raises its own types for a bad URL or an unreachable server
         raise DsparkError(f"cannot open the study storage {url!r}: {str(err).splitlines()[0][:200]}") from None
@@ -240,6 +251,7 @@ def make_objective(ctx: TrialContext) -> Callable[[optuna.Trial], object]:
     def objective(trial: optuna.Trial):
         params = suggest(trial, ctx.spec)
         if is_duplicate(trial):
+            trial.set_user_attr("skipped", "grid point taken")
             trial.study.stop()
             raise optuna.TrialPruned("grid point already taken by another trial")
         try:
@@ -249,7 +261,11 @@ def make_objective(ctx: TrialContext) -> Callable[[optuna.Trial], object]:
             raise optuna.TrialPruned(str(err)) from None  # never run; counts as visited
         trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
         trial.set_user_attr("config_label", config.label())
-        output = run(ctx.pair, ctx.prompts, [config], ctx.settings)
+        try:
+            output = run(ctx.pair, ctx.prompts, [config], ctx.settings)
+        except Exception as err:  # recorded with the trial; the sweep goes on (optimize catches)
+            trial.set_user_attr("error", f"{type(err).__name__}: {err}"[:500])
+            raise
         samples = output.samples.assign(trial=trial.number)
         samples_dir = ctx.folder / "trials"
         samples_dir.mkdir(exist_ok=True)
@@ -281,8 +297,8 @@ def trials_table(study: optuna.Study) -> pd.DataFrame:
     rows = []
     for t in study.get_trials(deepcopy=False):
         row = {"trial": t.number, "state": t.state.name, **t.params, **t.user_attrs,
-               "duration_s": t.duration.total_seconds() if t.duration else None,
-               "error": t.system_attrs.get("fail_reason")}
+               "duration_s": t.duration.total_seconds() if t.duration else None}
+        row["error"] = t.user_attrs.get("error") or t.system_attrs.get("fail_reason")
         if t.values is not None:
             row.update({f"objective_{i}": v for i, v in enumerate(t.values)})
         rows.append(row)
@@ -313,7 +329,7 @@ def recover_dead_trials(study: optuna.Study) -> int:
     knows at once. Returns how many trials were recovered.
     """
     host, recovered = socket.gethostname(), 0
-    retry = optuna.storages.RetryFailedTrialCallback(max_retry=2)
+    retry = RETRY(max_retry=2)
     for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
         worker_host, _, pid = str(trial.user_attrs.get("worker", "")).partition(":")
         if worker_host == host and pid.isdigit() and not _pid_alive(int(pid)):

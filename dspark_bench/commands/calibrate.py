@@ -1,0 +1,106 @@
+"""`dspark-bench calibrate`: the best policy per domain, written to a file the decoder loads.
+
+Registered in cli.py with `app.command()(calibrate)`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+
+from dspark_bench.errors import DsparkError
+
+Metrics = Annotated[Optional[list[str]], typer.Option("--metric", help="Search these confidence metrics (repeatable; overrides the spec).")]
+Thresholds = Annotated[Optional[list[float]], typer.Option("--threshold", help="Search these thresholds (repeatable).")]
+GammaMaxes = Annotated[Optional[list[int]], typer.Option("--gamma-max", help="Search these gamma_max values (repeatable).")]
+MinDraftLens = Annotated[Optional[list[int]], typer.Option("--min-draft-len", help="Search these min_draft_len values (repeatable).")]
+
+
+def calibrate(
+    tasks: Annotated[Optional[str], typer.Option(help="Built-in tasks, comma-separated: one domain each (e.g. code,prose,structured).")] = None,
+    dataset: Annotated[Optional[str], typer.Option(help="Your prompts (JSONL/JSON/CSV/Parquet/text or hub id): one domain per category.")] = None,
+    split: Annotated[str, typer.Option(help="Dataset split (hub datasets).")] = "train",
+    prompt_field: Annotated[Optional[str], typer.Option(help="Column holding the prompt [default: guessed].")] = None,
+    category_field: Annotated[Optional[str], typer.Option(help="Column holding the domain [default: guessed].")] = None,
+    spec: Annotated[Optional[Path], typer.Option(help="Sweep specification giving the search space, objective and limits, e.g. sweeps/default.yaml.")] = None,
+    out: Annotated[Path, typer.Option(help="Calibration file to write (the figure goes beside it, as .png).")] = Path("calibration.yaml"),
+    force: Annotated[bool, typer.Option(help="Overwrite an existing calibration file and figure.")] = False,
+    limit: Annotated[Optional[int], typer.Option(help="Prompts per domain [default: the spec's].")] = None,
+    target: Annotated[Optional[str], typer.Option(help="Target model: Hugging Face name or local path [default: reference pair].")] = None,
+    draft: Annotated[Optional[str], typer.Option(help="Draft model sharing the target's vocabulary [default: reference pair].")] = None,
+    device: Annotated[Optional[str], typer.Option(help="auto | cpu | cuda | mps")] = None,
+    dtype: Annotated[Optional[str], typer.Option(help="auto | float32 | bfloat16 | float16")] = None,
+    engine: Annotated[Optional[str], typer.Option(help="replay (greedy: record once, simulate all) | real | auto.")] = None,
+    objective: Annotated[Optional[str], typer.Option(help="What to maximise: speedup | tokens_per_round | ... (the first is used).")] = None,
+    repeats: Annotated[Optional[int], typer.Option(help="Timed pairs per prompt in the confirmation runs.")] = None,
+    max_new_tokens: Annotated[Optional[int], typer.Option(help="Tokens to generate per prompt [default: the spec's, else the tasks'].")] = None,
+    temperature: Annotated[Optional[float], typer.Option(help="0 = greedy (replay); > 0 = rejection sampling (real runs).")] = None,
+    metric: Metrics = None, threshold: Thresholds = None, gamma_max: GammaMaxes = None, min_draft_len: MinDraftLens = None,
+):
+    """Find the best policy per domain and the best global one, confirm both with timed runs,
+    and write a calibration file (plus a threshold-curve figure) that run/decode can load.
+
+    Example: dspark-bench calibrate --tasks code,prose,structured --spec sweeps/default.yaml --out calibration.yaml
+    """
+    from dspark_bench import calibrate as lib
+    from dspark_bench import sweep as sweeps
+    from dspark_bench.cli import cli_errors, out_console, progress_bar
+
+    with cli_errors():
+        names = [name.strip() for name in (tasks or "").split(",") if name.strip()]
+        if names and dataset:
+            raise DsparkError("pass --tasks or --dataset, not both")
+        if tasks is not None and not names:
+            raise DsparkError("--tasks is empty; name at least one task, e.g. --tasks code,prose")
+        overrides = {k: v for k, v in dict(
+            limit=limit, target=target, draft=draft, device=device, dtype=dtype, engine=engine, objective=objective,
+            repeats=repeats, max_new_tokens=max_new_tokens, temperature=temperature, split=split,
+            prompt_field=prompt_field, category_field=category_field).items() if v is not None}
+        if names:
+            overrides.update(task=names[0], dataset=None)
+        elif dataset:
+            overrides.update(task=None, dataset=dataset)
+        for name, values in (("metric", metric), ("threshold", threshold), ("gamma_max", gamma_max),
+                             ("min_draft_len", min_draft_len)):
+            if values:
+                overrides[f"space.{name}"] = list(values)
+        if spec is None and not names and not dataset:
+            raise DsparkError("pass --tasks, --dataset, or a --spec that names a task or dataset")
+        sweep_spec = sweeps.load_spec(spec, overrides)
+        lib.check_output(out, force)  # before models load or prompts are read
+        domains = lib.domain_prompts(sweep_spec, names or None)
+        with progress_bar() as bar:
+            job = bar.add_task("calibrating", total=None)
+
+            def progress(stage: str, done: int, total: int) -> None:
+                bar.update(job, description=stage, completed=done, total=total)
+
+            result = lib.calibrate_domains(sweep_spec, out, tasks=names or None, force=force,
+                                           progress=progress, domains=domains)
+        out_console.print(calibration_table(result.data))
+        out_console.print(f"calibration file: {result.path}", highlight=False, soft_wrap=True)
+        out_console.print(f"figure: {result.figure}", highlight=False, soft_wrap=True)
+
+
+def calibration_table(data: dict) -> Table:
+    """One row per domain, and the global policy measured on all prompts."""
+    view = Table(title=f"calibration · objective {data['objective']} · engine {data['engine']}", title_justify="left")
+    for name in ("domain", "policy", "prompts", "tokens per round", "acceptance rate", "speedup", "global speedup",
+                 "gain"):
+        view.add_column(name, justify="left" if name in ("domain", "policy") else "right")
+
+    def speedup(entry: dict, prefix: str = "") -> str:
+        return f"{entry[prefix + 'speedup']:.2f}× [{entry[prefix + 'speedup_low']:.2f}, {entry[prefix + 'speedup_high']:.2f}]"
+
+    for domain, entry in data["domains"].items():
+        view.add_row(domain, entry["label"], str(entry["prompts"]), f"{entry['tokens_per_round']:.3f}",
+                     f"{entry['acceptance_rate']:.3f}", speedup(entry), speedup(entry, "global_"),
+                     f"{entry['gain']:.3f}×")
+    measured = data["global"]["measured"]
+    view.add_row("(global)", data["global"]["label"], "", f"{measured['tokens_per_round']:.3f}",
+                 f"{measured['acceptance_rate']:.3f}", speedup(measured), "", "", style="dim")
+    return view
+

@@ -1,0 +1,33 @@
+"""`dspark-bench report`: figures, report.md and a self-contained report.html for run folders.
+
+Registered in cli.py with `app.command()(report)`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+
+def report(
+    runs: Annotated[list[Path], typer.Argument(help="Run or sweep folders (several: compared in one report).")],
+    out: Annotated[Optional[Path], typer.Option(help="Write the report here [default: the first run folder].")] = None,
+    fmt: Annotated[str, typer.Option("--format", help="Figure format: png | svg.")] = "png",
+    by: Annotated[Optional[str], typer.Option(help="Group the best-vs-classic bars by category | task | run [default: category].")] = None,
+):
+    """Draw the figures and write report.md and report.html (figures embedded) for run folders.
+
+    Figures go under plots/ beside the report; figures whose data is absent are skipped and the
+    report says why. Earlier reports are replaced file by file, atomically; results never change.
+
+    Example: dspark-bench report results/20250101-120000-sweep-abc123 --format svg
+    """
+    from dspark_bench import report as lib
+    from dspark_bench.cli import cli_errors, out_console
+
+    with cli_errors():
+        path = lib.build_report(runs, out=out, fmt=fmt, by=by)
+        out_console.print(f"report: {path}\nhtml:   {path.with_name('report.html')}\nplots:  {path.parent / 'plots'}",
+                          highlight=False, soft_wrap=True)

@@ -1,0 +1,237 @@
+"""Sweeps: grid and Optuna on one objective, resumable, distributed, and replayed."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import optuna
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from dspark_bench import sweep as sweeps
+from dspark_bench.cli import app
+from dspark_bench.errors import DsparkError
+from dspark_bench.results import load
+
+runner = CliRunner()
+COMPLETE = optuna.trial.TrialState.COMPLETE
+
+
+@pytest.fixture(scope="module")
+def prompts_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("sweep-prompts") / "prompts.jsonl"
+    rows = [("def add(a, b):", "code"), ("The quick brown fox", "prose"), ("for i in range(", "code")]
+    path.write_text("".join(json.dumps({"prompt": p, "category": c}) + "\n" for p, c in rows))
+    return path
+
+
+def base_args(saved_pair, prompts_file, out) -> list[str]:
+    target, draft = saved_pair
+    return ["sweep", "--target", target, "--draft", draft, "--dataset", str(prompts_file), "--out", str(out),
+            "--max-new-tokens", "12", "--threshold", "0.2", "--threshold", "0.6", "--gamma-max", "2",
+            "--gamma-max", "4"]
+
+
+def only_folder(out: Path) -> Path:
+    (folder,) = [p for p in out.iterdir() if not p.name.startswith(".") and p.name != "records"]
+    return folder
+
+
+def grid_points(study: optuna.Study) -> list[tuple]:
+    return [(t.params["threshold"], t.params["gamma_max"]) for t in study.get_trials(states=(COMPLETE,))]
+
+
+def load_study(folder: Path) -> optuna.Study:
+    info = json.loads((folder / "run.json").read_text())
+    return optuna.load_study(study_name=info["study"], storage=info["storage"])
+
+
+def test_grid_runs_every_point_exactly_once(saved_pair, prompts_file, tmp_path):
+    result = runner.invoke(app, base_args(saved_pair, prompts_file, tmp_path) + ["--engine", "real"])
+    assert result.exit_code == 0, result.output
+    folder = only_folder(tmp_path)
+    points = grid_points(load_study(folder))
+    assert sorted(points) == [(0.2, 2), (0.2, 4), (0.6, 2), (0.6, 4)]
+    trials = load(folder)
+    assert len(trials) == 4 and (trials["identical_to_baseline"] == 1.0).all()
+    assert {"speedup", "tokens_per_round", "acceptance_rate", "avg_draft_len"} <= set(trials.columns)
+    samples = pd.read_parquet(folder / "samples.parquet")
+    assert len(samples) == 4 * 3  # trials × prompts
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["best"][0]["speedup"] == trials["speedup"].max()
+
+
+def test_invalid_points_are_never_run(saved_pair, prompts_file, tmp_path):
+    args = base_args(saved_pair, prompts_file, tmp_path) + ["--engine", "real", "--min-draft-len", "0",
+                                                            "--min-draft-len", "3"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    trials = load(only_folder(tmp_path))
+    complete = trials[trials["state"] == "COMPLETE"]
+    assert len(complete) == 6 and (complete["min_draft_len"] <= complete["gamma_max"]).all()
+    assert (trials["state"] == "PRUNED").sum() == 2  # (min 3, gamma 2) × 2 thresholds
+
+
+def test_optuna_study_improves_on_its_first_trial(saved_pair, prompts_file, tmp_path):
+    args = base_args(saved_pair, prompts_file, tmp_path)[:-8] + [
+        "--engine", "real", "--method", "optuna", "--trials", "5", "--objective", "tokens_per_round",
+        "--threshold", "0.1", "--threshold", "0.3", "--threshold", "0.5", "--threshold", "0.8",
+        "--gamma-max", "2", "--gamma-max", "4", "--metric", "top1", "--metric", "margin"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    study = load_study(only_folder(tmp_path))
+    complete = study.get_trials(states=(COMPLETE,))
+    assert len(complete) == 5
+    assert study.best_value >= complete[0].value
+    assert len({tuple(sorted(t.params.items())) for t in complete}) >= 2
+
+
+def test_failing_trial_is_recorded_and_the_sweep_goes_on(saved_pair, prompts_file, tmp_path, monkeypatch):
+    from dspark_bench import runner as runner_module
+
+    real_run = runner_module.run
+
+    def flaky(pair, prompts, configs, settings, progress=None):
+        if configs[0].threshold == 0.6 and configs[0].gamma_max == 4:
+            raise RuntimeError("CUDA out of memory (simulated)")
+        return real_run(pair, prompts, configs, settings, progress)
+
+    monkeypatch.setattr(runner_module, "run", flaky)
+    target, draft = saved_pair
+    spec = sweeps.load_spec(None, {"target": target, "draft": draft, "dataset": str(prompts_file), "engine": "real",
+                                   "max_new_tokens": 12, "space.threshold": [0.2, 0.6], "space.gamma_max": [2, 4]})
+    folder, _ = sweeps.run_sweep(spec, tmp_path)
+    trials = load(folder)
+    assert sorted(trials["state"]) == ["COMPLETE", "COMPLETE", "COMPLETE", "FAIL"]
+    failed = trials[trials["state"] == "FAIL"].iloc[0]
+    assert "out of memory" in failed["error"]
+
+
+@pytest.mark.parametrize(
+    "flags,message",
+    [
+        (["--set", "colour=red"], "unknown key(s) colour"),
+        (["--set", "space={}"], "search space is empty"),
+        (["--set", "space.threshold={low: 0.9, high: 0.1}"], "is above high"),
+        (["--threshold", "1.5"], "outside the top1 metric's range"),
+        (["--set", "space.gamma_max=[]"], "space.gamma_max is empty"),
+        (["--set", "space.min_draft_len=[9]"], "no valid point"),
+        (["--objective", "happiness"], "unknown objective"),
+    ],
+)
+def test_bad_specs_fail_in_one_line(flags, message, saved_pair, prompts_file, tmp_path):
+    result = runner.invoke(app, base_args(saved_pair, prompts_file, tmp_path) + flags)
+    assert result.exit_code == 1, result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and message in lines[0], result.stderr
+    assert not [p for p in tmp_path.iterdir() if p.name != "records"]
+
+
+def test_spec_files_parse():
+    for path in sorted(Path(__file__).parent.parent.joinpath("sweeps").glob("*.yaml")):
+        spec = sweeps.load_spec(path, {})
+        assert sweeps.points(spec), path
+
+
+def test_replay_sweep_confirms_its_best_policies(saved_pair, prompts_file, tmp_path):
+    args = base_args(saved_pair, prompts_file, tmp_path) + ["--metric", "top1", "--metric", "entropy",
+                                                            "--confirm-top", "2"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    folder = only_folder(tmp_path)
+    table = pd.read_parquet(folder / "trials.parquet")
+    assert len(table) == 2 * 2 * 2 + 2  # the grid plus fixed gamma 2 and 4 as the classic baseline
+    confirmed = table[table["source"] == "confirmed"]
+    assert len(confirmed) == 3 and (confirmed["schedule"] == "fixed").sum() == 1
+    best_predicted = table[table["schedule"] != "fixed"]["predicted_speedup"].max()
+    assert best_predicted in confirmed["predicted_speedup"].to_list()
+    assert (confirmed["identical_to_baseline"] == 1.0).all()
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["cost_model_accuracy"]["measured_over_predicted_median"] > 0
+    # A second sweep on the same pair and prompts reuses the record.
+    records = list((tmp_path / "records").iterdir())
+    again = runner.invoke(app, args)
+    assert again.exit_code == 0 and list((tmp_path / "records").iterdir()) == records
+
+
+# --- resuming and several workers (real processes) ----------------------------------------------
+
+
+def cli(*args: str, **kwargs) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen([sys.executable, "-m", "dspark_bench.cli", *args], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, **kwargs)
+
+
+def slow_args(saved_pair, prompts_file, out) -> list[str]:
+    args = base_args(saved_pair, prompts_file, out)[1:]
+    args[args.index("--max-new-tokens") + 1] = "64"  # long enough trials to be killed inside one
+    return args + ["--engine", "real", "--repeats", "2"]
+
+
+def test_resume_after_sigkill_finishes_the_grid_without_duplicates(saved_pair, prompts_file, tmp_path):
+    worker = cli("sweep", *slow_args(saved_pair, prompts_file, tmp_path))
+    deadline = time.time() + 120
+    folder = None
+    while time.time() < deadline:
+        time.sleep(0.5)
+        folders = [p for p in tmp_path.iterdir() if (p / "study.db").exists()]
+        if folders:
+            folder = folders[0]
+            trials = load_study(folder).get_trials()
+            if any(t.state == COMPLETE for t in trials) and any(t.state.name == "RUNNING" for t in trials):
+                break
+    assert folder is not None
+    worker.send_signal(signal.SIGKILL)
+    worker.wait()
+    killed = [t for t in load_study(folder).get_trials() if t.state.name == "RUNNING"]
+    assert len(killed) == 1
+    resumed = runner.invoke(app, ["sweep", "--resume", str(folder)])
+    assert resumed.exit_code == 0, resumed.output
+    study = load_study(folder)
+    assert sorted(grid_points(study)) == [(0.2, 2), (0.2, 4), (0.6, 2), (0.6, 4)]  # each exactly once
+    states = [t.state.name for t in study.get_trials()]
+    assert states.count("FAIL") == 1 and states.count("RUNNING") == 0
+    assert (folder / "summary.json").is_file()
+
+
+def postgres_url() -> str:
+    url = os.environ.get("DSPARK_TEST_POSTGRES_URL")
+    if not url:
+        pytest.skip("no PostgreSQL server: set DSPARK_TEST_POSTGRES_URL (.ci/run starts one)")
+    return url
+
+
+@pytest.mark.parametrize("storage", ["postgresql", "local-workers"])
+def test_two_workers_share_one_grid_study(storage, saved_pair, prompts_file, tmp_path):
+    if storage == "postgresql":
+        url, study_name = postgres_url(), f"test-{uuid.uuid4().hex[:8]}"
+        args = slow_args(saved_pair, prompts_file, tmp_path) + ["--storage", url, "--study", study_name]
+        workers = [cli("sweep", *args) for _ in range(2)]
+        outputs = [w.communicate(timeout=600) for w in workers]
+        assert all(w.returncode == 0 for w in workers), outputs
+        study = optuna.load_study(study_name=study_name, storage=url)
+        folders = [p for p in tmp_path.iterdir() if p.name != "records"]
+        assert len(folders) == 2
+        merged = load(folders)
+        assert len(merged[merged["state"] == "COMPLETE"]) == 4  # one row per trial across both folders
+        workers_seen = {t.user_attrs["worker"] for t in study.get_trials(states=(COMPLETE,))}
+    else:
+        result = runner.invoke(app, ["sweep", *slow_args(saved_pair, prompts_file, tmp_path), "--workers", "2"])
+        assert result.exit_code == 0, result.output
+        study = load_study(only_folder(tmp_path))
+        workers_seen = {t.user_attrs["worker"] for t in study.get_trials(states=(COMPLETE,))}
+    assert sorted(grid_points(study)) == [(0.2, 2), (0.2, 4), (0.6, 2), (0.6, 4)]
+    # Nothing lost, nothing run twice: a worker that asks for a point after the grid is all
+    # taken gets a trial that is pruned before it decodes anything.
+    extra = [t for t in study.get_trials() if t.state != COMPLETE]
+    assert all(t.state.name == "PRUNED" and t.user_attrs.get("skipped") == "grid point taken" for t in extra)
+    assert len(workers_seen) == 2
