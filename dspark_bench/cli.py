@@ -198,6 +198,12 @@ def run(
             folder, table = run_to_folder(pair, prompt_list, configs, out, settings, source,
                                           progress=lambda: bar.advance(job), assignment=assignment)
         out_console.print(summary_table(table, f"{len(prompt_list)} prompts · {pair.device} · {pair.dtype}"))
+        if len({p.category for p in prompt_list}) > 1:
+            from dspark_bench.metrics import summarize
+            from dspark_bench.results import read_run
+
+            _, samples = read_run(folder)
+            out_console.print(summary_table(summarize(samples, by=["category"]), "by category"))
         out_console.print(f"run folder: {folder}")
 
 
@@ -315,7 +321,32 @@ def models_info():
     from dspark_bench.reference import info
 
     with cli_errors():
-        out_console.print_json(json.dumps(info(), default=str))
+        report = info()
+        view = Table(title="reference pair", title_justify="left")
+        for column in ("model", "layers × hidden", "params", "train min", "tokens seen",
+                       "val loss code", "val loss prose", "val loss structured"):
+            view.add_column(column, justify="left" if column == "model" else "right")
+        for name, model in report["models"].items():
+            loss = model["val_loss"]
+            view.add_row(name, f"{model['layers']} × {model['hidden']}", f"{model['params'] / 1e6:.1f} M",
+                         f"{model['train_minutes']:.0f}", f"{model['tokens_seen'] / 1e6:.2f} M",
+                         f"{loss['code']:.3f}", f"{loss['prose']:.3f}", f"{loss['structured']:.3f}")
+        out_console.print(view)
+        agreement = ", ".join(f"{d} {v:.3f}" for d, v in report["agreement_top1"].items())
+        out_console.print(f"draft/target top-1 agreement on held-out text: {agreement}")
+        out_console.print("corpus fingerprints: " + ", ".join(f"{k} {v}" for k, v in report["corpus"]["fingerprints"].items()))
+        policies = report.get("policy", {})
+        if policies:
+            view = Table(title="best policy per task (measured with `dspark-bench run`)", title_justify="left")
+            for column in ("task", "policy", "tokens_per_round", "acceptance_rate", "speedup", "command"):
+                view.add_column(column)
+            for task, row in policies.items():
+                view.add_row(task, row["policy"], f"{row['tokens_per_round']:.3f}", f"{row['acceptance_rate']:.3f}",
+                             f"{row['speedup']:.2f}× [{row['speedup_low']:.2f}, {row['speedup_high']:.2f}]",
+                             row["command"])
+            out_console.print(view)
+        versions = report.get("versions", {})
+        out_console.print("built with " + ", ".join(f"{k} {v}" for k, v in versions.items()))
 
 
 @models_app.command("build")

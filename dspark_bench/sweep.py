@@ -596,6 +596,12 @@ def continue_sweep(folder: Path, prepared: Prepared | None = None, workers: int 
     helpers = start_workers(Path(folder), workers - 1) if workers > 1 else []
     try:
         study = run_study(ctx, info["storage"], info["study"], progress)
+    except KeyboardInterrupt:
+        # Ctrl-C: Optuna has marked the trial in flight failed; keep everything finished.
+        if not worker_only:
+            study = optuna.load_study(study_name=info["study"], storage=open_storage(info["storage"], spec.heartbeat_s))
+            finish_real(Path(folder), study, spec)
+        raise
     finally:
         for helper in helpers:
             helper.wait()

@@ -150,3 +150,15 @@ def test_run_all_turns_builds_on_previous_answers(saved_pair, tmp_path):
     first = samples[(samples["prompt_id"] == "1") & (samples["turn"] == 0)].iloc[0]
     assert second["prompt_tokens"] > first["prompt_tokens"] + first["new_tokens"] - 1
     assert samples["identical_to_baseline"].all()
+
+
+def test_chat_template_is_applied_when_the_tokenizer_has_one():
+    import tiny
+    from dspark_bench.prompts import encode
+
+    tok = tiny.tokenizer()
+    plain = encode(tok, "hello")
+    tok.chat_template = "{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}</s>{% endfor %}<s>assistant:"
+    templated = encode(tok, "hello", history=[("hi", "there")])
+    assert tok.decode(templated) == "<s>user: hi</s><s>assistant: there</s><s>user: hello</s><s>assistant:"
+    assert encode(tok, "hello", chat_template="none") == plain

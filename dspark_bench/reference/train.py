@@ -615,7 +615,12 @@ def info() -> dict:
             f"the reference model pair is not built ({path} is missing); "
             "run `dspark-bench models build` or `python -m dspark_bench.reference.train`"
         )
-    return json.loads(path.read_text())
+    report = json.loads(path.read_text())
+    # The policy numbers are measured after the build, by `dspark-bench run`, and kept apart.
+    policy = WEIGHTS_DIR / "policy.json"
+    if policy.exists():
+        report["policy"] = json.loads(policy.read_text())
+    return report
 
 
 def main(argv: list[str] | None = None) -> None:
