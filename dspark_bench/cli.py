@@ -458,7 +458,9 @@ def _register_commands() -> None:
     # Commands that live in their own modules (they import this one for its helpers).
     from dspark_bench.commands.calibrate import calibrate
     from dspark_bench.commands.regress import regress
+    from dspark_bench.commands.report import report
 
+    app.command()(report)
     app.command()(regress)
     app.command()(calibrate)
 

@@ -426,7 +426,7 @@ def optimization_history(trials: pd.DataFrame, objective: str = "objective_0", d
     ax.plot(done["trial"], done[objective], "o", label=f"trial {name}")
     best = done[objective].cummax() if direction == "maximize" else done[objective].cummin()
     ax.step(done["trial"], best, where="post", color="C3", label="best so far")
-    failed = trials[trials.get("state", pd.Series(dtype=str)).isin(["FAIL", "PRUNED"])] if "state" in trials else trials.iloc[:0]
+    failed = trials[trials["state"].isin(["FAIL", "PRUNED"])] if "state" in trials else trials.iloc[:0]
     for t in failed["trial"]:
         ax.axvline(t, color="grey", alpha=0.3, lw=1)
     ax.set_xlabel("trial")

@@ -171,10 +171,10 @@ def cli(*args: str, **kwargs) -> subprocess.Popen:
                             stderr=subprocess.PIPE, text=True, **kwargs)
 
 
-def slow_args(saved_pair, prompts_file, out) -> list[str]:
+def slow_args(saved_pair, prompts_file, out, repeats: int = 2) -> list[str]:
     args = base_args(saved_pair, prompts_file, out)[1:]
     args[args.index("--max-new-tokens") + 1] = "64"  # long enough trials to be killed inside one
-    return args + ["--engine", "real", "--repeats", "2"]
+    return args + ["--engine", "real", "--repeats", str(repeats)]
 
 
 def test_resume_after_sigkill_finishes_the_grid_without_duplicates(saved_pair, prompts_file, tmp_path):
@@ -186,7 +186,10 @@ def test_resume_after_sigkill_finishes_the_grid_without_duplicates(saved_pair, p
         folders = [p for p in tmp_path.iterdir() if (p / "study.db").exists()]
         if folders:
             folder = folders[0]
-            trials = load_study(folder).get_trials()
+            try:
+                trials = load_study(folder).get_trials()
+            except KeyError:  # the database exists but the study is not created yet
+                continue
             if any(t.state == COMPLETE for t in trials) and any(t.state.name == "RUNNING" for t in trials):
                 break
     assert folder is not None
@@ -214,7 +217,7 @@ def postgres_url() -> str:
 def test_two_workers_share_one_grid_study(storage, saved_pair, prompts_file, tmp_path):
     if storage == "postgresql":
         url, study_name = postgres_url(), f"test-{uuid.uuid4().hex[:8]}"
-        args = slow_args(saved_pair, prompts_file, tmp_path) + ["--storage", url, "--study", study_name]
+        args = slow_args(saved_pair, prompts_file, tmp_path, repeats=1) + ["--storage", url, "--study", study_name]
         workers = [cli("sweep", *args) for _ in range(2)]
         outputs = [w.communicate(timeout=600) for w in workers]
         assert all(w.returncode == 0 for w in workers), outputs
@@ -225,7 +228,7 @@ def test_two_workers_share_one_grid_study(storage, saved_pair, prompts_file, tmp
         assert len(merged[merged["state"] == "COMPLETE"]) == 4  # one row per trial across both folders
         workers_seen = {t.user_attrs["worker"] for t in study.get_trials(states=(COMPLETE,))}
     else:
-        result = runner.invoke(app, ["sweep", *slow_args(saved_pair, prompts_file, tmp_path), "--workers", "2"])
+        result = runner.invoke(app, ["sweep", *slow_args(saved_pair, prompts_file, tmp_path, repeats=1), "--workers", "2"])
         assert result.exit_code == 0, result.output
         study = load_study(only_folder(tmp_path))
         workers_seen = {t.user_attrs["worker"] for t in study.get_trials(states=(COMPLETE,))}
