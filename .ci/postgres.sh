@@ -2,7 +2,9 @@
 # and exports DSPARK_TEST_POSTGRES_URL. Installs Debian's postgresql if it is missing.
 # On any failure it says why and leaves the variable unset (the test then skips, visibly).
 start_postgres() {
-    local bin dir port=54329
+    local bin dir port
+    # A free port, so that a server left over from another run does not get in the way.
+    port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
     if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
         (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null) \
             || { echo "postgres: could not install Debian's postgresql"; return 1; }
