@@ -48,6 +48,9 @@ EOF
         --out "$out" | tee "$logs/bar_${task}_fixed.txt"
 done
 
+# The policy numbers `dspark-bench models info` shows, from the bar runs.
+python benchmarks/collect_policy.py "$out" | tee "$logs/policy.txt"
+
 # Per-domain calibration over code, prose and structured text.
 mkdir -p "$out/calibration"
 dspark-bench calibrate --tasks code,prose,structured --spec sweeps/default.yaml --limit 6 \
@@ -56,3 +59,9 @@ dspark-bench calibrate --tasks code,prose,structured --spec sweeps/default.yaml 
 # The report of the code sweep.
 dspark-bench report "$code_sweep" | tee "$logs/report_code.txt"
 echo "done: code sweep $code_sweep, prose sweep $prose_sweep"
+
+# The CI regression baseline (committed; .ci/run compares against it): 3 code + 3 prose prompts.
+dspark-bench run --dataset results/baselines/ci-prompts.jsonl --max-new-tokens 48 --threshold 0.3 \
+    --threshold 0.6 --gamma-max 4 --repeats 1 --out "$out/ci" | tee "$logs/ci_baseline_run.txt"
+dspark-bench regress --baseline results/baselines/ci/summary.json --current "$(ls -td "$out"/ci/*-run-* | head -n 1)" \
+    --update | tee "$logs/ci_baseline_update.txt"

@@ -26,7 +26,8 @@ def autoregressive_decode(
     while len(result.tokens) < config.max_new_tokens:
         logits = target_lm.forward(pending)[-1]
         result.target_forwards += 1
-        token = choose(logits, distribution(logits, config), config, generator)
+        probs = None if config.greedy else distribution(logits, config)  # greedy needs only argmax
+        token = choose(logits, probs, config, generator)
         result.tokens.append(token)
         if token in eos_ids:
             break

@@ -178,7 +178,7 @@ def run(
         configs = decode_configs(
             metric, schedule, threshold, gamma_max, min_draft_len, threshold_start=threshold_start,
             threshold_end=threshold_end, topk=topk, temperature=temperature, top_p=top_p, seed=seed,
-            max_new_tokens=max_new_tokens or task_tokens or 128,
+            max_new_tokens=max_new_tokens if max_new_tokens is not None else (task_tokens or 128),
         )
         assignment = None
         if calibration is not None:
@@ -257,7 +257,7 @@ def decode(
         config = DecodeConfig(metric=metric, schedule=schedule, threshold=threshold, gamma_max=gamma_max,
                               min_draft_len=min_draft_len, threshold_start=threshold_start,
                               threshold_end=threshold_end, topk=topk, temperature=temperature, top_p=top_p,
-                              max_new_tokens=max_new_tokens or 128, seed=seed)
+                              max_new_tokens=128 if max_new_tokens is None else max_new_tokens, seed=seed)
         if calibration is not None:
             from dspark_bench.calibrate import load_calibration
 
@@ -397,7 +397,7 @@ def sweep(
             with progress_bar() as bar:
                 job = bar.add_task("trials", total=None)
                 table = sweeps.continue_sweep(resume, workers=workers, worker_only=worker_only,
-                                              progress=_trial_progress(bar, job))
+                                              progress=_trial_progress(bar, job), storage=storage)
             if table is not None:
                 _print_best(table, resume)
             return
@@ -415,7 +415,10 @@ def sweep(
             key, sep, value = item.partition("=")
             if not sep:
                 raise DsparkError(f"--set takes key=value (got {item!r})")
-            overrides[key.strip()] = yaml.safe_load(value)
+            try:
+                overrides[key.strip()] = yaml.safe_load(value)
+            except yaml.YAMLError as err:
+                raise DsparkError(f"--set {key.strip()}: not a valid YAML value ({str(err).splitlines()[0]})") from None
         sweep_spec = sweeps.load_spec(spec, overrides)
         with progress_bar() as bar:
             job = bar.add_task("sweep", total=None)

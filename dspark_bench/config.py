@@ -72,7 +72,21 @@ def _check_unit(name: str, value: float, metric: str) -> None:
         raise DsparkError(f"{name} {value:g} is outside the {metric} metric's range [0, 1]")
 
 
+def _check_types(config: DecodeConfig) -> None:
+    import math
+
+    for name in ("gamma_max", "min_draft_len", "topk", "max_new_tokens", "seed"):
+        value = getattr(config, name)
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise DsparkError(f"{name} must be an integer (got {value!r})")
+    for name in ("threshold", "threshold_start", "threshold_end", "temperature", "top_p"):
+        value = getattr(config, name)
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+            raise DsparkError(f"{name} must be a finite number (got {value!r})")
+
+
 def validate(config: DecodeConfig) -> None:
+    _check_types(config)
     if config.metric not in METRICS:
         raise DsparkError(f"unknown confidence metric {config.metric!r}; choose one of {', '.join(METRICS)}")
     if config.schedule not in SCHEDULES:

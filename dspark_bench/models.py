@@ -120,7 +120,8 @@ def load_pair(
     for name, role in ((target, "target"), (draft, "draft")):
         if Path(name).expanduser().exists():
             continue
-        if name.startswith((".", "/", "~")) or Path(name).suffix or name.count("/") > 1:
+        # Hub ids are "name" or "org/name" (dots allowed: Qwen/Qwen2.5-7B); anything else is a path.
+        if name.startswith((".", "/", "~")) or name.count("/") > 1:
             raise DsparkError(f"{role} model path {name!r} does not exist")
         if not _in_hub_cache(name) and not hub_reachable():
             raise DsparkError(f"{role} model {name!r} is not a local folder and the hub cannot be reached; pass a local path")
@@ -128,18 +129,37 @@ def load_pair(
     torch_dtype = resolve_dtype(dtype, torch_device)
     target_model = _load_model(target, "target", torch_device, torch_dtype)
     draft_model = _load_model(draft, "draft", torch_device, torch_dtype)
-    check_vocabularies(target_model, draft_model)
-    return ModelPair(target_model, draft_model, load_tokenizer(target), target, draft, torch_device, torch_dtype)
+    tokenizer = load_tokenizer(target)
+    share_vocabulary(target_model, draft_model, tokenizer, lambda: load_tokenizer(draft))
+    return ModelPair(target_model, draft_model, tokenizer, target, draft, torch_device, torch_dtype)
 
 
-def check_vocabularies(target: torch.nn.Module, draft: torch.nn.Module) -> None:
+def share_vocabulary(target: torch.nn.Module, draft: torch.nn.Module, tokenizer, draft_tokenizer) -> None:
+    """Refuse a pair whose vocabularies differ; align one that only pads its LM head differently.
+
+    Model families pad the output layer to different sizes (Qwen2.5: 152,064 rows for 7B,
+    151,936 for 0.5B) while sharing one tokenizer. The rows past the smaller head are padding
+    no tokenizer produces, so both models are cut to the shared size — baseline included, so
+    speedup and losslessness are measured on the same vocabulary.
+    """
     target_size = target.get_output_embeddings().weight.shape[0]
     draft_size = draft.get_output_embeddings().weight.shape[0]
-    if target_size != draft_size:
-        raise DsparkError(
-            f"target and draft vocabularies differ ({target_size} vs {draft_size} tokens); "
-            "speculative decoding needs a draft that shares the target's vocabulary"
-        )
+    if target_size == draft_size:
+        return
+    refusal = DsparkError(
+        f"target and draft vocabularies differ ({target_size} vs {draft_size} tokens); "
+        "speculative decoding needs a draft that shares the target's vocabulary"
+    )
+    try:
+        other = draft_tokenizer()
+    except DsparkError:
+        raise refusal from None
+    shared = min(target_size, draft_size)
+    if other.get_vocab() != tokenizer.get_vocab() or len(tokenizer) > shared:
+        raise refusal
+    for model in (target, draft):
+        if model.get_output_embeddings().weight.shape[0] != shared:
+            model.resize_token_embeddings(shared)
 
 
 def model_fingerprint(model: torch.nn.Module) -> str:

@@ -95,11 +95,16 @@ def measure(pair: ModelPair, prompt_ids: list[int], config: DecodeConfig, repeat
     """Baseline and speculative decode of one prompt, interleaved; medians of the times."""
     eos = pair.eos_ids
     base_times, spec_times = [], []
-    for _ in range(repeats):
-        baseline, t = timed(lambda: autoregressive_decode(pair.target, prompt_ids, config, eos), pair.device)
-        base_times.append(t)
-        spec, t = timed(lambda: speculative_decode(pair.target, pair.draft, prompt_ids, config, eos), pair.device)
-        spec_times.append(t)
+    for repeat in range(repeats):
+        # A B, then B A: neither side always runs first (caches, clocks and boosts drift).
+        for side in ((0, 1) if repeat % 2 == 0 else (1, 0)):
+            if side == 0:
+                baseline, t = timed(lambda: autoregressive_decode(pair.target, prompt_ids, config, eos), pair.device)
+                base_times.append(t)
+            else:
+                spec, t = timed(lambda: speculative_decode(pair.target, pair.draft, prompt_ids, config, eos),
+                                pair.device)
+                spec_times.append(t)
     return baseline, spec, statistics.median(base_times), statistics.median(spec_times)
 
 

@@ -13,6 +13,7 @@ import dataclasses
 import itertools
 import json
 import os
+import re
 import socket
 import warnings
 from dataclasses import dataclass, field
@@ -35,8 +36,7 @@ PARAMS = ("metric", "schedule", "threshold", "threshold_start", "threshold_end",
 # Objectives and their directions: what a user may optimise for.
 OBJECTIVES = {
     "speedup": "maximize", "tokens_per_round": "maximize", "acceptance_rate": "maximize",
-    "block_acceptance_rate": "maximize", "accepted_per_round": "maximize", "spec_tokens_per_s": "maximize",
-    "avg_draft_len": "maximize", "draft_forwards_per_token": "minimize",
+    "block_acceptance_rate": "maximize", "accepted_per_round": "maximize", "avg_draft_len": "maximize",
 }
 DEFAULT_SPACE = {
     "metric": ["top1"], "schedule": ["threshold"], "threshold": [0.3, 0.5, 0.7], "gamma_max": [4],
@@ -90,6 +90,8 @@ def _parse_space(space: object) -> dict:
             if values["low"] > values["high"]:
                 raise DsparkError(f"space.{name}: low {values['low']} is above high {values['high']}")
             step = values.get("step", 1 if name in ("gamma_max", "min_draft_len") else 0.1)
+            if not step > 0:
+                raise DsparkError(f"space.{name}: step must be positive (got {step})")
             values = [round(float(v), 6) for v in np.arange(values["low"], values["high"] + step / 2, step)]
             if name in ("gamma_max", "min_draft_len"):
                 values = [int(v) for v in values]
@@ -102,6 +104,23 @@ def _parse_space(space: object) -> dict:
 
 
 def parse_spec(data: dict, where: str = "sweep spec") -> SweepSpec:
+    try:
+        return _parse_spec(data, where)
+    except (TypeError, ValueError, ZeroDivisionError) as err:  # a value of the wrong kind
+        raise DsparkError(f"{where}: invalid value ({str(err).splitlines()[0]})") from None
+
+
+def _check_types(spec: SweepSpec, where: str) -> None:
+    for name in ("trials", "repeats", "confirm_top", "seed", "heartbeat_s", "topk"):
+        if not isinstance(getattr(spec, name), int) or isinstance(getattr(spec, name), bool):
+            raise DsparkError(f"{where}: {name} must be an integer (got {getattr(spec, name)!r})")
+    for name in ("limit", "max_new_tokens"):
+        value = getattr(spec, name)
+        if value is not None and (not isinstance(value, int) or value < 1):
+            raise DsparkError(f"{where}: {name} must be a positive integer (got {value!r})")
+
+
+def _parse_spec(data: dict, where: str) -> SweepSpec:
     known = {f.name for f in dataclasses.fields(SweepSpec)}
     unknown = sorted(set(data) - known)
     if unknown:
@@ -114,6 +133,7 @@ def parse_spec(data: dict, where: str = "sweep spec") -> SweepSpec:
     elif "objective" in data:
         data["objective"] = tuple(data["objective"])
     spec = SweepSpec(**data)
+    _check_types(spec, where)
     for name in spec.objective:
         if name not in OBJECTIVES:
             raise DsparkError(f"{where}: unknown objective {name!r}; choose from {', '.join(OBJECTIVES)}")
@@ -154,7 +174,8 @@ def load_spec(path: Path | None, overrides: dict) -> SweepSpec:
 
 
 def base_config(spec: SweepSpec, task_tokens: int | None) -> DecodeConfig:
-    return DecodeConfig(max_new_tokens=spec.max_new_tokens or task_tokens or 128, temperature=spec.temperature,
+    tokens = spec.max_new_tokens if spec.max_new_tokens is not None else (task_tokens or 128)
+    return DecodeConfig(max_new_tokens=tokens, temperature=spec.temperature,
                         top_p=spec.top_p, topk=spec.topk)
 
 
@@ -174,11 +195,12 @@ def points(spec: SweepSpec, base: DecodeConfig | None = None) -> list[DecodeConf
     names = list(space)
     out = []
     for combo in itertools.product(*(space[n] for n in names)):
+        params = dict(zip(names, combo))
+        if params.get("min_draft_len", base.min_draft_len) > params.get("gamma_max", base.gamma_max):
+            continue  # the constraint min_draft_len <= gamma_max: such points are never run
         try:
-            out.append(config_at(base, dict(zip(names, combo))))
+            out.append(config_at(base, params))
         except DsparkError as err:
-            if "min_draft_len" in str(err):
-                continue  # the constraint min_draft_len <= gamma_max: skipped, never run
             raise DsparkError(f"search space: {err}") from None
     return out
 
@@ -338,6 +360,16 @@ def recover_dead_trials(study: optuna.Study) -> int:
             retry(study, study._storage.get_trial(trial._trial_id))
             recovered += 1
     return recovered
+
+
+def requeue_interrupted(study: optuna.Study) -> None:
+    """Queue again the trials Ctrl-C failed (they have no error of their own), once each."""
+    trials = study.get_trials(deepcopy=False)
+    retried = {n for t in trials for n in t.system_attrs.get("retry_history", [])}
+    for trial in trials:
+        if trial.state == optuna.trial.TrialState.FAIL and "error" not in trial.user_attrs \
+                and trial.number not in retried and "worker" in trial.user_attrs:
+            RETRY(max_retry=2)(study, trial)
 
 
 def grid_size(spec: SweepSpec) -> int:
@@ -502,9 +534,14 @@ def replay_sweep(folder: Path, spec: SweepSpec, prepared: Prepared, records_root
         info = {"models": models, "prompts_fingerprint": fingerprint, "prompt_ids": [p.id for p in prompts],
                 "categories": [p.category for p in prompts]}
         rec = record(pair, ids, base.max_new_tokens, max(gammas), base.topk, info, progress=progress)
-        partial = record_dir.with_name(f".{record_dir.name}.partial")
+        partial = record_dir.with_name(f".{record_dir.name}.{os.getpid()}.partial")
         rec.save(partial)
-        os.replace(partial, record_dir)
+        try:
+            os.replace(partial, record_dir)
+        except OSError:  # another sweep stored the same record meanwhile: keep theirs
+            import shutil
+
+            shutil.rmtree(partial, ignore_errors=True)
     # The cost model is timed with the cache at a realistic length: a prompt plus half its output.
     context = ids[0] + rec.continuation[0, : int(rec.lengths[0]) // 2].tolist()
     cost = measure_cost(pair, context, max(gammas))
@@ -544,17 +581,24 @@ def replay_sweep(folder: Path, spec: SweepSpec, prepared: Prepared, records_root
     return confirmed
 
 
+def masked(url: str) -> str:
+    """A storage URL without its password, for printing."""
+    return re.sub(r"://([^:/@]+):[^@]*@", r"://\1:***@", url)
+
+
 def default_storage(folder: Path) -> str:
     return f"sqlite:///{(folder / 'study.db').resolve()}"
 
 
-def start_workers(folder: Path, count: int) -> list:
+def start_workers(folder: Path, count: int, storage: str) -> list:
     """Extra local worker processes on the same study (Optuna's own distributed mode)."""
     import subprocess
     import sys
 
-    command = [sys.executable, "-m", "dspark_bench.cli", "sweep", "--resume", str(folder), "--worker-only"]
-    return [subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for _ in range(count)]
+    command = [sys.executable, "-m", "dspark_bench.cli", "sweep", "--resume", str(folder), "--worker-only",
+               "--storage", storage]
+    logs = [open(folder / f"worker-{i + 1}.log", "w") for i in range(count)]  # noqa: SIM115 (closed on exit)
+    return [subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT) for log in logs]
 
 
 def run_sweep(spec: SweepSpec, out: Path, storage: str | None = None, study_name: str | None = None,
@@ -571,13 +615,14 @@ def run_sweep(spec: SweepSpec, out: Path, storage: str | None = None, study_name
     storage = storage or default_storage(folder)
     study_name = study_name or folder.name
     atomic_json({**json.loads((folder / "run.json").read_text()),
-                 **run_info(spec, prepared, {"engine": "real", "storage": storage, "study": study_name})},
+                 # The password of a database URL is not written into results; --resume asks for it.
+                 **run_info(spec, prepared, {"engine": "real", "storage": masked(storage), "study": study_name})},
                 folder / "run.json")
-    return folder, continue_sweep(folder, prepared, workers, progress)
+    return folder, continue_sweep(folder, prepared, workers, progress, storage=storage)
 
 
 def continue_sweep(folder: Path, prepared: Prepared | None = None, workers: int = 1, progress=None,
-                   worker_only: bool = False) -> pd.DataFrame | None:
+                   worker_only: bool = False, storage: str | None = None) -> pd.DataFrame | None:
     """Work on a real sweep's study until its budget is met; then write its summary."""
     from dspark_bench.results import read_json
     from dspark_bench.runner import RunnerSettings
@@ -585,26 +630,36 @@ def continue_sweep(folder: Path, prepared: Prepared | None = None, workers: int 
     info = read_json(Path(folder) / "run.json", "run file")
     if info.get("engine") != "real":
         raise DsparkError(f"{folder} is not a resumable sweep (only real grid/Optuna sweeps keep a study)")
+    if storage is None and "***" in info["storage"]:
+        raise DsparkError(f"{folder}'s study is in {info['storage']}; pass --storage with the password to resume")
+    info["storage"] = storage or info["storage"]
     spec = parse_spec(info["spec"], str(folder))
     prepared = prepared or prepare(spec)
     from dspark_bench.prompts import prompts_fingerprint
 
     if prompts_fingerprint(prepared.prompts) != info["prompts"]["fingerprint"]:
         raise DsparkError(f"the prompts of {folder} changed since the sweep started; start a new sweep")
+    models = prepared.pair.describe()
+    for key in ("target_fingerprint", "draft_fingerprint"):
+        if models[key] != info["models"][key]:
+            raise DsparkError(f"the {key.split('_')[0]} model of {folder} changed since the sweep started; start a new sweep")
     ctx = TrialContext(spec, prepared.pair, prepared.prompts, prepared.base, Path(folder),
                        RunnerSettings(repeats=spec.repeats))
-    helpers = start_workers(Path(folder), workers - 1) if workers > 1 else []
+    helpers = start_workers(Path(folder), workers - 1, info["storage"]) if workers > 1 else []
     try:
         study = run_study(ctx, info["storage"], info["study"], progress)
     except KeyboardInterrupt:
-        # Ctrl-C: Optuna has marked the trial in flight failed; keep everything finished.
+        # Ctrl-C: Optuna marked the trial in flight failed; queue it again for --resume, and
+        # keep everything finished.
+        study = optuna.load_study(study_name=info["study"], storage=open_storage(info["storage"], spec.heartbeat_s))
+        requeue_interrupted(study)
         if not worker_only:
-            study = optuna.load_study(study_name=info["study"], storage=open_storage(info["storage"], spec.heartbeat_s))
             finish_real(Path(folder), study, spec)
         raise
     finally:
-        for helper in helpers:
-            helper.wait()
+        failed = [i + 1 for i, helper in enumerate(helpers) if helper.wait() != 0]
+    if failed:
+        raise DsparkError(f"local worker(s) {failed} failed; see worker-N.log in {folder}")
     if worker_only:
         return None
     return finish_real(Path(folder), study, spec)

@@ -107,7 +107,28 @@ def test_bad_inputs_fail_in_one_line(flags, message, first_run, saved_pair, prom
 
 
 def test_every_command_has_help():
-    for command in (["run"], ["decode"], ["tasks", "ls"], ["tasks", "show"], ["tasks", "validate"], ["models", "info"],
+    for command in (["run"], ["decode"], ["sweep"], ["report"], ["calibrate"], ["regress"], ["tasks", "ls"], ["tasks", "show"], ["tasks", "validate"], ["models", "info"],
                     ["models", "build"]):
         result = invoke(*command, "--help")
         assert result.exit_code == 0 and "Example" in result.output, command
+
+
+def test_padded_lm_heads_with_one_tokenizer_are_aligned(saved_pair, tmp_path):
+    """Model families pad their LM heads differently (Qwen2.5 7B vs 0.5B); same tokenizer → allowed."""
+    from dspark_bench.models import load_pair
+
+    target, _ = saved_pair
+    padded = tiny.llama(vocab=tiny.VOCAB + 8, seed=5)
+    _, draft = tiny.save_pair(tmp_path, tiny.llama(), padded)
+    pair = load_pair(target, draft)
+    assert pair.draft.get_output_embeddings().weight.shape[0] == tiny.VOCAB
+    assert pair.target.get_output_embeddings().weight.shape[0] == tiny.VOCAB
+
+
+def test_hub_ids_with_dots_are_not_taken_for_paths():
+    from dspark_bench.errors import DsparkError
+    from dspark_bench.models import load_pair
+
+    with pytest.raises(DsparkError) as err:
+        load_pair("Qwen/Qwen2.5-7B-Instruct", "Qwen/Qwen2.5-0.5B-Instruct")
+    assert "does not exist" not in str(err.value)

@@ -173,14 +173,27 @@ def chi_square_p(counts: np.ndarray, probs: np.ndarray) -> float:
     return chisquare(observed, expected).pvalue
 
 
-@pytest.fixture(scope="module")
-def sampling_setup():
+def make_sampling_setup(kind: str):
     target = tiny.llama(vocab=SMALL_VOCAB, seed=3)
     draft = tiny.llama(layers=1, vocab=SMALL_VOCAB, seed=4)  # independent: q differs from p
-    # Three new tokens let one round draft both of the first two (gamma_max 3, budget 2).
-    config = DecodeConfig(temperature=1.0, top_p=0.9, threshold=0.0, gamma_max=3, max_new_tokens=3)
+    if kind == "two-drafted":
+        # Three new tokens let one round draft both of the first two (gamma_max 3, budget 2).
+        config = DecodeConfig(temperature=1.0, top_p=0.9, threshold=0.0, gamma_max=3, max_new_tokens=3)
+    else:
+        # One drafted token: whenever it is accepted, the second token is the target's bonus.
+        config = DecodeConfig(temperature=0.7, threshold=0.0, gamma_max=1, max_new_tokens=2)
     prompt = [2, 4]
     return target, draft, prompt, config, exact_first_two(target, prompt, config)
+
+
+@pytest.fixture(scope="module", params=["two-drafted", "bonus"])
+def sampling_setup(request):
+    return make_sampling_setup(request.param)
+
+
+@pytest.fixture(scope="module")
+def two_drafted_setup():
+    return make_sampling_setup("two-drafted")
 
 
 def test_sampling_matches_target_distribution(sampling_setup):
@@ -190,8 +203,8 @@ def test_sampling_matches_target_distribution(sampling_setup):
 
 
 @pytest.mark.parametrize("broken", ["always_accept", "resample_from_target"])
-def test_sampling_test_catches_a_wrong_rule(sampling_setup, monkeypatch, broken):
-    target, draft, prompt, config, exact = sampling_setup
+def test_sampling_test_catches_a_wrong_rule(two_drafted_setup, monkeypatch, broken):
+    target, draft, prompt, config, exact = two_drafted_setup
     if broken == "always_accept":
         monkeypatch.setattr(engine, "acceptance_probability", lambda p, q: 1.0)
     else:  # the classic bug: on rejection, draw from p instead of norm(max(p - q, 0))

@@ -115,6 +115,32 @@ def test_failing_trial_is_recorded_and_the_sweep_goes_on(saved_pair, prompts_fil
     assert "out of memory" in failed["error"]
 
 
+def test_ctrl_c_keeps_finished_trials_and_resume_reruns_the_interrupted_one(saved_pair, prompts_file, tmp_path,
+                                                                            monkeypatch):
+    from dspark_bench import runner as runner_module
+
+    real_run, calls = runner_module.run, []
+
+    def interrupted(pair, prompts, configs, settings, progress=None):
+        calls.append(configs[0])
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real_run(pair, prompts, configs, settings, progress)
+
+    monkeypatch.setattr(runner_module, "run", interrupted)
+    target, draft = saved_pair
+    spec = sweeps.load_spec(None, {"target": target, "draft": draft, "dataset": str(prompts_file), "engine": "real",
+                                   "max_new_tokens": 12, "space.threshold": [0.2, 0.6], "space.gamma_max": [2, 4]})
+    with pytest.raises(KeyboardInterrupt):
+        sweeps.run_sweep(spec, tmp_path)
+    folder = only_folder(tmp_path)
+    # The interrupted trial failed and is queued again (WAITING) for --resume.
+    assert json.loads((folder / "summary.json").read_text())["trial_states"] == {"COMPLETE": 1, "FAIL": 1, "WAITING": 1}
+    sweeps.continue_sweep(folder)
+    study = load_study(folder)
+    assert sorted(grid_points(study)) == [(0.2, 2), (0.2, 4), (0.6, 2), (0.6, 4)]
+
+
 @pytest.mark.parametrize(
     "flags,message",
     [
@@ -125,6 +151,11 @@ def test_failing_trial_is_recorded_and_the_sweep_goes_on(saved_pair, prompts_fil
         (["--set", "space.gamma_max=[]"], "space.gamma_max is empty"),
         (["--set", "space.min_draft_len=[9]"], "no valid point"),
         (["--objective", "happiness"], "unknown objective"),
+        (["--set", "trials=x"], "trials must be an integer"),
+        (["--set", "space.gamma_max={low: 2, high: 4, step: 0}"], "step must be positive"),
+        (["--set", "space.threshold=[0.2,"], "not a valid YAML value"),
+        (["--set", "space.threshold=abc"], "must be a finite number"),
+        (["--limit", "0"], "limit must be a positive integer"),
     ],
 )
 def test_bad_specs_fail_in_one_line(flags, message, saved_pair, prompts_file, tmp_path):

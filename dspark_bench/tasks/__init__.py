@@ -90,6 +90,8 @@ def get_task(name: str) -> TaskSpec:
 def load_task(name: str, limit: int | None = None, seed: int | None = None) -> list[Prompt]:
     """The task's prompts: a deterministic, seeded selection of `count` (or `limit`) of them."""
     spec = get_task(name)
+    if limit is not None and limit < 1:
+        raise DsparkError(f"--limit must be at least 1 (got {limit})")
     if spec.source in builders.BUILDERS:
         candidates = list(builders.BUILDERS[spec.source](spec.max_prompt_chars))
     else:

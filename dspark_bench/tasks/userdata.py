@@ -73,6 +73,8 @@ def load_dataset_prompts(
     category_field: str | None = None,
     limit: int | None = None,
 ) -> list[Prompt]:
+    if limit is not None and limit < 1:
+        raise DsparkError(f"--limit must be at least 1 (got {limit})")
     table = _load(source, split)
     columns = list(table.column_names)
     text_field = _pick(columns, prompt_field, PROMPT_FIELDS, "prompt")
