@@ -15,6 +15,7 @@ import json
 import os
 import re
 import socket
+import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -224,12 +225,17 @@ def open_storage(url: str, heartbeat_s: int):
         return optuna.storages.JournalStorage(JournalFileBackend(url.removeprefix("journal://")))
     engine_kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {"pool_pre_ping": True}
     retry = {RETRY_KWARG: RETRY(max_retry=2)}
-    try:
-        return optuna.storages.RDBStorage(
-            url, engine_kwargs=engine_kwargs, heartbeat_interval=heartbeat_s, grace_period=2 * heartbeat_s, **retry
-        )
-    except Exception as err:  # sqlalchemy raises its own types for a bad URL or an unreachable server
-        raise DsparkError(f"cannot open the study storage {url!r}: {str(err).splitlines()[0][:200]}") from None
+    for attempt in range(5):
+        try:
+            return optuna.storages.RDBStorage(
+                url, engine_kwargs=engine_kwargs, heartbeat_interval=heartbeat_s, grace_period=2 * heartbeat_s, **retry
+            )
+        except Exception as err:  # sqlalchemy raises its own types for a bad URL or an unreachable server
+            # Workers starting together on an empty database race to create its tables (the
+            # loser fails once, then finds them); a busy server may refuse a connection briefly.
+            if attempt == 4 or type(err).__name__ in ("ArgumentError", "NoSuchModuleError"):
+                raise DsparkError(f"cannot open the study storage {masked(url)!r}: {str(err).splitlines()[0][:200]}") from None
+            time.sleep(1 + attempt)
 
 
 def make_sampler(spec: SweepSpec):
