@@ -26,7 +26,7 @@ def policy_row(out: Path, task: str) -> dict:
     return {
         "policy": best["config_label"], **{k: best[k] for k in keys}, "prompts": best["prompts"],
         "fixed_gamma": {"policy": fixed["config_label"], **{k: fixed[k] for k in keys}},
-        "command": f"dspark-bench run --task {task} --limit 20 --repeats 2 --metric {config['metric']} "
+        "command": f"dspark-bench run --task {task} --limit {best['prompts']} --metric {config['metric']} "
                    f"--schedule {config['schedule']} --threshold {config['threshold']} "
                    f"--gamma-max {config['gamma_max']} --min-draft-len {config['min_draft_len']}",
         "run": best_folder.name,

@@ -18,10 +18,19 @@ newest() { ls -td "$out"/*-"$1"-* | head -n 1; }
 dspark-bench models info | tee "$logs/models_info.txt"
 python benchmarks/baseline_vs_generate.py --task code --limit 5 --repeats 2 | tee "$logs/baseline_vs_generate.txt"
 
+# One run per built-in task, with its per-category table (issue 3), and a few thresholds (issue 2).
+dspark-bench tasks ls | tee "$logs/tasks_ls.txt"
+for task in code prose structured mixed; do
+    dspark-bench run --task "$task" --limit 6 --max-new-tokens 64 --threshold 0.4 --gamma-max 5 --repeats 1 \
+        --out "$out" | tee "$logs/task_${task}.txt"
+done
+dspark-bench run --task code --limit 10 --threshold 0.2 --threshold 0.4 --threshold 0.6 --threshold 0.8 \
+    --gamma-max 6 --repeats 1 --out "$out" | tee "$logs/thresholds_code.txt"
+
 # Replay sweeps: one record per task, thousands of policies, the best confirmed by timed runs.
 dspark-bench sweep --spec sweeps/code.yaml --limit 10 --out "$out" | tee "$logs/sweep_code.txt"
 code_sweep=$(newest sweep)
-dspark-bench sweep --spec sweeps/prose.yaml --limit 10 --out "$out" | tee "$logs/sweep_prose.txt"
+dspark-bench sweep --spec sweeps/prose.yaml --limit 10 --confirm-top 3 --out "$out" | tee "$logs/sweep_prose.txt"
 prose_sweep=$(newest sweep)
 
 # A real grid sweep (every point decoded and timed): 4 thresholds x 3 gamma_max x 2 min_draft_len.
@@ -29,9 +38,10 @@ dspark-bench sweep --task code --engine real --limit 4 --max-new-tokens 64 \
     --threshold 0.2 --threshold 0.3 --threshold 0.5 --threshold 0.7 --gamma-max 3 --gamma-max 5 --gamma-max 8 \
     --min-draft-len 0 --min-draft-len 1 --out "$out" | tee "$logs/sweep_code_real_grid.txt"
 
-# The bar: the best scheduled policy of each replay sweep and the best fixed gamma, 20 prompts.
-for pair in "code:$code_sweep" "prose:$prose_sweep"; do
-    task=${pair%%:*}; sweep=${pair#*:}
+# The bar: the best scheduled policy of each replay sweep and the best fixed gamma, on 20 held-out
+# code prompts (2 timed pairs each) and 10 prose prompts (1 pair).
+for pair in "code:$code_sweep:20:2" "prose:$prose_sweep:10:1"; do
+    IFS=: read -r task sweep limit repeats <<< "$pair"
     flags=$(python - "$sweep" <<'EOF'
 import json, sys
 summary = json.load(open(f"{sys.argv[1]}/summary.json"))
@@ -43,8 +53,8 @@ EOF
 )
     policy=${flags%%::*}; classic_gamma=${flags##*::}
     # shellcheck disable=SC2086
-    dspark-bench run --task "$task" --limit 20 --repeats 2 $policy --out "$out" | tee "$logs/bar_${task}_best.txt"
-    dspark-bench run --task "$task" --limit 20 --repeats 2 --schedule fixed --gamma-max "$classic_gamma" \
+    dspark-bench run --task "$task" --limit "$limit" --repeats "$repeats" $policy --out "$out" | tee "$logs/bar_${task}_best.txt"
+    dspark-bench run --task "$task" --limit "$limit" --repeats "$repeats" --schedule fixed --gamma-max "$classic_gamma" \
         --out "$out" | tee "$logs/bar_${task}_fixed.txt"
 done
 
