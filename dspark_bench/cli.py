@@ -216,15 +216,22 @@ def calibrated_configs(path: Path, prompts, base: DecodeConfig) -> tuple[list[De
     return configs, [configs.index(c) for c in per_prompt]
 
 
-def render_rounds(tokenizer, result) -> Text:
-    """Accepted draft tokens green, rejected ones red and struck through, the target's own bold."""
+def render_rounds(tokenizer, result, markers: bool = False) -> Text:
+    """Accepted draft tokens green, rejected ones red and struck through, the target's own bold.
+
+    With `markers` (no colour: a pipe or a log), rejected tokens read [-x-] and the target's {x}.
+    """
     text = Text()
     for r in result.rounds:
         for i, token in enumerate(r.draft_tokens):
             piece = tokenizer.decode([token])
-            text.append(piece, style="green" if i < r.accepted else "red strike")
+            if i < r.accepted:
+                text.append(piece, style="green")
+            else:
+                text.append(f"[-{piece}-]" if markers else piece, style="red strike")
         if r.target_token >= 0:
-            text.append(tokenizer.decode([r.target_token]), style="bold cyan")
+            piece = tokenizer.decode([r.target_token])
+            text.append(f"{{{piece}}}" if markers else piece, style="bold cyan")
     return text
 
 
@@ -266,7 +273,10 @@ def decode(
         pair = load_pair(target, draft, device, dtype)
         ids = encode(pair.tokenizer, text, chat_template)
         result = speculative_decode(pair.target, pair.draft, ids, config, pair.eos_ids)
-        out_console.print(Text(text, style="dim") + render_rounds(pair.tokenizer, result))
+        markers = not out_console.is_terminal or out_console.no_color
+        out_console.print(Text(text, style="dim") + render_rounds(pair.tokenizer, result, markers))
+        if markers:
+            out_console.print("(plain draft tokens were accepted, [-x-] rejected, {x} is the target's own token)")
         row = sample_row(result, config)
         metrics = {k: row[k] for k in ("rounds", "new_tokens", "avg_draft_len", "acceptance_rate",
                                        "block_acceptance_rate", "accepted_per_round", "tokens_per_round")}
