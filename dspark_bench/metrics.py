@@ -81,6 +81,8 @@ def summarize(samples: pd.DataFrame, by: list[str] | None = None) -> pd.DataFram
         row["prompts"] = len(group)
         row.update(rates(totals))
         row["new_tokens"] = int(group["new_tokens"].sum())
+        if "draft_forwards" in group:
+            row["draft_forwards_per_token"] = group["draft_forwards"].sum() / max(row["new_tokens"], 1)
         if "spec_time_s" in group and group["spec_time_s"].notna().all():
             speedup, low, high = bootstrap_ratio(group["baseline_time_s"], group["spec_time_s"])
             row.update(speedup=speedup, speedup_low=low, speedup_high=high)

@@ -341,7 +341,8 @@ def _grid_row(config_id: int, config: DecodeConfig, totals: dict, rec: Record, c
               "accepted_total": int(totals["accepted"]), "emitted_total": tokens, "full_blocks": int(totals["full"])}
     knobs = {name: getattr(config, name) for name in config.__dataclass_fields__}  # asdict is slow here
     row = {"config_id": config_id, "config_label": config.label(), **knobs, **summed, **rates(summed),
-           "draft_forwards": int(totals["forwards"]), "new_tokens": tokens}
+           "draft_forwards": int(totals["forwards"]), "new_tokens": tokens,
+           "draft_forwards_per_token": int(totals["forwards"]) / max(tokens, 1)}
     if cost is not None:
         row["predicted_speedup"] = tokens * cost.t_verify[0] / (totals["forwards"] * cost.t_draft + totals["verify"])
     return row

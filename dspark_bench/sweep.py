@@ -38,6 +38,7 @@ PARAMS = ("metric", "schedule", "threshold", "threshold_start", "threshold_end",
 OBJECTIVES = {
     "speedup": "maximize", "tokens_per_round": "maximize", "acceptance_rate": "maximize",
     "block_acceptance_rate": "maximize", "accepted_per_round": "maximize", "avg_draft_len": "maximize",
+    "draft_forwards_per_token": "minimize",
 }
 DEFAULT_SPACE = {
     "metric": ["top1"], "schedule": ["threshold"], "threshold": [0.3, 0.5, 0.7], "gamma_max": [4],
