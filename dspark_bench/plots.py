@@ -102,11 +102,18 @@ def threshold_curves(policies: pd.DataFrame, objective: str | None = None, by: s
     schedule = best["schedule"] if best["schedule"] in THRESHOLD_SCHEDULES else "threshold"
     table = complete(policies)
     table = table[(table["metric"] == best["metric"]) & (table["schedule"] == schedule)]
+    if table["min_draft_len"].nunique() > 1 and table.groupby(["gamma_max", "min_draft_len"]).ngroups > 8:
+        # A dense sweep (say 6 gamma_max x 3 min_draft_len) buries its lines under each other:
+        # keep the best policy's min_draft_len.
+        table = table[table["min_draft_len"] == best["min_draft_len"]]
+        fixed_min = f" (min_draft_len {best['min_draft_len']}, the best's)"
+    else:
+        fixed_min = ""
     overlay = by == "run" or table["run_id"].nunique() > 1 if "run_id" in table else False
     keys = _curve_groups(table, overlay)
     fig, axes = _figure(11, 7.5, 2, 2, sharex=True)
     fig.suptitle(f"{best['metric']} · {schedule} schedule · one line per "
-                 + " × ".join("run" if k == "run_id" else k for k in keys), fontsize=11)
+                 + " × ".join("run" if k == "run_id" else k for k in keys) + fixed_min, fontsize=11)
     columns = [c for c in ("avg_draft_len", "block_acceptance_rate", "accepted_per_round", "tokens_per_round",
                            "speedup", "speedup_low", "speedup_high", "predicted_speedup") if c in table]
     for i, (group, rows) in enumerate(table.groupby(keys, sort=True)):
