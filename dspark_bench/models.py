@@ -164,7 +164,10 @@ def share_vocabulary(target: torch.nn.Module, draft: torch.nn.Module, tokenizer,
 
 def model_fingerprint(model: torch.nn.Module) -> str:
     """Short hash of a model's config and weights: equal models give equal fingerprints."""
-    digest = hashlib.sha256(json.dumps(model.config.to_dict(), sort_keys=True, default=str).encode())
+    # Where the weights were loaded from, and by which transformers, is not part of the model.
+    config = {k: v for k, v in model.config.to_dict().items()
+              if k not in ("_name_or_path", "name_or_path", "transformers_version", "_commit_hash")}
+    digest = hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode())
     with torch.inference_mode():
         for name, param in sorted(model.state_dict().items()):
             # The sum and a strided sample of values identify weights without hashing them all.
