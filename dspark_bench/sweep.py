@@ -10,6 +10,7 @@ resumes where it stopped and several workers can share one study.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import itertools
 import json
 import os
@@ -278,6 +279,8 @@ def make_objective(ctx: TrialContext) -> Callable[[optuna.Trial], object]:
     from dspark_bench.runner import run
 
     def objective(trial: optuna.Trial):
+        # Named first: a resume tells a dead worker's trial by this name (see recover_dead_trials).
+        trial.set_user_attr("worker", worker_name())
         params = suggest(trial, ctx.spec)
         if is_duplicate(trial):
             trial.set_user_attr("skipped", "grid point taken")
@@ -288,7 +291,6 @@ def make_objective(ctx: TrialContext) -> Callable[[optuna.Trial], object]:
         except DsparkError as err:
             trial.set_user_attr("invalid", str(err))
             raise optuna.TrialPruned(str(err)) from None  # never run; counts as visited
-        trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
         trial.set_user_attr("config_label", config.label())
         try:
             output = run(ctx.pair, ctx.prompts, [config], ctx.settings)
@@ -351,17 +353,39 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def recover_dead_trials(study: optuna.Study) -> int:
-    """Fail and retry RUNNING trials whose worker process on this host is gone (a SIGKILL).
+def worker_name() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
 
-    Heartbeats catch this too, but only after their grace period; a resume on the same host
-    knows at once. Returns how many trials were recovered.
+
+# A live worker names itself on its trial within milliseconds of creating it; a trial still
+# unnamed after this long lost its worker in between.
+UNNAMED_GRACE_S = 5.0
+
+
+def _worker_is_dead(storage, trial: optuna.trial.FrozenTrial) -> bool:
+    if "worker" not in trial.user_attrs:
+        age = (datetime.datetime.now() - trial.datetime_start).total_seconds() if trial.datetime_start else 0.0
+        time.sleep(max(0.0, UNNAMED_GRACE_S - age))
+        trial = storage.get_trial(trial._trial_id)
+        if trial.state != optuna.trial.TrialState.RUNNING:
+            return False
+        if "worker" not in trial.user_attrs:
+            return True
+    worker_host, _, pid = str(trial.user_attrs["worker"]).partition(":")
+    return worker_host == socket.gethostname() and pid.isdigit() and not _pid_alive(int(pid))
+
+
+def recover_dead_trials(study: optuna.Study) -> int:
+    """Fail and retry RUNNING trials whose worker process is gone (a SIGKILL): on this host by
+    its process id, on any host when it died before it could name itself on the trial.
+
+    Heartbeats catch this too, but only after their grace period; a resume knows at once.
+    Returns how many trials were recovered.
     """
-    host, recovered = socket.gethostname(), 0
+    recovered = 0
     retry = RETRY(max_retry=2)
     for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-        worker_host, _, pid = str(trial.user_attrs.get("worker", "")).partition(":")
-        if worker_host == host and pid.isdigit() and not _pid_alive(int(pid)):
+        if _worker_is_dead(study._storage, trial):
             study._storage.set_trial_system_attr(trial._trial_id, "fail_reason", "worker process died")
             study._storage.set_trial_state_values(trial._trial_id, optuna.trial.TrialState.FAIL)
             retry(study, study._storage.get_trial(trial._trial_id))

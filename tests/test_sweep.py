@@ -202,9 +202,9 @@ def cli(*args: str, **kwargs) -> subprocess.Popen:
                             stderr=subprocess.PIPE, text=True, **kwargs)
 
 
-def slow_args(saved_pair, prompts_file, out, repeats: int = 2) -> list[str]:
+def slow_args(saved_pair, prompts_file, out, repeats: int = 2, tokens: int = 64) -> list[str]:
     args = base_args(saved_pair, prompts_file, out)[1:]
-    args[args.index("--max-new-tokens") + 1] = "64"  # long enough trials to be killed inside one
+    args[args.index("--max-new-tokens") + 1] = str(tokens)  # long enough trials to be killed inside one
     return args + ["--engine", "real", "--repeats", str(repeats)]
 
 
@@ -237,6 +237,24 @@ def test_resume_after_sigkill_finishes_the_grid_without_duplicates(saved_pair, p
     assert (folder / "summary.json").is_file()
 
 
+def test_resume_recovers_trials_of_dead_workers_named_or_not(tmp_path, monkeypatch):
+    monkeypatch.setattr(sweeps, "UNNAMED_GRACE_S", 0.2)
+    storage = sweeps.open_storage(f"sqlite:///{tmp_path / 'study.db'}", heartbeat_s=30)
+    study = optuna.create_study(storage=storage)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    named_dead = study.ask({"x": optuna.distributions.FloatDistribution(0, 1)})
+    named_dead.set_user_attr("worker", f"{sweeps.socket.gethostname()}:{dead.stdout.strip()}")
+    unnamed = study.ask({"x": optuna.distributions.FloatDistribution(0, 1)})  # killed before naming itself
+    alive = study.ask({"x": optuna.distributions.FloatDistribution(0, 1)})
+    alive.set_user_attr("worker", sweeps.worker_name())
+    assert sweeps.recover_dead_trials(study) == 2
+    trials = study.get_trials()
+    states = {t.number: t.state.name for t in trials}
+    assert states[named_dead.number] == states[unnamed.number] == "FAIL" and states[alive.number] == "RUNNING"
+    retried = [t for t in trials if t.state.name == "WAITING"]
+    assert sorted(t.system_attrs["failed_trial"] for t in retried) == [named_dead.number, unnamed.number]
+
+
 def postgres_url() -> str:
     url = os.environ.get("DSPARK_TEST_POSTGRES_URL")
     if not url:
@@ -246,9 +264,12 @@ def postgres_url() -> str:
 
 @pytest.mark.parametrize("storage", ["postgresql", "local-workers"])
 def test_two_workers_share_one_grid_study(storage, saved_pair, prompts_file, tmp_path):
+    # Trials of several seconds each: a worker takes seconds to start (imports, models), and the
+    # grid must still have points left when the second one joins.
+    args = slow_args(saved_pair, prompts_file, tmp_path, repeats=3, tokens=128)
     if storage == "postgresql":
         url, study_name = postgres_url(), f"test-{uuid.uuid4().hex[:8]}"
-        args = slow_args(saved_pair, prompts_file, tmp_path, repeats=1) + ["--storage", url, "--study", study_name]
+        args += ["--storage", url, "--study", study_name]
         workers = [cli("sweep", *args) for _ in range(2)]
         outputs = [w.communicate(timeout=600) for w in workers]
         assert all(w.returncode == 0 for w in workers), outputs
@@ -259,7 +280,7 @@ def test_two_workers_share_one_grid_study(storage, saved_pair, prompts_file, tmp
         assert len(merged[merged["state"] == "COMPLETE"]) == 4  # one row per trial across both folders
         workers_seen = {t.user_attrs["worker"] for t in study.get_trials(states=(COMPLETE,))}
     else:
-        result = runner.invoke(app, ["sweep", *slow_args(saved_pair, prompts_file, tmp_path, repeats=1), "--workers", "2"])
+        result = runner.invoke(app, ["sweep", *args, "--workers", "2"])
         assert result.exit_code == 0, result.output
         study = load_study(only_folder(tmp_path))
         workers_seen = {t.user_attrs["worker"] for t in study.get_trials(states=(COMPLETE,))}
