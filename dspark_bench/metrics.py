@@ -36,15 +36,23 @@ def round_totals(drafted: np.ndarray, accepted: np.ndarray, emitted: np.ndarray,
 
 
 def rates(totals: dict | pd.Series) -> dict:
-    """The headline ratios from totals; NaN where a ratio has nothing to divide by."""
+    """The headline ratios from totals (numbers, or arrays of them, one per policy); NaN where a
+    ratio has nothing to divide by."""
     rounds, drafted = totals["rounds"], totals["drafted_total"]
     return {
-        "avg_draft_len": drafted / rounds if rounds else np.nan,
-        "acceptance_rate": totals["accepted_total"] / drafted if drafted else np.nan,
-        "block_acceptance_rate": totals["full_blocks"] / rounds if rounds else np.nan,
-        "accepted_per_round": totals["accepted_total"] / rounds if rounds else np.nan,
-        "tokens_per_round": totals["emitted_total"] / rounds if rounds else np.nan,
+        "avg_draft_len": _ratio(drafted, rounds),
+        "acceptance_rate": _ratio(totals["accepted_total"], drafted),
+        "block_acceptance_rate": _ratio(totals["full_blocks"], rounds),
+        "accepted_per_round": _ratio(totals["accepted_total"], rounds),
+        "tokens_per_round": _ratio(totals["emitted_total"], rounds),
     }
+
+
+def _ratio(numerator, denominator):
+    numerator, denominator = np.asarray(numerator, float), np.asarray(denominator, float)
+    out = np.divide(numerator, denominator, out=np.full(np.broadcast(numerator, denominator).shape, np.nan),
+                    where=denominator != 0)
+    return out if out.ndim else float(out)
 
 
 def position_acceptance(drafted: np.ndarray, accepted: np.ndarray, gamma_max: int) -> tuple[list[int], list[int]]:

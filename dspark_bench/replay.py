@@ -15,11 +15,13 @@ point. So one record — the continuation, and at every position j the draft's r
 
 from __future__ import annotations
 
-import itertools
 import json
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+import numba
 import numpy as np
 import pandas as pd
 import torch
@@ -241,111 +243,135 @@ def simulate(rec: Record, config: DecodeConfig) -> list[list[Round]]:
 
 # --- simulation of a whole grid at once -------------------------------------------------------
 
-GRID_CHUNK = 512  # policies walked together; bounds memory at about chunk × P × N × 4 bytes
+
+@numba.njit(cache=True, nogil=True)
+def _first_failures(signal, thresholds, min_draft_len, eos_step, out):  # pragma: no cover (compiled)
+    """out[p, j]: 2 × where the draft stops for one (signal, thresholds, min_draft_len), + 1 when
+    the schedule dropped that step (its forward counts but its token is not drafted).
+
+    The stop is the first dropped step, or one past the rollout's first EOS, if earlier. Folding
+    EOS in lets the walk take a round's length as one min with gamma_max and the budget."""
+    P, N, G = signal.shape
+    for p in range(P):
+        for j in range(N):
+            fail = G + 1
+            for k in range(min_draft_len, G):
+                if not signal[p, j, k] >= thresholds[k]:  # NaN fails, as in the engine
+                    fail = k + 1
+                    break
+            out[p, j] = 2 * fail + (fail <= G) if fail <= eos_step[p, j] else 2 * (eos_step[p, j] + 1)
 
 
-def _failure_key(config: DecodeConfig) -> tuple:
-    """Policies with equal keys drop the same draft positions; gamma_max only caps them
-    (except for the ramp, whose thresholds are spread over gamma_max)."""
-    knobs = {"threshold": (config.threshold,), "cumulative": (config.threshold,), "fixed": (),
-             "ramp": (config.threshold_start, config.threshold_end, config.gamma_max)}[config.schedule]
-    return config.metric, config.schedule, config.min_draft_len, knobs
+@numba.njit(cache=True, nogil=True)
+def _walk(fail, gamma_max, matches, lengths, max_new_tokens, verify_cost, counts):  # pragma: no cover
+    """The walk of `simulate` for one policy, keeping only totals: rounds, drafted, accepted,
+    full blocks, draft forwards and Σ t_verify(L). Only round starts are visited, without a
+    data-dependent branch in a round (random accept/reject defeats branch prediction)."""
+    rounds = drafted = accepted = full = forwards = 0
+    spent = 0.0
+    for p in range(len(lengths)):
+        j = 0
+        while j < lengths[p]:
+            cap = min(gamma_max, max_new_tokens - j - 1)
+            stop, dropped = fail[p, j] >> 1, fail[p, j] & 1
+            length = min(stop - 1, cap)  # a stop beyond the cap: drafted up to the cap
+            a = min(length, matches[p, j])
+            rounds += 1
+            drafted += length
+            accepted += a
+            full += a == length
+            forwards += length + (dropped & (stop <= cap))  # the dropped step's forward counts too
+            spent += verify_cost[length]
+            # An accepted EOS is the continuation's last token: the walk ends there either way,
+            # with or without the target's extra token.
+            j += a + 1
+    counts[0], counts[1], counts[2], counts[3], counts[4] = rounds, drafted, accepted, full, forwards
+    return spent
 
 
-def _plans(rec: Record, configs: list[DecodeConfig], eos: np.ndarray, failures: dict) -> tuple[np.ndarray, np.ndarray]:
-    """drafted and draft forwards [C, P, N] (int16), the same rule as `round_plan`, for all
-    policies at once: policies differing only in gamma_max share their failure positions."""
-    P, N, G = rec.rollout.shape
-    keys = [_failure_key(c) for c in configs]
-    for key, config in zip(keys, configs):
-        if key not in failures:
-            failures[key] = np.minimum(first_failures(rec, config), G + 1).astype(np.int16)
-    order = {key: i for i, key in enumerate(dict.fromkeys(keys))}
-    fail = np.stack([failures[key] for key in order])[[order[k] for k in keys]]  # [C, P, N]
-    gamma = np.array([c.gamma_max for c in configs], dtype=np.int16)[:, None, None]
-    budget = (rec.max_new_tokens - np.arange(N) - 1).astype(np.int16)
-    cap = np.minimum(np.minimum(eos, G + 1).astype(np.int16)[None], np.minimum(gamma, budget[None, None, :]))
-    by_threshold = fail <= cap
-    return np.where(by_threshold, fail - 1, cap), np.where(by_threshold, fail, cap)
+@numba.njit(cache=True, nogil=True)
+def _walk_grid(signals, signal_of, thresholds, min_draft_len, gamma_max, groups, matches, eos_step, lengths,
+               max_new_tokens, verify_cost, counts, verify):  # pragma: no cover (compiled)
+    """Every policy's totals. Policies are ordered so that those sharing signal, thresholds and
+    min_draft_len (differing in gamma_max only) are consecutive: `groups` marks where each
+    run starts, and one table of failure positions serves the whole run."""
+    fail = np.empty(matches.shape, dtype=np.int64)
+    for g in range(len(groups) - 1):
+        first = groups[g]
+        _first_failures(signals[signal_of[first]], thresholds[first], min_draft_len[first], eos_step, fail)
+        for c in range(first, groups[g + 1]):
+            verify[c] = _walk(fail, gamma_max[c], matches, lengths, max_new_tokens, verify_cost, counts[c])
 
 
-def _round_starts(rec: Record, step: np.ndarray) -> np.ndarray:
-    """[C, P, N] bool: where a round starts, following j -> j + step(j) from 0 for every
-    (policy, prompt) at once."""
-    C, P, N = step.shape
-    sink = N  # one column past the end, where a finished sequence stays
-    nxt = np.full((C, P, N + 1), sink, dtype=np.int16)
-    np.add(np.arange(N, dtype=np.int16), step, out=nxt[:, :, :N])
-    np.putmask(nxt[:, :, :N], nxt[:, :, :N] >= rec.lengths[None, :, None], sink)
-    nxt = nxt.ravel()
-    visited = np.zeros(C * P * (N + 1), dtype=bool)
-    base = np.arange(C * P) * (N + 1)
-    pos = np.where(np.tile(rec.lengths, C) > 0, 0, sink)
-    for iteration in itertools.count(1):
-        index = base + pos
-        visited[index] = True  # finished sequences mark their sink column, which is dropped
-        pos = nxt[index]
-        if iteration % 16 == 0:  # drop finished sequences now and then, not every step
-            alive = pos != sink
-            if not alive.any():
-                break
-            base, pos = base[alive], pos[alive]
-    return visited.reshape(C, P, N + 1)[:, :, :N]
+def _signals(rec: Record, configs: list[DecodeConfig]) -> tuple[np.ndarray, np.ndarray]:
+    """The compared signal per (metric, cumulative?) [S, P, N, G] and each policy's index into it.
+    float64 like `first_failures`: the engine multiplies Python floats of float32 values."""
+    kinds = [(c.metric, c.schedule == "cumulative") for c in configs]
+    order = {kind: i for i, kind in enumerate(dict.fromkeys(kinds))}
+    signals = np.stack([np.cumprod(rec.confidences[m].astype(np.float64), axis=2) if cumulative
+                        else rec.confidences[m].astype(np.float64) for m, cumulative in order])
+    return signals, np.array([order[kind] for kind in kinds], dtype=np.int64)
+
+
+def _thresholds(configs: list[DecodeConfig], G: int) -> np.ndarray:
+    """[C, G]: the threshold of every draft position, by the schedule's own `threshold_at`."""
+    rows: dict = {}
+    out = np.empty((len(configs), G))
+    for c, config in enumerate(configs):
+        key = (config.schedule, config.threshold, config.threshold_start, config.threshold_end, config.gamma_max)
+        if key not in rows:
+            rows[key] = [threshold_at(config, k) for k in range(1, G + 1)]
+        out[c] = rows[key]
+    return out
 
 
 def simulate_grid(rec: Record, configs: list[DecodeConfig], cost: "CostModel | None" = None) -> pd.DataFrame:
-    """Totals, metrics and (with a cost model) predicted speedup for every policy, vectorised."""
+    """Totals, metrics and (with a cost model) predicted speedup for every policy, one row each."""
+    if not configs:
+        raise DsparkError("no policies to simulate")
     for config in configs:
         check_replayable(rec, config)
-    P, N, G = rec.rollout.shape
-    if rec.max_new_tokens >= np.iinfo(np.int16).max:
-        raise DsparkError("replay grids handle at most 32,766 new tokens per prompt")
-    matches, eos = match_lengths(rec).astype(np.int16), eos_positions(rec)
-    is_eos = np.isin(rec.rollout, rec.eos_ids) if rec.eos_ids else np.zeros(rec.rollout.shape, bool)
-    eos_cells = np.nonzero(is_eos.any(axis=2))  # the few (p, j) whose rollout proposes EOS
-    verify_cost = np.asarray(cost.t_verify if cost else np.zeros(G + 1))
-    failures: dict = {}
-    rows = []
-    for start in range(0, len(configs), GRID_CHUNK):
-        chunk = configs[start : start + GRID_CHUNK]
-        drafted, forwards = _plans(rec, chunk, eos, failures)
-        accepted = np.minimum(drafted, matches)
-        step = accepted + 1
-        if eos_cells[0].size:
-            # An accepted EOS inside the draft ends the sequence without the target's extra token.
-            took = accepted[:, eos_cells[0], eos_cells[1]]
-            ended = is_eos[eos_cells[0], eos_cells[1], np.maximum(took - 1, 0)] & (took > 0)
-            step[:, eos_cells[0], eos_cells[1]] -= ended
-        visited = _round_starts(rec, step)
-        flat = visited.reshape(len(chunk), -1)
+    G = rec.gamma_record
+    signals, signal_of = _signals(rec, configs)
+    thresholds = _thresholds(configs, G)
+    min_draft_len = np.array([c.min_draft_len for c in configs], dtype=np.int64)
+    # Policies that drop the same draft steps walk one after another (see _walk_grid).
+    keys = np.column_stack([signal_of, min_draft_len, thresholds])
+    _, group_of = np.unique(keys, axis=0, return_inverse=True)
+    order = np.argsort(group_of.ravel(), kind="stable")
+    groups = np.flatnonzero(np.diff(group_of.ravel()[order], prepend=-1, append=-2))
+    gamma_max = np.array([c.gamma_max for c in configs], dtype=np.int64)
+    verify_cost = np.asarray(cost.t_verify if cost else np.zeros(G + 1), dtype=np.float64)
+    counts, verify = np.zeros((len(configs), 5), dtype=np.int64), np.zeros(len(configs))
+    arrays = (signals, signal_of[order], thresholds[order], min_draft_len[order], gamma_max[order])
+    record_arrays = (match_lengths(rec).astype(np.int64), eos_positions(rec).astype(np.int64),
+                     rec.lengths.astype(np.int64), rec.max_new_tokens, verify_cost)
 
-        def total(values: np.ndarray) -> np.ndarray:
-            # A product with the mask then a sum: several times faster than sum(where=mask).
-            return (values.reshape(len(chunk), -1) * flat).sum(axis=1, dtype=np.int64)
+    def walk(bounds: np.ndarray) -> None:  # compiled without the GIL: threads run it in parallel
+        _walk_grid(*arrays, bounds, *record_arrays, counts, verify)
 
-        totals = {
-            "rounds": np.count_nonzero(flat, axis=1), "drafted": total(drafted), "accepted": total(accepted),
-            "full": total(accepted == drafted), "forwards": total(forwards),
-            # Σ over rounds of t_verify(L) = Σ over L of (rounds drafting L) × t_verify(L)
-            "verify": sum(total(drafted == k) * verify_cost[k] for k in range(G + 1) if verify_cost[k]),
-        }
-        for c, config in enumerate(chunk):
-            rows.append(_grid_row(start + c, config, {k: (v[c] if np.ndim(v) else v) for k, v in totals.items()},
-                                  rec, cost))
-    return pd.DataFrame(rows)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    # Consecutive runs of groups per task (a group's bounds are shared with the next task's).
+    cuts = np.unique(np.linspace(0, len(groups) - 1, 4 * cores + 1).astype(int))
+    with ThreadPoolExecutor(cores) as pool:
+        list(pool.map(walk, [groups[a : b + 1] for a, b in zip(cuts[:-1], cuts[1:])]))
+    counts[order], verify[order] = counts.copy(), verify.copy()  # back to the caller's order
+    return _grid_table(configs, counts, verify, rec, cost)
 
 
-def _grid_row(config_id: int, config: DecodeConfig, totals: dict, rec: Record, cost) -> dict:
+def _grid_table(configs: list[DecodeConfig], counts: np.ndarray, verify: np.ndarray, rec: Record, cost) -> pd.DataFrame:
     tokens = int(rec.lengths.sum())
-    summed = {"rounds": int(totals["rounds"]), "drafted_total": int(totals["drafted"]),
-              "accepted_total": int(totals["accepted"]), "emitted_total": tokens, "full_blocks": int(totals["full"])}
-    knobs = {name: getattr(config, name) for name in config.__dataclass_fields__}  # asdict is slow here
-    row = {"config_id": config_id, "config_label": config.label(), **knobs, **summed, **rates(summed),
-           "draft_forwards": int(totals["forwards"]), "new_tokens": tokens,
-           "draft_forwards_per_token": int(totals["forwards"]) / max(tokens, 1)}
+    totals = {"rounds": counts[:, 0], "drafted_total": counts[:, 1], "accepted_total": counts[:, 2],
+              "emitted_total": np.full(len(configs), tokens), "full_blocks": counts[:, 3]}
+    table = pd.DataFrame({
+        "config_id": np.arange(len(configs)), "config_label": [c.label() for c in configs],
+        **{name: [getattr(c, name) for c in configs] for name in DecodeConfig.__dataclass_fields__},
+        **totals, **rates(totals),
+        "draft_forwards": counts[:, 4], "new_tokens": tokens, "draft_forwards_per_token": counts[:, 4] / max(tokens, 1),
+    })
     if cost is not None:
-        row["predicted_speedup"] = tokens * cost.t_verify[0] / (totals["forwards"] * cost.t_draft + totals["verify"])
-    return row
+        table["predicted_speedup"] = tokens * cost.t_verify[0] / (counts[:, 4] * cost.t_draft + verify)
+    return table
 
 
 # --- cost model -------------------------------------------------------------------------------

@@ -79,6 +79,48 @@ def test_grid_totals_equal_round_by_round_simulation(recorded):
         assert row.predicted_speedup == pytest.approx(cost.predict(rounds, row.emitted_total))
 
 
+def random_record(seed: int, P: int = 12, n: int = 40, g: int = 7) -> Record:
+    """A record with the features that make rounds end early: EOS in the continuation and in
+    rollouts, sequences shorter than max_new_tokens, NaN and tied confidences."""
+    rng = np.random.default_rng(seed)
+    eos = 1
+    continuation = rng.integers(2, 30, size=(P, n))
+    lengths = np.where(rng.random(P) < 0.5, rng.integers(1, n + 1, size=P), n)
+    for p, length in enumerate(lengths):
+        if length < n:
+            continuation[p, length - 1], continuation[p, length:] = eos, -1
+    rollout = np.empty((P, n, g), dtype=np.int64)
+    for k in range(g):
+        ahead = np.full((P, n), -2)
+        ahead[:, : n - k] = continuation[:, k:]
+        rollout[:, :, k] = np.where(rng.random((P, n)) < 0.7, ahead, rng.choice([eos, 0, 5], size=(P, n)))
+    confidences = {}
+    for metric in METRICS:
+        values = rng.choice([0.0, 0.25, 0.5, 1.0, np.nan], size=(P, n, g), p=[0.1, 0.1, 0.1, 0.1, 0.6]).astype(np.float32)
+        confidences[metric] = np.where(np.isnan(values), rng.random((P, n, g), dtype=np.float32), values)
+        confidences[metric][rng.random((P, n, g)) < 0.01] = np.nan
+    return Record(continuation, lengths, rollout, confidences, (eos,), {"max_new_tokens": n, "topk": 5})
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_grid_totals_equal_simulation_on_random_records(seed):
+    rec, g = random_record(seed), 7
+    configs = [DecodeConfig(metric=metric, schedule=schedule, threshold=t, threshold_start=t / 2, threshold_end=t,
+                            gamma_max=gamma, min_draft_len=m, max_new_tokens=40)
+               for metric, schedule, t, gamma, m in itertools.product(
+                   METRICS, SCHEDULES, (0.0, 0.25, 0.6, 1.0), (1, 4, g), (0, 2)) if m <= gamma]
+    cost = CostModel(t_draft=0.001, t_verify=[0.01 + 0.002 * k for k in range(g + 1)], context_tokens=10)
+    grid = simulate_grid(rec, configs, cost)
+    for config, row in zip(configs, grid.itertuples()):
+        rounds = [r for prompt_rounds in simulate(rec, config) for r in prompt_rounds]
+        assert (row.rounds, row.drafted_total, row.accepted_total, row.full_blocks, row.draft_forwards) == (
+            len(rounds), sum(r.drafted for r in rounds), sum(r.accepted for r in rounds),
+            sum(r.accepted == r.drafted for r in rounds), sum(r.draft_forwards for r in rounds)), config.label()
+        assert row.emitted_total == sum(r.emitted for r in rounds) == rec.lengths.sum()
+        assert row.predicted_speedup == pytest.approx(cost.predict(rounds, row.emitted_total))
+    assert len(configs) > 300 and any(r.stop_reason == "eos" for c in configs[:20] for p in simulate(rec, c) for r in p)
+
+
 def test_record_round_trips_and_refuses_other_models_or_prompts(recorded, tmp_path):
     _, rec = recorded
     rec.info.update(models={"target_fingerprint": "aaa", "draft_fingerprint": "bbb"}, prompts_fingerprint="ppp")
