@@ -15,6 +15,7 @@ import statistics
 import time
 
 import numpy as np
+import pandas as pd
 
 from dspark_bench.config import METRICS, DecodeConfig
 from dspark_bench.replay import Record, simulate_grid
@@ -34,22 +35,30 @@ def synthetic_record(seed: int = 0) -> Record:
     return Record(continuation, np.full(P, N), rollout, confidences, (), {"max_new_tokens": N, "topk": 5})
 
 
-def grid() -> list[DecodeConfig]:
+def grid(tokens: int = N) -> list[DecodeConfig]:
+    """The dense grid of issue 5, its valid points (min_draft_len <= gamma_max)."""
     thresholds = np.round(np.linspace(0.05, 0.95, 20), 3)
-    return [DecodeConfig(metric=m, threshold=float(t), gamma_max=g, min_draft_len=n, max_new_tokens=N)
-            for m, t, g, n in itertools.product(METRICS, thresholds, range(1, 9), range(0, 4)) if n <= g]
+    return [DecodeConfig(metric=m, threshold=float(t), gamma_max=g, min_draft_len=n, max_new_tokens=tokens)
+            for m, t, g, n in itertools.product(METRICS, thresholds, range(1, G + 1), range(0, 4)) if n <= g]
 
 
-if __name__ == "__main__":
-    rec, configs = synthetic_record(), grid()
+def time_grid(rec: Record, configs: list[DecodeConfig]) -> tuple[float, float, pd.DataFrame]:
+    """Seconds of the first call (compiling the walk, or loading it from numba's cache), the
+    median seconds of 3 timed calls after it, and the table."""
     start = time.perf_counter()
-    simulate_grid(rec, configs[:1])  # compiles the walk, or loads it from numba's cache
-    print(f"first call (compile or cache load): {time.perf_counter() - start:.2f} s")
+    simulate_grid(rec, configs[:1])
+    first = time.perf_counter() - start
     times = []
     for _ in range(3):
         start = time.perf_counter()
         table = simulate_grid(rec, configs)
         times.append(time.perf_counter() - start)
-    median = statistics.median(times)
+    return first, statistics.median(times), table
+
+
+if __name__ == "__main__":
+    rec, configs = synthetic_record(), grid()
+    first, median, table = time_grid(rec, configs)
+    print(f"first call (compile or cache load): {first:.2f} s")
     print(f"{len(configs)} policies over {P} prompts × {N} tokens: {median:.3f} s (median of 3) "
           f"= {len(configs) / median:,.0f} policies/s; best tokens_per_round {table['tokens_per_round'].max():.3f}")

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import json
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -18,6 +17,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
+from dspark_bench.commands.options import (
+    Target, Draft, Device, Dtype, Metrics, Schedules, Thresholds, GammaMaxes, MinDraftLens, ThresholdStart,
+    ThresholdEnd, TopK, Temperature, TopP, MaxNewTokens, Seed, Task, Dataset, PromptsFile, Split, PromptField,
+    CategoryField, Turns, ChatTemplate, Limit,
+)
 from dspark_bench.config import DecodeConfig
 from dspark_bench.errors import DsparkError
 
@@ -70,32 +74,6 @@ def progress_bar() -> Progress:
     )
 
 
-# Options shared by the commands that decode.
-Target = Annotated[Optional[str], typer.Option(help="Target model: Hugging Face name or local path [default: reference pair].")]
-Draft = Annotated[Optional[str], typer.Option(help="Draft model sharing the target's vocabulary [default: reference pair].")]
-Device = Annotated[str, typer.Option(help="auto | cpu | cuda | mps")]
-Dtype = Annotated[str, typer.Option(help="auto (fp32 on CPU, bf16 on CUDA) | float32 | bfloat16 | float16")]
-Metrics = Annotated[list[str], typer.Option("--metric", help="Confidence metric: top1 | entropy | topk_mass | margin (repeatable).")]
-Schedules = Annotated[list[str], typer.Option("--schedule", help="threshold | ramp | cumulative | fixed (repeatable).")]
-Thresholds = Annotated[list[float], typer.Option("--threshold", help="Stop drafting below this confidence (repeatable).")]
-GammaMaxes = Annotated[list[int], typer.Option("--gamma-max", help="Most draft tokens per round (repeatable).")]
-MinDraftLens = Annotated[list[int], typer.Option("--min-draft-len", help="Fewest draft tokens per round (repeatable).")]
-ThresholdStart = Annotated[float, typer.Option(help="Ramp schedule: threshold at draft position 1.")]
-ThresholdEnd = Annotated[float, typer.Option(help="Ramp schedule: threshold at position gamma_max.")]
-TopK = Annotated[int, typer.Option(help="k of the topk_mass metric.")]
-Temperature = Annotated[float, typer.Option(help="0 = greedy verification; > 0 = lossless rejection sampling.")]
-TopP = Annotated[float, typer.Option(help="Nucleus filter, applied to target and draft alike.")]
-MaxNewTokens = Annotated[Optional[int], typer.Option(help="Tokens to generate per prompt [default: the task's, else 128].")]
-Seed = Annotated[int, typer.Option(help="Sampling seed.")]
-Task = Annotated[Optional[str], typer.Option(help="Built-in task (see `dspark-bench tasks ls`).")]
-Dataset = Annotated[Optional[str], typer.Option(help="Your prompts: JSONL/JSON/CSV/Parquet/text file, or a hub id.")]
-PromptsFile = Annotated[Optional[str], typer.Option("--prompts", help="Alias of --dataset for a local file.")]
-Split = Annotated[str, typer.Option(help="Dataset split (hub datasets).")]
-PromptField = Annotated[Optional[str], typer.Option(help="Column holding the prompt [default: guessed].")]
-CategoryField = Annotated[Optional[str], typer.Option(help="Column holding the category [default: guessed].")]
-Turns = Annotated[str, typer.Option(help="Multi-turn prompts: first | all (each turn on the model's own answer).")]
-ChatTemplate = Annotated[str, typer.Option(help="auto (use the tokenizer's chat template if any) | none")]
-Limit = Annotated[Optional[int], typer.Option(help="Use only the first N prompts.")]
 
 
 def decode_configs(metrics, schedules, thresholds, gamma_maxes, min_draft_lens, **fixed) -> list[DecodeConfig]:
@@ -248,14 +226,13 @@ def decode(
     temperature: Temperature = 0.0, top_p: TopP = 1.0, max_new_tokens: MaxNewTokens = None, seed: Seed = 0,
     device: Device = "auto", dtype: Dtype = "auto",
     calibration: Annotated[Optional[Path], typer.Option(help="Take the policy from a calibration file.")] = None,
-    domain: Annotated[Optional[str], typer.Option(help="With --calibration: the prompt's domain [default: the global policy].")] = None,
+    domain: Annotated[Optional[str], typer.Option(help="With --calibration: the prompt's domain (default: the global policy).")] = None,
 ):
     """Generate once and show every round: accepted (green), rejected (red), target's token (bold).
 
     Example: dspark-bench decode "def fibonacci(n):" --threshold 0.4
     """
     from dspark_bench.engine import speculative_decode
-    from dspark_bench.metrics import rates
     from dspark_bench.models import load_pair
     from dspark_bench.prompts import encode
     from dspark_bench.runner import sample_row
@@ -381,7 +358,7 @@ def sweep(
     engine: Annotated[Optional[str], typer.Option(help="replay (greedy: record once, simulate all) | real | auto.")] = None,
     trials: Annotated[Optional[int], typer.Option(help="Optuna budget (grid: the whole grid).")] = None,
     objective: Annotated[Optional[str], typer.Option(help="speedup | tokens_per_round | ...; two, comma-separated, for a Pareto front.")] = None,
-    storage: Annotated[Optional[str], typer.Option(help="Optuna storage URL (sqlite:///, postgresql://, journal:///path) [default: SQLite in the run folder].")] = None,
+    storage: Annotated[Optional[str], typer.Option(help="Optuna storage URL (sqlite:///, postgresql://, journal:///path) (default: SQLite in the run folder).")] = None,
     study: Annotated[Optional[str], typer.Option(help="Study name, shared by workers on one storage.")] = None,
     workers: Annotated[int, typer.Option(help="Local worker processes on the same study.")] = 1,
     resume: Annotated[Optional[Path], typer.Option(help="Continue this sweep's run folder where it stopped.")] = None,

@@ -15,6 +15,7 @@ point. So one record — the continuation, and at every position j the draft's r
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -28,7 +29,7 @@ import torch
 
 from dspark_bench import confidence
 from dspark_bench.baselines import autoregressive_decode
-from dspark_bench.config import DecodeConfig
+from dspark_bench.config import METRICS, SCHEDULES, DecodeConfig
 from dspark_bench.engine import Round
 from dspark_bench.errors import DsparkError
 from dspark_bench.metrics import rates
@@ -241,6 +242,22 @@ def simulate(rec: Record, config: DecodeConfig) -> list[list[Round]]:
     return result
 
 
+def spanning_policies(gamma: int, max_new_tokens: int) -> list[DecodeConfig]:
+    """Every metric × schedule with thresholds, gamma_max and min_draft_len at their edges, plus
+    "always draft" and "never draft past min_draft_len": the policies replay is checked on
+    against the real engine (tests and benchmarks/replay_reference.py)."""
+    out = []
+    for i, (metric, schedule) in enumerate(itertools.product(METRICS, SCHEDULES)):
+        gamma_max = (1, min(4, gamma), gamma)[i % 3]
+        min_draft_len = (0, 1, gamma_max)[(i // 3) % 3]
+        threshold = (0.1, 0.3, 0.6, 0.9)[i % 4]
+        out.append(DecodeConfig(metric=metric, schedule=schedule, threshold=threshold, threshold_start=threshold / 3,
+                                threshold_end=threshold, gamma_max=gamma_max, min_draft_len=min_draft_len,
+                                max_new_tokens=max_new_tokens))
+    return out + [DecodeConfig(threshold=0.0, gamma_max=gamma, max_new_tokens=max_new_tokens),
+                  DecodeConfig(threshold=1.0, gamma_max=min(5, gamma), max_new_tokens=max_new_tokens)]
+
+
 # --- simulation of a whole grid at once -------------------------------------------------------
 
 
@@ -282,8 +299,8 @@ def _walk(fail, gamma_max, matches, lengths, max_new_tokens, verify_cost, counts
             full += a == length
             forwards += length + (dropped & (stop <= cap))  # the dropped step's forward counts too
             spent += verify_cost[length]
-            # An accepted EOS is the continuation's last token: the walk ends there either way,
-            # with or without the target's extra token.
+            # An accepted EOS is the continuation's last token (`record` stops at EOS): the walk
+            # ends there either way, with or without the target's extra token.
             j += a + 1
     counts[0], counts[1], counts[2], counts[3], counts[4] = rounds, drafted, accepted, full, forwards
     return spent
@@ -332,6 +349,10 @@ def simulate_grid(rec: Record, configs: list[DecodeConfig], cost: "CostModel | N
     for config in configs:
         check_replayable(rec, config)
     G = rec.gamma_record
+    deepest = max(c.gamma_max for c in configs)
+    if cost is not None and len(cost.t_verify) <= deepest:
+        raise DsparkError(f"the cost model times drafts of up to {len(cost.t_verify) - 1} tokens, "
+                          f"not gamma_max {deepest}; measure it again")
     signals, signal_of = _signals(rec, configs)
     thresholds = _thresholds(configs, G)
     min_draft_len = np.array([c.min_draft_len for c in configs], dtype=np.int64)

@@ -10,7 +10,6 @@ resumes where it stopped and several workers can share one study.
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import itertools
 import json
 import os
@@ -27,7 +26,7 @@ import optuna
 import pandas as pd
 import yaml
 
-from dspark_bench.config import METRICS, SCHEDULES, DecodeConfig
+from dspark_bench.config import DecodeConfig
 from dspark_bench.errors import DsparkError
 from dspark_bench.metrics import summarize
 
@@ -279,8 +278,7 @@ def make_objective(ctx: TrialContext) -> Callable[[optuna.Trial], object]:
     from dspark_bench.runner import run
 
     def objective(trial: optuna.Trial):
-        # Named first: a resume tells a dead worker's trial by this name (see recover_dead_trials).
-        trial.set_user_attr("worker", worker_name())
+        name_worker(trial)  # first: a resume tells a dead worker's trial by it (recover_dead_trials)
         params = suggest(trial, ctx.spec)
         if is_duplicate(trial):
             trial.set_user_attr("skipped", "grid point taken")
@@ -357,39 +355,51 @@ def worker_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-# A live worker names itself on its trial within milliseconds of creating it; a trial still
-# unnamed after this long lost its worker in between.
+def name_worker(trial: optuna.Trial) -> None:
+    """Say which process runs this trial. A retried trial inherits its predecessor's user
+    attributes, so the name counts only together with the trial number it was written for."""
+    trial.set_user_attr("worker", worker_name())
+    trial.set_user_attr("worker_trial", trial.number)
+
+
+def _worker_of(trial: optuna.trial.FrozenTrial) -> str | None:
+    return trial.user_attrs.get("worker") if trial.user_attrs.get("worker_trial") == trial.number else None
+
+
+def _died_here(worker: str) -> bool:
+    host, _, pid = worker.partition(":")
+    return host == socket.gethostname() and pid.isdigit() and not _pid_alive(int(pid))
+
+
+# A live worker names itself on its trial within milliseconds of starting it; a trial still
+# unnamed this long after we first saw it lost its worker in between.
 UNNAMED_GRACE_S = 5.0
-
-
-def _worker_is_dead(storage, trial: optuna.trial.FrozenTrial) -> bool:
-    if "worker" not in trial.user_attrs:
-        age = (datetime.datetime.now() - trial.datetime_start).total_seconds() if trial.datetime_start else 0.0
-        time.sleep(max(0.0, UNNAMED_GRACE_S - age))
-        trial = storage.get_trial(trial._trial_id)
-        if trial.state != optuna.trial.TrialState.RUNNING:
-            return False
-        if "worker" not in trial.user_attrs:
-            return True
-    worker_host, _, pid = str(trial.user_attrs["worker"]).partition(":")
-    return worker_host == socket.gethostname() and pid.isdigit() and not _pid_alive(int(pid))
 
 
 def recover_dead_trials(study: optuna.Study) -> int:
     """Fail and retry RUNNING trials whose worker process is gone (a SIGKILL): on this host by
     its process id, on any host when it died before it could name itself on the trial.
 
-    Heartbeats catch this too, but only after their grace period; a resume knows at once.
+    Heartbeats catch this too, but only after their grace period; a resume knows at once (or
+    after UNNAMED_GRACE_S, timed on this machine's clock: another machine's may differ).
     Returns how many trials were recovered.
     """
-    recovered = 0
-    retry = RETRY(max_retry=2)
-    for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-        if _worker_is_dead(study._storage, trial):
+    running = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+    dead = [t for t in running if _worker_of(t) and _died_here(_worker_of(t))]
+    unnamed = [t for t in running if _worker_of(t) is None]
+    if unnamed:
+        time.sleep(UNNAMED_GRACE_S)
+        again = [study._storage.get_trial(t._trial_id) for t in unnamed]
+        dead += [t for t in again if t.state == optuna.trial.TrialState.RUNNING and _worker_of(t) is None]
+    recovered, retry = 0, RETRY(max_retry=2)
+    for trial in dead:
+        try:
             study._storage.set_trial_system_attr(trial._trial_id, "fail_reason", "worker process died")
             study._storage.set_trial_state_values(trial._trial_id, optuna.trial.TrialState.FAIL)
-            retry(study, study._storage.get_trial(trial._trial_id))
-            recovered += 1
+        except optuna.exceptions.UpdateFinishedTrialError:
+            continue  # another resume recovered it first
+        retry(study, study._storage.get_trial(trial._trial_id))
+        recovered += 1
     return recovered
 
 
@@ -533,7 +543,7 @@ def finish_real(folder: Path, study: optuna.Study, spec: SweepSpec) -> pd.DataFr
         atomic_parquet(samples, folder / "samples.parquet")
     best = [t.number for t in best_trials(study)]
     complete = trials[trials["state"] == "COMPLETE"] if "state" in trials else trials
-    ranked = complete.sort_values(f"objective_0", ascending=OBJECTIVES[spec.objective[0]] == "minimize") \
+    ranked = complete.sort_values("objective_0", ascending=OBJECTIVES[spec.objective[0]] == "minimize") \
         if "objective_0" in complete else complete
     states = trials["state"].value_counts().to_dict() if "state" in trials else {}
     summary = {"engine": "real", "method": spec.method, "objective": list(spec.objective), "best_trials": best,

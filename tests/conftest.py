@@ -1,3 +1,4 @@
+import json
 import sys
 from pathlib import Path
 
@@ -30,3 +31,12 @@ def saved_pair(tmp_path_factory):
     folder = tmp_path_factory.mktemp("pair")
     target = tiny.llama()
     return tiny.save_pair(folder, target, tiny.noisy_copy(target, 0.03))
+
+
+@pytest.fixture(scope="session")
+def prompts_file(tmp_path_factory) -> Path:
+    """Three prompts in two categories, as a JSONL dataset."""
+    path = tmp_path_factory.mktemp("prompts") / "prompts.jsonl"
+    rows = [("def add(a, b):", "code"), ("The quick brown fox", "prose"), ("for i in range(", "code")]
+    path.write_text("".join(json.dumps({"prompt": p, "category": c}) + "\n" for p, c in rows))
+    return path

@@ -20,15 +20,6 @@ def invoke(*args: str):
     return runner.invoke(app, [str(a) for a in args])
 
 
-@pytest.fixture(scope="module")
-def prompts_file(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("prompts") / "prompts.jsonl"
-    rows = [{"prompt": "def add(a, b):", "category": "code"}, {"prompt": "The quick brown fox", "category": "prose"},
-            {"prompt": "for i in range(", "category": "code"}]
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
-
-
 def folder_digest(folder: Path) -> dict[str, str]:
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())}
 

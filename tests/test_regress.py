@@ -53,15 +53,6 @@ def benchmark(out: Path, target: str, draft: str, prompts: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def prompts_file(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("prompts") / "prompts.jsonl"
-    rows = [{"prompt": "def add(a, b):", "category": "code"}, {"prompt": "The quick brown fox", "category": "prose"},
-            {"prompt": "for i in range(", "category": "code"}]
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
-
-
-@pytest.fixture(scope="module")
 def baseline(saved_pair, prompts_file, tmp_path_factory) -> Path:
     """A run folder made by `dspark-bench run`: it is a baseline as it stands."""
     return benchmark(tmp_path_factory.mktemp("baseline"), *saved_pair, prompts_file)

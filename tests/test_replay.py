@@ -8,31 +8,20 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-import tiny
 from dspark_bench.baselines import autoregressive_decode
 from dspark_bench.config import METRICS, SCHEDULES, DecodeConfig
 from dspark_bench.engine import speculative_decode
 from dspark_bench.errors import DsparkError
-from dspark_bench.replay import CostModel, Record, record, simulate, simulate_grid
+from dspark_bench.replay import CostModel, Record, record, simulate, simulate_grid, spanning_policies
 
 PROMPTS = [[0, 5, 9, 11], [7], [3, 3, 40, 2, 8, 100, 17], [12, 13]]
 N, G = 24, 6
 
 
 def policies() -> list[DecodeConfig]:
-    """Every metric × schedule, with thresholds, gamma_max and min_draft_len at their edges."""
-    out = []
-    for i, (metric, schedule) in enumerate(itertools.product(METRICS, SCHEDULES)):
-        gamma_max = (1, 3, G)[i % 3]
-        min_draft_len = (0, 1, gamma_max)[(i // 3) % 3]
-        threshold = (0.05, 0.3, 0.6, 0.95)[i % 4]
-        out.append(DecodeConfig(metric=metric, schedule=schedule, threshold=threshold, threshold_start=threshold / 3,
-                                threshold_end=threshold, gamma_max=gamma_max, min_draft_len=min_draft_len,
-                                max_new_tokens=N))
-    out += [DecodeConfig(threshold=0.0, gamma_max=G, max_new_tokens=N), DecodeConfig(threshold=1.0, max_new_tokens=N),
-            DecodeConfig(metric="margin", threshold=0.2, gamma_max=G, min_draft_len=G, max_new_tokens=N),
-            DecodeConfig(schedule="cumulative", threshold=0.1, gamma_max=G, max_new_tokens=N)]
-    return out
+    return spanning_policies(G, N) + [
+        DecodeConfig(metric="margin", threshold=0.2, gamma_max=G, min_draft_len=G, max_new_tokens=N),
+        DecodeConfig(schedule="cumulative", threshold=0.1, gamma_max=G, max_new_tokens=N)]
 
 
 @pytest.fixture(scope="module", params=["plain", "eos"])
@@ -142,3 +131,8 @@ def test_replay_refuses_what_it_cannot_replay(recorded):
         simulate(rec, DecodeConfig(temperature=0.7, max_new_tokens=N))
     with pytest.raises(DsparkError, match="exceeds the record"):
         simulate_grid(rec, [DecodeConfig(gamma_max=G + 1, max_new_tokens=N)])
+    short = CostModel(t_draft=0.001, t_verify=[0.01] * 3, context_tokens=10)
+    with pytest.raises(DsparkError, match="up to 2 tokens, not gamma_max 4"):
+        simulate_grid(rec, [DecodeConfig(gamma_max=4, max_new_tokens=N)], short)
+    with pytest.raises(DsparkError, match="no policies"):
+        simulate_grid(rec, [])

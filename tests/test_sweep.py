@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -18,19 +19,10 @@ from typer.testing import CliRunner
 
 from dspark_bench import sweep as sweeps
 from dspark_bench.cli import app
-from dspark_bench.errors import DsparkError
 from dspark_bench.results import load
 
 runner = CliRunner()
 COMPLETE = optuna.trial.TrialState.COMPLETE
-
-
-@pytest.fixture(scope="module")
-def prompts_file(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("sweep-prompts") / "prompts.jsonl"
-    rows = [("def add(a, b):", "code"), ("The quick brown fox", "prose"), ("for i in range(", "code")]
-    path.write_text("".join(json.dumps({"prompt": p, "category": c}) + "\n" for p, c in rows))
-    return path
 
 
 def base_args(saved_pair, prompts_file, out) -> list[str]:
@@ -238,21 +230,32 @@ def test_resume_after_sigkill_finishes_the_grid_without_duplicates(saved_pair, p
 
 
 def test_resume_recovers_trials_of_dead_workers_named_or_not(tmp_path, monkeypatch):
-    monkeypatch.setattr(sweeps, "UNNAMED_GRACE_S", 0.2)
+    monkeypatch.setattr(sweeps, "UNNAMED_GRACE_S", 1.0)
     storage = sweeps.open_storage(f"sqlite:///{tmp_path / 'study.db'}", heartbeat_s=30)
     study = optuna.create_study(storage=storage)
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    named_dead = study.ask({"x": optuna.distributions.FloatDistribution(0, 1)})
-    named_dead.set_user_attr("worker", f"{sweeps.socket.gethostname()}:{dead.stdout.strip()}")
-    unnamed = study.ask({"x": optuna.distributions.FloatDistribution(0, 1)})  # killed before naming itself
-    alive = study.ask({"x": optuna.distributions.FloatDistribution(0, 1)})
-    alive.set_user_attr("worker", sweeps.worker_name())
-    assert sweeps.recover_dead_trials(study) == 2
+    space = {"x": optuna.distributions.FloatDistribution(0, 1)}
+    dead_pid = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True).stdout.strip()
+    dead_name = f"{sweeps.socket.gethostname()}:{dead_pid}"
+    named_dead = study.ask(space)
+    named_dead.set_user_attr("worker", dead_name)
+    named_dead.set_user_attr("worker_trial", named_dead.number)
+    unnamed = study.ask(space)  # its worker was killed before naming itself
+    inherited = study.ask(space)  # a retried trial carries its dead predecessor's name
+    inherited.set_user_attr("worker", dead_name)
+    inherited.set_user_attr("worker_trial", named_dead.number)
+    alive = study.ask(space)
+    sweeps.name_worker(alive)
+    late = study.ask(space)  # a live worker that names itself during the grace period
+    threading.Timer(0.2, sweeps.name_worker, args=(late,)).start()
+    assert sweeps.recover_dead_trials(study) == 3
     trials = study.get_trials()
     states = {t.number: t.state.name for t in trials}
-    assert states[named_dead.number] == states[unnamed.number] == "FAIL" and states[alive.number] == "RUNNING"
+    assert [states[t.number] for t in (named_dead, unnamed, inherited)] == ["FAIL"] * 3
+    assert states[alive.number] == states[late.number] == "RUNNING"
     retried = [t for t in trials if t.state.name == "WAITING"]
-    assert sorted(t.system_attrs["failed_trial"] for t in retried) == [named_dead.number, unnamed.number]
+    assert sorted(t.system_attrs["failed_trial"] for t in retried) == [named_dead.number, unnamed.number,
+                                                                       inherited.number]
 
 
 def postgres_url() -> str:

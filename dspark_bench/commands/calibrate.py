@@ -11,32 +11,26 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
+from dspark_bench.commands.options import Draft, GammaMaxes, Metrics, MinDraftLens, PromptField, Split, Target, Thresholds
 from dspark_bench.errors import DsparkError
-
-Metrics = Annotated[Optional[list[str]], typer.Option("--metric", help="Search these confidence metrics (repeatable; overrides the spec).")]
-Thresholds = Annotated[Optional[list[float]], typer.Option("--threshold", help="Search these thresholds (repeatable).")]
-GammaMaxes = Annotated[Optional[list[int]], typer.Option("--gamma-max", help="Search these gamma_max values (repeatable).")]
-MinDraftLens = Annotated[Optional[list[int]], typer.Option("--min-draft-len", help="Search these min_draft_len values (repeatable).")]
 
 
 def calibrate(
     tasks: Annotated[Optional[str], typer.Option(help="Built-in tasks, comma-separated: one domain each (e.g. code,prose,structured).")] = None,
     dataset: Annotated[Optional[str], typer.Option(help="Your prompts (JSONL/JSON/CSV/Parquet/text or hub id): one domain per category.")] = None,
-    split: Annotated[str, typer.Option(help="Dataset split (hub datasets).")] = "train",
-    prompt_field: Annotated[Optional[str], typer.Option(help="Column holding the prompt [default: guessed].")] = None,
-    category_field: Annotated[Optional[str], typer.Option(help="Column holding the domain [default: guessed].")] = None,
+    split: Split = "train", prompt_field: PromptField = None,
+    category_field: Annotated[Optional[str], typer.Option(help="Column holding the domain (default: guessed).")] = None,
     spec: Annotated[Optional[Path], typer.Option(help="Sweep specification giving the search space, objective and limits, e.g. sweeps/default.yaml.")] = None,
     out: Annotated[Path, typer.Option(help="Calibration file to write (the figure goes beside it, as .png).")] = Path("calibration.yaml"),
     force: Annotated[bool, typer.Option(help="Overwrite an existing calibration file and figure.")] = False,
-    limit: Annotated[Optional[int], typer.Option(help="Prompts per domain [default: the spec's].")] = None,
-    target: Annotated[Optional[str], typer.Option(help="Target model: Hugging Face name or local path [default: reference pair].")] = None,
-    draft: Annotated[Optional[str], typer.Option(help="Draft model sharing the target's vocabulary [default: reference pair].")] = None,
+    limit: Annotated[Optional[int], typer.Option(help="Prompts per domain (default: the spec's).")] = None,
+    target: Target = None, draft: Draft = None,
     device: Annotated[Optional[str], typer.Option(help="auto | cpu | cuda | mps")] = None,
     dtype: Annotated[Optional[str], typer.Option(help="auto | float32 | bfloat16 | float16")] = None,
     engine: Annotated[Optional[str], typer.Option(help="replay (greedy: record once, simulate all) | real | auto.")] = None,
     objective: Annotated[Optional[str], typer.Option(help="What to maximise: speedup | tokens_per_round | ... (the first is used).")] = None,
     repeats: Annotated[Optional[int], typer.Option(help="Timed pairs per prompt in the confirmation runs.")] = None,
-    max_new_tokens: Annotated[Optional[int], typer.Option(help="Tokens to generate per prompt [default: the spec's, else the tasks'].")] = None,
+    max_new_tokens: Annotated[Optional[int], typer.Option(help="Tokens to generate per prompt (default: the spec's, else the tasks').")] = None,
     temperature: Annotated[Optional[float], typer.Option(help="0 = greedy (replay); > 0 = rejection sampling (real runs).")] = None,
     metric: Metrics = None, threshold: Thresholds = None, gamma_max: GammaMaxes = None, min_draft_len: MinDraftLens = None,
 ):

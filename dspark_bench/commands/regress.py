@@ -26,7 +26,7 @@ def regress(
     tolerance: Annotated[float, typer.Option(help="Relative tolerance on the deterministic policy metrics.")] = lib.DEFAULT_TOLERANCE,
     speed_tolerance: Annotated[float, typer.Option(help="Flag a speedup below (1 - this) × the baseline's.")] = lib.DEFAULT_SPEED_TOLERANCE,
     strict_speed: Annotated[bool, typer.Option(help="Fail, not just flag, a speedup outside --speed-tolerance.")] = False,
-    report: Annotated[Optional[Path], typer.Option(help="Write the Markdown table here [default: regress.md in the current run folder].")] = None,
+    report: Annotated[Optional[Path], typer.Option(help="Write the Markdown table here (default: regress.md in the current run folder).")] = None,
     update: Annotated[bool, typer.Option(help="Rewrite the baseline from --current or a fresh re-run, on purpose.")] = False,
 ):
     """Re-run (or take) a benchmark and compare it with a baseline: exit 0 pass, 1 regression, 2 no verdict.

@@ -13,9 +13,9 @@ import typer
 
 def report(
     runs: Annotated[list[Path], typer.Argument(help="Run or sweep folders (several: compared in one report).")],
-    out: Annotated[Optional[Path], typer.Option(help="Write the report here [default: the first run folder].")] = None,
+    out: Annotated[Optional[Path], typer.Option(help="Write the report here (default: the first run folder).")] = None,
     fmt: Annotated[str, typer.Option("--format", help="Figure format: png | svg.")] = "png",
-    by: Annotated[Optional[str], typer.Option(help="Group the best-vs-classic bars by category | task | run [default: category].")] = None,
+    by: Annotated[Optional[str], typer.Option(help="Group the best-vs-classic bars by category | task | run (default: category).")] = None,
 ):
     """Draw the figures and write report.md and report.html (figures embedded) for run folders.
 

@@ -18,7 +18,6 @@ VOCAB_SIZE = 8192
 
 def train_tokenizer(texts: Iterable[str], vocab_size: int = VOCAB_SIZE):
     """Train a byte-level BPE on `texts` and wrap it as a PreTrainedTokenizerFast."""
-    from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
     # No prefix space: the first token of a document must not gain a space on decode.

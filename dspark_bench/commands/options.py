@@ -1,0 +1,34 @@
+"""The command-line options several commands share, as typed annotations (Typer's style)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+# Options shared by the commands that decode.
+Target = Annotated[Optional[str], typer.Option(help="Target model: Hugging Face name or local path (default: reference pair).")]
+Draft = Annotated[Optional[str], typer.Option(help="Draft model sharing the target's vocabulary (default: reference pair).")]
+Device = Annotated[str, typer.Option(help="auto | cpu | cuda | mps")]
+Dtype = Annotated[str, typer.Option(help="auto (fp32 on CPU, bf16 on CUDA) | float32 | bfloat16 | float16")]
+Metrics = Annotated[list[str], typer.Option("--metric", help="Confidence metric: top1 | entropy | topk_mass | margin (repeatable).")]
+Schedules = Annotated[list[str], typer.Option("--schedule", help="threshold | ramp | cumulative | fixed (repeatable).")]
+Thresholds = Annotated[list[float], typer.Option("--threshold", help="Stop drafting below this confidence (repeatable).")]
+GammaMaxes = Annotated[list[int], typer.Option("--gamma-max", help="Most draft tokens per round (repeatable).")]
+MinDraftLens = Annotated[list[int], typer.Option("--min-draft-len", help="Fewest draft tokens per round (repeatable).")]
+ThresholdStart = Annotated[float, typer.Option(help="Ramp schedule: threshold at draft position 1.")]
+ThresholdEnd = Annotated[float, typer.Option(help="Ramp schedule: threshold at position gamma_max.")]
+TopK = Annotated[int, typer.Option(help="k of the topk_mass metric.")]
+Temperature = Annotated[float, typer.Option(help="0 = greedy verification; > 0 = lossless rejection sampling.")]
+TopP = Annotated[float, typer.Option(help="Nucleus filter, applied to target and draft alike.")]
+MaxNewTokens = Annotated[Optional[int], typer.Option(help="Tokens to generate per prompt (default: the task's, else 128).")]
+Seed = Annotated[int, typer.Option(help="Sampling seed.")]
+Task = Annotated[Optional[str], typer.Option(help="Built-in task (see `dspark-bench tasks ls`).")]
+Dataset = Annotated[Optional[str], typer.Option(help="Your prompts: JSONL/JSON/CSV/Parquet/text file, or a hub id.")]
+PromptsFile = Annotated[Optional[str], typer.Option("--prompts", help="Alias of --dataset for a local file.")]
+Split = Annotated[str, typer.Option(help="Dataset split (hub datasets).")]
+PromptField = Annotated[Optional[str], typer.Option(help="Column holding the prompt (default: guessed).")]
+CategoryField = Annotated[Optional[str], typer.Option(help="Column holding the category (default: guessed).")]
+Turns = Annotated[str, typer.Option(help="Multi-turn prompts: first | all (each turn on the model's own answer).")]
+ChatTemplate = Annotated[str, typer.Option(help="auto (use the tokenizer's chat template if any) | none")]
+Limit = Annotated[Optional[int], typer.Option(help="Use only the first N prompts.")]
