@@ -22,7 +22,6 @@ import datetime as dt
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import pandas as pd
@@ -32,6 +31,7 @@ from dspark_bench.config import DecodeConfig, from_dict
 from dspark_bench.errors import DsparkError
 from dspark_bench.metrics import summarize
 from dspark_bench.prompts import Prompt
+from dspark_bench.runner import StageProgress, stage_steps
 from dspark_bench.sweep import OBJECTIVES, SweepSpec, base_config, engine_for, points
 
 SCHEMA_VERSION = 1
@@ -44,7 +44,6 @@ QUANTILES = (10, 25, 50, 75, 90)
 TOTALS = ("rounds", "drafted_total", "accepted_total", "emitted_total", "full_blocks", "draft_forwards",
           "new_tokens", "predicted_time")
 
-Progress = Callable[[str, int, int], None]  # (stage, done, total)
 
 
 # --- choosing policies from records (pure: no models, no clocks) ---------------------------------
@@ -423,22 +422,8 @@ class Calibrated:
     choice: Choice
 
 
-def _notify(progress: Progress | None, stage: str, total: int):
-    done = 0
-
-    def step():
-        nonlocal done
-        done += 1
-        if progress:
-            progress(stage, done, total)
-
-    if progress:
-        progress(stage, 0, total)
-    return step
-
-
 def record_domains(pair, domains: dict[str, list[Prompt]], base: DecodeConfig, gamma: int,
-                   progress: Progress | None = None) -> tuple[dict, object]:
+                   progress: StageProgress | None = None) -> tuple[dict, object]:
     """A replay record per domain, and one cost model (timed on the first domain's first prompt)."""
     from dspark_bench.prompts import encode, prompts_fingerprint
     from dspark_bench.replay import measure_cost, record
@@ -449,7 +434,7 @@ def record_domains(pair, domains: dict[str, list[Prompt]], base: DecodeConfig, g
         info = {"models": models, "prompts_fingerprint": prompts_fingerprint(prompts), "domain": domain,
                 "prompt_ids": [p.id for p in prompts]}
         records[domain] = rec = record(pair, ids, base.max_new_tokens, gamma, base.topk, info,
-                                       progress=_notify(progress, f"recording {domain}", len(ids)))
+                                       progress=stage_steps(progress, f"recording {domain}", len(ids)))
         if first_context is None:
             # Timed with the cache at a realistic length: a prompt plus half its output.
             first_context = ids[0] + rec.continuation[0, : int(rec.lengths[0]) // 2].tolist()
@@ -459,7 +444,7 @@ def record_domains(pair, domains: dict[str, list[Prompt]], base: DecodeConfig, g
 
 
 def measure_domains(pair, domains: dict[str, list[Prompt]], chosen: dict[str, DecodeConfig],
-                    global_policy: DecodeConfig, repeats: int, progress: Progress | None = None) -> dict[str, pd.DataFrame]:
+                    global_policy: DecodeConfig, repeats: int, progress: StageProgress | None = None) -> dict[str, pd.DataFrame]:
     """Timed runs of each domain's policy and the global one on that domain's prompts.
 
     Returns domain -> samples with `role` "domain" / "global" (one run, so a domain whose
@@ -469,7 +454,7 @@ def measure_domains(pair, domains: dict[str, list[Prompt]], chosen: dict[str, De
     samples = {}
     for domain, prompts in domains.items():
         configs = list(dict.fromkeys([chosen[domain], global_policy]))
-        step = _notify(progress, f"timing {domain}", len(prompts) * len(configs))
+        step = stage_steps(progress, f"timing {domain}", len(prompts) * len(configs))
         output = run(pair, prompts, configs, RunnerSettings(repeats=repeats), progress=step).samples
         frames = [output[output["config_id"] == configs.index(chosen[domain])].assign(role="domain"),
                   output[output["config_id"] == configs.index(global_policy)].assign(role="global")]
@@ -538,7 +523,7 @@ def calibration_data(choice: Choice, chosen: dict[str, DecodeConfig], global_pol
 
 
 def calibrate_domains(spec: SweepSpec, out: Path, tasks: list[str] | None = None, force: bool = False,
-                      progress: Progress | None = None, pair=None,
+                      progress: StageProgress | None = None, pair=None,
                       domains: dict[str, list[Prompt]] | None = None) -> Calibrated:
     """Calibrate a policy per domain (each task in `tasks`, else each category of `spec.dataset`)
     over `spec`'s search space, confirm with timed runs, and write the calibration file `out`.
@@ -580,12 +565,12 @@ def calibrate_domains(spec: SweepSpec, out: Path, tasks: list[str] | None = None
 
 
 def search_real(pair, domains: dict[str, list[Prompt]], configs: list[DecodeConfig], repeats: int,
-                progress: Progress | None = None) -> dict[str, pd.DataFrame]:
+                progress: StageProgress | None = None) -> dict[str, pd.DataFrame]:
     """Sampling (no replay): every policy of the grid, timed on every domain's prompts."""
     from dspark_bench.runner import RunnerSettings, run
 
     samples = {}
     for domain, prompts in domains.items():
-        step = _notify(progress, f"searching {domain}", len(prompts) * len(configs))
+        step = stage_steps(progress, f"searching {domain}", len(prompts) * len(configs))
         samples[domain] = run(pair, prompts, configs, RunnerSettings(repeats=repeats), progress=step).samples
     return samples

@@ -74,6 +74,15 @@ def progress_bar() -> Progress:
     )
 
 
+def stage_progress(bar: Progress, job):
+    """The library's progress callback (stage, done, total) drawn on one bar."""
+
+    def update(stage: str, done: int, total: int) -> None:
+        bar.update(job, description=stage, completed=done, total=total)
+
+    return update
+
+
 
 
 def decode_configs(metrics, schedules, thresholds, gamma_maxes, min_draft_lens, **fixed) -> list[DecodeConfig]:
@@ -384,7 +393,7 @@ def sweep(
             with progress_bar() as bar:
                 job = bar.add_task("trials", total=None)
                 table = sweeps.continue_sweep(resume, workers=workers, worker_only=worker_only,
-                                              progress=_trial_progress(bar, job), storage=storage)
+                                              progress=stage_progress(bar, job), storage=storage)
             if table is not None:
                 _print_best(table, resume)
             return
@@ -410,25 +419,8 @@ def sweep(
         with progress_bar() as bar:
             job = bar.add_task("sweep", total=None)
             folder, table = sweeps.run_sweep(sweep_spec, out, storage, study, workers,
-                                             progress=_trial_progress(bar, job))
+                                             progress=stage_progress(bar, job))
         _print_best(table, folder)
-
-
-def _trial_progress(bar: Progress, job):
-    """Progress callback: trials done (or prompts recorded), elapsed, best value so far."""
-
-    def update(study=None, trial=None, budget=None):
-        if study is None:
-            bar.advance(job)
-            return
-        done = sum(t.state.is_finished() for t in study.get_trials(deepcopy=False))
-        best = ""
-        complete = [t for t in study.get_trials(deepcopy=False) if t.values]
-        if complete and len(study.directions) == 1:
-            best = f" · best {study.best_value:.3f}"
-        bar.update(job, total=budget, completed=min(done, budget), description=f"trials{best}")
-
-    return update
 
 
 def _print_best(table, folder) -> None:

@@ -160,6 +160,25 @@ def iter_samples(
                 history.append((text, pair.tokenizer.decode(baseline.tokens, skip_special_tokens=True)))
 
 
+# Progress of a long job in stages: progress(stage description, done, total).
+StageProgress = Callable[[str, int, int], None]
+
+
+def stage_steps(progress: StageProgress | None, stage: str, total: int) -> Callable[[], None]:
+    """A per-item callback (for `run`, `record`) that reports `stage` done of `total`."""
+    done = 0
+
+    def step():
+        nonlocal done
+        done += 1
+        if progress:
+            progress(stage, done, total)
+
+    if progress:
+        progress(stage, 0, total)
+    return step
+
+
 def run(
     pair: ModelPair,
     prompts: list[Prompt],

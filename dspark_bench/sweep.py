@@ -19,7 +19,7 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import optuna
@@ -29,6 +29,9 @@ import yaml
 from dspark_bench.config import DecodeConfig
 from dspark_bench.errors import DsparkError
 from dspark_bench.metrics import summarize
+
+if TYPE_CHECKING:
+    from dspark_bench.runner import StageProgress
 
 # Heartbeats and trial retries are Optuna's own (marked experimental); their warnings are noise here.
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
@@ -450,7 +453,7 @@ def is_duplicate(trial: optuna.Trial) -> bool:
     return False
 
 
-def run_study(ctx: TrialContext, storage_url: str, study_name: str, progress: Callable | None = None,
+def run_study(ctx: TrialContext, storage_url: str, study_name: str, progress: StageProgress | None = None,
               catch_errors: bool = True) -> optuna.Study:
     """Create or load the study and work on it until its budget is met (or Ctrl-C)."""
     storage = open_storage(storage_url, ctx.spec.heartbeat_s)
@@ -463,7 +466,11 @@ def run_study(ctx: TrialContext, storage_url: str, study_name: str, progress: Ca
     def after_trial(study_: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         atomic_parquet(trials_table(study_), ctx.folder / "trials.parquet")
         if progress:
-            progress(study_, trial, budget)
+            trials = study_.get_trials(deepcopy=False)
+            done = sum(t.state.is_finished() for t in trials)
+            best = f" · best {study_.best_value:.3f}" if len(study_.directions) == 1 and \
+                any(t.state == optuna.trial.TrialState.COMPLETE for t in trials) else ""
+            progress(f"trials{best}", min(done, budget), budget)
 
     callbacks = [after_trial]
     if ctx.spec.method == "optuna":  # the grid sampler stops the study itself when the grid is done
@@ -552,11 +559,12 @@ def finish_real(folder: Path, study: optuna.Study, spec: SweepSpec) -> pd.DataFr
     return ranked
 
 
-def replay_sweep(folder: Path, spec: SweepSpec, prepared: Prepared, records_root: Path, progress=None) -> pd.DataFrame:
+def replay_sweep(folder: Path, spec: SweepSpec, prepared: Prepared, records_root: Path,
+                 progress: StageProgress | None = None) -> pd.DataFrame:
     """Record once, simulate the whole space, confirm the best few with real timed runs."""
     from dspark_bench.prompts import encode, prompts_fingerprint
     from dspark_bench.replay import Record, measure_cost, record, simulate_grid
-    from dspark_bench.runner import RunnerSettings, run
+    from dspark_bench.runner import RunnerSettings, run, stage_steps
 
     pair, prompts, base = prepared.pair, prepared.prompts, prepared.base
     configs = points(spec, base)
@@ -574,7 +582,8 @@ def replay_sweep(folder: Path, spec: SweepSpec, prepared: Prepared, records_root
     else:
         info = {"models": models, "prompts_fingerprint": fingerprint, "prompt_ids": [p.id for p in prompts],
                 "categories": [p.category for p in prompts]}
-        rec = record(pair, ids, base.max_new_tokens, max(gammas), base.topk, info, progress=progress)
+        rec = record(pair, ids, base.max_new_tokens, max(gammas), base.topk, info,
+                     progress=stage_steps(progress, "recording", len(ids)))
         partial = record_dir.with_name(f".{record_dir.name}.{os.getpid()}.partial")
         rec.save(partial)
         try:
@@ -585,8 +594,12 @@ def replay_sweep(folder: Path, spec: SweepSpec, prepared: Prepared, records_root
             shutil.rmtree(partial, ignore_errors=True)
     # The cost model is timed with the cache at a realistic length: a prompt plus half its output.
     context = ids[0] + rec.continuation[0, : int(rec.lengths[0]) // 2].tolist()
+    if progress:
+        progress("timing the cost model", 0, 1)
     cost = measure_cost(pair, context, max(gammas))
     atomic_json(cost.to_dict(), folder / "cost_model.json")
+    if progress:
+        progress(f"simulating {len(configs):,} policies", 0, 1)
     table = simulate_grid(rec, configs, cost)
     table["source"] = "replay"
     rank_by = "predicted_speedup" if spec.objective[0] == "speedup" else spec.objective[0]
@@ -597,7 +610,8 @@ def replay_sweep(folder: Path, spec: SweepSpec, prepared: Prepared, records_root
     chosen = pd.concat([confirm, best_fixed])
     confirm_configs = [configs[i] for i in chosen["config_id"]]
     output = run(pair, prompts, confirm_configs, RunnerSettings(repeats=spec.repeats),
-                 progress=(lambda: progress()) if progress else None)
+                 progress=stage_steps(progress, f"confirming the best {len(confirm_configs)}",
+                                      len(prompts) * len(confirm_configs)))
     measured = summarize(output.samples)
     measured["config_id"] = chosen["config_id"].to_numpy()[measured["config_id"].to_numpy()]
     keep = ["config_id", "speedup", "speedup_low", "speedup_high", "baseline_tokens_per_s", "spec_tokens_per_s",
@@ -643,7 +657,7 @@ def start_workers(folder: Path, count: int, storage: str) -> list:
 
 
 def run_sweep(spec: SweepSpec, out: Path, storage: str | None = None, study_name: str | None = None,
-              workers: int = 1, progress=None) -> tuple[Path, pd.DataFrame]:
+              workers: int = 1, progress: StageProgress | None = None) -> tuple[Path, pd.DataFrame]:
     """A new sweep: real (grid / Optuna, in a study) or replay; returns its folder and best table."""
     if workers < 1:
         raise DsparkError(f"--workers must be at least 1 (got {workers})")
@@ -662,7 +676,8 @@ def run_sweep(spec: SweepSpec, out: Path, storage: str | None = None, study_name
     return folder, continue_sweep(folder, prepared, workers, progress, storage=storage)
 
 
-def continue_sweep(folder: Path, prepared: Prepared | None = None, workers: int = 1, progress=None,
+def continue_sweep(folder: Path, prepared: Prepared | None = None, workers: int = 1,
+                   progress: StageProgress | None = None,
                    worker_only: bool = False, storage: str | None = None) -> pd.DataFrame | None:
     """Work on a real sweep's study until its budget is met; then write its summary."""
     from dspark_bench.results import read_json

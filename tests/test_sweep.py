@@ -49,6 +49,7 @@ def load_study(folder: Path) -> optuna.Study:
 def test_grid_runs_every_point_exactly_once(saved_pair, prompts_file, tmp_path):
     result = runner.invoke(app, base_args(saved_pair, prompts_file, tmp_path) + ["--engine", "real"])
     assert result.exit_code == 0, result.output
+    assert "trials · best" in result.output and "4/4" in result.output
     folder = only_folder(tmp_path)
     points = grid_points(load_study(folder))
     assert sorted(points) == [(0.2, 2), (0.2, 4), (0.6, 2), (0.6, 4)]
@@ -169,6 +170,7 @@ def test_replay_sweep_confirms_its_best_policies(saved_pair, prompts_file, tmp_p
                                                             "--confirm-top", "2"]
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
+    assert "confirming the best 3" in result.output and "9/9" in result.output  # 3 policies × 3 prompts
     folder = only_folder(tmp_path)
     table = pd.read_parquet(folder / "trials.parquet")
     assert len(table) == 2 * 2 * 2 + 2  # the grid plus fixed gamma 2 and 4 as the classic baseline

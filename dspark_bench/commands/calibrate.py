@@ -41,7 +41,7 @@ def calibrate(
     """
     from dspark_bench import calibrate as lib
     from dspark_bench import sweep as sweeps
-    from dspark_bench.cli import cli_errors, out_console, progress_bar
+    from dspark_bench.cli import cli_errors, out_console, progress_bar, stage_progress
 
     with cli_errors():
         names = [name.strip() for name in (tasks or "").split(",") if name.strip()]
@@ -68,12 +68,8 @@ def calibrate(
         domains = lib.domain_prompts(sweep_spec, names or None)
         with progress_bar() as bar:
             job = bar.add_task("calibrating", total=None)
-
-            def progress(stage: str, done: int, total: int) -> None:
-                bar.update(job, description=stage, completed=done, total=total)
-
             result = lib.calibrate_domains(sweep_spec, out, tasks=names or None, force=force,
-                                           progress=progress, domains=domains)
+                                           progress=stage_progress(bar, job), domains=domains)
         out_console.print(calibration_table(result.data))
         out_console.print(f"calibration file: {result.path}", highlight=False, soft_wrap=True)
         out_console.print(f"figure: {result.figure}", highlight=False, soft_wrap=True)
