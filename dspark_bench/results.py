@@ -157,7 +157,8 @@ def _policy_table(folder: Path, info: dict) -> pd.DataFrame:
 def load(paths) -> pd.DataFrame:
     """Trials (sweeps) or configurations (runs) of one or more run folders, one row each.
 
-    Folders of several workers on one study repeat its trials; each trial is kept once.
+    Folders of several workers on one study repeat its trials; each trial is kept once, in its
+    latest state: a worker that finished first wrote the others' trials still running.
     """
     paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
     if not paths:
@@ -174,8 +175,11 @@ def load(paths) -> pd.DataFrame:
         frames.append(table)
     merged = pd.concat(frames, ignore_index=True)
     if "trial" in merged:
+        # A trial's state only moves forward: WAITING, RUNNING, then finished.
+        progress = merged["state"].map({"WAITING": 0, "RUNNING": 1}).fillna(2) if "state" in merged else 0
+        order = merged.assign(_progress=progress).sort_values("_progress", ascending=False, kind="stable").index
         shared = merged["study"].notna() & merged["trial"].notna()
-        repeated = merged[shared].duplicated(subset=["study", "trial"], keep="first")
+        repeated = merged.loc[order][shared.loc[order]].duplicated(subset=["study", "trial"], keep="first")
         merged = merged.drop(index=repeated[repeated].index).reset_index(drop=True)
     return merged
 

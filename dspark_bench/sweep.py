@@ -543,8 +543,10 @@ def collect_samples(folder: Path) -> pd.DataFrame:
 
 
 def finish_real(folder: Path, study: optuna.Study, spec: SweepSpec) -> pd.DataFrame:
-    """trials.parquet, samples.parquet and summary.json of a real (grid or Optuna) sweep."""
+    """trials.parquet, samples.parquet and summary.json of a real (grid or Optuna) sweep.
+    Written after local workers are done, so their last trials are in, finished."""
     trials = trials_table(study)
+    atomic_parquet(trials, folder / "trials.parquet")
     samples = collect_samples(folder)
     if not samples.empty:
         atomic_parquet(samples, folder / "samples.parquet")

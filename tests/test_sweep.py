@@ -267,6 +267,20 @@ def postgres_url() -> str:
     return url
 
 
+def test_load_keeps_each_shared_trial_in_its_latest_state(tmp_path):
+    # The worker that finishes first writes the other's last trial as still RUNNING.
+    folders = []
+    for name, states in (("first-done", ["COMPLETE", "RUNNING"]), ("last-done", ["COMPLETE", "COMPLETE"])):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "run.json").write_text(json.dumps({"run_id": name, "kind": "sweep", "study": "shared"}))
+        pd.DataFrame({"trial": [0, 1], "state": states}).to_parquet(folder / "trials.parquet")
+        folders.append(folder)
+    for order in (folders, folders[::-1]):
+        merged = load(order)
+        assert sorted(zip(merged["trial"], merged["state"])) == [(0, "COMPLETE"), (1, "COMPLETE")]
+
+
 @pytest.mark.parametrize("storage", ["postgresql", "local-workers"])
 def test_two_workers_share_one_grid_study(storage, saved_pair, prompts_file, tmp_path):
     # Trials of several seconds each: a worker takes seconds to start (imports, models), and the
@@ -289,6 +303,8 @@ def test_two_workers_share_one_grid_study(storage, saved_pair, prompts_file, tmp
         assert result.exit_code == 0, result.output
         study = load_study(only_folder(tmp_path))
         workers_seen = {t.user_attrs["worker"] for t in study.get_trials(states=(COMPLETE,))}
+        table = load(only_folder(tmp_path))  # written after the helper finished its last trial
+        assert (table["state"] == "COMPLETE").sum() == 4
     assert sorted(grid_points(study)) == [(0.2, 2), (0.2, 4), (0.6, 2), (0.6, 4)]
     # Nothing lost, nothing run twice: a worker that asks for a point after the grid is all
     # taken gets a trial that is pruned before it decodes anything.
