@@ -17,7 +17,7 @@ import matplotlib
 import numpy as np
 import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.colors import TwoSlopeNorm
+from matplotlib.colors import Normalize, TwoSlopeNorm
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
@@ -190,29 +190,40 @@ def speedup_heatmap(policies: pd.DataFrame, value: str | None = None) -> Figure:
     cols = min(len(panels), 3)
     rows = -(-len(panels) // cols)
     fig, axes = _figure(4.2 * cols + 0.8, 3.4 * rows, rows, cols)
-    values = table["_cell"].to_numpy(float)
+    grids = [part.pivot_table(index="gamma_max", columns="threshold", values="_cell", aggfunc="max")
+             for _, part in panels]
+    values = np.concatenate([grid.to_numpy(float).ravel() for grid in grids])  # the cells drawn
     low, high = float(np.nanmin(values)), float(np.nanmax(values))
-    norm = TwoSlopeNorm(vcenter=1.0, vmin=min(low, 0.99), vmax=max(high, 1.01))
+    speedups = "speedup" in names_of(table)
+    if speedups and low < 1.0 < high:  # red slower, green faster than autoregressive decoding
+        cmap, norm = "RdYlGn", TwoSlopeNorm(vcenter=1.0, vmin=low, vmax=high)
+    else:  # one side of 1 (or not a speedup): spread the colours over the values there are
+        cmap, norm = ("YlOrRd_r" if speedups and high <= 1.0 else "YlGn"), Normalize(low, high)
     image = None
-    for ax, (key, part) in zip(axes.flat, panels):
-        grid = part.pivot_table(index="gamma_max", columns="threshold", values="_cell", aggfunc="max")
+    for ax, (key, _), grid in zip(axes.flat, panels, grids):
         cells = grid.to_numpy(float)
-        image = ax.imshow(cells, origin="lower", aspect="auto", cmap="RdYlGn", norm=norm)
-        ax.set_xticks(range(grid.shape[1]), [f"{t:g}" for t in grid.columns])
+        image = ax.imshow(cells, origin="lower", aspect="auto", cmap=cmap, norm=norm)
+        every = -(-grid.shape[1] // 8)  # at most 8 threshold labels: more overlap
+        ax.set_xticks(range(0, grid.shape[1], every), [f"{t:g}" for t in grid.columns[::every]])
         ax.set_yticks(range(grid.shape[0]), [str(g) for g in grid.index])
         ax.set_xlabel("threshold")
         ax.set_ylabel("gamma_max")
         ax.set_title(" · ".join(short_run(k) if n == "run_id" else str(k) for n, k in zip(keys, key)), fontsize=9)
-        for (r, c), v in np.ndenumerate(cells):
-            if np.isfinite(v):
-                ax.text(c, r, f"{v:.2f}", ha="center", va="center", fontsize=8)
         best = np.unravel_index(np.nanargmax(cells), cells.shape)
+        for (r, c), v in np.ndenumerate(cells):
+            # Every value fits in a cell of a small grid; in a dense one only the best's does.
+            if np.isfinite(v) and (grid.shape[1] <= 8 or (r, c) == best):
+                ax.text(c, r, f"{v:.2f}", ha="center", va="center", fontsize=8,
+                        bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.7})
         ax.add_patch(Rectangle((best[1] - 0.5, best[0] - 0.5), 1, 1, fill=False, lw=2, ec="black"))
     for ax in list(axes.flat)[len(panels):]:
         ax.set_visible(False)
-    names = " / ".join(dict.fromkeys(table["_value"]))
-    fig.colorbar(image, ax=axes, label=names, shrink=0.9)
+    fig.colorbar(image, ax=axes, label=names_of(table), shrink=0.9)
     return fig
+
+
+def names_of(table: pd.DataFrame) -> str:
+    return " / ".join(dict.fromkeys(table["_value"]))
 
 
 def position_acceptance(samples: pd.DataFrame, labels: list[str] | None = None) -> Figure:
