@@ -1,0 +1,50 @@
+"""The bar of issue 8: a replay sweep's best scheduled policy and best fixed gamma, timed on a
+task's held-out prompts in one run (a benchmark, not a test).
+
+Both policies run in one process, each prompt's baseline and speculative decodes interleaved,
+so they share the machine's drift. Prints the table and the run folder it wrote.
+
+    python benchmarks/bar.py results/<sweep run> [--limit 40] [--repeats 1] [--out results]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from dspark_bench.config import from_dict
+from dspark_bench.models import load_pair
+from dspark_bench.runner import RunnerSettings, run_to_folder
+from dspark_bench.tasks import load_task
+
+KNOBS = ("metric", "schedule", "threshold", "threshold_start", "threshold_end", "gamma_max", "min_draft_len", "topk")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("sweep", type=Path, help="a replay sweep's run folder")
+    parser.add_argument("--limit", type=int, default=40)
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--out", type=Path, default=Path("results"))
+    args = parser.parse_args()
+    info = json.loads((args.sweep / "run.json").read_text())
+    summary = json.loads((args.sweep / "summary.json").read_text())
+    base = info["base_config"]
+    configs = [from_dict({**base, **{k: row[k] for k in KNOBS}}) for row in (summary["best"][0], summary["classic"][0])]
+    task = info["prompts"]["task"]
+    pair = load_pair(info["spec"]["target"], info["spec"]["draft"])
+    prompts = load_task(task, args.limit)
+    folder, table = run_to_folder(pair, prompts, configs, args.out, RunnerSettings(repeats=args.repeats),
+                                  source={"task": task})
+    print(f"{len(prompts)} held-out {task} prompts × {base['max_new_tokens']} new tokens, {args.repeats} timed pair(s)")
+    print("| policy | tokens_per_round | acceptance_rate | speedup [95 % CI] | identical |")
+    print("|---|---|---|---|---|")
+    for row in table.itertuples():
+        print(f"| {row.config_label} | {row.tokens_per_round:.3f} | {row.acceptance_rate:.3f} | "
+              f"{row.speedup:.2f}× [{row.speedup_low:.2f}, {row.speedup_high:.2f}] | {row.identical_to_baseline:.3f} |")
+    print(f"run folder: {folder}")
+
+
+if __name__ == "__main__":
+    main()
