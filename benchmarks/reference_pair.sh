@@ -2,7 +2,7 @@
 # Every measurement of the shipped reference pair, in one go, on this machine (a benchmark,
 # not a test). Run it on an otherwise idle machine: speedups are wall-clock ratios.
 #
-#   bash benchmarks/reference_pair.sh [results-folder]      (about 25 minutes on 2 CPU cores)
+#   bash benchmarks/reference_pair.sh [results-folder]      (about 50 minutes on 2 CPU cores)
 #
 # Writes run folders under the results folder and the console output of each step under
 # <results>/logs/. Steps: models info, our baseline vs model.generate, replay sweeps of code
@@ -57,6 +57,13 @@ EOF
     dspark-bench run --task "$task" --limit "$limit" --repeats "$repeats" --schedule fixed --gamma-max "$classic_gamma" \
         --out "$out" | tee "$logs/bar_${task}_fixed.txt"
 done
+
+# All 40 held-out code prompts: the 10-prompt sweep's best policy and best fixed gamma timed
+# together in one run, and a replay sweep over the 40; then replay's own costs and exactness.
+python benchmarks/bar.py "$code_sweep" --limit 40 --repeats 1 --out "$out" | tee "$logs/bar_code40.txt"
+dspark-bench sweep --spec sweeps/code.yaml --limit 40 --confirm-top 2 --out "$out" | tee "$logs/sweep_code40.txt"
+python benchmarks/replay_reference.py --limit 40 --check-prompts 10 | tee "$logs/replay_reference.txt"
+python benchmarks/simulate_speed.py | tee "$logs/simulate_speed.txt"
 
 # The policy numbers `dspark-bench models info` shows, from the bar runs.
 python benchmarks/collect_policy.py "$out" | tee "$logs/policy.txt"
