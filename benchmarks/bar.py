@@ -13,12 +13,12 @@ import argparse
 import json
 from pathlib import Path
 
+from dspark_bench.calibrate import POLICY_FIELDS
 from dspark_bench.config import from_dict
 from dspark_bench.models import load_pair
 from dspark_bench.runner import RunnerSettings, run_to_folder
 from dspark_bench.tasks import load_task
 
-KNOBS = ("metric", "schedule", "threshold", "threshold_start", "threshold_end", "gamma_max", "min_draft_len", "topk")
 
 
 def main() -> None:
@@ -31,7 +31,7 @@ def main() -> None:
     info = json.loads((args.sweep / "run.json").read_text())
     summary = json.loads((args.sweep / "summary.json").read_text())
     base = info["base_config"]
-    configs = [from_dict({**base, **{k: row[k] for k in KNOBS}}) for row in (summary["best"][0], summary["classic"][0])]
+    configs = [from_dict({**base, **{k: row[k] for k in POLICY_FIELDS}}) for row in (summary["best"][0], summary["classic"][0])]
     task = info["prompts"]["task"]
     pair = load_pair(info["spec"]["target"], info["spec"]["draft"])
     prompts = load_task(task, args.limit)

@@ -29,7 +29,7 @@ import yaml
 
 from dspark_bench.config import DecodeConfig, from_dict
 from dspark_bench.errors import DsparkError
-from dspark_bench.metrics import summarize
+from dspark_bench.metrics import rates, summarize
 from dspark_bench.prompts import Prompt
 from dspark_bench.runner import StageProgress, stage_steps
 from dspark_bench.sweep import OBJECTIVES, SweepSpec, base_config, engine_for, points
@@ -56,14 +56,7 @@ def objective_column(objective: str, engine: str) -> str:
 
 def score(totals: pd.DataFrame, t_verify0: float | None) -> pd.DataFrame:
     """Every objective from summed totals (one row per policy): the ratios are taken last."""
-    table = totals.copy()
-    rounds, drafted = table["rounds"].astype(float), table["drafted_total"].astype(float)
-    # The ratios of metrics.rates, over a column of policies at once (NaN where nothing divides).
-    table["avg_draft_len"] = drafted / rounds
-    table["acceptance_rate"] = table["accepted_total"] / drafted.where(drafted > 0)
-    table["block_acceptance_rate"] = table["full_blocks"] / rounds
-    table["accepted_per_round"] = table["accepted_total"] / rounds
-    table["tokens_per_round"] = table["emitted_total"] / rounds
+    table = totals.assign(**rates(totals))  # over a column of policies at once
     table["draft_forwards_per_token"] = table["draft_forwards"] / table["new_tokens"]
     if t_verify0 is not None:
         # predicted_time is in cost-model seconds: N * t_verify(0) of plain decoding over it.
@@ -121,7 +114,6 @@ def choose_from_records(records: dict, configs: list[DecodeConfig], cost, object
     tables = {}
     for domain, rec in records.items():
         grid = simulate_grid(rec, configs, cost)
-        grid["predicted_time"] = grid["new_tokens"] * t0 / grid["predicted_speedup"]
         knobs = grid[["config_id", *POLICY_FIELDS]]
         tables[domain] = knobs.merge(score(grid[["config_id", *TOTALS]], t0), on="config_id")
     global_table = configs_frame(configs).merge(combine(tables, t0), on="config_id")
@@ -133,8 +125,6 @@ def choose_from_samples(samples: dict[str, pd.DataFrame], configs: list[DecodeCo
     """Real runs: rank measured policies per domain; the global table summarises all samples."""
     def table(frame: pd.DataFrame) -> pd.DataFrame:
         summary = summarize(frame)
-        forwards = frame.groupby("config_id")[["draft_forwards", "new_tokens"]].sum()
-        summary["draft_forwards_per_token"] = (forwards["draft_forwards"] / forwards["new_tokens"]).to_numpy()
         return configs_frame(configs).merge(summary.drop(columns=["config_label"]), on="config_id")
 
     tables = {domain: table(frame) for domain, frame in samples.items()}

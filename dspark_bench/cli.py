@@ -20,7 +20,7 @@ from rich.text import Text
 from dspark_bench.commands.options import (
     Target, Draft, Device, Dtype, Metrics, Schedules, Thresholds, GammaMaxes, MinDraftLens, ThresholdStart,
     ThresholdEnd, TopK, Temperature, TopP, MaxNewTokens, Seed, Task, Dataset, PromptsFile, Split, PromptField,
-    CategoryField, Turns, ChatTemplate, Limit,
+    CategoryField, Turns, ChatTemplate, Limit, SpecDevice, SpecDtype, Engine,
 )
 from dspark_bench.config import DecodeConfig
 from dspark_bench.errors import DsparkError
@@ -361,10 +361,9 @@ def models_build(
 def sweep(
     spec: Annotated[Optional[Path], typer.Option(help="Sweep specification (YAML), e.g. sweeps/code.yaml.")] = None,
     task: Task = None, dataset: Dataset = None, limit: Limit = None,
-    target: Target = None, draft: Draft = None, device: Annotated[Optional[str], typer.Option(help="auto | cpu | cuda | mps")] = None,
-    dtype: Annotated[Optional[str], typer.Option(help="auto | float32 | bfloat16 | float16")] = None,
+    target: Target = None, draft: Draft = None, device: SpecDevice = None, dtype: SpecDtype = None,
     method: Annotated[Optional[str], typer.Option(help="grid (Optuna's GridSampler) | optuna (TPE).")] = None,
-    engine: Annotated[Optional[str], typer.Option(help="replay (greedy: record once, simulate all) | real | auto.")] = None,
+    engine: Engine = None,
     trials: Annotated[Optional[int], typer.Option(help="Optuna budget (grid: the whole grid).")] = None,
     objective: Annotated[Optional[str], typer.Option(help="speedup | tokens_per_round | ...; two, comma-separated, for a Pareto front.")] = None,
     storage: Annotated[Optional[str], typer.Option(help="Optuna storage URL (sqlite:///, postgresql://, journal:///path) (default: SQLite in the run folder).")] = None,
@@ -397,16 +396,14 @@ def sweep(
             if table is not None:
                 _print_best(table, resume)
             return
-        overrides = {k: v for k, v in dict(task=task, dataset=dataset, limit=limit, target=target, draft=draft,
-                     device=device, dtype=dtype, method=method, engine=engine, trials=trials, objective=objective,
-                     confirm_top=confirm_top, repeats=repeats, max_new_tokens=max_new_tokens,
-                     temperature=temperature).items() if v is not None}
+        overrides = sweeps.flag_overrides(
+            dict(task=task, dataset=dataset, limit=limit, target=target, draft=draft, device=device, dtype=dtype,
+                 method=method, engine=engine, trials=trials, objective=objective, confirm_top=confirm_top,
+                 repeats=repeats, max_new_tokens=max_new_tokens, temperature=temperature),
+            dict(metric=metric, schedule=schedule, threshold=threshold, gamma_max=gamma_max,
+                 min_draft_len=min_draft_len))
         if task is not None or dataset is not None:
             overrides.update(task=task, dataset=dataset)
-        for name, values in (("metric", metric), ("schedule", schedule), ("threshold", threshold),
-                             ("gamma_max", gamma_max), ("min_draft_len", min_draft_len)):
-            if values:
-                overrides[f"space.{name}"] = list(values)
         for item in set_ or []:
             key, sep, value = item.partition("=")
             if not sep:

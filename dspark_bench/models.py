@@ -6,6 +6,7 @@ Users' models load exactly as they would online (`from_pretrained(name_or_path)`
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from dataclasses import dataclass
@@ -39,12 +40,17 @@ class ModelPair:
             return frozenset()
         return frozenset(eos if isinstance(eos, list) else [eos])
 
+    @functools.cached_property
+    def fingerprints(self) -> tuple[str, str]:
+        # A pass over every weight: once per loaded pair (the weights do not change after loading).
+        return model_fingerprint(self.target), model_fingerprint(self.draft)
+
     def describe(self) -> dict:
         return {
             "target": self.target_name,
             "draft": self.draft_name,
-            "target_fingerprint": model_fingerprint(self.target),
-            "draft_fingerprint": model_fingerprint(self.draft),
+            "target_fingerprint": self.fingerprints[0],
+            "draft_fingerprint": self.fingerprints[1],
             "target_params": sum(p.numel() for p in self.target.parameters()),
             "draft_params": sum(p.numel() for p in self.draft.parameters()),
             "device": str(self.device),

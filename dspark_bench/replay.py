@@ -26,13 +26,15 @@ import numba
 import numpy as np
 import pandas as pd
 import torch
+from transformers import DynamicCache
 
 from dspark_bench import confidence
 from dspark_bench.baselines import autoregressive_decode
+from dspark_bench.cache import _forward_kwargs
 from dspark_bench.config import METRICS, SCHEDULES, DecodeConfig
 from dspark_bench.engine import Round
 from dspark_bench.errors import DsparkError
-from dspark_bench.metrics import rates
+from dspark_bench.metrics import STOP_REASONS, rates
 from dspark_bench.schedule import threshold_at
 
 NEVER = 1 << 14  # "no such position" in int arrays (beyond any gamma)
@@ -101,6 +103,7 @@ def draft_rollouts(draft: torch.nn.Module, sequence: list[int], prompt_len: int,
     batch of positions runs together (they are independent).
     """
     device = next(draft.parameters()).device
+    cache_name, _ = _forward_kwargs(draft)
     tokens = np.zeros((positions, steps), dtype=np.int64)
     scores = {m: np.zeros((positions, steps), dtype=np.float32) for m in confidence.METRICS}
     for start in range(0, positions, batch):
@@ -109,9 +112,9 @@ def draft_rollouts(draft: torch.nn.Module, sequence: list[int], prompt_len: int,
         ids = torch.tensor([[0] * (width - len(r)) + r for r in rows], device=device)
         mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=device)
         position_ids = (mask.cumsum(-1) - 1).clamp_min(0)
-        cache = _new_cache()
+        cache = {cache_name: DynamicCache(), "use_cache": True}
         for step in range(steps):
-            out = draft(input_ids=ids, attention_mask=mask, position_ids=position_ids, **_cache_kwargs(draft, cache))
+            out = draft(input_ids=ids, attention_mask=mask, position_ids=position_ids, **cache)
             probs = torch.softmax(out.logits[:, -1].float(), dim=-1)
             choice = out.logits[:, -1].argmax(dim=-1)
             tokens[start : start + len(rows), step] = choice.cpu().numpy()
@@ -121,19 +124,6 @@ def draft_rollouts(draft: torch.nn.Module, sequence: list[int], prompt_len: int,
             mask = torch.cat([mask, torch.ones_like(ids)], dim=1)
             position_ids = position_ids[:, -1:] + 1
     return tokens, scores
-
-
-def _new_cache():
-    from transformers import DynamicCache
-
-    return DynamicCache()
-
-
-def _cache_kwargs(model, cache) -> dict:
-    from dspark_bench.cache import _forward_kwargs
-
-    name, _ = _forward_kwargs(model)
-    return {name: cache, "use_cache": True}
 
 
 def record(pair, prompt_ids: list[list[int]], max_new_tokens: int, gamma_record: int, topk: int = 5,
@@ -215,7 +205,6 @@ def round_plan(rec: Record, config: DecodeConfig):
     return drafted, forwards, reason
 
 
-REASONS = ("threshold", "gamma_max", "eos", "budget")
 
 
 def simulate(rec: Record, config: DecodeConfig) -> list[list[Round]]:
@@ -235,7 +224,7 @@ def simulate(rec: Record, config: DecodeConfig) -> list[list[Round]]:
             target_token = -1 if ended_in_draft else int(rec.continuation[p, j + a])
             s = int(forwards[p, j])
             conf = rec.confidences[config.metric][p, j, :s].astype(np.float64).tolist()
-            rounds.append(Round(L, a, a if ended_in_draft else a + 1, REASONS[reason[p, j]], proposal, conf,
+            rounds.append(Round(L, a, a if ended_in_draft else a + 1, STOP_REASONS[reason[p, j]], proposal, conf,
                                 target_token, s))
             j += a if ended_in_draft else a + 1
         result.append(rounds)
@@ -390,8 +379,9 @@ def _grid_table(configs: list[DecodeConfig], counts: np.ndarray, verify: np.ndar
         **totals, **rates(totals),
         "draft_forwards": counts[:, 4], "new_tokens": tokens, "draft_forwards_per_token": counts[:, 4] / max(tokens, 1),
     })
-    if cost is not None:
-        table["predicted_speedup"] = tokens * cost.t_verify[0] / (counts[:, 4] * cost.t_draft + verify)
+    if cost is not None:  # in cost-model seconds; plain decoding takes tokens × t_verify(0)
+        table["predicted_time"] = counts[:, 4] * cost.t_draft + verify
+        table["predicted_speedup"] = tokens * cost.t_verify[0] / table["predicted_time"]
     return table
 
 

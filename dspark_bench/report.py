@@ -11,6 +11,7 @@ is skipped, and report.md says why.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import html
 import io
 import os
@@ -24,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from dspark_bench import plots
+from dspark_bench.config import DecodeConfig
 from dspark_bench.errors import DsparkError
 from dspark_bench.results import check_writable, load, load_table, read_json
 
@@ -31,8 +33,7 @@ FORMATS = ("png", "svg")
 GROUPINGS = ("category", "task", "run")
 SUMMARY_METRICS = ("tokens_per_round", "acceptance_rate", "avg_draft_len", "block_acceptance_rate",
                    "accepted_per_round")
-KNOBS = ("metric", "schedule", "threshold", "threshold_start", "threshold_end", "gamma_max", "min_draft_len", "topk",
-         "temperature", "top_p", "max_new_tokens", "seed")
+KNOBS = tuple(f.name for f in dataclasses.fields(DecodeConfig))
 
 
 class Skip(Exception):

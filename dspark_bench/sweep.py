@@ -157,6 +157,14 @@ def _parse_spec(data: dict, where: str) -> SweepSpec:
     return spec
 
 
+def flag_overrides(fields: dict, space: dict) -> dict:
+    """Spec overrides from command-line flags: each field given (not None), and each search-space
+    list given (not empty) as `space.<name>`."""
+    overrides = {key: value for key, value in fields.items() if value is not None}
+    overrides.update({f"space.{name}": list(values) for name, values in space.items() if values})
+    return overrides
+
+
 def load_spec(path: Path | None, overrides: dict) -> SweepSpec:
     """A spec file (or the defaults) with command-line overrides applied on top."""
     data: dict = {}
@@ -184,19 +192,10 @@ def base_config(spec: SweepSpec, task_tokens: int | None) -> DecodeConfig:
                         top_p=spec.top_p, topk=spec.topk)
 
 
-def grid_space(spec: SweepSpec) -> dict[str, list]:
-    """The search space with every parameter that matters; defaults fill the rest."""
-    return {name: list(values) for name, values in spec.space.items()}
-
-
-def config_at(base: DecodeConfig, params: dict) -> DecodeConfig:
-    return base.replace(**params)
-
-
 def points(spec: SweepSpec, base: DecodeConfig | None = None) -> list[DecodeConfig]:
     """Every valid configuration of the grid (invalid combinations are never run)."""
     base = base or DecodeConfig(max_new_tokens=spec.max_new_tokens or 128, topk=spec.topk)
-    space = grid_space(spec)
+    space = spec.space
     names = list(space)
     out = []
     for combo in itertools.product(*(space[n] for n in names)):
@@ -204,7 +203,7 @@ def points(spec: SweepSpec, base: DecodeConfig | None = None) -> list[DecodeConf
         if params.get("min_draft_len", base.min_draft_len) > params.get("gamma_max", base.gamma_max):
             continue  # the constraint min_draft_len <= gamma_max: such points are never run
         try:
-            out.append(config_at(base, params))
+            out.append(base.replace(**params))
         except DsparkError as err:
             raise DsparkError(f"search space: {err}") from None
     return out
@@ -220,6 +219,16 @@ else:
     RETRY, RETRY_KWARG = optuna.storages.RetryFailedTrialCallback, "failed_trial_callback"
 
 
+def retry_callback():
+    """Queue a dead or interrupted trial again, at most twice."""
+    return RETRY(max_retry=2)
+
+
+def retried_numbers(trials: list[optuna.trial.FrozenTrial]) -> set[int]:
+    """Trials that another trial retries (their outcome is the retry's)."""
+    return {n for t in trials for n in t.system_attrs.get("retry_history", [])}
+
+
 def open_storage(url: str, heartbeat_s: int):
     """Optuna's own storages: an RDB URL (sqlite:///, postgresql://) with heartbeats so a killed
     worker's trial is retried, or a journal file (journal:///path) for shared filesystems."""
@@ -228,7 +237,7 @@ def open_storage(url: str, heartbeat_s: int):
 
         return optuna.storages.JournalStorage(JournalFileBackend(url.removeprefix("journal://")))
     engine_kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {"pool_pre_ping": True}
-    retry = {RETRY_KWARG: RETRY(max_retry=2)}
+    retry = {RETRY_KWARG: retry_callback()}
     for attempt in range(5):
         try:
             return optuna.storages.RDBStorage(
@@ -244,14 +253,14 @@ def open_storage(url: str, heartbeat_s: int):
 
 def make_sampler(spec: SweepSpec):
     if spec.method == "grid":
-        return optuna.samplers.GridSampler(grid_space(spec), seed=spec.seed)
+        return optuna.samplers.GridSampler(spec.space, seed=spec.seed)
     return optuna.samplers.TPESampler(seed=spec.seed, multivariate=True)
 
 
 def suggest(trial: optuna.Trial, spec: SweepSpec) -> dict:
     """One point of the space; grid and TPE both go through the same suggestions."""
     params = {}
-    for name, values in grid_space(spec).items():
+    for name, values in spec.space.items():
         params[name] = trial.suggest_categorical(name, values) if len(values) > 1 or spec.method == "grid" \
             else values[0]
     return params
@@ -288,7 +297,7 @@ def make_objective(ctx: TrialContext) -> Callable[[optuna.Trial], object]:
             trial.study.stop()
             raise optuna.TrialPruned("grid point already taken by another trial")
         try:
-            config = config_at(ctx.base, params)
+            config = ctx.base.replace(**params)
         except DsparkError as err:
             trial.set_user_attr("invalid", str(err))
             raise optuna.TrialPruned(str(err)) from None  # never run; counts as visited
@@ -324,10 +333,10 @@ def atomic_json(data: dict, path: Path) -> None:
     os.replace(partial, path)
 
 
-def trials_table(study: optuna.Study) -> pd.DataFrame:
+def trials_table(trials: list[optuna.trial.FrozenTrial]) -> pd.DataFrame:
     """One row per trial: its parameters, state, every metric, and error if it failed."""
     rows = []
-    for t in study.get_trials(deepcopy=False):
+    for t in trials:
         row = {"trial": t.number, "state": t.state.name, **t.params, **t.user_attrs,
                "duration_s": t.duration.total_seconds() if t.duration else None}
         row["error"] = t.user_attrs.get("error") or t.system_attrs.get("fail_reason")
@@ -394,7 +403,7 @@ def recover_dead_trials(study: optuna.Study) -> int:
         time.sleep(UNNAMED_GRACE_S)
         again = [study._storage.get_trial(t._trial_id) for t in unnamed]
         dead += [t for t in again if t.state == optuna.trial.TrialState.RUNNING and _worker_of(t) is None]
-    recovered, retry = 0, RETRY(max_retry=2)
+    recovered, retry = 0, retry_callback()
     for trial in dead:
         try:
             study._storage.set_trial_system_attr(trial._trial_id, "fail_reason", "worker process died")
@@ -409,15 +418,15 @@ def recover_dead_trials(study: optuna.Study) -> int:
 def requeue_interrupted(study: optuna.Study) -> None:
     """Queue again the trials Ctrl-C failed (they have no error of their own), once each."""
     trials = study.get_trials(deepcopy=False)
-    retried = {n for t in trials for n in t.system_attrs.get("retry_history", [])}
+    retried = retried_numbers(trials)
     for trial in trials:
         if trial.state == optuna.trial.TrialState.FAIL and "error" not in trial.user_attrs \
                 and trial.number not in retried and "worker" in trial.user_attrs:
-            RETRY(max_retry=2)(study, trial)
+            retry_callback()(study, trial)
 
 
 def grid_size(spec: SweepSpec) -> int:
-    return int(np.prod([len(v) for v in grid_space(spec).values()]))
+    return int(np.prod([len(v) for v in spec.space.values()]))
 
 
 def remaining(study: optuna.Study, spec: SweepSpec) -> int:
@@ -427,7 +436,7 @@ def remaining(study: optuna.Study, spec: SweepSpec) -> int:
     if spec.method == "optuna":
         return max(spec.trials - sum(t.state.is_finished() for t in trials), waiting)
     # A grid point is done once a trial of it finished, unless that trial died and was retried.
-    retried = {n for t in trials for n in t.system_attrs.get("retry_history", [])}
+    retried = retried_numbers(trials)
     taken = {t.system_attrs.get("grid_id") for t in trials
              if (t.state.is_finished() and t.number not in retried) or t.state == optuna.trial.TrialState.RUNNING}
     return max(grid_size(spec) - len(taken), waiting)
@@ -453,8 +462,8 @@ def is_duplicate(trial: optuna.Trial) -> bool:
     return False
 
 
-def run_study(ctx: TrialContext, storage_url: str, study_name: str, progress: StageProgress | None = None,
-              catch_errors: bool = True) -> optuna.Study:
+def run_study(ctx: TrialContext, storage_url: str, study_name: str,
+              progress: StageProgress | None = None) -> optuna.Study:
     """Create or load the study and work on it until its budget is met (or Ctrl-C)."""
     storage = open_storage(storage_url, ctx.spec.heartbeat_s)
     directions = [OBJECTIVES[name] for name in ctx.spec.objective]
@@ -464,9 +473,9 @@ def run_study(ctx: TrialContext, storage_url: str, study_name: str, progress: St
     budget = grid_size(ctx.spec) if ctx.spec.method == "grid" else ctx.spec.trials
 
     def after_trial(study_: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
-        atomic_parquet(trials_table(study_), ctx.folder / "trials.parquet")
+        trials = study_.get_trials(deepcopy=False)
+        atomic_parquet(trials_table(trials), ctx.folder / "trials.parquet")
         if progress:
-            trials = study_.get_trials(deepcopy=False)
             done = sum(t.state.is_finished() for t in trials)
             best = f" · best {study_.best_value:.3f}" if len(study_.directions) == 1 and \
                 any(t.state == optuna.trial.TrialState.COMPLETE for t in trials) else ""
@@ -477,9 +486,8 @@ def run_study(ctx: TrialContext, storage_url: str, study_name: str, progress: St
         done = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.FAIL)
         callbacks.insert(0, optuna.study.MaxTrialsCallback(budget, states=done))
     if remaining(study, ctx.spec) > 0:
-        study.optimize(make_objective(ctx), callbacks=callbacks, catch=(Exception,) if catch_errors else ())
-    atomic_parquet(trials_table(study), ctx.folder / "trials.parquet")
-    return study
+        study.optimize(make_objective(ctx), callbacks=callbacks, catch=(Exception,))
+    return study  # trials.parquet: after each trial, and finally by finish_real
 
 
 # --- the whole sweep: prepare, run (real or replay), summarise ----------------------------------
@@ -525,16 +533,21 @@ def run_info(spec: SweepSpec, prepared: Prepared, extra: dict) -> dict:
                         **prepared.source}, **extra}
 
 
-def start_folder(out: Path, kind: str, info: dict) -> Path:
+def start_folder(out: Path, kind: str) -> Path:
     """A sweep's run folder exists while it runs (the study and per-trial files live in it);
     every file in it is written atomically, and a finished sweep only gains, never loses."""
-    from dspark_bench.results import SCHEMA_VERSION, check_writable, environment, new_run_id
+    from dspark_bench.results import check_writable, new_run_id
 
     folder = check_writable(out) / new_run_id(kind)
     folder.mkdir()
+    return folder
+
+
+def write_run_info(folder: Path, kind: str, info: dict) -> None:
+    from dspark_bench.results import SCHEMA_VERSION, environment
+
     atomic_json({"schema_version": SCHEMA_VERSION, "run_id": folder.name, "kind": kind,
                  "environment": environment(), **info}, folder / "run.json")
-    return folder
 
 
 def collect_samples(folder: Path) -> pd.DataFrame:
@@ -545,7 +558,7 @@ def collect_samples(folder: Path) -> pd.DataFrame:
 def finish_real(folder: Path, study: optuna.Study, spec: SweepSpec) -> pd.DataFrame:
     """trials.parquet, samples.parquet and summary.json of a real (grid or Optuna) sweep.
     Written after local workers are done, so their last trials are in, finished."""
-    trials = trials_table(study)
+    trials = trials_table(study.get_trials(deepcopy=False))
     atomic_parquet(trials, folder / "trials.parquet")
     samples = collect_samples(folder)
     if not samples.empty:
@@ -665,17 +678,27 @@ def run_sweep(spec: SweepSpec, out: Path, storage: str | None = None, study_name
         raise DsparkError(f"--workers must be at least 1 (got {workers})")
     engine = engine_for(spec)
     prepared = prepare(spec)
+    folder = start_folder(out, "sweep")
     if engine == "replay":
-        folder = start_folder(out, "sweep", run_info(spec, prepared, {"engine": "replay"}))
+        write_run_info(folder, "sweep", run_info(spec, prepared, {"engine": "replay"}))
         return folder, replay_sweep(folder, spec, prepared, Path(out) / "records", progress)
-    folder = start_folder(out, "sweep", {})
     storage = storage or default_storage(folder)
     study_name = study_name or folder.name
-    atomic_json({**json.loads((folder / "run.json").read_text()),
-                 # The password of a database URL is not written into results; --resume asks for it.
-                 **run_info(spec, prepared, {"engine": "real", "storage": masked(storage), "study": study_name})},
-                folder / "run.json")
+    # The password of a database URL is not written into results; --resume asks for it.
+    write_run_info(folder, "sweep", run_info(spec, prepared, {"engine": "real", "storage": masked(storage),
+                                                               "study": study_name}))
     return folder, continue_sweep(folder, prepared, workers, progress, storage=storage)
+
+
+def check_unchanged(folder: Path, info: dict, prepared: Prepared) -> None:
+    from dspark_bench.prompts import prompts_fingerprint
+
+    if prompts_fingerprint(prepared.prompts) != info["prompts"]["fingerprint"]:
+        raise DsparkError(f"the prompts of {folder} changed since the sweep started; start a new sweep")
+    models = prepared.pair.describe()
+    for key in ("target_fingerprint", "draft_fingerprint"):
+        if models[key] != info["models"][key]:
+            raise DsparkError(f"the {key.split('_')[0]} model of {folder} changed since the sweep started; start a new sweep")
 
 
 def continue_sweep(folder: Path, prepared: Prepared | None = None, workers: int = 1,
@@ -692,15 +715,9 @@ def continue_sweep(folder: Path, prepared: Prepared | None = None, workers: int 
         raise DsparkError(f"{folder}'s study is in {info['storage']}; pass --storage with the password to resume")
     info["storage"] = storage or info["storage"]
     spec = parse_spec(info["spec"], str(folder))
-    prepared = prepared or prepare(spec)
-    from dspark_bench.prompts import prompts_fingerprint
-
-    if prompts_fingerprint(prepared.prompts) != info["prompts"]["fingerprint"]:
-        raise DsparkError(f"the prompts of {folder} changed since the sweep started; start a new sweep")
-    models = prepared.pair.describe()
-    for key in ("target_fingerprint", "draft_fingerprint"):
-        if models[key] != info["models"][key]:
-            raise DsparkError(f"the {key.split('_')[0]} model of {folder} changed since the sweep started; start a new sweep")
+    if prepared is None:  # a resume: the prompts and models must be those the sweep started with
+        prepared = prepare(spec)
+        check_unchanged(Path(folder), info, prepared)
     ctx = TrialContext(spec, prepared.pair, prepared.prompts, prepared.base, Path(folder),
                        RunnerSettings(repeats=spec.repeats))
     helpers = start_workers(Path(folder), workers - 1, info["storage"]) if workers > 1 else []

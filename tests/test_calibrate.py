@@ -3,7 +3,6 @@ the file round-trips into the decoder's configs; bad files and existing outputs 
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
@@ -11,21 +10,16 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
-from typer.testing import CliRunner
 
 from dspark_bench import calibrate as lib
 from dspark_bench.cli import app
-from dspark_bench.commands.calibrate import calibrate
 from dspark_bench.config import METRICS, DecodeConfig
 from dspark_bench.errors import DsparkError
 from dspark_bench.prompts import Prompt
 from dspark_bench.replay import CostModel, Record, simulate_grid
 
-# cli.py registers the command; until it does, register it here the same way.
-if "calibrate" not in [c.name for c in app.registered_commands]:
-    app.command()(calibrate)
+from cli_helpers import folder_digest, one_error_line, runner  # noqa: E402
 
-runner = CliRunner()
 N, G = 60, 8
 THRESHOLDS = [round(0.1 * i, 1) for i in range(1, 10)]
 COST = CostModel(t_draft=0.1, t_verify=[1.0 + 0.05 * k for k in range(G + 1)], context_tokens=0)
@@ -172,17 +166,6 @@ def test_missing_calibration_file(tmp_path):
 # --- end to end through the CLI, with tiny models -----------------------------------------------
 
 
-def one_error_line(result) -> str:
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, result.stderr
-    assert "Traceback" not in result.output
-    return lines[0]
-
-
-def digest(folder: Path) -> dict:
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir()) if p.is_file()}
-
-
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("data") / "prompts.jsonl"
@@ -252,14 +235,14 @@ def test_calibrate_cli_with_sampling_searches_by_real_runs(saved_pair, dataset, 
 
 def test_calibrate_cli_refuses_to_overwrite(calibrated, saved_pair, dataset, spec_file):
     out, _ = calibrated
-    before = digest(out.parent)
+    before = folder_digest(out.parent)
     target, draft = saved_pair
     args = ["calibrate", "--dataset", str(dataset), "--category-field", "kind", "--spec", str(spec_file),
             "--target", target, "--draft", draft, "--out", str(out)]
     result = runner.invoke(app, args)
     assert result.exit_code == 1
     assert "already exists" in one_error_line(result) and "--force" in result.stderr
-    assert digest(out.parent) == before
+    assert folder_digest(out.parent) == before
 
 
 def test_calibrate_cli_bad_input_is_one_line(tmp_path, spec_file):

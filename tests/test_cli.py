@@ -2,26 +2,14 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
-from pathlib import Path
 
 import pandas as pd
 import pytest
-from typer.testing import CliRunner
 
 import tiny
-from dspark_bench.cli import app
 
-runner = CliRunner()
-
-
-def invoke(*args: str):
-    return runner.invoke(app, [str(a) for a in args])
-
-
-def folder_digest(folder: Path) -> dict[str, str]:
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())}
+from cli_helpers import folder_digest, invoke  # noqa: E402
 
 
 @pytest.fixture(scope="module")

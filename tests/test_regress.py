@@ -2,46 +2,23 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import shutil
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
 import tiny
 from dspark_bench import regress as lib
-from dspark_bench.cli import app
-from dspark_bench.commands.regress import regress
 from dspark_bench.errors import DsparkError
 
-# cli.py registers the command; until it does, register it here the same way.
-if not any(c.callback is regress or c.name == "regress" for c in app.registered_commands):
-    app.command()(regress)
-
-runner = CliRunner()
+from cli_helpers import folder_digest, invoke, one_error_line  # noqa: E402
 RUN_FLAGS = ("--threshold", "0.2", "--threshold", "0.6", "--gamma-max", "4", "--max-new-tokens", "12", "--repeats", "1")
-
-
-def invoke(*args):
-    return runner.invoke(app, [str(a) for a in args])
-
-
-def folder_digest(folder: Path) -> dict[str, str]:
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir()) if p.is_file()}
 
 
 def run_folders(out: Path) -> list[Path]:
     return sorted(p for p in out.iterdir() if not p.name.startswith(".")) if out.exists() else []
-
-
-def one_error_line(result) -> str:
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, result.stderr
-    assert "Traceback" not in result.output
-    return lines[0]
 
 
 def benchmark(out: Path, target: str, draft: str, prompts: Path) -> Path:

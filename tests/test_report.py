@@ -16,21 +16,11 @@ import optuna
 import pandas as pd
 import pytest
 from matplotlib.colors import to_rgb
-from typer.testing import CliRunner
 
 from dspark_bench import plots
-from dspark_bench.cli import app
-from dspark_bench.commands.report import report as report_command
 from dspark_bench.report import build_report, figures_written, load_inputs
 
-if "report" not in [c.name for c in app.registered_commands]:
-    app.command()(report_command)
-
-runner = CliRunner()
-
-
-def invoke(*args):
-    return runner.invoke(app, [str(a) for a in args])
+from cli_helpers import invoke  # noqa: E402  (tests/ is on sys.path, see conftest.py)
 
 
 # --- synthetic tables ------------------------------------------------------------------------------

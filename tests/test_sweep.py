@@ -297,14 +297,13 @@ def test_two_workers_share_one_grid_study(storage, saved_pair, prompts_file, tmp
         assert len(folders) == 2
         merged = load(folders)
         assert len(merged[merged["state"] == "COMPLETE"]) == 4  # one row per trial across both folders
-        workers_seen = {t.user_attrs["worker"] for t in study.get_trials(states=(COMPLETE,))}
     else:
         result = runner.invoke(app, ["sweep", *args, "--workers", "2"])
         assert result.exit_code == 0, result.output
         study = load_study(only_folder(tmp_path))
-        workers_seen = {t.user_attrs["worker"] for t in study.get_trials(states=(COMPLETE,))}
         table = load(only_folder(tmp_path))  # written after the helper finished its last trial
         assert (table["state"] == "COMPLETE").sum() == 4
+    workers_seen = {t.user_attrs["worker"] for t in study.get_trials(states=(COMPLETE,))}
     assert sorted(grid_points(study)) == [(0.2, 2), (0.2, 4), (0.6, 2), (0.6, 4)]
     # Nothing lost, nothing run twice: a worker that asks for a point after the grid is all
     # taken gets a trial that is pruned before it decodes anything.

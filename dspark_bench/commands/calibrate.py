@@ -11,7 +11,9 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from dspark_bench.commands.options import Draft, GammaMaxes, Metrics, MinDraftLens, PromptField, Split, Target, Thresholds
+from dspark_bench.commands.options import (
+    Draft, Engine, GammaMaxes, Metrics, MinDraftLens, PromptField, SpecDevice, SpecDtype, Split, Target, Thresholds,
+)
 from dspark_bench.errors import DsparkError
 
 
@@ -25,9 +27,7 @@ def calibrate(
     force: Annotated[bool, typer.Option(help="Overwrite an existing calibration file and figure.")] = False,
     limit: Annotated[Optional[int], typer.Option(help="Prompts per domain (default: the spec's).")] = None,
     target: Target = None, draft: Draft = None,
-    device: Annotated[Optional[str], typer.Option(help="auto | cpu | cuda | mps")] = None,
-    dtype: Annotated[Optional[str], typer.Option(help="auto | float32 | bfloat16 | float16")] = None,
-    engine: Annotated[Optional[str], typer.Option(help="replay (greedy: record once, simulate all) | real | auto.")] = None,
+    device: SpecDevice = None, dtype: SpecDtype = None, engine: Engine = None,
     objective: Annotated[Optional[str], typer.Option(help="What to maximise: speedup | tokens_per_round | ... (the first is used).")] = None,
     repeats: Annotated[Optional[int], typer.Option(help="Timed pairs per prompt in the confirmation runs.")] = None,
     max_new_tokens: Annotated[Optional[int], typer.Option(help="Tokens to generate per prompt (default: the spec's, else the tasks').")] = None,
@@ -49,18 +49,15 @@ def calibrate(
             raise DsparkError("pass --tasks or --dataset, not both")
         if tasks is not None and not names:
             raise DsparkError("--tasks is empty; name at least one task, e.g. --tasks code,prose")
-        overrides = {k: v for k, v in dict(
-            limit=limit, target=target, draft=draft, device=device, dtype=dtype, engine=engine, objective=objective,
-            repeats=repeats, max_new_tokens=max_new_tokens, temperature=temperature, split=split,
-            prompt_field=prompt_field, category_field=category_field).items() if v is not None}
+        overrides = sweeps.flag_overrides(
+            dict(limit=limit, target=target, draft=draft, device=device, dtype=dtype, engine=engine,
+                 objective=objective, repeats=repeats, max_new_tokens=max_new_tokens, temperature=temperature,
+                 split=split, prompt_field=prompt_field, category_field=category_field),
+            dict(metric=metric, threshold=threshold, gamma_max=gamma_max, min_draft_len=min_draft_len))
         if names:
             overrides.update(task=names[0], dataset=None)
         elif dataset:
             overrides.update(task=None, dataset=dataset)
-        for name, values in (("metric", metric), ("threshold", threshold), ("gamma_max", gamma_max),
-                             ("min_draft_len", min_draft_len)):
-            if values:
-                overrides[f"space.{name}"] = list(values)
         if spec is None and not names and not dataset:
             raise DsparkError("pass --tasks, --dataset, or a --spec that names a task or dataset")
         sweep_spec = sweeps.load_spec(spec, overrides)

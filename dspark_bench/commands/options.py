@@ -32,3 +32,8 @@ CategoryField = Annotated[Optional[str], typer.Option(help="Column holding the c
 Turns = Annotated[str, typer.Option(help="Multi-turn prompts: first | all (each turn on the model's own answer).")]
 ChatTemplate = Annotated[str, typer.Option(help="auto (use the tokenizer's chat template if any) | none")]
 Limit = Annotated[Optional[int], typer.Option(help="Use only the first N prompts.")]
+
+# The same knobs for commands that override a sweep spec: unset means "the spec's".
+SpecDevice = Annotated[Optional[str], typer.Option("--device", help="auto | cpu | cuda | mps (default: the spec's)")]
+SpecDtype = Annotated[Optional[str], typer.Option("--dtype", help="auto | float32 | bfloat16 | float16 (default: the spec's)")]
+Engine = Annotated[Optional[str], typer.Option(help="replay (greedy: record once, simulate all) | real | auto.")]
