@@ -31,11 +31,12 @@ from dspark_bench.config import DecodeConfig, from_dict
 from dspark_bench.errors import DsparkError
 from dspark_bench.metrics import rates, summarize
 from dspark_bench.prompts import Prompt
+from dspark_bench.results import environment
 from dspark_bench.runner import StageProgress, stage_steps
 from dspark_bench.sweep import OBJECTIVES, SweepSpec, base_config, engine_for, points
 
 SCHEMA_VERSION = 1
-TOP_LEVEL_KEYS = ("schema_version", "created", "models", "objective", "engine", "max_new_tokens", "cost_model",
+TOP_LEVEL_KEYS = ("schema_version", "created", "environment", "models", "objective", "engine", "max_new_tokens", "cost_model",
                   "global", "domains", "figure")
 POLICY_FIELDS = ("metric", "schedule", "threshold", "threshold_start", "threshold_end", "gamma_max",
                  "min_draft_len", "topk")
@@ -477,6 +478,7 @@ def calibration_data(choice: Choice, chosen: dict[str, DecodeConfig], global_pol
     data = {
         "schema_version": SCHEMA_VERSION,
         "created": dt.datetime.now().isoformat(timespec="seconds"),
+        "environment": environment(),  # versions, git commit and the machine the speedups come from
         "models": {k: models.get(k) for k in ("target", "draft", "target_fingerprint", "draft_fingerprint",
                                               "device", "dtype")},
         "objective": choice.objective,

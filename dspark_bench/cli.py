@@ -20,7 +20,7 @@ from rich.text import Text
 from dspark_bench.commands.options import (
     Target, Draft, Device, Dtype, Metrics, Schedules, Thresholds, GammaMaxes, MinDraftLens, ThresholdStart,
     ThresholdEnd, TopK, Temperature, TopP, MaxNewTokens, Seed, Task, Dataset, PromptsFile, Split, PromptField,
-    CategoryField, Turns, ChatTemplate, Limit, SpecDevice, SpecDtype, Engine,
+    CategoryField, Turns, ChatTemplate, Limit, SpecDevice, SpecDtype, Engine, IgnoreEos,
 )
 from dspark_bench.config import DecodeConfig
 from dspark_bench.errors import DsparkError
@@ -110,13 +110,24 @@ def resolve_prompts(task, dataset, prompts_file, split, prompt_field, category_f
     return prompts, {"dataset": source, "split": split}, None
 
 
+# Sampling's extra columns, short enough to keep the table on one line per configuration.
+SHORT_HEADERS = {"baseline_mean_new_tokens": "baseline mean len", "spec_mean_new_tokens": "spec mean len",
+                 "baseline_tokens_per_s": "baseline tok/s", "spec_tokens_per_s": "spec tok/s"}
+
+
 def summary_table(table, title: str) -> Table:
     view = Table(title=title, title_justify="left")
     columns = ["config_label", "prompts", "avg_draft_len", "acceptance_rate", "block_acceptance_rate",
-               "accepted_per_round", "tokens_per_round", "speedup", "identical_to_baseline"]
+               "accepted_per_round", "tokens_per_round", "speedup"]
+    if "identical_to_baseline" in table and table["identical_to_baseline"].notna().any():
+        columns.append("identical_to_baseline")  # greedy: outputs must equal the target's own
+    elif "spec_mean_new_tokens" in table:
+        # Sampling: each side's mean sample length and tokens/s, so differing lengths show at once.
+        columns += ["baseline_mean_new_tokens", "spec_mean_new_tokens", "baseline_tokens_per_s", "spec_tokens_per_s"]
     extra = [c for c in ("category",) if c in table]
     for name in extra + columns:
-        view.add_column(name.replace("_", " "), justify="left" if name in ("config_label", "category") else "right")
+        header = SHORT_HEADERS.get(name, name.replace("_", " "))
+        view.add_column(header, justify="left" if name in ("config_label", "category") else "right")
     for row in table.to_dict(orient="records"):
         cells = [str(row[c]) for c in extra]
         for name in columns:
@@ -141,8 +152,9 @@ def run(
     gamma_max: GammaMaxes = None, min_draft_len: MinDraftLens = None,
     threshold_start: ThresholdStart = 0.3, threshold_end: ThresholdEnd = 0.8, topk: TopK = 5,
     temperature: Temperature = 0.0, top_p: TopP = 1.0, max_new_tokens: MaxNewTokens = None, seed: Seed = 0,
-    repeats: Annotated[int, typer.Option(help="Timed baseline/speculative pairs per prompt (medians kept).")] = 3,
+    repeats: Annotated[int, typer.Option(help="Timed baseline/speculative pairs per prompt (medians kept); the side that runs first alternates.")] = 1,
     trace: Annotated[bool, typer.Option(help="Also write rounds.parquet, the per-round trace.")] = False,
+    ignore_eos: IgnoreEos = False,
     device: Device = "auto", dtype: Dtype = "auto",
     calibration: Annotated[Optional[Path], typer.Option(help="Per-domain policies from `calibrate`: each prompt gets its category's.")] = None,
     out: Annotated[Path, typer.Option(help="Folder that receives the run folder.")] = Path("results"),
@@ -153,7 +165,7 @@ def run(
     """
     from dspark_bench.models import load_pair
     from dspark_bench.results import check_writable
-    from dspark_bench.runner import RunnerSettings, run_to_folder
+    from dspark_bench.runner import RunnerSettings, planned_samples, run_to_folder
 
     with cli_errors():
         if turns not in ("first", "all"):
@@ -177,14 +189,16 @@ def run(
             from dspark_bench.calibrate import load_calibration
 
             load_calibration(calibration).check_models(pair.describe())
-        settings = RunnerSettings(repeats=repeats, trace=trace, chat_template=chat_template, turns=turns)
-        turns_per_prompt = [1 + len(p.turns) if turns == "all" else 1 for p in prompt_list]
-        samples = sum(turns_per_prompt) * (len(configs) if assignment is None else 1)
+        settings = RunnerSettings(repeats=repeats, trace=trace, chat_template=chat_template, turns=turns,
+                                  ignore_eos=ignore_eos)
+        samples = planned_samples(prompt_list, configs, settings, assignment)
         with progress_bar() as bar:
             job = bar.add_task("decoding", total=samples)
             folder, table = run_to_folder(pair, prompt_list, configs, out, settings, source,
-                                          progress=lambda: bar.advance(job), assignment=assignment)
-        out_console.print(summary_table(table, f"{len(prompt_list)} prompts · {pair.device} · {pair.dtype}"))
+                                          progress=lambda: bar.advance(job), assignment=assignment,
+                                          say=bar.console.print)
+        title = f"{len(prompt_list)} prompts · {pair.device} · {pair.dtype}" + (" · EOS ignored" if ignore_eos else "")
+        out_console.print(summary_table(table, title))
         if len({p.category for p in prompt_list}) > 1:
             from dspark_bench.metrics import summarize
             from dspark_bench.results import read_run
@@ -373,6 +387,7 @@ def sweep(
     confirm_top: Annotated[Optional[int], typer.Option(help="Replay: confirm this many best policies with timed runs.")] = None,
     repeats: Annotated[Optional[int], typer.Option(help="Timed pairs per prompt and trial.")] = None,
     max_new_tokens: MaxNewTokens = None, temperature: Annotated[Optional[float], typer.Option(help="0 = greedy.")] = None,
+    ignore_eos: IgnoreEos = False,
     metric: Metrics = None, schedule: Schedules = None, threshold: Thresholds = None,
     gamma_max: GammaMaxes = None, min_draft_len: MinDraftLens = None,
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override any spec field: key=value (YAML value), e.g. space.threshold=[0.2,0.4].")] = None,
@@ -394,12 +409,13 @@ def sweep(
                 table = sweeps.continue_sweep(resume, workers=workers, worker_only=worker_only,
                                               progress=stage_progress(bar, job), storage=storage)
             if table is not None:
-                _print_best(table, resume)
+                _print_best(table, resume, sweeps.result_title(resume))
             return
         overrides = sweeps.flag_overrides(
             dict(task=task, dataset=dataset, limit=limit, target=target, draft=draft, device=device, dtype=dtype,
                  method=method, engine=engine, trials=trials, objective=objective, confirm_top=confirm_top,
-                 repeats=repeats, max_new_tokens=max_new_tokens, temperature=temperature),
+                 repeats=repeats, max_new_tokens=max_new_tokens, temperature=temperature,
+                 ignore_eos=ignore_eos or None),
             dict(metric=metric, schedule=schedule, threshold=threshold, gamma_max=gamma_max,
                  min_draft_len=min_draft_len))
         if task is not None or dataset is not None:
@@ -412,19 +428,20 @@ def sweep(
                 overrides[key.strip()] = yaml.safe_load(value)
             except yaml.YAMLError as err:
                 raise DsparkError(f"--set {key.strip()}: not a valid YAML value ({str(err).splitlines()[0]})") from None
-        sweep_spec = sweeps.load_spec(spec, overrides)
+        sweep_spec, origin = sweeps.resolve_spec(spec, overrides)
+        out_console.print(origin, highlight=False)
         with progress_bar() as bar:
             job = bar.add_task("sweep", total=None)
             folder, table = sweeps.run_sweep(sweep_spec, out, storage, study, workers,
-                                             progress=stage_progress(bar, job))
-        _print_best(table, folder)
+                                             progress=stage_progress(bar, job), say=bar.console.print)
+        _print_best(table, folder, sweeps.result_title(folder))
 
 
-def _print_best(table, folder) -> None:
+def _print_best(table, folder, title: str = "best configurations") -> None:
     columns = [c for c in ("config_label", "predicted_speedup", "speedup", "speedup_low", "speedup_high",
                            "tokens_per_round", "acceptance_rate", "avg_draft_len", "block_acceptance_rate",
                            "identical_to_baseline", "state") if c in table]
-    view = Table(title="best configurations", title_justify="left")
+    view = Table(title=title, title_justify="left")
     for name in columns:
         view.add_column(name.replace("_", " "), justify="left" if name in ("config_label", "state") else "right")
     for row in table.head(10).to_dict(orient="records"):

@@ -77,6 +77,39 @@ def bootstrap_ratio(numerator: np.ndarray, denominator: np.ndarray, samples: int
     return float(point), float(low), float(high)
 
 
+def speedup_ratio(baseline_time, baseline_tokens, spec_time, spec_tokens):
+    """The one definition of speedup: baseline seconds per generated token over speculative
+    seconds per generated token, (Σ t_base / Σ n_base) / (Σ t_spec / Σ n_spec).
+
+    Sums run over the last axis (prompts), so arrays of resampled prompts give one ratio each.
+    Under greedy verification both sides generate the same tokens and this is Σ t_base / Σ t_spec;
+    under sampling they stop at EOS in different places, and a per-token ratio neither rewards
+    nor punishes a short sample.
+    """
+    baseline_time, baseline_tokens, spec_time, spec_tokens = (
+        np.asarray(x, float) for x in (baseline_time, baseline_tokens, spec_time, spec_tokens))
+    return (baseline_time.sum(-1) / baseline_tokens.sum(-1)) / (spec_time.sum(-1) / spec_tokens.sum(-1))
+
+
+def bootstrap_speedup(baseline_time, baseline_tokens, spec_time, spec_tokens, samples: int = 1000, seed: int = 0):
+    """speedup_ratio with a 95 % bootstrap interval over prompts: each resample draws whole
+    prompts, so both sides' times and token counts move together."""
+    columns = [np.asarray(x, float) for x in (baseline_time, baseline_tokens, spec_time, spec_tokens)]
+    point = float(speedup_ratio(*columns))
+    if len(columns[0]) < 2:
+        return point, point, point
+    rng = np.random.default_rng(seed)
+    picks = rng.integers(0, len(columns[0]), size=(samples, len(columns[0])))
+    low, high = np.percentile(speedup_ratio(*(c[picks] for c in columns)), [2.5, 97.5])
+    return point, float(low), float(high)
+
+
+def sample_speedup(samples: pd.DataFrame, seed: int = 0):
+    """bootstrap_speedup over the rows (prompts) of a samples table."""
+    return bootstrap_speedup(samples["baseline_time_s"], samples["baseline_new_tokens"], samples["spec_time_s"],
+                             samples["new_tokens"], seed=seed)
+
+
 def summarize(samples: pd.DataFrame, by: list[str] | None = None) -> pd.DataFrame:
     """One row per configuration (and per `by` group): metrics, tokens/s, speedup with CI."""
     keys = ["config_id"] + (by or [])
@@ -92,10 +125,13 @@ def summarize(samples: pd.DataFrame, by: list[str] | None = None) -> pd.DataFram
         if "draft_forwards" in group:
             row["draft_forwards_per_token"] = group["draft_forwards"].sum() / max(row["new_tokens"], 1)
         if "spec_time_s" in group and group["spec_time_s"].notna().all():
-            speedup, low, high = bootstrap_ratio(group["baseline_time_s"], group["spec_time_s"])
+            speedup, low, high = sample_speedup(group)
             row.update(speedup=speedup, speedup_low=low, speedup_high=high)
             row["baseline_tokens_per_s"] = group["baseline_new_tokens"].sum() / group["baseline_time_s"].sum()
             row["spec_tokens_per_s"] = group["new_tokens"].sum() / group["spec_time_s"].sum()
+            # Mean sample lengths: under sampling they differ, and a reader should see by how much.
+            row["baseline_mean_new_tokens"] = float(group["baseline_new_tokens"].mean())
+            row["spec_mean_new_tokens"] = float(group["new_tokens"].mean())
         if "identical_to_baseline" in group and group["identical_to_baseline"].notna().any():
             row["identical_to_baseline"] = float(group["identical_to_baseline"].astype(float).mean())
         rows.append(row)

@@ -21,7 +21,7 @@ from matplotlib.colors import Normalize, TwoSlopeNorm
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
-from dspark_bench.metrics import STOP_REASONS, bootstrap_ratio
+from dspark_bench.metrics import STOP_REASONS, sample_speedup
 
 CURVE_METRICS = ("avg_draft_len", "block_acceptance_rate", "accepted_per_round", "speedup")
 THRESHOLD_SCHEDULES = ("threshold", "cumulative")
@@ -392,7 +392,7 @@ def stop_reasons(samples: pd.DataFrame, draft_lengths: pd.Series | None = None, 
 def speedup_by_group(samples: pd.DataFrame, group: str = "category", role: str = "role",
                      seed: int = 0) -> Figure:
     """Bars of speedup per group (plus "all") for each role (e.g. best, classic), each with its
-    95 % bootstrap interval over prompts (sum baseline_time_s / sum spec_time_s); autoregressive
+    95 % bootstrap interval over prompts (seconds per token, baseline over speculative); autoregressive
     decoding is the line at 1.0."""
     roles = list(dict.fromkeys(samples[role]))
     groups = list(dict.fromkeys(samples[group].astype(str)))
@@ -410,7 +410,7 @@ def speedup_by_group(samples: pd.DataFrame, group: str = "category", role: str =
             if part.empty:
                 points.append(np.nan), lows.append(np.nan), highs.append(np.nan)
                 continue
-            point, low, high = bootstrap_ratio(part["baseline_time_s"], part["spec_time_s"], seed=seed)
+            point, low, high = sample_speedup(part, seed=seed)
             points.append(point), lows.append(low), highs.append(high)
         x = np.arange(len(groups)) + (i - (len(roles) - 1) / 2) * width
         points, lows, highs = map(np.asarray, (points, lows, highs))

@@ -32,7 +32,7 @@ from typing import Callable
 import pandas as pd
 
 from dspark_bench.errors import DsparkError
-from dspark_bench.results import SCHEMA_VERSION, check_writable, read_json
+from dspark_bench.results import SCHEMA_VERSION, check_writable, describe_machine, read_json
 
 # The files a baseline keeps; samples.parquet is needed for the outputs' fingerprint.
 BASELINE_FILES = ("run.json", "summary.json", "samples.parquet")
@@ -42,7 +42,7 @@ RUN_KEYS = {"configs": (), "settings": (), "models": ("target", "draft", "target
                                                       "device", "dtype"), "prompts": ("count", "fingerprint")}
 SAMPLE_COLUMNS = ("prompt_id", "turn", "config_id", "output_ids")
 # Settings that change what is generated; repeats, warm-up and tracing only change timing.
-OUTPUT_SETTINGS = ("chat_template", "turns")
+OUTPUT_SETTINGS = ("chat_template", "turns", "ignore_eos")
 DEFAULT_TOLERANCE = 1e-6
 DEFAULT_SPEED_TOLERANCE = 0.25
 
@@ -200,8 +200,10 @@ def comparable(baseline_run: dict, current_run: dict) -> list[str]:
         differs(key, [c.get(key) for c in old_configs], [c.get(key) for c in new_configs])
     strip = lambda configs: [{k: v for k, v in c.items() if k not in ("max_new_tokens", "temperature")} for c in configs]
     reasons += _config_differences(strip(old_configs), strip(new_configs))
+    defaults = dataclasses.asdict(_settings({}))  # a run made before a setting existed ran with its default
     for key in OUTPUT_SETTINGS:
-        differs(f"setting {key}", baseline_run["settings"].get(key), current_run["settings"].get(key))
+        differs(f"setting {key}", baseline_run["settings"].get(key, defaults[key]),
+                current_run["settings"].get(key, defaults[key]))
     return reasons
 
 
@@ -323,9 +325,37 @@ def compare(
         if outputs_deterministic(baseline.run, config):
             rows.append(fingerprint_row(label, baseline.outputs.get(config_id), current.outputs.get(config_id)))
         rows.append(speed_row(label, old["speedup"], new["speedup"], speed_tolerance, strict_speed))
-    notes = [f"tolerance {tolerance:g} (relative) on policy metrics; speedup below "
-             f"{1 - speed_tolerance:.2f}× the baseline's is {'a failure' if strict_speed else 'flagged'}"]
+    notes = [f"tolerance {tolerance:g} (relative) on policy metrics; speedup (seconds per token, baseline over "
+             f"speculative) below {1 - speed_tolerance:.2f}× the baseline's is "
+             f"{'a failure' if strict_speed else 'flagged'}"]
+    suspect = machine_note(baseline.run, current.run, speed_moved=any(
+        row.metric == "speedup" and row.verdict != "pass" for row in rows))
+    if suspect:
+        notes.insert(0, suspect)
+    if current.run["settings"].get("ignore_eos"):
+        notes.append("timed with EOS ignored: every sequence is exactly max_new_tokens long")
     return Comparison(rows, baseline.describe(), current.describe(), notes)
+
+
+# What a different machine changes: the speed, never the policy metrics.
+MACHINE_KEYS = ("cpu", "cpu_cores", "torch_threads", "blas", "gpu")
+
+
+def machine_note(baseline_run: dict, current_run: dict, speed_moved: bool) -> str | None:
+    """Name a machine change as the first suspect when speed moved (and say when machines differ)."""
+    old = (baseline_run.get("environment") or {}).get("machine")
+    new = (current_run.get("environment") or {}).get("machine")
+    if old is None:
+        return ("speed moved, and the baseline does not record its machine (made before dspark-bench kept one): "
+                "suspect a different machine first" if speed_moved else None)
+    changed = [key for key in MACHINE_KEYS if old.get(key) != (new or {}).get(key)]
+    if not changed:
+        return "same machine as the baseline: a speed change is the code's, or noise" if speed_moved else None
+    where = (f"baseline {describe_machine(baseline_run['environment'])}; "
+             f"current {describe_machine(current_run.get('environment') or {})}")
+    if speed_moved:
+        return f"first suspect: the machine changed ({', '.join(changed)}: {where})"
+    return f"the machine changed ({', '.join(changed)}: {where}); speed compared anyway"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -380,8 +410,9 @@ class Rerun:
 
     @property
     def samples(self) -> int:
-        turns = [1 + len(p.turns) if self.settings.turns == "all" else 1 for p in self.prompts]
-        return sum(turns) * len(self.configs)
+        from dspark_bench.runner import planned_samples
+
+        return planned_samples(self.prompts, self.configs, self.settings)
 
 
 def plan_rerun(baseline: RunRecord) -> Rerun:

@@ -127,8 +127,11 @@ def draft_rollouts(draft: torch.nn.Module, sequence: list[int], prompt_len: int,
 
 
 def record(pair, prompt_ids: list[list[int]], max_new_tokens: int, gamma_record: int, topk: int = 5,
-           info: dict | None = None, progress=None) -> Record:
-    """Record the target's greedy continuation and the draft's rollouts for every prompt."""
+           info: dict | None = None, progress=None, eos_ids: frozenset[int] | None = None) -> Record:
+    """Record the target's greedy continuation and the draft's rollouts for every prompt.
+
+    `eos_ids` end a sequence (default: the pair's; empty when a run ignores EOS)."""
+    eos_ids = pair.eos_ids if eos_ids is None else frozenset(eos_ids)
     config = DecodeConfig(max_new_tokens=max_new_tokens)
     P, N, G = len(prompt_ids), max_new_tokens, gamma_record
     continuation = np.full((P, N), -1, dtype=np.int64)
@@ -136,7 +139,7 @@ def record(pair, prompt_ids: list[list[int]], max_new_tokens: int, gamma_record:
     rollout = np.full((P, N, G), -1, dtype=np.int64)
     scores = {m: np.zeros((P, N, G), dtype=np.float32) for m in confidence.METRICS}
     for p, ids in enumerate(prompt_ids):
-        generated = autoregressive_decode(pair.target, ids, config, pair.eos_ids).tokens
+        generated = autoregressive_decode(pair.target, ids, config, eos_ids).tokens
         continuation[p, : len(generated)] = generated
         lengths[p] = len(generated)
         tokens, values = draft_rollouts(pair.draft, ids + generated, len(ids), len(generated), G, topk)
@@ -146,7 +149,7 @@ def record(pair, prompt_ids: list[list[int]], max_new_tokens: int, gamma_record:
         if progress:
             progress()
     meta = {"max_new_tokens": N, "gamma_record": G, "topk": topk, **(info or {})}
-    return Record(continuation, lengths, rollout, scores, tuple(sorted(pair.eos_ids)), meta)
+    return Record(continuation, lengths, rollout, scores, tuple(sorted(eos_ids)), meta)
 
 
 # --- simulation, one policy at a time ---------------------------------------------------------

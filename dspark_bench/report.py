@@ -27,7 +27,7 @@ import pandas as pd
 from dspark_bench import plots
 from dspark_bench.config import DecodeConfig
 from dspark_bench.errors import DsparkError
-from dspark_bench.results import check_writable, load, load_table, read_json
+from dspark_bench.results import check_writable, describe_machine, load, load_table, read_json
 
 FORMATS = ("png", "svg")
 GROUPINGS = ("category", "task", "run")
@@ -413,6 +413,15 @@ def summary_blocks(inputs: Inputs) -> list[tuple]:
     identical = policies.get("identical_to_baseline")
     if identical is not None and identical.notna().any():
         text += f" Outputs identical to the target's own: {identical.mean():.0%} of measured samples."
+    elif best is not None and pd.notna(best.get("spec_mean_new_tokens")):
+        text += (f" Sampled outputs differ by design; for the best configuration the mean sample length is "
+                 f"{best['baseline_mean_new_tokens']:.1f} tokens (baseline) against {best['spec_mean_new_tokens']:.1f} "
+                 f"(speculative), at {_fmt(best.get('baseline_tokens_per_s'), 1)} against "
+                 f"{_fmt(best.get('spec_tokens_per_s'), 1)} tokens/s.")
+    text += (" Speedup is the baseline's seconds per generated token over the speculative decoder's, on the same "
+             "prompts in the same process, with a 95 % bootstrap interval over prompts.")
+    if any(_settings_of(info).get("ignore_eos") for info in inputs.infos.values()):
+        text += " Timed with EOS ignored: every sequence is exactly max_new_tokens long on both sides."
     blocks.append(("p", text))
     if several:
         per_run = []
@@ -425,6 +434,11 @@ def summary_blocks(inputs: Inputs) -> list[tuple]:
     blocks += cost_model_blocks(inputs)
     blocks += environment_blocks(inputs)
     return blocks
+
+
+def _settings_of(info: dict) -> dict:
+    """The runner settings of a run (a sweep keeps them in its spec)."""
+    return info.get("settings") or info.get("spec") or {}
 
 
 def _baseline_rate(best: pd.Series | None):
@@ -468,9 +482,9 @@ def environment_blocks(inputs: Inputs) -> list[tuple]:
         rows.append([plots.short_run(run_id), kind, f"{device} · {models.get('dtype', '—')}",
                      str(models.get("target", "—")), str(models.get("draft", "—")),
                      f"{prompts.get('task') or prompts.get('dataset') or '—'} ({prompts.get('count', '?')} prompts)",
-                     versions, str(env.get("git_commit") or "—")])
+                     describe_machine(env), versions, str(env.get("git_commit") or "—")])
     return [("h3", "Environment"),
-            ("table", ["run", "kind", "device", "target", "draft", "task", "versions", "git"], rows)]
+            ("table", ["run", "kind", "device", "target", "draft", "task", "machine", "versions", "git"], rows)]
 
 
 # --- rendering -----------------------------------------------------------------------------------
@@ -525,7 +539,8 @@ def to_html(blocks: list[tuple], title: str) -> str:
         elif kind == "table":
             head = "".join(f"<th>{_html_inline(h)}</th>" for h in block[1])
             rows = "".join("<tr>" + "".join(f"<td>{_html_inline(c)}</td>" for c in row) + "</tr>" for row in block[2])
-            body.append(f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>")
+            # Each table in its own box: long cells wrap, and what still does not fit scrolls inside it.
+            body.append(f'<div class="table-box"><table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table></div>')
         elif kind == "figure":
             _, fig_title, _, uri, caption = block
             body.append(f'<figure><img alt="{html.escape(fig_title)}" src="{uri}">'
@@ -533,8 +548,9 @@ def to_html(blocks: list[tuple], title: str) -> str:
         elif kind == "ul":
             body.append("<ul>" + "".join(f"<li>{_html_inline(i)}</li>" for i in block[1]) + "</ul>")
     style = ("body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;color:#222}"
-             "table{border-collapse:collapse;font-size:0.85em;margin:0.5em 0}td,th{border:1px solid #ccc;"
-             "padding:3px 6px;text-align:left}th{background:#f3f3f3}img{max-width:100%;height:auto}"
+             ".table-box{max-width:100%;overflow-x:auto;margin:0.5em 0}"
+             "table{border-collapse:collapse;font-size:0.85em;max-width:100%}td,th{border:1px solid #ccc;"
+             "padding:3px 6px;text-align:left;overflow-wrap:anywhere}th{background:#f3f3f3}img{max-width:100%;height:auto}"
              "figure{margin:1em 0}figcaption{font-size:0.9em;color:#555}code{background:#f3f3f3;padding:0 3px}")
     return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
             f"<style>{style}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")

@@ -35,7 +35,7 @@ def environment() -> dict:
 
     return {
         "dspark_bench": __version__,
-        "torch": torch.__version__,
+        "torch": str(torch.__version__),  # a TorchVersion: plain str for JSON and YAML
         "transformers": transformers.__version__,
         "optuna": optuna.__version__,
         "python": platform.python_version(),
@@ -43,7 +43,72 @@ def environment() -> dict:
         "cpu_threads": torch.get_num_threads(),
         "cuda_device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "git_commit": git_commit(),
+        "machine": machine(),
     }
+
+
+def machine() -> dict:
+    """What a speed was measured on: CPU model and cores, torch threads and BLAS, and the GPU
+    (name, memory, CUDA and driver versions) where there is one. Speedups do not travel between
+    machines, so every result says which one it came from."""
+    import torch
+
+    info = {
+        "cpu": cpu_model(),
+        "cpu_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "blas": torch_build_setting("BLAS_INFO"),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "gpu": None,
+    }
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        info["gpu"] = {"name": props.name, "memory_gib": round(props.total_memory / 2**30, 1),
+                       "count": torch.cuda.device_count(), "cuda": torch.version.cuda, "driver": gpu_driver()}
+    return info
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def torch_build_setting(name: str) -> str | None:
+    """One `NAME=value` of torch's build configuration (e.g. BLAS_INFO=mkl)."""
+    import re
+
+    import torch
+
+    found = re.search(rf"{name}=([^,\s]+)", torch.__config__.show())
+    return found.group(1) if found else None
+
+
+def gpu_driver() -> str | None:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
+
+
+def describe_machine(env: dict) -> str:
+    """One line naming the machine of an environment block ("—" for results made before it was kept)."""
+    info = (env or {}).get("machine")
+    if not info:
+        return "—"
+    text = f"{info.get('cpu', '?')} · {info.get('cpu_cores', '?')} cores · {info.get('torch_threads', '?')} threads"
+    if info.get("blas"):
+        text += f" · {info['blas']}"
+    gpu = info.get("gpu")
+    if gpu:
+        text += f" · {gpu['name']} {gpu.get('memory_gib', '?')} GiB, CUDA {gpu.get('cuda')}, driver {gpu.get('driver')}"
+    return text
 
 
 def git_commit() -> str | None:

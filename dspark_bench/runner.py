@@ -21,7 +21,7 @@ import torch
 from dspark_bench.baselines import autoregressive_decode
 from dspark_bench.config import DecodeConfig
 from dspark_bench.engine import DecodeResult, speculative_decode
-from dspark_bench.metrics import position_acceptance, rates, round_totals, summarize
+from dspark_bench.metrics import position_acceptance, rates, round_totals, speedup_ratio, summarize
 from dspark_bench.models import ModelPair
 from dspark_bench.prompts import Prompt, encode, prompts_fingerprint
 from dspark_bench.results import check_writable, write_run
@@ -29,11 +29,18 @@ from dspark_bench.results import check_writable, write_run
 
 @dataclass(frozen=True)
 class RunnerSettings:
-    repeats: int = 3  # timed A/B pairs per (prompt, config); medians are kept
+    repeats: int = 1  # timed A/B pairs per (prompt, config); medians are kept
     warmup: int = 1  # untimed decodes of each kind before timing starts
     trace: bool = False  # keep per-round rows (rounds.parquet)
     chat_template: str = "auto"
     turns: str = "first"  # "first" or "all" turns of multi-turn prompts
+    # Timing-only runs: both sides generate exactly max_new_tokens, EOS not ending a sequence
+    # (as benchmark suites' "ignore EOS" does), so sampled outputs have equal lengths.
+    ignore_eos: bool = False
+
+    def eos_ids(self, pair: ModelPair) -> frozenset[int]:
+        """The ids that end a sequence in this run: none when EOS is ignored."""
+        return frozenset() if self.ignore_eos else pair.eos_ids
 
 
 @dataclass
@@ -91,13 +98,14 @@ def config_columns(config: DecodeConfig, config_id: int) -> dict:
     return {"config_id": config_id, "config_label": config.label(), **config.to_dict()}
 
 
-def measure(pair: ModelPair, prompt_ids: list[int], config: DecodeConfig, repeats: int):
+def measure(pair: ModelPair, prompt_ids: list[int], config: DecodeConfig, repeats: int, eos: frozenset[int],
+            offset: int = 0):
     """Baseline and speculative decode of one prompt, interleaved; medians of the times."""
-    eos = pair.eos_ids
     base_times, spec_times = [], []
     for repeat in range(repeats):
-        # A B, then B A: neither side always runs first (caches, clocks and boosts drift).
-        for side in ((0, 1) if repeat % 2 == 0 else (1, 0)):
+        # A B, then B A (and each sample starting where the last did not, by `offset`): neither
+        # side always runs first (caches, clocks and boosts drift), even with one pair per sample.
+        for side in ((0, 1) if (repeat + offset) % 2 == 0 else (1, 0)):
             if side == 0:
                 baseline, t = timed(lambda: autoregressive_decode(pair.target, prompt_ids, config, eos), pair.device)
                 base_times.append(t)
@@ -120,7 +128,7 @@ def warm_up(pair: ModelPair, prompts: list[Prompt], configs: list[DecodeConfig],
     ids = encode(pair.tokenizer, prompts[0].text, settings.chat_template)
     short = configs[0].replace(max_new_tokens=min(16, configs[0].max_new_tokens))
     for _ in range(settings.warmup):
-        measure(pair, ids, short, repeats=1)
+        measure(pair, ids, short, repeats=1, eos=settings.eos_ids(pair))
 
 
 def iter_samples(
@@ -133,6 +141,7 @@ def iter_samples(
     (per-domain calibrated policies).
     """
     warm_up(pair, prompts, configs, settings)
+    measured = 0
     for index, prompt in enumerate(prompts):
         for config_id, config in enumerate(configs):
             if assignment is not None and assignment[index] != config_id:
@@ -140,7 +149,9 @@ def iter_samples(
             history: list[tuple[str, str]] = []
             for turn, text in enumerate(conversation(prompt, settings)):
                 ids = encode(pair.tokenizer, text, settings.chat_template, history)
-                baseline, spec, base_time, spec_time = measure(pair, ids, config, settings.repeats)
+                baseline, spec, base_time, spec_time = measure(pair, ids, config, settings.repeats,
+                                                               settings.eos_ids(pair), offset=measured)
+                measured += 1
                 base = {"prompt_id": prompt.id, "category": prompt.category, "turn": turn, **config_columns(config, config_id)}
                 row = {
                     **base,
@@ -149,7 +160,7 @@ def iter_samples(
                     "baseline_new_tokens": len(baseline.tokens),
                     "baseline_time_s": base_time,
                     "spec_time_s": spec_time,
-                    "speedup": base_time / spec_time,
+                    "speedup": float(speedup_ratio(base_time, len(baseline.tokens), spec_time, len(spec.tokens))),
                     # Only greedy outputs must be identical; sampled ones differ by design.
                     "identical_to_baseline": (spec.tokens == baseline.tokens) if config.greedy else None,
                     "output_ids": spec.tokens,
@@ -200,6 +211,25 @@ def run(
     return RunOutput(samples, pd.DataFrame(trace_rows) if settings.trace else None)
 
 
+def planned_samples(prompts: list[Prompt], configs: list[DecodeConfig], settings: RunnerSettings,
+                    assignment: list[int] | None = None) -> int:
+    """How many (prompt, turn, config) measurements a run makes."""
+    turns = sum(1 + len(p.turns) if settings.turns == "all" else 1 for p in prompts)
+    return turns * (len(configs) if assignment is None else 1)
+
+
+def say_plan(pair: ModelPair, prompts: list[Prompt], configs: list[DecodeConfig], settings: RunnerSettings,
+             assignment: list[int] | None, say: Callable[[str], None]) -> None:
+    from dspark_bench.plan import run_plan, seconds_per_token
+
+    if not prompts:
+        return
+    per_token = seconds_per_token(pair, encode(pair.tokenizer, prompts[0].text, settings.chat_template))
+    tokens = max(c.max_new_tokens for c in configs)
+    say(run_plan(per_token, len(prompts), planned_samples(prompts, configs, settings, assignment),
+                 len(configs), tokens, settings.repeats))
+
+
 def run_to_folder(
     pair: ModelPair,
     prompts: list[Prompt],
@@ -209,9 +239,14 @@ def run_to_folder(
     source: dict | None = None,
     progress: Callable[[], None] | None = None,
     assignment: list[int] | None = None,
+    say: Callable[[str], None] | None = None,
 ) -> tuple[Path, pd.DataFrame]:
-    """`run`, then write the run folder; returns it and the per-config summary table."""
+    """`run`, then write the run folder; returns it and the per-config summary table.
+
+    With `say`, the plan and its estimated duration are said before decoding starts."""
     check_writable(out)
+    if say:
+        say_plan(pair, prompts, configs, settings, assignment, say)
     output = run(pair, prompts, configs, settings, progress, assignment)
     table = summarize(output.samples)
     by_category = summarize(output.samples, by=["category"])

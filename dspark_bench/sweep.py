@@ -43,10 +43,23 @@ OBJECTIVES = {
     "block_acceptance_rate": "maximize", "accepted_per_round": "maximize", "avg_draft_len": "maximize",
     "draft_forwards_per_token": "minimize",
 }
+# The base of a space given by flags alone, and the default of real (timed) sweeps: every point
+# costs a decoding pass per prompt, so it stays small.
 DEFAULT_SPACE = {
     "metric": ["top1"], "schedule": ["threshold"], "threshold": [0.3, 0.5, 0.7], "gamma_max": [4],
     "min_draft_len": [1],
 }
+# The default under replay, where a policy costs microseconds: every metric and threshold-based
+# schedule over a fine threshold grid, gamma_max 1-8, min_draft_len 0-2 (3,496 valid points; the
+# replay sweep adds every fixed gamma).
+DENSE_SPACE = {
+    "metric": ["top1", "entropy", "topk_mass", "margin"], "schedule": ["threshold", "cumulative"],
+    "threshold": {"low": 0.05, "high": 0.95, "step": 0.05}, "gamma_max": {"low": 1, "high": 8},
+    "min_draft_len": {"low": 0, "high": 2},
+}
+# Where `sweep --task T` looks for the task's own spec, sweeps/T.yaml: the working folder,
+# then the project's checkout (an installed package has none).
+SPEC_FOLDERS = (Path("sweeps"), Path(__file__).resolve().parents[1] / "sweeps")
 
 
 @dataclass(frozen=True)
@@ -67,6 +80,7 @@ class SweepSpec:
     temperature: float = 0.0
     top_p: float = 1.0
     topk: int = 5
+    ignore_eos: bool = False  # timing only: every sequence is exactly max_new_tokens long
     space: dict = field(default_factory=lambda: dict(DEFAULT_SPACE))  # param -> list or {low, high, step}
     objective: tuple[str, ...] = ("speedup",)
     method: str = "grid"  # grid | optuna (TPE)
@@ -123,6 +137,8 @@ def _check_types(spec: SweepSpec, where: str) -> None:
         value = getattr(spec, name)
         if value is not None and (not isinstance(value, int) or value < 1):
             raise DsparkError(f"{where}: {name} must be a positive integer (got {value!r})")
+    if not isinstance(spec.ignore_eos, bool):
+        raise DsparkError(f"{where}: ignore_eos must be true or false (got {spec.ignore_eos!r})")
 
 
 def _parse_spec(data: dict, where: str) -> SweepSpec:
@@ -163,6 +179,39 @@ def flag_overrides(fields: dict, space: dict) -> dict:
     overrides = {key: value for key, value in fields.items() if value is not None}
     overrides.update({f"space.{name}": list(values) for name, values in space.items() if values})
     return overrides
+
+
+def task_spec(task: str | None) -> Path | None:
+    """The task's own spec (sweeps/<task>.yaml), if there is one."""
+    if not task:
+        return None
+    return next((folder / f"{task}.yaml" for folder in SPEC_FOLDERS if (folder / f"{task}.yaml").is_file()), None)
+
+
+def resolve_spec(path: Path | None, overrides: dict) -> tuple[SweepSpec, str]:
+    """The spec a `sweep` command means, and one line saying where its search space came from.
+
+    Without --spec: the task's own sweeps/<task>.yaml where it exists; else, when no search-space
+    flag is given, the dense default under replay (thousands of policies for about the price of
+    one decoding pass) or a small grid under real timed runs (sampling), said as such.
+    """
+    chosen_by_flags = any(key.startswith("space.") for key in overrides)
+    if path is None and not chosen_by_flags:
+        path = task_spec(overrides.get("task"))
+        if path is not None:
+            spec = load_spec(path, overrides)
+            return spec, f"search space: {path}, the task's own spec ({len(points(spec)):,} points)"
+    if path is not None or chosen_by_flags:
+        spec = load_spec(path, overrides)
+        n = len(points(spec))
+        return spec, f"search space: {path or 'the command-line flags'} ({n:,} point{'s' * (n != 1)})"
+    spec = load_spec(None, {**overrides, "space": DENSE_SPACE})
+    if engine_for(spec) == "replay":
+        return spec, f"search space: the dense default ({len(points(spec)):,} points plus every fixed gamma)"
+    spec = load_spec(None, overrides)
+    return spec, (f"search space: a small default grid ({len(points(spec))} points) — sampling verification "
+                  "needs a real timed run per policy, so replay's dense default is not used; give --spec or "
+                  "--threshold/--gamma-max/... for more")
 
 
 def load_spec(path: Path | None, overrides: dict) -> SweepSpec:
@@ -575,29 +624,36 @@ def finish_real(folder: Path, study: optuna.Study, spec: SweepSpec) -> pd.DataFr
 
 
 def replay_sweep(folder: Path, spec: SweepSpec, prepared: Prepared, records_root: Path,
-                 progress: StageProgress | None = None) -> pd.DataFrame:
+                 progress: StageProgress | None = None, say: Callable[[str], None] | None = None) -> pd.DataFrame:
     """Record once, simulate the whole space, confirm the best few with real timed runs."""
     from dspark_bench.prompts import encode, prompts_fingerprint
     from dspark_bench.replay import Record, measure_cost, record, simulate_grid
     from dspark_bench.runner import RunnerSettings, run, stage_steps
 
     pair, prompts, base = prepared.pair, prepared.prompts, prepared.base
+    settings = RunnerSettings(repeats=spec.repeats, ignore_eos=spec.ignore_eos)
     configs = points(spec, base)
     gammas = sorted({c.gamma_max for c in configs})
     classic = [base.replace(schedule="fixed", gamma_max=g, min_draft_len=0) for g in gammas]
     configs += [c for c in classic if c not in configs]
     models, fingerprint = pair.describe(), prompts_fingerprint(prompts)
     key = f"{models['target_fingerprint']}-{models['draft_fingerprint']}-{fingerprint}-n{base.max_new_tokens}" \
-          f"-g{max(gammas)}-k{base.topk}-{models['dtype']}"
+          f"-g{max(gammas)}-k{base.topk}-{models['dtype']}" + ("-noeos" if spec.ignore_eos else "")
     record_dir = records_root / key
     ids = [encode(pair.tokenizer, p.text) for p in prompts]
+    if say:
+        from dspark_bench.plan import replay_plan, seconds_per_token
+
+        say(replay_plan(seconds_per_token(pair, ids[0]), len(prompts), base.max_new_tokens, len(configs),
+                        min(spec.confirm_top, len(configs) - len(gammas)) + 1, spec.repeats,
+                        recorded=(record_dir / "record.json").is_file()))
     if (record_dir / "record.json").is_file():
         rec = Record.load(record_dir)
         rec.check_matches(models, fingerprint)
     else:
         info = {"models": models, "prompts_fingerprint": fingerprint, "prompt_ids": [p.id for p in prompts],
                 "categories": [p.category for p in prompts]}
-        rec = record(pair, ids, base.max_new_tokens, max(gammas), base.topk, info,
+        rec = record(pair, ids, base.max_new_tokens, max(gammas), base.topk, info, eos_ids=settings.eos_ids(pair),
                      progress=stage_steps(progress, "recording", len(ids)))
         partial = record_dir.with_name(f".{record_dir.name}.{os.getpid()}.partial")
         rec.save(partial)
@@ -624,13 +680,13 @@ def replay_sweep(folder: Path, spec: SweepSpec, prepared: Prepared, records_root
     best_fixed = ranked[ranked["schedule"] == "fixed"].head(1)
     chosen = pd.concat([confirm, best_fixed])
     confirm_configs = [configs[i] for i in chosen["config_id"]]
-    output = run(pair, prompts, confirm_configs, RunnerSettings(repeats=spec.repeats),
+    output = run(pair, prompts, confirm_configs, settings,
                  progress=stage_steps(progress, f"confirming the best {len(confirm_configs)}",
                                       len(prompts) * len(confirm_configs)))
     measured = summarize(output.samples)
     measured["config_id"] = chosen["config_id"].to_numpy()[measured["config_id"].to_numpy()]
     keep = ["config_id", "speedup", "speedup_low", "speedup_high", "baseline_tokens_per_s", "spec_tokens_per_s",
-            "identical_to_baseline"]
+            "baseline_mean_new_tokens", "spec_mean_new_tokens", "identical_to_baseline"]
     table = table.merge(measured[keep], on="config_id", how="left")
     table.loc[table["speedup"].notna(), "source"] = "confirmed"
     samples = output.samples.assign(config_id=chosen["config_id"].to_numpy()[output.samples["config_id"].to_numpy()])
@@ -649,6 +705,21 @@ def replay_sweep(folder: Path, spec: SweepSpec, prepared: Prepared, records_root
     }
     atomic_json(summary, folder / "summary.json")
     return confirmed
+
+
+def result_title(folder: Path) -> str:
+    """What a finished sweep searched and how: the heading of its printed table."""
+    from dspark_bench.results import read_json
+
+    summary = read_json(Path(folder) / "summary.json", "summary file")
+    spec = read_json(Path(folder) / "run.json", "run file").get("spec", {})
+    eos = " · EOS ignored" if spec.get("ignore_eos") else ""
+    if summary.get("engine") == "replay":
+        confirmed = len(summary.get("confirmed", []))
+        return (f"{summary['policies_simulated']:,} policies searched by replay (simulated from one record, fixed "
+                f"gamma included); the best {confirmed} confirmed by timed runs{eos}")
+    states = summary.get("trial_states", {})
+    return f"{states.get('COMPLETE', 0)} policies searched by real timed runs ({summary.get('method')}){eos}"
 
 
 def masked(url: str) -> str:
@@ -672,8 +743,11 @@ def start_workers(folder: Path, count: int, storage: str) -> list:
 
 
 def run_sweep(spec: SweepSpec, out: Path, storage: str | None = None, study_name: str | None = None,
-              workers: int = 1, progress: StageProgress | None = None) -> tuple[Path, pd.DataFrame]:
-    """A new sweep: real (grid / Optuna, in a study) or replay; returns its folder and best table."""
+              workers: int = 1, progress: StageProgress | None = None,
+              say: Callable[[str], None] | None = None) -> tuple[Path, pd.DataFrame]:
+    """A new sweep: real (grid / Optuna, in a study) or replay; returns its folder and best table.
+
+    With `say`, the plan and its estimated duration are said before any decoding."""
     if workers < 1:
         raise DsparkError(f"--workers must be at least 1 (got {workers})")
     engine = engine_for(spec)
@@ -681,12 +755,20 @@ def run_sweep(spec: SweepSpec, out: Path, storage: str | None = None, study_name
     folder = start_folder(out, "sweep")
     if engine == "replay":
         write_run_info(folder, "sweep", run_info(spec, prepared, {"engine": "replay"}))
-        return folder, replay_sweep(folder, spec, prepared, Path(out) / "records", progress)
+        return folder, replay_sweep(folder, spec, prepared, Path(out) / "records", progress, say)
     storage = storage or default_storage(folder)
     study_name = study_name or folder.name
     # The password of a database URL is not written into results; --resume asks for it.
     write_run_info(folder, "sweep", run_info(spec, prepared, {"engine": "real", "storage": masked(storage),
                                                                "study": study_name}))
+    if say:
+        from dspark_bench.plan import real_sweep_plan, seconds_per_token
+        from dspark_bench.prompts import encode
+
+        trials = grid_size(spec) if spec.method == "grid" else spec.trials
+        per_token = seconds_per_token(prepared.pair, encode(prepared.pair.tokenizer, prepared.prompts[0].text))
+        say(real_sweep_plan(per_token, len(prepared.prompts), prepared.base.max_new_tokens,
+                            -(-trials // workers), spec.repeats) + (f" with {workers} workers" if workers > 1 else ""))
     return folder, continue_sweep(folder, prepared, workers, progress, storage=storage)
 
 
@@ -719,7 +801,7 @@ def continue_sweep(folder: Path, prepared: Prepared | None = None, workers: int 
         prepared = prepare(spec)
         check_unchanged(Path(folder), info, prepared)
     ctx = TrialContext(spec, prepared.pair, prepared.prompts, prepared.base, Path(folder),
-                       RunnerSettings(repeats=spec.repeats))
+                       RunnerSettings(repeats=spec.repeats, ignore_eos=spec.ignore_eos))
     helpers = start_workers(Path(folder), workers - 1, info["storage"]) if workers > 1 else []
     try:
         study = run_study(ctx, info["storage"], info["study"], progress)

@@ -40,6 +40,12 @@ def test_run_writes_a_complete_run_folder(first_run):
     summary = json.loads((folder / "summary.json").read_text())
     assert {row["category"] for row in summary["by_category"]} == {"code", "prose"}
     assert "speedup" in result.output and "run folder" in result.output
+    # The plan comes first, with its estimate; the machine is recorded with the numbers.
+    assert "plan: 3 prompts × 2 configurations × 1 timed pair × 16 tokens ≈" in result.output
+    assert result.output.index("plan:") < result.output.index("run folder")
+    machine = info["environment"]["machine"]
+    assert machine["cpu"] and machine["cpu_cores"] >= 1 and machine["torch_threads"] >= 1
+    assert {"blas", "gpu"} <= set(machine)
 
 
 def test_decode_shows_rounds(saved_pair):

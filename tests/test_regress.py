@@ -189,6 +189,28 @@ def test_slower_speed_is_flagged_or_failed_when_strict(baseline):
     assert not lib.compare(record, _with_speedup(record, 2.0)).flagged
 
 
+def _on_machine(record: lib.RunRecord, **machine) -> lib.RunRecord:
+    env = {**record.run["environment"], "machine": {**record.run["environment"]["machine"], **machine}}
+    return lib.RunRecord(record.folder, {**record.run, "environment": env}, record.summary, record.outputs)
+
+
+def test_a_machine_change_is_the_first_suspect_when_speed_moves(baseline):
+    record = lib.load_baseline(baseline / "summary.json")
+    assert record.run["environment"]["machine"]["cpu"]  # every run records its machine
+    moved = lib.compare(record, _on_machine(_with_speedup(record, 0.5), cpu="Other CPU", cpu_cores=64))
+    first = moved.markdown().split("\n- ")[1]
+    assert first.startswith("first suspect: the machine changed (cpu, cpu_cores") and "Other CPU" in first
+    same = lib.compare(record, _with_speedup(record, 0.5)).notes[0]
+    assert same.startswith("same machine as the baseline")
+    # A baseline from before machines were recorded: say so rather than guess.
+    old = lib.RunRecord(record.folder, {**record.run, "environment": {}}, record.summary, record.outputs)
+    assert "does not record its machine" in lib.compare(old, _with_speedup(record, 0.5)).notes[0]
+    # Speed within tolerance: a different machine is mentioned, not blamed.
+    calm = lib.compare(record, _on_machine(record, cpu="Other CPU")).notes[0]
+    assert calm.startswith("the machine changed (cpu") and "speed compared anyway" in calm
+    assert not lib.compare(record, record).notes[0].startswith(("same machine", "the machine"))
+
+
 def test_metrics_compare_within_tolerance():
     assert lib.metric_row("c", "tokens_per_round", 2.0, 2.0 * (1 + 1e-9), 1e-6).verdict == "pass"
     assert lib.metric_row("c", "tokens_per_round", 2.0, 2.001, 1e-6).verdict == "fail"

@@ -133,6 +133,7 @@ def synthetic_samples() -> pd.DataFrame:
         for label, schedule, speed in (("top1 threshold 0.4 γ≤4 min1", "threshold", 1.6), ("fixed γ=4", "fixed", 1.2)):
             rows.append({"prompt_id": prompt, "category": category, "config_label": label, "schedule": schedule,
                          "baseline_time_s": 1.0 + prompt * 0.1, "spec_time_s": (1.0 + prompt * 0.1) / speed,
+                         "baseline_new_tokens": 100, "new_tokens": 100,
                          "rounds": 10, "position_drafted": [9, 6, 3, 1], "position_accepted": [8, 4, 1, 0],
                          "stop_threshold": 6, "stop_gamma_max": 1, "stop_eos": 0, "stop_budget": 3})
     return pd.DataFrame(rows)
@@ -302,25 +303,48 @@ def chromium() -> str | None:
     return None
 
 
+def browse(html: str, tmp_path, script: str, width: int = 1280) -> str:
+    """The page's title after `script` ran on load, in headless Chromium at `width` pixels."""
+    browser = chromium()
+    if browser is None:
+        pytest.skip("chromium not installed")
+    probe = tmp_path / "probe.html"
+    probe.write_text(html.replace("</body>", f"<script>window.addEventListener('load', () => {{ {script} }});</script></body>"))
+    out = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                          "--disable-component-update", "--no-first-run", f"--user-data-dir={tmp_path / 'profile'}",
+                          f"--window-size={width},900", "--hide-scrollbars", "--virtual-time-budget=5000", "--dump-dom",
+                          probe.as_uri()], capture_output=True, text=True, timeout=120)
+    title = re.search(r"<title>(.*?)</title>", out.stdout)
+    assert title, out.stderr[-2000:]
+    return title.group(1)
+
+
 def test_report_html_images_load_in_a_browser(results, tmp_path):
     html = build_report([results["run"], results["replay"]], out=tmp_path).with_name("report.html").read_text()
     images = re.findall(r'<img alt="[^"]*" src="data:image/png;base64,([^"]+)"', html)
     assert len(images) == html.count("<img") >= 6
     assert all(base64.b64decode(data)[:8] == b"\x89PNG\r\n\x1a\n" for data in images)
-    browser = chromium()
-    if browser is None:
+    if chromium() is None:
         pytest.skip("chromium not installed: images checked as valid PNG data URIs only")
-    probe = tmp_path / "probe.html"  # count images the browser decoded into the title
-    probe.write_text(html.replace("</body>", "<script>window.addEventListener('load', () => { const i = "
-                                  "[...document.images]; document.title = 'loaded ' + i.filter(x => x.complete && "
-                                  "x.naturalWidth > 0).length + ' of ' + i.length; });</script></body>"))
-    out = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                          "--disable-component-update", "--no-first-run", f"--user-data-dir={tmp_path / 'profile'}",
-                          "--virtual-time-budget=5000", "--dump-dom", probe.as_uri()],
-                         capture_output=True, text=True, timeout=120)
-    title = re.search(r"<title>loaded (\d+) of (\d+)</title>", out.stdout)
-    assert title, out.stderr[-2000:]
-    assert title.group(1) == title.group(2) == str(len(images))
+    # Count the images the browser decoded into the title.
+    title = browse(html, tmp_path, "const i = [...document.images]; document.title = 'loaded ' + "
+                   "i.filter(x => x.complete && x.naturalWidth > 0).length + ' of ' + i.length;")
+    assert title == f"loaded {len(images)} of {len(images)}"
+
+
+def test_report_tables_fit_a_1280_pixel_window(results, tmp_path):
+    # Two runs side by side give the widest tables: per-run rows, long model paths.
+    html = build_report([results["run"], results["replay"]], out=tmp_path).with_name("report.html").read_text()
+    tables = html.count("<table>")
+    assert tables >= 3 and html.count('<div class="table-box">') == tables
+    title = browse(html, tmp_path, "const w = window.innerWidth; const t = [...document.querySelectorAll('table')]; "
+                   "document.title = 'viewport ' + w + ' page ' + document.documentElement.scrollWidth + ' tables ' + "
+                   "t.length + ' widest ' + Math.max(...t.map(x => Math.ceil(x.getBoundingClientRect().right)));")
+    found = re.fullmatch(r"viewport (\d+) page (\d+) tables (\d+) widest (\d+)", title)
+    assert found, title
+    viewport, page, count, widest = map(int, found.groups())
+    assert viewport == 1280 and count == tables
+    assert widest <= viewport and page <= viewport, title
 
 
 @pytest.mark.parametrize("args,message", [

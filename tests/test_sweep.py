@@ -165,12 +165,33 @@ def test_spec_files_parse():
         assert sweeps.points(spec), path
 
 
+def test_sweep_without_a_spec_takes_the_tasks_own_or_a_dense_default(tmp_path, monkeypatch):
+    spec, origin = sweeps.resolve_spec(None, {"task": "code"})
+    assert "code.yaml, the task's own spec" in origin and len(sweeps.points(spec)) == 2736
+    monkeypatch.setattr(sweeps, "SPEC_FOLDERS", (tmp_path,))  # a task without a spec file
+    spec, origin = sweeps.resolve_spec(None, {"task": "code"})
+    configs = sweeps.points(spec)
+    assert len(configs) == 4 * 2 * 19 * (8 * 3 - 1) == 3496 and "dense default (3,496 points" in origin
+    assert {c.gamma_max for c in configs} == set(range(1, 9)) and {c.min_draft_len for c in configs} == {0, 1, 2}
+    assert {c.metric for c in configs} == {"top1", "entropy", "topk_mass", "margin"}
+    assert sorted({c.threshold for c in configs}) == pytest.approx([round(0.05 * i, 2) for i in range(1, 20)])
+    # Sampling cannot replay: a small grid, said as such.
+    spec, origin = sweeps.resolve_spec(None, {"task": "code", "temperature": 0.8})
+    assert len(sweeps.points(spec)) == 3 and "sampling verification" in origin
+    # Flags narrow the space from the small base, whatever spec files exist.
+    spec, origin = sweeps.resolve_spec(None, {"task": "code", "space.threshold": [0.4]})
+    assert len(sweeps.points(spec)) == 1 and "command-line flags (1 point)" in origin
+
+
 def test_replay_sweep_confirms_its_best_policies(saved_pair, prompts_file, tmp_path):
     args = base_args(saved_pair, prompts_file, tmp_path) + ["--metric", "top1", "--metric", "entropy",
                                                             "--confirm-top", "2"]
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     assert "confirming the best 3" in result.output and "9/9" in result.output  # 3 policies × 3 prompts
+    assert "search space: the command-line flags (8 points)" in result.output
+    assert "plan: record 3 prompts × 12 tokens" in result.output and "confirm 3 × 3 prompts" in result.output
+    assert "10 policies searched by replay" in result.output  # the grid plus two fixed gammas
     folder = only_folder(tmp_path)
     table = pd.read_parquet(folder / "trials.parquet")
     assert len(table) == 2 * 2 * 2 + 2  # the grid plus fixed gamma 2 and 4 as the classic baseline

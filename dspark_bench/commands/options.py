@@ -31,6 +31,7 @@ PromptField = Annotated[Optional[str], typer.Option(help="Column holding the pro
 CategoryField = Annotated[Optional[str], typer.Option(help="Column holding the category (default: guessed).")]
 Turns = Annotated[str, typer.Option(help="Multi-turn prompts: first | all (each turn on the model's own answer).")]
 ChatTemplate = Annotated[str, typer.Option(help="auto (use the tokenizer's chat template if any) | none")]
+IgnoreEos = Annotated[bool, typer.Option(help="Timing only: both sides generate exactly max_new_tokens (EOS does not end a sequence).")]
 Limit = Annotated[Optional[int], typer.Option(help="Use only the first N prompts.")]
 
 # The same knobs for commands that override a sweep spec: unset means "the spec's".
