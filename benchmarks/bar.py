@@ -13,12 +13,13 @@ import argparse
 import json
 from pathlib import Path
 
-from dspark_bench.calibrate import POLICY_FIELDS
-from dspark_bench.config import from_dict
+import pandas as pd
+
+from dspark_bench.config import POLICY_FIELDS, from_dict
 from dspark_bench.models import load_pair
+from dspark_bench.results import describe_machine, environment
 from dspark_bench.runner import RunnerSettings, run_to_folder
 from dspark_bench.tasks import load_task
-
 
 
 def main() -> None:
@@ -38,11 +39,17 @@ def main() -> None:
     folder, table = run_to_folder(pair, prompts, configs, args.out, RunnerSettings(repeats=args.repeats),
                                   source={"task": task})
     print(f"{len(prompts)} held-out {task} prompts × {base['max_new_tokens']} new tokens, {args.repeats} timed pair(s)")
-    print("| policy | tokens_per_round | acceptance_rate | speedup [95 % CI] | identical |")
-    print("|---|---|---|---|---|")
+    print(f"machine: {describe_machine(environment())}")
+    # The spread across prompts: each prompt's own speedup (seconds per token, baseline over speculative).
+    per_prompt = pd.read_parquet(folder / "samples.parquet").groupby("config_id")["speedup"]
+    spread = per_prompt.quantile([0.0, 0.5, 1.0]).unstack()
+    print("| policy | tokens_per_round | acceptance_rate | speedup [95 % CI] | per-prompt min / median / max | identical |")
+    print("|---|---|---|---|---|---|")
     for row in table.itertuples():
+        low, mid, high = spread.loc[row.config_id]
         print(f"| {row.config_label} | {row.tokens_per_round:.3f} | {row.acceptance_rate:.3f} | "
-              f"{row.speedup:.2f}× [{row.speedup_low:.2f}, {row.speedup_high:.2f}] | {row.identical_to_baseline:.3f} |")
+              f"{row.speedup:.2f}× [{row.speedup_low:.2f}, {row.speedup_high:.2f}] | {low:.2f} / {mid:.2f} / {high:.2f} | "
+              f"{row.identical_to_baseline:.3f} |")
     print(f"run folder: {folder}")
 
 

@@ -51,12 +51,18 @@ def hf_generate(
         kwargs.update(temperature=config.temperature, top_p=config.top_p, top_k=0)
     if assistant is not None:
         kwargs["assistant_model"] = assistant
-    out = target.generate(
-        ids,
-        attention_mask=torch.ones_like(ids),
-        eos_token_id=sorted(eos_ids) or None,
-        pad_token_id=min(eos_ids) if eos_ids else 0,
-        **kwargs,
-    )
+    # Assisted generation verifies several tokens per target pass: count the passes themselves.
+    forwards = []
+    hook = target.register_forward_hook(lambda *_: forwards.append(1))
+    try:
+        out = target.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            eos_token_id=sorted(eos_ids) or None,
+            pad_token_id=min(eos_ids) if eos_ids else 0,
+            **kwargs,
+        )
+    finally:
+        hook.remove()
     tokens = out[0, len(prompt_ids) :].tolist()
-    return DecodeResult(tokens=tokens, target_forwards=len(tokens))
+    return DecodeResult(tokens=tokens, target_forwards=len(forwards) - 1)  # the prefill is not counted

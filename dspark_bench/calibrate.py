@@ -19,27 +19,29 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import yaml
 
-from dspark_bench.config import DecodeConfig, from_dict
+from dspark_bench import plots
+from dspark_bench.config import POLICY_FIELDS, DecodeConfig
 from dspark_bench.errors import DsparkError
 from dspark_bench.metrics import rates, summarize
 from dspark_bench.prompts import Prompt
 from dspark_bench.results import environment
 from dspark_bench.runner import StageProgress, stage_steps
-from dspark_bench.sweep import OBJECTIVES, SweepSpec, base_config, engine_for, points
+from dspark_bench.objectives import OBJECTIVES, rank
+from dspark_bench.sweep_spec import SweepSpec, base_config, engine_for, points
 
-SCHEMA_VERSION = 1
-TOP_LEVEL_KEYS = ("schema_version", "created", "environment", "models", "objective", "engine", "max_new_tokens", "cost_model",
-                  "global", "domains", "figure")
-POLICY_FIELDS = ("metric", "schedule", "threshold", "threshold_start", "threshold_end", "gamma_max",
-                 "min_draft_len", "topk")
+# The file itself (schema, loading, writing) is calibration.py's; the decoder's users find it here too.
+from dspark_bench.calibration import (SCHEMA_VERSION, Calibration, DomainCalibration, check_output,
+                                      load_calibration, parse_calibration, write_calibration)
+
+__all__ = ["Calibration", "DomainCalibration", "calibrate_domains", "check_output", "choose_from_records",
+           "choose_from_samples", "load_calibration", "parse_calibration", "write_calibration"]
+
 QUANTILES = (10, 25, 50, 75, 90)
 # Totals that add up over domains; every objective is a function of them.
 TOTALS = ("rounds", "drafted_total", "accepted_total", "emitted_total", "full_blocks", "draft_forwards",
@@ -50,26 +52,14 @@ TOTALS = ("rounds", "drafted_total", "accepted_total", "emitted_total", "full_bl
 # --- choosing policies from records (pure: no models, no clocks) ---------------------------------
 
 
-def objective_column(objective: str, engine: str) -> str:
-    """The table column an objective ranks by: replay predicts speedup, real runs measure it."""
-    return "predicted_speedup" if objective == "speedup" and engine == "replay" else objective
-
-
-def score(totals: pd.DataFrame, t_verify0: float | None) -> pd.DataFrame:
+def score(totals: pd.DataFrame, cost=None) -> pd.DataFrame:
     """Every objective from summed totals (one row per policy): the ratios are taken last."""
     table = totals.assign(**rates(totals))  # over a column of policies at once
     table["draft_forwards_per_token"] = table["draft_forwards"] / table["new_tokens"]
-    if t_verify0 is not None:
-        # predicted_time is in cost-model seconds: N * t_verify(0) of plain decoding over it.
-        table["predicted_speedup"] = table["new_tokens"] * t_verify0 / table["predicted_time"]
+    if cost is not None:  # a replay's CostModel: predicted_time is in its seconds
+        table["predicted_speedup"] = cost.speedup(table["new_tokens"], table["predicted_time"])
         table["spec_tokens_per_s"] = table["new_tokens"] / table["predicted_time"]
     return table
-
-
-def rank(table: pd.DataFrame, column: str, objective: str) -> pd.DataFrame:
-    """Best first; ties keep the search space's order (stable sort on config_id)."""
-    ascending = OBJECTIVES[objective] == "minimize"
-    return table.sort_values([column, "config_id"], ascending=[ascending, True], kind="mergesort")
 
 
 @dataclass
@@ -84,7 +74,7 @@ class Choice:
 
     def best_id(self, domain: str | None = None) -> int:
         table = self.global_table if domain is None else self.tables[domain]
-        return int(rank(table, self.column, self.objective)["config_id"].iloc[0])
+        return int(rank(table, self.objective, self.column)["config_id"].iloc[0])
 
     def best(self, domain: str | None = None) -> DecodeConfig:
         return self.configs[self.best_id(domain)]
@@ -94,11 +84,11 @@ class Choice:
         return float(table.loc[table["config_id"] == config_id, self.column].iloc[0])
 
 
-def combine(tables: dict[str, pd.DataFrame], t_verify0: float | None) -> pd.DataFrame:
+def combine(tables: dict[str, pd.DataFrame], cost=None) -> pd.DataFrame:
     """The global table: each policy's totals summed over the domains, then scored."""
     stacked = pd.concat(tables.values(), ignore_index=True)
     totals = stacked.groupby("config_id", sort=True)[[c for c in TOTALS if c in stacked]].sum().reset_index()
-    return score(totals, t_verify0)
+    return score(totals, cost)
 
 
 def choose_from_records(records: dict, configs: list[DecodeConfig], cost, objective: str = "speedup") -> Choice:
@@ -111,14 +101,13 @@ def choose_from_records(records: dict, configs: list[DecodeConfig], cost, object
 
     if not records:
         raise DsparkError("calibration needs at least one domain")
-    t0 = cost.t_verify[0]
     tables = {}
     for domain, rec in records.items():
         grid = simulate_grid(rec, configs, cost)
         knobs = grid[["config_id", *POLICY_FIELDS]]
-        tables[domain] = knobs.merge(score(grid[["config_id", *TOTALS]], t0), on="config_id")
-    global_table = configs_frame(configs).merge(combine(tables, t0), on="config_id")
-    return Choice(configs, objective, objective_column(objective, "replay"), tables, global_table)
+        tables[domain] = knobs.merge(score(grid[["config_id", *TOTALS]], cost), on="config_id")
+    global_table = configs_frame(configs).merge(combine(tables, cost), on="config_id")
+    return Choice(configs, objective, OBJECTIVES[objective].column("replay"), tables, global_table)
 
 
 def choose_from_samples(samples: dict[str, pd.DataFrame], configs: list[DecodeConfig],
@@ -130,7 +119,7 @@ def choose_from_samples(samples: dict[str, pd.DataFrame], configs: list[DecodeCo
 
     tables = {domain: table(frame) for domain, frame in samples.items()}
     global_table = table(pd.concat(samples.values(), ignore_index=True))
-    return Choice(configs, objective, objective_column(objective, "real"), tables, global_table)
+    return Choice(configs, objective, OBJECTIVES[objective].column("real"), tables, global_table)
 
 
 def configs_frame(configs: list[DecodeConfig]) -> pd.DataFrame:
@@ -156,7 +145,7 @@ def threshold_curves(choice: Choice) -> pd.DataFrame:
     min_draft_len) — one line per domain; `best` marks the domain's chosen point."""
     frames = []
     for domain, table in choice.tables.items():
-        candidates = rank(table[table["schedule"].isin(["threshold", "cumulative"])], choice.column, choice.objective)
+        candidates = rank(table[table["schedule"].isin(["threshold", "cumulative"])], choice.objective, choice.column)
         if candidates.empty:
             continue  # a space of only ramp / fixed schedules has no threshold axis
         lead = candidates.iloc[0]
@@ -169,194 +158,6 @@ def threshold_curves(choice: Choice) -> pd.DataFrame:
         }))
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(
         columns=["domain", "threshold", "value", "best", "curve"])
-
-
-def threshold_figure(curves: pd.DataFrame, ylabel: str, global_threshold: float | None = None):
-    """The domains' threshold curves on one axis, each domain's best marked; returns the figure."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axis = plt.subplots(figsize=(8, 5), dpi=120)
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for i, (domain, line) in enumerate(curves.groupby("domain", sort=False)):
-        color = colors[i % len(colors)]
-        axis.plot(line["threshold"], line["value"], marker="o", markersize=3, color=color,
-                  label=f"{domain} ({line['curve'].iloc[0]})")
-        best = line[line["best"]]
-        axis.scatter(best["threshold"], best["value"], s=140, marker="*", color=color, edgecolor="black",
-                     zorder=5)
-        for _, row in best.iterrows():
-            axis.annotate(f"{row['threshold']:g}", (row["threshold"], row["value"]), textcoords="offset points",
-                          xytext=(0, 9), ha="center", fontsize=9, color=color,
-                          bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.85})
-    if global_threshold is not None:
-        axis.axvline(global_threshold, color="grey", linestyle="--", linewidth=1,
-                     label=f"global policy threshold {global_threshold:g}")
-    if "speedup" in ylabel:
-        axis.axhline(1.0, color="black", linewidth=0.8, alpha=0.6)  # break-even with plain decoding
-    axis.margins(y=0.12)  # room for the labels above the stars
-    axis.set_xlabel("threshold (confidence below which drafting stops)")
-    axis.set_ylabel(ylabel)
-    axis.set_title("Calibration: objective vs threshold per domain (★ = domain's best)")
-    axis.grid(alpha=0.3)
-    axis.legend(fontsize=8, loc="best")
-    figure.tight_layout()
-    return figure
-
-
-# --- the calibration file -----------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class DomainCalibration:
-    policy: DecodeConfig
-    measured: dict = field(default_factory=dict)  # everything else the file says about the domain
-
-
-@dataclass(frozen=True)
-class Calibration:
-    """A loaded calibration file: a policy per domain and a global policy for the rest."""
-
-    global_policy: DecodeConfig
-    domains: dict[str, DomainCalibration]
-    models: dict
-    objective: str
-    path: Path | None = None
-    data: dict = field(default_factory=dict, repr=False)  # the file as read
-
-    def policy_for(self, domain: str, strict: bool = False, base: DecodeConfig | None = None) -> DecodeConfig:
-        """The domain's policy; an unknown domain gets the global policy (or an error if strict).
-
-        With `base`, only the policy knobs (POLICY_FIELDS) are taken from the calibration and
-        the rest (max_new_tokens, temperature, top_p, seed) stay the base's.
-        """
-        if domain in self.domains:
-            policy = self.domains[domain].policy
-        elif strict:
-            raise DsparkError(f"calibration {self._where()} has no domain {domain!r}; "
-                              f"it has: {', '.join(self.domains) or 'none'}")
-        else:
-            policy = self.global_policy
-        if base is None:
-            return policy
-        return base.replace(**{name: getattr(policy, name) for name in POLICY_FIELDS})
-
-    def configs_for(self, prompts: list[Prompt], strict: bool = False,
-                    base: DecodeConfig | None = None) -> list[DecodeConfig]:
-        """One config per prompt, keyed on the prompt's category (its domain)."""
-        return [self.policy_for(p.category, strict, base) for p in prompts]
-
-    def groups(self, prompts: list[Prompt], strict: bool = False,
-               base: DecodeConfig | None = None) -> list[tuple[DecodeConfig, list[Prompt]]]:
-        """Prompts grouped by the config they get, in first-seen order (one runner call each)."""
-        grouped: dict[DecodeConfig, list[Prompt]] = {}
-        for prompt, config in zip(prompts, self.configs_for(prompts, strict, base)):
-            grouped.setdefault(config, []).append(prompt)
-        return list(grouped.items())
-
-    def check_models(self, models: dict) -> None:
-        """Refuse a pair other than the one the calibration was made with (by fingerprint)."""
-        for key in ("target_fingerprint", "draft_fingerprint"):
-            if self.models.get(key) and models.get(key) and self.models[key] != models[key]:
-                raise DsparkError(f"calibration {self._where()} was made with another {key.split('_')[0]} model "
-                                  f"({self.models[key]} vs {models[key]}); calibrate again")
-
-    def _where(self) -> str:
-        return repr(str(self.path)) if self.path else "(in memory)"
-
-
-def _policy(data: object, where: str) -> DecodeConfig:
-    if not isinstance(data, dict):
-        raise DsparkError(f"{where}: policy must be a mapping of DecodeConfig fields")
-    try:
-        return from_dict(data)
-    except DsparkError as err:
-        raise DsparkError(f"{where}: invalid policy: {err}") from None
-    except TypeError as err:  # a value of the wrong type, e.g. a list for a threshold
-        raise DsparkError(f"{where}: invalid policy: {err}") from None
-
-
-def parse_calibration(data: object, where: str = "calibration") -> Calibration:
-    if not isinstance(data, dict):
-        raise DsparkError(f"{where}: a calibration file must be a mapping")
-    unknown = sorted(set(map(str, data)) - set(TOP_LEVEL_KEYS))
-    if unknown:
-        raise DsparkError(f"{where}: unknown top-level key(s) {', '.join(unknown)}; known: {', '.join(TOP_LEVEL_KEYS)}")
-    if data.get("schema_version") != SCHEMA_VERSION:
-        raise DsparkError(f"{where}: schema_version {data.get('schema_version')!r} is not supported "
-                          f"(this version reads {SCHEMA_VERSION}); calibrate again")
-    missing = [key for key in ("models", "global", "domains") if key not in data]
-    if missing:
-        raise DsparkError(f"{where}: missing key(s) {', '.join(missing)}")
-    entry = data["global"]
-    if not isinstance(entry, dict) or "policy" not in entry:
-        raise DsparkError(f"{where}: global must be a mapping with a policy")
-    global_policy = _policy(entry["policy"], f"{where}: global")
-    if not isinstance(data["domains"], dict):
-        raise DsparkError(f"{where}: domains must be a mapping of domain -> entry")
-    domains = {}
-    for name, entry in data["domains"].items():
-        if not isinstance(entry, dict) or "policy" not in entry:
-            raise DsparkError(f"{where}: domain {name!r} must be a mapping with a policy")
-        if not isinstance(entry["policy"], dict):
-            raise DsparkError(f"{where}: domain {name!r}: policy must be a mapping of DecodeConfig fields")
-        # A domain's entry names the policy's knobs; verification settings come from the global policy.
-        policy = _policy({**global_policy.to_dict(), **entry["policy"]}, f"{where}: domain {name!r}")
-        domains[str(name)] = DomainCalibration(policy,
-                                       {k: v for k, v in entry.items() if k != "policy"})
-    models = data["models"] if isinstance(data["models"], dict) else {}
-    return Calibration(global_policy, domains, models, str(data.get("objective", "speedup")), data=data)
-
-
-def load_calibration(path: str | Path) -> Calibration:
-    """Read and validate a calibration file; any problem is one DsparkError line."""
-    path = Path(path)
-    if not path.is_file():
-        raise DsparkError(f"calibration file {str(path)!r} does not exist")
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as err:
-        raise DsparkError(f"{path}: not valid YAML ({str(err).splitlines()[0]})") from None
-    except (OSError, UnicodeDecodeError) as err:
-        raise DsparkError(f"{path}: cannot read ({err})") from None
-    return dataclasses.replace(parse_calibration(data, str(path)), path=path)
-
-
-def check_output(out: Path, force: bool) -> tuple[Path, Path]:
-    """The calibration file and its figure; refuse to overwrite either unless `force`."""
-    out = Path(out)
-    figure = out.with_suffix(".png")
-    if not force:
-        for path in (out, figure):
-            if path.exists():
-                raise DsparkError(f"{str(path)!r} already exists; pass --force to overwrite it")
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise DsparkError(f"cannot create {str(out.parent)!r}: {err.strerror or err}") from None
-    if not os.access(out.parent, os.W_OK):
-        raise DsparkError(f"output folder {str(out.parent)!r} is not writable")
-    return out, figure
-
-
-def write_calibration(data: dict, figure, out: Path, force: bool = False) -> Path:
-    """Write the YAML (and the figure beside it) under temporary names, then rename into place."""
-    out, figure_path = check_output(out, force)
-    parse_calibration(data, str(out))  # never write a file the loader would refuse
-    partial = out.with_name(f".{out.name}.partial")
-    partial_png = figure_path.with_name(f".{figure_path.stem}.partial.png")
-    try:
-        partial.write_text(yaml.safe_dump(data, sort_keys=False, allow_unicode=True), encoding="utf-8")
-        if figure is not None:
-            figure.savefig(partial_png)
-            os.replace(partial_png, figure_path)
-        os.replace(partial, out)
-    finally:
-        for path in (partial, partial_png):
-            path.unlink(missing_ok=True)
-    return out
 
 
 # --- the whole job: prompts, records, choice, confirmation, file ---------------------------------
@@ -545,14 +346,10 @@ def calibrate_domains(spec: SweepSpec, out: Path, tasks: list[str] | None = None
     out, figure_path = check_output(out, force)
     data = calibration_data(choice, chosen, global_policy, samples, records, pair.describe(), engine, cost,
                             figure_path.name)
+    data["spec"] = {**spec.to_dict(), "tasks": tasks}  # the search that chose these policies
     ylabel = {"predicted_speedup": "predicted speedup (replay + cost model)"}.get(choice.column, choice.column)
-    figure = threshold_figure(threshold_curves(choice), ylabel, global_policy.threshold)
-    try:
-        write_calibration(data, figure, out, force)
-    finally:
-        import matplotlib.pyplot as plt
-
-        plt.close(figure)
+    figure = plots.domain_threshold_curves(threshold_curves(choice), ylabel, global_policy.threshold)
+    write_calibration(data, figure, out, force)
     return Calibrated(out, figure_path, data, choice)
 
 
@@ -566,3 +363,26 @@ def search_real(pair, domains: dict[str, list[Prompt]], configs: list[DecodeConf
         step = stage_steps(progress, f"searching {domain}", len(prompts) * len(configs))
         samples[domain] = run(pair, prompts, configs, RunnerSettings(repeats=repeats), progress=step).samples
     return samples
+
+
+def calibrate_command(tasks: str | None, dataset: str | None, spec_path: Path | None, flags: dict, out: Path,
+                      force: bool = False, progress: StageProgress | None = None) -> Calibrated:
+    """`dspark-bench calibrate`: --tasks (one domain each) or --dataset (one per category), over
+    the search space of `spec_path` with `flags` overriding it; checked before models load."""
+    from dspark_bench.sweep_spec import flag_overrides, load_spec
+
+    names = [name.strip() for name in (tasks or "").split(",") if name.strip()]
+    if names and dataset:
+        raise DsparkError("pass --tasks or --dataset, not both")
+    if tasks is not None and not names:
+        raise DsparkError("--tasks is empty; name at least one task, e.g. --tasks code,prose")
+    if spec_path is None and not names and not dataset:
+        raise DsparkError("pass --tasks, --dataset, or a --spec that names a task or dataset")
+    space = {name: flags.pop(name, None) for name in ("metric", "threshold", "gamma_max", "min_draft_len")}
+    overrides = flag_overrides(flags, space)
+    if names or dataset:
+        overrides.update(task=names[0] if names else None, dataset=None if names else dataset)
+    spec = load_spec(spec_path, overrides)
+    check_output(out, force)  # before models load or prompts are read
+    domains = domain_prompts(spec, names or None)
+    return calibrate_domains(spec, out, tasks=names or None, force=force, progress=progress, domains=domains)

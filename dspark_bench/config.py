@@ -7,7 +7,7 @@ unknown keys are errors, and every result stores the config it ran with (`to_dic
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from dspark_bench.errors import DsparkError
 
@@ -15,18 +15,24 @@ METRICS = ("top1", "entropy", "topk_mass", "margin")
 SCHEDULES = ("threshold", "ramp", "cumulative", "fixed")
 
 
+# Field metadata marking a policy knob (one a sweep may search); the lists below derive from it.
+POLICY = {"policy": True, "searched": True}
+
+
 @dataclass(frozen=True)
 class DecodeConfig:
     """One speculative-decoding policy plus its verification settings."""
 
-    metric: str = "top1"  # confidence signal the drafter reports (confidence.METRICS)
-    schedule: str = "threshold"  # stopping rule (schedule.SCHEDULES)
-    threshold: float = 0.5  # stop when confidence < threshold ("threshold", "cumulative")
-    threshold_start: float = 0.3  # "ramp": threshold at draft position 1 ...
-    threshold_end: float = 0.8  # ... rising linearly to this at position gamma_max
-    gamma_max: int = 5  # never draft more than this many tokens per round
-    min_draft_len: int = 1  # always draft at least this many, whatever the confidence
-    topk: int = 5  # k of the "topk_mass" metric
+    # The policy: the knobs a sweep searches and a calibration file stores (POLICY_FIELDS).
+    metric: str = field(default="top1", metadata=POLICY)  # confidence signal (confidence.METRICS)
+    schedule: str = field(default="threshold", metadata=POLICY)  # stopping rule (schedule.SCHEDULES)
+    threshold: float = field(default=0.5, metadata=POLICY)  # stop when confidence < threshold
+    threshold_start: float = field(default=0.3, metadata=POLICY)  # "ramp": threshold at position 1 ...
+    threshold_end: float = field(default=0.8, metadata=POLICY)  # ... rising linearly to this at gamma_max
+    gamma_max: int = field(default=5, metadata=POLICY)  # never draft more than this many tokens per round
+    min_draft_len: int = field(default=1, metadata=POLICY)  # always draft at least this many
+    topk: int = field(default=5, metadata={"policy": True, "searched": False})  # k of "topk_mass"
+    # Verification and generation: what every policy of a run shares.
     temperature: float = 0.0  # 0 = greedy verification; > 0 = rejection sampling
     top_p: float = 1.0  # nucleus filter, applied identically to target and draft
     max_new_tokens: int = 128
@@ -54,6 +60,12 @@ class DecodeConfig:
         else:
             knob = f"{self.threshold:g}"
         return f"{self.metric} {self.schedule} {knob} γ≤{self.gamma_max} min{self.min_draft_len}"
+
+
+# Every list of knobs derives from the declaration above: a policy's fields (as a calibration
+# file stores them) and the ones a sweep's search space may name.
+POLICY_FIELDS = tuple(f.name for f in dataclasses.fields(DecodeConfig) if f.metadata.get("policy"))
+SEARCHABLE_FIELDS = tuple(f.name for f in dataclasses.fields(DecodeConfig) if f.metadata.get("searched"))
 
 
 def from_dict(values: dict) -> DecodeConfig:

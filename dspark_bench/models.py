@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
-from dspark_bench.errors import DsparkError
+from dspark_bench.errors import DsparkError, first_line
 from dspark_bench.hub import hub_reachable
 
 DEVICES = ("auto", "cpu", "cuda", "mps")
@@ -102,7 +102,7 @@ def _load_model(name: str, role: str, device: torch.device, dtype: torch.dtype) 
     try:
         model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype)
     except (OSError, ValueError, EnvironmentError) as err:
-        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        reason = first_line(err)
         raise DsparkError(f"cannot load the {role} model {name!r}: {reason}") from None
     return model.to(device).eval()
 
@@ -111,7 +111,7 @@ def load_tokenizer(name: str) -> PreTrainedTokenizerBase:
     try:
         return AutoTokenizer.from_pretrained(name)
     except (OSError, ValueError) as err:
-        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        reason = first_line(err)
         raise DsparkError(f"cannot load a tokenizer from {name!r}: {reason}") from None
 
 

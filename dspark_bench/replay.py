@@ -10,146 +10,31 @@ point. So one record — the continuation, and at every position j the draft's r
     continuation, and the next round starts at j + a(j) + 1.
 
 `simulate` walks that round by round and yields the engine's own per-round rows;
-`simulate_grid` does the same walk for thousands of policies at once, as array operations.
+`simulate_grid` does the same walk for thousands of policies at once: array operations find
+each policy's first stopping position, and a loop compiled by numba walks only round starts.
 """
 
 from __future__ import annotations
 
 import itertools
-import json
 import os
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from pathlib import Path
 
 import numba
 import numpy as np
 import pandas as pd
-import torch
-from transformers import DynamicCache
 
-from dspark_bench import confidence
-from dspark_bench.baselines import autoregressive_decode
-from dspark_bench.cache import _forward_kwargs
 from dspark_bench.config import METRICS, SCHEDULES, DecodeConfig
 from dspark_bench.engine import Round
 from dspark_bench.errors import DsparkError
 from dspark_bench.metrics import STOP_REASONS, rates
 from dspark_bench.schedule import threshold_at
 
+# Recording and the cost model live in their own modules; replay's users find them here too.
+from dspark_bench.cost import CostModel, measure_cost  # noqa: F401
+from dspark_bench.record import Record, draft_rollouts, record  # noqa: F401
+
 NEVER = 1 << 14  # "no such position" in int arrays (beyond any gamma)
-
-
-@dataclass
-class Record:
-    """Arrays over prompts p, positions j (tokens generated so far) and rollout steps k."""
-
-    continuation: np.ndarray  # [P, N] target greedy tokens, -1 past the end
-    lengths: np.ndarray  # [P] tokens in each continuation (EOS included)
-    rollout: np.ndarray  # [P, N, G] the draft's greedy proposal at step k from position j
-    confidences: dict[str, np.ndarray]  # metric -> [P, N, G] confidence of that proposal
-    eos_ids: tuple[int, ...]
-    info: dict  # max_new_tokens, gamma_record, topk, fingerprints, prompt ids and categories
-
-    @property
-    def max_new_tokens(self) -> int:
-        return int(self.info["max_new_tokens"])
-
-    @property
-    def gamma_record(self) -> int:
-        return self.rollout.shape[2]
-
-    def save(self, folder: Path) -> None:
-        folder.mkdir(parents=True, exist_ok=True)
-        arrays = {"continuation": self.continuation, "lengths": self.lengths, "rollout": self.rollout}
-        arrays.update({f"confidence_{name}": values for name, values in self.confidences.items()})
-        np.savez_compressed(folder / "record.npz", **arrays)
-        (folder / "record.json").write_text(json.dumps({**self.info, "eos_ids": list(self.eos_ids)}, indent=2) + "\n")
-
-    @classmethod
-    def load(cls, folder: Path) -> "Record":
-        folder = Path(folder)
-        if not (folder / "record.npz").is_file() or not (folder / "record.json").is_file():
-            raise DsparkError(f"{str(folder)!r} holds no replay record (record.npz + record.json)")
-        try:
-            info = json.loads((folder / "record.json").read_text())
-            arrays = np.load(folder / "record.npz")
-            confidences = {m: arrays[f"confidence_{m}"] for m in confidence.METRICS}
-            return cls(arrays["continuation"], arrays["lengths"], arrays["rollout"], confidences,
-                       tuple(info.pop("eos_ids")), info)
-        except (OSError, KeyError, ValueError, json.JSONDecodeError) as err:
-            raise DsparkError(f"replay record in {str(folder)!r} is unreadable: {err}") from None
-
-    def check_matches(self, models: dict, prompts_fingerprint: str) -> None:
-        """Refuse a record made with other models or prompts."""
-        for key in ("target_fingerprint", "draft_fingerprint"):
-            if self.info["models"].get(key) != models.get(key):
-                raise DsparkError(f"replay record was made with another {key.split('_')[0]} model "
-                                  f"({self.info['models'].get(key)} vs {models.get(key)}); record again")
-        if self.info["prompts_fingerprint"] != prompts_fingerprint:
-            raise DsparkError(f"replay record was made with other prompts ({self.info['prompts_fingerprint']} "
-                              f"vs {prompts_fingerprint}); record again")
-
-
-# --- recording -------------------------------------------------------------------------------
-
-
-@torch.inference_mode()
-def draft_rollouts(draft: torch.nn.Module, sequence: list[int], prompt_len: int, positions: int, steps: int,
-                   topk: int, batch: int = 64):
-    """The draft's greedy rollout of `steps` tokens from every position, batched.
-
-    Row j's context is sequence[:prompt_len + j]; rows are left-padded to one length so a
-    batch of positions runs together (they are independent).
-    """
-    device = next(draft.parameters()).device
-    cache_name, _ = _forward_kwargs(draft)
-    tokens = np.zeros((positions, steps), dtype=np.int64)
-    scores = {m: np.zeros((positions, steps), dtype=np.float32) for m in confidence.METRICS}
-    for start in range(0, positions, batch):
-        rows = [sequence[: prompt_len + j] for j in range(start, min(start + batch, positions))]
-        width = max(map(len, rows))
-        ids = torch.tensor([[0] * (width - len(r)) + r for r in rows], device=device)
-        mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=device)
-        position_ids = (mask.cumsum(-1) - 1).clamp_min(0)
-        cache = {cache_name: DynamicCache(), "use_cache": True}
-        for step in range(steps):
-            out = draft(input_ids=ids, attention_mask=mask, position_ids=position_ids, **cache)
-            probs = torch.softmax(out.logits[:, -1].float(), dim=-1)
-            choice = out.logits[:, -1].argmax(dim=-1)
-            tokens[start : start + len(rows), step] = choice.cpu().numpy()
-            for name, values in confidence.all_metrics(probs, topk).items():
-                scores[name][start : start + len(rows), step] = values.cpu().numpy()
-            ids = choice[:, None]
-            mask = torch.cat([mask, torch.ones_like(ids)], dim=1)
-            position_ids = position_ids[:, -1:] + 1
-    return tokens, scores
-
-
-def record(pair, prompt_ids: list[list[int]], max_new_tokens: int, gamma_record: int, topk: int = 5,
-           info: dict | None = None, progress=None, eos_ids: frozenset[int] | None = None) -> Record:
-    """Record the target's greedy continuation and the draft's rollouts for every prompt.
-
-    `eos_ids` end a sequence (default: the pair's; empty when a run ignores EOS)."""
-    eos_ids = pair.eos_ids if eos_ids is None else frozenset(eos_ids)
-    config = DecodeConfig(max_new_tokens=max_new_tokens)
-    P, N, G = len(prompt_ids), max_new_tokens, gamma_record
-    continuation = np.full((P, N), -1, dtype=np.int64)
-    lengths = np.zeros(P, dtype=np.int64)
-    rollout = np.full((P, N, G), -1, dtype=np.int64)
-    scores = {m: np.zeros((P, N, G), dtype=np.float32) for m in confidence.METRICS}
-    for p, ids in enumerate(prompt_ids):
-        generated = autoregressive_decode(pair.target, ids, config, eos_ids).tokens
-        continuation[p, : len(generated)] = generated
-        lengths[p] = len(generated)
-        tokens, values = draft_rollouts(pair.draft, ids + generated, len(ids), len(generated), G, topk)
-        rollout[p, : len(generated)] = tokens
-        for name in scores:
-            scores[name][p, : len(generated)] = values[name]
-        if progress:
-            progress()
-    meta = {"max_new_tokens": N, "gamma_record": G, "topk": topk, **(info or {})}
-    return Record(continuation, lengths, rollout, scores, tuple(sorted(eos_ids)), meta)
 
 
 # --- simulation, one policy at a time ---------------------------------------------------------
@@ -384,60 +269,9 @@ def _grid_table(configs: list[DecodeConfig], counts: np.ndarray, verify: np.ndar
     })
     if cost is not None:  # in cost-model seconds; plain decoding takes tokens × t_verify(0)
         table["predicted_time"] = counts[:, 4] * cost.t_draft + verify
-        table["predicted_speedup"] = tokens * cost.t_verify[0] / table["predicted_time"]
+        table["predicted_speedup"] = cost.speedup(tokens, table["predicted_time"])
     return table
 
 
-# --- cost model -------------------------------------------------------------------------------
 
-
-@dataclass
-class CostModel:
-    """Measured seconds: one draft step, and one target pass over k + 1 new positions."""
-
-    t_draft: float
-    t_verify: list[float]  # index k = 0 .. gamma: draft length verified
-    context_tokens: int  # cache length the timings were taken at
-
-    def to_dict(self) -> dict:
-        return {"t_draft": self.t_draft, "t_verify": list(self.t_verify), "context_tokens": self.context_tokens}
-
-    @classmethod
-    def from_dict(cls, data: dict) -> "CostModel":
-        return cls(float(data["t_draft"]), [float(t) for t in data["t_verify"]], int(data["context_tokens"]))
-
-    def predict(self, rounds: list[Round], tokens: int) -> float:
-        """DESIGN.md: N * t_verify(0) / sum over rounds of (s_r * t_draft + t_verify(L_r))."""
-        spent = sum(r.draft_forwards * self.t_draft + self.t_verify[r.drafted] for r in rounds)
-        return tokens * self.t_verify[0] / spent
-
-
-@torch.inference_mode()
-def measure_cost(pair, context: list[int], gamma: int, repeats: int = 15) -> CostModel:
-    """Median timings with the caches holding `context`, interleaved across k to share drift."""
-    from dspark_bench.cache import CachedLM
-    from dspark_bench.runner import synchronize
-
-    import statistics
-    import time
-
-    target, draft = CachedLM(pair.target), CachedLM(pair.draft)
-    target.prefill(context)
-    draft.prefill(context)
-    samples = {k: [] for k in range(-1, gamma + 1)}  # -1: the draft step
-    filler = context[-gamma - 1 :] * (gamma + 1)
-
-    def clock(lm, tokens):
-        synchronize(pair.device)
-        start = time.perf_counter()
-        lm.forward(tokens, keep=len(tokens))  # the engine reads logits of every verified position
-        synchronize(pair.device)
-        lm.rollback(len(context))
-        return time.perf_counter() - start
-
-    for _ in range(repeats + 2):  # the first two passes warm up
-        samples[-1].append(clock(draft, filler[:1]))
-        for k in range(gamma + 1):
-            samples[k].append(clock(target, filler[: k + 1]))
-    median = {k: statistics.median(v[2:]) for k, v in samples.items()}
-    return CostModel(median[-1], [median[k] for k in range(gamma + 1)], len(context))
+__all__ = ["CostModel", "Record", "draft_rollouts", "measure_cost", "record", "simulate", "simulate_grid"]

@@ -11,103 +11,28 @@ is skipped, and report.md says why.
 from __future__ import annotations
 
 import base64
-import dataclasses
-import html
 import io
 import os
-import uuid
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-import numpy as np
 import pandas as pd
 
 from dspark_bench import plots
-from dspark_bench.config import DecodeConfig
-from dspark_bench.errors import DsparkError
-from dspark_bench.results import check_writable, describe_machine, load, load_table, read_json
+from dspark_bench.errors import DsparkError, first_line
+from dspark_bench.objectives import OBJECTIVES
+from dspark_bench.report_inputs import Inputs, best_and_classic, load_inputs, run_objective, samples_of
+from dspark_bench.report_text import summary_blocks, to_html, to_markdown
+from dspark_bench.results import check_writable, describe_machine, provenance, write_bytes, write_text
 
 FORMATS = ("png", "svg")
 GROUPINGS = ("category", "task", "run")
-SUMMARY_METRICS = ("tokens_per_round", "acceptance_rate", "avg_draft_len", "block_acceptance_rate",
-                   "accepted_per_round")
-KNOBS = tuple(f.name for f in dataclasses.fields(DecodeConfig))
 
 
 class Skip(Exception):
     """A figure whose data is absent; its message goes into report.md."""
-
-
-# --- inputs ------------------------------------------------------------------------------------
-
-
-@dataclass
-class Inputs:
-    folders: list[Path]
-    infos: dict[str, dict]  # run_id -> run.json
-    summaries: dict[str, dict]  # run_id -> summary.json
-    policies: pd.DataFrame  # one row per configuration / trial / simulated policy
-    samples: pd.DataFrame
-    rounds: pd.DataFrame
-    objective: str = "speedup"
-    folder_of: dict[str, Path] = field(default_factory=dict)
-
-
-def load_inputs(paths) -> Inputs:
-    """Everything the report draws on, from one or more run folders."""
-    folders = [Path(p) for p in ([paths] if isinstance(paths, (str, Path)) else paths)]
-    policies = load(folders)  # refuses a folder without run.json
-    infos, summaries, folder_of = {}, {}, {}
-    for folder in folders:
-        info = read_json(folder / "run.json", "run file")
-        run_id = info.get("run_id") or folder.name
-        infos[run_id], folder_of[run_id] = info, folder
-        summary_path = folder / "summary.json"
-        summaries[run_id] = read_json(summary_path, "summary file") if summary_path.is_file() else {}
-    policies = _with_knobs(policies, infos)
-    renamed = {folder.name: run_id for run_id, folder in folder_of.items()}
-    samples, rounds = (load_table(folders, name) for name in ("samples", "rounds"))
-    for table in (samples, rounds):
-        if not table.empty:
-            table["run_id"] = table["run_id"].map(lambda name: renamed.get(name, name))
-            table["task"] = table["run_id"].map(lambda r: (infos[r].get("prompts") or {}).get("task")
-                                                or (infos[r].get("prompts") or {}).get("dataset"))
-    if policies.empty or not any(c in policies for c in ("speedup", "predicted_speedup", "tokens_per_round")):
-        raise DsparkError("the run folder(s) hold no measured or simulated configuration to report on")
-    return Inputs(folders, infos, summaries, policies, samples, rounds, plots.objective_column(policies), folder_of)
-
-
-def _with_knobs(policies: pd.DataFrame, infos: dict) -> pd.DataFrame:
-    """A run's summary rows carry only config_id and label; add the config fields from run.json."""
-    policies = policies.copy()
-    for knob in KNOBS:
-        if knob not in policies:
-            policies[knob] = None
-    for index, row in policies.iterrows():
-        configs = infos.get(row["run_id"], {}).get("configs") or []
-        if pd.isna(row.get("metric")) and pd.notna(row.get("config_id")) and int(row["config_id"]) < len(configs):
-            for knob, value in configs[int(row["config_id"])].items():
-                if knob in policies:
-                    policies.at[index, knob] = value
-    for knob in ("threshold", "threshold_start", "threshold_end", "temperature", "top_p"):
-        policies[knob] = pd.to_numeric(policies[knob], errors="coerce")
-    for knob in ("gamma_max", "min_draft_len"):
-        policies[knob] = pd.to_numeric(policies[knob], errors="coerce").astype("Int64")
-    return policies
-
-
-def best_and_classic(policies: pd.DataFrame, objective: str) -> tuple[pd.Series | None, pd.Series | None]:
-    return plots.best_row(policies, objective), plots.best_row(policies, objective, fixed=True)
-
-
-def samples_of(inputs: Inputs, row: pd.Series | None) -> pd.DataFrame:
-    """The per-prompt samples of one policy row (same run, same configuration label)."""
-    if row is None or inputs.samples.empty:
-        return inputs.samples.iloc[:0]
-    s = inputs.samples
-    return s[(s["run_id"] == row["run_id"]) & (s["config_label"] == row["config_label"])]
 
 
 # --- figures -----------------------------------------------------------------------------------
@@ -132,11 +57,11 @@ def _attempt(items: list, name: str, title: str, build: Callable) -> None:
 
 def make_figures(inputs: Inputs, by: str | None = None) -> list[FigureItem]:
     """Every figure of the report, in order; absent data gives a skipped item with a reason."""
-    policies, objective = inputs.policies, inputs.objective
-    best, classic = best_and_classic(policies, objective)
+    policies = inputs.policies
+    best, classic = best_and_classic(inputs)
     items: list[FigureItem] = []
     _attempt(items, "threshold_curves", "1. Policy metrics against the threshold",
-             lambda: _curves(policies, objective, by, best))
+             lambda: _curves(inputs, by, best))
     _attempt(items, "speedup_heatmap", "2. Speedup over threshold × gamma_max", lambda: _heatmap(policies))
     _attempt(items, "position_acceptance", "3. Per-position acceptance",
              lambda: _positions(inputs, by))
@@ -150,7 +75,8 @@ def make_figures(inputs: Inputs, by: str | None = None) -> list[FigureItem]:
     return items
 
 
-def _curves(policies, objective, by, best):
+def _curves(inputs, by, best):
+    policies = inputs.policies
     if best is None:
         raise Skip("no confidence-scheduled configuration")
     schedule = best["schedule"] if best["schedule"] in plots.THRESHOLD_SCHEDULES else "threshold"
@@ -158,10 +84,10 @@ def _curves(policies, objective, by, best):
     rows = rows[(rows["metric"] == best["metric"]) & (rows["schedule"] == schedule)]
     if rows["threshold"].nunique() < 2:
         raise Skip(f"fewer than two thresholds of the {best['metric']} {schedule} schedule")
-    caption = (f"Best configuration (star): {best['config_label']} by {objective}. "
+    caption = (f"Best configuration (star): {best['config_label']} by {inputs.column}. "
                "speedup with its 95 % bootstrap interval where measured; predicted_speedup (dashed) from the "
                "cost model where replayed.")
-    return plots.threshold_curves(policies, objective, by), caption
+    return plots.threshold_curves(policies, inputs.column, by, objective=inputs.objective), caption
 
 
 def _heatmap(policies):
@@ -186,7 +112,7 @@ def _positions(inputs, by):
     s, parts = inputs.samples, []
     several = inputs.policies["run_id"].nunique() > 1
     for run_id, policies in inputs.policies.groupby("run_id", sort=False):
-        best, classic = best_and_classic(policies, inputs.objective)
+        best, classic = best_and_classic(inputs, policies)
         labels = [row["config_label"] for row in (best, classic) if row is not None]
         if best is not None and not several:
             # The best policy's neighbours: the same metric, schedule and gamma_max at other thresholds.
@@ -264,7 +190,7 @@ def _best_vs_classic(inputs, by):
         raise Skip("no timed samples")
     parts, names = [], []
     for run_id, policies in inputs.policies.groupby("run_id", sort=False):
-        best, classic = best_and_classic(policies, inputs.objective)
+        best, classic = best_and_classic(inputs, policies)
         for role, row in (("best confidence-scheduled", best), ("best fixed γ (classic)", classic)):
             rows = samples_of(inputs, row)
             rows = rows[rows["spec_time_s"].notna()]
@@ -302,12 +228,10 @@ def open_study(info: dict, folder: Path):
     try:
         return optuna.load_study(study_name=name, storage=storage)
     except Exception as err:  # an unreachable server, a missing study
-        raise Skip(f"cannot open study {name!r}: {str(err).splitlines()[0][:160]}") from None
+        raise Skip(f"cannot open study {name!r}: {first_line(err, 160)}") from None
 
 
 def _optuna_items(inputs: Inputs) -> list[FigureItem]:
-    from dspark_bench.sweep import OBJECTIVES
-
     items: list[FigureItem] = []
     real = [(run_id, info) for run_id, info in inputs.infos.items()
             if info.get("kind") == "sweep" and info.get("engine") == "real"]
@@ -323,7 +247,7 @@ def _optuna_items(inputs: Inputs) -> list[FigureItem]:
         def history(trials=trials, names=names, method=method):
             if "objective_0" not in trials:
                 raise Skip("no complete trial")
-            return plots.optimization_history(trials, "objective_0", OBJECTIVES.get(names[0], "maximize"),
+            return plots.optimization_history(trials, "objective_0", OBJECTIVES[names[0]].direction,
                                               names[0]), (
                 f"{method} sweep: {names[0]} of every complete trial and the best so far; grey lines mark failed "
                 "or pruned trials.")
@@ -363,206 +287,11 @@ def _trace(inputs, best, classic):
         "in the thin lane above, where they would have gone.")
 
 
-# --- the summary -------------------------------------------------------------------------------
-
-
-def _fmt(value, digits: int = 3) -> str:
-    if value is None or (isinstance(value, float) and not np.isfinite(value)) or value is pd.NA:
-        return "—"
-    if isinstance(value, (float, np.floating)):
-        return f"{value:.{digits}f}"
-    return str(value)
-
-
-def _speedup_cell(row: pd.Series) -> str:
-    if pd.notna(row.get("speedup")):
-        low, high = row.get("speedup_low"), row.get("speedup_high")
-        interval = f" [{low:.2f}, {high:.2f}]" if pd.notna(low) and pd.notna(high) else ""
-        return f"{row['speedup']:.2f}×{interval}"
-    return "—"
-
-
-def _policy_line(role: str, row: pd.Series | None, several: bool) -> list[str]:
-    if row is None:
-        return [role, "none measured"] + ["—"] * (3 + len(SUMMARY_METRICS))
-    label = str(row["config_label"]) + (f" ({plots.short_run(row['run_id'])})" if several else "")
-    predicted = row.get("predicted_speedup")
-    return [role, label, _speedup_cell(row), _fmt(predicted, 2) if predicted is not None else "—",
-            _fmt(row.get("spec_tokens_per_s"), 1)] + [_fmt(row.get(m)) for m in SUMMARY_METRICS]
-
-
-def summary_blocks(inputs: Inputs) -> list[tuple]:
-    """The one-screen summary: best vs classic vs autoregressive, cost model, environment."""
-    policies, objective = inputs.policies, inputs.objective
-    best, classic = best_and_classic(policies, objective)
-    several = policies["run_id"].nunique() > 1
-    header = ["", "configuration", "speedup [95% CI]", "predicted_speedup", "tokens/s"] + list(SUMMARY_METRICS)
-    rows = [_policy_line("best", best, several), _policy_line("classic (best fixed γ)", classic, several),
-            ["autoregressive", "target alone", "1.00×", "1.00", _fmt(_baseline_rate(best), 1), "1.000", "—", "0.000",
-             "—", "0.000"]]
-    blocks: list[tuple] = [("h2", "Summary"), ("table", header, rows)]
-    ranked = {"speedup": "measured speedup", "predicted_speedup": "predicted_speedup (cost model)",
-              "tokens_per_round": "tokens_per_round (no timing)"}[objective]
-    text = f"Configurations ranked by {ranked} over {len(plots.complete(policies))} configurations or trials."
-    if best is not None and classic is not None and pd.notna(best.get(objective)) and pd.notna(classic.get(objective)):
-        text += (f" The best confidence-scheduled policy reaches {best[objective]:.2f}× against "
-                 f"{classic[objective]:.2f}× for the best fixed gamma ({best[objective] / classic[objective]:.2f}× "
-                 "relative).")
-    elif classic is None:
-        text += " No fixed-gamma (classic) configuration is among the runs: add `--schedule fixed` to compare."
-    identical = policies.get("identical_to_baseline")
-    if identical is not None and identical.notna().any():
-        text += f" Outputs identical to the target's own: {identical.mean():.0%} of measured samples."
-    elif best is not None and pd.notna(best.get("spec_mean_new_tokens")):
-        text += (f" Sampled outputs differ by design; for the best configuration the mean sample length is "
-                 f"{best['baseline_mean_new_tokens']:.1f} tokens (baseline) against {best['spec_mean_new_tokens']:.1f} "
-                 f"(speculative), at {_fmt(best.get('baseline_tokens_per_s'), 1)} against "
-                 f"{_fmt(best.get('spec_tokens_per_s'), 1)} tokens/s.")
-    text += (" Speedup is the baseline's seconds per generated token over the speculative decoder's, on the same "
-             "prompts in the same process, with a 95 % bootstrap interval over prompts.")
-    if any(_settings_of(info).get("ignore_eos") for info in inputs.infos.values()):
-        text += " Timed with EOS ignored: every sequence is exactly max_new_tokens long on both sides."
-    blocks.append(("p", text))
-    if several:
-        per_run = []
-        for run_id, part in policies.groupby("run_id", sort=False):
-            b, c = best_and_classic(part, objective)
-            per_run.append([plots.short_run(run_id), _fmt(part["task"].iloc[0]),
-                            b["config_label"] if b is not None else "—", _fmt(b.get(objective), 2) if b is not None else "—",
-                            c["config_label"] if c is not None else "—", _fmt(c.get(objective), 2) if c is not None else "—"])
-        blocks += [("h3", "Per run"), ("table", ["run", "task", "best", objective, "classic", objective], per_run)]
-    blocks += cost_model_blocks(inputs)
-    blocks += environment_blocks(inputs)
-    return blocks
-
-
-def _settings_of(info: dict) -> dict:
-    """The runner settings of a run (a sweep keeps them in its spec)."""
-    return info.get("settings") or info.get("spec") or {}
-
-
-def _baseline_rate(best: pd.Series | None):
-    return best.get("baseline_tokens_per_s") if best is not None else None
-
-
-def cost_model_blocks(inputs: Inputs) -> list[tuple]:
-    blocks = []
-    for run_id, summary in inputs.summaries.items():
-        if summary.get("engine") != "replay":
-            continue
-        policies = inputs.policies
-        if "source" not in policies:
-            continue
-        rows = policies[(policies["run_id"] == run_id) & (policies["source"] == "confirmed")]
-        lines = [[r["config_label"], _fmt(r["predicted_speedup"], 2), _speedup_cell(r),
-                  _fmt(r["speedup"] / r["predicted_speedup"], 2)] for _, r in rows.iterrows()]
-        accuracy = summary.get("cost_model_accuracy") or {}
-        cost = summary.get("cost_model") or {}
-        text = (f"{summary.get('policies_simulated', len(rows))} policies simulated from one record; the best "
-                f"{len(rows)} confirmed by timed runs. Measured / predicted speedup, median "
-                f"{_fmt(accuracy.get('measured_over_predicted_median'), 2)}; mean absolute error "
-                f"{_fmt(accuracy.get('mean_abs_error'), 3)}.")
-        if cost:
-            verify = ", ".join(f"{t * 1e3:.2f}" for t in cost.get("t_verify", []))
-            text += f" Cost model: t_draft {cost['t_draft'] * 1e3:.2f} ms, t_verify(k = 0..) {verify} ms."
-        where = f" ({plots.short_run(run_id)})" if len(inputs.summaries) > 1 else ""
-        blocks += [("h3", f"Cost model accuracy{where}"), ("p", text),
-                   ("table", ["configuration", "predicted_speedup", "speedup [95% CI]", "measured / predicted"], lines)]
-    return blocks
-
-
-def environment_blocks(inputs: Inputs) -> list[tuple]:
-    rows = []
-    for run_id, info in inputs.infos.items():
-        env, models, prompts = info.get("environment") or {}, info.get("models") or {}, info.get("prompts") or {}
-        kind = info.get("kind", "run") + (f" ({info['engine']})" if info.get("engine") else "")
-        device = models.get("device", "—") + (f" · {env['cuda_device']}" if env.get("cuda_device") else "")
-        versions = " ".join(f"{k} {env[k]}" for k in ("dspark_bench", "torch", "transformers", "optuna", "python")
-                            if env.get(k))
-        rows.append([plots.short_run(run_id), kind, f"{device} · {models.get('dtype', '—')}",
-                     str(models.get("target", "—")), str(models.get("draft", "—")),
-                     f"{prompts.get('task') or prompts.get('dataset') or '—'} ({prompts.get('count', '?')} prompts)",
-                     describe_machine(env), versions, str(env.get("git_commit") or "—")])
-    return [("h3", "Environment"),
-            ("table", ["run", "kind", "device", "target", "draft", "task", "machine", "versions", "git"], rows)]
-
-
-# --- rendering -----------------------------------------------------------------------------------
-
-
 def render_figure(fig, fmt: str) -> bytes:
     buffer = io.BytesIO()
     metadata = {"Date": None} if fmt == "svg" else None  # byte-stable SVGs
     fig.savefig(buffer, format=fmt, dpi=110, metadata=metadata)
     return buffer.getvalue()
-
-
-def _md_cell(text: str) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
-
-
-def to_markdown(blocks: list[tuple]) -> str:
-    out = []
-    for block in blocks:
-        kind = block[0]
-        if kind in ("h1", "h2", "h3"):
-            out.append("#" * int(kind[1]) + " " + block[1])
-        elif kind == "p":
-            out.append(block[1])
-        elif kind == "table":
-            header, rows = block[1], block[2]
-            lines = ["| " + " | ".join(map(_md_cell, header)) + " |", "|" + "---|" * len(header)]
-            lines += ["| " + " | ".join(map(_md_cell, row)) + " |" for row in rows]
-            out.append("\n".join(lines))
-        elif kind == "figure":
-            _, title, path, _, caption = block
-            out.append(f"![{title}]({path})\n\n{caption}")
-        elif kind == "ul":
-            out.append("\n".join(f"- {item}" for item in block[1]))
-    return "\n\n".join(out) + "\n"
-
-
-def _html_inline(text: str) -> str:
-    # `code` spans are the only inline markup the report's paragraphs use.
-    parts = html.escape(str(text)).split("`")
-    return "".join(f"<code>{p}</code>" if i % 2 else p for i, p in enumerate(parts))
-
-
-def to_html(blocks: list[tuple], title: str) -> str:
-    body = []
-    for block in blocks:
-        kind = block[0]
-        if kind in ("h1", "h2", "h3"):
-            body.append(f"<{kind}>{_html_inline(block[1])}</{kind}>")
-        elif kind == "p":
-            body.append(f"<p>{_html_inline(block[1])}</p>")
-        elif kind == "table":
-            head = "".join(f"<th>{_html_inline(h)}</th>" for h in block[1])
-            rows = "".join("<tr>" + "".join(f"<td>{_html_inline(c)}</td>" for c in row) + "</tr>" for row in block[2])
-            # Each table in its own box: long cells wrap, and what still does not fit scrolls inside it.
-            body.append(f'<div class="table-box"><table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table></div>')
-        elif kind == "figure":
-            _, fig_title, _, uri, caption = block
-            body.append(f'<figure><img alt="{html.escape(fig_title)}" src="{uri}">'
-                        f"<figcaption>{_html_inline(caption)}</figcaption></figure>")
-        elif kind == "ul":
-            body.append("<ul>" + "".join(f"<li>{_html_inline(i)}</li>" for i in block[1]) + "</ul>")
-    style = ("body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;color:#222}"
-             ".table-box{max-width:100%;overflow-x:auto;margin:0.5em 0}"
-             "table{border-collapse:collapse;font-size:0.85em;max-width:100%}td,th{border:1px solid #ccc;"
-             "padding:3px 6px;text-align:left;overflow-wrap:anywhere}th{background:#f3f3f3}img{max-width:100%;height:auto}"
-             "figure{margin:1em 0}figcaption{font-size:0.9em;color:#555}code{background:#f3f3f3;padding:0 3px}")
-    return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
-            f"<style>{style}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    partial = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.partial")
-    try:
-        partial.write_bytes(data)
-        os.replace(partial, path)
-    finally:
-        partial.unlink(missing_ok=True)
 
 
 def build_report(paths, out: Path | None = None, fmt: str = "png", by: str | None = None) -> Path:
@@ -591,7 +320,7 @@ def build_report(paths, out: Path | None = None, fmt: str = "png", by: str | Non
         if item.figure is None:
             continue
         data = render_figure(item.figure, fmt)
-        _atomic_write(figure_dir / f"{item.name}.{fmt}", data)
+        write_bytes(figure_dir / f"{item.name}.{fmt}", data)
         relative = os.path.relpath(figure_dir / f"{item.name}.{fmt}", dest)
         uri = f"data:{mime};base64,{base64.b64encode(data).decode('ascii')}"
         blocks += [("h3", item.title), ("figure", item.title, relative, None, item.caption)]
@@ -600,8 +329,13 @@ def build_report(paths, out: Path | None = None, fmt: str = "png", by: str | Non
     if skipped:
         for target in (blocks, html_blocks):
             target += [("h2", "Skipped figures"), ("ul", skipped)]
-    _atomic_write(dest / "report.html", to_html(html_blocks, f"dspark-bench report: {runs}").encode())
-    _atomic_write(dest / "report.md", to_markdown(blocks).encode())
+    made = provenance()
+    footer = (f"Made {made['created']} by dspark-bench {made['environment'].get('git_commit') or '(no git commit)'} "
+              f"on {describe_machine(made['environment'])}, from {', '.join(str(f) for f in inputs.folders)}.")
+    for target in (blocks, html_blocks):
+        target.append(("p", footer))
+    write_text(dest / "report.html", to_html(html_blocks, f"dspark-bench report: {runs}"))
+    write_text(dest / "report.md", to_markdown(blocks))
     return dest / "report.md"
 
 
@@ -611,4 +345,5 @@ def figures_written(report_md: Path) -> list[str]:
     return [line.split("](", 1)[1].rstrip(")") for line in text.splitlines() if line.startswith("![")]
 
 
-__all__ = ["build_report", "load_inputs", "make_figures", "calibration_data", "Inputs", "FigureItem", "Skip"]
+__all__ = ["build_report", "load_inputs", "make_figures", "calibration_data", "Inputs", "FigureItem", "Skip",
+           "best_and_classic", "figures_written", "run_objective", "samples_of"]

@@ -10,6 +10,7 @@ results/<run_id>/
 from __future__ import annotations
 
 import datetime as dt
+import errno
 import json
 import os
 import platform
@@ -122,6 +123,10 @@ def git_commit() -> str | None:
     return out.stdout.strip() or None
 
 
+def _to_json(obj) -> str:
+    return json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n"
+
+
 def check_writable(root: Path) -> Path:
     """Fail before any work is done if results cannot be written under `root`."""
     root = Path(root)
@@ -134,12 +139,47 @@ def check_writable(root: Path) -> Path:
     return root
 
 
+def atomic_write(path: Path, write) -> Path:
+    """The one way a file is written: `write(partial_path)` fills a hidden temporary beside
+    `path`, which is then renamed over it, so a reader (or a crash) never sees half a file."""
+    path = Path(path)
+    partial = path.with_name(f".{path.stem}.{uuid.uuid4().hex[:8]}.partial{path.suffix}")
+    try:
+        write(partial)
+        os.replace(partial, path)
+    except OSError as err:
+        raise DsparkError(f"cannot write {str(path)!r}: {err.strerror or err}") from None
+    finally:
+        partial.unlink(missing_ok=True)
+    return path
+
+
+def write_text(path: Path, text: str) -> Path:
+    return atomic_write(path, lambda partial: partial.write_text(text, encoding="utf-8"))
+
+
+def write_bytes(path: Path, data: bytes) -> Path:
+    return atomic_write(path, lambda partial: partial.write_bytes(data))
+
+
+def write_json(path: Path, data: dict) -> Path:
+    return write_text(path, _to_json(data))
+
+
+def write_parquet(path: Path, table: pd.DataFrame) -> Path:
+    return atomic_write(path, lambda partial: table.to_parquet(partial, index=False))
+
+
+def provenance() -> dict:
+    """What every artifact says about how it was made: when, and with what (versions, git
+    commit, machine). The config that made it is the artifact's own business to add."""
+    return {"created": dt.datetime.now().isoformat(timespec="seconds"), "environment": environment()}
+
+
 def new_run_id(kind: str) -> str:
     return f"{dt.datetime.now():%Y%m%d-%H%M%S}-{kind}-{uuid.uuid4().hex[:6]}"
 
 
-def _to_json(obj) -> str:
-    return json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n"
 
 
 def write_run(
@@ -159,20 +199,46 @@ def write_run(
     final = root / run_id
     if final.exists():
         raise DsparkError(f"run folder {str(final)!r} already exists; results are never rewritten")
-    partial = root / f".{run_id}.partial"
-    partial.mkdir()
-    try:
-        info = {"schema_version": SCHEMA_VERSION, "run_id": run_id, "kind": kind,
-                "created": dt.datetime.now().isoformat(timespec="seconds"), "environment": environment(), **run_info}
+
+    def fill(partial: Path) -> None:
+        info = {"schema_version": SCHEMA_VERSION, "run_id": run_id, "kind": kind, **provenance(), **run_info}
         (partial / "run.json").write_text(_to_json(info))
         for name, table in tables.items():
             if table is not None:
                 table.to_parquet(partial / f"{name}.parquet", index=False)
         (partial / "summary.json").write_text(_to_json({"schema_version": SCHEMA_VERSION, **summary}))
-        os.rename(partial, final)
-    except BaseException:
+
+    return write_folder(final, fill)
+
+
+def write_folder(final: Path, fill, replace: bool = False) -> Path:
+    """The one way a folder is written: `fill(partial)` fills a hidden folder beside `final`,
+    which is renamed into place only when complete, so a crash leaves at most a `.partial` folder.
+
+    An existing `final` is kept (FileExistsError) unless `replace`: then it is moved aside first
+    (a folder cannot be renamed over a non-empty one) and put back if the swap fails, so the old
+    one is never lost half-way.
+    """
+    final = Path(final)
+    token = uuid.uuid4().hex[:8]
+    partial, old = (final.with_name(f".{final.name}.{token}.{what}") for what in ("partial", "old"))
+    partial.mkdir(parents=True)
+    try:
+        fill(partial)
+        if final.exists():
+            if not replace:
+                raise FileExistsError(errno.EEXIST, "already exists", str(final))
+            os.rename(final, old)
+            try:
+                os.rename(partial, final)
+            except BaseException:
+                os.rename(old, final)
+                raise
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(partial, final)
+    finally:
         shutil.rmtree(partial, ignore_errors=True)
-        raise
     return final
 
 

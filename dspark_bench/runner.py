@@ -1,6 +1,7 @@
 """Run decode configurations over prompts: warm-up, interleaved timing, one row per sample.
 
-The only place that reads clocks. For each (prompt, config) the baseline and the speculative
+The place that times decoding (the cost model in replay.py and the plan's estimate in plan.py
+time single steps of their own). For each (prompt, config) the baseline and the speculative
 decoder run alternately (A B A B ...), the device synchronised before each clock read, and
 the median of each is kept, so slow drift of a noisy machine hits both sides alike.
 """
@@ -240,6 +241,7 @@ def run_to_folder(
     progress: Callable[[], None] | None = None,
     assignment: list[int] | None = None,
     say: Callable[[str], None] | None = None,
+    run_config: dict | None = None,
 ) -> tuple[Path, pd.DataFrame]:
     """`run`, then write the run folder; returns it and the per-config summary table.
 
@@ -251,6 +253,7 @@ def run_to_folder(
     table = summarize(output.samples)
     by_category = summarize(output.samples, by=["category"])
     run_info = {
+        "config": run_config,  # the whole RunConfig: `run --config run.json` runs it again
         "configs": [c.to_dict() for c in configs],
         "assignment": assignment,
         "settings": dataclasses.asdict(settings),

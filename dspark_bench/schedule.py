@@ -38,7 +38,8 @@ def keeps(config: DecodeConfig, position: int, confidence: float, cumulative: fl
 def draft_length(config: DecodeConfig, confidences: list[float], budget: int | None = None) -> tuple[int, str]:
     """Drive the rule with given confidences: the kept draft length and the stop reason.
 
-    A pure helper for tests and the replay simulator; the engine applies `keeps` as it drafts.
+    A pure helper for tests (the seed's worked example); the engine applies `keeps` as it
+    drafts, and replay applies the same rule to recorded confidences in its own vectorised form.
     """
     limit = config.gamma_max if budget is None else min(config.gamma_max, budget)
     cumulative = 1.0

@@ -65,6 +65,8 @@ def test_decode_shows_rounds(saved_pair):
         (["--draft", "MISMATCH"], "vocabularies differ"),
         (["--out", "UNWRITABLE"], "not writable"),
         (["--prompts", "/nonexistent/prompts.jsonl"], "does not exist"),
+        (["--prompts", "EMPTY"], "empty.jsonl: the file is empty"),
+        (["--prompts", "BINARY"], "binary.jsonl: not UTF-8 text"),
     ],
 )
 def test_bad_inputs_fail_in_one_line(flags, message, first_run, saved_pair, prompts_file, tmp_path):
@@ -79,6 +81,10 @@ def test_bad_inputs_fail_in_one_line(flags, message, first_run, saved_pair, prom
         blocker = tmp_path / "a-file"
         blocker.write_text("not a folder")
         flags = [f if f != "UNWRITABLE" else str(blocker / "results") for f in flags]
+    (tmp_path / "empty.jsonl").write_text("")
+    (tmp_path / "binary.jsonl").write_bytes(bytes(range(128, 256)) * 4)
+    files = {"EMPTY": tmp_path / "empty.jsonl", "BINARY": tmp_path / "binary.jsonl"}
+    flags = [str(files.get(f, f)) for f in flags]
     args = {"--target": target, "--draft": draft, "--prompts": str(prompts_file), "--out": str(out)}
     for i in range(0, len(flags), 2):
         args[flags[i]] = flags[i + 1]

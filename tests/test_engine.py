@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import itertools
 
 import numpy as np
@@ -133,7 +134,12 @@ def test_config_refuses_bad_values(changes, message):
 def test_hf_generate_peer_agrees_with_baseline(llama_pair):
     target, _ = llama_pair
     config = DecodeConfig(max_new_tokens=20)
-    assert hf_generate(target, PROMPTS[0], config).tokens == autoregressive_decode(target, PROMPTS[0], config).tokens
+    plain = autoregressive_decode(target, PROMPTS[0], config)
+    peer = hf_generate(target, PROMPTS[0], config)
+    assert peer.tokens == plain.tokens and peer.target_forwards == plain.target_forwards - 1  # + 1 from the prefill
+    # Assisted by a copy of itself, drafts are accepted: fewer target passes than tokens.
+    assisted = hf_generate(target, PROMPTS[0], config, assistant=copy.deepcopy(target))
+    assert assisted.tokens == plain.tokens and 0 < assisted.target_forwards < len(plain.tokens) - 1
 
 
 # --- sampling: lossless rejection sampling ---------------------------------------------------

@@ -131,6 +131,17 @@ def test_unusable_baseline_exits_2_and_touches_nothing(damage, message, baseline
     assert run_folders(tmp_path / "out") == []
 
 
+def test_a_broken_baseline_file_is_named_as_given(baseline, tmp_path):
+    # A summary saved under another name: that file is read (and named), not summary.json beside it.
+    copy = tmp_path / "baseline"
+    shutil.copytree(baseline, copy)
+    (copy / "broken.json").write_text('{"schema_version": 1, "configs": [')
+    result = invoke("regress", "--baseline", copy / "broken.json", "--out", tmp_path / "out")
+    assert result.exit_code == 2, result.output
+    line = one_error_line(result)
+    assert "broken.json" in line and "not valid JSON" in line and "summary.json" not in line
+
+
 def test_update_rewrites_the_baseline(baseline, saved_pair, prompts_file, tmp_path, monkeypatch):
     ci = tmp_path / "baselines" / "ci"
     created = invoke("regress", "--baseline", ci / "summary.json", "--current", baseline, "--update")

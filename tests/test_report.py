@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 from matplotlib.colors import to_rgb
 
-from dspark_bench import plots
+from dspark_bench import objectives, plots
 from dspark_bench.report import build_report, figures_written, load_inputs
 
 from cli_helpers import invoke  # noqa: E402  (tests/ is on sys.path, see conftest.py)
@@ -78,7 +78,7 @@ def test_threshold_curves_mark_the_best_point(replay):
     assert ylabels[3].startswith("speedup")
     assert [ax.get_xlabel() for ax in fig.axes[2:]] == ["threshold", "threshold"]
     best = plots.best_row(table)
-    objective = plots.objective_column(table)
+    objective = objectives.ranking_column(table)
     assert star(fig.axes[0]) == pytest.approx((best["threshold"], best["avg_draft_len"]))
     assert star(fig.axes[3]) == pytest.approx((best["threshold"], table[table["schedule"] != "fixed"][objective].max()))
     legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]

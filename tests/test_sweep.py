@@ -17,7 +17,9 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
+from dspark_bench import study as studies
 from dspark_bench import sweep as sweeps
+from dspark_bench import sweep_spec
 from dspark_bench.cli import app
 from dspark_bench.results import load
 
@@ -99,7 +101,7 @@ def test_failing_trial_is_recorded_and_the_sweep_goes_on(saved_pair, prompts_fil
 
     monkeypatch.setattr(runner_module, "run", flaky)
     target, draft = saved_pair
-    spec = sweeps.load_spec(None, {"target": target, "draft": draft, "dataset": str(prompts_file), "engine": "real",
+    spec = sweep_spec.load_spec(None, {"target": target, "draft": draft, "dataset": str(prompts_file), "engine": "real",
                                    "max_new_tokens": 12, "space.threshold": [0.2, 0.6], "space.gamma_max": [2, 4]})
     folder, _ = sweeps.run_sweep(spec, tmp_path)
     trials = load(folder)
@@ -122,7 +124,7 @@ def test_ctrl_c_keeps_finished_trials_and_resume_reruns_the_interrupted_one(save
 
     monkeypatch.setattr(runner_module, "run", interrupted)
     target, draft = saved_pair
-    spec = sweeps.load_spec(None, {"target": target, "draft": draft, "dataset": str(prompts_file), "engine": "real",
+    spec = sweep_spec.load_spec(None, {"target": target, "draft": draft, "dataset": str(prompts_file), "engine": "real",
                                    "max_new_tokens": 12, "space.threshold": [0.2, 0.6], "space.gamma_max": [2, 4]})
     with pytest.raises(KeyboardInterrupt):
         sweeps.run_sweep(spec, tmp_path)
@@ -161,26 +163,26 @@ def test_bad_specs_fail_in_one_line(flags, message, saved_pair, prompts_file, tm
 
 def test_spec_files_parse():
     for path in sorted(Path(__file__).parent.parent.joinpath("sweeps").glob("*.yaml")):
-        spec = sweeps.load_spec(path, {})
-        assert sweeps.points(spec), path
+        spec = sweep_spec.load_spec(path, {})
+        assert sweep_spec.points(spec), path
 
 
 def test_sweep_without_a_spec_takes_the_tasks_own_or_a_dense_default(tmp_path, monkeypatch):
-    spec, origin = sweeps.resolve_spec(None, {"task": "code"})
-    assert "code.yaml, the task's own spec" in origin and len(sweeps.points(spec)) == 2736
-    monkeypatch.setattr(sweeps, "SPEC_FOLDERS", (tmp_path,))  # a task without a spec file
-    spec, origin = sweeps.resolve_spec(None, {"task": "code"})
-    configs = sweeps.points(spec)
+    spec, origin = sweep_spec.resolve_spec(None, {"task": "code"})
+    assert "code.yaml, the task's own spec" in origin and len(sweep_spec.points(spec)) == 2736
+    monkeypatch.setattr(sweep_spec, "SPEC_FOLDERS", (tmp_path,))  # a task without a spec file
+    spec, origin = sweep_spec.resolve_spec(None, {"task": "code"})
+    configs = sweep_spec.points(spec)
     assert len(configs) == 4 * 2 * 19 * (8 * 3 - 1) == 3496 and "dense default (3,496 points" in origin
     assert {c.gamma_max for c in configs} == set(range(1, 9)) and {c.min_draft_len for c in configs} == {0, 1, 2}
     assert {c.metric for c in configs} == {"top1", "entropy", "topk_mass", "margin"}
     assert sorted({c.threshold for c in configs}) == pytest.approx([round(0.05 * i, 2) for i in range(1, 20)])
     # Sampling cannot replay: a small grid, said as such.
-    spec, origin = sweeps.resolve_spec(None, {"task": "code", "temperature": 0.8})
-    assert len(sweeps.points(spec)) == 3 and "sampling verification" in origin
+    spec, origin = sweep_spec.resolve_spec(None, {"task": "code", "temperature": 0.8})
+    assert len(sweep_spec.points(spec)) == 3 and "sampling verification" in origin
     # Flags narrow the space from the small base, whatever spec files exist.
-    spec, origin = sweeps.resolve_spec(None, {"task": "code", "space.threshold": [0.4]})
-    assert len(sweeps.points(spec)) == 1 and "command-line flags (1 point)" in origin
+    spec, origin = sweep_spec.resolve_spec(None, {"task": "code", "space.threshold": [0.4]})
+    assert len(sweep_spec.points(spec)) == 1 and "command-line flags (1 point)" in origin
 
 
 def test_replay_sweep_confirms_its_best_policies(saved_pair, prompts_file, tmp_path):
@@ -253,13 +255,13 @@ def test_resume_after_sigkill_finishes_the_grid_without_duplicates(saved_pair, p
 
 
 def test_resume_recovers_trials_of_dead_workers_named_or_not(tmp_path, monkeypatch):
-    monkeypatch.setattr(sweeps, "UNNAMED_GRACE_S", 1.0)
-    storage = sweeps.open_storage(f"sqlite:///{tmp_path / 'study.db'}", heartbeat_s=30)
+    monkeypatch.setattr(studies, "UNNAMED_GRACE_S", 1.0)
+    storage = studies.open_storage(f"sqlite:///{tmp_path / 'study.db'}", heartbeat_s=30)
     study = optuna.create_study(storage=storage)
     space = {"x": optuna.distributions.FloatDistribution(0, 1)}
     dead_pid = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
                               text=True).stdout.strip()
-    dead_name = f"{sweeps.socket.gethostname()}:{dead_pid}"
+    dead_name = f"{studies.socket.gethostname()}:{dead_pid}"
     named_dead = study.ask(space)
     named_dead.set_user_attr("worker", dead_name)
     named_dead.set_user_attr("worker_trial", named_dead.number)
@@ -268,10 +270,10 @@ def test_resume_recovers_trials_of_dead_workers_named_or_not(tmp_path, monkeypat
     inherited.set_user_attr("worker", dead_name)
     inherited.set_user_attr("worker_trial", named_dead.number)
     alive = study.ask(space)
-    sweeps.name_worker(alive)
+    studies.name_worker(alive)
     late = study.ask(space)  # a live worker that names itself during the grace period
-    threading.Timer(0.2, sweeps.name_worker, args=(late,)).start()
-    assert sweeps.recover_dead_trials(study) == 3
+    threading.Timer(0.2, studies.name_worker, args=(late,)).start()
+    assert studies.recover_dead_trials(study) == 3
     trials = study.get_trials()
     states = {t.number: t.state.name for t in trials}
     assert [states[t.number] for t in (named_dead, unnamed, inherited)] == ["FAIL"] * 3
@@ -331,3 +333,22 @@ def test_two_workers_share_one_grid_study(storage, saved_pair, prompts_file, tmp
     extra = [t for t in study.get_trials() if t.state != COMPLETE]
     assert all(t.state.name == "PRUNED" and t.user_attrs.get("skipped") == "grid point taken" for t in extra)
     assert len(workers_seen) == 2
+
+
+def test_numeric_ranges_are_suggested_in_order():
+    # TPE must know that 0.3 lies between 0.2 and 0.4: evenly spaced numbers are ordered ints or
+    # floats with their step; uneven lists and names stay categorical.
+    spec = sweep_spec.load_spec(None, {"task": "code", "method": "optuna", "space.threshold": {"low": 0.2, "high": 0.6,
+                                       "step": 0.1}, "space.gamma_max": [2, 4, 6], "space.min_draft_len": [0, 1, 3],
+                                       "space.metric": ["top1", "margin"]})
+    study = optuna.create_study(sampler=optuna.samplers.TPESampler(seed=0))
+    for _ in range(6):
+        trial = study.ask()
+        params = studies.suggest(trial, spec)
+        assert params["threshold"] in spec.space["threshold"] and params["gamma_max"] in (2, 4, 6)
+        study.tell(trial, 1.0)
+    dists = study.trials[0].distributions
+    assert dists["threshold"] == optuna.distributions.FloatDistribution(0.2, 0.6, step=0.1)
+    assert dists["gamma_max"] == optuna.distributions.IntDistribution(2, 6, step=2)
+    assert isinstance(dists["min_draft_len"], optuna.distributions.CategoricalDistribution)  # 0, 1, 3: uneven
+    assert isinstance(dists["metric"], optuna.distributions.CategoricalDistribution)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import yaml
 
-from dspark_bench.errors import DsparkError
+from dspark_bench.errors import DsparkError, first_line
 from dspark_bench.prompts import Prompt
 from dspark_bench.tasks import builders
 from dspark_bench.tasks.userdata import load_dataset_prompts
@@ -68,7 +68,7 @@ def validate_task_file(path: str | Path) -> TaskSpec:
     try:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as err:
-        raise DsparkError(f"{path}: not valid YAML ({str(err).splitlines()[0]})") from None
+        raise DsparkError(f"{path}: not valid YAML ({first_line(err)})") from None
     return _parse_task(data, str(path))
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from dspark_bench.errors import DsparkError
+from dspark_bench.errors import DsparkError, first_line
 from dspark_bench.hub import hub_reachable
 from dspark_bench.prompts import Prompt
 
@@ -30,21 +30,37 @@ def _check_jsonl(path: Path) -> None:
                     raise DsparkError(f"{path}: line {number} is not valid JSON ({err.msg})") from None
 
 
+def _check_text(path: Path) -> None:
+    """An empty or non-UTF-8 file fails deep inside datasets; say what is wrong instead."""
+    data = path.read_bytes()
+    if not data.strip():
+        raise DsparkError(f"{path}: the file is empty; it holds no prompts")
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise DsparkError(f"{path}: not UTF-8 text (byte {data[err.start]:#04x} at offset {err.start}); "
+                          "save it as UTF-8 JSONL, JSON, CSV or text") from None
+
+
 def _load(source: str, split: str):
     import datasets
 
     datasets.disable_progress_bars()
     path = Path(source).expanduser()
+    if path.is_dir():
+        raise DsparkError(f"{path} is a folder; pass a prompts file (JSONL, JSON, CSV, Parquet or text)")
     if path.exists():
         builder = BUILDER_BY_SUFFIX.get(path.suffix.lower())
         if builder is None:
             raise DsparkError(f"{path}: unsupported file type; use {', '.join(BUILDER_BY_SUFFIX)}")
+        if builder != "parquet":
+            _check_text(path)
         if path.suffix.lower() == ".jsonl":
             _check_jsonl(path)
         try:
             return datasets.load_dataset(builder, data_files=str(path), split="train")
         except Exception as err:  # datasets raises many types for a corrupt file
-            raise DsparkError(f"{path}: cannot read as {builder} ({str(err).splitlines()[0][:200]})") from None
+            raise DsparkError(f"{path}: cannot read as {builder} ({first_line(err)})") from None
     if source.startswith((".", "/", "~")) or Path(source).suffix.lower() in BUILDER_BY_SUFFIX:
         raise DsparkError(f"dataset file {source!r} does not exist")
     if not hub_reachable():
@@ -52,7 +68,7 @@ def _load(source: str, split: str):
     try:
         return datasets.load_dataset(source, split=split)
     except Exception as err:
-        first = str(err).splitlines()[0][:160] if str(err) else type(err).__name__
+        first = first_line(err, 160)
         raise DsparkError(
             f"cannot load dataset {source!r} from the hub ({first}); offline, pass a local file instead"
         ) from None

@@ -1,7 +1,4 @@
-"""`dspark-bench calibrate`: the best policy per domain, written to a file the decoder loads.
-
-Registered in cli.py with `app.command()(calibrate)`.
-"""
+"""`dspark-bench calibrate`: the best policy per domain, written to a file the decoder loads."""
 
 from __future__ import annotations
 
@@ -11,10 +8,10 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from dspark_bench.commands.options import (
+from dspark_bench.cli.console import cli_errors, out_console, reporting
+from dspark_bench.cli.options import (
     Draft, Engine, GammaMaxes, Metrics, MinDraftLens, PromptField, SpecDevice, SpecDtype, Split, Target, Thresholds,
 )
-from dspark_bench.errors import DsparkError
 
 
 def calibrate(
@@ -40,33 +37,11 @@ def calibrate(
     Example: dspark-bench calibrate --tasks code,prose,structured --spec sweeps/default.yaml --out calibration.yaml
     """
     from dspark_bench import calibrate as lib
-    from dspark_bench import sweep as sweeps
-    from dspark_bench.cli import cli_errors, out_console, progress_bar, stage_progress
 
+    flags = {name: value for name, value in locals().items() if name not in ("tasks", "dataset", "spec", "out", "force", "lib")}
     with cli_errors():
-        names = [name.strip() for name in (tasks or "").split(",") if name.strip()]
-        if names and dataset:
-            raise DsparkError("pass --tasks or --dataset, not both")
-        if tasks is not None and not names:
-            raise DsparkError("--tasks is empty; name at least one task, e.g. --tasks code,prose")
-        overrides = sweeps.flag_overrides(
-            dict(limit=limit, target=target, draft=draft, device=device, dtype=dtype, engine=engine,
-                 objective=objective, repeats=repeats, max_new_tokens=max_new_tokens, temperature=temperature,
-                 split=split, prompt_field=prompt_field, category_field=category_field),
-            dict(metric=metric, threshold=threshold, gamma_max=gamma_max, min_draft_len=min_draft_len))
-        if names:
-            overrides.update(task=names[0], dataset=None)
-        elif dataset:
-            overrides.update(task=None, dataset=dataset)
-        if spec is None and not names and not dataset:
-            raise DsparkError("pass --tasks, --dataset, or a --spec that names a task or dataset")
-        sweep_spec = sweeps.load_spec(spec, overrides)
-        lib.check_output(out, force)  # before models load or prompts are read
-        domains = lib.domain_prompts(sweep_spec, names or None)
-        with progress_bar() as bar:
-            job = bar.add_task("calibrating", total=None)
-            result = lib.calibrate_domains(sweep_spec, out, tasks=names or None, force=force,
-                                           progress=stage_progress(bar, job), domains=domains)
+        with reporting("calibrating") as (progress, _):
+            result = lib.calibrate_command(tasks, dataset, spec, flags, out, force, progress)
         out_console.print(calibration_table(result.data))
         out_console.print(f"calibration file: {result.path}", highlight=False, soft_wrap=True)
         out_console.print(f"figure: {result.figure}", highlight=False, soft_wrap=True)

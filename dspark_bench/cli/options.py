@@ -1,4 +1,6 @@
-"""The command-line options several commands share, as typed annotations (Typer's style)."""
+"""The command-line options several commands share, as typed annotations (Typer's style).
+
+Every command that takes prompts takes the same prompt flags (PROMPT_FLAGS' annotations)."""
 
 from __future__ import annotations
 
@@ -37,4 +39,6 @@ Limit = Annotated[Optional[int], typer.Option(help="Use only the first N prompts
 # The same knobs for commands that override a sweep spec: unset means "the spec's".
 SpecDevice = Annotated[Optional[str], typer.Option("--device", help="auto | cpu | cuda | mps (default: the spec's)")]
 SpecDtype = Annotated[Optional[str], typer.Option("--dtype", help="auto | float32 | bfloat16 | float16 (default: the spec's)")]
+SpecSplit = Annotated[Optional[str], typer.Option("--split", help="Dataset split (hub datasets) (default: the spec's).")]
 Engine = Annotated[Optional[str], typer.Option(help="replay (greedy: record once, simulate all) | real | auto.")]
+Repeats = Annotated[int, typer.Option(help="Timed baseline/speculative pairs per prompt (medians kept); the side that runs first alternates.")]

@@ -1,7 +1,4 @@
-"""`dspark-bench report`: figures, report.md and a self-contained report.html for run folders.
-
-Registered in cli.py with `app.command()(report)`.
-"""
+"""`dspark-bench report`: figures, report.md and a self-contained report.html for run folders."""
 
 from __future__ import annotations
 
@@ -9,6 +6,8 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+
+from dspark_bench.cli.console import cli_errors, out_console
 
 
 def report(
@@ -25,7 +24,6 @@ def report(
     Example: dspark-bench report results/20250101-120000-sweep-abc123 --format svg
     """
     from dspark_bench import report as lib
-    from dspark_bench.cli import cli_errors, out_console
 
     with cli_errors():
         path = lib.build_report(runs, out=out, fmt=fmt, by=by)

@@ -1,0 +1,146 @@
+"""What every command shares: the consoles, clean one-line errors, progress bars, tables."""
+
+from __future__ import annotations
+
+import contextlib
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+from rich.text import Text
+
+from dspark_bench.errors import DsparkError
+
+
+def _console(stderr: bool = False) -> Console:
+    # Tables of metrics are wide: off a terminal (CI logs, pipes) do not wrap them at 80 columns.
+    probe = Console(stderr=stderr)
+    return Console(stderr=stderr, width=None if probe.is_terminal else 200)
+
+
+out_console = _console()
+err_console = _console(stderr=True)
+
+
+def quiet_libraries() -> None:
+    """Our own progress bars are enough; silence transformers' and datasets' chatter."""
+    import datasets
+    import optuna
+    import transformers
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    datasets.disable_progress_bars()
+
+
+@contextlib.contextmanager
+def cli_errors(status: int = 1):
+    """Turn library errors into one clean line and a non-zero exit (`status`)."""
+    try:
+        yield
+    except DsparkError as err:
+        err_console.print(f"[bold red]error:[/] {err}", highlight=False, soft_wrap=True)
+        raise typer.Exit(status) from None
+    except KeyboardInterrupt:
+        err_console.print("interrupted", highlight=False)
+        raise typer.Exit(130) from None
+
+
+def progress_bar() -> Progress:
+    return Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        TimeRemainingColumn(), console=err_console, transient=False,
+    )
+
+
+@contextlib.contextmanager
+def reporting(description: str):
+    """(progress, say) for a library call: `progress(stage, done, total)` drives one bar and
+    `say(line)` prints above it. The bar starts at the first call, so a command that fails its
+    checks before any work prints its one error line and nothing else."""
+    state: dict = {}
+
+    def started() -> Progress:
+        if not state:
+            state["bar"] = progress_bar()
+            state["bar"].start()
+            state["job"] = state["bar"].add_task(description, total=None)
+        return state["bar"]
+
+    def progress(stage: str, done: int, total: int) -> None:
+        started().update(state["job"], description=stage, completed=done, total=total)
+
+    def say(*args, **kwargs) -> None:
+        started().console.print(*args, **kwargs)
+
+    try:
+        yield progress, say
+    finally:
+        if state:
+            state["bar"].stop()
+
+
+# Sampling's extra columns, short enough to keep the table on one line per configuration.
+SHORT_HEADERS = {"baseline_mean_new_tokens": "baseline mean len", "spec_mean_new_tokens": "spec mean len",
+                 "baseline_tokens_per_s": "baseline tok/s", "spec_tokens_per_s": "spec tok/s"}
+
+
+def summary_table(table, title: str) -> Table:
+    view = Table(title=title, title_justify="left")
+    columns = ["config_label", "prompts", "avg_draft_len", "acceptance_rate", "block_acceptance_rate",
+               "accepted_per_round", "tokens_per_round", "speedup"]
+    if "identical_to_baseline" in table and table["identical_to_baseline"].notna().any():
+        columns.append("identical_to_baseline")  # greedy: outputs must equal the target's own
+    elif "spec_mean_new_tokens" in table:
+        # Sampling: each side's mean sample length and tokens/s, so differing lengths show at once.
+        columns += ["baseline_mean_new_tokens", "spec_mean_new_tokens", "baseline_tokens_per_s", "spec_tokens_per_s"]
+    extra = [c for c in ("category",) if c in table]
+    for name in extra + columns:
+        header = SHORT_HEADERS.get(name, name.replace("_", " "))
+        view.add_column(header, justify="left" if name in ("config_label", "category") else "right")
+    for row in table.to_dict(orient="records"):
+        cells = [str(row[c]) for c in extra]
+        for name in columns:
+            value = row.get(name)
+            if name == "speedup" and value is not None:
+                cells.append(f"{value:.2f}× [{row['speedup_low']:.2f}, {row['speedup_high']:.2f}]")
+            elif isinstance(value, float):
+                cells.append(f"{value:.3f}")
+            else:
+                cells.append("" if value is None else str(value))
+        view.add_row(*cells)
+    return view
+
+
+def render_rounds(tokenizer, result, markers: bool = False) -> Text:
+    """Accepted draft tokens green, rejected ones red and struck through, the target's own bold.
+
+    With `markers` (no colour: a pipe or a log), rejected tokens read [-x-] and the target's {x}.
+    """
+    text = Text()
+    for r in result.rounds:
+        for i, token in enumerate(r.draft_tokens):
+            piece = tokenizer.decode([token])
+            if i < r.accepted:
+                text.append(piece, style="green")
+            else:
+                text.append(f"[-{piece}-]" if markers else piece, style="red strike")
+        if r.target_token >= 0:
+            piece = tokenizer.decode([r.target_token])
+            text.append(f"{{{piece}}}" if markers else piece, style="bold cyan")
+    return text
+
+
+def print_best(table, folder, title: str = "best configurations") -> None:
+    columns = [c for c in ("config_label", "predicted_speedup", "speedup", "speedup_low", "speedup_high",
+                           "tokens_per_round", "acceptance_rate", "avg_draft_len", "block_acceptance_rate",
+                           "identical_to_baseline", "state") if c in table]
+    view = Table(title=title, title_justify="left")
+    for name in columns:
+        view.add_column(name.replace("_", " "), justify="left" if name in ("config_label", "state") else "right")
+    for row in table.head(10).to_dict(orient="records"):
+        view.add_row(*[f"{row[c]:.3f}" if isinstance(row[c], float) else str(row[c]) for c in columns])
+    out_console.print(view)
+    out_console.print(f"run folder: {folder}")

@@ -1,0 +1,65 @@
+"""`dspark-bench decode "text"`: one generation with every round visible."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.text import Text
+
+from dspark_bench.cli.console import cli_errors, out_console, render_rounds
+from dspark_bench.cli.options import (
+    ChatTemplate, Device, Draft, Dtype, MaxNewTokens, Seed, Target, Temperature, ThresholdEnd, ThresholdStart, TopK,
+    TopP,
+)
+from dspark_bench.config import DecodeConfig
+from dspark_bench.run_config import DEFAULT_MAX_NEW_TOKENS
+
+
+def decode(
+    text: Annotated[str, typer.Argument(help="The prompt.")],
+    target: Target = None, draft: Draft = None, chat_template: ChatTemplate = "auto",
+    metric: Annotated[str, typer.Option(help="top1 | entropy | topk_mass | margin")] = "top1",
+    schedule: Annotated[str, typer.Option(help="threshold | ramp | cumulative | fixed")] = "threshold",
+    threshold: Annotated[float, typer.Option(help="Stop drafting below this confidence.")] = 0.5,
+    gamma_max: Annotated[int, typer.Option(help="Most draft tokens per round.")] = 5,
+    min_draft_len: Annotated[int, typer.Option(help="Fewest draft tokens per round.")] = 1,
+    threshold_start: ThresholdStart = 0.3, threshold_end: ThresholdEnd = 0.8, topk: TopK = 5,
+    temperature: Temperature = 0.0, top_p: TopP = 1.0, max_new_tokens: MaxNewTokens = None, seed: Seed = 0,
+    device: Device = "auto", dtype: Dtype = "auto",
+    calibration: Annotated[Optional[Path], typer.Option(help="Take the policy from a calibration file.")] = None,
+    domain: Annotated[Optional[str], typer.Option(help="With --calibration: the prompt's domain (default: the global policy).")] = None,
+):
+    """Generate once and show every round: accepted (green), rejected (red), target's token (bold).
+
+    Example: dspark-bench decode "def fibonacci(n):" --threshold 0.4
+    """
+    from dspark_bench.run_config import decode_once
+
+    with cli_errors():
+        config = DecodeConfig(metric=metric, schedule=schedule, threshold=threshold, gamma_max=gamma_max,
+                              min_draft_len=min_draft_len, threshold_start=threshold_start,
+                              threshold_end=threshold_end, topk=topk, temperature=temperature, top_p=top_p,
+                              max_new_tokens=max_new_tokens or DEFAULT_MAX_NEW_TOKENS, seed=seed)
+        pair, config, result = decode_once(text, config, target, draft, device, dtype, chat_template,
+                                           calibration, domain)
+        if calibration is not None:
+            out_console.print(f"policy: {config.label()}", highlight=False)
+        show_rounds(text, pair.tokenizer, result, config)
+
+
+def show_rounds(text: str, tokenizer, result, config: DecodeConfig) -> None:
+    """The prompt and every round, then the generation's policy metrics and stop reasons."""
+    from dspark_bench.runner import sample_row
+
+    markers = not out_console.is_terminal or out_console.no_color
+    out_console.print(Text(text, style="dim") + render_rounds(tokenizer, result, markers))
+    if markers:
+        out_console.print("(plain draft tokens were accepted, [-x-] rejected, {x} is the target's own token)")
+    row = sample_row(result, config)
+    metrics = {k: row[k] for k in ("rounds", "new_tokens", "avg_draft_len", "acceptance_rate",
+                                   "block_acceptance_rate", "accepted_per_round", "tokens_per_round")}
+    out_console.print("  ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items()))
+    stops = {k.removeprefix("stop_"): row[k] for k in row if k.startswith("stop_") and row[k]}
+    out_console.print("stop reasons: " + ", ".join(f"{k} {v}" for k, v in stops.items()))

@@ -1,0 +1,58 @@
+"""`dspark-bench sweep`: search the policy's knobs: exact replay (greedy), grid or Optuna."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from dspark_bench.cli.console import cli_errors, print_best, reporting
+from dspark_bench.cli.options import (
+    CategoryField, Dataset, Draft, Engine, GammaMaxes, IgnoreEos, Limit, MaxNewTokens, Metrics, MinDraftLens,
+    PromptField, PromptsFile, Schedules, SpecDevice, SpecDtype, SpecSplit, Target, Task, Thresholds,
+)
+
+
+def sweep(
+    spec: Annotated[Optional[Path], typer.Option(help="Sweep specification (YAML), e.g. sweeps/code.yaml.")] = None,
+    task: Task = None, dataset: Dataset = None, prompts: PromptsFile = None, split: SpecSplit = None,
+    prompt_field: PromptField = None, category_field: CategoryField = None, limit: Limit = None,
+    target: Target = None, draft: Draft = None, device: SpecDevice = None, dtype: SpecDtype = None,
+    method: Annotated[Optional[str], typer.Option(help="grid (Optuna's GridSampler) | optuna (TPE).")] = None,
+    engine: Engine = None,
+    trials: Annotated[Optional[int], typer.Option(help="Optuna budget (grid: the whole grid).")] = None,
+    objective: Annotated[Optional[str], typer.Option(help="speedup | tokens_per_round | ...; two, comma-separated, for a Pareto front.")] = None,
+    storage: Annotated[Optional[str], typer.Option(help="Optuna storage URL (sqlite:///, postgresql://, journal:///path) (default: SQLite in the run folder).")] = None,
+    study: Annotated[Optional[str], typer.Option(help="Study name, shared by workers on one storage.")] = None,
+    workers: Annotated[int, typer.Option(help="Local worker processes on the same study.")] = 1,
+    resume: Annotated[Optional[Path], typer.Option(help="Continue this sweep's run folder where it stopped.")] = None,
+    confirm_top: Annotated[Optional[int], typer.Option(help="Replay: confirm this many best policies with timed runs.")] = None,
+    repeats: Annotated[Optional[int], typer.Option(help="Timed pairs per prompt and trial.")] = None,
+    max_new_tokens: MaxNewTokens = None, temperature: Annotated[Optional[float], typer.Option(help="0 = greedy.")] = None,
+    ignore_eos: IgnoreEos = False,
+    metric: Metrics = None, schedule: Schedules = None, threshold: Thresholds = None,
+    gamma_max: GammaMaxes = None, min_draft_len: MinDraftLens = None,
+    set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override any spec field: key=value (YAML value), e.g. space.threshold=[0.2,0.4].")] = None,
+    out: Annotated[Path, typer.Option(help="Folder that receives the run folder.")] = Path("results"),
+    worker_only: Annotated[bool, typer.Option(hidden=True)] = False,
+):
+    """Search the policy's knobs over a task: replay (exact, greedy), grid or Optuna; resumable.
+
+    Example: dspark-bench sweep --task code --spec sweeps/code.yaml --limit 10
+    """
+    from dspark_bench import sweep as lib
+    from dspark_bench import sweep_spec as specs
+
+    flags = {name: value for name, value in locals().items() if name in specs.FLAG_FIELDS}
+    with cli_errors():
+        with reporting("sweep") as (progress, say):
+            if resume is not None:
+                folder, table = resume, lib.continue_sweep(resume, workers=workers, worker_only=worker_only,
+                                                           progress=progress, storage=storage)
+            else:
+                chosen, origin = specs.resolve_spec(spec, specs.command_overrides(flags, set_ or []))
+                say(origin, highlight=False)
+                folder, table = lib.run_sweep(chosen, out, storage, study, workers, progress=progress, say=say)
+        if table is not None:  # a worker-only process leaves the table to the sweep's own process
+            print_best(table, folder, lib.result_title(folder))

@@ -1,0 +1,262 @@
+"""A run's whole configuration: what `run` decodes, with what, and how it is timed.
+
+One frozen dataclass, commented field by field. `run` builds it from flags, writes it whole into
+run.json, and `dspark-bench run --config results/<id>/run.json` runs it again; `regress` re-runs
+a baseline through the same path. A run folder made before run.json kept its config is read
+back from the parts it did keep (configs, settings, models, prompts).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from dataclasses import dataclass
+from pathlib import Path
+
+from dspark_bench.config import DecodeConfig, from_dict
+from dspark_bench.errors import DsparkError
+from dspark_bench.prompts import Prompt
+
+DEFAULT_MAX_NEW_TOKENS = 128  # when neither the flags nor the task say
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    # --- models
+    target: str | None = None  # Hugging Face name or local folder; None: the shipped reference pair
+    draft: str | None = None  # a draft sharing the target's vocabulary
+    device: str = "auto"  # auto | cpu | cuda | mps
+    dtype: str = "auto"  # auto (fp32 on CPU, bf16 on CUDA) | float32 | bfloat16 | float16
+    # --- prompts: exactly one of task and dataset
+    task: str | None = None  # a built-in task (tasks ls)
+    dataset: str | None = None  # a prompts file (JSONL, JSON, CSV, Parquet, text) or a hub id
+    split: str = "train"  # the dataset's split (hub datasets)
+    prompt_field: str | None = None  # column holding the prompt (None: guessed)
+    category_field: str | None = None  # column holding the category (None: guessed)
+    limit: int | None = None  # the first N prompts only
+    turns: str = "first"  # multi-turn prompts: "first" turn, or "all" on the model's own answers
+    chat_template: str = "auto"  # auto: the tokenizer's chat template where it has one | none
+    # --- the policy grid: every combination of these lists runs ...
+    metric: tuple[str, ...] = ("top1",)
+    schedule: tuple[str, ...] = ("threshold",)
+    threshold: tuple[float, ...] = (0.5,)
+    gamma_max: tuple[int, ...] = (5,)
+    min_draft_len: tuple[int, ...] = (1,)
+    threshold_start: float = 0.3  # ramp schedule: threshold at draft position 1 ...
+    threshold_end: float = 0.8  # ... rising to this at gamma_max
+    topk: int = 5  # k of the topk_mass metric
+    # ... unless `policies` lists whole DecodeConfig dicts (a re-run of a run whose policies
+    # were not a grid: a calibration's, a benchmark's chosen few)
+    policies: tuple[dict, ...] | None = None
+    calibration: str | None = None  # a calibration file: each prompt gets its domain's policy
+    # --- verification
+    temperature: float = 0.0  # 0: greedy; > 0: lossless rejection sampling
+    top_p: float = 1.0  # nucleus filter, target and draft alike
+    max_new_tokens: int | None = None  # None: the task's own, else DEFAULT_MAX_NEW_TOKENS
+    seed: int = 0  # seeds each decode's sampling generator
+    # --- batch sizes: requests decoded together (batch 1 until the concurrency work lands)
+    batch_sizes: tuple[int, ...] = (1,)
+    # --- runner
+    repeats: int = 1  # timed baseline/speculative pairs per prompt and policy (medians kept)
+    warmup: int = 1  # untimed decodes of each kind before timing starts
+    trace: bool = False  # also write rounds.parquet
+    ignore_eos: bool = False  # timing only: every sequence exactly max_new_tokens long
+
+    def __post_init__(self) -> None:
+        check(self)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def decode_configs(self, task_tokens: int | None = None) -> list[DecodeConfig]:
+        """The policies this run decodes: its explicit list, or every combination of the grid."""
+        tokens = self.max_new_tokens if self.max_new_tokens is not None else (task_tokens or DEFAULT_MAX_NEW_TOKENS)
+        if self.policies is not None:
+            return [from_dict({**policy, "max_new_tokens": policy.get("max_new_tokens", tokens)})
+                    for policy in self.policies]
+        grid = itertools.product(self.metric, self.schedule, self.threshold, self.gamma_max, self.min_draft_len)
+        return [DecodeConfig(metric=m, schedule=s, threshold=t, gamma_max=g, min_draft_len=n,
+                             threshold_start=self.threshold_start, threshold_end=self.threshold_end, topk=self.topk,
+                             temperature=self.temperature, top_p=self.top_p, max_new_tokens=tokens, seed=self.seed)
+                for m, s, t, g, n in grid]
+
+    def settings(self):
+        from dspark_bench.runner import RunnerSettings
+
+        return RunnerSettings(repeats=self.repeats, warmup=self.warmup, trace=self.trace,
+                              chat_template=self.chat_template, turns=self.turns, ignore_eos=self.ignore_eos)
+
+
+def check(config: RunConfig) -> None:
+    """Refuse a config that cannot run, before anything loads."""
+    sources = [name for name in ("task", "dataset") if getattr(config, name)]
+    if len(sources) != 1:
+        raise DsparkError("pass exactly one of --task, --dataset or --prompts"
+                          + (f" (got {' and '.join('--' + s for s in sources)})" if sources else ""))
+    if config.turns not in ("first", "all"):
+        raise DsparkError(f"--turns must be first or all (got {config.turns!r})")
+    if config.repeats < 1:
+        raise DsparkError(f"--repeats must be at least 1 (got {config.repeats})")
+    if config.batch_sizes != (1,):
+        raise DsparkError("batch sizes above 1 are not supported yet; run with batch size 1")
+    if config.calibration is not None and config.policies is not None:
+        raise DsparkError("a calibration chooses the policies; a run cannot also list them")
+    config.decode_configs()  # every policy of the grid is valid (one clear line if not)
+
+
+def from_config_dict(values: dict, where: str = "run config") -> RunConfig:
+    """A RunConfig from a mapping (run.json's "config"), refusing keys it does not know."""
+    known = {f.name for f in dataclasses.fields(RunConfig)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise DsparkError(f"{where}: unknown setting(s) {', '.join(unknown)}")
+    tuples = {name: tuple(value) for name, value in values.items()
+              if isinstance(value, list) and name != "policies"}
+    policies = values.get("policies")
+    try:
+        return RunConfig(**{**values, **tuples, "policies": tuple(policies) if policies is not None else None})
+    except TypeError as err:
+        raise DsparkError(f"{where}: {err}") from None
+
+
+def shipped(name: str | None) -> bool:
+    # A run made with the reference pair records its install path, another machine's in CI;
+    # the fingerprints prove the weights are the same ones.
+    parts = Path(name or "").parts
+    return any(parts[i : i + 3] == ("dspark_bench", "reference", "weights") for i in range(len(parts)))
+
+
+def from_run_info(info: dict, where: str = "run file") -> RunConfig:
+    """The config a run folder's run.json describes: its own "config" where it kept one, else
+    rebuilt from its configs, settings, models and prompts (run.json before it kept a config)."""
+    if info.get("config"):
+        return from_config_dict(info["config"], where)
+    models, prompts, settings = info.get("models") or {}, info.get("prompts") or {}, info.get("settings") or {}
+    both_shipped = shipped(models.get("target")) and shipped(models.get("draft"))
+    known = {f.name for f in dataclasses.fields(RunConfig)}
+    runner = {key: value for key, value in settings.items() if key in known}
+    if not (prompts.get("task") or prompts.get("dataset")):
+        raise DsparkError(f"{where} names neither a task nor a dataset, so it cannot be re-run")
+    return from_config_dict({
+        "target": None if both_shipped else models.get("target"),
+        "draft": None if both_shipped else models.get("draft"),
+        "device": str(models.get("device", "auto")).split(":")[0], "dtype": models.get("dtype", "auto"),
+        "task": prompts.get("task"), "dataset": None if prompts.get("task") else prompts.get("dataset"),
+        "split": prompts.get("split", "train"), "limit": prompts.get("count"),
+        "policies": list(info.get("configs") or []), **runner,
+    }, where)
+
+
+def resolve_prompts(config: RunConfig) -> tuple[list[Prompt], dict, int | None]:
+    """(prompts, where they came from as run.json records it, the task's max_new_tokens or None)."""
+    from dspark_bench.tasks import get_task, load_dataset_prompts, load_task
+
+    if config.task:
+        spec = get_task(config.task)
+        source = {"task": spec.name, "task_version": spec.version, "domain": spec.domain}
+        return load_task(config.task, config.limit), source, spec.max_new_tokens
+    prompts = load_dataset_prompts(config.dataset, config.split, config.prompt_field, config.category_field,
+                                   config.limit)
+    return prompts, {"dataset": config.dataset, "split": config.split}, None
+
+
+# --- running a config ------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Planned:
+    """A config resolved into what the runner needs: models loaded, prompts read, policies built."""
+
+    config: RunConfig
+    pair: object  # models.ModelPair
+    prompts: list[Prompt]
+    configs: list[DecodeConfig]
+    source: dict  # where the prompts came from, as run.json records it
+    assignment: list[int] | None = None  # with a calibration: each prompt's policy index
+
+    @property
+    def samples(self) -> int:
+        from dspark_bench.runner import planned_samples
+
+        return planned_samples(self.prompts, self.configs, self.config.settings(), self.assignment)
+
+
+def plan_run(config: RunConfig) -> Planned:
+    """Read the prompts, build the policies and load the models (cheap checks first)."""
+    from dspark_bench.models import load_pair
+
+    prompts, source, task_tokens = resolve_prompts(config)
+    configs, assignment = config.decode_configs(task_tokens), None
+    if config.calibration is not None:
+        configs, assignment = calibrated_configs(config.calibration, prompts, configs[0])
+    pair = load_pair(config.target, config.draft, config.device, config.dtype)
+    if config.calibration is not None:
+        from dspark_bench.calibration import load_calibration
+
+        load_calibration(config.calibration).check_models(pair.describe())
+    return Planned(config, pair, prompts, configs, source, assignment)
+
+
+def calibrated_configs(path, prompts: list[Prompt], base: DecodeConfig) -> tuple[list[DecodeConfig], list[int]]:
+    """The distinct calibrated policies, and for each prompt the index of its own."""
+    from dspark_bench.calibration import load_calibration
+
+    per_prompt = load_calibration(path).configs_for(prompts, base=base)
+    configs = list(dict.fromkeys(per_prompt))
+    return configs, [configs.index(c) for c in per_prompt]
+
+
+def check_rerun(planned: Planned, original: dict, where: str) -> None:
+    """A re-run from run.json must decode what the original did: same prompts, same policies."""
+    from dspark_bench.prompts import prompts_fingerprint
+
+    before = (original.get("prompts") or {}).get("fingerprint")
+    if before and prompts_fingerprint(planned.prompts) != before:
+        raise DsparkError(f"the prompts of {where} changed since it ran (fingerprint {before} → "
+                          f"{prompts_fingerprint(planned.prompts)}); it cannot be re-run as it was")
+    if original.get("configs") and [c.to_dict() for c in planned.configs] != original["configs"]:
+        raise DsparkError(f"the policies {where} describes no longer build the same configs; it cannot be re-run")
+
+
+def execute(config: RunConfig, out: Path, progress=None, say=None, planned: Planned | None = None):
+    """Run `config` into a new run folder under `out`: returns (folder, per-config summary table).
+
+    `progress(stage, done, total)` follows the decoding; `say(line)` hears the plan first.
+    """
+    from dspark_bench.results import check_writable
+    from dspark_bench.runner import run_to_folder, stage_steps
+
+    check_writable(out)  # before models load
+    planned = planned or plan_run(config)
+    step = stage_steps(progress, "decoding", planned.samples)
+    return run_to_folder(planned.pair, planned.prompts, planned.configs, out, config.settings(), planned.source,
+                         progress=step, assignment=planned.assignment, say=say, run_config=config.to_dict())
+
+
+def rerun_from(run_file: Path, out: Path, progress=None, say=None):
+    """`run --config results/<id>/run.json`: the run that file describes, again."""
+    from dspark_bench.results import read_json
+
+    info = read_json(Path(run_file), "run file")
+    config = from_run_info(info, str(run_file))
+    planned = plan_run(config)
+    check_rerun(planned, info, str(run_file))
+    return execute(config, out, progress, say, planned)
+
+
+def decode_once(text: str, config: DecodeConfig, target: str | None = None, draft: str | None = None,
+                device: str = "auto", dtype: str = "auto", chat_template: str = "auto",
+                calibration: Path | None = None, domain: str | None = None):
+    """`dspark-bench decode`: one speculative generation of `text` (with a calibration: the policy
+    of `domain`, or the global one). Returns (pair, the policy used, DecodeResult)."""
+    from dspark_bench.engine import speculative_decode
+    from dspark_bench.models import load_pair
+    from dspark_bench.prompts import encode
+
+    if calibration is not None:
+        from dspark_bench.calibration import load_calibration
+
+        config = load_calibration(calibration).policy_for(domain or "", strict=domain is not None, base=config)
+    pair = load_pair(target, draft, device, dtype)
+    ids = encode(pair.tokenizer, text, chat_template)
+    return pair, config, speculative_decode(pair.target, pair.draft, ids, config, pair.eos_ids)
