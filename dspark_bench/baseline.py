@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from dspark_bench.errors import DsparkError, first_line
+from dspark_bench.errors import DsparkError
 from dspark_bench.results import (SCHEMA_VERSION, check_writable, describe_machine, provenance, read_json,
-                                  write_folder, write_text)
+                                  read_parquet, write_folder, write_text)
 
 # The files a baseline keeps; samples.parquet is needed for the outputs' fingerprint.
 BASELINE_FILES = ("run.json", "summary.json", "samples.parquet")
@@ -104,12 +104,7 @@ def _check_summary_keys(summary: dict, path: Path, what: str) -> None:
 def _read_samples(path: Path, what: str) -> pd.DataFrame:
     if not path.is_file():
         raise DsparkError(f"{what} {str(path)!r} does not exist (it holds the generated ids compared)")
-    try:
-        samples = pd.read_parquet(path, columns=list(SAMPLE_COLUMNS))
-    except Exception as err:  # pyarrow raises many types for a bad file; all mean "unreadable"
-        reason = first_line(err)
-        raise DsparkError(f"{what} {str(path)!r} cannot be read: {reason}") from None
-    return samples
+    return read_parquet(path, what, columns=list(SAMPLE_COLUMNS))
 
 
 def load_record(folder: Path, what: str = "run", summary_file: Path | None = None) -> RunRecord:

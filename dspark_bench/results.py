@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from dspark_bench.errors import DsparkError
+from dspark_bench.errors import DsparkError, first_line
 
 SCHEMA_VERSION = 1
 
@@ -252,6 +252,14 @@ def read_json(path: Path, what: str) -> dict:
         raise DsparkError(f"{what} {str(path)!r} is not valid JSON: {err}") from None
 
 
+def read_parquet(path: Path, what: str = "table", columns: list[str] | None = None) -> pd.DataFrame:
+    """A Parquet table of a run folder; a corrupt or unreadable one is one clear error."""
+    try:
+        return pd.read_parquet(path, columns=columns)
+    except Exception as err:  # pyarrow raises many types for a bad file; all mean "unreadable"
+        raise DsparkError(f"{what} {str(path)!r} cannot be read: {first_line(err)}") from None
+
+
 def read_run(folder: Path) -> tuple[dict, pd.DataFrame]:
     """run.json and samples.parquet of one run folder."""
     folder = Path(folder)
@@ -259,7 +267,7 @@ def read_run(folder: Path) -> tuple[dict, pd.DataFrame]:
         raise DsparkError(f"{str(folder)!r} is not a run folder (no run.json)")
     info = read_json(folder / "run.json", "run file")
     samples_path = folder / "samples.parquet"
-    samples = pd.read_parquet(samples_path) if samples_path.is_file() else pd.DataFrame()
+    samples = read_parquet(samples_path, "samples") if samples_path.is_file() else pd.DataFrame()
     return info, samples
 
 
@@ -276,7 +284,7 @@ def _run_columns(info: dict) -> dict:
 
 def _policy_table(folder: Path, info: dict) -> pd.DataFrame:
     if (folder / "trials.parquet").is_file():  # a sweep: one row per trial / simulated policy
-        table = pd.read_parquet(folder / "trials.parquet")
+        table = read_parquet(folder / "trials.parquet", "trials")
         for name, value in info.get("base_config", {}).items():
             if name not in table:  # knobs the sweep did not search keep their base value
                 table[name] = value
@@ -322,5 +330,5 @@ def load_table(paths, name: str) -> pd.DataFrame:
     for path in paths:
         file = Path(path) / f"{name}.parquet"
         if file.is_file():
-            frames.append(pd.read_parquet(file).assign(run_id=Path(path).name))
+            frames.append(read_parquet(file, name).assign(run_id=Path(path).name))
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()

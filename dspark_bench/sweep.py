@@ -235,14 +235,16 @@ def result_title(folder: Path) -> str:
 
 def run_sweep(spec: SweepSpec, out: Path, storage: str | None = None, study_name: str | None = None,
               workers: int = 1, progress: StageProgress | None = None,
-              say: Callable[[str], None] | None = None) -> tuple[Path, pd.DataFrame]:
+              say: Callable[[str], None] | None = None, origin: str | None = None) -> tuple[Path, pd.DataFrame]:
     """A new sweep: real (grid / Optuna, in a study) or replay; returns its folder and best table.
 
     With `say`, the plan and its estimated duration are said before any decoding."""
     if workers < 1:
         raise DsparkError(f"--workers must be at least 1 (got {workers})")
     engine = engine_for(spec)
-    prepared = prepare(spec)
+    prepared = prepare(spec)  # prompts read and models loaded: bad input has failed by now
+    if say and origin:
+        say(origin, highlight=False)
     folder = start_folder(out, "sweep")
     if engine == "replay":
         write_run_info(folder, "sweep", run_info(spec, prepared, {"engine": "replay"}))

@@ -123,3 +123,47 @@ def test_hub_ids_with_dots_are_not_taken_for_paths():
     with pytest.raises(DsparkError) as err:
         load_pair("Qwen/Qwen2.5-7B-Instruct", "Qwen/Qwen2.5-0.5B-Instruct")
     assert "does not exist" not in str(err.value)
+
+
+def test_run_config_reruns_the_same_run(first_run, tmp_path):
+    out, folder, _ = first_run
+    info = json.loads((folder / "run.json").read_text())
+    assert info["config"]["threshold"] == [0.2, 0.6] and info["config"]["dataset"]
+    result = invoke("run", "--config", folder / "run.json", "--out", tmp_path)
+    assert result.exit_code == 0, result.output
+    (again,) = [p for p in tmp_path.iterdir() if not p.name.startswith(".")]
+    rerun = json.loads((again / "run.json").read_text())
+    assert rerun["configs"] == info["configs"] and rerun["prompts"]["fingerprint"] == info["prompts"]["fingerprint"]
+    assert rerun["config"] == info["config"]
+    old, new = (pd.read_parquet(f / "samples.parquet") for f in (folder, again))
+    assert old["output_ids"].map(list).tolist() == new["output_ids"].map(list).tolist()  # greedy: the same ids
+
+
+def test_run_config_refuses_changes(first_run, prompts_file, tmp_path):
+    out, folder, _ = first_run
+    result = invoke("run", "--config", folder / "run.json", "--threshold", "0.9", "--out", tmp_path)
+    assert result.exit_code == 1 and "drop --threshold" in result.stderr
+    # The prompts file changed since the run: a re-run would measure something else.
+    info = json.loads((folder / "run.json").read_text())
+    edited = tmp_path / "prompts.jsonl"
+    edited.write_text(prompts_file.read_text().replace("quick brown", "slow grey"))
+    info["config"]["dataset"] = str(edited)
+    (tmp_path / "run.json").write_text(json.dumps(info))
+    result = invoke("run", "--config", tmp_path / "run.json", "--out", tmp_path / "out")
+    assert result.exit_code == 1 and "prompts of" in result.stderr and "changed" in result.stderr
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())
+
+
+def test_a_corrupt_table_is_one_line(first_run, tmp_path):
+    import shutil
+
+    _, folder, _ = first_run
+    copy = tmp_path / "run"
+    shutil.copytree(folder, copy)
+    (copy / "samples.parquet").write_bytes(b"not parquet at all")
+    result = invoke("report", copy)
+    assert result.exit_code == 1 and "cannot be read" in result.stderr and "Traceback" not in result.output
+    bad = tmp_path / "prompts.parquet"
+    bad.write_bytes(b"PAR1 but not really")
+    result = invoke("run", "--prompts", bad, "--out", tmp_path / "out")
+    assert result.exit_code == 1 and "not a readable Parquet file" in result.stderr

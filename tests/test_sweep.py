@@ -21,6 +21,7 @@ from dspark_bench import study as studies
 from dspark_bench import sweep as sweeps
 from dspark_bench import sweep_spec
 from dspark_bench.cli import app
+from dspark_bench.errors import DsparkError
 from dspark_bench.results import load
 
 runner = CliRunner()
@@ -352,3 +353,13 @@ def test_numeric_ranges_are_suggested_in_order():
     assert dists["gamma_max"] == optuna.distributions.IntDistribution(2, 6, step=2)
     assert isinstance(dists["min_draft_len"], optuna.distributions.CategoricalDistribution)  # 0, 1, 3: uneven
     assert isinstance(dists["metric"], optuna.distributions.CategoricalDistribution)
+
+
+def test_sweep_takes_the_same_prompt_flags_as_run(prompts_file):
+    overrides = sweep_spec.command_overrides({"prompts": str(prompts_file), "prompt_field": "prompt",
+                                              "category_field": "category", "split": "train"}, ["limit=2"])
+    spec = sweep_spec.load_spec(None, overrides)
+    assert (spec.dataset, spec.task, spec.prompt_field, spec.category_field, spec.limit) == \
+        (str(prompts_file), None, "prompt", "category", 2)
+    with pytest.raises(DsparkError, match="not both"):
+        sweep_spec.command_overrides({"prompts": "a.jsonl", "dataset": "b.jsonl"}, [])

@@ -52,7 +52,6 @@ def sweep(
                                                            progress=progress, storage=storage)
             else:
                 chosen, origin = specs.resolve_spec(spec, specs.command_overrides(flags, set_ or []))
-                say(origin, highlight=False)
-                folder, table = lib.run_sweep(chosen, out, storage, study, workers, progress=progress, say=say)
+                folder, table = lib.run_sweep(chosen, out, storage, study, workers, progress, say, origin)
         if table is not None:  # a worker-only process leaves the table to the sweep's own process
             print_best(table, folder, lib.result_title(folder))

@@ -42,6 +42,16 @@ def _check_text(path: Path) -> None:
                           "save it as UTF-8 JSONL, JSON, CSV or text") from None
 
 
+def _check_parquet(path: Path) -> None:
+    """datasets logs pyarrow's complaint about a corrupt file before raising; read it first."""
+    import pyarrow.parquet as pq
+
+    try:
+        pq.read_schema(path)
+    except Exception as err:  # pyarrow raises several types for a file that is not Parquet
+        raise DsparkError(f"{path}: not a readable Parquet file ({first_line(err)})") from None
+
+
 def _load(source: str, split: str):
     import datasets
 
@@ -53,7 +63,9 @@ def _load(source: str, split: str):
         builder = BUILDER_BY_SUFFIX.get(path.suffix.lower())
         if builder is None:
             raise DsparkError(f"{path}: unsupported file type; use {', '.join(BUILDER_BY_SUFFIX)}")
-        if builder != "parquet":
+        if builder == "parquet":
+            _check_parquet(path)
+        else:
             _check_text(path)
         if path.suffix.lower() == ".jsonl":
             _check_jsonl(path)
