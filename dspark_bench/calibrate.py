@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 
 from dspark_bench import plots
-from dspark_bench.config import POLICY_FIELDS, DecodeConfig
+from dspark_bench.config import DEFAULT_MAX_NEW_TOKENS, POLICY_FIELDS, DecodeConfig
 from dspark_bench.errors import DsparkError
 from dspark_bench.metrics import rates, summarize
 from dspark_bench.prompts import Prompt
@@ -196,7 +196,7 @@ def _max_new_tokens(spec: SweepSpec, tasks: list[str] | None) -> int | None:
     if spec.max_new_tokens or not tasks:
         return spec.max_new_tokens
     lengths = {get_task(name).max_new_tokens for name in tasks}
-    return lengths.pop() if len(lengths) == 1 else 128
+    return lengths.pop() if len(lengths) == 1 else DEFAULT_MAX_NEW_TOKENS
 
 
 def search_configs(spec: SweepSpec, base: DecodeConfig) -> list[DecodeConfig]:

@@ -15,6 +15,8 @@ METRICS = ("top1", "entropy", "topk_mass", "margin")
 SCHEDULES = ("threshold", "ramp", "cumulative", "fixed")
 
 
+DEFAULT_MAX_NEW_TOKENS = 128  # tokens per prompt when neither the flags nor the task say
+
 # Field metadata marking a policy knob (one a sweep may search); the lists below derive from it.
 POLICY = {"policy": True, "searched": True}
 
@@ -35,7 +37,7 @@ class DecodeConfig:
     # Verification and generation: what every policy of a run shares.
     temperature: float = 0.0  # 0 = greedy verification; > 0 = rejection sampling
     top_p: float = 1.0  # nucleus filter, applied identically to target and draft
-    max_new_tokens: int = 128
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
     seed: int = 0  # seeds the sampling generator of each decode
 
     def __post_init__(self) -> None:

@@ -64,17 +64,22 @@ def position_acceptance(drafted: np.ndarray, accepted: np.ndarray, gamma_max: in
     )
 
 
-def bootstrap_ratio(numerator: np.ndarray, denominator: np.ndarray, samples: int = 1000, seed: int = 0):
-    """sum(numerator) / sum(denominator) with a 95 % bootstrap interval over items (prompts)."""
-    numerator, denominator = np.asarray(numerator, float), np.asarray(denominator, float)
-    point = numerator.sum() / denominator.sum()
-    if len(numerator) < 2:
+def _bootstrap(columns, statistic, samples: int, seed: int):
+    """statistic(*columns) with a 95 % bootstrap interval: each resample draws whole items
+    (prompts), so every column of an item moves together. `statistic` sums over the last axis."""
+    columns = [np.asarray(c, float) for c in columns]
+    point = float(statistic(*columns))
+    if len(columns[0]) < 2:
         return point, point, point
     rng = np.random.default_rng(seed)
-    picks = rng.integers(0, len(numerator), size=(samples, len(numerator)))
-    ratios = numerator[picks].sum(axis=1) / denominator[picks].sum(axis=1)
-    low, high = np.percentile(ratios, [2.5, 97.5])
-    return float(point), float(low), float(high)
+    picks = rng.integers(0, len(columns[0]), size=(samples, len(columns[0])))
+    low, high = np.percentile(statistic(*(c[picks] for c in columns)), [2.5, 97.5])
+    return point, float(low), float(high)
+
+
+def bootstrap_ratio(numerator, denominator, samples: int = 1000, seed: int = 0):
+    """sum(numerator) / sum(denominator) with a 95 % bootstrap interval over items (prompts)."""
+    return _bootstrap([numerator, denominator], lambda n, d: n.sum(-1) / d.sum(-1), samples, seed)
 
 
 def speedup_ratio(baseline_time, baseline_tokens, spec_time, spec_tokens):
@@ -94,14 +99,7 @@ def speedup_ratio(baseline_time, baseline_tokens, spec_time, spec_tokens):
 def bootstrap_speedup(baseline_time, baseline_tokens, spec_time, spec_tokens, samples: int = 1000, seed: int = 0):
     """speedup_ratio with a 95 % bootstrap interval over prompts: each resample draws whole
     prompts, so both sides' times and token counts move together."""
-    columns = [np.asarray(x, float) for x in (baseline_time, baseline_tokens, spec_time, spec_tokens)]
-    point = float(speedup_ratio(*columns))
-    if len(columns[0]) < 2:
-        return point, point, point
-    rng = np.random.default_rng(seed)
-    picks = rng.integers(0, len(columns[0]), size=(samples, len(columns[0])))
-    low, high = np.percentile(speedup_ratio(*(c[picks] for c in columns)), [2.5, 97.5])
-    return point, float(low), float(high)
+    return _bootstrap([baseline_time, baseline_tokens, spec_time, spec_tokens], speedup_ratio, samples, seed)
 
 
 def sample_speedup(samples: pd.DataFrame, seed: int = 0):

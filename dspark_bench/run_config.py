@@ -13,11 +13,10 @@ import itertools
 from dataclasses import dataclass
 from pathlib import Path
 
-from dspark_bench.config import DecodeConfig, from_dict
+from dspark_bench.config import DEFAULT_MAX_NEW_TOKENS, DecodeConfig, from_dict
 from dspark_bench.errors import DsparkError
 from dspark_bench.prompts import Prompt
 
-DEFAULT_MAX_NEW_TOKENS = 128  # when neither the flags nor the task say
 
 
 @dataclass(frozen=True)
@@ -101,6 +100,8 @@ def check(config: RunConfig) -> None:
         raise DsparkError("batch sizes above 1 are not supported yet; run with batch size 1")
     if config.calibration is not None and config.policies is not None:
         raise DsparkError("a calibration chooses the policies; a run cannot also list them")
+    if config.policies is not None and not config.policies:
+        raise DsparkError("the run lists no policy to decode")
     config.decode_configs()  # every policy of the grid is valid (one clear line if not)
 
 
@@ -129,8 +130,13 @@ def shipped(name: str | None) -> bool:
 def from_run_info(info: dict, where: str = "run file") -> RunConfig:
     """The config a run folder's run.json describes: its own "config" where it kept one, else
     rebuilt from its configs, settings, models and prompts (run.json before it kept a config)."""
+    if not isinstance(info, dict) or info.get("kind", "run") != "run":
+        raise DsparkError(f"{where} is not a run's run.json (a sweep continues with `sweep --resume`)")
     if info.get("config"):
         return from_config_dict(info["config"], where)
+    if info.get("assignment") is not None:
+        raise DsparkError(f"{where} is a calibrated run made before run.json kept its config; run it again "
+                          "with --calibration")
     models, prompts, settings = info.get("models") or {}, info.get("prompts") or {}, info.get("settings") or {}
     both_shipped = shipped(models.get("target")) and shipped(models.get("draft"))
     known = {f.name for f in dataclasses.fields(RunConfig)}
@@ -149,15 +155,10 @@ def from_run_info(info: dict, where: str = "run file") -> RunConfig:
 
 def resolve_prompts(config: RunConfig) -> tuple[list[Prompt], dict, int | None]:
     """(prompts, where they came from as run.json records it, the task's max_new_tokens or None)."""
-    from dspark_bench.tasks import get_task, load_dataset_prompts, load_task
+    from dspark_bench.tasks import load_prompts
 
-    if config.task:
-        spec = get_task(config.task)
-        source = {"task": spec.name, "task_version": spec.version, "domain": spec.domain}
-        return load_task(config.task, config.limit), source, spec.max_new_tokens
-    prompts = load_dataset_prompts(config.dataset, config.split, config.prompt_field, config.category_field,
-                                   config.limit)
-    return prompts, {"dataset": config.dataset, "split": config.split}, None
+    return load_prompts(config.task, config.dataset, config.split, config.prompt_field, config.category_field,
+                        config.limit)
 
 
 # --- running a config ------------------------------------------------------------------------------
@@ -237,6 +238,9 @@ def rerun_from(run_file: Path, out: Path, progress=None, say=None):
     """`run --config results/<id>/run.json`: the run that file describes, again."""
     from dspark_bench.results import read_json
 
+    from dspark_bench.results import check_writable
+
+    check_writable(out)  # before models load
     info = read_json(Path(run_file), "run file")
     config = from_run_info(info, str(run_file))
     planned = plan_run(config)

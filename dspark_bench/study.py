@@ -88,19 +88,29 @@ def suggest(trial: optuna.Trial, spec: SweepSpec) -> dict:
     suggested as ordered ints or floats with their step, so TPE learns that 0.3 lies between
     0.2 and 0.4; other lists and the names (metric, schedule) are categorical.
     """
-    params = {}
+    params, known = {}, known_distributions(trial.study)
     for name, values in spec.space.items():
         if len(values) == 1 and spec.method != "grid":
             params[name] = values[0]
             continue
         step = even_step(values)
-        if step is None:
+        # A study begun before numbers were ordered holds them as categorical: keep its kind.
+        if step is None or isinstance(known.get(name), optuna.distributions.CategoricalDistribution):
             params[name] = trial.suggest_categorical(name, values)
         elif all(isinstance(v, int) for v in values):
             params[name] = trial.suggest_int(name, min(values), max(values), step=int(step))
         else:  # rounded: a float step leaves 0.30000000000000004 where the grid says 0.3
             params[name] = round(trial.suggest_float(name, min(values), max(values), step=step), 6)
     return params
+
+
+def known_distributions(study: optuna.Study) -> dict:
+    """The distribution each parameter already has in the study (its first trial that used it)."""
+    known: dict = {}
+    for trial in study.get_trials(deepcopy=False):
+        for name, distribution in trial.distributions.items():
+            known.setdefault(name, distribution)
+    return known
 
 
 def even_step(values: list) -> float | None:
@@ -170,11 +180,14 @@ def make_objective(ctx: TrialContext) -> Callable[[optuna.Trial], object]:
 
 def trials_table(trials: list[optuna.trial.FrozenTrial]) -> pd.DataFrame:
     """One row per trial: its parameters, state, every metric, and error if it failed."""
-    rows = []
+    rows, retried = [], retried_numbers(trials)
     for t in trials:
-        row = {"trial": t.number, "state": t.state.name, **t.params, **t.user_attrs,
+        params = {k: round(v, 6) if isinstance(v, float) else v for k, v in t.params.items()}  # 0.30000000000000004
+        row = {"trial": t.number, "state": t.state.name, **params, **t.user_attrs,
                "duration_s": t.duration.total_seconds() if t.duration else None}
         row["error"] = t.user_attrs.get("error") or t.system_attrs.get("fail_reason")
+        if t.state == optuna.trial.TrialState.FAIL and not row["error"] and t.number in retried:
+            row["error"] = "its worker died or was interrupted; retried"
         if t.values is not None:
             row.update({f"objective_{i}": v for i, v in enumerate(t.values)})
         rows.append(row)
@@ -242,8 +255,14 @@ def recover_dead_trials(study: optuna.Study) -> int:
     for number in dead:
         try:  # Study.tell takes a trial by number: any process may finish another's RUNNING trial
             finished = study.tell(number, state=optuna.trial.TrialState.FAIL)
-        except (ValueError, RuntimeError, optuna.exceptions.UpdateFinishedTrialError):
+        except (ValueError, optuna.exceptions.UpdateFinishedTrialError):
             continue  # another resume recovered it first
+        except RuntimeError:
+            # GridSampler.after_trial stops the study when no grid point is left unvisited (the dead
+            # trial's counts as visited), which raises outside optimize(); the trial is FAIL by then.
+            finished = next(t for t in study.get_trials(deepcopy=False) if t.number == number)
+            if finished.state != optuna.trial.TrialState.FAIL:
+                continue
         retry(study, finished)
         recovered += 1
     return recovered

@@ -39,15 +39,10 @@ class Prepared:
 
 def prepare(spec: SweepSpec) -> Prepared:
     from dspark_bench.models import load_pair
-    from dspark_bench.tasks import get_task, load_dataset_prompts, load_task
+    from dspark_bench.tasks import load_prompts
 
-    if spec.task:
-        task = get_task(spec.task)
-        prompts = load_task(spec.task, spec.limit)
-        source, task_tokens = {"task": task.name, "task_version": task.version, "domain": task.domain}, task.max_new_tokens
-    else:
-        prompts = load_dataset_prompts(spec.dataset, spec.split, spec.prompt_field, spec.category_field, spec.limit)
-        source, task_tokens = {"dataset": spec.dataset, "split": spec.split}, None
+    prompts, source, task_tokens = load_prompts(spec.task, spec.dataset, spec.split, spec.prompt_field,
+                                                spec.category_field, spec.limit)
     base = base_config(spec, task_tokens)
     points(spec, base)  # a threshold outside its range fails here, before models load
     return Prepared(load_pair(spec.target, spec.draft, spec.device, spec.dtype), prompts, base, source)
@@ -79,7 +74,8 @@ def write_run_info(folder: Path, kind: str, info: dict) -> None:
 
 
 def collect_samples(folder: Path) -> pd.DataFrame:
-    parts = [pd.read_parquet(p) for p in sorted((folder / "trials").glob("*.parquet"))]
+    # Trial files are named by number; a hidden temporary one left by a killed write is not a trial.
+    parts = [pd.read_parquet(p) for p in sorted((folder / "trials").glob("[0-9]*.parquet"))]
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
 
 
@@ -174,8 +170,9 @@ def say_replay_plan(spec: SweepSpec, prepared: Prepared, first_ids: list[int], p
                     say: Callable[[str], None]) -> None:
     from dspark_bench.plan import replay_plan, seconds_per_token
 
+    scheduled = len(points(spec, prepared.base))  # the confirmed: the best scheduled few and the best fixed gamma
     say(replay_plan(seconds_per_token(prepared.pair, first_ids), len(prepared.prompts), prepared.base.max_new_tokens,
-                    policies, spec.confirm_top + 1, spec.repeats, recorded=recorded))
+                    policies, min(spec.confirm_top, scheduled) + 1, spec.repeats, recorded=recorded))
 
 
 def confirm(table: pd.DataFrame, configs: list[DecodeConfig], spec: SweepSpec, prepared: Prepared,
@@ -244,7 +241,7 @@ def run_sweep(spec: SweepSpec, out: Path, storage: str | None = None, study_name
     engine = engine_for(spec)
     prepared = prepare(spec)  # prompts read and models loaded: bad input has failed by now
     if say and origin:
-        say(origin, highlight=False)
+        say(origin)
     folder = start_folder(out, "sweep")
     if engine == "replay":
         write_run_info(folder, "sweep", run_info(spec, prepared, {"engine": "replay"}))

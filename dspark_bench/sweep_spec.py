@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from dspark_bench.config import SEARCHABLE_FIELDS, DecodeConfig
+from dspark_bench.config import DEFAULT_MAX_NEW_TOKENS, SEARCHABLE_FIELDS, DecodeConfig
 from dspark_bench.errors import DsparkError, first_line
 from dspark_bench.objectives import OBJECTIVES
 
@@ -203,7 +203,7 @@ def resolve_spec(path: Path | None, overrides: dict) -> tuple[SweepSpec, str]:
     flag is given, the dense default under replay (thousands of policies for about the price of
     one decoding pass) or a small grid under real timed runs (sampling), said as such.
     """
-    chosen_by_flags = any(key.startswith("space.") for key in overrides)
+    chosen_by_flags = any(key == "space" or key.startswith("space.") for key in overrides)
     if path is None and not chosen_by_flags:
         path = task_spec(overrides.get("task"))
         if path is not None:
@@ -244,14 +244,14 @@ def load_spec(path: Path | None, overrides: dict) -> SweepSpec:
 
 
 def base_config(spec: SweepSpec, task_tokens: int | None) -> DecodeConfig:
-    tokens = spec.max_new_tokens if spec.max_new_tokens is not None else (task_tokens or 128)
+    tokens = spec.max_new_tokens if spec.max_new_tokens is not None else (task_tokens or DEFAULT_MAX_NEW_TOKENS)
     return DecodeConfig(max_new_tokens=tokens, temperature=spec.temperature,
                         top_p=spec.top_p, topk=spec.topk)
 
 
 def points(spec: SweepSpec, base: DecodeConfig | None = None) -> list[DecodeConfig]:
     """Every valid configuration of the grid (invalid combinations are never run)."""
-    base = base or DecodeConfig(max_new_tokens=spec.max_new_tokens or 128, topk=spec.topk)
+    base = base or DecodeConfig(max_new_tokens=spec.max_new_tokens or DEFAULT_MAX_NEW_TOKENS, topk=spec.topk)
     space = spec.space
     names = list(space)
     out = []

@@ -167,3 +167,20 @@ def test_a_corrupt_table_is_one_line(first_run, tmp_path):
     bad.write_bytes(b"PAR1 but not really")
     result = invoke("run", "--prompts", bad, "--out", tmp_path / "out")
     assert result.exit_code == 1 and "not a readable Parquet file" in result.stderr
+
+
+@pytest.mark.parametrize("content,message", [
+    ('{"kind": "sweep", "run_id": "x"}', "is not a run's run.json"),
+    ("[1, 2]", "is not a run's run.json"),
+    ('{"kind": "run", "configs": [], "prompts": {"task": "code", "count": 2}, "models": {}}', "no policy"),
+])
+def test_run_config_refuses_what_is_not_a_run(content, message, tmp_path):
+    (tmp_path / "run.json").write_text(content)
+    result = invoke("run", "--config", tmp_path / "run.json", "--out", tmp_path / "out")
+    assert result.exit_code == 1 and message in result.stderr and "Traceback" not in result.output
+
+
+def test_decode_refuses_zero_new_tokens(saved_pair):
+    target, draft = saved_pair
+    result = invoke("decode", "x", "--target", target, "--draft", draft, "--max-new-tokens", "0")
+    assert result.exit_code == 1 and "max_new_tokens must be at least 1" in result.stderr

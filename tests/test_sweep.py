@@ -363,3 +363,23 @@ def test_sweep_takes_the_same_prompt_flags_as_run(prompts_file):
         (str(prompts_file), None, "prompt", "category", 2)
     with pytest.raises(DsparkError, match="not both"):
         sweep_spec.command_overrides({"prompts": "a.jsonl", "dataset": "b.jsonl"}, [])
+
+
+def test_recovering_the_last_grid_point_still_retries_it(tmp_path):
+    # Failing the grid's last open point makes GridSampler stop the study, which raises outside
+    # optimize(); the dead trial must still be queued again, or the grid would end without it.
+    storage = studies.open_storage(f"sqlite:///{tmp_path / 'study.db'}", heartbeat_s=30)
+    study = optuna.create_study(storage=storage, sampler=optuna.samplers.GridSampler({"x": [0.1, 0.2]}))
+    done = study.ask()
+    done.suggest_float("x", 0.1, 0.2)
+    study.tell(done, 1.0)
+    dead = study.ask()
+    dead.suggest_float("x", 0.1, 0.2)
+    dead_pid = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True).stdout.strip()
+    dead.set_user_attr("worker", f"{studies.socket.gethostname()}:{dead_pid}")
+    dead.set_user_attr("worker_trial", dead.number)
+    assert studies.recover_dead_trials(study) == 1
+    assert [t.state.name for t in study.get_trials()] == ["COMPLETE", "FAIL", "WAITING"]
+    table = studies.trials_table(study.get_trials())
+    assert "retried" in table.loc[table["trial"] == dead.number, "error"].iloc[0]

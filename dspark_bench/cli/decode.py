@@ -13,8 +13,7 @@ from dspark_bench.cli.options import (
     ChatTemplate, Device, Draft, Dtype, MaxNewTokens, Seed, Target, Temperature, ThresholdEnd, ThresholdStart, TopK,
     TopP,
 )
-from dspark_bench.config import DecodeConfig
-from dspark_bench.run_config import DEFAULT_MAX_NEW_TOKENS
+from dspark_bench.config import DEFAULT_MAX_NEW_TOKENS, DecodeConfig
 
 
 def decode(
@@ -41,7 +40,8 @@ def decode(
         config = DecodeConfig(metric=metric, schedule=schedule, threshold=threshold, gamma_max=gamma_max,
                               min_draft_len=min_draft_len, threshold_start=threshold_start,
                               threshold_end=threshold_end, topk=topk, temperature=temperature, top_p=top_p,
-                              max_new_tokens=max_new_tokens or DEFAULT_MAX_NEW_TOKENS, seed=seed)
+                              max_new_tokens=DEFAULT_MAX_NEW_TOKENS if max_new_tokens is None else max_new_tokens,
+                              seed=seed)
         pair, config, result = decode_once(text, config, target, draft, device, dtype, chat_template,
                                            calibration, domain)
         if calibration is not None:

@@ -108,3 +108,15 @@ def load_task(name: str, limit: int | None = None, seed: int | None = None) -> l
     chosen = list(itertools.islice(candidates, min(limit or spec.count, spec.count)))
     chosen = [p if p.category != "default" else Prompt(p.id, p.text, spec.domain, p.turns) for p in chosen]
     return chosen
+
+
+def load_prompts(task: str | None, dataset: str | None, split: str = "train", prompt_field: str | None = None,
+                 category_field: str | None = None, limit: int | None = None) -> tuple[list[Prompt], dict, int | None]:
+    """A run's or a sweep's prompts from a built-in task or a dataset: (prompts, where they came
+    from as run.json records it, the task's own max_new_tokens or None)."""
+    if task:
+        spec = get_task(task)
+        return load_task(task, limit), {"task": spec.name, "task_version": spec.version, "domain": spec.domain}, \
+            spec.max_new_tokens
+    prompts = load_dataset_prompts(dataset, split, prompt_field, category_field, limit)
+    return prompts, {"dataset": dataset, "split": split}, None
