@@ -177,7 +177,8 @@ def to_html(blocks: list[tuple], title: str) -> str:
         elif kind == "p":
             body.append(f"<p>{_html_inline(block[1])}</p>")
         elif kind == "table":
-            head = "".join(f"<th>{_html_inline(h)}</th>" for h in block[1])
+            # Headers are metric names: let them break after an underscore, never inside a word.
+            head = "".join(f"<th>{_html_inline(h).replace('_', '_<wbr>')}</th>" for h in block[1])
             rows = "".join("<tr>" + "".join(f"<td>{_html_inline(c)}</td>" for c in row) + "</tr>" for row in block[2])
             # Each table in its own box: long cells wrap, and what still does not fit scrolls inside it.
             body.append(f'<div class="table-box"><table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table></div>')
@@ -190,7 +191,7 @@ def to_html(blocks: list[tuple], title: str) -> str:
     style = ("body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;color:#222}"
              ".table-box{max-width:100%;overflow-x:auto;margin:0.5em 0}"
              "table{border-collapse:collapse;font-size:0.85em;max-width:100%}td,th{border:1px solid #ccc;"
-             "padding:3px 6px;text-align:left;overflow-wrap:anywhere}th{background:#f3f3f3}img{max-width:100%;height:auto}"
+             "padding:3px 6px;text-align:left;overflow-wrap:anywhere}th{background:#f3f3f3;overflow-wrap:normal}img{max-width:100%;height:auto}"
              "figure{margin:1em 0}figcaption{font-size:0.9em;color:#555}code{background:#f3f3f3;padding:0 3px}")
     return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
             f"<style>{style}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")
