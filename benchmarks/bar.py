@@ -15,11 +15,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from dspark_bench.config import POLICY_FIELDS, from_dict
-from dspark_bench.models import load_pair
+from dspark_bench.config import POLICY_FIELDS
 from dspark_bench.results import describe_machine, environment
-from dspark_bench.runner import RunnerSettings, run_to_folder
-from dspark_bench.tasks import load_task
+from dspark_bench.run_config import RunConfig, execute, plan_run
 
 
 def main() -> None:
@@ -32,12 +30,14 @@ def main() -> None:
     info = json.loads((args.sweep / "run.json").read_text())
     summary = json.loads((args.sweep / "summary.json").read_text())
     base = info["base_config"]
-    configs = [from_dict({**base, **{k: row[k] for k in POLICY_FIELDS}}) for row in (summary["best"][0], summary["classic"][0])]
+    policies = tuple({**base, **{k: row[k] for k in POLICY_FIELDS}} for row in (summary["best"][0], summary["classic"][0]))
     task = info["prompts"]["task"]
-    pair = load_pair(info["spec"]["target"], info["spec"]["draft"])
-    prompts = load_task(task, args.limit)
-    folder, table = run_to_folder(pair, prompts, configs, args.out, RunnerSettings(repeats=args.repeats),
-                                  source={"task": task})
+    # The run's whole config, as `run` would build it: run.json keeps it, `run --config` repeats it.
+    config = RunConfig(target=info["spec"]["target"], draft=info["spec"]["draft"], task=task, limit=args.limit,
+                       policies=policies, repeats=args.repeats)
+    planned = plan_run(config)
+    folder, table = execute(config, args.out, planned=planned)
+    prompts = planned.prompts
     print(f"{len(prompts)} held-out {task} prompts × {base['max_new_tokens']} new tokens, {args.repeats} timed pair(s)")
     print(f"machine: {describe_machine(environment())}")
     # The spread across prompts: each prompt's own speedup (seconds per token, baseline over speculative).

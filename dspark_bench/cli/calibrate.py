@@ -10,13 +10,15 @@ from rich.table import Table
 
 from dspark_bench.cli.console import cli_errors, out_console, reporting
 from dspark_bench.cli.options import (
-    Draft, Engine, GammaMaxes, Metrics, MinDraftLens, PromptField, SpecDevice, SpecDtype, Split, Target, Thresholds,
+    Draft, Engine, GammaMaxes, Metrics, MinDraftLens, PromptField, PromptsFile, SpecDevice, SpecDtype, Split, Target,
+    Thresholds,
 )
 
 
 def calibrate(
     tasks: Annotated[Optional[str], typer.Option(help="Built-in tasks, comma-separated: one domain each (e.g. code,prose,structured).")] = None,
     dataset: Annotated[Optional[str], typer.Option(help="Your prompts (JSONL/JSON/CSV/Parquet/text or hub id): one domain per category.")] = None,
+    prompts: PromptsFile = None,
     split: Split = "train", prompt_field: PromptField = None,
     category_field: Annotated[Optional[str], typer.Option(help="Column holding the domain (default: guessed).")] = None,
     spec: Annotated[Optional[Path], typer.Option(help="Sweep specification giving the search space, objective and limits, e.g. sweeps/default.yaml.")] = None,
@@ -38,10 +40,11 @@ def calibrate(
     """
     from dspark_bench import calibrate as lib
 
-    flags = {name: value for name, value in locals().items() if name not in ("tasks", "dataset", "spec", "out", "force", "lib")}
+    flags = {name: value for name, value in locals().items()
+             if name not in ("tasks", "dataset", "prompts", "spec", "out", "force", "lib")}
     with cli_errors():
         with reporting("calibrating") as (progress, _):
-            result = lib.calibrate_command(tasks, dataset, spec, flags, out, force, progress)
+            result = lib.calibrate_command(tasks, dataset or prompts, spec, flags, out, force, progress)
         out_console.print(calibration_table(result.data))
         out_console.print(f"calibration file: {result.path}", highlight=False, soft_wrap=True)
         out_console.print(f"figure: {result.figure}", highlight=False, soft_wrap=True)

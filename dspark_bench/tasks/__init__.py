@@ -15,6 +15,7 @@ from pathlib import Path
 
 import yaml
 
+from dspark_bench.config import DEFAULT_MAX_NEW_TOKENS
 from dspark_bench.errors import DsparkError, first_line
 from dspark_bench.prompts import Prompt
 from dspark_bench.tasks import builders
@@ -31,7 +32,7 @@ class TaskSpec:
     source: str  # a builder name or a data file in this folder
     version: int = 1  # bump when the prompts a task yields change
     count: int = 40  # prompts the task provides
-    max_new_tokens: int = 128  # default generation length for this task
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS  # default generation length for this task
     max_prompt_chars: int = 400  # prompts are cut to fit the reference pair's short context
     seed: int = 0  # seeds the selection of prompts
     fields: dict = field(default_factory=dict)  # prompt / category columns of a data-file source
