@@ -109,7 +109,7 @@ def load_or_record(spec: SweepSpec, prepared: Prepared, gamma: int, ids: list[li
     """The replay record of these models and prompts: from the cache, else recorded and cached."""
     from dspark_bench.prompts import prompts_fingerprint
     from dspark_bench.replay import Record, record
-    from dspark_bench.runner import RunnerSettings, stage_steps
+    from dspark_bench.runner import stage_steps
 
     pair, prompts, base = prepared.pair, prepared.prompts, prepared.base
     models, fingerprint = pair.describe(), prompts_fingerprint(prompts)
@@ -119,7 +119,7 @@ def load_or_record(spec: SweepSpec, prepared: Prepared, gamma: int, ids: list[li
         return rec
     info = {"models": models, "prompts_fingerprint": fingerprint, "prompt_ids": [p.id for p in prompts],
             "categories": [p.category for p in prompts]}
-    eos_ids = RunnerSettings(ignore_eos=spec.ignore_eos).eos_ids(pair)
+    eos_ids = spec.runner_settings().eos_ids(pair)
     rec = record(pair, ids, base.max_new_tokens, gamma, base.topk, info, eos_ids=eos_ids,
                  progress=stage_steps(progress, "recording", len(ids)))
     try:
@@ -149,7 +149,7 @@ def replay_sweep(folder: Path, spec: SweepSpec, prepared: Prepared, records_root
     record_dir = records_root / record_key(spec, prepared, gamma)
     ids = [encode(pair.tokenizer, p.text) for p in prepared.prompts]
     if say:
-        say_replay_plan(spec, prepared, ids[0], len(configs), (record_dir / "record.json").is_file(), say)
+        say_replay_plan(spec, prepared, ids[0], configs, (record_dir / "record.json").is_file(), say)
     rec = load_or_record(spec, prepared, gamma, ids, record_dir, progress)
     # The cost model is timed with the cache at a realistic length: a prompt plus half its output.
     context = ids[0] + rec.continuation[0, : int(rec.lengths[0]) // 2].tolist()
@@ -166,20 +166,20 @@ def replay_sweep(folder: Path, spec: SweepSpec, prepared: Prepared, records_root
     return write_replay_summary(folder, table, spec, cost, record_dir)
 
 
-def say_replay_plan(spec: SweepSpec, prepared: Prepared, first_ids: list[int], policies: int, recorded: bool,
-                    say: Callable[[str], None]) -> None:
+def say_replay_plan(spec: SweepSpec, prepared: Prepared, first_ids: list[int], configs: list[DecodeConfig],
+                    recorded: bool, say: Callable[[str], None]) -> None:
     from dspark_bench.plan import replay_plan, seconds_per_token
 
-    scheduled = len(points(spec, prepared.base))  # the confirmed: the best scheduled few and the best fixed gamma
+    scheduled = sum(c.schedule != "fixed" for c in configs)  # confirmed: the best scheduled few + the best fixed γ
     say(replay_plan(seconds_per_token(prepared.pair, first_ids), len(prepared.prompts), prepared.base.max_new_tokens,
-                    policies, min(spec.confirm_top, scheduled) + 1, spec.repeats, recorded=recorded))
+                    len(configs), min(spec.confirm_top, scheduled) + 1, spec.repeats, recorded=recorded))
 
 
 def confirm(table: pd.DataFrame, configs: list[DecodeConfig], spec: SweepSpec, prepared: Prepared,
             progress: StageProgress | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Time the best `confirm_top` scheduled policies and the best fixed gamma (by the replay's
     ranking); their measured columns join the table, their samples are returned."""
-    from dspark_bench.runner import RunnerSettings, run, stage_steps
+    from dspark_bench.runner import run, stage_steps
 
     objective = OBJECTIVES[spec.objective[0]]
     ranked = rank(table, objective.name, objective.column("replay"))
@@ -187,7 +187,7 @@ def confirm(table: pd.DataFrame, configs: list[DecodeConfig], spec: SweepSpec, p
                         ranked[ranked["schedule"] == "fixed"].head(1)])
     ids = chosen["config_id"].to_numpy()
     output = run(prepared.pair, prepared.prompts, [configs[i] for i in ids],
-                 RunnerSettings(repeats=spec.repeats, ignore_eos=spec.ignore_eos),
+                 spec.runner_settings(),
                  progress=stage_steps(progress, f"confirming the best {len(ids)}", len(prepared.prompts) * len(ids)))
     measured = summarize(output.samples)
     measured["config_id"] = ids[measured["config_id"].to_numpy()]
@@ -278,7 +278,6 @@ def continue_sweep(folder: Path, prepared: Prepared | None = None, workers: int 
                    worker_only: bool = False, storage: str | None = None) -> pd.DataFrame | None:
     """Work on a real sweep's study until its budget is met; then write its summary."""
     from dspark_bench.results import read_json
-    from dspark_bench.runner import RunnerSettings
 
     info = read_json(Path(folder) / "run.json", "run file")
     if info.get("engine") != "real":
@@ -291,7 +290,7 @@ def continue_sweep(folder: Path, prepared: Prepared | None = None, workers: int 
         prepared = prepare(spec)
         check_unchanged(Path(folder), info, prepared)
     ctx = TrialContext(spec, prepared.pair, prepared.prompts, prepared.base, Path(folder),
-                       RunnerSettings(repeats=spec.repeats, ignore_eos=spec.ignore_eos))
+                       spec.runner_settings())
     helpers = start_workers(Path(folder), workers - 1, info["storage"]) if workers > 1 else []
     try:
         study = run_study(ctx, info["storage"], info["study"], progress)

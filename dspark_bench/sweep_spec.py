@@ -72,6 +72,12 @@ class SweepSpec:
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
+    def runner_settings(self):
+        """How every timed or recorded decode of this sweep runs."""
+        from dspark_bench.runner import RunnerSettings
+
+        return RunnerSettings(repeats=self.repeats, ignore_eos=self.ignore_eos)
+
 
 def _parse_space(space: object) -> dict:
     if not isinstance(space, dict) or not space:
