@@ -48,6 +48,35 @@ class Proposal:
     confidences: list[float]
     stop_reason: str
     forwards: int
+    limit: int = 0  # at most this many tokens: min(gamma_max, budget)
+    cumulative: float = 1.0  # product of the confidences so far (the "cumulative" schedule)
+    done: bool = False
+
+    @classmethod
+    def start(cls, config: DecodeConfig, budget: int) -> "Proposal":
+        limit = min(config.gamma_max, budget)
+        return cls([], [], [], "gamma_max" if limit == config.gamma_max else "budget", 0, limit, done=limit <= 0)
+
+    def consider(self, config: DecodeConfig, score: float) -> bool:
+        """One draft forward proposed a token with confidence `score`: does it stay?
+
+        The single place the schedule is applied while drafting (one row or a batch of rows).
+        """
+        self.forwards += 1
+        self.cumulative *= score
+        self.confidences.append(score)
+        if not keeps(config, len(self.tokens) + 1, score, self.cumulative):
+            self.stop_reason, self.done = "threshold", True  # the unconfident token is dropped
+        return not self.done
+
+    def take(self, token: int, probs: torch.Tensor, eos_ids: frozenset[int]) -> None:
+        """Keep a drafted token; the draft stops at EOS or at its limit."""
+        self.tokens.append(token)
+        self.probs.append(probs)
+        if token in eos_ids:
+            self.stop_reason, self.done = "eos", True
+        elif len(self.tokens) >= self.limit:
+            self.done = True
 
 
 @torch.inference_mode()
@@ -69,17 +98,10 @@ def speculative_decode(
         proposal = propose(draft_lm, seq, config, budget, generator, eos_ids)
         logits = target_lm.forward(seq[target_lm.length :] + proposal.tokens, keep=len(proposal.tokens) + 1)
         accepted, target_token = verify(logits, proposal, config, generator)
-        emitted = proposal.tokens[:accepted]
-        if not (emitted and emitted[-1] in eos_ids):
-            emitted.append(target_token)
-        else:
-            target_token = -1  # the draft's accepted EOS ended the sequence
+        emitted, round_ = close_round(proposal, accepted, target_token, eos_ids)
         seq += emitted
         result.tokens += emitted
-        result.rounds.append(
-            Round(len(proposal.tokens), accepted, len(emitted), proposal.stop_reason, proposal.tokens,
-                  proposal.confidences, target_token, proposal.forwards)
-        )
+        result.rounds.append(round_)
         result.target_forwards += 1
         result.draft_forwards += proposal.forwards
         # The last emitted token is fed at the next forward of both models.
@@ -90,30 +112,30 @@ def speculative_decode(
     return result
 
 
+def close_round(proposal: Proposal, accepted: int, target_token: int, eos_ids: frozenset[int]):
+    """The verified round's emitted tokens and its Round record (one row or one row of a batch)."""
+    emitted = proposal.tokens[:accepted]
+    if not (emitted and emitted[-1] in eos_ids):
+        emitted.append(target_token)
+    else:
+        target_token = -1  # the draft's accepted EOS ended the sequence
+    return emitted, Round(len(proposal.tokens), accepted, len(emitted), proposal.stop_reason, proposal.tokens,
+                          proposal.confidences, target_token, proposal.forwards)
+
+
 def propose(
     draft_lm: CachedLM, seq: list[int], config: DecodeConfig, budget: int, generator, eos_ids: frozenset[int]
 ) -> Proposal:
     """Draft up to min(gamma_max, budget) tokens, stopping when the schedule says so."""
-    limit = min(config.gamma_max, budget)
-    proposal = Proposal([], [], [], "gamma_max" if limit == config.gamma_max else "budget", 0)
-    pending, cumulative = seq[draft_lm.length :], 1.0
-    while len(proposal.tokens) < limit:
+    proposal = Proposal.start(config, budget)
+    pending = seq[draft_lm.length :]
+    while not proposal.done:
         logits = draft_lm.forward(pending)[-1]
-        proposal.forwards += 1
         probs = distribution(logits, config)
-        score = float(confidence.METRICS[config.metric](probs, config.topk))
-        cumulative *= score
-        proposal.confidences.append(score)
-        if not keeps(config, len(proposal.tokens) + 1, score, cumulative):
-            proposal.stop_reason = "threshold"  # the unconfident token is dropped
-            break
-        token = choose(logits, probs, config, generator)
-        proposal.tokens.append(token)
-        proposal.probs.append(probs)
-        if token in eos_ids:
-            proposal.stop_reason = "eos"
-            break
-        pending = [token]
+        if proposal.consider(config, float(confidence.METRICS[config.metric](probs, config.topk))):
+            token = choose(logits, probs, config, generator)
+            proposal.take(token, probs, eos_ids)
+            pending = [token]
     return proposal
 
 

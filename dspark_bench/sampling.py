@@ -33,10 +33,11 @@ def top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     return kept / kept.sum(dim=-1, keepdim=True)
 
 
-def make_generator(config: DecodeConfig, device: torch.device | str) -> torch.Generator | None:
+def make_generator(config: DecodeConfig, device: torch.device | str, seed: int | None = None) -> torch.Generator | None:
+    """The sampling generator of one decode, seeded by `seed` (default: the config's)."""
     if config.greedy:
         return None
-    return torch.Generator(device=device).manual_seed(config.seed)
+    return torch.Generator(device=device).manual_seed(config.seed if seed is None else seed)
 
 
 def choose(logits: torch.Tensor, probs: torch.Tensor, config: DecodeConfig, generator) -> int:

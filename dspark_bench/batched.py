@@ -1,0 +1,174 @@
+"""Batched decoding: B requests at once, speculative and autoregressive, with continuous batching.
+
+Each row drafts under the policy on its own confidences and is verified on its own, through the
+same `Proposal`, `verify` and `close_round` as the batch-1 engine (engine.py); only the forwards
+are shared. So under greedy verification a row's rounds are exactly its rounds at batch 1, and
+replay predicts them. A round's draft loop runs until the last row has stopped drafting, and
+its verify pass is padded to the longest row's draft (the padded layout, batch_cache.py).
+
+Requests join the batch as rows leave it (`refill`, what serving engines measure) or wait for
+the whole batch to drain. Every step's wall time is shared evenly among the rows that took
+part, and each request's prefill is its own: a request's `time_s` is its share of the run, so
+the shares add up to the run's wall time and the per-prompt bootstrap of speedup still works.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from dspark_bench import confidence
+from dspark_bench.batch_cache import BatchLM
+from dspark_bench.config import DecodeConfig
+from dspark_bench.engine import DecodeResult, Proposal, close_round, verify
+from dspark_bench.sampling import choose, distribution, make_generator
+
+LAYOUTS = ("padded", "packed")  # packed is predicted by the cost model only (cost.py)
+
+
+@dataclass
+class Request:
+    prompt: list[int]
+    generator: torch.Generator | None
+    seq: list[int] = field(default_factory=list)
+    result: DecodeResult = field(default_factory=lambda: DecodeResult(tokens=[]))
+    time_s: float = 0.0  # this request's share of the run's wall time
+    admitted: float = 0.0  # clock when it joined the batch ...
+    finished: float = 0.0  # ... and when it left
+
+    def done(self, config: DecodeConfig, eos_ids: frozenset[int]) -> bool:
+        tokens = self.result.tokens
+        return len(tokens) >= config.max_new_tokens or bool(tokens and tokens[-1] in eos_ids)
+
+    @property
+    def latency_per_token(self) -> float:
+        """Time per output token of this request as its user saw it: residence / tokens."""
+        return (self.finished - self.admitted) / max(len(self.result.tokens), 1)
+
+
+def _clock(device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+def serve(prompts: list[list[int]], config: DecodeConfig, batch_size: int, lms: list[BatchLM],
+          step: Callable[[list[Request]], None], eos_ids: frozenset[int], refill: bool = True,
+          seeds: list[int] | None = None) -> list[Request]:
+    """Decode every prompt, at most `batch_size` at once; `step` advances every active row.
+
+    Each request samples from its own generator, seeded as a batch-1 decode of its prompt is
+    (the config's seed) unless `seeds` gives one per prompt."""
+    device = lms[0].device
+    waiting = deque(range(len(prompts)))
+    seeds = seeds if seeds is not None else [config.seed] * len(prompts)
+    requests = [Request(list(p), make_generator(config, device, seed), seq=list(p)) for p, seed in zip(prompts, seeds)]
+    active: list[int] = []  # request index of each batch row, in row order
+    while waiting or active:
+        if waiting and len(active) < batch_size and (refill or not active):
+            while waiting and len(active) < batch_size:
+                index = waiting.popleft()
+                request = requests[index]
+                start = _clock(device)
+                request.admitted = start
+                for lm in lms:
+                    lm.add(request.prompt[:-1])
+                request.time_s += _clock(device) - start
+                active.append(index)
+        start = _clock(device)
+        step([requests[i] for i in active])
+        elapsed = _clock(device) - start
+        for i in active:
+            requests[i].time_s += elapsed / len(active)
+        for row in reversed(range(len(active))):
+            request = requests[active[row]]
+            if request.done(config, eos_ids):
+                request.finished = _clock(device)
+                for lm in lms:
+                    lm.remove(row)
+                del active[row]
+    return requests
+
+
+class SpeculativeStep:
+    """One speculative round for every row of the batch."""
+
+    def __init__(self, target: BatchLM, draft: BatchLM, config: DecodeConfig, eos_ids: frozenset[int]):
+        self.target, self.draft, self.config, self.eos_ids = target, draft, config, eos_ids
+
+    def __call__(self, requests: list[Request]) -> None:
+        config = self.config
+        proposals = [Proposal.start(config, config.max_new_tokens - len(r.result.tokens) - 1) for r in requests]
+        self.draft_loop(requests, proposals)
+        feeds = [r.seq[self.target.lengths[i] :] + p.tokens for i, (r, p) in enumerate(zip(requests, proposals))]
+        logits = self.target.forward(feeds)
+        for i, (request, proposal, feed) in enumerate(zip(requests, proposals, feeds)):
+            verified = logits[i, len(feed) - len(proposal.tokens) - 1 : len(feed)]
+            accepted, target_token = verify(verified, proposal, config, request.generator)
+            emitted, round_ = close_round(proposal, accepted, target_token, self.eos_ids)
+            request.seq += emitted
+            request.result.tokens += emitted
+            request.result.rounds.append(round_)
+            request.result.target_forwards += 1
+            request.result.draft_forwards += proposal.forwards
+            # As in the batch-1 engine: the last emitted token is fed at each model's next forward.
+            self.target.rollback(i, len(request.seq) - 1)
+            self.draft.rollback(i, len(request.seq) - 1)
+        self.target.tidy()
+        self.draft.tidy()
+
+    def draft_loop(self, requests: list[Request], proposals: list[Proposal]) -> None:
+        """Draft forwards for the whole batch until every row has stopped."""
+        config = self.config
+        feeds = [[] if p.done else r.seq[self.draft.lengths[i] :] for i, (r, p) in enumerate(zip(requests, proposals))]
+        while any(not p.done for p in proposals):
+            logits = self.draft.forward(feeds)
+            last = logits[torch.arange(len(feeds)), torch.tensor([max(len(f) - 1, 0) for f in feeds])]
+            probs = distribution(last, config)
+            scores = confidence.METRICS[config.metric](probs, config.topk).tolist()  # one sync per step
+            for i, (request, proposal) in enumerate(zip(requests, proposals)):
+                feeds[i] = []
+                if proposal.done or not proposal.consider(config, scores[i]):
+                    continue
+                token = choose(last[i], probs[i], config, request.generator)
+                proposal.take(token, probs[i], self.eos_ids)
+                if not proposal.done:  # a finished draft's last token is fed next round
+                    feeds[i] = [token]
+
+
+class AutoregressiveStep:
+    """One plain decoding step for every row: the batched baseline."""
+
+    def __init__(self, target: BatchLM, config: DecodeConfig, eos_ids: frozenset[int]):
+        self.target, self.config, self.eos_ids = target, config, eos_ids
+
+    def __call__(self, requests: list[Request]) -> None:
+        logits = self.target.forward([r.seq[self.target.lengths[i] :] for i, r in enumerate(requests)])[:, -1]
+        probs = None if self.config.greedy else distribution(logits, self.config)  # greedy: argmax only
+        for i, request in enumerate(requests):
+            token = choose(logits[i], None if probs is None else probs[i], self.config, request.generator)
+            request.seq.append(token)
+            request.result.tokens.append(token)
+            request.result.target_forwards += 1
+
+
+@torch.inference_mode()
+def batched_speculative(target, draft, prompts: list[list[int]], config: DecodeConfig, batch_size: int,
+                        eos_ids: frozenset[int] = frozenset(), refill: bool = True,
+                        seeds: list[int] | None = None) -> list[Request]:
+    target_lm, draft_lm = BatchLM(target), BatchLM(draft)
+    return serve(prompts, config, batch_size, [target_lm, draft_lm],
+                 SpeculativeStep(target_lm, draft_lm, config, eos_ids), eos_ids, refill, seeds)
+
+
+@torch.inference_mode()
+def batched_autoregressive(target, prompts: list[list[int]], config: DecodeConfig, batch_size: int,
+                           eos_ids: frozenset[int] = frozenset(), refill: bool = True,
+                           seeds: list[int] | None = None) -> list[Request]:
+    target_lm = BatchLM(target)
+    return serve(prompts, config, batch_size, [target_lm], AutoregressiveStep(target_lm, config, eos_ids), eos_ids,
+                 refill, seeds)
