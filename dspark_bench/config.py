@@ -39,6 +39,10 @@ class DecodeConfig:
     top_p: float = 1.0  # nucleus filter, applied identically to target and draft
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
     seed: int = 0  # seeds the sampling generator of each decode
+    # Requests decoded together. Not a policy knob (a request's rounds do not depend on it under
+    # greedy verification) but a sweep may search it: what a step costs, and so which policy
+    # wins, does.
+    batch_size: int = field(default=1, metadata={"policy": False, "searched": True})
 
     def __post_init__(self) -> None:
         validate(self)
@@ -56,12 +60,15 @@ class DecodeConfig:
     def label(self) -> str:
         """Short human name of the policy, for tables and legends."""
         if self.schedule == "fixed":
-            return f"fixed γ={self.gamma_max}"
+            return f"fixed γ={self.gamma_max}" + self.batch_suffix()
         if self.schedule == "ramp":
             knob = f"{self.threshold_start:g}→{self.threshold_end:g}"
         else:
             knob = f"{self.threshold:g}"
-        return f"{self.metric} {self.schedule} {knob} γ≤{self.gamma_max} min{self.min_draft_len}"
+        return f"{self.metric} {self.schedule} {knob} γ≤{self.gamma_max} min{self.min_draft_len}" + self.batch_suffix()
+
+    def batch_suffix(self) -> str:
+        return f" · B={self.batch_size}" if self.batch_size > 1 else ""
 
 
 # Every list of knobs derives from the declaration above: a policy's fields (as a calibration
@@ -89,7 +96,7 @@ def _check_unit(name: str, value: float, metric: str) -> None:
 def _check_types(config: DecodeConfig) -> None:
     import math
 
-    for name in ("gamma_max", "min_draft_len", "topk", "max_new_tokens", "seed"):
+    for name in ("gamma_max", "min_draft_len", "topk", "max_new_tokens", "seed", "batch_size"):
         value = getattr(config, name)
         if not isinstance(value, int) or isinstance(value, bool):
             raise DsparkError(f"{name} must be an integer (got {value!r})")
@@ -119,5 +126,7 @@ def validate(config: DecodeConfig) -> None:
         raise DsparkError(f"temperature must be >= 0 (got {config.temperature:g})")
     if not 0.0 < config.top_p <= 1.0:
         raise DsparkError(f"top_p must be in (0, 1] (got {config.top_p:g})")
+    if config.batch_size < 1:
+        raise DsparkError(f"batch_size must be at least 1 (got {config.batch_size})")
     if config.max_new_tokens < 1:
         raise DsparkError(f"max_new_tokens must be at least 1 (got {config.max_new_tokens})")

@@ -117,6 +117,9 @@ def summarize(samples: pd.DataFrame, by: list[str] | None = None) -> pd.DataFram
         totals = {col: group[col].sum() for col in TOTAL_COLUMNS}
         row = dict(zip(keys, key))
         row["config_label"] = group["config_label"].iloc[0]
+        for name in ("batch_size", "layout", "batching"):  # constant within a config
+            if name in group and group[name].notna().any():
+                row[name] = group[name].dropna().iloc[0]
         row["prompts"] = len(group)
         row.update(rates(totals))
         row["new_tokens"] = int(group["new_tokens"].sum())
@@ -127,6 +130,11 @@ def summarize(samples: pd.DataFrame, by: list[str] | None = None) -> pd.DataFram
             row.update(speedup=speedup, speedup_low=low, speedup_high=high)
             row["baseline_tokens_per_s"] = group["baseline_new_tokens"].sum() / group["baseline_time_s"].sum()
             row["spec_tokens_per_s"] = group["new_tokens"].sum() / group["spec_time_s"].sum()
+            # At batch size B these are the run's throughputs (time shares add up to its wall
+            # time); what one request waits per token is its own residence over its tokens.
+            for side in ("baseline", "spec"):
+                if f"{side}_latency_per_token_s" in group and group[f"{side}_latency_per_token_s"].notna().any():
+                    row[f"{side}_latency_per_token_s"] = float(group[f"{side}_latency_per_token_s"].mean())
             # Mean sample lengths: under sampling they differ, and a reader should see by how much.
             row["baseline_mean_new_tokens"] = float(group["baseline_new_tokens"].mean())
             row["spec_mean_new_tokens"] = float(group["new_tokens"].mean())

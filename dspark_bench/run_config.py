@@ -53,8 +53,11 @@ class RunConfig:
     top_p: float = 1.0  # nucleus filter, target and draft alike
     max_new_tokens: int | None = None  # None: the task's own, else DEFAULT_MAX_NEW_TOKENS
     seed: int = 0  # seeds each decode's sampling generator
-    # --- batch sizes: requests decoded together (batch 1 until the concurrency work lands)
+    # --- concurrency: every policy runs at each batch size (requests decoded together, B > 1
+    # through the batched engine, padded layout); rows that finish are replaced from the waiting
+    # prompts ("refill", continuous batching) or the batch empties before the next starts ("drain")
     batch_sizes: tuple[int, ...] = (1,)
+    batching: str = "refill"
     # --- runner
     repeats: int = 1  # timed baseline/speculative pairs per prompt and policy (medians kept)
     warmup: int = 1  # untimed decodes of each kind before timing starts
@@ -71,19 +74,25 @@ class RunConfig:
         """The policies this run decodes: its explicit list, or every combination of the grid."""
         tokens = self.max_new_tokens if self.max_new_tokens is not None else (task_tokens or DEFAULT_MAX_NEW_TOKENS)
         if self.policies is not None:
-            return [from_dict({**policy, "max_new_tokens": policy.get("max_new_tokens", tokens)})
-                    for policy in self.policies]
-        grid = itertools.product(self.metric, self.schedule, self.threshold, self.gamma_max, self.min_draft_len)
+            def sizes(policy: dict):  # a policy naming no batch size runs at each of the run's
+                return [policy["batch_size"]] if "batch_size" in policy else self.batch_sizes
+
+            return [from_dict({**policy, "batch_size": b, "max_new_tokens": policy.get("max_new_tokens", tokens)})
+                    for policy in self.policies for b in sizes(policy)]
+        grid = itertools.product(self.batch_sizes, self.metric, self.schedule, self.threshold, self.gamma_max,
+                                 self.min_draft_len)
         return [DecodeConfig(metric=m, schedule=s, threshold=t, gamma_max=g, min_draft_len=n,
                              threshold_start=self.threshold_start, threshold_end=self.threshold_end, topk=self.topk,
-                             temperature=self.temperature, top_p=self.top_p, max_new_tokens=tokens, seed=self.seed)
-                for m, s, t, g, n in grid]
+                             temperature=self.temperature, top_p=self.top_p, max_new_tokens=tokens, seed=self.seed,
+                             batch_size=b)
+                for b, m, s, t, g, n in grid]
 
     def settings(self):
         from dspark_bench.runner import RunnerSettings
 
         return RunnerSettings(repeats=self.repeats, warmup=self.warmup, trace=self.trace,
-                              chat_template=self.chat_template, turns=self.turns, ignore_eos=self.ignore_eos)
+                              chat_template=self.chat_template, turns=self.turns, ignore_eos=self.ignore_eos,
+                              batching=self.batching)
 
 
 def check(config: RunConfig) -> None:
@@ -96,8 +105,13 @@ def check(config: RunConfig) -> None:
         raise DsparkError(f"--turns must be first or all (got {config.turns!r})")
     if config.repeats < 1:
         raise DsparkError(f"--repeats must be at least 1 (got {config.repeats})")
-    if config.batch_sizes != (1,):
-        raise DsparkError("batch sizes above 1 are not supported yet; run with batch size 1")
+    if not config.batch_sizes or any(not isinstance(b, int) or b < 1 for b in config.batch_sizes):
+        raise DsparkError(f"--batch-size must be a whole number of at least 1 (got {list(config.batch_sizes)})")
+    if config.batching not in ("refill", "drain"):
+        raise DsparkError(f"--batching must be refill or drain (got {config.batching!r})")
+    if max(config.batch_sizes) > 1 and config.turns == "all":
+        raise DsparkError("--turns all decodes each turn on the previous answer, one prompt at a time; "
+                          "use --batch-size 1 with it")
     if config.calibration is not None and config.policies is not None:
         raise DsparkError("a calibration chooses the policies; a run cannot also list them")
     if config.policies is not None and not config.policies:

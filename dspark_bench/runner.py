@@ -38,6 +38,7 @@ class RunnerSettings:
     # Timing-only runs: both sides generate exactly max_new_tokens, EOS not ending a sequence
     # (as benchmark suites' "ignore EOS" does), so sampled outputs have equal lengths.
     ignore_eos: bool = False
+    batching: str = "refill"  # B > 1: "refill" rows from the waiting prompts as they finish, or "drain"
 
     def eos_ids(self, pair: ModelPair) -> frozenset[int]:
         """The ids that end a sequence in this run: none when EOS is ignored."""
@@ -141,11 +142,13 @@ def iter_samples(
     Every prompt runs every config, unless `assignment` gives each prompt one config's index
     (per-domain calibrated policies).
     """
-    warm_up(pair, prompts, configs, settings)
+    single = [c for c in configs if c.batch_size == 1]
+    if single:
+        warm_up(pair, prompts, single, settings)
     measured = 0
     for index, prompt in enumerate(prompts):
         for config_id, config in enumerate(configs):
-            if assignment is not None and assignment[index] != config_id:
+            if config.batch_size > 1 or (assignment is not None and assignment[index] != config_id):
                 continue
             history: list[tuple[str, str]] = []
             for turn, text in enumerate(conversation(prompt, settings)):
@@ -154,22 +157,75 @@ def iter_samples(
                                                                settings.eos_ids(pair), offset=measured)
                 measured += 1
                 base = {"prompt_id": prompt.id, "category": prompt.category, "turn": turn, **config_columns(config, config_id)}
-                row = {
-                    **base,
-                    **sample_row(spec, config),
-                    "prompt_tokens": len(ids),
-                    "baseline_new_tokens": len(baseline.tokens),
-                    "baseline_time_s": base_time,
-                    "spec_time_s": spec_time,
-                    "speedup": float(speedup_ratio(base_time, len(baseline.tokens), spec_time, len(spec.tokens))),
-                    # Only greedy outputs must be identical; sampled ones differ by design.
-                    "identical_to_baseline": (spec.tokens == baseline.tokens) if config.greedy else None,
-                    "output_ids": spec.tokens,
-                    "baseline_ids": baseline.tokens,
-                }
+                row = sample_fields(base, spec, baseline, config, len(ids), base_time, spec_time)
                 yield row, round_rows(spec, base) if settings.trace else []
                 # The next turn builds on the model's own previous answer.
                 history.append((text, pair.tokenizer.decode(baseline.tokens, skip_special_tokens=True)))
+    yield from iter_batched(pair, prompts, configs, settings, assignment)
+
+
+def measure_batched(pair: ModelPair, prompt_ids: list[list[int]], config: DecodeConfig, settings: RunnerSettings,
+                    offset: int = 0):
+    """Both sides over all prompts at batch size B, interleaved by repeat: (baseline requests,
+    speculative requests, per-prompt median time shares of each side)."""
+    from dspark_bench.batched import batched_autoregressive, batched_speculative
+
+    eos, refill, B = settings.eos_ids(pair), settings.batching == "refill", config.batch_size
+    base_times, spec_times = [], []
+    for repeat in range(settings.repeats):
+        for side in ((0, 1) if (repeat + offset) % 2 == 0 else (1, 0)):
+            if side == 0:
+                baseline = batched_autoregressive(pair.target, prompt_ids, config, B, eos, refill)
+                base_times.append([r.time_s for r in baseline])
+            else:
+                spec = batched_speculative(pair.target, pair.draft, prompt_ids, config, B, eos, refill)
+                spec_times.append([r.time_s for r in spec])
+    return baseline, spec, np.median(base_times, axis=0), np.median(spec_times, axis=0)
+
+
+def iter_batched(pair: ModelPair, prompts: list[Prompt], configs: list[DecodeConfig], settings: RunnerSettings,
+                 assignment: list[int] | None = None) -> Iterator[tuple[dict, list[dict]]]:
+    """Rows of the policies run at batch size B > 1: each policy decodes its prompts B at a time,
+    both sides on the same batches; a row's times are its shares of the batched runs' wall time."""
+    warmed = set()
+    for config_id, config in enumerate(configs):
+        if config.batch_size == 1:
+            continue
+        chosen = [p for i, p in enumerate(prompts) if assignment is None or assignment[i] == config_id]
+        ids = [encode(pair.tokenizer, p.text, settings.chat_template) for p in chosen]
+        if config.batch_size not in warmed and ids and settings.warmup > 0:
+            short = config.replace(max_new_tokens=min(16, config.max_new_tokens))
+            measure_batched(pair, ids[: config.batch_size], short, dataclasses.replace(settings, repeats=1))
+            warmed.add(config.batch_size)
+        if not ids:
+            continue
+        baselines, specs, base_times, spec_times = measure_batched(pair, ids, config, settings, offset=config_id)
+        for prompt, prompt_ids, baseline, spec, base_time, spec_time in zip(chosen, ids, baselines, specs,
+                                                                           base_times, spec_times):
+            base = {"prompt_id": prompt.id, "category": prompt.category, "turn": 0, **config_columns(config, config_id)}
+            row = sample_fields(base, spec.result, baseline.result, config, len(prompt_ids), base_time, spec_time)
+            row.update(layout="padded", batching=settings.batching,
+                       baseline_latency_per_token_s=baseline.latency_per_token,
+                       spec_latency_per_token_s=spec.latency_per_token)
+            yield row, round_rows(spec.result, base) if settings.trace else []
+
+
+def sample_fields(base: dict, spec: DecodeResult, baseline: DecodeResult, config: DecodeConfig, prompt_tokens: int,
+                  base_time: float, spec_time: float) -> dict:
+    """One sample row: the policy metrics of `spec`, both sides' times and outputs."""
+    return {
+        **base,
+        **sample_row(spec, config),
+        "prompt_tokens": prompt_tokens,
+        "baseline_new_tokens": len(baseline.tokens),
+        "baseline_time_s": float(base_time),
+        "spec_time_s": float(spec_time),
+        "speedup": float(speedup_ratio(base_time, len(baseline.tokens), spec_time, len(spec.tokens))),
+        # Only greedy outputs must be identical; sampled ones differ by design.
+        "identical_to_baseline": (spec.tokens == baseline.tokens) if config.greedy else None,
+        "output_ids": spec.tokens,
+        "baseline_ids": baseline.tokens,
+    }
 
 
 # Progress of a long job in stages: progress(stage description, done, total).

@@ -84,7 +84,8 @@ def reporting(description: str):
 
 # Sampling's extra columns, short enough to keep the table on one line per configuration.
 SHORT_HEADERS = {"baseline_mean_new_tokens": "baseline mean len", "spec_mean_new_tokens": "spec mean len",
-                 "baseline_tokens_per_s": "baseline tok/s", "spec_tokens_per_s": "spec tok/s"}
+                 "baseline_tokens_per_s": "baseline tok/s", "spec_tokens_per_s": "spec tok/s",
+                 "spec_latency_per_token_s": "spec s/token/request"}
 
 
 def summary_table(table, title: str) -> Table:
@@ -96,6 +97,9 @@ def summary_table(table, title: str) -> Table:
     elif "spec_mean_new_tokens" in table:
         # Sampling: each side's mean sample length and tokens/s, so differing lengths show at once.
         columns += ["baseline_mean_new_tokens", "spec_mean_new_tokens", "baseline_tokens_per_s", "spec_tokens_per_s"]
+    if "batch_size" in table and (table["batch_size"] > 1).any() and "spec_tokens_per_s" not in columns:
+        # Batched runs: throughput of each side, and what a request waits per token.
+        columns += ["baseline_tokens_per_s", "spec_tokens_per_s", "spec_latency_per_token_s"]
     extra = [c for c in ("category",) if c in table]
     for name in extra + columns:
         header = SHORT_HEADERS.get(name, name.replace("_", " "))

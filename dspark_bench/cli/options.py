@@ -34,6 +34,8 @@ CategoryField = Annotated[Optional[str], typer.Option(help="Column holding the c
 Turns = Annotated[str, typer.Option(help="Multi-turn prompts: first | all (each turn on the model's own answer).")]
 ChatTemplate = Annotated[str, typer.Option(help="auto (use the tokenizer's chat template if any) | none")]
 IgnoreEos = Annotated[bool, typer.Option(help="Timing only: both sides generate exactly max_new_tokens (EOS does not end a sequence).")]
+BatchSizes = Annotated[list[int], typer.Option("--batch-size", help="Requests decoded together (repeatable; default 1). B > 1: the batched engine, padded layout, both sides on the same batches.")]
+Batching = Annotated[str, typer.Option(help="B > 1: refill (a finished row's place goes to the next prompt, as continuous batching does) | drain (each batch empties first).")]
 Limit = Annotated[Optional[int], typer.Option(help="Use only the first N prompts.")]
 
 # The same knobs for commands that override a sweep spec: unset means "the spec's".

@@ -9,7 +9,7 @@ import typer
 
 from dspark_bench.cli.console import cli_errors, out_console, reporting, summary_table
 from dspark_bench.cli.options import (
-    CategoryField, ChatTemplate, Dataset, Device, Draft, Dtype, GammaMaxes, IgnoreEos, Limit, MaxNewTokens, Metrics,
+    Batching, BatchSizes, CategoryField, ChatTemplate, Dataset, Device, Draft, Dtype, GammaMaxes, IgnoreEos, Limit, MaxNewTokens, Metrics,
     MinDraftLens, PromptField, PromptsFile, Repeats, Schedules, Seed, Split, Target, Task, Temperature, ThresholdEnd,
     Thresholds, ThresholdStart, TopK, TopP, Turns,
 )
@@ -25,6 +25,7 @@ def run(
     gamma_max: GammaMaxes = None, min_draft_len: MinDraftLens = None,
     threshold_start: ThresholdStart = 0.3, threshold_end: ThresholdEnd = 0.8, topk: TopK = 5,
     temperature: Temperature = 0.0, top_p: TopP = 1.0, max_new_tokens: MaxNewTokens = None, seed: Seed = 0,
+    batch_size: BatchSizes = None, batching: Batching = "refill",
     repeats: Repeats = 1,
     trace: Annotated[bool, typer.Option(help="Also write rounds.parquet, the per-round trace.")] = False,
     ignore_eos: IgnoreEos = False,
@@ -55,7 +56,8 @@ def config_from_flags(flags: dict):
     """The RunConfig the flags describe: repeatable policy flags become the grid's lists."""
     from dspark_bench.run_config import RunConfig
 
-    values = {k: v for k, v in flags.items() if k not in ("prompts", "calibration")}
+    values = {k: v for k, v in flags.items() if k not in ("prompts", "calibration", "batch_size")}
+    values["batch_sizes"] = tuple(flags["batch_size"] or (1,))
     values["dataset"] = flags["dataset"] or flags["prompts"]
     if flags["dataset"] and flags["prompts"]:
         raise DsparkError("pass exactly one of --task, --dataset or --prompts (got --dataset and --prompts)")
@@ -92,6 +94,8 @@ def print_summary(folder: Path, table) -> None:
     models = info["models"]
     title = f"{info['prompts']['count']} prompts · {models['device']} · {models['dtype']}"
     title += " · EOS ignored" if info["settings"].get("ignore_eos") else ""
+    if "batch_size" in table and (table["batch_size"] > 1).any():
+        title += f" · B>1: padded layout, {info['settings'].get('batching', 'refill')}ed batches"
     out_console.print(summary_table(table, title))
     if samples["category"].nunique() > 1:
         out_console.print(summary_table(summarize(samples, by=["category"]), "by category"))
