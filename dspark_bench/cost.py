@@ -1,7 +1,15 @@
 """The cost model: this machine's step costs, measured, and the speedup they predict.
 
 `t_draft` is one draft step and `t_verify(k)` one target pass over k + 1 new positions, each
-the median of interleaved timings with the caches at a realistic length (DESIGN.md).
+the median of interleaved timings with the caches at a realistic length (DESIGN.md). The cost
+surface holds one such model per batch size B, timed with B rows in the batched engine's own
+cache (`t_draft(B)`, `t_verify(B, k)`): what replay needs to predict a policy at any B.
+
+Layouts: a padded pass over B rows costs t_verify(B, longest draft). A packed pass (each row
+verifies only its own tokens, as vLLM, SGLang and TensorRT-LLM do) costs what its total token
+count costs: the padded pass over B rows holding the same number of tokens spread evenly,
+t_verify(B, total / B - 1), interpolated between whole k. The batched engine here runs padded
+only; packed speedups are predictions and are labelled so wherever they appear.
 """
 
 from __future__ import annotations
@@ -10,9 +18,11 @@ import statistics
 import time
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from dspark_bench.engine import Round
+from dspark_bench.errors import DsparkError
 
 
 @dataclass
@@ -22,13 +32,16 @@ class CostModel:
     t_draft: float
     t_verify: list[float]  # index k = 0 .. gamma: draft length verified
     context_tokens: int  # cache length the timings were taken at
+    batch_size: int = 1  # rows in each timed pass
 
     def to_dict(self) -> dict:
-        return {"t_draft": self.t_draft, "t_verify": list(self.t_verify), "context_tokens": self.context_tokens}
+        return {"t_draft": self.t_draft, "t_verify": list(self.t_verify), "context_tokens": self.context_tokens,
+                "batch_size": self.batch_size}
 
     @classmethod
     def from_dict(cls, data: dict) -> "CostModel":
-        return cls(float(data["t_draft"]), [float(t) for t in data["t_verify"]], int(data["context_tokens"]))
+        return cls(float(data["t_draft"]), [float(t) for t in data["t_verify"]], int(data["context_tokens"]),
+                   int(data.get("batch_size", 1)))
 
     def predict(self, rounds: list[Round], tokens: int) -> float:
         """DESIGN.md: N * t_verify(0) / sum over rounds of (s_r * t_draft + t_verify(L_r))."""
@@ -68,3 +81,69 @@ def measure_cost(pair, context: list[int], gamma: int, repeats: int = 15) -> Cos
             samples[k].append(clock(target, filler[: k + 1]))
     median = {k: statistics.median(v[2:]) for k, v in samples.items()}
     return CostModel(median[-1], [median[k] for k in range(gamma + 1)], len(context))
+
+
+@dataclass
+class CostSurface:
+    """One CostModel per measured batch size; `tables` fills every B in between."""
+
+    models: dict[int, CostModel]
+
+    def to_dict(self) -> dict:
+        return {"batch_sizes": {str(b): m.to_dict() for b, m in sorted(self.models.items())}}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "CostSurface":
+        return cls({int(b): CostModel.from_dict(m) for b, m in data["batch_sizes"].items()})
+
+    def at(self, batch_size: int) -> CostModel:
+        return self.models[batch_size]
+
+    def tables(self, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+        """(t_draft[b], t_verify[b, k]) for b = 0 .. batch_size rows (a draining batch has fewer),
+        linear in b between the measured batch sizes; row 0 is unused."""
+        measured = sorted(self.models)
+        if batch_size > measured[-1]:
+            raise DsparkError(f"the cost surface was timed up to batch size {measured[-1]}, not {batch_size}; "
+                              "measure it again")
+        rows = np.arange(batch_size + 1)
+        draft = np.interp(rows, measured, [self.models[b].t_draft for b in measured])
+        depth = min(len(m.t_verify) for m in self.models.values())
+        verify = np.stack([np.interp(rows, measured, [self.models[b].t_verify[k] for b in measured])
+                           for k in range(depth)], axis=1)
+        return draft, verify
+
+
+@torch.inference_mode()
+def measure_surface(pair, context: list[int], gamma: int, batch_sizes, repeats: int = 7) -> CostSurface:
+    """t_draft(B) and t_verify(B, k) for every B (and 1): B rows holding `context`, timed through
+    the batched engine's own cache (BatchLM), k interleaved to share drift. B = 1 is `measure_cost`."""
+    from dspark_bench.batch_cache import BatchLM
+    from dspark_bench.runner import synchronize
+
+    models = {1: measure_cost(pair, context, gamma)}
+    filler = context[-gamma - 1 :] * (gamma + 1)
+    for b in sorted(set(batch_sizes) - {1}):
+        target, draft = BatchLM(pair.target), BatchLM(pair.draft)
+        for _ in range(b):
+            target.add(context)
+            draft.add(context)
+
+        def clock(lm, tokens):
+            synchronize(pair.device)
+            start = time.perf_counter()
+            lm.forward([tokens] * b)
+            synchronize(pair.device)
+            for row in range(b):
+                lm.rollback(row, len(context))
+            lm.tidy()
+            return time.perf_counter() - start
+
+        samples = {k: [] for k in range(-1, gamma + 1)}
+        for _ in range(repeats + 1):  # the first pass warms up
+            samples[-1].append(clock(draft, filler[:1]))
+            for k in range(gamma + 1):
+                samples[k].append(clock(target, filler[: k + 1]))
+        median = {k: statistics.median(v[1:]) for k, v in samples.items()}
+        models[b] = CostModel(median[-1], [median[k] for k in range(gamma + 1)], len(context), b)
+    return CostSurface(models)

@@ -15,10 +15,14 @@ import pytest
 
 from dspark_bench.baselines import autoregressive_decode
 from dspark_bench.batch_cache import BatchLM
-from dspark_bench.batched import batched_autoregressive, batched_speculative
+from dspark_bench.batch_replay import predict_batched
+from dspark_bench.batched import (AutoregressiveStep, SpeculativeStep, batched_autoregressive, batched_speculative,
+                                  serve)
 from dspark_bench.config import METRICS, SCHEDULES, DecodeConfig
+from dspark_bench.cost import CostModel, CostSurface
 from dspark_bench.engine import speculative_decode
-from dspark_bench.replay import record, simulate
+from dspark_bench.errors import DsparkError
+from dspark_bench.replay import record, simulate, simulate_grid, spanning_policies
 
 from test_engine import chi_square_p, make_sampling_setup
 
@@ -136,3 +140,65 @@ def test_batched_sampling_matches_target_distribution(kind):
     for row in rows:
         counts[row.result.tokens[0] * int(np.sqrt(len(exact))) + row.result.tokens[1]] += 1
     assert chi_square_p(counts, exact) > 0.001
+
+
+# --- replay at batch size B: the walk charges the engine's own steps -----------------------------
+
+SURFACE = CostSurface({1: CostModel(0.001, [0.010 + 0.001 * k for k in range(6)], 10, 1),
+                       8: CostModel(0.004, [0.030 + 0.006 * k for k in range(6)], 10, 8)})
+
+
+class Logged:
+    """A batched step that notes each step's rows, most draft forwards and longest draft."""
+
+    def __init__(self, step):
+        self.step, self.steps = step, []
+
+    def __call__(self, requests):
+        self.step(requests)
+        last = [r.result.rounds[-1] for r in requests] if hasattr(self.step, "draft") else []
+        self.steps.append((len(requests), max((r.draft_forwards for r in last), default=0),
+                           max((r.drafted for r in last), default=0), sum(r.drafted + 1 for r in last)))
+
+
+@pytest.mark.parametrize("refill", [True, False])
+def test_batched_replay_charges_the_engine_s_own_steps(llama_pair, refill):
+    target, draft = llama_pair
+    pair = SimpleNamespace(target=target, draft=draft, eos_ids=frozenset({1}))
+    rec = record(pair, PROMPTS, N, 5, topk=5, eos_ids=pair.eos_ids)
+    configs = [DecodeConfig(metric="entropy", threshold=0.5, gamma_max=5, max_new_tokens=N, batch_size=3),
+               DecodeConfig(schedule="cumulative", threshold=0.2, gamma_max=4, min_draft_len=0, max_new_tokens=N,
+                            batch_size=3),
+               DecodeConfig(schedule="fixed", gamma_max=5, max_new_tokens=N, batch_size=3)]
+    predicted = predict_batched(rec, configs, SURFACE, refill)
+    t_draft, t_verify = SURFACE.tables(3)
+    for config, row in zip(configs, predicted.itertuples()):
+        target_lm, draft_lm = BatchLM(target), BatchLM(draft)
+        logged = Logged(SpeculativeStep(target_lm, draft_lm, config, pair.eos_ids))
+        serve(PROMPTS, config, 3, [target_lm, draft_lm], logged, pair.eos_ids, refill)
+        padded = sum(s * t_draft[b] + t_verify[b, longest] for b, s, longest, _ in logged.steps)
+        assert row.predicted_time == pytest.approx(padded, rel=1e-12)
+        assert row.predicted_time_packed < row.predicted_time  # packed never pays for padding
+        plain = Logged(AutoregressiveStep(BatchLM(target), config, pair.eos_ids))
+        serve(PROMPTS, config, 3, [plain.step.target], plain, pair.eos_ids, refill)
+        assert row.predicted_baseline_time == pytest.approx(sum(t_verify[b, 0] for b, *_ in plain.steps), rel=1e-12)
+
+
+def test_batched_replay_at_batch_one_is_replay(llama_pair):
+    target, draft = llama_pair
+    pair = SimpleNamespace(target=target, draft=draft, eos_ids=frozenset())
+    rec = record(pair, PROMPTS, N, 5, topk=5)
+    configs = spanning_policies(5, N)
+    grid = simulate_grid(rec, configs, SURFACE.at(1))
+    batched = predict_batched(rec, configs, SURFACE)
+    assert np.allclose(batched["predicted_time"], grid["predicted_time"], rtol=1e-12)
+    assert np.allclose(batched["predicted_time_packed"], grid["predicted_time"], rtol=1e-12)
+    assert np.allclose(batched["predicted_speedup"], grid["predicted_speedup"], rtol=1e-12)
+
+
+def test_cost_surface_interpolates_between_batch_sizes():
+    t_draft, t_verify = SURFACE.tables(8)
+    assert t_draft[1] == 0.001 and t_draft[8] == 0.004 and t_draft[4] == pytest.approx(0.001 + 3 / 7 * 0.003)
+    assert t_verify[8, 2] == pytest.approx(0.042)
+    with pytest.raises(DsparkError, match="up to batch size 8"):
+        SURFACE.tables(16)

@@ -1,0 +1,129 @@
+"""Replay at any batch size: one batch-1 record and the cost surface predict every policy at B.
+
+Under greedy verification a row's rounds do not depend on the other rows (tests/test_batched.py
+checks it against the batched engine), so the record fixes every row's rounds; only what a step
+costs depends on the batch. The walk below replays the batched engine's schedule exactly —
+prompts join in order as rows finish (or after the batch drains), a round drafts until its
+last row stops, and its one verify pass covers every row — and charges each round from the
+cost surface at the number of rows it really had:
+
+    padded:  max_i s_i · t_draft(b) + t_verify(b, max_i L_i)
+    packed:  Σ_j t_draft(rows still drafting at step j) + t_verify(b, Σ_i (L_i + 1) / b − 1)
+
+and the batched baseline one t_verify(b, 0) per step. Speedup = baseline time / policy time
+(greedy: both sides make the same tokens). At B = 1 both layouts give replay's own prediction.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+import pandas as pd
+
+from dspark_bench.config import DecodeConfig
+from dspark_bench.cost import CostSurface
+from dspark_bench.errors import DsparkError
+from dspark_bench.replay import Record, _first_failures, _signals, _thresholds, eos_positions, match_lengths
+
+
+@numba.njit(cache=True, nogil=True)
+def _admit(slot_p, slot_j, next_p, P, active, refill):  # pragma: no cover (compiled)
+    """Fill free slots from the waiting prompts, in order: (next prompt, active rows)."""
+    if refill or active == 0:
+        for s in range(len(slot_p)):
+            if slot_p[s] < 0 and next_p < P:
+                slot_p[s], slot_j[s] = next_p, 0
+                next_p += 1
+                active += 1
+    return next_p, active
+
+
+@numba.njit(cache=True, nogil=True)
+def _walk_batched(fail, gamma_max, matches, lengths, max_new_tokens, batch_size, refill, t_draft,
+                  t_verify):  # pragma: no cover (compiled)
+    """Predicted seconds of one policy at `batch_size`: (padded, packed)."""
+    P, G = len(lengths), t_verify.shape[1] - 1
+    slot_p, slot_j = np.full(batch_size, -1), np.zeros(batch_size, np.int64)
+    drafting = np.zeros(G + 2, np.int64)  # rows whose draft ran at least j forwards
+    next_p, active, padded, packed = 0, 0, 0.0, 0.0
+    while True:
+        next_p, active = _admit(slot_p, slot_j, next_p, P, active, refill)
+        if active == 0:
+            return padded, packed
+        longest, most, tokens, leaving = 0, 0, 0, 0
+        drafting[:] = 0
+        for s in range(batch_size):
+            p = slot_p[s]
+            if p < 0:
+                continue
+            j = slot_j[s]
+            cap = min(gamma_max, max_new_tokens - j - 1)
+            stop, dropped = fail[p, j] >> 1, fail[p, j] & 1
+            length = min(stop - 1, cap)
+            forwards = length + (dropped & (stop <= cap))
+            longest, most, tokens = max(longest, length), max(most, forwards), tokens + length + 1
+            drafting[1 : forwards + 1] += 1
+            slot_j[s] = j + min(length, matches[p, j]) + 1
+            if slot_j[s] >= lengths[p]:
+                slot_p[s] = -1
+                leaving += 1
+        padded += most * t_draft[active] + t_verify[active, longest]
+        for step in range(1, most + 1):
+            packed += t_draft[drafting[step]]
+        k = min(tokens / active - 1.0, G)
+        low = int(k)
+        high = min(low + 1, G)
+        packed += t_verify[active, low] + (k - low) * (t_verify[active, high] - t_verify[active, low])
+        active -= leaving
+
+
+@numba.njit(cache=True, nogil=True)
+def _walk_baseline(lengths, batch_size, refill, t_verify):  # pragma: no cover (compiled)
+    """Predicted seconds of batched autoregressive decoding: one t_verify(b, 0) per step."""
+    P = len(lengths)
+    slot_p, slot_j = np.full(batch_size, -1), np.zeros(batch_size, np.int64)
+    next_p, active, spent = 0, 0, 0.0
+    while True:
+        next_p, active = _admit(slot_p, slot_j, next_p, P, active, refill)
+        if active == 0:
+            return spent
+        spent += t_verify[active, 0]
+        for s in range(batch_size):
+            if slot_p[s] >= 0:
+                slot_j[s] += 1
+                if slot_j[s] >= lengths[slot_p[s]]:
+                    slot_p[s] = -1
+                    active -= 1
+
+
+def predict_batched(rec: Record, configs: list[DecodeConfig], surface: CostSurface,
+                    refill: bool = True) -> pd.DataFrame:
+    """Per policy, at its own batch_size: predicted seconds and speedup, padded and packed, and
+    the batched baseline's predicted seconds."""
+    deepest = max(c.gamma_max for c in configs)
+    if min(len(m.t_verify) for m in surface.models.values()) <= deepest:
+        raise DsparkError(f"the cost surface times drafts shorter than gamma_max {deepest}; measure it again")
+    matches, eos = match_lengths(rec).astype(np.int64), eos_positions(rec).astype(np.int64)
+    lengths = rec.lengths.astype(np.int64)
+    signals, signal_of = _signals(rec, configs)
+    thresholds = _thresholds(configs, rec.gamma_record)
+    tables = {b: surface.tables(b) for b in {c.batch_size for c in configs}}
+    baseline = {b: _walk_baseline(lengths, b, refill, verify) for b, (_, verify) in tables.items()}
+    fail = np.empty(matches.shape, dtype=np.int64)
+    rows, last_key = [], None
+    order = sorted(range(len(configs)), key=lambda c: (signal_of[c], configs[c].min_draft_len, tuple(thresholds[c])))
+    for c in order:
+        config = configs[c]
+        key = (signal_of[c], config.min_draft_len, tuple(thresholds[c]))
+        if key != last_key:  # policies that drop the same draft steps share one failure table
+            _first_failures(signals[signal_of[c]], thresholds[c], config.min_draft_len, eos, fail)
+            last_key = key
+        draft, verify = tables[config.batch_size]
+        padded, packed = _walk_batched(fail, config.gamma_max, matches, lengths, rec.max_new_tokens,
+                                       config.batch_size, refill, draft, verify)
+        rows.append({"config_id": c, "predicted_time": padded, "predicted_time_packed": packed,
+                     "predicted_baseline_time": baseline[config.batch_size]})
+    table = pd.DataFrame(rows).sort_values("config_id").reset_index(drop=True)
+    table["predicted_speedup"] = table["predicted_baseline_time"] / table["predicted_time"]
+    table["predicted_speedup_packed"] = table["predicted_baseline_time"] / table["predicted_time_packed"]
+    return table
