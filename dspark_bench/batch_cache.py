@@ -108,12 +108,12 @@ class BatchLM:
         self.lengths = [length + len(feed) for length, feed in zip(self.lengths, feeds)]
         return logits
 
-    def rollback(self, row: int, length: int) -> None:
-        """Forget row `row`'s tokens from position `length` on (they become holes)."""
-        if length < self.lengths[row]:
-            real = self.mask[row].cumsum(0)
-            self.mask[row] = self.mask[row] * (real <= length)
-            self.lengths[row] = length
+    def rollback(self, lengths: list[int]) -> None:
+        """Forget each row's tokens from position lengths[row] on (they become holes)."""
+        if any(new < old for new, old in zip(lengths, self.lengths)):
+            keep = torch.tensor(lengths, dtype=torch.long, device=self.device)[:, None]
+            self.mask = self.mask * (self.mask.cumsum(1) <= keep)
+            self.lengths = [min(new, old) for new, old in zip(lengths, self.lengths)]
 
     def tidy(self) -> None:
         """Cut trailing columns that no row uses; compact when holes fill a quarter of the cache."""

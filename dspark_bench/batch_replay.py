@@ -5,7 +5,8 @@ checks it against the batched engine), so the record fixes every row's rounds; o
 costs depends on the batch. The walk below replays the batched engine's schedule exactly —
 prompts join in order as rows finish (or after the batch drains), a round drafts until its
 last row stops, and its one verify pass covers every row — and charges each round from the
-cost surface at the number of rows it really had:
+cost surface at the number of rows it really had, and each request its own prefill when it
+joins (target, plus draft on the speculative side; as the batched engine runs it):
 
     padded:  max_i s_i · t_draft(b) + t_verify(b, max_i L_i)
     packed:  Σ_j t_draft(rows still drafting at step j) + t_verify(b, Σ_i (L_i + 1) / b − 1)
@@ -27,27 +28,31 @@ from dspark_bench.replay import Record, _first_failures, _signals, _thresholds, 
 
 
 @numba.njit(cache=True, nogil=True)
-def _admit(slot_p, slot_j, next_p, P, active, refill):  # pragma: no cover (compiled)
-    """Fill free slots from the waiting prompts, in order: (next prompt, active rows)."""
+def _admit(slot_p, slot_j, next_p, P, active, refill, prefill):  # pragma: no cover (compiled)
+    """Fill free slots from the waiting prompts, in order: (next prompt, active rows, the
+    admitted prompts' prefill seconds)."""
+    spent = 0.0
     if refill or active == 0:
         for s in range(len(slot_p)):
             if slot_p[s] < 0 and next_p < P:
                 slot_p[s], slot_j[s] = next_p, 0
+                spent += prefill[next_p]
                 next_p += 1
                 active += 1
-    return next_p, active
+    return next_p, active, spent
 
 
 @numba.njit(cache=True, nogil=True)
-def _walk_batched(fail, gamma_max, matches, lengths, max_new_tokens, batch_size, refill, t_draft,
-                  t_verify):  # pragma: no cover (compiled)
+def _walk_batched(fail, gamma_max, matches, lengths, max_new_tokens, batch_size, refill, t_draft, t_verify,
+                  prefill):  # pragma: no cover (compiled)
     """Predicted seconds of one policy at `batch_size`: (padded, packed)."""
     P, G = len(lengths), t_verify.shape[1] - 1
     slot_p, slot_j = np.full(batch_size, -1), np.zeros(batch_size, np.int64)
     drafting = np.zeros(G + 2, np.int64)  # rows whose draft ran at least j forwards
     next_p, active, padded, packed = 0, 0, 0.0, 0.0
     while True:
-        next_p, active = _admit(slot_p, slot_j, next_p, P, active, refill)
+        next_p, active, spent = _admit(slot_p, slot_j, next_p, P, active, refill, prefill)
+        padded, packed = padded + spent, packed + spent
         if active == 0:
             return padded, packed
         longest, most, tokens, leaving = 0, 0, 0, 0
@@ -78,13 +83,14 @@ def _walk_batched(fail, gamma_max, matches, lengths, max_new_tokens, batch_size,
 
 
 @numba.njit(cache=True, nogil=True)
-def _walk_baseline(lengths, batch_size, refill, t_verify):  # pragma: no cover (compiled)
+def _walk_baseline(lengths, batch_size, refill, t_verify, prefill):  # pragma: no cover (compiled)
     """Predicted seconds of batched autoregressive decoding: one t_verify(b, 0) per step."""
     P = len(lengths)
     slot_p, slot_j = np.full(batch_size, -1), np.zeros(batch_size, np.int64)
     next_p, active, spent = 0, 0, 0.0
     while True:
-        next_p, active = _admit(slot_p, slot_j, next_p, P, active, refill)
+        next_p, active, admitted = _admit(slot_p, slot_j, next_p, P, active, refill, prefill)
+        spent += admitted
         if active == 0:
             return spent
         spent += t_verify[active, 0]
@@ -108,7 +114,12 @@ def predict_batched(rec: Record, configs: list[DecodeConfig], surface: CostSurfa
     signals, signal_of = _signals(rec, configs)
     thresholds = _thresholds(configs, rec.gamma_record)
     tables = {b: surface.tables(b) for b in {c.batch_size for c in configs}}
-    baseline = {b: _walk_baseline(lengths, b, refill, verify) for b, (_, verify) in tables.items()}
+    # Each request's prefill (its prompt but the last token), batch 1, as the batched engine does.
+    alone = surface.at(min(surface.models))
+    prompt = np.maximum(np.asarray(rec.info.get("prompt_tokens", [1] * len(lengths)), dtype=np.float64) - 1, 0)
+    prefill_base = prompt * alone.t_prefill_target
+    prefill_spec = prompt * (alone.t_prefill_target + alone.t_prefill_draft)
+    baseline = {b: _walk_baseline(lengths, b, refill, verify, prefill_base) for b, (_, verify) in tables.items()}
     fail = np.empty(matches.shape, dtype=np.int64)
     rows, last_key = [], None
     order = sorted(range(len(configs)), key=lambda c: (signal_of[c], configs[c].min_draft_len, tuple(thresholds[c])))
@@ -120,10 +131,22 @@ def predict_batched(rec: Record, configs: list[DecodeConfig], surface: CostSurfa
             last_key = key
         draft, verify = tables[config.batch_size]
         padded, packed = _walk_batched(fail, config.gamma_max, matches, lengths, rec.max_new_tokens,
-                                       config.batch_size, refill, draft, verify)
+                                       config.batch_size, refill, draft, verify, prefill_spec)
         rows.append({"config_id": c, "predicted_time": padded, "predicted_time_packed": packed,
                      "predicted_baseline_time": baseline[config.batch_size]})
     table = pd.DataFrame(rows).sort_values("config_id").reset_index(drop=True)
     table["predicted_speedup"] = table["predicted_baseline_time"] / table["predicted_time"]
     table["predicted_speedup_packed"] = table["predicted_baseline_time"] / table["predicted_time_packed"]
     return table
+
+
+def simulate_with_surface(rec: Record, configs: list[DecodeConfig], surface: CostSurface,
+                          refill: bool = True) -> pd.DataFrame:
+    """`simulate_grid`'s table, its predictions made at each policy's own batch size: padded in
+    predicted_time / predicted_speedup, packed in the *_packed columns, and the batched baseline's
+    predicted_baseline_time (at B = 1: the same numbers simulate_grid gives)."""
+    from dspark_bench.replay import simulate_grid
+
+    grid = simulate_grid(rec, configs, surface.at(1))
+    predicted = predict_batched(rec, configs, surface, refill)
+    return grid.drop(columns=["predicted_time", "predicted_speedup"]).merge(predicted, on="config_id")

@@ -106,20 +106,22 @@ class SpeculativeStep:
         self.draft_loop(requests, proposals)
         feeds = [r.seq[self.target.lengths[i] :] + p.tokens for i, (r, p) in enumerate(zip(requests, proposals))]
         logits = self.target.forward(feeds)
+        choices = logits.argmax(dim=-1).tolist() if config.greedy else None  # greedy: one argmax for the batch
         for i, (request, proposal, feed) in enumerate(zip(requests, proposals, feeds)):
-            verified = logits[i, len(feed) - len(proposal.tokens) - 1 : len(feed)]
-            accepted, target_token = verify(verified, proposal, config, request.generator)
+            first = len(feed) - len(proposal.tokens) - 1
+            accepted, target_token = verify(logits[i, first : len(feed)], proposal, config, request.generator,
+                                            choices[i][first : len(feed)] if choices else None)
             emitted, round_ = close_round(proposal, accepted, target_token, self.eos_ids)
             request.seq += emitted
             request.result.tokens += emitted
             request.result.rounds.append(round_)
             request.result.target_forwards += 1
             request.result.draft_forwards += proposal.forwards
-            # As in the batch-1 engine: the last emitted token is fed at each model's next forward.
-            self.target.rollback(i, len(request.seq) - 1)
-            self.draft.rollback(i, len(request.seq) - 1)
-        self.target.tidy()
-        self.draft.tidy()
+        # As in the batch-1 engine: the last emitted token is fed at each model's next forward.
+        committed = [len(r.seq) - 1 for r in requests]
+        for lm in (self.target, self.draft):
+            lm.rollback(committed)
+            lm.tidy()
 
     def draft_loop(self, requests: list[Request], proposals: list[Proposal]) -> None:
         """Draft forwards for the whole batch until every row has stopped."""
@@ -130,11 +132,12 @@ class SpeculativeStep:
             last = logits[torch.arange(len(feeds)), torch.tensor([max(len(f) - 1, 0) for f in feeds])]
             probs = distribution(last, config)
             scores = confidence.METRICS[config.metric](probs, config.topk).tolist()  # one sync per step
+            greedy = last.argmax(dim=-1).tolist() if config.greedy else None  # `choose`, for the whole batch
             for i, (request, proposal) in enumerate(zip(requests, proposals)):
                 feeds[i] = []
                 if proposal.done or not proposal.consider(config, scores[i]):
                     continue
-                token = choose(last[i], probs[i], config, request.generator)
+                token = greedy[i] if greedy else choose(last[i], probs[i], config, request.generator)
                 proposal.take(token, probs[i], self.eos_ids)
                 if not proposal.done:  # a finished draft's last token is fed next round
                     feeds[i] = [token]
@@ -148,9 +151,12 @@ class AutoregressiveStep:
 
     def __call__(self, requests: list[Request]) -> None:
         logits = self.target.forward([r.seq[self.target.lengths[i] :] for i, r in enumerate(requests)])[:, -1]
-        probs = None if self.config.greedy else distribution(logits, self.config)  # greedy: argmax only
-        for i, request in enumerate(requests):
-            token = choose(logits[i], None if probs is None else probs[i], self.config, request.generator)
+        if self.config.greedy:  # `choose`, for the whole batch at once
+            tokens = logits.argmax(dim=-1).tolist()
+        else:
+            probs = distribution(logits, self.config)
+            tokens = [choose(logits[i], probs[i], self.config, r.generator) for i, r in enumerate(requests)]
+        for request, token in zip(requests, tokens):
             request.seq.append(token)
             request.result.tokens.append(token)
             request.result.target_forwards += 1

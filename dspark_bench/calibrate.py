@@ -45,7 +45,7 @@ __all__ = ["Calibration", "DomainCalibration", "calibrate_domains", "check_outpu
 QUANTILES = (10, 25, 50, 75, 90)
 # Totals that add up over domains; every objective is a function of them.
 TOTALS = ("rounds", "drafted_total", "accepted_total", "emitted_total", "full_blocks", "draft_forwards",
-          "new_tokens", "predicted_time")
+          "new_tokens", "predicted_time", "predicted_baseline_time")
 
 
 
@@ -56,7 +56,10 @@ def score(totals: pd.DataFrame, cost=None) -> pd.DataFrame:
     """Every objective from summed totals (one row per policy): the ratios are taken last."""
     table = totals.assign(**rates(totals))  # over a column of policies at once
     table["draft_forwards_per_token"] = table["draft_forwards"] / table["new_tokens"]
-    if cost is not None:  # a replay's CostModel: predicted_time is in its seconds
+    if "predicted_baseline_time" in table:  # replay at batch size B: both sides' predicted seconds
+        table["predicted_speedup"] = table["predicted_baseline_time"] / table["predicted_time"]
+        table["spec_tokens_per_s"] = table["new_tokens"] / table["predicted_time"]
+    elif cost is not None:  # a replay's CostModel: predicted_time is in its seconds
         table["predicted_speedup"] = cost.speedup(table["new_tokens"], table["predicted_time"])
         table["spec_tokens_per_s"] = table["new_tokens"] / table["predicted_time"]
     return table
@@ -95,17 +98,24 @@ def choose_from_records(records: dict, configs: list[DecodeConfig], cost, object
     """Replay: simulate every policy on every domain's record and pick per domain and globally.
 
     `records` maps a domain to its replay `Record`; `cost` is a `CostModel` shared by all
-    domains (the same models on the same machine).
+    domains (the same models on the same machine), or a `CostSurface` that predicts each policy
+    at its own batch size (each domain's prompts batched together).
     """
+    from dspark_bench.batch_replay import simulate_with_surface
+    from dspark_bench.cost import CostSurface
     from dspark_bench.replay import simulate_grid
 
     if not records:
         raise DsparkError("calibration needs at least one domain")
     tables = {}
     for domain, rec in records.items():
-        grid = simulate_grid(rec, configs, cost)
+        if isinstance(cost, CostSurface):
+            grid = simulate_with_surface(rec, configs, cost)
+        else:
+            grid = simulate_grid(rec, configs, cost)
         knobs = grid[["config_id", *POLICY_FIELDS]]
-        tables[domain] = knobs.merge(score(grid[["config_id", *TOTALS]], cost), on="config_id")
+        tables[domain] = knobs.merge(score(grid[["config_id", *[c for c in TOTALS if c in grid]]], cost),
+                                     on="config_id")
     global_table = configs_frame(configs).merge(combine(tables, cost), on="config_id")
     return Choice(configs, objective, OBJECTIVES[objective].column("replay"), tables, global_table)
 
@@ -215,10 +225,12 @@ class Calibrated:
 
 
 def record_domains(pair, domains: dict[str, list[Prompt]], base: DecodeConfig, gamma: int,
-                   progress: StageProgress | None = None) -> tuple[dict, object]:
-    """A replay record per domain, and one cost model (timed on the first domain's first prompt)."""
+                   progress: StageProgress | None = None, batch_sizes=(1,)) -> tuple[dict, object]:
+    """A replay record per domain, and one cost surface at `batch_sizes` (timed on the first
+    domain's first prompt)."""
+    from dspark_bench.cost import measure_surface
     from dspark_bench.prompts import encode, prompts_fingerprint
-    from dspark_bench.replay import measure_cost, record
+    from dspark_bench.replay import record
 
     models, records, first_context = pair.describe(), {}, None
     for domain, prompts in domains.items():
@@ -232,7 +244,7 @@ def record_domains(pair, domains: dict[str, list[Prompt]], base: DecodeConfig, g
             first_context = ids[0] + rec.continuation[0, : int(rec.lengths[0]) // 2].tolist()
     if progress:
         progress("timing the cost model", 0, 1)
-    return records, measure_cost(pair, first_context, gamma)
+    return records, measure_surface(pair, first_context, gamma, batch_sizes)
 
 
 def measure_domains(pair, domains: dict[str, list[Prompt]], chosen: dict[str, DecodeConfig],
@@ -334,23 +346,45 @@ def calibrate_domains(spec: SweepSpec, out: Path, tasks: list[str] | None = None
     if not domains or empty:
         raise DsparkError(f"no prompts for domain(s) {', '.join(empty)}" if empty else "no domains to calibrate")
     pair = pair or load_pair(spec.target, spec.draft, spec.device, spec.dtype)
-    records, cost = None, None
+    batch_sizes = sorted({c.batch_size for c in configs})
+    records, surface = None, None
     if engine == "replay":
-        records, cost = record_domains(pair, domains, base, max(c.gamma_max for c in configs), progress)
+        records, surface = record_domains(pair, domains, base, max(c.gamma_max for c in configs), progress,
+                                          batch_sizes)
+    # One calibration per batch size: which policy wins depends on what a step costs at B. The
+    # file's own global/domains are the smallest B's; the others go under by_batch_size.
+    parts = [calibrate_at(pair, domains, [c for c in configs if c.batch_size == b], spec, records, surface,
+                          engine, progress) for b in batch_sizes]
+    out, figure_path = check_output(out, force)
+    data, choice = parts[0]
+    data["figure"] = figure_path.name
+    if len(parts) > 1:
+        data["by_batch_size"] = {int(b): {key: part[0][key] for key in ("global", "domains", "cost_model")}
+                                 for b, part in zip(batch_sizes[1:], parts[1:])}
+    data["spec"] = {**spec.to_dict(), "tasks": tasks}  # the search that chose these policies
+    ylabel = {"predicted_speedup": "predicted speedup (replay + cost model)"}.get(choice.column, choice.column)
+    if len(parts) > 1:
+        ylabel += f", batch size {batch_sizes[0]}"
+    figure = plots.domain_threshold_curves(threshold_curves(choice), ylabel, choice.best().threshold)
+    write_calibration(data, figure, out, force)
+    return Calibrated(out, figure_path, data, choice)
+
+
+def calibrate_at(pair, domains: dict[str, list[Prompt]], configs: list[DecodeConfig], spec: SweepSpec, records,
+                 surface, engine: str, progress: StageProgress | None = None) -> tuple[dict, Choice]:
+    """Choose and confirm the policies of one batch size: (the calibration's content, the choice)."""
+    objective, batch_size = spec.objective[0], configs[0].batch_size
+    if engine == "replay":
+        cost = surface if batch_size > 1 else surface.at(1)
         choice = choose_from_records(records, configs, cost, objective)
     else:
+        cost = None
         choice = choose_from_samples(search_real(pair, domains, configs, spec.repeats, progress), configs, objective)
     chosen = {domain: choice.best(domain) for domain in domains}
     global_policy = choice.best()
     samples = measure_domains(pair, domains, chosen, global_policy, spec.repeats, progress)
-    out, figure_path = check_output(out, force)
-    data = calibration_data(choice, chosen, global_policy, samples, records, pair.describe(), engine, cost,
-                            figure_path.name)
-    data["spec"] = {**spec.to_dict(), "tasks": tasks}  # the search that chose these policies
-    ylabel = {"predicted_speedup": "predicted speedup (replay + cost model)"}.get(choice.column, choice.column)
-    figure = plots.domain_threshold_curves(threshold_curves(choice), ylabel, global_policy.threshold)
-    write_calibration(data, figure, out, force)
-    return Calibrated(out, figure_path, data, choice)
+    model = surface.at(batch_size) if surface is not None else None
+    return calibration_data(choice, chosen, global_policy, samples, records, pair.describe(), engine, model), choice
 
 
 def search_real(pair, domains: dict[str, list[Prompt]], configs: list[DecodeConfig], repeats: int,
@@ -378,7 +412,7 @@ def calibrate_command(tasks: str | None, dataset: str | None, spec_path: Path | 
         raise DsparkError("--tasks is empty; name at least one task, e.g. --tasks code,prose")
     if spec_path is None and not names and not dataset:
         raise DsparkError("pass --tasks, --dataset, or a --spec that names a task or dataset")
-    space = {name: flags.pop(name, None) for name in ("metric", "threshold", "gamma_max", "min_draft_len")}
+    space = {name: flags.pop(name, None) for name in ("metric", "threshold", "gamma_max", "min_draft_len", "batch_size")}
     overrides = flag_overrides(flags, space)
     if names or dataset:
         overrides.update(task=names[0] if names else None, dataset=None if names else dataset)

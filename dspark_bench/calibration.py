@@ -22,7 +22,7 @@ from dspark_bench.results import atomic_write, write_text
 
 SCHEMA_VERSION = 1
 TOP_LEVEL_KEYS = ("schema_version", "created", "environment", "spec", "models", "objective", "engine",
-                  "max_new_tokens", "cost_model", "global", "domains", "figure")
+                  "max_new_tokens", "cost_model", "global", "domains", "figure", "by_batch_size")
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,19 @@ class Calibration:
     objective: str
     path: Path | None = None
     data: dict = field(default_factory=dict, repr=False)  # the file as read
+    # Calibrations at other batch sizes (calibrate --batch-size ...), each with its own policies.
+    by_batch_size: dict[int, "Calibration"] = field(default_factory=dict, repr=False)
+
+    @property
+    def batch_size(self) -> int:
+        return self.global_policy.batch_size
+
+    def for_batch_size(self, batch_size: int) -> "Calibration":
+        """The calibration made at the batch size nearest `batch_size` (the smaller on a tie):
+        a serving engine's per-batch-size table is read the same way."""
+        choices = {self.batch_size: self, **self.by_batch_size}
+        nearest = min(choices, key=lambda b: (abs(b - batch_size), b))
+        return dataclasses.replace(choices[nearest], path=self.path)
 
     def policy_for(self, domain: str, strict: bool = False, base: DecodeConfig | None = None) -> DecodeConfig:
         """The domain's policy; an unknown domain gets the global policy (or an error if strict).
@@ -106,24 +119,41 @@ def parse_calibration(data: object, where: str = "calibration") -> Calibration:
     missing = [key for key in ("models", "global", "domains") if key not in data]
     if missing:
         raise DsparkError(f"{where}: missing key(s) {', '.join(missing)}")
-    entry = data["global"]
+    global_policy, domains = _policies(data["global"], data["domains"], where)
+    models = data["models"] if isinstance(data["models"], dict) else {}
+    by_batch_size = {}
+    extra = data.get("by_batch_size") or {}
+    if not isinstance(extra, dict):
+        raise DsparkError(f"{where}: by_batch_size must be a mapping of batch size -> global and domains")
+    for size, part in extra.items():
+        here = f"{where}: by_batch_size {size}"
+        if not isinstance(part, dict) or "global" not in part or "domains" not in part:
+            raise DsparkError(f"{here}: must be a mapping with global and domains")
+        policy, policies = _policies(part["global"], part["domains"], here)
+        if str(policy.batch_size) != str(size):
+            raise DsparkError(f"{here}: its global policy has batch_size {policy.batch_size}")
+        by_batch_size[policy.batch_size] = Calibration(policy, policies, models, str(data.get("objective", "speedup")))
+    return Calibration(global_policy, domains, models, str(data.get("objective", "speedup")), data=data,
+                       by_batch_size=by_batch_size)
+
+
+def _policies(entry: object, entries: object, where: str) -> tuple[DecodeConfig, dict[str, DomainCalibration]]:
+    """The global policy and each domain's, from a file's global and domains entries."""
     if not isinstance(entry, dict) or "policy" not in entry:
         raise DsparkError(f"{where}: global must be a mapping with a policy")
     global_policy = _policy(entry["policy"], f"{where}: global")
-    if not isinstance(data["domains"], dict):
+    if not isinstance(entries, dict):
         raise DsparkError(f"{where}: domains must be a mapping of domain -> entry")
     domains = {}
-    for name, entry in data["domains"].items():
+    for name, entry in entries.items():
         if not isinstance(entry, dict) or "policy" not in entry:
             raise DsparkError(f"{where}: domain {name!r} must be a mapping with a policy")
         if not isinstance(entry["policy"], dict):
             raise DsparkError(f"{where}: domain {name!r}: policy must be a mapping of DecodeConfig fields")
         # A domain's entry names the policy's knobs; verification settings come from the global policy.
         policy = _policy({**global_policy.to_dict(), **entry["policy"]}, f"{where}: domain {name!r}")
-        domains[str(name)] = DomainCalibration(policy,
-                                       {k: v for k, v in entry.items() if k != "policy"})
-    models = data["models"] if isinstance(data["models"], dict) else {}
-    return Calibration(global_policy, domains, models, str(data.get("objective", "speedup")), data=data)
+        domains[str(name)] = DomainCalibration(policy, {k: v for k, v in entry.items() if k != "policy"})
+    return global_policy, domains
 
 
 def load_calibration(path: str | Path) -> Calibration:

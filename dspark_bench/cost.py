@@ -14,6 +14,7 @@ only; packed speedups are predictions and are labelled so wherever they appear.
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 from dataclasses import dataclass
@@ -33,15 +34,19 @@ class CostModel:
     t_verify: list[float]  # index k = 0 .. gamma: draft length verified
     context_tokens: int  # cache length the timings were taken at
     batch_size: int = 1  # rows in each timed pass
+    # Seconds per prompt token of one request's prefill (batch 1), target and draft: a request
+    # joining a running batch pays it (cost surface only; batch-1 replay leaves prefill out).
+    t_prefill_target: float = 0.0
+    t_prefill_draft: float = 0.0
 
     def to_dict(self) -> dict:
-        return {"t_draft": self.t_draft, "t_verify": list(self.t_verify), "context_tokens": self.context_tokens,
-                "batch_size": self.batch_size}
+        return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict) -> "CostModel":
         return cls(float(data["t_draft"]), [float(t) for t in data["t_verify"]], int(data["context_tokens"]),
-                   int(data.get("batch_size", 1)))
+                   int(data.get("batch_size", 1)), float(data.get("t_prefill_target", 0.0)),
+                   float(data.get("t_prefill_draft", 0.0)))
 
     def predict(self, rounds: list[Round], tokens: int) -> float:
         """DESIGN.md: N * t_verify(0) / sum over rounds of (s_r * t_draft + t_verify(L_r))."""
@@ -121,21 +126,23 @@ def measure_surface(pair, context: list[int], gamma: int, batch_sizes, repeats: 
     from dspark_bench.batch_cache import BatchLM
     from dspark_bench.runner import synchronize
 
-    models = {1: measure_cost(pair, context, gamma)}
+    models = {1: dataclasses.replace(measure_cost(pair, context, gamma), **measure_prefill(pair, context))}
     filler = context[-gamma - 1 :] * (gamma + 1)
     for b in sorted(set(batch_sizes) - {1}):
+        # Rows of different lengths, as a real batch has: left holes in the cache, so the pass
+        # runs the masked attention the engine runs (equal rows would take a faster unmasked path).
+        lengths = [len(context) - (row * 7) % 32 for row in range(b)]
         target, draft = BatchLM(pair.target), BatchLM(pair.draft)
-        for _ in range(b):
-            target.add(context)
-            draft.add(context)
+        for length in lengths:
+            target.add(context[:length])
+            draft.add(context[:length])
 
         def clock(lm, tokens):
             synchronize(pair.device)
             start = time.perf_counter()
             lm.forward([tokens] * b)
             synchronize(pair.device)
-            for row in range(b):
-                lm.rollback(row, len(context))
+            lm.rollback(lengths)
             lm.tidy()
             return time.perf_counter() - start
 
@@ -147,3 +154,22 @@ def measure_surface(pair, context: list[int], gamma: int, batch_sizes, repeats: 
         median = {k: statistics.median(v[1:]) for k, v in samples.items()}
         models[b] = CostModel(median[-1], [median[k] for k in range(gamma + 1)], len(context), b)
     return CostSurface(models)
+
+
+def measure_prefill(pair, context: list[int], repeats: int = 5) -> dict:
+    """Seconds per prompt token of a batch-1 prefill of `context`, target and draft (medians)."""
+    from dspark_bench.cache import CachedLM
+    from dspark_bench.runner import synchronize
+
+    def clock(model) -> float:
+        synchronize(pair.device)
+        start = time.perf_counter()
+        CachedLM(model).prefill(context)
+        synchronize(pair.device)
+        return time.perf_counter() - start
+
+    times = {name: [] for name in ("target", "draft")}
+    for _ in range(repeats + 1):  # the first pass warms up
+        times["target"].append(clock(pair.target))
+        times["draft"].append(clock(pair.draft))
+    return {f"t_prefill_{name}": statistics.median(t[1:]) / len(context) for name, t in times.items()}

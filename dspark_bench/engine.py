@@ -156,11 +156,14 @@ def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return residual / total if total > 0 else p  # p == q up to rounding: nothing to correct
 
 
-def verify(logits: torch.Tensor, proposal: Proposal, config: DecodeConfig, generator) -> tuple[int, int]:
-    """Target logits [L+1, vocab] over the draft -> (accepted count, the target's token)."""
+def verify(logits: torch.Tensor, proposal: Proposal, config: DecodeConfig, generator,
+           choices: list[int] | None = None) -> tuple[int, int]:
+    """Target logits [L+1, vocab] over the draft -> (accepted count, the target's token).
+
+    `choices`: the argmax of `logits` where the caller has it already (a batch takes it once)."""
     if config.greedy:
         # Greedy: accept the longest prefix matching the target's argmax.
-        choices = logits.argmax(dim=-1).tolist()
+        choices = logits.argmax(dim=-1).tolist() if choices is None else choices
         accepted = 0
         while accepted < len(proposal.tokens) and proposal.tokens[accepted] == choices[accepted]:
             accepted += 1

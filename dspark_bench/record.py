@@ -132,5 +132,6 @@ def record(pair, prompt_ids: list[list[int]], max_new_tokens: int, gamma_record:
             scores[name][p, : len(generated)] = values[name]
         if progress:
             progress()
-    meta = {"max_new_tokens": N, "gamma_record": G, "topk": topk, **provenance(), **(info or {})}
+    meta = {"max_new_tokens": N, "gamma_record": G, "topk": topk, **provenance(), **(info or {}),
+            "prompt_tokens": [len(ids) for ids in prompt_ids]}  # what each prefill costs, at batch size B
     return Record(continuation, lengths, rollout, scores, tuple(sorted(eos_ids)), meta)

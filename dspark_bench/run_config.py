@@ -187,7 +187,7 @@ class Planned:
     prompts: list[Prompt]
     configs: list[DecodeConfig]
     source: dict  # where the prompts came from, as run.json records it
-    assignment: list[int] | None = None  # with a calibration: each prompt's policy index
+    assignment: list[list[int]] | None = None  # with a calibration: each prompt's policy indexes
 
     @property
     def samples(self) -> int:
@@ -203,7 +203,7 @@ def plan_run(config: RunConfig) -> Planned:
     prompts, source, task_tokens = resolve_prompts(config)
     configs, assignment = config.decode_configs(task_tokens), None
     if config.calibration is not None:
-        configs, assignment = calibrated_configs(config.calibration, prompts, configs[0])
+        configs, assignment = calibrated_configs(config.calibration, prompts, configs)
     pair = load_pair(config.target, config.draft, config.device, config.dtype)
     if config.calibration is not None:
         from dspark_bench.calibration import load_calibration
@@ -212,13 +212,21 @@ def plan_run(config: RunConfig) -> Planned:
     return Planned(config, pair, prompts, configs, source, assignment)
 
 
-def calibrated_configs(path, prompts: list[Prompt], base: DecodeConfig) -> tuple[list[DecodeConfig], list[int]]:
-    """The distinct calibrated policies, and for each prompt the index of its own."""
+def calibrated_configs(path, prompts: list[Prompt], bases: list[DecodeConfig]) -> tuple[list[DecodeConfig], list[list[int]]]:
+    """The distinct calibrated policies, and for each prompt the indexes of its own: one per
+    base (one base per batch size, each taking the calibration made nearest its batch size)."""
     from dspark_bench.calibration import load_calibration
 
-    per_prompt = load_calibration(path).configs_for(prompts, base=base)
-    configs = list(dict.fromkeys(per_prompt))
-    return configs, [configs.index(c) for c in per_prompt]
+    calibration = load_calibration(path)
+    configs: list[DecodeConfig] = []
+    assignment: list[list[int]] = [[] for _ in prompts]
+    for base in bases:
+        per_prompt = calibration.for_batch_size(base.batch_size).configs_for(prompts, base=base)
+        for assigned, config in zip(assignment, per_prompt):
+            if config not in configs:
+                configs.append(config)
+            assigned.append(configs.index(config))
+    return configs, assignment
 
 
 def check_rerun(planned: Planned, original: dict, where: str) -> None:

@@ -135,11 +135,11 @@ def warm_up(pair: ModelPair, prompts: list[Prompt], configs: list[DecodeConfig],
 
 def iter_samples(
     pair: ModelPair, prompts: list[Prompt], configs: list[DecodeConfig], settings: RunnerSettings,
-    assignment: list[int] | None = None,
+    assignment: list[list[int]] | None = None,
 ) -> Iterator[tuple[dict, list[dict]]]:
     """Yield (sample row, round rows) per (prompt, turn, config).
 
-    Every prompt runs every config, unless `assignment` gives each prompt one config's index
+    Every prompt runs every config, unless `assignment` gives each prompt its configs' indexes
     (per-domain calibrated policies).
     """
     single = [c for c in configs if c.batch_size == 1]
@@ -148,7 +148,7 @@ def iter_samples(
     measured = 0
     for index, prompt in enumerate(prompts):
         for config_id, config in enumerate(configs):
-            if config.batch_size > 1 or (assignment is not None and assignment[index] != config_id):
+            if config.batch_size > 1 or (assignment is not None and config_id not in assignment[index]):
                 continue
             history: list[tuple[str, str]] = []
             for turn, text in enumerate(conversation(prompt, settings)):
@@ -184,14 +184,14 @@ def measure_batched(pair: ModelPair, prompt_ids: list[list[int]], config: Decode
 
 
 def iter_batched(pair: ModelPair, prompts: list[Prompt], configs: list[DecodeConfig], settings: RunnerSettings,
-                 assignment: list[int] | None = None) -> Iterator[tuple[dict, list[dict]]]:
+                 assignment: list[list[int]] | None = None) -> Iterator[tuple[dict, list[dict]]]:
     """Rows of the policies run at batch size B > 1: each policy decodes its prompts B at a time,
     both sides on the same batches; a row's times are its shares of the batched runs' wall time."""
     warmed = set()
     for config_id, config in enumerate(configs):
         if config.batch_size == 1:
             continue
-        chosen = [p for i, p in enumerate(prompts) if assignment is None or assignment[i] == config_id]
+        chosen = [p for i, p in enumerate(prompts) if assignment is None or config_id in assignment[i]]
         ids = [encode(pair.tokenizer, p.text, settings.chat_template) for p in chosen]
         if config.batch_size not in warmed and ids and settings.warmup > 0:
             short = config.replace(max_new_tokens=min(16, config.max_new_tokens))
@@ -253,7 +253,7 @@ def run(
     configs: list[DecodeConfig],
     settings: RunnerSettings = RunnerSettings(),
     progress: Callable[[], None] | None = None,
-    assignment: list[int] | None = None,
+    assignment: list[list[int]] | None = None,
 ) -> RunOutput:
     """Every (prompt, config), measured; `progress` is called after each sample."""
     sample_rows, trace_rows = [], []
@@ -269,14 +269,16 @@ def run(
 
 
 def planned_samples(prompts: list[Prompt], configs: list[DecodeConfig], settings: RunnerSettings,
-                    assignment: list[int] | None = None) -> int:
+                    assignment: list[list[int]] | None = None) -> int:
     """How many (prompt, turn, config) measurements a run makes."""
-    turns = sum(1 + len(p.turns) if settings.turns == "all" else 1 for p in prompts)
-    return turns * (len(configs) if assignment is None else 1)
+    turns = [1 + len(p.turns) if settings.turns == "all" else 1 for p in prompts]
+    if assignment is None:
+        return sum(turns) * len(configs)
+    return sum(t * len(assigned) for t, assigned in zip(turns, assignment))
 
 
 def say_plan(pair: ModelPair, prompts: list[Prompt], configs: list[DecodeConfig], settings: RunnerSettings,
-             assignment: list[int] | None, say: Callable[[str], None]) -> None:
+             assignment: list[list[int]] | None, say: Callable[[str], None]) -> None:
     from dspark_bench.plan import run_plan, seconds_per_token
 
     if not prompts:
@@ -295,7 +297,7 @@ def run_to_folder(
     settings: RunnerSettings = RunnerSettings(),
     source: dict | None = None,
     progress: Callable[[], None] | None = None,
-    assignment: list[int] | None = None,
+    assignment: list[list[int]] | None = None,
     say: Callable[[str], None] | None = None,
     run_config: dict | None = None,
 ) -> tuple[Path, pd.DataFrame]:

@@ -100,7 +100,8 @@ def finish_real(folder: Path, study: optuna.Study, spec: SweepSpec) -> pd.DataFr
 def replay_space(spec: SweepSpec, base: DecodeConfig) -> list[DecodeConfig]:
     """The space's points plus every fixed gamma among them: classic decoding, the baseline to beat."""
     configs = points(spec, base)
-    classic = [base.replace(schedule="fixed", gamma_max=g, min_draft_len=0) for g in sorted({c.gamma_max for c in configs})]
+    classic = [base.replace(schedule="fixed", gamma_max=g, min_draft_len=0, batch_size=b)
+               for b in sorted({c.batch_size for c in configs}) for g in sorted({c.gamma_max for c in configs})]
     return configs + [c for c in classic if c not in configs]
 
 
@@ -142,7 +143,9 @@ def replay_sweep(folder: Path, spec: SweepSpec, prepared: Prepared, records_root
                  progress: StageProgress | None = None, say: Callable[[str], None] | None = None) -> pd.DataFrame:
     """Record once, simulate the whole space, confirm the best few with real timed runs."""
     from dspark_bench.prompts import encode
-    from dspark_bench.replay import measure_cost, simulate_grid
+    from dspark_bench.batch_replay import simulate_with_surface
+    from dspark_bench.cost import measure_surface
+    from dspark_bench.replay import simulate_grid
 
     pair, configs = prepared.pair, replay_space(spec, prepared.base)
     gamma = max(c.gamma_max for c in configs)
@@ -155,11 +158,17 @@ def replay_sweep(folder: Path, spec: SweepSpec, prepared: Prepared, records_root
     context = ids[0] + rec.continuation[0, : int(rec.lengths[0]) // 2].tolist()
     if progress:
         progress("timing the cost model", 0, 1)
-    cost = measure_cost(pair, context, gamma)
+    batch_sizes = sorted({c.batch_size for c in configs})
+    surface = measure_surface(pair, context, gamma, batch_sizes)
+    cost = surface.at(1)
     write_json(folder / "cost_model.json", cost.to_dict())
     if progress:
         progress(f"simulating {len(configs):,} policies", 0, 1)
-    table = simulate_grid(rec, configs, cost).assign(source="replay")
+    if batch_sizes == [1]:
+        table = simulate_grid(rec, configs, cost).assign(source="replay")
+    else:  # every policy at its own batch size, both layouts (batch_replay.py)
+        write_json(folder / "cost_surface.json", surface.to_dict())
+        table = simulate_with_surface(rec, configs, surface).assign(source="replay")
     table, samples = confirm(table, configs, spec, prepared, progress)
     write_parquet(folder / "trials.parquet", table)
     write_parquet(folder / "samples.parquet", samples)
@@ -183,8 +192,10 @@ def confirm(table: pd.DataFrame, configs: list[DecodeConfig], spec: SweepSpec, p
 
     objective = OBJECTIVES[spec.objective[0]]
     ranked = rank(table, objective.name, objective.column("replay"))
-    chosen = pd.concat([ranked[ranked["schedule"] != "fixed"].head(spec.confirm_top),
-                        ranked[ranked["schedule"] == "fixed"].head(1)])
+    # Per batch size: which policy wins depends on what a step costs at B.
+    chosen = pd.concat([part for _, by_batch in ranked.groupby("batch_size", sort=True)
+                        for part in (by_batch[by_batch["schedule"] != "fixed"].head(spec.confirm_top),
+                                     by_batch[by_batch["schedule"] == "fixed"].head(1))])
     ids = chosen["config_id"].to_numpy()
     output = run(prepared.pair, prepared.prompts, [configs[i] for i in ids],
                  spec.runner_settings(),
@@ -193,6 +204,7 @@ def confirm(table: pd.DataFrame, configs: list[DecodeConfig], spec: SweepSpec, p
     measured["config_id"] = ids[measured["config_id"].to_numpy()]
     keep = ["config_id", "speedup", "speedup_low", "speedup_high", "baseline_tokens_per_s", "spec_tokens_per_s",
             "baseline_mean_new_tokens", "spec_mean_new_tokens", "identical_to_baseline"]
+    keep += [c for c in ("spec_latency_per_token_s", "baseline_latency_per_token_s", "layout") if c in measured]
     table = table.merge(measured[keep], on="config_id", how="left")
     table.loc[table["speedup"].notna(), "source"] = "confirmed"
     return table, output.samples.assign(config_id=ids[output.samples["config_id"].to_numpy()])
@@ -202,17 +214,46 @@ def write_replay_summary(folder: Path, table: pd.DataFrame, spec: SweepSpec, cos
     """summary.json of a replay sweep; returns the confirmed policies, best first."""
     objective = OBJECTIVES[spec.objective[0]]
     confirmed = rank(table[table["source"] == "confirmed"], objective.name, objective.column("real"))
-    ratio = confirmed["speedup"] / confirmed["predicted_speedup"]
-    write_json(folder / "summary.json", {
+    summary = {
         "engine": "replay", "objective": list(spec.objective), "policies_simulated": len(table),
-        "record": str(record_dir), "cost_model": cost.to_dict(),
-        "cost_model_accuracy": {"measured_over_predicted_median": float(ratio.median()),
-                                "mean_abs_error": float((confirmed["speedup"] - confirmed["predicted_speedup"]).abs().mean())},
+        "record": str(record_dir), "cost_model": cost.to_dict(), "cost_model_accuracy": accuracy(confirmed),
         "best": confirmed[confirmed["schedule"] != "fixed"].head(1).to_dict(orient="records"),
         "classic": confirmed[confirmed["schedule"] == "fixed"].to_dict(orient="records"),
         "confirmed": confirmed.to_dict(orient="records"),
-    })
+    }
+    if (table["batch_size"] > 1).any():
+        summary["by_batch_size"] = by_batch_size(table, confirmed, objective)
+    write_json(folder / "summary.json", summary)
     return confirmed
+
+
+def accuracy(confirmed: pd.DataFrame) -> dict:
+    """How far the cost model's predicted speedup is from the measured one."""
+    ratio = confirmed["speedup"] / confirmed["predicted_speedup"]
+    return {"measured_over_predicted_median": float(ratio.median()),
+            "mean_abs_error": float((confirmed["speedup"] - confirmed["predicted_speedup"]).abs().mean())}
+
+
+def by_batch_size(table: pd.DataFrame, confirmed: pd.DataFrame, objective) -> list[dict]:
+    """Per batch size: the best scheduled policy and the best fixed gamma, predicted in both
+    layouts and measured (padded) where confirmed, with the cost model's accuracy at that B."""
+    rows = []
+    for batch_size, group in table.groupby("batch_size", sort=True):
+        row = {"batch_size": int(batch_size), "layout_measured": "padded"}
+        for layout, column in (("padded", "predicted_speedup"), ("packed", "predicted_speedup_packed")):
+            scheduled = group[group["schedule"] != "fixed"].sort_values(column, ascending=False)
+            fixed = group[group["schedule"] == "fixed"].sort_values(column, ascending=False)
+            row[f"{layout}_predicted"] = {
+                "best_scheduled": scheduled.iloc[0]["config_label"], "best_scheduled_speedup": float(scheduled.iloc[0][column]),
+                "best_fixed": fixed.iloc[0]["config_label"], "best_fixed_speedup": float(fixed.iloc[0][column]),
+                "scheduled_over_fixed": float(scheduled.iloc[0][column] / fixed.iloc[0][column])}
+        measured = confirmed[confirmed["batch_size"] == batch_size]
+        row["measured"] = measured[["config_label", "schedule", "speedup", "speedup_low", "speedup_high",
+                                    "predicted_speedup", "baseline_tokens_per_s", "spec_tokens_per_s"]
+                                   ].to_dict(orient="records")
+        row["cost_model_accuracy"] = accuracy(measured) if len(measured) else None
+        rows.append(row)
+    return rows
 
 
 def result_title(folder: Path) -> str:

@@ -209,7 +209,9 @@ def resolve_spec(path: Path | None, overrides: dict) -> tuple[SweepSpec, str]:
     flag is given, the dense default under replay (thousands of policies for about the price of
     one decoding pass) or a small grid under real timed runs (sampling), said as such.
     """
-    chosen_by_flags = any(key == "space" or key.startswith("space.") for key in overrides)
+    # A batch size adds a dimension to whichever space is chosen; the policy's knobs choose one.
+    chosen_by_flags = any(key == "space" or (key.startswith("space.") and key != "space.batch_size")
+                          for key in overrides)
     if path is None and not chosen_by_flags:
         path = task_spec(overrides.get("task"))
         if path is not None:
@@ -241,11 +243,12 @@ def load_spec(path: Path | None, overrides: dict) -> SweepSpec:
             raise DsparkError(f"{path}: not valid YAML ({first_line(err)})") from None
         if not isinstance(data, dict):
             raise DsparkError(f"{path}: a sweep spec must be a mapping")
+    for key, value in overrides.items():  # whole fields first, then single space dimensions
+        if not key.startswith("space."):
+            data[key] = dict(value) if key == "space" else value
     for key, value in overrides.items():
         if key.startswith("space."):
             data.setdefault("space", dict(DEFAULT_SPACE))[key.removeprefix("space.")] = value
-        else:
-            data[key] = value
     return parse_spec(data, str(path) if path else "sweep")
 
 

@@ -7,6 +7,7 @@ left for it). fp32 on CPU: identity is exact, so any difference is a bug.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from types import SimpleNamespace
 
@@ -117,8 +118,7 @@ def test_holes_are_compacted_away(llama_pair):
         lm.add(prompt[:-1])
     for _ in range(12):  # feed 4 tokens per row, keep 1: three holes per row per step
         lm.forward([[5, 6, 7, 8]] * lm.rows)
-        for row in range(lm.rows):
-            lm.rollback(row, lm.lengths[row] - 3)
+        lm.rollback([length - 3 for length in lm.lengths])
         lm.tidy()
     assert lm.mask.sum(dim=1).tolist() == lm.lengths
     assert lm.mask.shape[1] <= 8 + max(lm.lengths) * 5 // 4 + 4
@@ -170,18 +170,23 @@ def test_batched_replay_charges_the_engine_s_own_steps(llama_pair, refill):
                DecodeConfig(schedule="cumulative", threshold=0.2, gamma_max=4, min_draft_len=0, max_new_tokens=N,
                             batch_size=3),
                DecodeConfig(schedule="fixed", gamma_max=5, max_new_tokens=N, batch_size=3)]
-    predicted = predict_batched(rec, configs, SURFACE, refill)
-    t_draft, t_verify = SURFACE.tables(3)
+    # Each request pays its own batch-1 prefill (prompt but its last token) when it joins.
+    alone = dataclasses.replace(SURFACE.at(1), t_prefill_target=1e-4, t_prefill_draft=3e-5)
+    surface = CostSurface({**SURFACE.models, 1: alone})
+    prefill = sum(len(p) - 1 for p in PROMPTS)
+    predicted = predict_batched(rec, configs, surface, refill)
+    t_draft, t_verify = surface.tables(3)
     for config, row in zip(configs, predicted.itertuples()):
         target_lm, draft_lm = BatchLM(target), BatchLM(draft)
         logged = Logged(SpeculativeStep(target_lm, draft_lm, config, pair.eos_ids))
         serve(PROMPTS, config, 3, [target_lm, draft_lm], logged, pair.eos_ids, refill)
         padded = sum(s * t_draft[b] + t_verify[b, longest] for b, s, longest, _ in logged.steps)
-        assert row.predicted_time == pytest.approx(padded, rel=1e-12)
+        assert row.predicted_time == pytest.approx(padded + prefill * 1.3e-4, rel=1e-12)
         assert row.predicted_time_packed < row.predicted_time  # packed never pays for padding
         plain = Logged(AutoregressiveStep(BatchLM(target), config, pair.eos_ids))
         serve(PROMPTS, config, 3, [plain.step.target], plain, pair.eos_ids, refill)
-        assert row.predicted_baseline_time == pytest.approx(sum(t_verify[b, 0] for b, *_ in plain.steps), rel=1e-12)
+        assert row.predicted_baseline_time == pytest.approx(sum(t_verify[b, 0] for b, *_ in plain.steps)
+                                                            + prefill * 1e-4, rel=1e-12)
 
 
 def test_batched_replay_at_batch_one_is_replay(llama_pair):
@@ -191,6 +196,7 @@ def test_batched_replay_at_batch_one_is_replay(llama_pair):
     configs = spanning_policies(5, N)
     grid = simulate_grid(rec, configs, SURFACE.at(1))
     batched = predict_batched(rec, configs, SURFACE)
+    # (SURFACE has no prefill costs: the batched walk adds only those to replay's own.)
     assert np.allclose(batched["predicted_time"], grid["predicted_time"], rtol=1e-12)
     assert np.allclose(batched["predicted_time_packed"], grid["predicted_time"], rtol=1e-12)
     assert np.allclose(batched["predicted_speedup"], grid["predicted_speedup"], rtol=1e-12)

@@ -295,3 +295,68 @@ def test_run_with_calibration_routes_each_prompt_to_its_domain_policy(calibrated
     clash = runner.invoke(app, ["run", "--target", target, "--draft", draft, "--dataset", str(dataset),
                                 "--calibration", str(routed), "--threshold", "0.5", "--out", str(tmp_path / "x")])
     assert clash.exit_code == 1 and "--calibration chooses the policy" in clash.stderr
+
+
+# --- per batch size -------------------------------------------------------------------------------
+
+
+def test_what_a_step_costs_at_batch_size_b_changes_the_chosen_policy():
+    from dspark_bench.cost import CostSurface
+
+    # At B = 8 a verified token costs ten times what it costs alone: long, unconfident drafts
+    # lose there, so the chosen policy drafts less (a higher threshold or a smaller gamma_max).
+    surface = CostSurface({1: COST, 8: CostModel(0.15, [1.5 + 0.5 * k for k in range(G + 1)], 0, 8)})
+    records = {"code": synthetic_record(0.3), "prose": synthetic_record(0.6, seed=1)}
+    alone = lib.choose_from_records(records, space(), surface.at(1))
+    batched = lib.choose_from_records(records, space(batch_size=8), surface)
+    for domain in (None, "code", "prose"):
+        one, eight = alone.best(domain), batched.best(domain)
+        assert eight.batch_size == 8 and one.batch_size == 1
+        assert (eight.threshold, -eight.gamma_max) > (one.threshold, -one.gamma_max), domain
+    row = batched.global_table.set_index("config_id").loc[batched.best_id()]
+    assert row["predicted_speedup"] == pytest.approx(row["predicted_baseline_time"] / row["predicted_time"])
+
+
+@pytest.fixture(scope="module")
+def calibrated_by_batch(saved_pair, dataset, spec_file, tmp_path_factory):
+    out = tmp_path_factory.mktemp("calibration") / "batched.yaml"
+    target, draft = saved_pair
+    result = runner.invoke(app, ["calibrate", "--dataset", str(dataset), "--category-field", "kind",
+                                 "--spec", str(spec_file), "--batch-size", "1", "--batch-size", "3",
+                                 "--target", target, "--draft", draft, "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    return out, result
+
+
+def test_calibrate_writes_a_policy_per_domain_and_batch_size(calibrated_by_batch):
+    out, result = calibrated_by_batch
+    data = yaml.safe_load(out.read_text())
+    assert "batch size 3" in result.stdout
+    assert data["global"]["policy"]["batch_size"] == 1 and list(data["by_batch_size"]) == [3]
+    part = data["by_batch_size"][3]
+    assert part["global"]["policy"]["batch_size"] == 3 and part["cost_model"]["batch_size"] == 3
+    for entry in part["domains"].values():
+        assert entry["speedup_low"] <= entry["speedup"] <= entry["speedup_high"] and entry["identical_to_baseline"] == 1.0
+    calibration = lib.load_calibration(out)
+    assert calibration.for_batch_size(3).global_policy.batch_size == 3
+    assert calibration.for_batch_size(2).global_policy.batch_size == 1  # nearest, the smaller on a tie
+    assert calibration.for_batch_size(64).global_policy.batch_size == 3
+
+
+def test_run_with_calibration_picks_the_run_s_batch_size(calibrated_by_batch, saved_pair, dataset, tmp_path):
+    out, _ = calibrated_by_batch
+    data = yaml.safe_load(out.read_text())
+    data["by_batch_size"][3]["domains"]["code"]["policy"]["threshold"] = 0.15
+    data["by_batch_size"][3]["domains"]["prose"]["policy"]["threshold"] = 0.85
+    routed = tmp_path / "routed.yaml"
+    routed.write_text(yaml.safe_dump(data))
+    target, draft = saved_pair
+    result = runner.invoke(app, ["run", "--target", target, "--draft", draft, "--dataset", str(dataset),
+                                 "--category-field", "kind", "--calibration", str(routed), "--batch-size", "3",
+                                 "--max-new-tokens", "8", "--out", str(tmp_path / "runs")])
+    assert result.exit_code == 0, result.output
+    (folder,) = (tmp_path / "runs").iterdir()
+    samples = pd.read_parquet(folder / "samples.parquet")
+    assert len(samples) == 5 and set(samples["batch_size"]) == {3} and set(samples["layout"]) == {"padded"}
+    assert dict(zip(samples["category"], samples["threshold"])) == {"code": 0.15, "prose": 0.85}
+    assert samples["identical_to_baseline"].all()

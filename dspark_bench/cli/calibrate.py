@@ -10,7 +10,7 @@ from rich.table import Table
 
 from dspark_bench.cli.console import cli_errors, out_console, reporting
 from dspark_bench.cli.options import (
-    Draft, Engine, GammaMaxes, Metrics, MinDraftLens, PromptField, PromptsFile, SpecDevice, SpecDtype, Split, Target,
+    BatchSizes, Draft, Engine, GammaMaxes, Metrics, MinDraftLens, PromptField, PromptsFile, SpecDevice, SpecDtype, Split, Target,
     Thresholds,
 )
 
@@ -32,11 +32,13 @@ def calibrate(
     max_new_tokens: Annotated[Optional[int], typer.Option(help="Tokens to generate per prompt (default: the spec's, else the tasks').")] = None,
     temperature: Annotated[Optional[float], typer.Option(help="0 = greedy (replay); > 0 = rejection sampling (real runs).")] = None,
     metric: Metrics = None, threshold: Thresholds = None, gamma_max: GammaMaxes = None, min_draft_len: MinDraftLens = None,
+    batch_size: BatchSizes = None,
 ):
     """Find the best policy per domain and the best global one, confirm both with timed runs,
     and write a calibration file (plus a threshold-curve figure) that run/decode can load.
 
     Example: dspark-bench calibrate --tasks code,prose,structured --spec sweeps/default.yaml --out calibration.yaml
+    Example: dspark-bench calibrate --tasks code,prose --batch-size 1 --batch-size 8 --batch-size 32 (a policy per domain and batch size)
     """
     from dspark_bench import calibrate as lib
 
@@ -46,13 +48,16 @@ def calibrate(
         with reporting("calibrating") as (progress, _):
             result = lib.calibrate_command(tasks, dataset or prompts, spec, flags, out, force, progress)
         out_console.print(calibration_table(result.data))
+        for size, part in (result.data.get("by_batch_size") or {}).items():
+            out_console.print(calibration_table({**result.data, **part}, f" · batch size {size}"))
         out_console.print(f"calibration file: {result.path}", highlight=False, soft_wrap=True)
         out_console.print(f"figure: {result.figure}", highlight=False, soft_wrap=True)
 
 
-def calibration_table(data: dict) -> Table:
+def calibration_table(data: dict, suffix: str = "") -> Table:
     """One row per domain, and the global policy measured on all prompts."""
-    view = Table(title=f"calibration · objective {data['objective']} · engine {data['engine']}", title_justify="left")
+    view = Table(title=f"calibration · objective {data['objective']} · engine {data['engine']}{suffix}",
+                 title_justify="left")
     for name in ("domain", "policy", "prompts", "tokens per round", "acceptance rate", "speedup", "global speedup",
                  "gain"):
         view.add_column(name, justify="left" if name in ("domain", "policy") else "right")

@@ -9,7 +9,7 @@ import typer
 
 from dspark_bench.cli.console import cli_errors, print_best, reporting
 from dspark_bench.cli.options import (
-    CategoryField, Dataset, Draft, Engine, GammaMaxes, IgnoreEos, Limit, MaxNewTokens, Metrics, MinDraftLens,
+    BatchSizes, CategoryField, Dataset, Draft, Engine, GammaMaxes, IgnoreEos, Limit, MaxNewTokens, Metrics, MinDraftLens,
     PromptField, PromptsFile, Schedules, SpecDevice, SpecDtype, SpecSplit, Target, Task, Thresholds,
 )
 
@@ -32,7 +32,7 @@ def sweep(
     max_new_tokens: MaxNewTokens = None, temperature: Annotated[Optional[float], typer.Option(help="0 = greedy.")] = None,
     ignore_eos: IgnoreEos = False,
     metric: Metrics = None, schedule: Schedules = None, threshold: Thresholds = None,
-    gamma_max: GammaMaxes = None, min_draft_len: MinDraftLens = None,
+    gamma_max: GammaMaxes = None, min_draft_len: MinDraftLens = None, batch_size: BatchSizes = None,
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override any spec field: key=value (YAML value), e.g. space.threshold=[0.2,0.4].")] = None,
     out: Annotated[Path, typer.Option(help="Folder that receives the run folder.")] = Path("results"),
     worker_only: Annotated[bool, typer.Option(hidden=True)] = False,
