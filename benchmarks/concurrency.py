@@ -2,7 +2,8 @@
 
 One replay sweep with batch_size as a search dimension: record the shipped pair once on the
 task's prompts, time the cost surface t_draft(B), t_verify(B, k) at each B, predict every
-policy of the task's space at every B in both layouts, then confirm the best scheduled policy
+policy of the task's space (with the padded layout's batch-level rule, batch_quorum, searched
+too) at every B in both layouts, then confirm the best scheduled policy
 and the best fixed gamma at each B with real batched runs (padded layout, continuous batching,
 interleaved with the batched autoregressive baseline). Prints the table the README carries and
 leaves the sweep's run folder (`dspark-bench report` draws its batch-size figure).
@@ -22,7 +23,7 @@ import pandas as pd
 
 from dspark_bench.results import describe_machine, environment
 from dspark_bench.sweep import run_sweep
-from dspark_bench.sweep_spec import resolve_spec
+from dspark_bench.sweep_spec import resolve_spec, task_spec
 
 
 def main() -> None:
@@ -32,11 +33,15 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--batch-size", type=int, action="append", dest="batch_sizes")
     parser.add_argument("--confirm-top", type=int, default=1)
+    parser.add_argument("--quorum", type=float, action="append", dest="quorums",
+                        help="batch_quorum values searched (default 0, 0.25, 0.5, 0.75; 0 = each row on its own)")
     parser.add_argument("--out", type=Path, default=Path("results"))
     args = parser.parse_args()
     batch_sizes = args.batch_sizes or [1, 8, 32]
-    spec, origin = resolve_spec(None, {"task": args.task, "limit": args.limit, "max_new_tokens": args.max_new_tokens,
-                                       "confirm_top": args.confirm_top, "space.batch_size": batch_sizes})
+    # The task's own space (sweeps/<task>.yaml), with the padded layout's batch-level rule searched too.
+    spec, origin = resolve_spec(task_spec(args.task), {
+        "task": args.task, "limit": args.limit, "max_new_tokens": args.max_new_tokens, "confirm_top": args.confirm_top,
+        "space.batch_size": batch_sizes, "space.batch_quorum": args.quorums or [0.0, 0.25, 0.5, 0.75]})
     print(origin, flush=True)
     start = time.perf_counter()
     folder, _ = run_sweep(spec, args.out, say=lambda line: print(line, flush=True))

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from dspark_bench.config import with_defaults
 from dspark_bench.errors import DsparkError
 from dspark_bench.results import (SCHEMA_VERSION, check_writable, describe_machine, provenance, read_json,
                                   read_parquet, write_folder, write_text)
@@ -160,9 +161,14 @@ def _config_differences(baseline: list[dict], current: list[dict]) -> list[str]:
     return reasons
 
 
-def comparable(baseline_run: dict, current_run: dict) -> list[str]:
-    """Reasons a comparison of two run.json's would be meaningless; empty when it is sound."""
+def comparable(baseline_run: dict, current_run: dict, batch_sizes: list[int] | None = None) -> list[str]:
+    """Reasons a comparison of two run.json's would be meaningless; empty when it is sound.
+
+    With `batch_sizes`, the current run must hold every baseline policy at each of them."""
     reasons = []
+    if batch_sizes:
+        baseline_run = {**baseline_run, "configs": [{**with_defaults(c), "batch_size": b} for b in batch_sizes
+                                                     for c in baseline_run["configs"]]}
 
     def differs(what: str, old, new) -> None:
         if old != new:
@@ -175,7 +181,7 @@ def comparable(baseline_run: dict, current_run: dict) -> list[str]:
     differs("dtype", old_models["dtype"], new_models["dtype"])
     differs("device type", _device_type(old_models), _device_type(new_models))
     differs("prompts fingerprint", baseline_run["prompts"]["fingerprint"], current_run["prompts"]["fingerprint"])
-    old_configs, new_configs = baseline_run["configs"], current_run["configs"]
+    old_configs, new_configs = ([with_defaults(c) for c in run["configs"]] for run in (baseline_run, current_run))
     # Named on their own: the generation settings most likely to be changed by hand.
     for key in ("max_new_tokens", "temperature"):
         differs(key, [c.get(key) for c in old_configs], [c.get(key) for c in new_configs])
@@ -211,6 +217,15 @@ def plan_rerun(baseline: RunRecord):
     if reasons:
         raise NotComparable(reasons)
     return planned
+
+
+def at_batch_sizes(planned, batch_sizes: list[int] | None):
+    """A planned re-run with every policy at each of `batch_sizes` (unchanged without them)."""
+    if not batch_sizes:
+        return planned
+    configs = [c.replace(batch_size=b) for b in batch_sizes for c in planned.configs]
+    config = dataclasses.replace(planned.config, policies=tuple(c.to_dict() for c in configs), batch_sizes=tuple(batch_sizes))
+    return dataclasses.replace(planned, config=config, configs=configs)
 
 
 def rerun(baseline_folder: Path, out: Path, progress=None, plan=None) -> Path:

@@ -43,11 +43,12 @@ def _admit(slot_p, slot_j, next_p, P, active, refill, prefill):  # pragma: no co
 
 
 @numba.njit(cache=True, nogil=True)
-def _walk_batched(fail, gamma_max, matches, lengths, max_new_tokens, batch_size, refill, t_draft, t_verify,
-                  prefill):  # pragma: no cover (compiled)
+def _walk_batched(fail, gamma_max, min_draft_len, quorum, matches, lengths, max_new_tokens, batch_size, refill,
+                  t_draft, t_verify, prefill):  # pragma: no cover (compiled)
     """Predicted seconds of one policy at `batch_size`: (padded, packed)."""
     P, G = len(lengths), t_verify.shape[1] - 1
     slot_p, slot_j = np.full(batch_size, -1), np.zeros(batch_size, np.int64)
+    length, forwards = np.zeros(batch_size, np.int64), np.zeros(batch_size, np.int64)
     drafting = np.zeros(G + 2, np.int64)  # rows whose draft ran at least j forwards
     next_p, active, padded, packed = 0, 0, 0.0, 0.0
     while True:
@@ -55,6 +56,22 @@ def _walk_batched(fail, gamma_max, matches, lengths, max_new_tokens, batch_size,
         padded, packed = padded + spent, packed + spent
         if active == 0:
             return padded, packed
+        drafting[:] = 0
+        for s in range(batch_size):  # each row's own draft: its length and its draft forwards
+            p = slot_p[s]
+            if p >= 0:
+                j = slot_j[s]
+                cap = min(gamma_max, max_new_tokens - j - 1)
+                stop, dropped = fail[p, j] >> 1, fail[p, j] & 1
+                length[s] = min(stop - 1, cap)
+                forwards[s] = length[s] + (dropped & (stop <= cap))
+                drafting[1 : forwards[s] + 1] += 1
+        cut = G + 1  # the quorum rule: every row stops after the first step too few rows outlast
+        if quorum > 0:
+            for step in range(max(min_draft_len, 1), G + 1):
+                if 0 < drafting[step + 1] < quorum * active:
+                    cut = step
+                    break
         longest, most, tokens, leaving = 0, 0, 0, 0
         drafting[:] = 0
         for s in range(batch_size):
@@ -62,13 +79,10 @@ def _walk_batched(fail, gamma_max, matches, lengths, max_new_tokens, batch_size,
             if p < 0:
                 continue
             j = slot_j[s]
-            cap = min(gamma_max, max_new_tokens - j - 1)
-            stop, dropped = fail[p, j] >> 1, fail[p, j] & 1
-            length = min(stop - 1, cap)
-            forwards = length + (dropped & (stop <= cap))
-            longest, most, tokens = max(longest, length), max(most, forwards), tokens + length + 1
-            drafting[1 : forwards + 1] += 1
-            slot_j[s] = j + min(length, matches[p, j]) + 1
+            length[s], forwards[s] = min(length[s], cut), min(forwards[s], cut)
+            longest, most, tokens = max(longest, length[s]), max(most, forwards[s]), tokens + length[s] + 1
+            drafting[1 : forwards[s] + 1] += 1
+            slot_j[s] = j + min(length[s], matches[p, j]) + 1
             if slot_j[s] >= lengths[p]:
                 slot_p[s] = -1
                 leaving += 1
@@ -130,8 +144,9 @@ def predict_batched(rec: Record, configs: list[DecodeConfig], surface: CostSurfa
             _first_failures(signals[signal_of[c]], thresholds[c], config.min_draft_len, eos, fail)
             last_key = key
         draft, verify = tables[config.batch_size]
-        padded, packed = _walk_batched(fail, config.gamma_max, matches, lengths, rec.max_new_tokens,
-                                       config.batch_size, refill, draft, verify, prefill_spec)
+        padded, packed = _walk_batched(fail, config.gamma_max, config.min_draft_len, config.batch_quorum, matches,
+                                       lengths, rec.max_new_tokens, config.batch_size, refill, draft, verify,
+                                       prefill_spec)
         rows.append({"config_id": c, "predicted_time": padded, "predicted_time_packed": packed,
                      "predicted_baseline_time": baseline[config.batch_size]})
     table = pd.DataFrame(rows).sort_values("config_id").reset_index(drop=True)

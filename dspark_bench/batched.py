@@ -4,7 +4,9 @@ Each row drafts under the policy on its own confidences and is verified on its o
 same `Proposal`, `verify` and `close_round` as the batch-1 engine (engine.py); only the forwards
 are shared. So under greedy verification a row's rounds are exactly its rounds at batch 1, and
 replay predicts them. A round's draft loop runs until the last row has stopped drafting, and
-its verify pass is padded to the longest row's draft (the padded layout, batch_cache.py).
+its verify pass is padded to the longest row's draft (the padded layout, batch_cache.py). The
+one batch-level rule, `batch_quorum`, ends every row's draft once too few rows are still
+drafting; rounds then depend on the batch, and the batched replay (batch_replay.py) walks it.
 
 Requests join the batch as rows leave it (`refill`, what serving engines measure) or wait for
 the whole batch to drain. Every step's wall time is shared evenly among the rows that took
@@ -17,7 +19,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 
@@ -56,10 +58,16 @@ def _clock(device: torch.device) -> float:
     return time.perf_counter()
 
 
-def serve(prompts: list[list[int]], config: DecodeConfig, batch_size: int, lms: list[BatchLM],
-          step: Callable[[list[Request]], None], eos_ids: frozenset[int], refill: bool = True,
-          seeds: list[int] | None = None) -> list[Request]:
+def serving(prompts: list[list[int]], config: DecodeConfig, batch_size: int, lms: list[BatchLM],
+            step: Callable[[list[Request]], None], eos_ids: frozenset[int], refill: bool = True,
+            seeds: list[int] | None = None) -> Iterator[None]:
     """Decode every prompt, at most `batch_size` at once; `step` advances every active row.
+
+    A generator: it pauses after each step, so two of them (baseline and speculative) can take
+    turns step by step (`interleave`) and share a noisy machine's drift at a fine grain. Its
+    return value (StopIteration's) is the requests. Clocks count this decoder's own time only:
+    each request's `time_s` is its share of the steps it was in plus its prefill, and its
+    `admitted` / `finished` marks are read on that own-time clock.
 
     Each request samples from its own generator, seeded as a batch-1 decode of its prompt is
     (the config's seed) unless `seeds` gives one per prompt."""
@@ -68,30 +76,53 @@ def serve(prompts: list[list[int]], config: DecodeConfig, batch_size: int, lms: 
     seeds = seeds if seeds is not None else [config.seed] * len(prompts)
     requests = [Request(list(p), make_generator(config, device, seed), seq=list(p)) for p, seed in zip(prompts, seeds)]
     active: list[int] = []  # request index of each batch row, in row order
+    own = 0.0  # seconds this decoder has run so far
     while waiting or active:
         if waiting and len(active) < batch_size and (refill or not active):
             while waiting and len(active) < batch_size:
                 index = waiting.popleft()
-                request = requests[index]
+                requests[index].admitted = own
                 start = _clock(device)
-                request.admitted = start
                 for lm in lms:
-                    lm.add(request.prompt[:-1])
-                request.time_s += _clock(device) - start
+                    lm.add(requests[index].prompt[:-1])
+                elapsed = _clock(device) - start
+                requests[index].time_s += elapsed
+                own += elapsed
                 active.append(index)
         start = _clock(device)
         step([requests[i] for i in active])
         elapsed = _clock(device) - start
+        own += elapsed
         for i in active:
             requests[i].time_s += elapsed / len(active)
         for row in reversed(range(len(active))):
             request = requests[active[row]]
             if request.done(config, eos_ids):
-                request.finished = _clock(device)
+                request.finished = own
                 for lm in lms:
                     lm.remove(row)
                 del active[row]
+        yield
     return requests
+
+
+def serve(*args, **kwargs) -> list[Request]:
+    """`serving` run to the end on its own: the requests."""
+    return interleave(serving(*args, **kwargs))[0]
+
+
+def interleave(*decoders: Iterator[None]) -> list[list[Request]]:
+    """Run decoders (`serving` generators) a step each in turn until all are done; each one's requests."""
+    results: list = [None] * len(decoders)
+    running = list(range(len(decoders)))
+    while running:
+        for index in list(running):
+            try:
+                next(decoders[index])
+            except StopIteration as done:
+                results[index] = done.value
+                running.remove(index)
+    return results
 
 
 class SpeculativeStep:
@@ -127,7 +158,9 @@ class SpeculativeStep:
         """Draft forwards for the whole batch until every row has stopped."""
         config = self.config
         feeds = [[] if p.done else r.seq[self.draft.lengths[i] :] for i, (r, p) in enumerate(zip(requests, proposals))]
+        steps = 0
         while any(not p.done for p in proposals):
+            steps += 1
             logits = self.draft.forward(feeds)
             last = logits[torch.arange(len(feeds)), torch.tensor([max(len(f) - 1, 0) for f in feeds])]
             probs = distribution(last, config)
@@ -141,6 +174,17 @@ class SpeculativeStep:
                 proposal.take(token, probs[i], self.eos_ids)
                 if not proposal.done:  # a finished draft's last token is fed next round
                     feeds[i] = [token]
+            self.apply_quorum(proposals, feeds, steps)
+
+    def apply_quorum(self, proposals: list[Proposal], feeds: list[list[int]], steps: int) -> None:
+        """config.batch_quorum: stop every row once too few are still drafting (batch_replay.py
+        replays the same rule)."""
+        drafting = [i for i, p in enumerate(proposals) if not p.done]
+        quorum = self.config.batch_quorum * len(proposals)
+        if drafting and steps >= self.config.min_draft_len and len(drafting) < quorum:
+            for i in drafting:
+                proposals[i].stop_reason, proposals[i].done = "quorum", True
+                feeds[i] = []  # its last token is fed next round, as after gamma_max
 
 
 class AutoregressiveStep:
@@ -162,19 +206,29 @@ class AutoregressiveStep:
             request.result.target_forwards += 1
 
 
-@torch.inference_mode()
-def batched_speculative(target, draft, prompts: list[list[int]], config: DecodeConfig, batch_size: int,
+def speculative_serving(target, draft, prompts: list[list[int]], config: DecodeConfig, batch_size: int,
                         eos_ids: frozenset[int] = frozenset(), refill: bool = True,
-                        seeds: list[int] | None = None) -> list[Request]:
+                        seeds: list[int] | None = None) -> Iterator[None]:
     target_lm, draft_lm = BatchLM(target), BatchLM(draft)
-    return serve(prompts, config, batch_size, [target_lm, draft_lm],
-                 SpeculativeStep(target_lm, draft_lm, config, eos_ids), eos_ids, refill, seeds)
+    return serving(prompts, config, batch_size, [target_lm, draft_lm],
+                   SpeculativeStep(target_lm, draft_lm, config, eos_ids), eos_ids, refill, seeds)
+
+
+def autoregressive_serving(target, prompts: list[list[int]], config: DecodeConfig, batch_size: int,
+                           eos_ids: frozenset[int] = frozenset(), refill: bool = True,
+                           seeds: list[int] | None = None) -> Iterator[None]:
+    target_lm = BatchLM(target)
+    return serving(prompts, config, batch_size, [target_lm], AutoregressiveStep(target_lm, config, eos_ids), eos_ids,
+                   refill, seeds)
 
 
 @torch.inference_mode()
-def batched_autoregressive(target, prompts: list[list[int]], config: DecodeConfig, batch_size: int,
-                           eos_ids: frozenset[int] = frozenset(), refill: bool = True,
-                           seeds: list[int] | None = None) -> list[Request]:
-    target_lm = BatchLM(target)
-    return serve(prompts, config, batch_size, [target_lm], AutoregressiveStep(target_lm, config, eos_ids), eos_ids,
-                 refill, seeds)
+def batched_speculative(*args, **kwargs) -> list[Request]:
+    """Every prompt decoded speculatively, `batch_size` at a time (see `speculative_serving`)."""
+    return interleave(speculative_serving(*args, **kwargs))[0]
+
+
+@torch.inference_mode()
+def batched_autoregressive(*args, **kwargs) -> list[Request]:
+    """Every prompt decoded by the target alone, `batch_size` at a time: the batched baseline."""
+    return interleave(autoregressive_serving(*args, **kwargs))[0]

@@ -34,6 +34,10 @@ class DecodeConfig:
     gamma_max: int = field(default=5, metadata=POLICY)  # never draft more than this many tokens per round
     min_draft_len: int = field(default=1, metadata=POLICY)  # always draft at least this many
     topk: int = field(default=5, metadata={"policy": True, "searched": False})  # k of "topk_mass"
+    # Batch size B > 1, padded layout: once fewer than this share of a round's rows are still
+    # drafting (and every row has min_draft_len), the round's draft stops for all of them, so a
+    # batch stops paying for the longest drafts of a confident few. 0: each row stops on its own.
+    batch_quorum: float = field(default=0.0, metadata=POLICY)
     # Verification and generation: what every policy of a run shares.
     temperature: float = 0.0  # 0 = greedy verification; > 0 = rejection sampling
     top_p: float = 1.0  # nucleus filter, applied identically to target and draft
@@ -68,13 +72,21 @@ class DecodeConfig:
         return f"{self.metric} {self.schedule} {knob} γ≤{self.gamma_max} min{self.min_draft_len}" + self.batch_suffix()
 
     def batch_suffix(self) -> str:
-        return f" · B={self.batch_size}" if self.batch_size > 1 else ""
+        quorum = f" quorum {self.batch_quorum:g}" if self.batch_quorum > 0 else ""
+        return quorum + (f" · B={self.batch_size}" if self.batch_size > 1 else "")
 
 
 # Every list of knobs derives from the declaration above: a policy's fields (as a calibration
 # file stores them) and the ones a sweep's search space may name.
 POLICY_FIELDS = tuple(f.name for f in dataclasses.fields(DecodeConfig) if f.metadata.get("policy"))
 SEARCHABLE_FIELDS = tuple(f.name for f in dataclasses.fields(DecodeConfig) if f.metadata.get("searched"))
+
+
+def with_defaults(values: dict) -> dict:
+    """A stored config with every field it lacks at its default: a run made before a field
+    existed (batch_size, say) ran with that default."""
+    defaults = {f.name: f.default for f in dataclasses.fields(DecodeConfig)}
+    return {**defaults, **values}
 
 
 def from_dict(values: dict) -> DecodeConfig:
@@ -100,7 +112,7 @@ def _check_types(config: DecodeConfig) -> None:
         value = getattr(config, name)
         if not isinstance(value, int) or isinstance(value, bool):
             raise DsparkError(f"{name} must be an integer (got {value!r})")
-    for name in ("threshold", "threshold_start", "threshold_end", "temperature", "top_p"):
+    for name in ("threshold", "threshold_start", "threshold_end", "temperature", "top_p", "batch_quorum"):
         value = getattr(config, name)
         if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
             raise DsparkError(f"{name} must be a finite number (got {value!r})")
@@ -120,6 +132,8 @@ def validate(config: DecodeConfig) -> None:
         raise DsparkError(f"min_draft_len ({config.min_draft_len}) must not exceed gamma_max ({config.gamma_max})")
     for name in ("threshold", "threshold_start", "threshold_end"):
         _check_unit(name, getattr(config, name), config.metric)
+    if not 0.0 <= config.batch_quorum <= 1.0:
+        raise DsparkError(f"batch_quorum {config.batch_quorum:g} is a share of the batch's rows: it must be in [0, 1]")
     if config.topk < 1:
         raise DsparkError(f"topk must be at least 1 (got {config.topk})")
     if config.temperature < 0:

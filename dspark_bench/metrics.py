@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-STOP_REASONS = ("threshold", "gamma_max", "eos", "budget")
+STOP_REASONS = ("threshold", "gamma_max", "eos", "budget", "quorum")  # quorum: B > 1 only (config.batch_quorum)
 TOTAL_COLUMNS = ("rounds", "drafted_total", "accepted_total", "emitted_total", "full_blocks")
 METRIC_COLUMNS = (
     "avg_draft_len",
@@ -140,5 +140,9 @@ def summarize(samples: pd.DataFrame, by: list[str] | None = None) -> pd.DataFram
             row["spec_mean_new_tokens"] = float(group["new_tokens"].mean())
         if "identical_to_baseline" in group and group["identical_to_baseline"].notna().any():
             row["identical_to_baseline"] = float(group["identical_to_baseline"].astype(float).mean())
+            if "first_divergence" in group:  # how many rows differ, and from which token on
+                parted = group["first_divergence"].dropna()
+                row["rows_differing"] = int(len(parted))
+                row["first_divergence_min"] = int(parted.min()) if len(parted) else None
         rows.append(row)
     return pd.DataFrame(rows)

@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dspark_bench.baseline import (BASELINE_FILES, DETERMINISTIC_METRICS, NotComparable, RunRecord, baseline_folder, comparable,
-                                   load_baseline, load_record, outputs_fingerprint, plan_rerun, rerun,
+                                   load_baseline, load_record, outputs_fingerprint, plan_rerun, rerun, at_batch_sizes,
                                    summary_path, update_baseline, write_report)
+from dspark_bench.config import with_defaults
 from dspark_bench.errors import DsparkError
 from dspark_bench.results import check_writable, describe_machine
 
@@ -65,7 +66,7 @@ class Comparison:
         return any(row.verdict == "flag" for row in self.rows)
 
     def verdict(self) -> str:
-        counts = {v: sum(row.verdict == v for row in self.rows) for v in ("pass", "fail", "flag")}
+        counts = {v: sum(row.verdict == v for row in self.rows) for v in ("pass", "fail", "flag")}  # "n/a" aside
         word = "FAIL" if self.failed else "PASS"
         detail = f"{counts['pass']} passed, {counts['fail']} failed, {counts['flag']} flagged"
         if self.failed:
@@ -133,13 +134,20 @@ def compare(
     speed_tolerance: float = DEFAULT_SPEED_TOLERANCE,
     strict_speed: bool = False,
 ) -> Comparison:
-    """Every check of `current` against `baseline`, per configuration (runs must be comparable)."""
+    """Every check of `current` against `baseline`, per configuration (runs must be comparable).
+
+    A current run made at other batch sizes (`regress --batch-size`) holds each baseline policy
+    once per batch size, in that order: its policy metrics and outputs must still match (a row's
+    rounds do not depend on the batch under greedy verification, nor its samples on the batch
+    under sampling), while its speedup, measured against another batch size's baseline, is not
+    compared."""
     rows = []
     old_rows, new_rows = baseline.configs, current.configs
-    for config_id, config in enumerate(baseline.run["configs"]):
-        old = old_rows.get(config_id)
-        new = new_rows.get(config_id)
-        label = (old or new or {}).get("config_label", f"config {config_id}")
+    old_configs, new_configs = baseline.run["configs"], current.run["configs"]
+    for new_id in range(max(len(new_configs), len(old_configs))):
+        config_id = new_id % len(old_configs)
+        old, new = old_rows.get(config_id), new_rows.get(new_id)
+        label = (new or old or {}).get("config_label", f"config {new_id}")
         if old is None or new is None:
             side = "baseline" if old is None else "current run"
             rows.append(Row(label, "summary", None, None, f"missing in {side}", "fail"))
@@ -150,9 +158,14 @@ def compare(
         if old.get("identical_to_baseline") is not None or new.get("identical_to_baseline") is not None:
             rows.append(metric_row(label, "identical_to_baseline", old.get("identical_to_baseline"),
                                    new.get("identical_to_baseline"), tolerance))
-        if outputs_deterministic(baseline.run, config):
-            rows.append(fingerprint_row(label, baseline.outputs.get(config_id), current.outputs.get(config_id)))
-        rows.append(speed_row(label, old["speedup"], new["speedup"], speed_tolerance, strict_speed))
+        if outputs_deterministic(baseline.run, old_configs[config_id]):
+            rows.append(fingerprint_row(label, baseline.outputs.get(config_id), current.outputs.get(new_id)))
+        sizes = [with_defaults(c)["batch_size"] for c in (old_configs[config_id], new_configs[new_id])]
+        if sizes[0] == sizes[1]:
+            rows.append(speed_row(label, old["speedup"], new["speedup"], speed_tolerance, strict_speed))
+        else:
+            rows.append(Row(label, "speedup", old["speedup"], new["speedup"],
+                            f"B={sizes[1]} against B={sizes[0]}: not compared", "n/a"))
     notes = [f"tolerance {tolerance:g} (relative) on policy metrics; speedup (seconds per token, baseline over "
              f"speculative) below {1 - speed_tolerance:.2f}× the baseline's is "
              f"{'a failure' if strict_speed else 'flagged'}"]
@@ -199,17 +212,19 @@ def check_tolerances(tolerance: float, speed_tolerance: float) -> None:
 
 def check(baseline: Path, current: Path | None = None, out: Path = Path("results"),
           tolerance: float = DEFAULT_TOLERANCE, speed_tolerance: float = DEFAULT_SPEED_TOLERANCE,
-          strict_speed: bool = False, report: Path | None = None, progress=None) -> tuple[Comparison, str]:
+          strict_speed: bool = False, report: Path | None = None, progress=None,
+          batch_sizes: list[int] | None = None) -> tuple[Comparison, str]:
     """Compare `current` (a run folder), or a fresh re-run of the baseline's own benchmark, with
     the baseline; write the Markdown table to `report` (default: regress.md in the current run).
+    With `batch_sizes` the re-run decodes every baseline policy at each of them instead.
     Returns the comparison and the report's text as written."""
     check_tolerances(tolerance, speed_tolerance)
     old = load_baseline(baseline)
     if current is None:
         check_writable(out)
-        current = rerun(old.folder, out, progress, plan_rerun(old))
+        current = rerun(old.folder, out, progress, at_batch_sizes(plan_rerun(old), batch_sizes))
     new = load_record(current, "current run")
-    reasons = comparable(old.run, new.run)
+    reasons = comparable(old.run, new.run, batch_sizes)
     if reasons:
         raise NotComparable(reasons)
     comparison = compare(old, new, tolerance, speed_tolerance, strict_speed)

@@ -10,6 +10,7 @@ from pathlib import Path
 import pandas as pd
 
 from dspark_bench import plots
+from dspark_bench.batch_report import has_batch_sizes
 from dspark_bench.config import DecodeConfig
 from dspark_bench.errors import DsparkError
 from dspark_bench.objectives import ranking_column
@@ -34,6 +35,13 @@ class Inputs:
     objective: str = "speedup"  # what the runs optimised (a sweep's own objective), objectives.OBJECTIVES
     column: str = "speedup"  # the column "best" is read from: measured where any was, else predicted
     folder_of: dict[str, Path] = field(default_factory=dict)
+    # A sweep over batch sizes: every B's policies (the batch-size section); `policies` and
+    # `samples` above then hold the smallest B's only, so every other figure compares like with like.
+    batched: pd.DataFrame | None = None
+
+    @property
+    def batch_size(self) -> int | None:
+        return int(self.policies["batch_size"].min()) if self.batched is not None else None
 
 
 def load_inputs(paths) -> Inputs:
@@ -57,11 +65,16 @@ def load_inputs(paths) -> Inputs:
                                                 or (infos[r].get("prompts") or {}).get("dataset"))
     if policies.empty or not any(c in policies for c in ("speedup", "predicted_speedup", "tokens_per_round")):
         raise DsparkError("the run folder(s) hold no measured or simulated configuration to report on")
+    batched = None
+    if has_batch_sizes(policies):
+        smallest = policies["batch_size"].min()
+        batched, policies = policies, policies[policies["batch_size"] == smallest]
+        samples = samples[samples["batch_size"] == smallest] if "batch_size" in samples else samples
     objective = run_objective(infos)
     column = ranking_column(policies, objective)
     if column is None:  # a table without this objective's column at all: rank what every run counts
         objective, column = "tokens_per_round", "tokens_per_round"
-    return Inputs(folders, infos, summaries, policies, samples, rounds, objective, column, folder_of)
+    return Inputs(folders, infos, summaries, policies, samples, rounds, objective, column, folder_of, batched)
 
 
 def run_objective(infos: dict[str, dict]) -> str:

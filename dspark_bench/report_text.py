@@ -70,6 +70,9 @@ def summary_blocks(inputs: Inputs) -> list[tuple]:
                  f"{_fmt(best.get('spec_tokens_per_s'), 1)} tokens/s.")
     text += (" Speedup is the baseline's seconds per generated token over the speculative decoder's, on the same "
              "prompts in the same process, with a 95 % bootstrap interval over prompts.")
+    if inputs.batch_size is not None:
+        text += (f" This summary and the figures but the last are at batch size {inputs.batch_size}; the batch-size "
+                 "section below compares every batch size the sweep searched.")
     if any(_settings_of(info).get("ignore_eos") for info in inputs.infos.values()):
         text += " Timed with EOS ignored: every sequence is exactly max_new_tokens long on both sides."
     blocks.append(("p", text))

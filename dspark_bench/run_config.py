@@ -13,7 +13,7 @@ import itertools
 from dataclasses import dataclass
 from pathlib import Path
 
-from dspark_bench.config import DEFAULT_MAX_NEW_TOKENS, DecodeConfig, from_dict
+from dspark_bench.config import DEFAULT_MAX_NEW_TOKENS, DecodeConfig, from_dict, with_defaults
 from dspark_bench.errors import DsparkError
 from dspark_bench.prompts import Prompt
 
@@ -237,7 +237,7 @@ def check_rerun(planned: Planned, original: dict, where: str) -> None:
     if before and prompts_fingerprint(planned.prompts) != before:
         raise DsparkError(f"the prompts of {where} changed since it ran (fingerprint {before} → "
                           f"{prompts_fingerprint(planned.prompts)}); it cannot be re-run as it was")
-    if original.get("configs") and [c.to_dict() for c in planned.configs] != original["configs"]:
+    if original.get("configs") and [c.to_dict() for c in planned.configs] != [with_defaults(c) for c in original["configs"]]:
         raise DsparkError(f"the policies {where} describes no longer build the same configs; it cannot be re-run")
 
 

@@ -3,7 +3,10 @@
 The place that times decoding (the cost model in replay.py and the plan's estimate in plan.py
 time single steps of their own). For each (prompt, config) the baseline and the speculative
 decoder run alternately (A B A B ...), the device synchronised before each clock read, and
-the median of each is kept, so slow drift of a noisy machine hits both sides alike.
+the median of each is kept, so slow drift of a noisy machine hits both sides alike. At batch
+size B > 1 (`iter_batched`) both sides decode all prompts B at a time through batched.py,
+taking turns step by step (so drift hits both at a fine grain), the side stepping first
+alternating by repeat; a prompt's time is its share of its side's own steps.
 """
 
 from __future__ import annotations
@@ -164,22 +167,23 @@ def iter_samples(
     yield from iter_batched(pair, prompts, configs, settings, assignment)
 
 
+@torch.inference_mode()
 def measure_batched(pair: ModelPair, prompt_ids: list[list[int]], config: DecodeConfig, settings: RunnerSettings,
                     offset: int = 0):
-    """Both sides over all prompts at batch size B, interleaved by repeat: (baseline requests,
-    speculative requests, per-prompt median time shares of each side)."""
-    from dspark_bench.batched import batched_autoregressive, batched_speculative
+    """Both sides over all prompts at batch size B, taking turns step by step (the side that
+    steps first alternates by repeat): (baseline requests, speculative requests, per-prompt
+    median time shares of each side)."""
+    from dspark_bench.batched import autoregressive_serving, interleave, speculative_serving
 
     eos, refill, B = settings.eos_ids(pair), settings.batching == "refill", config.batch_size
     base_times, spec_times = [], []
     for repeat in range(settings.repeats):
-        for side in ((0, 1) if (repeat + offset) % 2 == 0 else (1, 0)):
-            if side == 0:
-                baseline = batched_autoregressive(pair.target, prompt_ids, config, B, eos, refill)
-                base_times.append([r.time_s for r in baseline])
-            else:
-                spec = batched_speculative(pair.target, pair.draft, prompt_ids, config, B, eos, refill)
-                spec_times.append([r.time_s for r in spec])
+        decoders = [autoregressive_serving(pair.target, prompt_ids, config, B, eos, refill),
+                    speculative_serving(pair.target, pair.draft, prompt_ids, config, B, eos, refill)]
+        first = (repeat + offset) % 2
+        baseline, spec = interleave(*decoders[first:], *decoders[:first])[::1 if first == 0 else -1]
+        base_times.append([r.time_s for r in baseline])
+        spec_times.append([r.time_s for r in spec])
     return baseline, spec, np.median(base_times, axis=0), np.median(spec_times, axis=0)
 
 
@@ -210,6 +214,13 @@ def iter_batched(pair: ModelPair, prompts: list[Prompt], configs: list[DecodeCon
             yield row, round_rows(spec.result, base) if settings.trace else []
 
 
+def first_divergence(output: list[int], baseline: list[int]) -> int | None:
+    """The first position where two outputs differ (a length difference counts); None if equal."""
+    if output == baseline:
+        return None
+    return next((i for i, (a, b) in enumerate(zip(output, baseline)) if a != b), min(len(output), len(baseline)))
+
+
 def sample_fields(base: dict, spec: DecodeResult, baseline: DecodeResult, config: DecodeConfig, prompt_tokens: int,
                   base_time: float, spec_time: float) -> dict:
     """One sample row: the policy metrics of `spec`, both sides' times and outputs."""
@@ -223,6 +234,9 @@ def sample_fields(base: dict, spec: DecodeResult, baseline: DecodeResult, config
         "speedup": float(speedup_ratio(base_time, len(baseline.tokens), spec_time, len(spec.tokens))),
         # Only greedy outputs must be identical; sampled ones differ by design.
         "identical_to_baseline": (spec.tokens == baseline.tokens) if config.greedy else None,
+        # Where they part (greedy): in reduced precision a k-token verify pass and k single-token
+        # passes, or a batched pass and a single-row one, can round a near-tie differently.
+        "first_divergence": first_divergence(spec.tokens, baseline.tokens) if config.greedy else None,
         "output_ids": spec.tokens,
         "baseline_ids": baseline.tokens,
     }

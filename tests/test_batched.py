@@ -169,7 +169,10 @@ def test_batched_replay_charges_the_engine_s_own_steps(llama_pair, refill):
     configs = [DecodeConfig(metric="entropy", threshold=0.5, gamma_max=5, max_new_tokens=N, batch_size=3),
                DecodeConfig(schedule="cumulative", threshold=0.2, gamma_max=4, min_draft_len=0, max_new_tokens=N,
                             batch_size=3),
-               DecodeConfig(schedule="fixed", gamma_max=5, max_new_tokens=N, batch_size=3)]
+               DecodeConfig(schedule="fixed", gamma_max=5, max_new_tokens=N, batch_size=3),
+               # The batch-level rule: every row stops once fewer than half the rows still draft.
+               DecodeConfig(metric="top1", threshold=0.6, gamma_max=5, min_draft_len=1, batch_quorum=0.5,
+                            max_new_tokens=N, batch_size=3)]
     # Each request pays its own batch-1 prefill (prompt but its last token) when it joins.
     alone = dataclasses.replace(SURFACE.at(1), t_prefill_target=1e-4, t_prefill_draft=3e-5)
     surface = CostSurface({**SURFACE.models, 1: alone})
@@ -208,3 +211,25 @@ def test_cost_surface_interpolates_between_batch_sizes():
     assert t_verify[8, 2] == pytest.approx(0.042)
     with pytest.raises(DsparkError, match="up to batch size 8"):
         SURFACE.tables(16)
+
+
+def test_the_quorum_rule_cuts_drafts_and_keeps_the_output(llama_pair):
+    target, draft = llama_pair
+    config = DecodeConfig(metric="top1", threshold=0.6, gamma_max=5, min_draft_len=1, batch_quorum=0.75,
+                          max_new_tokens=N)
+    alone = [speculative_decode(target, draft, p, config) for p in PROMPTS]
+    rows = batched_speculative(target, draft, PROMPTS, config, 4)
+    assert [r.result.tokens for r in rows] == [a.tokens for a in alone]  # lossless, as every policy
+    cut = [r for row in rows for r in row.result.rounds if r.stop_reason == "quorum"]
+    assert cut and all(config.min_draft_len <= r.drafted < config.gamma_max for r in cut)
+    assert [rounds_of(r.result) for r in rows] != [rounds_of(a) for a in alone]  # the batch changed the rounds
+    with pytest.raises(DsparkError, match="batch_quorum 1.5"):
+        config.replace(batch_quorum=1.5)
+
+
+def test_first_divergence():
+    from dspark_bench.runner import first_divergence
+
+    assert first_divergence([1, 2, 3], [1, 2, 3]) is None
+    assert first_divergence([1, 2, 4], [1, 2, 3]) == 2
+    assert first_divergence([1, 2], [1, 2, 3]) == 2

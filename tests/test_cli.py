@@ -67,6 +67,9 @@ def test_decode_shows_rounds(saved_pair):
         (["--prompts", "/nonexistent/prompts.jsonl"], "does not exist"),
         (["--prompts", "EMPTY"], "empty.jsonl: the file is empty"),
         (["--prompts", "BINARY"], "binary.jsonl: not UTF-8 text"),
+        (["--batch-size", "0"], "--batch-size must be a whole number of at least 1"),
+        (["--batching", "sometimes"], "--batching must be refill or drain"),
+        (["--batch-size", "2", "--turns", "all"], "use --batch-size 1 with it"),
     ],
 )
 def test_bad_inputs_fail_in_one_line(flags, message, first_run, saved_pair, prompts_file, tmp_path):

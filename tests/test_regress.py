@@ -245,3 +245,20 @@ def test_bad_tolerance_and_help(baseline):
     assert result.exit_code == 2 and "--speed-tolerance" in one_error_line(result)
     help_text = invoke("regress", "--help")
     assert help_text.exit_code == 0 and "Example" in help_text.output
+
+
+def test_regress_at_another_batch_size_compares_policy_metrics_and_outputs(baseline, tmp_path):
+    result = invoke("regress", "--baseline", baseline / "summary.json", "--out", tmp_path, "--batch-size", "3")
+    assert result.exit_code == 0, result.output
+    assert "Verdict: PASS" in result.output and "· B=3" in result.output
+    assert "`outputs_fingerprint`" in result.output and "| same | pass |" in result.output
+    assert "B=3 against B=1: not compared | n/a |" in result.output  # another batch size's speed
+    (rerun,) = run_folders(tmp_path)
+    assert json.loads((rerun / "run.json").read_text())["config"]["batch_sizes"] == [3]
+
+
+def test_regress_at_another_batch_size_still_catches_a_worse_decoder(baseline, worse_decoder, tmp_path):
+    result = invoke("regress", "--baseline", baseline / "summary.json", "--out", tmp_path, "--batch-size", "2")
+    assert result.exit_code == 1 and "Verdict: FAIL" in result.output
+    refused = invoke("regress", "--baseline", baseline / "summary.json", "--update", "--batch-size", "2")
+    assert refused.exit_code == 2 and "drop --update" in one_error_line(refused)

@@ -211,6 +211,34 @@ def test_replay_sweep_confirms_its_best_policies(saved_pair, prompts_file, tmp_p
     assert again.exit_code == 0 and list((tmp_path / "records").iterdir()) == records
 
 
+def test_replay_sweep_over_batch_sizes_confirms_the_best_at_each(saved_pair, prompts_file, tmp_path):
+    from dspark_bench.report import build_report, figures_written
+
+    args = base_args(saved_pair, prompts_file, tmp_path) + ["--batch-size", "1", "--batch-size", "2",
+                                                            "--confirm-top", "1"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "12 policies searched by replay" in result.output  # (4 + 2 fixed gammas) per batch size
+    folder = only_folder(tmp_path)
+    table = pd.read_parquet(folder / "trials.parquet")
+    assert sorted(table["batch_size"].unique()) == [1, 2] and len(table) == 2 * (2 * 2 + 2)
+    confirmed = table[table["source"] == "confirmed"]
+    assert sorted(confirmed["batch_size"]) == [1, 1, 2, 2]  # the best scheduled and the best fixed γ, per B
+    assert (confirmed["identical_to_baseline"] == 1.0).all()
+    for _, group in table.groupby("batch_size"):  # packed never pays for padding
+        assert (group["predicted_time_packed"] <= group["predicted_time"] * (1 + 1e-9)).all()
+    summary = json.loads((folder / "summary.json").read_text())
+    assert [entry["batch_size"] for entry in summary["by_batch_size"]] == [1, 2]
+    for entry in summary["by_batch_size"]:
+        assert len(entry["measured"]) == 2 and entry["cost_model_accuracy"]["measured_over_predicted_median"] > 0
+        assert entry["packed_predicted"]["scheduled_over_fixed"] > 0
+    assert json.loads((folder / "cost_surface.json").read_text())["batch_sizes"].keys() == {"1", "2"}
+    report = build_report(folder)
+    assert "plots/batch_sizes.png" in figures_written(report)
+    text = report.read_text()
+    assert "## Batch sizes" in text and "predicted" in text and "at batch size 1" in text
+
+
 # --- resuming and several workers (real processes) ----------------------------------------------
 
 

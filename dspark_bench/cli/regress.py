@@ -13,6 +13,8 @@ import typer
 
 from dspark_bench import regress as lib
 from dspark_bench.cli.console import cli_errors, out_console, reporting
+from dspark_bench.cli.options import BatchSizes
+from dspark_bench.errors import DsparkError
 
 NO_VERDICT = 2  # not cli_errors' usual 1: that means "regression" here, so CI can tell them apart
 
@@ -26,6 +28,7 @@ def regress(
     strict_speed: Annotated[bool, typer.Option(help="Fail, not just flag, a speedup outside --speed-tolerance.")] = False,
     report: Annotated[Optional[Path], typer.Option(help="Write the Markdown table here (default: regress.md in the current run folder).")] = None,
     update: Annotated[bool, typer.Option(help="Rewrite the baseline from --current or a fresh re-run, on purpose.")] = False,
+    batch_size: BatchSizes = None,
 ):
     """Re-run (or take) a benchmark and compare it with a baseline: exit 0 pass, 1 regression, 2 no verdict.
 
@@ -33,13 +36,17 @@ def regress(
     be identical; a slower speedup is only flagged unless --strict-speed.
 
     Example: dspark-bench regress --baseline results/baselines/ci/summary.json --report regress.md
+    Example: dspark-bench regress --baseline results/baselines/ci/summary.json --batch-size 8 (the same policies at B = 8)
     """
     with cli_errors(status=NO_VERDICT), reporting("re-running the baseline") as (progress, _):
         if update:
             text = lib.update(baseline, current, out, progress)
         else:
+            if batch_size and (update or current is not None):
+                raise DsparkError("--batch-size re-runs the baseline's benchmark at those batch sizes; drop "
+                                  + ("--update" if update else "--current"))
             comparison, text = lib.check(baseline, current, out, tolerance, speed_tolerance, strict_speed, report,
-                                         progress)
+                                         progress, batch_size or None)
     out_console.print(text, markup=False, highlight=False, soft_wrap=True)
     if not update and comparison.failed:
         raise typer.Exit(1)

@@ -11,6 +11,7 @@ the per-round trace.
 
 from dspark_bench.plots.base import (COLORS, CURVE_METRICS, THRESHOLD_SCHEDULES, best_row, complete, names_of,
                                      short_run)
+from dspark_bench.plots.batch import batch_sizes
 from dspark_bench.plots.policies import heatmap_value, speedup_heatmap, threshold_curves
 from dspark_bench.plots.samples import (calibration, calibration_table, confidences_from_record,
                                         confidences_from_rounds, draft_lengths_from_positions, position_acceptance,
@@ -18,7 +19,7 @@ from dspark_bench.plots.samples import (calibration, calibration_table, confiden
 from dspark_bench.plots.study import domain_threshold_curves, optimization_history, param_importances, pareto_front
 
 __all__ = [
-    "COLORS", "CURVE_METRICS", "THRESHOLD_SCHEDULES", "best_row", "calibration", "calibration_table", "complete",
+    "COLORS", "CURVE_METRICS", "THRESHOLD_SCHEDULES", "batch_sizes", "best_row", "calibration", "calibration_table", "complete",
     "confidences_from_record", "confidences_from_rounds", "domain_threshold_curves", "draft_lengths_from_positions",
     "heatmap_value",
     "names_of", "optimization_history", "param_importances", "pareto_front", "position_acceptance", "roc_auc",

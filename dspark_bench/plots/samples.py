@@ -154,7 +154,7 @@ def stop_reasons(samples: pd.DataFrame, draft_lengths: pd.Series | None = None, 
     fig, axes = _figure(10, 3.8, 1, 2)
     counts = [int(samples[f"stop_{r}"].sum()) if f"stop_{r}" in samples else 0 for r in STOP_REASONS]
     left, right = axes[0, 0], axes[0, 1]
-    bars = left.bar(STOP_REASONS, counts, color=["C0", "C1", "C2", "C7"])
+    bars = left.bar(STOP_REASONS, counts, color=["C0", "C1", "C2", "C7", "C4"])
     left.bar_label(bars, fontsize=8)
     left.set_xlabel("stop reason")
     left.set_ylabel("rounds")
