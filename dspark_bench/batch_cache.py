@@ -116,14 +116,19 @@ class BatchLM:
             self.lengths = [min(new, old) for new, old in zip(lengths, self.lengths)]
 
     def tidy(self) -> None:
-        """Cut trailing columns that no row uses; compact when holes fill a quarter of the cache."""
-        if not self._initialized() or self.rows == 0:
+        """Cut the leading and trailing columns no row uses (rows that left, drafts rolled back);
+        compact when holes fill a quarter of the cache. Every pass attends over every column, so
+        a cache left to grow would slow the batch down with nothing to show for it."""
+        if self.rows == 0:  # every row left: start afresh rather than keep their columns
+            self.cache, self.mask = DynamicCache(), self.mask.new_zeros(0, 0)
+            return
+        if not self._initialized():
             return
         used = self.mask.any(dim=0).nonzero()
-        end = int(used[-1]) + 1 if len(used) else 0
-        if end < self.mask.shape[1]:
-            self._set([(layer.keys[:, :, :end], layer.values[:, :, :end]) for layer in self._layers()])
-            self.mask = self.mask[:, :end]
+        start, end = (int(used[0]), int(used[-1]) + 1) if len(used) else (0, 0)
+        if start > 0 or end < self.mask.shape[1]:
+            self._set([(layer.keys[:, :, start:end], layer.values[:, :, start:end]) for layer in self._layers()])
+            self.mask = self.mask[:, start:end]
         if self.mask.shape[1] > 8 + max(self.lengths) * 5 // 4:
             self._compact()
 

@@ -102,6 +102,8 @@ def serving(prompts: list[list[int]], config: DecodeConfig, batch_size: int, lms
                 for lm in lms:
                     lm.remove(row)
                 del active[row]
+        for lm in lms:  # what the rows that left (and rolled-back drafts) no longer need
+            lm.tidy()
         yield
     return requests
 
@@ -151,8 +153,7 @@ class SpeculativeStep:
         # As in the batch-1 engine: the last emitted token is fed at each model's next forward.
         committed = [len(r.seq) - 1 for r in requests]
         for lm in (self.target, self.draft):
-            lm.rollback(committed)
-            lm.tidy()
+            lm.rollback(committed)  # `serving` tidies the caches after every step
 
     def draft_loop(self, requests: list[Request], proposals: list[Proposal]) -> None:
         """Draft forwards for the whole batch until every row has stopped."""

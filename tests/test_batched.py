@@ -233,3 +233,20 @@ def test_first_divergence():
     assert first_divergence([1, 2, 3], [1, 2, 3]) is None
     assert first_divergence([1, 2, 4], [1, 2, 3]) == 2
     assert first_divergence([1, 2], [1, 2, 3]) == 2
+
+
+def test_the_cache_stays_as_wide_as_its_rows_need_while_prompts_come_and_go(llama_pair):
+    target, draft = llama_pair
+    config = DecodeConfig(threshold=0.3, gamma_max=4, max_new_tokens=N)
+    prompts = PROMPTS * 3  # eighteen requests through two rows: many leave, many join
+    for lms, step in (([BatchLM(target)], None), ([BatchLM(target), BatchLM(draft)], "speculative")):
+        widths = []
+
+        def watched(requests, inner=(SpeculativeStep(*lms, config, frozenset()) if step else
+                                     AutoregressiveStep(lms[0], config, frozenset()))):
+            inner(requests)
+            widths.append((lms[0].mask.shape[1], max(lms[0].lengths)))
+
+        serve(prompts, config, 2, lms, watched, frozenset())
+        # Columns no row uses go; holes never pass a quarter (plus the compaction's slack).
+        assert all(width <= 8 + longest * 5 // 4 + 6 for width, longest in widths[1:]), max(widths)
