@@ -223,6 +223,9 @@ def at_batch_sizes(planned, batch_sizes: list[int] | None):
     """A planned re-run with every policy at each of `batch_sizes` (unchanged without them)."""
     if not batch_sizes:
         return planned
+    if planned.config.calibration is not None:
+        raise DsparkError("this baseline's policies come from a calibration file; it re-runs at its own batch "
+                          "sizes only (drop --batch-size, or make a baseline with run --calibration --batch-size)")
     configs = [c.replace(batch_size=b) for b in batch_sizes for c in planned.configs]
     config = dataclasses.replace(planned.config, policies=tuple(c.to_dict() for c in configs), batch_sizes=tuple(batch_sizes))
     return dataclasses.replace(planned, config=config, configs=configs)

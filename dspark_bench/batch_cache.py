@@ -43,10 +43,12 @@ class BatchLM:
                               "run this model with --batch-size 1")
         return layers
 
-    def _call(self, ids: torch.Tensor, cache, **kwargs) -> torch.Tensor:
+    def _call(self, ids: torch.Tensor, cache, keep: int = 0, **kwargs) -> torch.Tensor:
+        """keep: logits of the last `keep` positions (0: every position, as rows of a batch read
+        theirs at different places; a prefill needs none but the last)."""
         kwargs = {self._cache_name: cache, "use_cache": True, **kwargs}
         if self._can_keep:
-            kwargs["logits_to_keep"] = 0  # every position: rows read their logits at different places
+            kwargs["logits_to_keep"] = keep
         return self.model(input_ids=ids, **kwargs).logits
 
     def add(self, tokens: list[int]) -> None:
@@ -54,7 +56,7 @@ class BatchLM:
         kv = None
         if tokens:
             alone = DynamicCache()
-            self._call(torch.tensor([tokens], device=self.device), alone)
+            self._call(torch.tensor([tokens], device=self.device), alone, keep=1)
             kv = [(layer.keys, layer.values) for layer in alone.layers]
         columns = self.mask.shape[1]
         if kv is not None and not self._initialized():
@@ -164,5 +166,8 @@ class BatchLM:
             layers.append((getattr(self.cache, "layer_class_to_replicate", None) or DynamicLayer)())
         for layer, (k, v) in zip(layers, tensors):
             if not getattr(layer, "is_initialized", False):
-                layer.lazy_initialization(k, v)
+                try:
+                    layer.lazy_initialization(k, v)
+                except TypeError:  # transformers 4.56-4.57 take the keys only
+                    layer.lazy_initialization(k)
             layer.keys, layer.values = k, v

@@ -159,7 +159,8 @@ def simulate_with_surface(rec: Record, configs: list[DecodeConfig], surface: Cos
                           refill: bool = True) -> pd.DataFrame:
     """`simulate_grid`'s table, its predictions made at each policy's own batch size: padded in
     predicted_time / predicted_speedup, packed in the *_packed columns, and the batched baseline's
-    predicted_baseline_time (at B = 1: the same numbers simulate_grid gives)."""
+    predicted_baseline_time (at B = 1 and without prefill costs: the numbers simulate_grid
+    gives; the walk adds each request's prefill, which simulate_grid leaves out)."""
     from dspark_bench.replay import simulate_grid
 
     grid = simulate_grid(rec, configs, surface.at(1))

@@ -53,8 +53,9 @@ class Request:
 
 
 def _clock(device: torch.device) -> float:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    from dspark_bench.runner import synchronize
+
+    synchronize(device)  # what the device still runs belongs to the step before the clock read
     return time.perf_counter()
 
 
@@ -90,20 +91,21 @@ def serving(prompts: list[list[int]], config: DecodeConfig, batch_size: int, lms
                 own += elapsed
                 active.append(index)
         start = _clock(device)
-        step([requests[i] for i in active])
-        elapsed = _clock(device) - start
-        own += elapsed
-        for i in active:
-            requests[i].time_s += elapsed / len(active)
+        stepped = list(active)
+        step([requests[i] for i in stepped])
         for row in reversed(range(len(active))):
-            request = requests[active[row]]
-            if request.done(config, eos_ids):
-                request.finished = own
+            if requests[active[row]].done(config, eos_ids):
                 for lm in lms:
                     lm.remove(row)
                 del active[row]
         for lm in lms:  # what the rows that left (and rolled-back drafts) no longer need
             lm.tidy()
+        elapsed = _clock(device) - start  # the step with its cache upkeep, shared by its rows
+        own += elapsed
+        for i in stepped:
+            requests[i].time_s += elapsed / len(stepped)
+            if requests[i].done(config, eos_ids):
+                requests[i].finished = own
         yield
     return requests
 

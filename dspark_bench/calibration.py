@@ -132,6 +132,8 @@ def parse_calibration(data: object, where: str = "calibration") -> Calibration:
         policy, policies = _policies(part["global"], part["domains"], here)
         if str(policy.batch_size) != str(size):
             raise DsparkError(f"{here}: its global policy has batch_size {policy.batch_size}")
+        if policy.batch_size == global_policy.batch_size or policy.batch_size in by_batch_size:
+            raise DsparkError(f"{here}: batch size {policy.batch_size} is calibrated twice")
         by_batch_size[policy.batch_size] = Calibration(policy, policies, models, str(data.get("objective", "speedup")))
     return Calibration(global_policy, domains, models, str(data.get("objective", "speedup")), data=data,
                        by_batch_size=by_batch_size)

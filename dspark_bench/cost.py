@@ -106,7 +106,7 @@ class CostSurface:
 
     def tables(self, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
         """(t_draft[b], t_verify[b, k]) for b = 0 .. batch_size rows (a draining batch has fewer),
-        linear in b between the measured batch sizes; row 0 is unused."""
+        linear in b between the measured batch sizes, non-decreasing in b and k; row 0 is unused."""
         measured = sorted(self.models)
         if batch_size > measured[-1]:
             raise DsparkError(f"the cost surface was timed up to batch size {measured[-1]}, not {batch_size}; "
@@ -116,7 +116,9 @@ class CostSurface:
         depth = min(len(m.t_verify) for m in self.models.values())
         verify = np.stack([np.interp(rows, measured, [self.models[b].t_verify[k] for b in measured])
                            for k in range(depth)], axis=1)
-        return draft, verify
+        # A pass over more tokens or more rows never costs less; a measured median that says so
+        # is noise, and would let a walk prefer a layout or a length for it. Running maxima.
+        return np.maximum.accumulate(draft), np.maximum.accumulate(np.maximum.accumulate(verify, axis=1), axis=0)
 
 
 @torch.inference_mode()
@@ -131,7 +133,8 @@ def measure_surface(pair, context: list[int], gamma: int, batch_sizes, repeats: 
     for b in sorted(set(batch_sizes) - {1}):
         # Rows of different lengths, as a real batch has: left holes in the cache, so the pass
         # runs the masked attention the engine runs (equal rows would take a faster unmasked path).
-        lengths = [len(context) - (row * 7) % 32 for row in range(b)]
+        spread = max(1, min(32, len(context) // 2))  # a short context still leaves every row tokens
+        lengths = [len(context) - (row * 7) % spread for row in range(b)]
         target, draft = BatchLM(pair.target), BatchLM(pair.draft)
         for length in lengths:
             target.add(context[:length])

@@ -152,15 +152,20 @@ def compare(
             side = "baseline" if old is None else "current run"
             rows.append(Row(label, "summary", None, None, f"missing in {side}", "fail"))
             continue
-        for metric in DETERMINISTIC_METRICS:
-            rows.append(metric_row(label, metric, old[metric], new[metric], tolerance))
+        sizes = [with_defaults(c)["batch_size"] for c in (old_configs[config_id], new_configs[new_id])]
+        if sizes[0] != sizes[1] and with_defaults(new_configs[new_id])["batch_quorum"] > 0:
+            # The quorum rule makes a row's rounds depend on its batch: nothing to compare them with.
+            rows.append(Row(label, "policy metrics", None, None,
+                            f"batch_quorum at B={sizes[1]} against B={sizes[0]}: not compared", "n/a"))
+        else:
+            for metric in DETERMINISTIC_METRICS:
+                rows.append(metric_row(label, metric, old[metric], new[metric], tolerance))
         # Lossless decoding: the share of outputs equal to the target's own must not move.
         if old.get("identical_to_baseline") is not None or new.get("identical_to_baseline") is not None:
             rows.append(metric_row(label, "identical_to_baseline", old.get("identical_to_baseline"),
                                    new.get("identical_to_baseline"), tolerance))
         if outputs_deterministic(baseline.run, old_configs[config_id]):
             rows.append(fingerprint_row(label, baseline.outputs.get(config_id), current.outputs.get(new_id)))
-        sizes = [with_defaults(c)["batch_size"] for c in (old_configs[config_id], new_configs[new_id])]
         if sizes[0] == sizes[1]:
             rows.append(speed_row(label, old["speedup"], new["speedup"], speed_tolerance, strict_speed))
         else:

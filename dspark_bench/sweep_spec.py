@@ -221,7 +221,9 @@ def resolve_spec(path: Path | None, overrides: dict) -> tuple[SweepSpec, str]:
         spec = load_spec(path, overrides)
         n = len(points(spec))
         return spec, f"search space: {path or 'the command-line flags'} ({n:,} point{'s' * (n != 1)})"
-    spec = load_spec(None, {**overrides, "space": DENSE_SPACE})
+    # The dense space, then any batch-size dimension the flags add to it.
+    dims = {key: value for key, value in overrides.items() if key.startswith("space.")}
+    spec = load_spec(None, {**{k: v for k, v in overrides.items() if k not in dims}, "space": DENSE_SPACE, **dims})
     if engine_for(spec) == "replay":
         return spec, f"search space: the dense default ({len(points(spec)):,} points plus every fixed gamma)"
     spec = load_spec(None, overrides)
@@ -243,12 +245,11 @@ def load_spec(path: Path | None, overrides: dict) -> SweepSpec:
             raise DsparkError(f"{path}: not valid YAML ({first_line(err)})") from None
         if not isinstance(data, dict):
             raise DsparkError(f"{path}: a sweep spec must be a mapping")
-    for key, value in overrides.items():  # whole fields first, then single space dimensions
-        if not key.startswith("space."):
-            data[key] = dict(value) if key == "space" else value
-    for key, value in overrides.items():
+    for key, value in overrides.items():  # in order: a later override wins
         if key.startswith("space."):
             data.setdefault("space", dict(DEFAULT_SPACE))[key.removeprefix("space.")] = value
+        else:  # (a copy: a space given whole, such as DENSE_SPACE, is never changed in place)
+            data[key] = dict(value) if key == "space" and isinstance(value, dict) else value
     return parse_spec(data, str(path) if path else "sweep")
 
 

@@ -39,12 +39,12 @@ def regress(
     Example: dspark-bench regress --baseline results/baselines/ci/summary.json --batch-size 8 (the same policies at B = 8)
     """
     with cli_errors(status=NO_VERDICT), reporting("re-running the baseline") as (progress, _):
+        if batch_size and (update or current is not None):
+            raise DsparkError("--batch-size re-runs the baseline's benchmark at those batch sizes; drop "
+                              + ("--update" if update else "--current"))
         if update:
             text = lib.update(baseline, current, out, progress)
         else:
-            if batch_size and (update or current is not None):
-                raise DsparkError("--batch-size re-runs the baseline's benchmark at those batch sizes; drop "
-                                  + ("--update" if update else "--current"))
             comparison, text = lib.check(baseline, current, out, tolerance, speed_tolerance, strict_speed, report,
                                          progress, batch_size or None)
     out_console.print(text, markup=False, highlight=False, soft_wrap=True)
