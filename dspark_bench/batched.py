@@ -93,8 +93,9 @@ def serving(prompts: list[list[int]], config: DecodeConfig, batch_size: int, lms
         start = _clock(device)
         stepped = list(active)
         step([requests[i] for i in stepped])
+        done = {i for i in stepped if requests[i].done(config, eos_ids)}
         for row in reversed(range(len(active))):
-            if requests[active[row]].done(config, eos_ids):
+            if active[row] in done:
                 for lm in lms:
                     lm.remove(row)
                 del active[row]
@@ -104,7 +105,7 @@ def serving(prompts: list[list[int]], config: DecodeConfig, batch_size: int, lms
         own += elapsed
         for i in stepped:
             requests[i].time_s += elapsed / len(stepped)
-            if requests[i].done(config, eos_ids):
+            if i in done:
                 requests[i].finished = own
         yield
     return requests

@@ -276,20 +276,27 @@ def test_outputs_are_never_overwritten_without_force(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["calibration.png", "calibration.yaml"]
 
 
-def test_run_with_calibration_routes_each_prompt_to_its_domain_policy(calibrated, saved_pair, dataset, tmp_path):
-    out, _ = calibrated
-    data = yaml.safe_load(out.read_text())
-    data["domains"]["code"]["policy"]["threshold"] = 0.15  # make the two domains' policies differ
-    data["domains"]["prose"]["policy"]["threshold"] = 0.85
+def run_routed(data: dict, part: dict, saved_pair, dataset, tmp_path, *flags: str):
+    """`run --calibration` on `data` with `part`'s two domain policies made to differ (code 0.15,
+    prose 0.85): the calibration file written, and the run's samples."""
+    part["domains"]["code"]["policy"]["threshold"] = 0.15
+    part["domains"]["prose"]["policy"]["threshold"] = 0.85
     routed = tmp_path / "routed.yaml"
     routed.write_text(yaml.safe_dump(data))
     target, draft = saved_pair
     result = runner.invoke(app, ["run", "--target", target, "--draft", draft, "--dataset", str(dataset),
                                  "--category-field", "kind", "--calibration", str(routed), "--max-new-tokens", "8",
-                                 "--repeats", "1", "--out", str(tmp_path / "runs")])
+                                 *flags, "--out", str(tmp_path / "runs")])
     assert result.exit_code == 0, result.output
     (folder,) = (tmp_path / "runs").iterdir()
-    samples = pd.read_parquet(folder / "samples.parquet")
+    return routed, pd.read_parquet(folder / "samples.parquet")
+
+
+def test_run_with_calibration_routes_each_prompt_to_its_domain_policy(calibrated, saved_pair, dataset, tmp_path):
+    out, _ = calibrated
+    data = yaml.safe_load(out.read_text())
+    routed, samples = run_routed(data, data, saved_pair, dataset, tmp_path, "--repeats", "1")
+    target, draft = saved_pair
     assert len(samples) == 5  # each prompt once, with its own domain's policy
     assert dict(zip(samples["category"], samples["threshold"])) == {"code": 0.15, "prose": 0.85}
     clash = runner.invoke(app, ["run", "--target", target, "--draft", draft, "--dataset", str(dataset),
@@ -346,17 +353,7 @@ def test_calibrate_writes_a_policy_per_domain_and_batch_size(calibrated_by_batch
 def test_run_with_calibration_picks_the_run_s_batch_size(calibrated_by_batch, saved_pair, dataset, tmp_path):
     out, _ = calibrated_by_batch
     data = yaml.safe_load(out.read_text())
-    data["by_batch_size"][3]["domains"]["code"]["policy"]["threshold"] = 0.15
-    data["by_batch_size"][3]["domains"]["prose"]["policy"]["threshold"] = 0.85
-    routed = tmp_path / "routed.yaml"
-    routed.write_text(yaml.safe_dump(data))
-    target, draft = saved_pair
-    result = runner.invoke(app, ["run", "--target", target, "--draft", draft, "--dataset", str(dataset),
-                                 "--category-field", "kind", "--calibration", str(routed), "--batch-size", "3",
-                                 "--max-new-tokens", "8", "--out", str(tmp_path / "runs")])
-    assert result.exit_code == 0, result.output
-    (folder,) = (tmp_path / "runs").iterdir()
-    samples = pd.read_parquet(folder / "samples.parquet")
+    _, samples = run_routed(data, data["by_batch_size"][3], saved_pair, dataset, tmp_path, "--batch-size", "3")
     assert len(samples) == 5 and set(samples["batch_size"]) == {3} and set(samples["layout"]) == {"padded"}
     assert dict(zip(samples["category"], samples["threshold"])) == {"code": 0.15, "prose": 0.85}
     assert samples["identical_to_baseline"].all()
