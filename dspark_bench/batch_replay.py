@@ -24,7 +24,8 @@ import pandas as pd
 from dspark_bench.config import DecodeConfig
 from dspark_bench.cost import CostSurface
 from dspark_bench.errors import DsparkError
-from dspark_bench.replay import Record, _first_failures, _signals, _thresholds, eos_positions, match_lengths
+from dspark_bench.replay import (Record, _first_failures, _signals, _thresholds, eos_positions, match_lengths,
+                                 rule_arrays)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -43,8 +44,8 @@ def _admit(slot_p, slot_j, next_p, P, active, refill, prefill):  # pragma: no co
 
 
 @numba.njit(cache=True, nogil=True)
-def _walk_batched(fail, gamma_max, min_draft_len, quorum, matches, lengths, max_new_tokens, batch_size, refill,
-                  t_draft, t_verify, prefill):  # pragma: no cover (compiled)
+def _walk_batched(fail, gamma_max, min_draft_len, discard_below, quorum, matches, lengths, max_new_tokens, batch_size,
+                  refill, t_draft, t_verify, prefill):  # pragma: no cover (compiled)
     """Predicted seconds of one policy at `batch_size`: (padded, packed)."""
     P, G = len(lengths), t_verify.shape[1] - 1
     slot_p, slot_j = np.full(batch_size, -1), np.zeros(batch_size, np.int64)
@@ -65,6 +66,10 @@ def _walk_batched(fail, gamma_max, min_draft_len, quorum, matches, lengths, max_
                 stop, dropped = fail[p, j] >> 1, fail[p, j] & 1
                 length[s] = min(stop - 1, cap)
                 forwards[s] = length[s] + (dropped & (stop <= cap))
+                if cap < discard_below:  # llama.cpp's rule (replay._walk)
+                    length[s] = forwards[s] = 0
+                elif length[s] < discard_below:
+                    length[s] = 0
                 drafting[1 : forwards[s] + 1] += 1
         cut = G + 1  # the quorum rule: every row stops after the first step too few rows outlast
         if quorum > 0:
@@ -80,6 +85,8 @@ def _walk_batched(fail, gamma_max, min_draft_len, quorum, matches, lengths, max_
                 continue
             j = slot_j[s]
             length[s], forwards[s] = min(length[s], cut), min(forwards[s], cut)
+            if length[s] < discard_below:  # a draft the quorum cut short is thrown away too
+                length[s] = 0
             longest, most, tokens = max(longest, length[s]), max(most, forwards[s]), tokens + length[s] + 1
             drafting[1 : forwards[s] + 1] += 1
             slot_j[s] = j + min(length[s], matches[p, j]) + 1
@@ -136,15 +143,16 @@ def predict_batched(rec: Record, configs: list[DecodeConfig], surface: CostSurfa
     baseline = {b: _walk_baseline(lengths, b, refill, verify, prefill_base) for b, (_, verify) in tables.items()}
     fail = np.empty(matches.shape, dtype=np.int64)
     rows, last_key = [], None
-    order = sorted(range(len(configs)), key=lambda c: (signal_of[c], configs[c].min_draft_len, tuple(thresholds[c])))
+    forced_steps, keep, discard_below = rule_arrays(configs)
+    order = sorted(range(len(configs)), key=lambda c: (signal_of[c], forced_steps[c], keep[c], tuple(thresholds[c])))
     for c in order:
         config = configs[c]
-        key = (signal_of[c], config.min_draft_len, tuple(thresholds[c]))
-        if key != last_key:  # policies that drop the same draft steps share one failure table
-            _first_failures(signals[signal_of[c]], thresholds[c], config.min_draft_len, eos, fail)
+        key = (signal_of[c], forced_steps[c], keep[c], tuple(thresholds[c]))
+        if key != last_key:  # policies that stop at the same draft steps share one failure table
+            _first_failures(signals[signal_of[c]], thresholds[c], forced_steps[c], keep[c], eos, fail)
             last_key = key
         draft, verify = tables[config.batch_size]
-        padded, packed = _walk_batched(fail, config.gamma_max, config.min_draft_len, config.batch_quorum, matches,
+        padded, packed = _walk_batched(fail, config.gamma_max, forced_steps[c], discard_below[c], config.batch_quorum, matches,
                                        lengths, rec.max_new_tokens, config.batch_size, refill, draft, verify,
                                        prefill_spec)
         rows.append({"config_id": c, "predicted_time": padded, "predicted_time_packed": packed,

@@ -27,6 +27,7 @@ from dspark_bench import confidence
 from dspark_bench.batch_cache import BatchLM
 from dspark_bench.config import DecodeConfig
 from dspark_bench.engine import DecodeResult, Proposal, close_round, verify
+from dspark_bench.schedule import forced
 from dspark_bench.sampling import choose, distribution, make_generator
 
 LAYOUTS = ("padded", "packed")  # packed is predicted by the cost model only (cost.py)
@@ -185,9 +186,10 @@ class SpeculativeStep:
         replays the same rule)."""
         drafting = [i for i, p in enumerate(proposals) if not p.done]
         quorum = self.config.batch_quorum * len(proposals)
-        if drafting and steps >= self.config.min_draft_len and len(drafting) < quorum:
+        if drafting and steps >= forced(self.config) and len(drafting) < quorum:
             for i in drafting:
-                proposals[i].stop_reason, proposals[i].done = "quorum", True
+                proposals[i].stop_reason = "quorum"
+                proposals[i].end()
                 feeds[i] = []  # its last token is fed next round, as after gamma_max
 
 

@@ -12,7 +12,11 @@ from dataclasses import dataclass, field
 from dspark_bench.errors import DsparkError
 
 METRICS = ("top1", "entropy", "topk_mass", "margin")
-SCHEDULES = ("threshold", "ramp", "cumulative", "fixed")
+SCHEDULES = ("threshold", "ramp", "cumulative", "fixed", "goodput")
+# How an engine applies the rule (schedule.py): ours drops the token that fails it and always
+# keeps the first min_draft_len; HF assisted generation keeps the failing token; llama.cpp drops
+# it, and discards a draft shorter than min_draft_len (that step decodes normally).
+SEMANTICS = ("dspark", "hf", "llamacpp")
 
 
 DEFAULT_MAX_NEW_TOKENS = 128  # tokens per prompt when neither the flags nor the task say
@@ -38,6 +42,10 @@ class DecodeConfig:
     # drafting (and every row has min_draft_len), the round's draft stops for all of them, so a
     # batch stops paying for the longest drafts of a confident few. 0: each row stops on its own.
     batch_quorum: float = field(default=0.0, metadata=POLICY)
+    semantics: str = field(default="dspark", metadata=POLICY)  # the engine whose rule variant applies
+    # "goodput": the fitted acceptance curves and step costs it decides with (goodput.py): a
+    # sweep folder's goodput_model.json. The schedule has no threshold; this is its data.
+    goodput_model: str = field(default="", metadata={"policy": True, "searched": False})
     # Verification and generation: what every policy of a run shares.
     temperature: float = 0.0  # 0 = greedy verification; > 0 = rejection sampling
     top_p: float = 1.0  # nucleus filter, applied identically to target and draft
@@ -65,6 +73,8 @@ class DecodeConfig:
         """Short human name of the policy, for tables and legends."""
         if self.schedule == "fixed":
             return f"fixed γ={self.gamma_max}" + self.batch_suffix()
+        if self.schedule == "goodput":
+            return f"{self.metric} goodput γ≤{self.gamma_max} min{self.min_draft_len}" + self.batch_suffix()
         if self.schedule == "ramp":
             knob = f"{self.threshold_start:g}→{self.threshold_end:g}"
         else:
@@ -72,8 +82,9 @@ class DecodeConfig:
         return f"{self.metric} {self.schedule} {knob} γ≤{self.gamma_max} min{self.min_draft_len}" + self.batch_suffix()
 
     def batch_suffix(self) -> str:
+        engine = {"dspark": "", "hf": " · HF rule", "llamacpp": " · llama.cpp rule"}[self.semantics]
         quorum = f" quorum {self.batch_quorum:g}" if self.batch_quorum > 0 else ""
-        return quorum + (f" · B={self.batch_size}" if self.batch_size > 1 else "")
+        return engine + quorum + (f" · B={self.batch_size}" if self.batch_size > 1 else "")
 
 
 # Every list of knobs derives from the declaration above: a policy's fields (as a calibration
@@ -124,6 +135,13 @@ def validate(config: DecodeConfig) -> None:
         raise DsparkError(f"unknown confidence metric {config.metric!r}; choose one of {', '.join(METRICS)}")
     if config.schedule not in SCHEDULES:
         raise DsparkError(f"unknown schedule {config.schedule!r}; choose one of {', '.join(SCHEDULES)}")
+    if config.semantics not in SEMANTICS:
+        raise DsparkError(f"unknown rule semantics {config.semantics!r}; choose one of {', '.join(SEMANTICS)}")
+    if config.schedule == "goodput" and not config.goodput_model:
+        raise DsparkError("the goodput schedule needs a goodput model: pass --goodput-model with a replay sweep's "
+                          "folder (it writes goodput_model.json)")
+    if not isinstance(config.goodput_model, str):
+        raise DsparkError(f"goodput_model must be a path (got {config.goodput_model!r})")
     if config.gamma_max < 1:
         raise DsparkError(f"gamma_max must be at least 1 (got {config.gamma_max})")
     if config.min_draft_len < 0:

@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from dspark_bench import confidence
+from dspark_bench import confidence, goodput
 from dspark_bench.cache import CachedLM
 from dspark_bench.config import DecodeConfig
 from dspark_bench.sampling import choose, distribution, make_generator, uniform
-from dspark_bench.schedule import keeps
+from dspark_bench.schedule import discards_below, forced, keeps, keeps_failing
 
 
 @dataclass
@@ -51,11 +51,18 @@ class Proposal:
     limit: int = 0  # at most this many tokens: min(gamma_max, budget)
     cumulative: float = 1.0  # product of the confidences so far (the "cumulative" schedule)
     done: bool = False
+    survival: float = 1.0  # goodput: fitted chance the draft so far is all accepted ...
+    expected: float = 1.0  # ... and the round's expected output (goodput.py)
+    last: bool = False  # the rule ended the draft at the token being taken (keeps_failing)
+    discard_below: int = 0  # llama.cpp's rule: a shorter draft is thrown away
 
     @classmethod
     def start(cls, config: DecodeConfig, budget: int) -> "Proposal":
         limit = min(config.gamma_max, budget)
-        return cls([], [], [], "gamma_max" if limit == config.gamma_max else "budget", 0, limit, done=limit <= 0)
+        if limit < discards_below(config):
+            limit = 0  # llama.cpp does not draft when the budget allows less than --draft-min
+        reason = "gamma_max" if limit == config.gamma_max else "budget"
+        return cls([], [], [], reason, 0, limit, done=limit <= 0, discard_below=discards_below(config))
 
     def consider(self, config: DecodeConfig, score: float) -> bool:
         """One draft forward proposed a token with confidence `score`: does it stay?
@@ -65,18 +72,52 @@ class Proposal:
         self.forwards += 1
         self.cumulative *= score
         self.confidences.append(score)
-        if not keeps(config, len(self.tokens) + 1, score, self.cumulative):
-            self.stop_reason, self.done = "threshold", True  # the unconfident token is dropped
-        return not self.done
+        position = len(self.tokens) + 1
+        if config.schedule == "goodput":
+            rule = goodput.rule_for(config)
+            alpha = rule.curve(score)
+            self.survival *= alpha
+            self.expected += self.survival
+            passes = bool(rule.continues(position, alpha, self.survival, self.expected))
+        else:
+            passes = keeps(config, position, score, self.cumulative)
+        if passes or position <= forced(config):
+            return True
+        if keeps_failing(config):
+            self.last = True  # it stays, and the draft stops after it (`take`)
+            return True
+        self.stop_reason = "threshold"  # the unconfident token is dropped
+        self.end()
+        return False
 
     def take(self, token: int, probs: torch.Tensor, eos_ids: frozenset[int]) -> None:
-        """Keep a drafted token; the draft stops at EOS or at its limit."""
+        """Keep a drafted token; the draft stops at EOS, at its limit, or where the rule said."""
         self.tokens.append(token)
         self.probs.append(probs)
         if token in eos_ids:
-            self.stop_reason, self.done = "eos", True
-        elif len(self.tokens) >= self.limit:
-            self.done = True
+            self.stop_reason = "eos"
+        elif len(self.tokens) < self.limit and self.last:
+            self.stop_reason = "threshold"
+        elif len(self.tokens) < self.limit:
+            return
+        self.end()
+
+    def end(self) -> None:
+        self.done = True
+        if len(self.tokens) < self.discard_below:  # llama.cpp: the step decodes normally
+            self.tokens, self.probs = [], []
+
+
+def draft_length(config: DecodeConfig, confidences: list[float], budget: int | None = None) -> tuple[int, str]:
+    """Drive the schedule with given confidences: (drafted length, stop reason). A helper for
+    tests and worked examples (the seed's: 0.9, 0.85, 0.65 at threshold 0.7 drafts 2)."""
+    proposal = Proposal.start(config, config.gamma_max if budget is None else budget)
+    for score in confidences:
+        if proposal.done:
+            break
+        if proposal.consider(config, score):
+            proposal.take(0, None, frozenset())
+    return len(proposal.tokens), proposal.stop_reason
 
 
 @torch.inference_mode()

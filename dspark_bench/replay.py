@@ -24,11 +24,11 @@ import numba
 import numpy as np
 import pandas as pd
 
-from dspark_bench.config import METRICS, SCHEDULES, DecodeConfig
+from dspark_bench.config import METRICS, SCHEDULES, SEMANTICS, DecodeConfig
 from dspark_bench.engine import Round
 from dspark_bench.errors import DsparkError
 from dspark_bench.metrics import STOP_REASONS, rates
-from dspark_bench.schedule import threshold_at
+from dspark_bench.schedule import discards_below, forced, keeps_failing, threshold_at
 
 # Recording and the cost model live in their own modules; replay's users find them here too.
 from dspark_bench.cost import CostModel, measure_cost  # noqa: F401
@@ -67,32 +67,51 @@ def check_replayable(rec: Record, config: DecodeConfig) -> None:
         raise DsparkError(f"the record has topk_mass for k={rec.info['topk']}, not k={config.topk}")
 
 
+def policy_signal(rec: Record, config: DecodeConfig) -> np.ndarray:
+    """[P, N, G] float64: what the schedule compares with `_thresholds` at every rollout step.
+    float64: the engine multiplies Python floats of the float32 values the record stores."""
+    values = rec.confidences[config.metric].astype(np.float64)
+    if config.schedule == "goodput":  # 1 where the draft goes on after step k (goodput.py)
+        from dspark_bench.goodput import decisions, rule_for
+
+        return decisions(rec.confidences[config.metric], rule_for(config))
+    return np.cumprod(values, axis=2) if config.schedule == "cumulative" else values
+
+
+def position_thresholds(config: DecodeConfig, G: int) -> list[float]:
+    # goodput's signal is its decision (0 or 1): 0.5 separates them.
+    return [0.5 if config.schedule == "goodput" else threshold_at(config, k) for k in range(1, G + 1)]
+
+
 def first_failures(rec: Record, config: DecodeConfig) -> np.ndarray:
-    """T[p, j]: the 1-based step whose proposal the schedule drops, NEVER if none."""
-    signal = rec.confidences[config.metric].astype(np.float64)
-    # float32 storage, float64 products: the engine multiplies Python floats of float32 values.
-    if config.schedule == "cumulative":
-        signal = np.cumprod(signal, axis=2)
-    thresholds = np.array([threshold_at(config, k) for k in range(1, rec.gamma_record + 1)])
-    kept = signal >= thresholds
-    kept[:, :, : config.min_draft_len] = True
+    """T[p, j]: the 1-based step the schedule stops at (its token dropped, or kept under
+    keeps_failing), NEVER if none."""
+    kept = policy_signal(rec, config) >= np.array(position_thresholds(config, rec.gamma_record))
+    kept[:, :, : forced(config)] = True
     return np.where(kept.all(axis=2), NEVER, np.argmin(kept, axis=2) + 1)
 
 
 def round_plan(rec: Record, config: DecodeConfig):
-    """Per (p, j): drafted L, draft forwards s and stop reason code, vectorised over positions."""
+    """Per (p, j): drafted L, draft forwards s and stop reason code, vectorised over positions
+    (engine.Proposal's rule: dropped or kept failing token, EOS, limit, llama.cpp's discard)."""
     P, N, _ = rec.rollout.shape
     budget = config.max_new_tokens - np.arange(N) - 1
-    limit = np.minimum(config.gamma_max, budget)[None, :].repeat(P, axis=0)
+    limit = np.minimum(config.gamma_max, budget)
+    limit = np.where(limit < discards_below(config), 0, limit)[None, :].repeat(P, axis=0)
     fail, eos = first_failures(rec, config), eos_positions(rec)
-    by_threshold = fail <= np.minimum(eos, limit)
-    by_eos = ~by_threshold & (eos <= limit)
-    drafted = np.where(by_threshold, fail - 1, np.where(by_eos, eos, limit))
-    forwards = np.where(by_threshold, fail, drafted)
+    if keeps_failing(config):  # the failing token stays; the limit or EOS at that step wins
+        by_threshold = (fail < limit) & (fail < eos)
+        by_eos = ~by_threshold & (eos <= limit)
+        drafted = np.where(by_threshold, fail, np.where(by_eos, eos, limit))
+        forwards = drafted
+    else:
+        by_threshold = fail <= np.minimum(eos, limit)
+        by_eos = ~by_threshold & (eos <= limit)
+        drafted = np.where(by_threshold, fail - 1, np.where(by_eos, eos, limit))
+        forwards = np.where(by_threshold, fail, drafted)
     reason = np.where(by_threshold, 0, np.where(by_eos, 2, np.where(limit == config.gamma_max, 1, 3)))
+    drafted = np.where(drafted < discards_below(config), 0, drafted)
     return drafted, forwards, reason
-
-
 
 
 def simulate(rec: Record, config: DecodeConfig) -> list[list[Round]]:
@@ -119,18 +138,21 @@ def simulate(rec: Record, config: DecodeConfig) -> list[list[Round]]:
     return result
 
 
-def spanning_policies(gamma: int, max_new_tokens: int) -> list[DecodeConfig]:
-    """Every metric × schedule with thresholds, gamma_max and min_draft_len at their edges, plus
-    "always draft" and "never draft past min_draft_len": the policies replay is checked on
-    against the real engine (tests and benchmarks/replay_reference.py)."""
+def spanning_policies(gamma: int, max_new_tokens: int, goodput_model: str = "") -> list[DecodeConfig]:
+    """Every metric × schedule with thresholds, gamma_max and min_draft_len at their edges, each
+    engine's rule variant in turn, plus "always draft" and "never draft past min_draft_len": the
+    policies replay is checked on against the real engine (tests and
+    benchmarks/replay_reference.py). Goodput policies only with a goodput model to decide with."""
     out = []
-    for i, (metric, schedule) in enumerate(itertools.product(METRICS, SCHEDULES)):
+    schedules = [s for s in SCHEDULES if s != "goodput" or goodput_model]
+    for i, (metric, schedule) in enumerate(itertools.product(METRICS, schedules)):
         gamma_max = (1, min(4, gamma), gamma)[i % 3]
         min_draft_len = (0, 1, gamma_max)[(i // 3) % 3]
         threshold = (0.1, 0.3, 0.6, 0.9)[i % 4]
         out.append(DecodeConfig(metric=metric, schedule=schedule, threshold=threshold, threshold_start=threshold / 3,
                                 threshold_end=threshold, gamma_max=gamma_max, min_draft_len=min_draft_len,
-                                max_new_tokens=max_new_tokens))
+                                max_new_tokens=max_new_tokens, semantics=SEMANTICS[(i // 2) % len(SEMANTICS)],
+                                goodput_model=goodput_model if schedule == "goodput" else ""))
     return out + [DecodeConfig(threshold=0.0, gamma_max=gamma, max_new_tokens=max_new_tokens),
                   DecodeConfig(threshold=1.0, gamma_max=min(5, gamma), max_new_tokens=max_new_tokens)]
 
@@ -139,12 +161,14 @@ def spanning_policies(gamma: int, max_new_tokens: int) -> list[DecodeConfig]:
 
 
 @numba.njit(cache=True, nogil=True)
-def _first_failures(signal, thresholds, min_draft_len, eos_step, out):  # pragma: no cover (compiled)
-    """out[p, j]: 2 × where the draft stops for one (signal, thresholds, min_draft_len), + 1 when
-    the schedule dropped that step (its forward counts but its token is not drafted).
+def _first_failures(signal, thresholds, min_draft_len, keep, eos_step, out):  # pragma: no cover (compiled)
+    """out[p, j]: 2 × where the draft stops for one (signal, thresholds, forced positions), + 1
+    when the schedule dropped that step (its forward counts but its token is not drafted).
 
-    The stop is the first dropped step, or one past the rollout's first EOS, if earlier. Folding
-    EOS in lets the walk take a round's length as one min with gamma_max and the budget."""
+    The stop is one past the last drafted step: the first failing step if it is dropped, the
+    step after it if it is kept (`keep`: schedule.keeps_failing), or one past the rollout's first
+    EOS, if earlier. Folding EOS in lets the walk take a round's length as one min with
+    gamma_max and the budget."""
     P, N, G = signal.shape
     for p in range(P):
         for j in range(N):
@@ -153,11 +177,14 @@ def _first_failures(signal, thresholds, min_draft_len, eos_step, out):  # pragma
                 if not signal[p, j, k] >= thresholds[k]:  # NaN fails, as in the engine
                     fail = k + 1
                     break
-            out[p, j] = 2 * fail + (fail <= G) if fail <= eos_step[p, j] else 2 * (eos_step[p, j] + 1)
+            if keep:
+                out[p, j] = 2 * (fail + 1) if fail < eos_step[p, j] else 2 * (eos_step[p, j] + 1)
+            else:
+                out[p, j] = 2 * fail + (fail <= G) if fail <= eos_step[p, j] else 2 * (eos_step[p, j] + 1)
 
 
 @numba.njit(cache=True, nogil=True)
-def _walk(fail, gamma_max, matches, lengths, max_new_tokens, verify_cost, counts):  # pragma: no cover
+def _walk(fail, gamma_max, discard_below, matches, lengths, max_new_tokens, verify_cost, counts):  # pragma: no cover
     """The walk of `simulate` for one policy, keeping only totals: rounds, drafted, accepted,
     full blocks, draft forwards and Σ t_verify(L). Only round starts are visited, without a
     data-dependent branch in a round (random accept/reject defeats branch prediction)."""
@@ -169,12 +196,17 @@ def _walk(fail, gamma_max, matches, lengths, max_new_tokens, verify_cost, counts
             cap = min(gamma_max, max_new_tokens - j - 1)
             stop, dropped = fail[p, j] >> 1, fail[p, j] & 1
             length = min(stop - 1, cap)  # a stop beyond the cap: drafted up to the cap
+            spent_forwards = length + (dropped & (stop <= cap))  # a dropped step's forward counts too
+            if cap < discard_below:  # llama.cpp's rule: no draft when the budget allows too few
+                length = spent_forwards = 0
+            elif length < discard_below:  # ... and a short draft is thrown away
+                length = 0
             a = min(length, matches[p, j])
             rounds += 1
             drafted += length
             accepted += a
             full += a == length
-            forwards += length + (dropped & (stop <= cap))  # the dropped step's forward counts too
+            forwards += spent_forwards
             spent += verify_cost[length]
             # An accepted EOS is the continuation's last token (`record` stops at EOS): the walk
             # ends there either way, with or without the target's extra token.
@@ -184,26 +216,35 @@ def _walk(fail, gamma_max, matches, lengths, max_new_tokens, verify_cost, counts
 
 
 @numba.njit(cache=True, nogil=True)
-def _walk_grid(signals, signal_of, thresholds, min_draft_len, gamma_max, groups, matches, eos_step, lengths,
-               max_new_tokens, verify_cost, counts, verify):  # pragma: no cover (compiled)
-    """Every policy's totals. Policies are ordered so that those sharing signal, thresholds and
-    min_draft_len (differing in gamma_max only) are consecutive: `groups` marks where each
-    run starts, and one table of failure positions serves the whole run."""
+def _walk_grid(signals, signal_of, thresholds, forced, keep, discard_below, gamma_max, groups, matches, eos_step,
+               lengths, max_new_tokens, verify_cost, counts, verify):  # pragma: no cover (compiled)
+    """Every policy's totals. Policies are ordered so that those sharing signal, thresholds,
+    forced positions and what happens to a failing token (differing in gamma_max or llama.cpp's
+    minimum only) are consecutive: `groups` marks where each run starts, and one table of
+    failure positions serves the whole run."""
     fail = np.empty(matches.shape, dtype=np.int64)
     for g in range(len(groups) - 1):
         first = groups[g]
-        _first_failures(signals[signal_of[first]], thresholds[first], min_draft_len[first], eos_step, fail)
+        _first_failures(signals[signal_of[first]], thresholds[first], forced[first], keep[first], eos_step, fail)
         for c in range(first, groups[g + 1]):
-            verify[c] = _walk(fail, gamma_max[c], matches, lengths, max_new_tokens, verify_cost, counts[c])
+            verify[c] = _walk(fail, gamma_max[c], discard_below[c], matches, lengths, max_new_tokens, verify_cost,
+                              counts[c])
+
+
+def signal_kind(config: DecodeConfig) -> tuple:
+    """Policies of one kind compare the same signal: the metric's, its running product
+    ("cumulative"), or goodput's decisions (which depend on its model and batch size too)."""
+    if config.schedule == "goodput":
+        return config.metric, "goodput", config.goodput_model, config.batch_size
+    return config.metric, config.schedule == "cumulative"
 
 
 def _signals(rec: Record, configs: list[DecodeConfig]) -> tuple[np.ndarray, np.ndarray]:
-    """The compared signal per (metric, cumulative?) [S, P, N, G] and each policy's index into it.
-    float64 like `first_failures`: the engine multiplies Python floats of float32 values."""
-    kinds = [(c.metric, c.schedule == "cumulative") for c in configs]
-    order = {kind: i for i, kind in enumerate(dict.fromkeys(kinds))}
-    signals = np.stack([np.cumprod(rec.confidences[m].astype(np.float64), axis=2) if cumulative
-                        else rec.confidences[m].astype(np.float64) for m, cumulative in order])
+    """The compared signal per kind [S, P, N, G] (`policy_signal`) and each policy's index into it."""
+    kinds = [signal_kind(c) for c in configs]
+    first = dict(zip(kinds, configs))  # a representative policy of each kind, in order of appearance
+    order = {kind: i for i, kind in enumerate(first)}
+    signals = np.stack([policy_signal(rec, config) for config in first.values()])
     return signals, np.array([order[kind] for kind in kinds], dtype=np.int64)
 
 
@@ -214,9 +255,16 @@ def _thresholds(configs: list[DecodeConfig], G: int) -> np.ndarray:
     for c, config in enumerate(configs):
         key = (config.schedule, config.threshold, config.threshold_start, config.threshold_end, config.gamma_max)
         if key not in rows:
-            rows[key] = [threshold_at(config, k) for k in range(1, G + 1)]
+            rows[key] = position_thresholds(config, G)
         out[c] = rows[key]
     return out
+
+
+def rule_arrays(configs: list[DecodeConfig]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per policy: positions always kept, whether a failing token stays, llama.cpp's minimum."""
+    return (np.array([forced(c) for c in configs], dtype=np.int64),
+            np.array([keeps_failing(c) for c in configs], dtype=np.bool_),
+            np.array([discards_below(c) for c in configs], dtype=np.int64))
 
 
 def simulate_grid(rec: Record, configs: list[DecodeConfig], cost: "CostModel | None" = None) -> pd.DataFrame:
@@ -232,16 +280,17 @@ def simulate_grid(rec: Record, configs: list[DecodeConfig], cost: "CostModel | N
                           f"not gamma_max {deepest}; measure it again")
     signals, signal_of = _signals(rec, configs)
     thresholds = _thresholds(configs, G)
-    min_draft_len = np.array([c.min_draft_len for c in configs], dtype=np.int64)
-    # Policies that drop the same draft steps walk one after another (see _walk_grid).
-    keys = np.column_stack([signal_of, min_draft_len, thresholds])
+    forced_steps, keep, discard_below = rule_arrays(configs)
+    # Policies that stop at the same draft steps walk one after another (see _walk_grid).
+    keys = np.column_stack([signal_of, forced_steps, keep, thresholds])
     _, group_of = np.unique(keys, axis=0, return_inverse=True)
     order = np.argsort(group_of.ravel(), kind="stable")
     groups = np.flatnonzero(np.diff(group_of.ravel()[order], prepend=-1, append=-2))
     gamma_max = np.array([c.gamma_max for c in configs], dtype=np.int64)
     verify_cost = np.asarray(cost.t_verify if cost else np.zeros(G + 1), dtype=np.float64)
     counts, verify = np.zeros((len(configs), 5), dtype=np.int64), np.zeros(len(configs))
-    arrays = (signals, signal_of[order], thresholds[order], min_draft_len[order], gamma_max[order])
+    arrays = (signals, signal_of[order], thresholds[order], forced_steps[order], keep[order], discard_below[order],
+              gamma_max[order])
     record_arrays = (match_lengths(rec).astype(np.int64), eos_positions(rec).astype(np.int64),
                      rec.lengths.astype(np.int64), rec.max_new_tokens, verify_cost)
 

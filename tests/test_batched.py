@@ -19,7 +19,8 @@ from dspark_bench.batch_cache import BatchLM
 from dspark_bench.batch_replay import predict_batched
 from dspark_bench.batched import (AutoregressiveStep, SpeculativeStep, batched_autoregressive, batched_speculative,
                                   serve)
-from dspark_bench.config import METRICS, SCHEDULES, DecodeConfig
+import tiny
+from dspark_bench.config import METRICS, SCHEDULES, SEMANTICS, DecodeConfig
 from dspark_bench.cost import CostModel, CostSurface
 from dspark_bench.engine import speculative_decode
 from dspark_bench.errors import DsparkError
@@ -36,9 +37,10 @@ def rounds_of(result) -> list[tuple]:
             for r in result.rounds]
 
 
-GREEDY_POLICIES = [DecodeConfig(metric=metric, schedule=schedule, threshold=0.4, threshold_start=0.2, threshold_end=0.6,
-                                 gamma_max=4, min_draft_len=0, max_new_tokens=N)
-                   for metric, schedule in itertools.product(METRICS, SCHEDULES)]
+GREEDY_POLICIES = [tiny.policy(metric=metric, schedule=schedule, threshold=0.4, threshold_start=0.2,
+                                                threshold_end=0.6, gamma_max=4, min_draft_len=i % 3, max_new_tokens=N,
+                                                semantics=SEMANTICS[i % len(SEMANTICS)])
+                   for i, (metric, schedule) in enumerate(itertools.product(METRICS, SCHEDULES))]
 
 
 @pytest.fixture(scope="module")
@@ -172,6 +174,12 @@ def test_batched_replay_charges_the_engine_s_own_steps(llama_pair, refill):
                DecodeConfig(schedule="fixed", gamma_max=5, max_new_tokens=N, batch_size=3),
                # The batch-level rule: every row stops once fewer than half the rows still draft.
                DecodeConfig(metric="top1", threshold=0.6, gamma_max=5, min_draft_len=1, batch_quorum=0.5,
+                            max_new_tokens=N, batch_size=3),
+               # The engines' own rule variants and the goodput schedule.
+               DecodeConfig(metric="top1", threshold=0.6, gamma_max=5, min_draft_len=2, batch_quorum=0.5,
+                            semantics="llamacpp", max_new_tokens=N, batch_size=3),
+               DecodeConfig(threshold=0.5, gamma_max=4, semantics="hf", max_new_tokens=N, batch_size=3),
+               DecodeConfig(schedule="goodput", goodput_model=tiny.GOODPUT_MODEL, gamma_max=5, min_draft_len=0,
                             max_new_tokens=N, batch_size=3)]
     # Each request pays its own batch-1 prefill (prompt but its last token) when it joins.
     alone = dataclasses.replace(SURFACE.at(1), t_prefill_target=1e-4, t_prefill_draft=3e-5)
@@ -196,7 +204,7 @@ def test_batched_replay_at_batch_one_is_replay(llama_pair):
     target, draft = llama_pair
     pair = SimpleNamespace(target=target, draft=draft, eos_ids=frozenset())
     rec = record(pair, PROMPTS, N, 5, topk=5)
-    configs = spanning_policies(5, N)
+    configs = spanning_policies(5, N, tiny.GOODPUT_MODEL)
     grid = simulate_grid(rec, configs, SURFACE.at(1))
     batched = predict_batched(rec, configs, SURFACE)
     # (SURFACE has no prefill costs: the batched walk adds only those to replay's own.)

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from dspark_bench.baselines import autoregressive_decode
-from dspark_bench.config import METRICS, SCHEDULES, DecodeConfig
+import tiny
+from dspark_bench.config import METRICS, SCHEDULES, SEMANTICS, DecodeConfig
 from dspark_bench.engine import speculative_decode
 from dspark_bench.errors import DsparkError
 from dspark_bench.replay import CostModel, Record, record, simulate, simulate_grid, spanning_policies
@@ -19,7 +20,7 @@ N, G = 24, 6
 
 
 def policies() -> list[DecodeConfig]:
-    return spanning_policies(G, N) + [
+    return spanning_policies(G, N, tiny.GOODPUT_MODEL) + [
         DecodeConfig(metric="margin", threshold=0.2, gamma_max=G, min_draft_len=G, max_new_tokens=N),
         DecodeConfig(schedule="cumulative", threshold=0.1, gamma_max=G, max_new_tokens=N)]
 
@@ -94,10 +95,11 @@ def random_record(seed: int, P: int = 12, n: int = 40, g: int = 7) -> Record:
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_grid_totals_equal_simulation_on_random_records(seed):
     rec, g = random_record(seed), 7
-    configs = [DecodeConfig(metric=metric, schedule=schedule, threshold=t, threshold_start=t / 2, threshold_end=t,
-                            gamma_max=gamma, min_draft_len=m, max_new_tokens=40)
-               for metric, schedule, t, gamma, m in itertools.product(
-                   METRICS, SCHEDULES, (0.0, 0.25, 0.6, 1.0), (1, 4, g), (0, 2)) if m <= gamma]
+    configs = [tiny.policy(metric=metric, schedule=schedule, threshold=t, threshold_start=t / 2,
+                                            threshold_end=t, gamma_max=gamma, min_draft_len=m, max_new_tokens=40,
+                                            semantics=semantics)
+               for metric, schedule, t, gamma, m, semantics in itertools.product(
+                   METRICS, SCHEDULES, (0.0, 0.25, 0.6, 1.0), (1, 4, g), (0, 2), SEMANTICS) if m <= gamma]
     cost = CostModel(t_draft=0.001, t_verify=[0.01 + 0.002 * k for k in range(g + 1)], context_tokens=10)
     grid = simulate_grid(rec, configs, cost)
     for config, row in zip(configs, grid.itertuples()):

@@ -64,3 +64,14 @@ def save_pair(folder: Path, target: torch.nn.Module, draft: torch.nn.Module, tok
         tok.save_pretrained(path)
         paths.append(str(path))
     return paths[0], paths[1]
+
+# A goodput model (acceptance curves and step costs) for tests: acceptance rises with confidence
+# and drafting costs enough that the schedule both goes on and stops (batch sizes 1 and 8).
+GOODPUT_MODEL = str(Path(__file__).parent / "data" / "goodput_model.json")
+
+
+def policy(**fields):
+    """A DecodeConfig, deciding with GOODPUT_MODEL if its schedule needs one."""
+    from dspark_bench.config import DecodeConfig
+
+    return DecodeConfig(**fields, goodput_model=GOODPUT_MODEL if fields.get("schedule") == "goodput" else "")
