@@ -41,6 +41,8 @@ class RunConfig:
     threshold: tuple[float, ...] = (0.5,)
     gamma_max: tuple[int, ...] = (5,)
     min_draft_len: tuple[int, ...] = (1,)
+    semantics: tuple[str, ...] = ("dspark",)  # whose rule: ours, HF's (keeps the failing token), llama.cpp's
+    goodput_model: str = ""  # the goodput schedule's model: a replay sweep's folder or its goodput_model.json
     threshold_start: float = 0.3  # ramp schedule: threshold at draft position 1 ...
     threshold_end: float = 0.8  # ... rising to this at gamma_max
     topk: int = 5  # k of the topk_mass metric
@@ -80,12 +82,14 @@ class RunConfig:
             return [from_dict({**policy, "batch_size": b, "max_new_tokens": policy.get("max_new_tokens", tokens)})
                     for policy in self.policies for b in sizes(policy)]
         grid = itertools.product(self.batch_sizes, self.metric, self.schedule, self.threshold, self.gamma_max,
-                                 self.min_draft_len)
-        return [DecodeConfig(metric=m, schedule=s, threshold=t, gamma_max=g, min_draft_len=n,
-                             threshold_start=self.threshold_start, threshold_end=self.threshold_end, topk=self.topk,
-                             temperature=self.temperature, top_p=self.top_p, max_new_tokens=tokens, seed=self.seed,
-                             batch_size=b)
-                for b, m, s, t, g, n in grid]
+                                 self.min_draft_len, self.semantics)
+        configs = [DecodeConfig(metric=m, schedule=s, threshold=self.threshold[0] if s == "goodput" else t,
+                                gamma_max=g, min_draft_len=n, semantics=e, threshold_start=self.threshold_start,
+                                threshold_end=self.threshold_end, topk=self.topk, temperature=self.temperature,
+                                top_p=self.top_p, max_new_tokens=tokens, seed=self.seed, batch_size=b,
+                                goodput_model=self.goodput_model if s == "goodput" else "")
+                   for b, m, s, t, g, n, e in grid]
+        return list(dict.fromkeys(configs))  # goodput has no threshold: one policy for all of them
 
     def settings(self):
         from dspark_bench.runner import RunnerSettings
@@ -116,7 +120,13 @@ def check(config: RunConfig) -> None:
         raise DsparkError("a calibration chooses the policies; a run cannot also list them")
     if config.policies is not None and not config.policies:
         raise DsparkError("the run lists no policy to decode")
-    config.decode_configs()  # every policy of the grid is valid (one clear line if not)
+    configs = config.decode_configs()  # every policy of the grid is valid (one clear line if not)
+    if any(c.schedule == "goodput" for c in configs):
+        from dspark_bench.goodput import rule_for
+
+        for c in configs:  # the model exists, reads, and has the metric: before any model loads
+            if c.schedule == "goodput":
+                rule_for(c)
 
 
 def from_config_dict(values: dict, where: str = "run config") -> RunConfig:

@@ -105,6 +105,26 @@ def replay_space(spec: SweepSpec, base: DecodeConfig) -> list[DecodeConfig]:
     return configs + [c for c in classic if c not in configs]
 
 
+def goodput_points(configs: list[DecodeConfig], model_file: Path) -> list[DecodeConfig]:
+    """The goodput schedule at every metric, gamma_max and batch size of the space: it has no
+    threshold to search, so it joins every replay sweep, as fixed gamma does."""
+    base = configs[0]
+    return [base.replace(schedule="goodput", metric=m, gamma_max=g, min_draft_len=0, batch_size=b, semantics="dspark",
+                         goodput_model=str(model_file))
+            for b in sorted({c.batch_size for c in configs}) for m in dict.fromkeys(c.metric for c in configs)
+            for g in sorted({c.gamma_max for c in configs})]
+
+
+def write_goodput_model(folder: Path, rec, record_dir: Path, surface) -> Path:
+    """Fit acceptance on the record (kept beside it) and write the sweep's goodput model."""
+    from dspark_bench.acceptance import load_or_fit
+    from dspark_bench.goodput import GoodputModel
+
+    model = GoodputModel.build(load_or_fit(rec, record_dir), surface)
+    write_json(folder / "goodput_model.json", model.to_dict())
+    return folder / "goodput_model.json"
+
+
 def load_or_record(spec: SweepSpec, prepared: Prepared, gamma: int, ids: list[list[int]], record_dir: Path,
                    progress: StageProgress | None = None):
     """The replay record of these models and prompts: from the cache, else recorded and cached."""
@@ -162,6 +182,8 @@ def replay_sweep(folder: Path, spec: SweepSpec, prepared: Prepared, records_root
     surface = measure_surface(pair, context, gamma, batch_sizes)
     cost = surface.at(1)
     write_json(folder / "cost_model.json", cost.to_dict())
+    model_file = write_goodput_model(folder, rec, record_dir, surface)
+    configs = configs + [c for c in goodput_points(configs, model_file) if c not in configs]
     if progress:
         progress(f"simulating {len(configs):,} policies", 0, 1)
     if batch_sizes == [1]:
@@ -179,26 +201,28 @@ def say_replay_plan(spec: SweepSpec, prepared: Prepared, first_ids: list[int], c
                     recorded: bool, say: Callable[[str], None]) -> None:
     from dspark_bench.plan import replay_plan, seconds_per_token
 
-    # Confirmed: the best scheduled few + the best fixed γ, at each batch size.
+    # Confirmed: the best scheduled few + the best goodput + the best fixed γ, at each batch size.
     sizes = {c.batch_size for c in configs}
     scheduled = sum(c.schedule != "fixed" for c in configs) // len(sizes)
     line = replay_plan(seconds_per_token(prepared.pair, first_ids), len(prepared.prompts), prepared.base.max_new_tokens,
-                       len(configs), (min(spec.confirm_top, scheduled) + 1) * len(sizes), spec.repeats,
+                       len(configs), (min(spec.confirm_top, scheduled) + 2) * len(sizes), spec.repeats,
                        recorded=recorded)
     say(line + (" — an upper bound: a batched run takes less than a batch-1 one" if max(sizes) > 1 else ""))
 
 
 def confirm(table: pd.DataFrame, configs: list[DecodeConfig], spec: SweepSpec, prepared: Prepared,
             progress: StageProgress | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Time the best `confirm_top` scheduled policies and the best fixed gamma (by the replay's
+    """Time the best `confirm_top` scheduled policies, the best goodput and the best fixed gamma (by the replay's
     ranking); their measured columns join the table, their samples are returned."""
     from dspark_bench.runner import run, stage_steps
 
     objective = OBJECTIVES[spec.objective[0]]
     ranked = rank(table, objective.name, objective.column("replay"))
     # Per batch size: which policy wins depends on what a step costs at B.
+    # Per batch size: the best threshold-style policies, the best goodput and the best fixed γ.
     chosen = pd.concat([part for _, by_batch in ranked.groupby("batch_size", sort=True)
-                        for part in (by_batch[by_batch["schedule"] != "fixed"].head(spec.confirm_top),
+                        for part in (by_batch[~by_batch["schedule"].isin(["fixed", "goodput"])].head(spec.confirm_top),
+                                     by_batch[by_batch["schedule"] == "goodput"].head(1),
                                      by_batch[by_batch["schedule"] == "fixed"].head(1))])
     ids = chosen["config_id"].to_numpy()
     output = run(prepared.pair, prepared.prompts, [configs[i] for i in ids],
@@ -223,6 +247,7 @@ def write_replay_summary(folder: Path, table: pd.DataFrame, spec: SweepSpec, cos
         "record": str(record_dir), "cost_model": cost.to_dict(), "cost_model_accuracy": accuracy(confirmed),
         "best": confirmed[confirmed["schedule"] != "fixed"].head(1).to_dict(orient="records"),
         "classic": confirmed[confirmed["schedule"] == "fixed"].to_dict(orient="records"),
+        "goodput": confirmed[confirmed["schedule"] == "goodput"].to_dict(orient="records"),
         "confirmed": confirmed.to_dict(orient="records"),
     }
     if (table["batch_size"] > 1).any():

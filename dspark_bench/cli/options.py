@@ -4,6 +4,7 @@ Every command that takes prompts takes the same prompt flags (PROMPT_FLAGS' anno
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -14,7 +15,9 @@ Draft = Annotated[Optional[str], typer.Option(help="Draft model sharing the targ
 Device = Annotated[str, typer.Option(help="auto | cpu | cuda | mps")]
 Dtype = Annotated[str, typer.Option(help="auto (fp32 on CPU, bf16 on CUDA) | float32 | bfloat16 | float16")]
 Metrics = Annotated[list[str], typer.Option("--metric", help="Confidence metric: top1 | entropy | topk_mass | margin (repeatable).")]
-Schedules = Annotated[list[str], typer.Option("--schedule", help="threshold | ramp | cumulative | fixed (repeatable).")]
+Schedules = Annotated[list[str], typer.Option("--schedule", help="threshold | ramp | cumulative | fixed | goodput (repeatable; goodput needs --goodput-model).")]
+SemanticsOption = Annotated[list[str], typer.Option("--semantics", help="Whose rule: dspark (drops the failing token) | hf (keeps it) | llamacpp (drops it; --min-draft-len discards shorter drafts) (repeatable).")]
+GoodputModel = Annotated[Optional[Path], typer.Option("--goodput-model", help="The goodput schedule's acceptance fit and step costs: a replay sweep's folder (or its goodput_model.json).")]
 Thresholds = Annotated[list[float], typer.Option("--threshold", help="Stop drafting below this confidence (repeatable).")]
 GammaMaxes = Annotated[list[int], typer.Option("--gamma-max", help="Most draft tokens per round (repeatable).")]
 MinDraftLens = Annotated[list[int], typer.Option("--min-draft-len", help="Fewest draft tokens per round (repeatable).")]
