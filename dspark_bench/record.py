@@ -75,6 +75,16 @@ class Record:
                               f"vs {prompts_fingerprint}); record again")
 
 
+def resolve_record(folder: Path, recorded: str) -> Path | None:
+    """A replay record's folder, as a sweep's summary names it: as written (absolute or from the
+    sweep's working directory), else in the records/ folder beside the sweep (the default layout)."""
+    path = Path(recorded)
+    for candidate in (path, folder.parent / "records" / path.name, folder.parent.parent / path):
+        if (candidate / "record.npz").is_file():
+            return candidate
+    return None
+
+
 # --- recording -------------------------------------------------------------------------------
 
 

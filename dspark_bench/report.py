@@ -145,13 +145,14 @@ def _positions(inputs, by):
         + ("" if several else ", and the best's neighbours at other thresholds") + ".")
 
 
-def resolve_record(folder: Path, recorded: str) -> Path | None:
-    """A replay record's folder: as written (absolute or from the sweep's working directory),
-    else in the records/ folder beside the sweep (the default layout)."""
-    path = Path(recorded)
-    for candidate in (path, folder.parent / "records" / path.name, folder.parent.parent / path):
-        if (candidate / "record.npz").is_file():
-            return candidate
+def acceptance_fit(inputs: Inputs):
+    """The acceptance fit of a replay sweep among the runs (its goodput_model.json), or None."""
+    from dspark_bench.goodput import load
+
+    for run_id in inputs.summaries:
+        path = inputs.folder_of[run_id] / "goodput_model.json"
+        if path.is_file():
+            return load(str(path)).acceptance
     return None
 
 
@@ -159,6 +160,8 @@ def calibration_data(inputs: Inputs) -> tuple[pd.DataFrame, str]:
     """(drafted tokens with metric, confidence, accepted; where they come from)."""
     for run_id, summary in inputs.summaries.items():
         if summary.get("record"):
+            from dspark_bench.record import resolve_record  # imports torch: only when needed
+
             folder = resolve_record(inputs.folder_of[run_id], summary["record"])
             if folder is not None:
                 from dspark_bench.replay import Record, match_lengths  # imports torch: only when needed
@@ -178,10 +181,24 @@ def _calibration(inputs):
     table, source = calibration_data(inputs)
     if table.empty:
         raise Skip("no drafted tokens in the record or trace")
-    return plots.calibration(table, source=source), (
-        f"Source: {source}. A drafted token counts when every token before it in its round was accepted; "
-        "y = share of those accepted, x = mean confidence of the bin. AUC: how well the metric alone "
-        "separates accepted from rejected tokens (0.5 = chance).")
+    fit = acceptance_fit(inputs)
+    caption = (f"Source: {source}. A drafted token counts when every token before it in its round was accepted; "
+               "y = share of those accepted, x = mean confidence of the bin. AUC: how well the metric alone "
+               "separates accepted from rejected tokens (0.5 = chance).")
+    if fit is not None:
+        caption += (" Solid lines: the isotonic fit of acceptance the goodput schedule decides with (acceptance.py); "
+                    "its Brier score and ECE are held out (fitted on half the prompts, scored on the other), beside "
+                    "the raw confidence read as a probability.\n\n" + fit_table(fit))
+    return plots.calibration(table, source=source, fit=fit), caption
+
+
+def fit_table(fit) -> str:
+    rows = ["| metric | tokens | acceptance | Brier (fit) | Brier (raw) | ECE (fit) | ECE (raw) |",
+            "|---|---:|---:|---:|---:|---:|---:|"]
+    for metric, q in fit.quality.items():
+        rows.append(f"| {metric} | {q['tokens']:,} | {q['mean_acceptance']:.3f} | {q['brier']:.4f} | "
+                    f"{q['raw_brier']:.4f} | {q['ece']:.4f} | {q['raw_ece']:.4f} |")
+    return "\n".join(rows)
 
 
 def _stops(inputs, best):

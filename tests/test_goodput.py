@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -95,3 +97,28 @@ def test_brier_and_ece_by_hand():
     probability, accepted = np.array([0.9, 0.9, 0.1, 0.1]), np.array([1, 0, 0, 0])
     assert brier(probability, accepted) == pytest.approx((0.01 + 0.81 + 0.01 + 0.01) / 4)
     assert ece(probability, accepted) == pytest.approx(0.5 * 0.4 + 0.5 * 0.1)
+
+
+def test_export_of_a_run_without_a_record_says_what_the_engine_lacks(saved_pair, prompts_file, tmp_path):
+    from typer.testing import CliRunner
+
+    from dspark_bench.cli import app
+
+    target, draft = saved_pair
+    runner = CliRunner()
+    args = ["run", "--target", target, "--draft", draft, "--dataset", str(prompts_file), "--limit", "1",
+            "--max-new-tokens", "8", "--out", str(tmp_path)]
+    ran = runner.invoke(app, args + ["--metric", "entropy", "--threshold", "0.4"])
+    assert ran.exit_code == 0, ran.output
+    (folder,) = tmp_path.iterdir()
+    result = runner.invoke(app, ["export", str(folder), "--format", "hf"])
+    assert result.exit_code != 0
+    assert "the entropy metric" in result.output and "no replay record" in result.output
+    assert not (folder / "export").exists()  # nothing written, the run untouched
+    # A policy the engine expresses as it is exports from any run.
+    fixed = runner.invoke(app, args + ["--schedule", "fixed", "--gamma-max", "3", "--out", str(tmp_path / "fixed")])
+    assert fixed.exit_code == 0, fixed.output
+    (folder,) = (tmp_path / "fixed").iterdir()
+    result = runner.invoke(app, ["export", str(folder), "--format", "vllm"])
+    assert result.exit_code == 0, result.output
+    assert json.loads((folder / "export" / "speculative_config.json").read_text())["num_speculative_tokens"] == 3

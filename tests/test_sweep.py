@@ -191,15 +191,23 @@ def test_replay_sweep_confirms_its_best_policies(saved_pair, prompts_file, tmp_p
                                                             "--confirm-top", "2"]
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
-    assert "confirming the best 3" in result.output and "9/9" in result.output  # 3 policies × 3 prompts
+    assert "confirming the best 4" in result.output and "12/12" in result.output  # 4 policies × 3 prompts
     assert "search space: the command-line flags (8 points)" in result.output
-    assert "plan: record 3 prompts × 12 tokens" in result.output and "confirm 3 × 3 prompts" in result.output
-    assert "10 policies searched by replay" in result.output  # the grid plus two fixed gammas
+    assert "plan: record 3 prompts × 12 tokens" in result.output and "confirm 4 × 3 prompts" in result.output
+    assert "14 policies searched by replay" in result.output  # the grid, two fixed gammas, four goodput
     folder = only_folder(tmp_path)
     table = pd.read_parquet(folder / "trials.parquet")
-    assert len(table) == 2 * 2 * 2 + 2  # the grid plus fixed gamma 2 and 4 as the classic baseline
+    # The grid, fixed gamma 2 and 4 as the classic baseline, and goodput at each metric and gamma_max.
+    assert len(table) == 2 * 2 * 2 + 2 + 2 * 2 and (table["schedule"] == "goodput").sum() == 4
     confirmed = table[table["source"] == "confirmed"]
-    assert len(confirmed) == 3 and (confirmed["schedule"] == "fixed").sum() == 1
+    assert len(confirmed) == 4 and (confirmed["schedule"] == "fixed").sum() == 1
+    assert (confirmed["schedule"] == "goodput").sum() == 1  # the best goodput, beside the best two others
+    # Its acceptance fit sits beside the record; the sweep's goodput model holds it and the costs.
+    (record_dir,) = (tmp_path / "records").iterdir()
+    model = json.loads((folder / "goodput_model.json").read_text())
+    assert model["acceptance"] == json.loads((record_dir / "acceptance.json").read_text())
+    assert set(model["acceptance"]["quality"]) == {"top1", "entropy", "topk_mass", "margin"}
+    assert set(confirmed["goodput_model"]) >= {str(folder / "goodput_model.json")}
     best_predicted = table[table["schedule"] != "fixed"]["predicted_speedup"].max()
     assert best_predicted in confirmed["predicted_speedup"].to_list()
     assert (confirmed["identical_to_baseline"] == 1.0).all()
@@ -218,25 +226,55 @@ def test_replay_sweep_over_batch_sizes_confirms_the_best_at_each(saved_pair, pro
                                                             "--confirm-top", "1"]
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
-    assert "12 policies searched by replay" in result.output  # (4 + 2 fixed gammas) per batch size
+    assert "16 policies searched by replay" in result.output  # (4 + 2 fixed gammas + 2 goodput) per batch size
     folder = only_folder(tmp_path)
     table = pd.read_parquet(folder / "trials.parquet")
-    assert sorted(table["batch_size"].unique()) == [1, 2] and len(table) == 2 * (2 * 2 + 2)
+    assert sorted(table["batch_size"].unique()) == [1, 2] and len(table) == 2 * (2 * 2 + 2 + 2)
     confirmed = table[table["source"] == "confirmed"]
-    assert sorted(confirmed["batch_size"]) == [1, 1, 2, 2]  # the best scheduled and the best fixed γ, per B
+    assert sorted(confirmed["batch_size"]) == [1, 1, 1, 2, 2, 2]  # best scheduled, goodput and fixed γ, per B
     assert (confirmed["identical_to_baseline"] == 1.0).all()
     for _, group in table.groupby("batch_size"):  # packed never pays for padding
         assert (group["predicted_time_packed"] <= group["predicted_time"] * (1 + 1e-9)).all()
     summary = json.loads((folder / "summary.json").read_text())
     assert [entry["batch_size"] for entry in summary["by_batch_size"]] == [1, 2]
     for entry in summary["by_batch_size"]:
-        assert len(entry["measured"]) == 2 and entry["cost_model_accuracy"]["measured_over_predicted_median"] > 0
+        assert len(entry["measured"]) == 3 and entry["cost_model_accuracy"]["measured_over_predicted_median"] > 0
         assert entry["packed_predicted"]["scheduled_over_fixed"] > 0
     assert json.loads((folder / "cost_surface.json").read_text())["batch_sizes"].keys() == {"1", "2"}
     report = build_report(folder)
     assert "plots/batch_sizes.png" in figures_written(report)
     text = report.read_text()
     assert "## Batch sizes" in text and "predicted" in text and "at batch size 1" in text
+    assert "| top1 |" in text and "Brier (fit)" in text  # the acceptance fit's quality, per metric
+    check_exports(folder, tmp_path)
+
+
+def check_exports(folder: Path, tmp_path: Path) -> None:
+    """Every format: written, parsed back to the policy chosen for it, the nearest one where the
+    engine cannot express the tuned policy (and then both replayed speedups are shown)."""
+    from dspark_bench.export import FORMATS, choose, expressible, load_run, parse
+
+    run = load_run(folder)
+    for fmt in FORMATS:
+        out = tmp_path / "exports" / fmt
+        result = runner.invoke(app, ["export", str(folder), "--format", fmt, "--out", str(out)])
+        assert result.exit_code == 0, result.output
+        assert f"what deploying on {fmt} costs" in result.output
+        choices = choose(run, fmt)
+        written = parse(fmt, out.read_text())
+        assert sorted(written) == [c.batch_size for c in choices] == ([1, 2] if fmt in ("vllm", "trtllm") else [1])
+        for c in choices:
+            assert not expressible(c.exported, fmt)
+            assert c.exported_speedup > 0 and c.tuned_speedup > 0
+            gamma, threshold, minimum, semantics = written[c.batch_size]
+            assert gamma == c.exported.gamma_max
+            if fmt in ("hf", "llamacpp"):
+                assert threshold == (0.0 if c.exported.schedule == "fixed" else c.exported.threshold)
+                assert minimum == c.exported.min_draft_len
+    bad = runner.invoke(app, ["export", str(folder), "--format", "onnx"])
+    assert bad.exit_code != 0 and "unknown export format 'onnx'" in bad.output
+    missing = runner.invoke(app, ["export", str(tmp_path / "nowhere"), "--format", "hf"])
+    assert missing.exit_code != 0 and "is not a run folder" in missing.output
 
 
 # --- resuming and several workers (real processes) ----------------------------------------------

@@ -77,11 +77,13 @@ def calibration_table(confidences: pd.DataFrame, bins: int = 10) -> pd.DataFrame
             .reset_index())
 
 
-def calibration(confidences: pd.DataFrame, bins: int = 10, source: str = "") -> Figure:
+def calibration(confidences: pd.DataFrame, bins: int = 10, source: str = "", fit=None) -> Figure:
     """Reliability diagram: observed acceptance of a drafted token against its confidence, per
     metric, with each metric's ROC AUC for predicting acceptance; token counts per bin below.
 
     `confidences`: one row per drafted token with columns metric, confidence, accepted.
+    `fit`: an acceptance.AcceptanceFit: each metric's fitted curve (solid) and its held-out
+    Brier score and ECE, beside the raw confidence's read as a probability.
     """
     table = calibration_table(confidences, bins)
     fig, axes = _figure(7.5, 6.5, 2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 1.2]})
@@ -91,8 +93,15 @@ def calibration(confidences: pd.DataFrame, bins: int = 10, source: str = "") -> 
     for i, (metric, rows) in enumerate(table.groupby("metric", sort=False)):
         tokens = confidences[confidences["metric"] == metric]
         auc = roc_auc(tokens["confidence"], tokens["accepted"])
-        top.plot(rows["confidence"], rows["acceptance"], "o-", color=f"C{i}",
-                 label=f"{metric}  AUC {auc:.3f}  ({len(tokens)} tokens)")
+        label = f"{metric}  AUC {auc:.3f}  ({len(tokens)} tokens)"
+        if fit is not None and metric in fit.curves:
+            q = fit.quality.get(metric, {})
+            if q:
+                label += f"\n  fit: Brier {q['brier']:.3f} (raw {q['raw_brier']:.3f}), ECE {q['ece']:.3f} (raw {q['raw_ece']:.3f})"
+            grid = np.linspace(0, 1, 201)
+            top.plot(grid, fit.curves[metric](grid), "-", color=f"C{i}", lw=1.5, alpha=0.8)
+        top.plot(rows["confidence"], rows["acceptance"], "o:" if fit is not None else "o-", color=f"C{i}",
+                 label=label)
         bottom.bar(rows["bin"] / bins + (i + 0.5) * width, rows["tokens"], width=width, color=f"C{i}")
     top.set_ylabel("acceptance (share of drafted tokens accepted)")
     top.set_ylim(-0.03, 1.03)
