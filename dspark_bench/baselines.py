@@ -7,11 +7,14 @@ token, so speedup is measured against a loop as fast as a plain loop can be. The
 
 from __future__ import annotations
 
+import contextlib
+import copy
+
 import torch
 
 from dspark_bench.cache import CachedLM
 from dspark_bench.config import DecodeConfig
-from dspark_bench.engine import DecodeResult
+from dspark_bench.engine import DecodeResult, Round
 from dspark_bench.sampling import choose, distribution, make_generator
 
 
@@ -66,3 +69,61 @@ def hf_generate(
         hook.remove()
     tokens = out[0, len(prompt_ids) :].tolist()
     return DecodeResult(tokens=tokens, target_forwards=len(forwards) - 1)  # the prefill is not counted
+
+
+def hf_assistant_settings(config: DecodeConfig) -> dict:
+    """The assistant's generation-config knobs that run `config` under HF's own rule (what
+    `export --format hf` writes). A fixed schedule is a threshold of 0 (HF then never stops early)."""
+    return {"num_assistant_tokens": config.gamma_max, "num_assistant_tokens_schedule": "constant",
+            "assistant_confidence_threshold": 0.0 if config.schedule == "fixed" else config.threshold}
+
+
+@contextlib.contextmanager
+def hf_rounds(rounds: list[Round]):
+    """Record each round of HF's assisted generation (drafted, accepted) as it updates its candidate
+    strategy, with HF's threshold re-fit switched off: with scikit-learn installed HF re-fits
+    assistant_confidence_threshold every round from an ROC curve, and the policy run must be the
+    policy exported (and replayed)."""
+    from transformers.generation import candidate_generator as hf
+
+    original = hf.AssistedCandidateGenerator.update_candidate_strategy
+
+    def update(self, input_ids, scores, num_matches):
+        drafted = scores.shape[1] - 1
+        rounds.append(Round(drafted, int(num_matches), int(num_matches) + 1,
+                            "threshold" if drafted < self.num_assistant_tokens else "gamma_max", [], [], -1, 0))
+        return original(self, input_ids, scores, num_matches)
+
+    sklearn = hf.is_sklearn_available
+    hf.AssistedCandidateGenerator.update_candidate_strategy = update
+    hf.is_sklearn_available = lambda: False
+    try:
+        yield
+    finally:
+        hf.AssistedCandidateGenerator.update_candidate_strategy = original
+        hf.is_sklearn_available = sklearn
+
+
+@torch.inference_mode()
+def hf_assisted_decode(
+    target: torch.nn.Module, draft: torch.nn.Module, prompt_ids: list[int], config: DecodeConfig,
+    eos_ids: frozenset[int] = frozenset(),
+) -> DecodeResult:
+    """HF assisted generation (`generate(assistant_model=draft)`) running `config` under HF's rule:
+    `run --engine hf`, a peer engine timed against the same baseline. Its rounds come from HF's
+    own bookkeeping (drafted and accepted per target pass); confidences are not exposed."""
+    saved = draft.generation_config
+    draft.generation_config = copy.deepcopy(saved)
+    draft.generation_config.update(**hf_assistant_settings(config))
+    rounds: list[Round] = []
+    forwards = []
+    hook = draft.register_forward_hook(lambda *_: forwards.append(1))
+    try:
+        with hf_rounds(rounds):
+            result = hf_generate(target, prompt_ids, config, eos_ids, assistant=draft)
+    finally:
+        hook.remove()
+        draft.generation_config = saved
+    result.rounds, result.draft_forwards = rounds, len(forwards)
+    result.target_forwards = len(rounds)  # assisted generation has no separate prefill pass
+    return result

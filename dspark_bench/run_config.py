@@ -60,6 +60,9 @@ class RunConfig:
     # prompts ("refill", continuous batching) or the batch empties before the next starts ("drain")
     batch_sizes: tuple[int, ...] = (1,)
     batching: str = "refill"
+    # --- the speculative side: our engine, or HF assisted generation (`generate(assistant_model=…)`)
+    # running each policy under HF's own rule, timed against the same baseline
+    engine: str = "ours"
     # --- runner
     repeats: int = 1  # timed baseline/speculative pairs per prompt and policy (medians kept)
     warmup: int = 1  # untimed decodes of each kind before timing starts
@@ -96,7 +99,7 @@ class RunConfig:
 
         return RunnerSettings(repeats=self.repeats, warmup=self.warmup, trace=self.trace,
                               chat_template=self.chat_template, turns=self.turns, ignore_eos=self.ignore_eos,
-                              batching=self.batching)
+                              batching=self.batching, engine=self.engine)
 
 
 def check(config: RunConfig) -> None:
@@ -116,11 +119,24 @@ def check(config: RunConfig) -> None:
     if max(config.batch_sizes) > 1 and config.turns == "all":
         raise DsparkError("--turns all decodes each turn on the previous answer, one prompt at a time; "
                           "use --batch-size 1 with it")
+    if config.engine not in ("ours", "hf"):
+        raise DsparkError(f"--engine must be ours or hf (got {config.engine!r})")
+    if config.engine == "hf" and max(config.batch_sizes) > 1:
+        raise DsparkError("--engine hf decodes one request at a time (HF assisted generation has no batching); "
+                          "use --batch-size 1")
     if config.calibration is not None and config.policies is not None:
         raise DsparkError("a calibration chooses the policies; a run cannot also list them")
     if config.policies is not None and not config.policies:
         raise DsparkError("the run lists no policy to decode")
     configs = config.decode_configs()  # every policy of the grid is valid (one clear line if not)
+    if config.engine == "hf":
+        from dspark_bench.export import expressible
+
+        for c in configs:
+            if expressible(c, "hf"):
+                raise DsparkError(f"--engine hf runs HF's own rule, which cannot express {c.label()} (it needs "
+                                  f"{'; '.join(expressible(c, 'hf'))}); use --metric top1 --min-draft-len 0 "
+                                  "--semantics hf, or --schedule fixed")
     if any(c.schedule == "goodput" for c in configs):
         from dspark_bench.goodput import rule_for
 

@@ -42,6 +42,15 @@ class RunnerSettings:
     # (as benchmark suites' "ignore EOS" does), so sampled outputs have equal lengths.
     ignore_eos: bool = False
     batching: str = "refill"  # B > 1: "refill" rows from the waiting prompts as they finish, or "drain"
+    engine: str = "ours"  # the speculative side: our engine, or "hf" assisted generation under HF's rule
+
+    def speculative(self):
+        """The speculative decoder this run times against the baseline."""
+        if self.engine == "hf":
+            from dspark_bench.baselines import hf_assisted_decode
+
+            return hf_assisted_decode
+        return speculative_decode
 
     def eos_ids(self, pair: ModelPair) -> frozenset[int]:
         """The ids that end a sequence in this run: none when EOS is ignored."""
@@ -104,8 +113,8 @@ def config_columns(config: DecodeConfig, config_id: int) -> dict:
 
 
 def measure(pair: ModelPair, prompt_ids: list[int], config: DecodeConfig, repeats: int, eos: frozenset[int],
-            offset: int = 0):
-    """Baseline and speculative decode of one prompt, interleaved; medians of the times."""
+            offset: int = 0, decode=speculative_decode):
+    """Baseline and speculative decode (`decode`) of one prompt, interleaved; medians of the times."""
     base_times, spec_times = [], []
     for repeat in range(repeats):
         # A B, then B A (and each sample starting where the last did not, by `offset`): neither
@@ -115,7 +124,7 @@ def measure(pair: ModelPair, prompt_ids: list[int], config: DecodeConfig, repeat
                 baseline, t = timed(lambda: autoregressive_decode(pair.target, prompt_ids, config, eos), pair.device)
                 base_times.append(t)
             else:
-                spec, t = timed(lambda: speculative_decode(pair.target, pair.draft, prompt_ids, config, eos),
+                spec, t = timed(lambda: decode(pair.target, pair.draft, prompt_ids, config, eos),
                                 pair.device)
                 spec_times.append(t)
     return baseline, spec, statistics.median(base_times), statistics.median(spec_times)
@@ -133,7 +142,7 @@ def warm_up(pair: ModelPair, prompts: list[Prompt], configs: list[DecodeConfig],
     ids = encode(pair.tokenizer, prompts[0].text, settings.chat_template)
     short = configs[0].replace(max_new_tokens=min(16, configs[0].max_new_tokens))
     for _ in range(settings.warmup):
-        measure(pair, ids, short, repeats=1, eos=settings.eos_ids(pair))
+        measure(pair, ids, short, repeats=1, eos=settings.eos_ids(pair), decode=settings.speculative())
 
 
 def iter_samples(
@@ -157,7 +166,8 @@ def iter_samples(
             for turn, text in enumerate(conversation(prompt, settings)):
                 ids = encode(pair.tokenizer, text, settings.chat_template, history)
                 baseline, spec, base_time, spec_time = measure(pair, ids, config, settings.repeats,
-                                                               settings.eos_ids(pair), offset=measured)
+                                                               settings.eos_ids(pair), offset=measured,
+                                                               decode=settings.speculative())
                 measured += 1
                 base = {"prompt_id": prompt.id, "category": prompt.category, "turn": turn, **config_columns(config, config_id)}
                 row = sample_fields(base, spec, baseline, config, len(ids), base_time, spec_time)

@@ -122,3 +122,37 @@ def test_export_of_a_run_without_a_record_says_what_the_engine_lacks(saved_pair,
     result = runner.invoke(app, ["export", str(folder), "--format", "vllm"])
     assert result.exit_code == 0, result.output
     assert json.loads((folder / "export" / "speculative_config.json").read_text())["num_speculative_tokens"] == 3
+
+
+def test_hf_assisted_generation_runs_the_exported_policy_round_for_round():
+    """HF's own engine, under the HF rule export writes: its rounds (drafted, accepted) are replay's
+    and our engine's, and its output the target's own (the shipped pair, two code prompts)."""
+    from types import SimpleNamespace
+
+    from dspark_bench.baselines import hf_assisted_decode, hf_assistant_settings
+    from dspark_bench.engine import speculative_decode
+    from dspark_bench.models import load_pair
+    from dspark_bench.prompts import encode
+    from dspark_bench.replay import record, simulate
+    from dspark_bench.tasks import load_prompts
+
+    pair = load_pair(device="cpu")
+    prompts, _, _ = load_prompts("code", None, limit=2)
+    ids = [encode(pair.tokenizer, p.text) for p in prompts]
+    rec = record(SimpleNamespace(target=pair.target, draft=pair.draft, eos_ids=pair.eos_ids), ids, 40, 6)
+    policies = [DecodeConfig(semantics="hf", threshold=0.3, gamma_max=6, min_draft_len=0, max_new_tokens=40),
+                DecodeConfig(semantics="hf", threshold=0.7, gamma_max=3, min_draft_len=0, max_new_tokens=40),
+                DecodeConfig(schedule="fixed", gamma_max=4, max_new_tokens=40)]
+    for config in policies:
+        replayed = simulate(rec, config)
+        for p, prompt in enumerate(ids):
+            hf = hf_assisted_decode(pair.target, pair.draft, prompt, config, pair.eos_ids)
+            ours = speculative_decode(pair.target, pair.draft, prompt, config, pair.eos_ids)
+            assert hf.tokens == ours.tokens == rec.continuation[p, : rec.lengths[p]].tolist()
+            rounds = [(r.drafted, r.accepted) for r in hf.rounds]
+            assert rounds == [(r.drafted, r.accepted) for r in ours.rounds] == [
+                (r.drafted, r.accepted) for r in replayed[p]], config.label()
+    # What `export --format hf` writes is what ran; HF's own settings are left as they were.
+    assert hf_assistant_settings(policies[0]) == {"num_assistant_tokens": 6, "num_assistant_tokens_schedule": "constant",
+                                                  "assistant_confidence_threshold": 0.3}
+    assert pair.draft.generation_config.num_assistant_tokens in (None, 20)

@@ -39,6 +39,7 @@ def baseline(saved_pair, prompts_file, tmp_path_factory) -> Path:
 def worse_decoder(monkeypatch):
     # Never keep a drafted token: drafts are empty, so tokens_per_round drops to 1.
     monkeypatch.setattr("dspark_bench.engine.keeps", lambda *args: False)
+    monkeypatch.setattr("dspark_bench.engine.forced", lambda config: 0)  # not even the first min_draft_len
 
 
 def test_unchanged_rerun_passes(baseline, tmp_path):
@@ -149,6 +150,7 @@ def test_update_rewrites_the_baseline(baseline, saved_pair, prompts_file, tmp_pa
     assert {p.name for p in ci.iterdir()} == {*lib.BASELINE_FILES, "baseline.json"}
 
     monkeypatch.setattr("dspark_bench.engine.keeps", lambda *args: False)
+    monkeypatch.setattr("dspark_bench.engine.forced", lambda config: 0)  # not even the first min_draft_len
     worse = benchmark(tmp_path / "worse", *saved_pair, prompts_file)
     assert invoke("regress", "--baseline", ci / "summary.json", "--current", worse).exit_code == 1
 

@@ -27,6 +27,7 @@ def run(
     threshold_start: ThresholdStart = 0.3, threshold_end: ThresholdEnd = 0.8, topk: TopK = 5,
     temperature: Temperature = 0.0, top_p: TopP = 1.0, max_new_tokens: MaxNewTokens = None, seed: Seed = 0,
     batch_size: BatchSizes = None, batching: Batching = "refill",
+    engine: Annotated[str, typer.Option(help="The speculative side: ours | hf (HF assisted generation, HF's rule: --semantics hf, top1, --min-draft-len 0).")] = "ours",
     repeats: Repeats = 1,
     trace: Annotated[bool, typer.Option(help="Also write rounds.parquet, the per-round trace.")] = False,
     ignore_eos: IgnoreEos = False,
@@ -97,6 +98,7 @@ def print_summary(folder: Path, table) -> None:
     models = info["models"]
     title = f"{info['prompts']['count']} prompts · {models['device']} · {models['dtype']}"
     title += " · EOS ignored" if info["settings"].get("ignore_eos") else ""
+    title += " · speculative side: HF assisted generation" if info["settings"].get("engine") == "hf" else ""
     if "batch_size" in table and (table["batch_size"] > 1).any():
         title += f" · B>1: padded layout, {info['settings'].get('batching', 'refill')}ed batches"
     out_console.print(summary_table(table, title))
