@@ -62,20 +62,24 @@ def fit_curve(confidence: np.ndarray, accepted: np.ndarray) -> Curve:
     """Isotonic regression (scikit-learn) of accepted (0/1) on confidence, clipped to [0, 1]."""
     from sklearn.isotonic import IsotonicRegression
 
-    if len(confidence) == 0:
+    confidence, accepted = np.asarray(confidence, float), np.asarray(accepted, float)
+    finite = np.isfinite(confidence)  # a NaN confidence (a broken draft step) tells nothing
+    if not finite.any():
         raise DsparkError("no drafted tokens with a verdict to fit acceptance on")
     iso = IsotonicRegression(y_min=0.0, y_max=1.0, increasing=True, out_of_bounds="clip")
-    iso.fit(np.asarray(confidence, float), np.asarray(accepted, float))
+    iso.fit(confidence[finite], accepted[finite])
     return Curve(tuple(float(v) for v in iso.X_thresholds_), tuple(float(v) for v in iso.y_thresholds_))
 
 
 def brier(probability: np.ndarray, accepted: np.ndarray) -> float:
-    return float(np.mean((np.asarray(probability, float) - np.asarray(accepted, float)) ** 2))
+    return float(np.nanmean((np.asarray(probability, float) - np.asarray(accepted, float)) ** 2))
 
 
 def ece(probability: np.ndarray, accepted: np.ndarray, bins: int = ECE_BINS) -> float:
     """Expected calibration error: Σ_bins (tokens in bin / tokens) · |mean accepted − mean probability|."""
     probability, accepted = np.asarray(probability, float), np.asarray(accepted, float)
+    finite = np.isfinite(probability)
+    probability, accepted = probability[finite], accepted[finite]
     which = np.clip((probability * bins).astype(int), 0, bins - 1)
     total = 0.0
     for b in range(bins):

@@ -90,8 +90,10 @@ def hf_rounds(rounds: list[Round]):
 
     def update(self, input_ids, scores, num_matches):
         drafted = scores.shape[1] - 1
-        rounds.append(Round(drafted, int(num_matches), int(num_matches) + 1,
-                            "threshold" if drafted < self.num_assistant_tokens else "gamma_max", [], [], -1, 0))
+        budget = self.main_model_max_length - (input_ids.shape[1] - int(num_matches) - 1) - 1
+        reason = ("gamma_max" if drafted >= self.num_assistant_tokens else "budget" if drafted >= budget
+                  else "threshold")  # (or EOS: HF does not say which)
+        rounds.append(Round(drafted, int(num_matches), int(num_matches) + 1, reason, [], [], -1, 0))
         return original(self, input_ids, scores, num_matches)
 
     sklearn = hf.is_sklearn_available

@@ -39,7 +39,8 @@ class DecodeConfig:
     min_draft_len: int = field(default=1, metadata=POLICY)  # always draft at least this many
     topk: int = field(default=5, metadata={"policy": True, "searched": False})  # k of "topk_mass"
     # Batch size B > 1, padded layout: once fewer than this share of a round's rows are still
-    # drafting (and every row has min_draft_len), the round's draft stops for all of them, so a
+    # drafting (and every row has drafted the positions its rule always keeps: min_draft_len,
+    # none under llama.cpp's), the round's draft stops for all of them, so a
     # batch stops paying for the longest drafts of a confident few. 0: each row stops on its own.
     batch_quorum: float = field(default=0.0, metadata=POLICY)
     semantics: str = field(default="dspark", metadata=POLICY)  # the engine whose rule variant applies

@@ -31,6 +31,7 @@ from dspark_bench.config import DecodeConfig, from_dict, with_defaults
 from dspark_bench.errors import DsparkError
 
 FORMATS = ("hf", "vllm", "sglang", "trtllm", "llamacpp")
+VLLM_LAST_BATCH = 1 << 16  # the top of the last batch-size range written for vLLM
 THRESHOLDS = tuple(round(t, 2) for t in np.arange(0.0, 1.0, 0.05))  # the nearest-policy search's grid
 
 
@@ -83,10 +84,20 @@ class RunPolicies:
     record: Path | None  # replay record, where the run has one
     cost: dict | None  # cost_model.json / cost_surface.json contents
 
+    @property
+    def depth(self) -> int:
+        """The deepest draft the record can replay."""
+        from dspark_bench.results import read_json
 
-def policy_of(row: pd.Series) -> DecodeConfig:
+        return int(read_json(self.record / "record.json", "record file")["gamma_record"])
+
+
+def policy_of(row: pd.Series, folder: Path) -> DecodeConfig:
     fields = DecodeConfig.__dataclass_fields__
-    return from_dict(with_defaults({k: (v.item() if hasattr(v, "item") else v) for k, v in row.items() if k in fields}))
+    values = with_defaults({k: (v.item() if hasattr(v, "item") else v) for k, v in row.items() if k in fields})
+    if values["goodput_model"] and not Path(values["goodput_model"]).exists() and (folder / "goodput_model.json").is_file():
+        values["goodput_model"] = str(folder / "goodput_model.json")  # the sweep moved, or runs from elsewhere
+    return from_dict(values)
 
 
 def load_run(folder: Path) -> RunPolicies:
@@ -105,8 +116,10 @@ def load_run(folder: Path) -> RunPolicies:
         samples = pd.read_parquet(folder / "samples.parquet")
         fields = [c for c in DecodeConfig.__dataclass_fields__ if c in samples]
         policies = samples.groupby("config_id", sort=True)[fields].first().reset_index()
-        measured = summarize(samples)[["config_id", "speedup"]]
-        table = policies.merge(measured, on="config_id")
+        measured = summarize(samples)
+        if "speedup" not in measured:
+            raise DsparkError(f"{folder} has no best policy: its samples carry no measured speedup")
+        table = policies.merge(measured[["config_id", "speedup"]], on="config_id")
     else:
         raise DsparkError(f"{folder} has no results to export (no trials.parquet or samples.parquet)")
     best = {}
@@ -116,7 +129,8 @@ def load_run(folder: Path) -> RunPolicies:
         if column not in rows or rows[column].isna().all():
             continue
         top = rows.sort_values(column, ascending=False).iloc[0]
-        best[int(batch_size)] = (policy_of(top), float(top[column]), "measured" if column == "speedup" else "predicted")
+        best[int(batch_size)] = (policy_of(top, folder), float(top[column]),
+                                 "measured" if column == "speedup" else "predicted")
     if not best:
         raise DsparkError(f"{folder} has no best policy (no measured or predicted speedup)")
     summary = read_json(folder / "summary.json", "summary file") if (folder / "summary.json").is_file() else {}
@@ -137,8 +151,8 @@ def replayed(run: RunPolicies, configs: list[DecodeConfig]) -> np.ndarray:
 
     rec = Record.load(run.record)
     configs = [c.replace(max_new_tokens=rec.max_new_tokens) for c in configs]
-    gamma = rec.gamma_record
-    configs = [c for c in configs if c.gamma_max <= gamma]
+    if any(c.gamma_max > rec.gamma_record for c in configs):
+        raise DsparkError(f"the run's record is {rec.gamma_record} tokens deep; it cannot replay a longer draft")
     if run.cost["kind"] == "cost_surface.json":
         surface = CostSurface.from_dict({k: v for k, v in run.cost.items() if k != "kind"})
         return predict_batched(rec, configs, surface)["predicted_speedup"].to_numpy()
@@ -165,22 +179,34 @@ def choose(run: RunPolicies, fmt: str) -> list[Choice]:
     for batch_size in sizes:
         tuned, speedup, _ = run.best[batch_size]
         reasons = expressible(tuned, fmt)
+        replayable = run.record is not None and run.cost is not None and tuned.gamma_max <= run.depth
         if not reasons:
-            tuned_speedup = replayed(run, [tuned])[0] if run.record and run.cost else speedup
+            tuned_speedup = replayed(run, [tuned])[0] if replayable else speedup
             out.append(Choice(batch_size, tuned, float(tuned_speedup), tuned, float(tuned_speedup), []))
             continue
-        if run.record is None or run.cost is None:
+        if not replayable:
             raise DsparkError(f"{fmt} cannot run the best policy ({tuned.label()}): it needs "
                               f"{'; '.join(reasons)}, and {run.folder.name} has no replay record to find the nearest "
                               "policy it can run; export a replay sweep's folder")
-        gammas = sorted({*range(1, 9), tuned.gamma_max})
-        pool = candidates(fmt, tuned, gammas)
+        pool = candidates(fmt, tuned, list(range(1, run.depth + 1)))
         speedups = replayed(run, [tuned] + pool)
-        pool = [c for c in pool if c.gamma_max <= len(speedups)]  # (replayed drops γ beyond the record)
-        pool_speedups = speedups[1:]
-        best = int(np.argmax(pool_speedups))
-        out.append(Choice(batch_size, tuned, float(speedups[0]), pool[best], float(pool_speedups[best]), reasons))
-    return out
+        best = int(np.argmax(speedups[1:]))
+        out.append(Choice(batch_size, tuned, float(speedups[0]), pool[best], float(speedups[1 + best]), reasons))
+    return cap_schedule(run, fmt, out)
+
+
+def cap_schedule(run: RunPolicies, fmt: str, choices: list[Choice]) -> list[Choice]:
+    """TensorRT-LLM's draft_len_schedule starts at batch size 1 with max_draft_len and never rises:
+    a longer draft at a larger batch size is capped there (and replayed as capped)."""
+    if fmt != "trtllm" or len(choices) < 2:
+        return choices
+    ceiling = choices[0].exported.gamma_max
+    for c in choices[1:]:
+        if c.exported.gamma_max > ceiling:
+            c.exported = c.exported.replace(gamma_max=ceiling)
+            c.exported_speedup = float(replayed(run, [c.exported])[0]) if run.record and run.cost else None
+            c.reasons = c.reasons + [f"a draft longer than at the smallest batch size (capped at {ceiling})"]
+    return choices
 
 
 # --- the files, in each engine's own words ------------------------------------------------------
@@ -199,12 +225,17 @@ def render(fmt: str, choices: list[Choice], models: dict) -> str:
         return json.dumps(values, indent=2) + "\n"
     if fmt == "llamacpp":
         p_min = 0.0 if first.schedule == "fixed" else first.threshold
+        minimum = 0 if first.schedule == "fixed" else first.min_draft_len  # llama.cpp would discard short drafts
         return shlex.join(["--model-draft", str(draft), "--draft-max", str(first.gamma_max),
-                           "--draft-min", str(first.min_draft_len), "--draft-p-min", f"{p_min:g}"]) + "\n"
+                           "--draft-min", str(minimum), "--draft-p-min", f"{p_min:g}"]) + "\n"
     if fmt == "vllm":
-        values = {"method": "draft_model", "model": str(draft), "num_speculative_tokens": first.gamma_max}
-        if len(choices) > 1:
-            values["num_speculative_tokens_per_batch_size"] = {str(c.batch_size): c.exported.gamma_max for c in choices}
+        values = {"method": "draft_model", "model": str(draft),
+                  "num_speculative_tokens": max(c.exported.gamma_max for c in choices)}
+        if len(choices) > 1:  # [[lowest batch size, highest, length], ...] from batch size 1 up
+            starts = [1] + [c.batch_size for c in choices[1:]]
+            ends = [b - 1 for b in starts[1:]] + [VLLM_LAST_BATCH]
+            values["num_speculative_tokens_per_batch_size"] = [
+                [lo, hi, c.exported.gamma_max] for lo, hi, c in zip(starts, ends, choices)]
         return json.dumps(values, indent=2) + "\n"
     if fmt == "sglang":
         values = {"speculative_algorithm": "STANDALONE", "speculative_draft_model_path": str(draft),
@@ -213,10 +244,9 @@ def render(fmt: str, choices: list[Choice], models: dict) -> str:
         return json.dumps(values, indent=2) + "\n"
     import yaml
 
-    config = {"decoding_type": "DraftTarget", "speculative_model": str(draft),
-              "max_draft_len": max(c.exported.gamma_max for c in choices)}
-    if len(choices) > 1:
-        config["draft_len_schedule"] = {c.batch_size: c.exported.gamma_max for c in choices}
+    config = {"decoding_type": "DraftTarget", "speculative_model": str(draft), "max_draft_len": first.gamma_max}
+    if len(choices) > 1:  # starts at batch size 1, with max_draft_len (cap_schedule keeps it non-rising)
+        config["draft_len_schedule"] = {1 if i == 0 else c.batch_size: c.exported.gamma_max for i, c in enumerate(choices)}
     return yaml.safe_dump({"speculative_config": config}, sort_keys=False)
 
 
@@ -236,8 +266,8 @@ def parse(fmt: str, text: str) -> dict:
         values = json.loads(text)
         if fmt == "sglang":
             return {1: (values["speculative_num_steps"], 0.0, 0, "dspark")}
-        table = values.get("num_speculative_tokens_per_batch_size", {"1": values["num_speculative_tokens"]})
-        return {int(b): (g, 0.0, 0, "dspark") for b, g in table.items()}
+        ranges = values.get("num_speculative_tokens_per_batch_size", [[1, VLLM_LAST_BATCH, values["num_speculative_tokens"]]])
+        return {int(lo): (min(k, values["num_speculative_tokens"]), 0.0, 0, "dspark") for lo, _, k in ranges}
     import yaml
 
     config = yaml.safe_load(text)["speculative_config"]
@@ -253,10 +283,11 @@ NOTES = {
           "policy holds it fixed.",
     "llamacpp": "llama.cpp's draft probability is the top-1 of the draft's top-10 (renormalised): a little above "
                 "our top1, so it drafts a little longer at the same --draft-p-min.",
-    "vllm": "num_speculative_tokens_per_batch_size is written only for runs with several batch sizes; an engine "
-            "version without it takes num_speculative_tokens for all.",
+    "vllm": "num_speculative_tokens_per_batch_size (ranges of batch sizes from 1, each with its length) is written "
+            "only for runs with several batch sizes; a vLLM version without that field refuses it: drop the key there.",
     "sglang": "SGLang's STANDALONE algorithm drafts with a separate small model (topk 1: a chain, not a tree).",
-    "trtllm": "draft_len_schedule maps a batch size to a draft length (TensorRT-LLM's DraftTarget config).",
+    "trtllm": "draft_len_schedule maps a batch size to a draft length from batch size 1 (= max_draft_len) down; "
+              "TensorRT-LLM's DraftTarget config.",
 }
 
 
@@ -264,6 +295,8 @@ def export(folder: Path, fmt: str, out: Path | None = None) -> tuple[Path, list[
     """Write the run's best policy for `fmt` (beside the run unless `out`): (file, choices, text)."""
     from dspark_bench.results import write_text
 
+    if fmt not in FORMATS:
+        raise DsparkError(f"unknown export format {fmt!r}; choose one of {', '.join(FORMATS)}")
     run = load_run(folder)
     choices = choose(run, fmt)
     text = render(fmt, choices, run.info.get("models", {}))

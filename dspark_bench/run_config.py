@@ -86,13 +86,15 @@ class RunConfig:
                     for policy in self.policies for b in sizes(policy)]
         grid = itertools.product(self.batch_sizes, self.metric, self.schedule, self.threshold, self.gamma_max,
                                  self.min_draft_len, self.semantics)
+        # goodput has no threshold and keeps its last token under our rule and HF's alike: one policy each.
         configs = [DecodeConfig(metric=m, schedule=s, threshold=self.threshold[0] if s == "goodput" else t,
-                                gamma_max=g, min_draft_len=n, semantics=e, threshold_start=self.threshold_start,
+                                gamma_max=g, min_draft_len=n, semantics="dspark" if s == "goodput" and e == "hf" else e,
+                                threshold_start=self.threshold_start,
                                 threshold_end=self.threshold_end, topk=self.topk, temperature=self.temperature,
                                 top_p=self.top_p, max_new_tokens=tokens, seed=self.seed, batch_size=b,
                                 goodput_model=self.goodput_model if s == "goodput" else "")
                    for b, m, s, t, g, n, e in grid]
-        return list(dict.fromkeys(configs))  # goodput has no threshold: one policy for all of them
+        return list(dict.fromkeys(configs))
 
     def settings(self):
         from dspark_bench.runner import RunnerSettings
@@ -121,6 +123,8 @@ def check(config: RunConfig) -> None:
                           "use --batch-size 1 with it")
     if config.engine not in ("ours", "hf"):
         raise DsparkError(f"--engine must be ours or hf (got {config.engine!r})")
+    if config.engine == "hf" and config.ignore_eos:
+        raise DsparkError("--engine hf cannot ignore EOS (HF generate falls back to the model's own EOS); drop --ignore-eos")
     if config.engine == "hf" and max(config.batch_sizes) > 1:
         raise DsparkError("--engine hf decodes one request at a time (HF assisted generation has no batching); "
                           "use --batch-size 1")

@@ -110,7 +110,7 @@ def goodput_points(configs: list[DecodeConfig], model_file: Path) -> list[Decode
     threshold to search, so it joins every replay sweep, as fixed gamma does."""
     base = configs[0]
     return [base.replace(schedule="goodput", metric=m, gamma_max=g, min_draft_len=0, batch_size=b, semantics="dspark",
-                         goodput_model=str(model_file))
+                         batch_quorum=0.0, goodput_model=str(Path(model_file).resolve()))
             for b in sorted({c.batch_size for c in configs}) for m in dict.fromkeys(c.metric for c in configs)
             for g in sorted({c.gamma_max for c in configs})]
 

@@ -93,6 +93,15 @@ def test_the_fit_recovers_a_known_acceptance_curve():
     assert AcceptanceFit.from_dict(fit.to_dict()).curves["top1"](0.5) == fit.curves["top1"](0.5)
 
 
+def test_a_record_with_nan_confidences_still_fits():
+    from test_replay import random_record
+
+    rec = random_record(0)  # NaN and tied confidences, EOS in rollouts
+    fit = fit_record(rec)
+    assert all(np.isfinite(fit.curves[m](np.linspace(0, 1, 11))).all() for m in fit.curves)
+    assert all(np.isfinite(q["brier"]) and np.isfinite(q["ece"]) for q in fit.quality.values())
+
+
 def test_brier_and_ece_by_hand():
     probability, accepted = np.array([0.9, 0.9, 0.1, 0.1]), np.array([1, 0, 0, 0])
     assert brier(probability, accepted) == pytest.approx((0.01 + 0.81 + 0.01 + 0.01) / 4)

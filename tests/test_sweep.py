@@ -207,7 +207,7 @@ def test_replay_sweep_confirms_its_best_policies(saved_pair, prompts_file, tmp_p
     model = json.loads((folder / "goodput_model.json").read_text())
     assert model["acceptance"] == json.loads((record_dir / "acceptance.json").read_text())
     assert set(model["acceptance"]["quality"]) == {"top1", "entropy", "topk_mass", "margin"}
-    assert set(confirmed["goodput_model"]) >= {str(folder / "goodput_model.json")}
+    assert set(confirmed["goodput_model"]) >= {str((folder / "goodput_model.json").resolve())}
     best_predicted = table[table["schedule"] != "fixed"]["predicted_speedup"].max()
     assert best_predicted in confirmed["predicted_speedup"].to_list()
     assert (confirmed["identical_to_baseline"] == 1.0).all()

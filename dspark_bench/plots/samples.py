@@ -107,7 +107,7 @@ def calibration(confidences: pd.DataFrame, bins: int = 10, source: str = "", fit
     top.set_ylim(-0.03, 1.03)
     top.set_xlim(0, 1)
     top.grid(alpha=0.3)
-    top.legend(fontsize=8, loc="upper left")
+    top.legend(fontsize=8, loc="lower right")  # high confidence, low acceptance: the empty corner
     if source:
         top.set_title(source, fontsize=9)
     bottom.set_ylabel("tokens")
