@@ -204,8 +204,9 @@ def say_replay_plan(spec: SweepSpec, prepared: Prepared, first_ids: list[int], c
     # Confirmed: the best scheduled few + the best goodput + the best fixed γ, at each batch size.
     sizes = {c.batch_size for c in configs}
     scheduled = sum(c.schedule != "fixed" for c in configs) // len(sizes)
+    policies = len(configs) + len(goodput_points(configs, Path("goodput_model.json")))  # goodput joins after recording
     line = replay_plan(seconds_per_token(prepared.pair, first_ids), len(prepared.prompts), prepared.base.max_new_tokens,
-                       len(configs), (min(spec.confirm_top, scheduled) + 2) * len(sizes), spec.repeats,
+                       policies, (min(spec.confirm_top, scheduled) + 2) * len(sizes), spec.repeats,
                        recorded=recorded)
     say(line + (" — an upper bound: a batched run takes less than a batch-1 one" if max(sizes) > 1 else ""))
 
