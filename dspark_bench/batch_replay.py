@@ -24,8 +24,8 @@ import pandas as pd
 from dspark_bench.config import DecodeConfig
 from dspark_bench.cost import CostSurface
 from dspark_bench.errors import DsparkError
-from dspark_bench.replay import (Record, _first_failures, _signals, _thresholds, eos_positions, match_lengths,
-                                 rule_arrays)
+from dspark_bench.replay import (Record, _first_failures, _round_length, _signals, _thresholds, eos_positions,
+                                 match_lengths, rule_arrays)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -63,13 +63,7 @@ def _walk_batched(fail, gamma_max, min_draft_len, discard_below, quorum, matches
             if p >= 0:
                 j = slot_j[s]
                 cap = min(gamma_max, max_new_tokens - j - 1)
-                stop, dropped = fail[p, j] >> 1, fail[p, j] & 1
-                length[s] = min(stop - 1, cap)
-                forwards[s] = length[s] + (dropped & (stop <= cap))
-                if cap < discard_below:  # llama.cpp's rule (replay._walk)
-                    length[s] = forwards[s] = 0
-                elif length[s] < discard_below:
-                    length[s] = 0
+                length[s], forwards[s] = _round_length(fail[p, j], cap, discard_below)
                 drafting[1 : forwards[s] + 1] += 1
         cut = G + 1  # the quorum rule: every row stops after the first step too few rows outlast
         if quorum > 0:

@@ -96,9 +96,11 @@ class Proposal:
         self.probs.append(probs)
         if token in eos_ids:
             self.stop_reason = "eos"
-        elif len(self.tokens) < self.limit and self.last:
+        elif len(self.tokens) >= self.limit:
+            pass  # the limit's reason, set by `start`, wins over the rule's
+        elif self.last:
             self.stop_reason = "threshold"
-        elif len(self.tokens) < self.limit:
+        else:
             return
         self.end()
 

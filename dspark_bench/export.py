@@ -19,6 +19,7 @@ what deploying on that engine costs.
 
 from __future__ import annotations
 
+import functools
 import json
 import shlex
 from dataclasses import dataclass
@@ -84,12 +85,17 @@ class RunPolicies:
     record: Path | None  # replay record, where the run has one
     cost: dict | None  # cost_model.json / cost_surface.json contents
 
+    @functools.cached_property
+    def rec(self):
+        """The replay record, read once (every replay of this export uses it)."""
+        from dspark_bench.replay import Record
+
+        return Record.load(self.record)
+
     @property
     def depth(self) -> int:
         """The deepest draft the record can replay."""
-        from dspark_bench.results import read_json
-
-        return int(read_json(self.record / "record.json", "record file")["gamma_record"])
+        return self.rec.gamma_record
 
 
 def policy_of(row: pd.Series, folder: Path) -> DecodeConfig:
@@ -147,9 +153,9 @@ def replayed(run: RunPolicies, configs: list[DecodeConfig]) -> np.ndarray:
     """Predicted speedups of `configs` on the run's record and cost model (at each one's B)."""
     from dspark_bench.batch_replay import predict_batched
     from dspark_bench.cost import CostModel, CostSurface
-    from dspark_bench.replay import Record, simulate_grid
+    from dspark_bench.replay import simulate_grid
 
-    rec = Record.load(run.record)
+    rec = run.rec
     configs = [c.replace(max_new_tokens=rec.max_new_tokens) for c in configs]
     if any(c.gamma_max > rec.gamma_record for c in configs):
         raise DsparkError(f"the run's record is {rec.gamma_record} tokens deep; it cannot replay a longer draft")

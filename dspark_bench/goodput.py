@@ -97,8 +97,13 @@ def load(path: str) -> GoodputModel:
 
 
 def rule_for(config) -> GoodputRule:
-    """The rule a goodput policy decides with (cached: the engine asks once per round)."""
-    return load(config.goodput_model).rule(config.metric, config.batch_size)
+    """The rule a goodput policy decides with (cached: the engine asks once per drafted token)."""
+    return _rule(config.goodput_model, config.metric, config.batch_size)
+
+
+@functools.lru_cache(maxsize=64)
+def _rule(path: str, metric: str, batch_size: int) -> GoodputRule:
+    return load(path).rule(metric, batch_size)
 
 
 def decisions(confidences: np.ndarray, rule: GoodputRule) -> np.ndarray:

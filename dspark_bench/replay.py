@@ -70,11 +70,11 @@ def check_replayable(rec: Record, config: DecodeConfig) -> None:
 def policy_signal(rec: Record, config: DecodeConfig) -> np.ndarray:
     """[P, N, G] float64: what the schedule compares with `_thresholds` at every rollout step.
     float64: the engine multiplies Python floats of the float32 values the record stores."""
-    values = rec.confidences[config.metric].astype(np.float64)
     if config.schedule == "goodput":  # 1 where the draft goes on after step k (goodput.py)
         from dspark_bench.goodput import decisions, rule_for
 
         return decisions(rec.confidences[config.metric], rule_for(config))
+    values = rec.confidences[config.metric].astype(np.float64)
     return np.cumprod(values, axis=2) if config.schedule == "cumulative" else values
 
 
@@ -184,6 +184,19 @@ def _first_failures(signal, thresholds, min_draft_len, keep, eos_step, out):  # 
 
 
 @numba.njit(cache=True, nogil=True)
+def _round_length(fail, cap, discard_below):  # pragma: no cover (compiled)
+    """(drafted, draft forwards) of a round from its `_first_failures` code and its cap
+    (min(gamma_max, budget)): a dropped step's forward counts too; llama.cpp's rule drafts
+    nothing when the cap is below its minimum and throws a shorter draft away."""
+    stop, dropped = fail >> 1, fail & 1
+    length = min(stop - 1, cap)  # a stop beyond the cap: drafted up to the cap
+    forwards = length + (dropped & (stop <= cap))
+    if cap < discard_below:
+        return 0, 0
+    return (0 if length < discard_below else length), forwards
+
+
+@numba.njit(cache=True, nogil=True)
 def _walk(fail, gamma_max, discard_below, matches, lengths, max_new_tokens, verify_cost, counts):  # pragma: no cover
     """The walk of `simulate` for one policy, keeping only totals: rounds, drafted, accepted,
     full blocks, draft forwards and Σ t_verify(L). Only round starts are visited, without a
@@ -194,13 +207,7 @@ def _walk(fail, gamma_max, discard_below, matches, lengths, max_new_tokens, veri
         j = 0
         while j < lengths[p]:
             cap = min(gamma_max, max_new_tokens - j - 1)
-            stop, dropped = fail[p, j] >> 1, fail[p, j] & 1
-            length = min(stop - 1, cap)  # a stop beyond the cap: drafted up to the cap
-            spent_forwards = length + (dropped & (stop <= cap))  # a dropped step's forward counts too
-            if cap < discard_below:  # llama.cpp's rule: no draft when the budget allows too few
-                length = spent_forwards = 0
-            elif length < discard_below:  # ... and a short draft is thrown away
-                length = 0
+            length, spent_forwards = _round_length(fail[p, j], cap, discard_below)
             a = min(length, matches[p, j])
             rounds += 1
             drafted += length

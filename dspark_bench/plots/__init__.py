@@ -13,7 +13,9 @@ from dspark_bench.plots.base import (COLORS, CURVE_METRICS, THRESHOLD_SCHEDULES,
                                      short_run)
 from dspark_bench.plots.batch import batch_sizes
 from dspark_bench.plots.policies import heatmap_value, speedup_heatmap, threshold_curves
-from dspark_bench.plots.samples import (calibration, calibration_table, confidences_from_record,
+# A record's drafted tokens with their verdicts: the acceptance fit's own extraction.
+from dspark_bench.acceptance import drafted_tokens as confidences_from_record
+from dspark_bench.plots.samples import (calibration, calibration_table,
                                         confidences_from_rounds, draft_lengths_from_positions, position_acceptance,
                                         roc_auc, round_trace, speedup_by_group, stop_reasons)
 from dspark_bench.plots.study import domain_threshold_curves, optimization_history, param_importances, pareto_front

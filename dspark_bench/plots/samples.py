@@ -130,20 +130,6 @@ def confidences_from_rounds(rounds: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({"metric": metric, "confidence": np.asarray(value, float), "accepted": accepted})
 
 
-def confidences_from_record(confidences: dict, matches: np.ndarray, lengths: np.ndarray) -> pd.DataFrame:
-    """Every rollout step k from every position j of a replay record, for every metric: step k
-    counts while the steps before it matched the target (k <= M[p, j]) and the token exists
-    (j + k < length); it is accepted iff k < M[p, j] (`replay.match_lengths`)."""
-    P, N, G = matches.shape + (next(iter(confidences.values())).shape[2],)
-    j = np.arange(N)[None, :, None]
-    k = np.arange(G)[None, None, :]
-    used = (k <= matches[:, :, None]) & (j + k < np.asarray(lengths)[:, None, None])
-    accepted = (k < matches[:, :, None])[used]
-    frames = [pd.DataFrame({"metric": name, "confidence": values[used].astype(float), "accepted": accepted})
-              for name, values in confidences.items()]
-    return pd.concat(frames, ignore_index=True)
-
-
 # --- the best policy: stop reasons, draft lengths, against the classic baseline ------------------
 
 
