@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 import pandas as pd
 
 from dspark_bench.errors import DsparkError
@@ -56,6 +57,20 @@ class Curve:
 
     def __call__(self, confidence):
         return np.interp(confidence, self.x, self.y)
+
+    def on_device(self, confidence: torch.Tensor) -> torch.Tensor:
+        """`np.interp`'s arithmetic on a float64 tensor, operation for operation, so the engine's
+        device-side rule (schedule.kept_on_device) decides exactly as the host and replay do."""
+        xp = torch.tensor(self.x, dtype=torch.float64, device=confidence.device)
+        fp = torch.tensor(self.y, dtype=torch.float64, device=confidence.device)
+        if len(xp) == 1:
+            return fp[0].expand(confidence.shape)
+        j = (torch.searchsorted(xp, confidence, right=True) - 1).clamp(0, len(xp) - 2)  # xp[j] <= c < xp[j+1]
+        x0, y0 = xp[j], fp[j]
+        slope = (fp[j + 1] - y0) / (xp[j + 1] - x0)
+        value = torch.where(confidence == x0, y0, slope * (confidence - x0) + y0)
+        value = torch.where(confidence >= xp[-1], fp[-1], value)
+        return torch.where(confidence < xp[0], fp[0], value)
 
 
 def fit_curve(confidence: np.ndarray, accepted: np.ndarray) -> Curve:

@@ -22,7 +22,7 @@ from dspark_bench.sampling import choose, distribution, make_generator
 def autoregressive_decode(
     target: torch.nn.Module, prompt_ids: list[int], config: DecodeConfig, eos_ids: frozenset[int] = frozenset()
 ) -> DecodeResult:
-    target_lm = CachedLM(target)
+    target_lm = CachedLM(target, config.compiled, len(prompt_ids) + config.max_new_tokens)
     target_lm.prefill(prompt_ids[:-1])
     generator = make_generator(config, target_lm.device)
     result, pending = DecodeResult(tokens=[]), prompt_ids[-1:]

@@ -26,9 +26,10 @@ import torch
 from dspark_bench import confidence
 from dspark_bench.batch_cache import BatchLM
 from dspark_bench.config import DecodeConfig
-from dspark_bench.engine import DecodeResult, Proposal, close_round, verify
+from dspark_bench.engine import Block, DecodeResult, Proposal, close_round, verify
+from dspark_bench.host import fetch
 from dspark_bench.schedule import forced
-from dspark_bench.sampling import choose, distribution, make_generator
+from dspark_bench.sampling import distribution, draw, make_generator, pick
 
 LAYOUTS = ("padded", "packed")  # packed is predicted by the cost model only (cost.py)
 
@@ -143,12 +144,16 @@ class SpeculativeStep:
         self.draft_loop(requests, proposals)
         feeds = [r.seq[self.target.lengths[i] :] + p.tokens for i, (r, p) in enumerate(zip(requests, proposals))]
         logits = self.target.forward(feeds)
-        choices = logits.argmax(dim=-1).tolist() if config.greedy else None  # greedy: one argmax for the batch
+        verdicts = []
         for i, (request, proposal, feed) in enumerate(zip(requests, proposals, feeds)):
             first = len(feed) - len(proposal.tokens) - 1
-            accepted, target_token = verify(logits[i, first : len(feed)], proposal, config, request.generator,
-                                            choices[i][first : len(feed)] if choices else None)
-            emitted, round_ = close_round(proposal, accepted, target_token, self.eos_ids)
+            tokens = torch.tensor(proposal.tokens, dtype=torch.long, device=logits.device)
+            block = Block(tokens, torch.stack(proposal.probs) if proposal.probs and not config.greedy else None,
+                          tokens[:0], len(proposal.tokens))
+            verdicts.append(verify(logits[i, first : len(feed)], block, config, request.generator))
+        accepted, target_tokens = fetch(*(torch.stack(column) for column in zip(*verdicts)))  # one read per round
+        for request, proposal, a, token in zip(requests, proposals, accepted, target_tokens):
+            emitted, round_ = close_round(proposal, a, token, self.eos_ids)
             request.seq += emitted
             request.result.tokens += emitted
             request.result.rounds.append(round_)
@@ -160,7 +165,7 @@ class SpeculativeStep:
             lm.rollback(committed)  # `serving` tidies the caches after every step
 
     def draft_loop(self, requests: list[Request], proposals: list[Proposal]) -> None:
-        """Draft forwards for the whole batch until every row has stopped."""
+        """Draft forwards for the whole batch until every row has stopped: one read per step."""
         config = self.config
         feeds = [[] if p.done else r.seq[self.draft.lengths[i] :] for i, (r, p) in enumerate(zip(requests, proposals))]
         steps = 0
@@ -169,16 +174,19 @@ class SpeculativeStep:
             logits = self.draft.forward(feeds)
             last = logits[torch.arange(len(feeds)), torch.tensor([max(len(f) - 1, 0) for f in feeds])]
             probs = distribution(last, config)
-            scores = confidence.METRICS[config.metric](probs, config.topk).tolist()  # one sync per step
-            greedy = last.argmax(dim=-1).tolist() if config.greedy else None  # `choose`, for the whole batch
-            for i, (request, proposal) in enumerate(zip(requests, proposals)):
+            drafting = [i for i, p in enumerate(proposals) if not p.done]
+            # A token for every row still drafting, as the batch-1 engine draws one per step.
+            tokens = pick(last, probs, config, None) if config.greedy else torch.stack(
+                [draw(probs[i], requests[i].generator) if i in drafting else last.new_zeros((), dtype=torch.long)
+                 for i in range(len(requests))])
+            scores, tokens = fetch(confidence.METRICS[config.metric](probs, config.topk), tokens)
+            for i in range(len(requests)):
                 feeds[i] = []
-                if proposal.done or not proposal.consider(config, scores[i]):
+                if i not in drafting or not proposals[i].consider(config, scores[i]):
                     continue
-                token = greedy[i] if greedy else choose(last[i], probs[i], config, request.generator)
-                proposal.take(token, probs[i], self.eos_ids)
-                if not proposal.done:  # a finished draft's last token is fed next round
-                    feeds[i] = [token]
+                proposals[i].take(tokens[i], probs[i], self.eos_ids)
+                if not proposals[i].done:  # a finished draft's last token is fed next round
+                    feeds[i] = [tokens[i]]
             self.apply_quorum(proposals, feeds, steps)
 
     def apply_quorum(self, proposals: list[Proposal], feeds: list[list[int]], steps: int) -> None:
@@ -202,10 +210,10 @@ class AutoregressiveStep:
     def __call__(self, requests: list[Request]) -> None:
         logits = self.target.forward([r.seq[self.target.lengths[i] :] for i, r in enumerate(requests)])[:, -1]
         if self.config.greedy:  # `choose`, for the whole batch at once
-            tokens = logits.argmax(dim=-1).tolist()
+            tokens = fetch(logits.argmax(dim=-1))
         else:
             probs = distribution(logits, self.config)
-            tokens = [choose(logits[i], probs[i], self.config, r.generator) for i, r in enumerate(requests)]
+            tokens = fetch(torch.stack([draw(probs[i], r.generator) for i, r in enumerate(requests)]))
         for request, token in zip(requests, tokens):
             request.seq.append(token)
             request.result.tokens.append(token)

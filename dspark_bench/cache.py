@@ -2,14 +2,26 @@
 
 `length` counts the tokens in the cache; `rollback` crops it — the one place where rejected
 tokens leave a cache. Positions follow from the cache length, so nothing else needs fixing.
+
+Compiled (`DecodeConfig.compiled`, `--compile`): the cache is a transformers `StaticCache`
+(preallocated, fixed addresses, its length a device tensor, so positions never force a
+recompile) and every forward but the prefill — a draft step, a verify block, a baseline step —
+runs through `torch.compile` of the model's forward; on CUDA in "reduce-overhead" mode, which
+captures one CUDA graph per input length (1 and 2 for the draft, 1 to gamma_max + 1 for the
+target). A prefill runs eagerly: its length changes with every prompt. `warm_compiled` meets
+every length before a clock runs.
 """
 
 from __future__ import annotations
 
 import inspect
+import weakref
 
 import torch
-from transformers import DynamicCache
+from transformers import DynamicCache, StaticCache
+
+# torch.compile options; tests swap in dynamo's "eager" backend to check the wiring without code generation.
+COMPILE_OPTIONS: dict = {}
 
 
 def _forward_kwargs(model) -> tuple[str, bool]:
@@ -21,30 +33,87 @@ def _forward_kwargs(model) -> tuple[str, bool]:
 
 
 class CachedLM:
-    def __init__(self, model: torch.nn.Module):
+    def __init__(self, model: torch.nn.Module, compiled: bool = False, capacity: int = 0):
+        """`capacity`: the most tokens this decode will hold (compiled: the static cache's size)."""
         self.model = model
         self.device = next(model.parameters()).device
-        self.cache = DynamicCache()
+        self.compiled = compiled
+        self.cache = static_cache(model, capacity) if compiled else DynamicCache()
         self.length = 0
         self._cache_name, self._can_keep = _forward_kwargs(model)
 
-    def forward(self, tokens: list[int], keep: int = 1) -> torch.Tensor:
-        """Feed `tokens` after the cached ones; logits of the last `keep` positions [keep, vocab]."""
-        ids = torch.tensor([tokens], dtype=torch.long, device=self.device)
+    def forward(self, tokens: list[int] | torch.Tensor, keep: int = 1, eager: bool = False) -> torch.Tensor:
+        """Feed `tokens` after the cached ones; logits of the last `keep` positions [keep, vocab].
+
+        `tokens` may be a tensor already on the device (drafted ids): no copy from the host."""
+        if isinstance(tokens, torch.Tensor):
+            ids = tokens.view(1, -1)
+        else:
+            ids = torch.tensor([tokens], dtype=torch.long, device=self.device)
         kwargs = {self._cache_name: self.cache, "use_cache": True}
         if self._can_keep:
             kwargs["logits_to_keep"] = keep
-        logits = self.model(input_ids=ids, **kwargs).logits
-        self.length += len(tokens)
-        return logits[0, -keep:]
+        if self.compiled and not eager:
+            # A CUDA graph's outputs live in memory its next replay overwrites: keep a copy.
+            logits = compiled_forward(self.model)(input_ids=ids, **kwargs).logits[0, -keep:].clone()
+        else:
+            logits = self.model(input_ids=ids, **kwargs).logits[0, -keep:]
+        self.length += ids.shape[1]
+        return logits
 
     def prefill(self, tokens: list[int]) -> None:
         if tokens:
-            self.forward(tokens, keep=1)
+            self.forward(tokens, keep=1, eager=True)
 
     def rollback(self, length: int) -> None:
         """Forget every cached token from position `length` on."""
         if length < self.length:
-            # A negative argument removes that many tokens, in transformers 4.x and 5.x alike.
+            # A negative argument removes that many tokens, in transformers 4.x and 5.x alike
+            # (a static cache only moves its length back; the stale slots are overwritten next).
             self.cache.crop(length - self.length)
             self.length = length
+
+
+# One static cache and one compiled forward per model, reused by every decode: a new cache (new
+# addresses) or a new compiled function would compile and capture again.
+_STATIC: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def static_cache(model: torch.nn.Module, capacity: int) -> StaticCache:
+    """The model's static cache, emptied, holding at least `capacity` tokens."""
+    cache = _STATIC.get(model)
+    if cache is None or cache.layers[0].max_cache_len < capacity:
+        size = -(-max(capacity, 1) // 256) * 256  # grow in steps, so most decodes reuse it
+        cache = _STATIC[model] = StaticCache(config=model.config, max_cache_len=size)
+    for layer in cache.layers:  # back to empty on the device: the old entries get overwritten
+        layer.cumulative_length.zero_()
+    return cache
+
+
+def compiled_forward(model: torch.nn.Module):
+    compiled = _COMPILED.get(model)
+    if compiled is None:
+        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)  # one graph per length
+        mode = "reduce-overhead" if next(model.parameters()).device.type == "cuda" else None
+        # dynamic=None: the first length compiles static, a second one compiles a graph generic in
+        # length that every later length reuses (on CUDA, each length still gets its own graph capture).
+        options = {"mode": mode, "dynamic": None, **COMPILE_OPTIONS}
+        compiled = _COMPILED[model] = torch.compile(model.forward, **options)
+    return compiled
+
+
+@torch.inference_mode()
+def warm_compiled(model: torch.nn.Module, shapes: list[tuple[int, int]]) -> None:
+    """Compile (and on CUDA capture) the step for every (tokens fed, logits kept) in `shapes`."""
+    lm = CachedLM(model, compiled=True, capacity=max(n for n, _ in shapes) + 1)
+    for tokens, keep in shapes:
+        for _ in range(3):  # reduce-overhead records its CUDA graph on the third call
+            lm.forward([0] * tokens, keep)
+            lm.rollback(0)
+
+
+def decode_shapes(gamma_max: int) -> dict[str, list[tuple[int, int]]]:
+    """What a compiled decode feeds each model: the target one token (baseline) or a verify block
+    of up to gamma_max drafted tokens after one; the draft one token, or two when it catches up."""
+    return {"target": [(n, n) for n in range(1, gamma_max + 2)], "draft": [(1, 1), (2, 1)]}

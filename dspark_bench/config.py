@@ -17,6 +17,10 @@ SCHEDULES = ("threshold", "ramp", "cumulative", "fixed", "goodput")
 # keeps the first min_draft_len; HF assisted generation keeps the failing token; llama.cpp drops
 # it, and discards a draft shorter than min_draft_len (that step decodes normally).
 SEMANTICS = ("dspark", "hf", "llamacpp")
+# Where the rule cuts a draft (engine.draft_block): the draft loop stops as the rule says, the
+# host reading each confidence; or the draft runs to gamma_max and the verify keeps the rule's
+# prefix, decided on the device with one host sync per round. Same tokens and rounds.
+DRAFT_MODES = ("early-stop", "verify-side")
 
 
 DEFAULT_MAX_NEW_TOKENS = 128  # tokens per prompt when neither the flags nor the task say
@@ -48,6 +52,8 @@ class DecodeConfig:
     # sweep folder's goodput_model.json. The schedule has no threshold; this is its data.
     goodput_model: str = field(default="", metadata={"policy": True, "searched": False})
     # Verification and generation: what every policy of a run shares.
+    draft_mode: str = "early-stop"  # DRAFT_MODES: where the rule cuts the draft
+    compiled: bool = False  # static KV cache + torch.compile'd steps, both sides (cache.py); batch size 1
     temperature: float = 0.0  # 0 = greedy verification; > 0 = rejection sampling
     top_p: float = 1.0  # nucleus filter, applied identically to target and draft
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
@@ -85,7 +91,9 @@ class DecodeConfig:
     def batch_suffix(self) -> str:
         engine = {"dspark": "", "hf": " · HF rule", "llamacpp": " · llama.cpp rule"}[self.semantics]
         quorum = f" quorum {self.batch_quorum:g}" if self.batch_quorum > 0 else ""
-        return engine + quorum + (f" · B={self.batch_size}" if self.batch_size > 1 else "")
+        mode = " · verify-side" if self.draft_mode == "verify-side" else ""
+        mode += " · compiled" if self.compiled else ""
+        return engine + quorum + mode + (f" · B={self.batch_size}" if self.batch_size > 1 else "")
 
 
 # Every list of knobs derives from the declaration above: a policy's fields (as a calibration
@@ -138,6 +146,14 @@ def validate(config: DecodeConfig) -> None:
         raise DsparkError(f"unknown schedule {config.schedule!r}; choose one of {', '.join(SCHEDULES)}")
     if config.semantics not in SEMANTICS:
         raise DsparkError(f"unknown rule semantics {config.semantics!r}; choose one of {', '.join(SEMANTICS)}")
+    if config.draft_mode not in DRAFT_MODES:
+        raise DsparkError(f"unknown draft mode {config.draft_mode!r}; choose one of {', '.join(DRAFT_MODES)}")
+    if config.draft_mode == "verify-side" and config.batch_size > 1:
+        raise DsparkError("the verify-side draft mode runs at batch size 1 only (batched decoding drafts early-stop)")
+    if not isinstance(config.compiled, bool):
+        raise DsparkError(f"compiled must be true or false (got {config.compiled!r})")
+    if config.compiled and config.batch_size > 1:
+        raise DsparkError("compiled decoding runs at batch size 1 only (the batched cache is not static)")
     if config.schedule == "goodput" and not config.goodput_model:
         raise DsparkError("the goodput schedule needs a goodput model: pass --goodput-model with a replay sweep's "
                           "folder (it writes goodput_model.json)")

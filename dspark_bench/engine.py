@@ -4,6 +4,14 @@ Invariant between rounds: `seq` holds every committed token (prompt + output); e
 cache holds a prefix of `seq` and is fed the rest at its next forward. Usually that is only
 the last token; after a fully accepted draft that ended at gamma_max, the draft also catches
 up on its own last token, in the same forward.
+
+Decisions stay on the device: drafted tokens are drawn there and fed back as tensors, the
+target verifies the block with tensor operations (first mismatch, or the rejection rule with
+uniforms and residual draws from the device generator), and the host reads values back only
+through host.fetch — once per round for the accepted count and the target's token, plus, in
+the "early-stop" draft mode, once per draft step to decide whether to draft on. The
+"verify-side" mode removes those: the draft runs to its limit and the rule cuts the block on
+the device (`draft_block`), so a round waits for the device exactly once.
 """
 
 from __future__ import annotations
@@ -15,8 +23,10 @@ import torch
 from dspark_bench import confidence, goodput
 from dspark_bench.cache import CachedLM
 from dspark_bench.config import DecodeConfig
-from dspark_bench.sampling import choose, distribution, make_generator, uniform
-from dspark_bench.schedule import discards_below, forced, keeps, keeps_failing
+from dspark_bench.errors import DsparkError
+from dspark_bench.host import fetch
+from dspark_bench.sampling import distribution, draw, make_generator, pick
+from dspark_bench.schedule import discards_below, forced, keeps, keeps_failing, kept_on_device
 
 
 @dataclass
@@ -122,6 +132,16 @@ def draft_length(config: DecodeConfig, confidences: list[float], budget: int | N
     return len(proposal.tokens), proposal.stop_reason
 
 
+@dataclass
+class Block:
+    """A round's draft as the target verifies it, on the device."""
+
+    tokens: torch.Tensor  # [n] drafted ids sent to the target
+    probs: torch.Tensor | None  # [n, vocab] the draft distribution q each was drawn from (sampling)
+    scores: torch.Tensor  # [s] the confidence of every proposal, one per draft forward
+    kept: torch.Tensor | int  # how many of the n the rule keeps: n (early stop) or decided on the device
+
+
 @torch.inference_mode()
 def speculative_decode(
     target: torch.nn.Module,
@@ -130,17 +150,20 @@ def speculative_decode(
     config: DecodeConfig,
     eos_ids: frozenset[int] = frozenset(),
 ) -> DecodeResult:
-    target_lm, draft_lm = CachedLM(target), CachedLM(draft)
+    capacity = len(prompt_ids) + config.max_new_tokens + config.gamma_max + 1
+    target_lm = CachedLM(target, config.compiled, capacity)
+    draft_lm = CachedLM(draft, config.compiled, capacity)
     target_lm.prefill(prompt_ids[:-1])
     draft_lm.prefill(prompt_ids[:-1])
     generator = make_generator(config, target_lm.device)
+    eos = torch.tensor(sorted(eos_ids), dtype=torch.long, device=draft_lm.device)
     seq, result = list(prompt_ids), DecodeResult(tokens=[])
     while len(result.tokens) < config.max_new_tokens:
         # Leave room for the target's own token at the end of the round.
-        budget = config.max_new_tokens - len(result.tokens) - 1
-        proposal = propose(draft_lm, seq, config, budget, generator, eos_ids)
-        logits = target_lm.forward(seq[target_lm.length :] + proposal.tokens, keep=len(proposal.tokens) + 1)
-        accepted, target_token = verify(logits, proposal, config, generator)
+        proposal = Proposal.start(config, config.max_new_tokens - len(result.tokens) - 1)
+        block = draft_block(draft_lm, seq, config, proposal, generator, eos_ids, eos)
+        logits = target_lm.forward(target_feed(target_lm, seq, block), keep=len(block.tokens) + 1)
+        accepted, target_token = read_round(proposal, block, *verify(logits, block, config, generator), config, eos_ids)
         emitted, round_ = close_round(proposal, accepted, target_token, eos_ids)
         seq += emitted
         result.tokens += emitted
@@ -155,6 +178,12 @@ def speculative_decode(
     return result
 
 
+def target_feed(target_lm: CachedLM, seq: list[int], block: Block) -> torch.Tensor:
+    """What the target has not seen of the sequence, then the drafted block: one tensor."""
+    pending = torch.tensor(seq[target_lm.length :], dtype=torch.long, device=block.tokens.device)
+    return torch.cat([pending, block.tokens])
+
+
 def close_round(proposal: Proposal, accepted: int, target_token: int, eos_ids: frozenset[int]):
     """The verified round's emitted tokens and its Round record (one row or one row of a batch)."""
     emitted = proposal.tokens[:accepted]
@@ -166,55 +195,94 @@ def close_round(proposal: Proposal, accepted: int, target_token: int, eos_ids: f
                           proposal.confidences, target_token, proposal.forwards)
 
 
-def propose(
-    draft_lm: CachedLM, seq: list[int], config: DecodeConfig, budget: int, generator, eos_ids: frozenset[int]
-) -> Proposal:
-    """Draft up to min(gamma_max, budget) tokens, stopping when the schedule says so."""
-    proposal = Proposal.start(config, budget)
+def draft_block(draft_lm: CachedLM, seq: list[int], config: DecodeConfig, proposal: Proposal, generator,
+                eos_ids: frozenset[int], eos: torch.Tensor) -> Block:
+    """The round's draft under config.draft_mode.
+
+    "early-stop": after each draft forward the host learns the token and its confidence (one
+    sync) and applies the rule (`Proposal`) to decide whether to run the next forward.
+    "verify-side": the draft runs to the round's limit with no sync at all, and the rule cuts
+    the block on the device (schedule.kept_on_device); the target verifies the whole block but
+    accepts only the kept prefix. Same tokens, same rounds; more draft and verify work, no waits."""
     pending = seq[draft_lm.length :]
-    while not proposal.done:
+    tokens, probs, scores = [], [], []
+    for step in range(proposal.limit):
+        if config.draft_mode == "early-stop" and proposal.done:
+            break
         logits = draft_lm.forward(pending)[-1]
-        probs = distribution(logits, config)
-        if proposal.consider(config, float(confidence.METRICS[config.metric](probs, config.topk))):
-            token = choose(logits, probs, config, generator)
-            proposal.take(token, probs, eos_ids)
-            pending = [token]
-    return proposal
+        q = distribution(logits, config)
+        scores.append(confidence.METRICS[config.metric](q, config.topk))
+        token = pick(logits, q, config, generator)
+        pending = token.view(1)
+        if config.draft_mode == "verify-side":
+            tokens.append(token), probs.append(q)
+            continue
+        score, token_id = fetch(scores[-1], token)  # the loop must know now whether to go on
+        if proposal.consider(config, score):
+            proposal.take(token_id, q, eos_ids)
+            tokens.append(token), probs.append(q)
+    device = draft_lm.device
+    tokens = torch.stack(tokens) if tokens else torch.zeros(0, dtype=torch.long, device=device)
+    scores = torch.stack(scores) if scores else torch.zeros(0, device=device)
+    probs = torch.stack(probs) if probs and not config.greedy else None
+    if config.draft_mode == "verify-side":
+        return Block(tokens, probs, scores, kept_on_device(config, scores, tokens, eos))
+    kept = len(proposal.tokens)  # llama.cpp's discard may have emptied the draft
+    return Block(tokens[:kept], probs[:kept] if probs is not None else None, scores, kept)
 
 
-def acceptance_probability(p_token: float, q_token: float) -> float:
+def read_round(proposal: Proposal, block: Block, accepted: torch.Tensor, target_token: torch.Tensor,
+               config: DecodeConfig, eos_ids: frozenset[int]) -> tuple[int, int]:
+    """The round's one host sync: the accepted count and the target's token; in verify-side mode
+    the draft too, which the host's own rule (`Proposal`) then walks for the round's record."""
+    if config.draft_mode == "early-stop":
+        return tuple(fetch(accepted, target_token))
+    accepted, target_token, kept, tokens, scores = fetch(accepted, target_token, block.kept, block.tokens,
+                                                         block.scores)
+    for token, score in zip(tokens, scores):
+        if proposal.done:
+            break
+        if proposal.consider(config, score):
+            proposal.take(token, None, eos_ids)
+    if len(proposal.tokens) != kept:
+        raise DsparkError(f"the device kept {kept} drafted tokens where the rule keeps {len(proposal.tokens)} "
+                          f"({config.label()}); please report this")
+    proposal.confidences, proposal.forwards = scores, len(scores)  # every draft step ran
+    return accepted, target_token
+
+
+def acceptance_probability(p_token: torch.Tensor, q_token: torch.Tensor) -> torch.Tensor:
     """The rejection rule: accept a drafted token x with probability min(1, p(x) / q(x)).
 
     On rejection the target's token is drawn from norm(max(p - q, 0)); if every drafted token
     is accepted, a bonus token is drawn from p. This makes the output distributed exactly as
     the target's own samples (Leviathan et al. 2023; Chen et al. 2023).
     """
-    return 1.0 if p_token >= q_token else p_token / q_token
+    return torch.where(p_token >= q_token, 1.0, p_token / q_token)
 
 
 def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     """Where the target's token comes from after a rejection: norm(max(p - q, 0))."""
     residual = (p - q).clamp_min(0.0)
     total = residual.sum()
-    return residual / total if total > 0 else p  # p == q up to rounding: nothing to correct
+    return torch.where(total > 0, residual / total, p)  # p == q up to rounding: nothing to correct
 
 
-def verify(logits: torch.Tensor, proposal: Proposal, config: DecodeConfig, generator,
-           choices: list[int] | None = None) -> tuple[int, int]:
-    """Target logits [L+1, vocab] over the draft -> (accepted count, the target's token).
-
-    `choices`: the argmax of `logits` where the caller has it already (a batch takes it once)."""
-    if config.greedy:
-        # Greedy: accept the longest prefix matching the target's argmax.
-        choices = logits.argmax(dim=-1).tolist() if choices is None else choices
-        accepted = 0
-        while accepted < len(proposal.tokens) and proposal.tokens[accepted] == choices[accepted]:
-            accepted += 1
-        return accepted, choices[accepted]
-    target_probs = distribution(logits, config)
-    for i, (token, q) in enumerate(zip(proposal.tokens, proposal.probs)):
-        p = target_probs[i]
-        if uniform(generator) >= acceptance_probability(float(p[token]), float(q[token])):
-            return i, int(torch.multinomial(residual_distribution(p, q), 1, generator=generator))
-    bonus = target_probs[len(proposal.tokens)]
-    return len(proposal.tokens), int(torch.multinomial(bonus, 1, generator=generator))
+def verify(logits: torch.Tensor, block: Block, config: DecodeConfig, generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Target logits [n+1, vocab] over a drafted block -> (accepted count, the target's token),
+    both 0-d tensors left on the device. Only the block's first `kept` tokens can be accepted."""
+    n = len(block.tokens)
+    within = torch.arange(n, device=logits.device) < block.kept
+    if config.greedy:  # the longest kept prefix matching the target's argmax
+        choices = logits.argmax(dim=-1)
+        accepted = ((block.tokens == choices[:n]) & within).long().cumprod(dim=0).sum()
+        return accepted, choices.gather(0, accepted.view(1))[0]
+    p_all = distribution(logits, config)  # [n+1, vocab]
+    q_all = torch.cat([block.probs if n else p_all[:0], torch.zeros_like(p_all[:1])])  # no q after the block
+    rows = torch.arange(n, device=logits.device)
+    p_x, q_x = p_all[rows, block.tokens].double(), q_all[rows, block.tokens].double()
+    draws = torch.rand(n, generator=generator, device=logits.device)
+    accepted = ((draws < acceptance_probability(p_x, q_x)) & within).long().cumprod(dim=0).sum()
+    p, q = p_all.index_select(0, accepted.view(1))[0], q_all.index_select(0, accepted.view(1))[0]
+    # A rejection inside the kept prefix draws from the residual; past it, p's own bonus token.
+    return accepted, draw(torch.where(accepted < block.kept, residual_distribution(p, q), p), generator)

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from dspark_bench.acceptance import AcceptanceFit, Curve
 from dspark_bench.errors import DsparkError
@@ -46,6 +47,20 @@ class GoodputRule:
         now = expected / (k * self.t_draft + self.t_verify[k])
         then = (expected + survival * alpha) / ((k + 1) * self.t_draft + self.t_verify[k + 1])
         return then > now
+
+    def continues_on_device(self, confidence: torch.Tensor) -> torch.Tensor:
+        """`continues` after every token of one draft at once: confidences [n] -> bool [n], the
+        engine's running product and sum in the same order, in float64 (the verify-side rule)."""
+        alpha = self.curve.on_device(confidence.double())
+        survival = torch.cumprod(alpha, dim=0)
+        one = torch.ones(1, dtype=torch.float64, device=alpha.device)
+        expected = torch.cumsum(torch.cat([one, survival]), dim=0)[1:]  # ((1 + P_1) + P_2) + ...
+        n, timed = len(alpha), len(self.t_verify)
+        t_verify = torch.tensor(self.t_verify + (1.0,) * (n + 2), dtype=torch.float64, device=alpha.device)
+        k = torch.arange(1, n + 1, device=alpha.device)
+        now = expected / (k * self.t_draft + t_verify[k])
+        then = (expected + survival * alpha) / ((k + 1) * self.t_draft + t_verify[k + 1])
+        return (then > now) | (k + 1 >= timed)
 
 
 @dataclass

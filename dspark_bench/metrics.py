@@ -144,5 +144,7 @@ def summarize(samples: pd.DataFrame, by: list[str] | None = None) -> pd.DataFram
                 parted = group["first_divergence"].dropna()
                 row["rows_differing"] = int(len(parted))
                 row["first_divergence_min"] = int(parted.min()) if len(parted) else None
+            if "identical_share" in group:  # how much of the output survives a divergence
+                row["identical_share"] = float(group["identical_share"].astype(float).mean())
         rows.append(row)
     return pd.DataFrame(rows)

@@ -282,6 +282,10 @@ def simulate_grid(rec: Record, configs: list[DecodeConfig], cost: "CostModel | N
         check_replayable(rec, config)
     G = rec.gamma_record
     deepest = max(c.gamma_max for c in configs)
+    if cost is not None and any(c.draft_mode != "early-stop" for c in configs):
+        # Its rounds are early-stop's (test_replay), but each costs gamma_max draft steps and a
+        # full-length verify, which this walk does not price.
+        raise DsparkError("replay prices the early-stop draft mode only; run verify-side policies to time them")
     if cost is not None and len(cost.t_verify) <= deepest:
         raise DsparkError(f"the cost model times drafts of up to {len(cost.t_verify) - 1} tokens, "
                           f"not gamma_max {deepest}; measure it again")

@@ -63,6 +63,11 @@ def summary_blocks(inputs: Inputs) -> list[tuple]:
     identical = policies.get("identical_to_baseline")
     if identical is not None and identical.notna().any():
         text += f" Outputs identical to the target's own: {identical.mean():.0%} of measured samples."
+        share = policies.get("identical_share")
+        if identical.mean() < 1 and share is not None and share.notna().any():
+            text += (f" Where they differ, it is a reduced-precision near-tie rounding one way in a verify pass and "
+                     f"the other in a plain step (see README); {share.mean():.1%} of tokens still match position "
+                     "for position.")
     elif best is not None and pd.notna(best.get("spec_mean_new_tokens")):
         text += (f" Sampled outputs differ by design; for the best configuration the mean sample length is "
                  f"{best['baseline_mean_new_tokens']:.1f} tokens (baseline) against {best['spec_mean_new_tokens']:.1f} "

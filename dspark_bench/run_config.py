@@ -63,6 +63,10 @@ class RunConfig:
     # --- the speculative side: our engine, or HF assisted generation (`generate(assistant_model=…)`)
     # running each policy under HF's own rule, timed against the same baseline
     engine: str = "ours"
+    # --- the decoders' execution: where the rule cuts drafts ("early-stop" and/or "verify-side",
+    # each a policy of its own here), and compiled steps with a static cache (batch size 1)
+    draft_mode: tuple[str, ...] = ("early-stop",)
+    compiled: bool = False
     # --- runner
     repeats: int = 1  # timed baseline/speculative pairs per prompt and policy (medians kept)
     warmup: int = 1  # untimed decodes of each kind before timing starts
@@ -82,18 +86,20 @@ class RunConfig:
             def sizes(policy: dict):  # a policy naming no batch size runs at each of the run's
                 return [policy["batch_size"]] if "batch_size" in policy else self.batch_sizes
 
-            return [from_dict({**policy, "batch_size": b, "max_new_tokens": policy.get("max_new_tokens", tokens)})
+            return [from_dict({**policy, "batch_size": b, "max_new_tokens": policy.get("max_new_tokens", tokens),
+                               **({"compiled": True} if self.compiled else {})})
                     for policy in self.policies for b in sizes(policy)]
         grid = itertools.product(self.batch_sizes, self.metric, self.schedule, self.threshold, self.gamma_max,
-                                 self.min_draft_len, self.semantics)
+                                 self.min_draft_len, self.semantics, self.draft_mode)
         # goodput has no threshold and keeps its last token under our rule and HF's alike: one policy each.
         configs = [DecodeConfig(metric=m, schedule=s, threshold=self.threshold[0] if s == "goodput" else t,
                                 gamma_max=g, min_draft_len=n, semantics="dspark" if s == "goodput" and e == "hf" else e,
                                 threshold_start=self.threshold_start,
                                 threshold_end=self.threshold_end, topk=self.topk, temperature=self.temperature,
                                 top_p=self.top_p, max_new_tokens=tokens, seed=self.seed, batch_size=b,
-                                goodput_model=self.goodput_model if s == "goodput" else "")
-                   for b, m, s, t, g, n, e in grid]
+                                goodput_model=self.goodput_model if s == "goodput" else "", draft_mode=d,
+                                compiled=self.compiled)
+                   for b, m, s, t, g, n, e, d in grid]
         return list(dict.fromkeys(configs))
 
     def settings(self):
@@ -128,6 +134,10 @@ def check(config: RunConfig) -> None:
     if config.engine == "hf" and max(config.batch_sizes) > 1:
         raise DsparkError("--engine hf decodes one request at a time (HF assisted generation has no batching); "
                           "use --batch-size 1")
+    if config.engine == "hf" and (config.compiled or set(config.draft_mode) != {"early-stop"}):
+        raise DsparkError("--engine hf runs HF's own generate loop: drop --compile and --draft-mode")
+    if max(config.batch_sizes) > 1 and (config.compiled or "verify-side" in config.draft_mode):
+        raise DsparkError("--compile and --draft-mode verify-side run at batch size 1 only; use --batch-size 1")
     if config.calibration is not None and config.policies is not None:
         raise DsparkError("a calibration chooses the policies; a run cannot also list them")
     if config.policies is not None and not config.policies:

@@ -143,6 +143,15 @@ def warm_up(pair: ModelPair, prompts: list[Prompt], configs: list[DecodeConfig],
     short = configs[0].replace(max_new_tokens=min(16, configs[0].max_new_tokens))
     for _ in range(settings.warmup):
         measure(pair, ids, short, repeats=1, eos=settings.eos_ids(pair), decode=settings.speculative())
+    # A compiled step compiles (and captures a CUDA graph) at each input length it first sees:
+    # every length a compiled policy feeds, then one whole decode, before any clock runs.
+    for config in dict.fromkeys(c for c in configs if c.compiled):
+        from dspark_bench.cache import decode_shapes, warm_compiled
+
+        shapes = decode_shapes(config.gamma_max)
+        warm_compiled(pair.target, shapes["target"])
+        warm_compiled(pair.draft, shapes["draft"])
+        measure(pair, ids, config, repeats=1, eos=settings.eos_ids(pair), decode=settings.speculative())
 
 
 def iter_samples(
@@ -231,6 +240,12 @@ def first_divergence(output: list[int], baseline: list[int]) -> int | None:
     return next((i for i, (a, b) in enumerate(zip(output, baseline)) if a != b), min(len(output), len(baseline)))
 
 
+def identical_share(output: list[int], baseline: list[int]) -> float:
+    """The share of positions where two outputs hold the same token (over the longer one)."""
+    longest = max(len(output), len(baseline))
+    return sum(a == b for a, b in zip(output, baseline)) / longest if longest else 1.0
+
+
 def sample_fields(base: dict, spec: DecodeResult, baseline: DecodeResult, config: DecodeConfig, prompt_tokens: int,
                   base_time: float, spec_time: float) -> dict:
     """One sample row: the policy metrics of `spec`, both sides' times and outputs."""
@@ -247,6 +262,7 @@ def sample_fields(base: dict, spec: DecodeResult, baseline: DecodeResult, config
         # Where they part (greedy): in reduced precision a k-token verify pass and k single-token
         # passes, or a batched pass and a single-row one, can round a near-tie differently.
         "first_divergence": first_divergence(spec.tokens, baseline.tokens) if config.greedy else None,
+        "identical_share": identical_share(spec.tokens, baseline.tokens) if config.greedy else None,
         "output_ids": spec.tokens,
         "baseline_ids": baseline.tokens,
     }

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from dspark_bench.config import DecodeConfig
+from dspark_bench.host import fetch
 
 
 def distribution(logits: torch.Tensor, config: DecodeConfig) -> torch.Tensor:
@@ -40,12 +41,23 @@ def make_generator(config: DecodeConfig, device: torch.device | str, seed: int |
     return torch.Generator(device=device).manual_seed(config.seed if seed is None else seed)
 
 
-def choose(logits: torch.Tensor, probs: torch.Tensor, config: DecodeConfig, generator) -> int:
-    """The next token: argmax when greedy, else a draw from `probs` [vocab]."""
+def pick(logits: torch.Tensor, probs: torch.Tensor | None, config: DecodeConfig, generator) -> torch.Tensor:
+    """The next token of each row, left on the device: argmax when greedy, else a draw from `probs`."""
     if config.greedy:
-        return int(logits.argmax())
-    return int(torch.multinomial(probs, 1, generator=generator))
+        return logits.argmax(dim=-1)
+    return draw(probs, generator)
 
 
-def uniform(generator) -> float:
-    return float(torch.rand((), generator=generator, device=generator.device))
+def draw(probs: torch.Tensor, generator) -> torch.Tensor:
+    """One sample from each row of `probs` [..., vocab], without a host sync.
+
+    The exponential race: argmax of p / E with E ~ Exp(1) picks token x with probability p(x).
+    It is what torch.multinomial computes for one sample (same generator stream, same token),
+    without multinomial's host-side check of the probabilities."""
+    race = torch.empty_like(probs).exponential_(1, generator=generator)
+    return (probs / race).argmax(dim=-1)
+
+
+def choose(logits: torch.Tensor, probs: torch.Tensor, config: DecodeConfig, generator) -> int:
+    """The next token as a Python int (one host sync)."""
+    return fetch(pick(logits, probs, config, generator))

@@ -16,6 +16,8 @@ its last token stays too, as under "hf".
 
 from __future__ import annotations
 
+import torch
+
 from dspark_bench.config import DecodeConfig
 
 
@@ -56,3 +58,31 @@ def keeps(config: DecodeConfig, position: int, confidence: float, cumulative: fl
         return True
     signal = cumulative if config.schedule == "cumulative" else confidence
     return signal >= threshold_at(config, position)
+
+
+def kept_on_device(config: DecodeConfig, scores: torch.Tensor, tokens: torch.Tensor, eos: torch.Tensor) -> torch.Tensor:
+    """How many of a full draft's n tokens the rule keeps, decided on the device (0-d tensor).
+
+    Verify-side truncation drafts up to the round's limit without stopping and lets this cut the
+    block: the same rule as engine.Proposal applies token by token (a failing token dropped, or
+    kept under keeps_failing; EOS ends the draft; llama.cpp's discard), in one pass of tensor
+    operations, in float64 as the host compares Python floats. `scores` [n], `tokens` [n]."""
+    n = scores.shape[0]
+    position = torch.arange(1, n + 1, device=scores.device)
+    if config.schedule == "goodput":
+        from dspark_bench import goodput
+
+        passes = goodput.rule_for(config).continues_on_device(scores)
+    else:
+        signal = scores.double()
+        if config.schedule == "cumulative":
+            signal = torch.cumprod(signal, dim=0)
+        thresholds = torch.tensor([threshold_at(config, k) for k in range(1, n + 1)], dtype=torch.float64,
+                                  device=scores.device)
+        passes = signal >= thresholds
+    passes = passes | (position <= forced(config))
+    leading = passes.long().cumprod(dim=0).sum()  # tokens before the first that fails
+    kept = leading + 1 if keeps_failing(config) else leading
+    before_eos = (~torch.isin(tokens, eos)).long().cumprod(dim=0).sum()  # tokens before the first EOS
+    kept = torch.minimum(torch.minimum(kept, before_eos + 1), torch.tensor(n, device=scores.device))
+    return torch.where(kept < discards_below(config), 0, kept)

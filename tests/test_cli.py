@@ -70,6 +70,8 @@ def test_decode_shows_rounds(saved_pair):
         (["--batch-size", "0"], "--batch-size must be a whole number of at least 1"),
         (["--batching", "sometimes"], "--batching must be refill or drain"),
         (["--batch-size", "2", "--turns", "all"], "use --batch-size 1 with it"),
+        (["--draft-mode", "sideways"], "unknown draft mode 'sideways'"),
+        (["--draft-mode", "verify-side", "--batch-size", "2"], "run at batch size 1 only"),
     ],
 )
 def test_bad_inputs_fail_in_one_line(flags, message, first_run, saved_pair, prompts_file, tmp_path):

@@ -10,10 +10,11 @@ import pytest
 
 from dspark_bench.baselines import autoregressive_decode
 import tiny
-from dspark_bench.config import METRICS, SCHEDULES, SEMANTICS, DecodeConfig
+from dspark_bench.config import DRAFT_MODES, METRICS, SCHEDULES, SEMANTICS, DecodeConfig
 from dspark_bench.engine import speculative_decode
 from dspark_bench.errors import DsparkError
 from dspark_bench.replay import CostModel, Record, record, simulate, simulate_grid, spanning_policies
+from dspark_bench.schedule import discards_below
 
 PROMPTS = [[0, 5, 9, 11], [7], [3, 3, 40, 2, 8, 100, 17], [12, 13]]
 N, G = 24, 6
@@ -35,20 +36,28 @@ def recorded(request, llama_pair):
     return pair, record(pair, PROMPTS, N, G, topk=5)
 
 
-def test_simulated_rounds_equal_the_engine(recorded):
+@pytest.mark.parametrize("draft_mode", DRAFT_MODES)
+def test_simulated_rounds_equal_the_engine(recorded, draft_mode):
+    """Replay == engine round for round; in verify-side mode the rule cuts each full draft on the
+    device, so the rounds are the same but the draft ran to its limit every time."""
     pair, rec = recorded
     compared = 0
     for config in policies():
         simulated = simulate(rec, config)
         for prompt, rounds in zip(PROMPTS, simulated):
-            real = speculative_decode(pair.target, pair.draft, prompt, config, pair.eos_ids).rounds
+            real = speculative_decode(pair.target, pair.draft, prompt, config.replace(draft_mode=draft_mode),
+                                      pair.eos_ids).rounds
             assert len(rounds) == len(real), config.label()
-            for mine, theirs in zip(rounds, real):
+            for j, (mine, theirs) in zip(itertools.accumulate([0] + [r.emitted for r in rounds]), zip(rounds, real)):
                 assert (mine.drafted, mine.accepted, mine.emitted, mine.stop_reason, mine.draft_tokens,
-                        mine.target_token, mine.draft_forwards) == (
-                        theirs.drafted, theirs.accepted, theirs.emitted, theirs.stop_reason, theirs.draft_tokens,
-                        theirs.target_token, theirs.draft_forwards), config.label()
-                assert mine.confidences == pytest.approx(theirs.confidences, abs=1e-5)
+                        mine.target_token) == (theirs.drafted, theirs.accepted, theirs.emitted, theirs.stop_reason,
+                                               theirs.draft_tokens, theirs.target_token), config.label()
+                if draft_mode == "early-stop":
+                    assert mine.draft_forwards == theirs.draft_forwards
+                else:  # every step to the round's limit: gamma_max, the budget, or none (llama.cpp's rule)
+                    limit = min(config.gamma_max, N - j - 1)
+                    assert theirs.draft_forwards == (0 if limit < discards_below(config) else limit)
+                assert mine.confidences == pytest.approx(theirs.confidences[: len(mine.confidences)], abs=1e-5)
                 compared += 1
     assert len(policies()) >= 20 and compared > 500
 

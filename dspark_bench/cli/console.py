@@ -94,6 +94,8 @@ def summary_table(table, title: str) -> Table:
                "accepted_per_round", "tokens_per_round", "speedup"]
     if "identical_to_baseline" in table and table["identical_to_baseline"].notna().any():
         columns.append("identical_to_baseline")  # greedy: outputs must equal the target's own
+        if "identical_share" in table and (table["identical_to_baseline"] < 1).any():
+            columns.append("identical_share")  # reduced precision: how much still matches
     elif "spec_mean_new_tokens" in table:
         # Sampling: each side's mean sample length and tokens/s, so differing lengths show at once.
         columns += ["baseline_mean_new_tokens", "spec_mean_new_tokens", "baseline_tokens_per_s", "spec_tokens_per_s"]

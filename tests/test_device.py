@@ -1,0 +1,137 @@
+"""The device-side decoder: how often it waits for the device, and verify-side truncation.
+
+No GPU is needed to count host syncs: every read of a tensor's value in the decoders goes
+through host.fetch, which counts; a stray read elsewhere (`.item()`, `int(t)`, `.tolist()`, ...)
+would be caught by `stray_reads`, which watches every such call not made from host.py.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+
+import tiny
+from dspark_bench import engine, host
+from dspark_bench.config import DecodeConfig
+from test_engine import chi_square_p, sampled_first_two
+
+READS = ("tolist", "item", "cpu", "numpy", "__int__", "__float__", "__bool__", "__index__")
+
+
+@pytest.fixture
+def stray_reads(monkeypatch) -> list[str]:
+    """Every read of a tensor's value made outside host.fetch, by name."""
+    seen: list[str] = []
+    for name in READS:
+        original = getattr(torch.Tensor, name)
+
+        def watched(self, *args, _original=original, _name=name, **kwargs):
+            if sys._getframe(1).f_code.co_filename != host.__file__:
+                seen.append(_name)
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, name, watched)
+    return seen
+
+
+POLICIES = {
+    "threshold": DecodeConfig(threshold=0.6, gamma_max=5, min_draft_len=0, max_new_tokens=40),
+    "cumulative, HF's rule": DecodeConfig(schedule="cumulative", threshold=0.3, gamma_max=4, semantics="hf",
+                                          max_new_tokens=40),
+    "goodput": tiny.policy(schedule="goodput", metric="entropy", gamma_max=6, max_new_tokens=40),
+}
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+@pytest.mark.parametrize("name", POLICIES)
+def test_verify_side_syncs_once_per_round(llama_pair, stray_reads, name, temperature):
+    target, draft = llama_pair
+    config = POLICIES[name].replace(temperature=temperature)
+    counts = {}
+    for mode in ("early-stop", "verify-side"):
+        with host.counting() as count:
+            result = engine.speculative_decode(target, draft, [3, 9, 27], config.replace(draft_mode=mode))
+        counts[mode] = (count.fetches, result)
+    fetches, result = counts["verify-side"]
+    assert fetches == len(result.rounds) > 5  # the round's one read: accepted, target token, the draft
+    assert any(r.drafted < r.draft_forwards for r in result.rounds)  # the rule did cut drafts on the device
+    fetches, result = counts["early-stop"]
+    assert fetches == result.draft_forwards + len(result.rounds)  # + one per draft step: whether to go on
+    assert stray_reads == []
+
+
+def test_stray_reads_are_seen(llama_pair, stray_reads):
+    """The watch itself works: the plain baseline reads each token it feeds back."""
+    from dspark_bench.baselines import autoregressive_decode
+
+    target, _ = llama_pair
+    with host.counting() as count:
+        result = autoregressive_decode(target, [1, 2], DecodeConfig(max_new_tokens=5))
+    assert count.fetches == len(result.tokens) and stray_reads == []
+    float(torch.ones(()))
+    assert stray_reads == ["__float__"]
+
+
+@pytest.fixture(scope="module")
+def cutting_setup():
+    """Test_engine's sampling setup with a threshold that cuts drafts, so truncation on the
+    device decides which tokens can be accepted."""
+    from test_engine import make_sampling_setup
+
+    target, draft, prompt, config, exact = make_sampling_setup("two-drafted")
+    return target, draft, prompt, config.replace(threshold=0.7, min_draft_len=0, draft_mode="verify-side"), exact
+
+
+def test_verify_side_sampling_matches_target_distribution(cutting_setup):
+    target, draft, prompt, config, exact = cutting_setup
+    cut = [r for seed in range(50) for r in engine.speculative_decode(
+        target, draft, prompt, config.replace(seed=seed)).rounds if r.drafted < r.draft_forwards]
+    assert cut  # truncation happens in this setup
+    assert chi_square_p(sampled_first_two(target, draft, prompt, config), exact) > 0.001
+
+
+def test_verify_side_sampling_test_catches_a_wrong_rule(cutting_setup, monkeypatch):
+    target, draft, prompt, config, exact = cutting_setup
+    monkeypatch.setattr(engine, "residual_distribution", lambda p, q: p)
+    assert chi_square_p(sampled_first_two(target, draft, prompt, config, samples=1000), exact) < 1e-4
+
+
+@pytest.mark.parametrize("arch", ["llama_pair", "gpt2_pair"])
+def test_compiled_steps_decode_the_target_greedy(arch, request, monkeypatch):
+    """The compiled path: a static cache rolled back by length and reused across decodes, every
+    step but the prefill through torch.compile. Dynamo's "eager" backend traces and guards the
+    model as inductor would but generates no code, so this runs in seconds on a CPU."""
+    from dspark_bench import cache
+    from dspark_bench.baselines import autoregressive_decode
+
+    monkeypatch.setitem(cache.COMPILE_OPTIONS, "backend", "eager")
+    target, draft = request.getfixturevalue(arch)
+    for prompt in ([3, 9, 27], [5, 1, 4, 1, 5, 9, 2, 6]):
+        for mode in ("early-stop", "verify-side"):
+            config = DecodeConfig(threshold=0.5, gamma_max=4, max_new_tokens=30, draft_mode=mode)
+            expected = autoregressive_decode(target, prompt, config).tokens
+            compiled = config.replace(compiled=True)
+            result = engine.speculative_decode(target, draft, prompt, compiled)
+            assert result.tokens == expected == autoregressive_decode(target, prompt, compiled).tokens
+            assert any(r.accepted < r.drafted for r in result.rounds)  # rollbacks happened
+    assert isinstance(cache._STATIC[target], cache.StaticCache)  # one cache per model, reused
+    with torch.inference_mode():
+        assert cache._STATIC[target] is cache.static_cache(target, 40)
+
+
+def test_compiled_and_verify_side_refuse_batches():
+    with pytest.raises(Exception, match="batch size 1 only"):
+        DecodeConfig(compiled=True, batch_size=4)
+    with pytest.raises(Exception, match="batch size 1 only"):
+        DecodeConfig(draft_mode="verify-side", batch_size=4)
+
+
+def test_identical_share_and_first_divergence():
+    from dspark_bench.runner import first_divergence, identical_share
+
+    assert identical_share([1, 2, 3, 4], [1, 2, 3, 4]) == 1.0 and first_divergence([1, 2], [1, 2]) is None
+    # after a near-tie the outputs part and mostly stay apart: 2 of 4 positions still agree
+    assert identical_share([1, 2, 9, 4], [1, 2, 3, 5]) == 0.5 and first_divergence([1, 2, 9, 4], [1, 2, 3, 5]) == 2
+    assert identical_share([1, 2], [1, 2, 3, 4]) == 0.5  # a shorter output counts its missing tokens
