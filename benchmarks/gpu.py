@@ -145,6 +145,9 @@ def bench_pair(pair, args, out: Path, say) -> tuple[list[dict], Path]:
         rows.append(measured(summarize(out_engine.samples), 0, hf_policy,
                              "HF assisted generation" if engine == "hf" else "ours"))
 
+    if pair.device.type == "cuda":
+        say("host syncs per round as CUDA itself sees them")
+        rows += cuda_sync_rows(pair, ids[0], best)
     say("our autoregressive baseline vs model.generate")
     rows += baseline_rows(pair, ids, base)
     say("the draft loop alone: a host sync per step vs none")
@@ -186,6 +189,28 @@ def baseline_rows(pair, ids: list[list[int]], config) -> list[dict]:
              "speedup": 1.0},
             {"batch_size": 1, "decoder": "autoregressive: model.generate", "policy": "—",
              "tokens_per_s": rate["model.generate"], "speedup": float(ratio), "low": float(low), "high": float(high)}]
+
+
+def cuda_sync_rows(pair, ids: list[int], policy) -> list[dict]:
+    """Every synchronising CUDA call of one decode, counted by CUDA's own sync debug mode (which
+    also sees what host.fetch cannot: a blocking copy from the host, an implicit sync in a kernel)."""
+    import warnings
+
+    from dspark_bench.engine import speculative_decode
+
+    rows = []
+    for mode in ("early-stop", "verify-side"):
+        config = policy.replace(draft_mode=mode)
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                result = speculative_decode(pair.target, pair.draft, ids, config, pair.eos_ids)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        rows.append({"batch_size": 1, "decoder": f"CUDA-observed syncs, {mode}",
+                     "policy": f"{len(caught) / len(result.rounds):.2f} per round ({config.label()})"})
+    return rows
 
 
 @torch.inference_mode()

@@ -58,19 +58,23 @@ class Curve:
     def __call__(self, confidence):
         return np.interp(confidence, self.x, self.y)
 
-    def on_device(self, confidence: torch.Tensor) -> torch.Tensor:
-        """`np.interp`'s arithmetic on a float64 tensor, operation for operation, so the engine's
-        device-side rule (schedule.kept_on_device) decides exactly as the host and replay do."""
-        xp = torch.tensor(self.x, dtype=torch.float64, device=confidence.device)
-        fp = torch.tensor(self.y, dtype=torch.float64, device=confidence.device)
-        if len(xp) == 1:
-            return fp[0].expand(confidence.shape)
-        j = (torch.searchsorted(xp, confidence, right=True) - 1).clamp(0, len(xp) - 2)  # xp[j] <= c < xp[j+1]
-        x0, y0 = xp[j], fp[j]
-        slope = (fp[j + 1] - y0) / (xp[j + 1] - x0)
-        value = torch.where(confidence == x0, y0, slope * (confidence - x0) + y0)
-        value = torch.where(confidence >= xp[-1], fp[-1], value)
-        return torch.where(confidence < xp[0], fp[0], value)
+    def on_device(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """The knots as float64 tensors on `device`, for `interp`."""
+        return (torch.tensor(self.x, dtype=torch.float64, device=device),
+                torch.tensor(self.y, dtype=torch.float64, device=device))
+
+
+def interp(confidence: torch.Tensor, xp: torch.Tensor, fp: torch.Tensor) -> torch.Tensor:
+    """`np.interp(confidence, xp, fp)` on float64 tensors, operation for operation, so the
+    engine's device-side rule (schedule.DeviceRule) decides exactly as the host and replay do."""
+    if len(xp) == 1:
+        return fp[0].expand(confidence.shape)
+    j = (torch.searchsorted(xp, confidence, right=True) - 1).clamp(0, len(xp) - 2)  # xp[j] <= c < xp[j+1]
+    x0, y0 = xp[j], fp[j]
+    slope = (fp[j + 1] - y0) / (xp[j + 1] - x0)
+    value = torch.where(confidence == x0, y0, slope * (confidence - x0) + y0)
+    value = torch.where(confidence >= xp[-1], fp[-1], value)
+    return torch.where(confidence < xp[0], fp[0], value)
 
 
 def fit_curve(confidence: np.ndarray, accepted: np.ndarray) -> Curve:

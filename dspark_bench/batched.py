@@ -143,13 +143,15 @@ class SpeculativeStep:
         proposals = [Proposal.start(config, config.max_new_tokens - len(r.result.tokens) - 1) for r in requests]
         self.draft_loop(requests, proposals)
         feeds = [r.seq[self.target.lengths[i] :] + p.tokens for i, (r, p) in enumerate(zip(requests, proposals))]
+        # Each row's block, copied from the host before the target pass is queued (on CUDA a copy
+        # waits for the work queued before it).
+        blocks = [Block(torch.tensor(p.tokens, dtype=torch.long, device=self.target.device),
+                        torch.stack(p.probs) if p.probs and not config.greedy else None,
+                        torch.zeros(0, device=self.target.device), len(p.tokens)) for p in proposals]
         logits = self.target.forward(feeds)
         verdicts = []
-        for i, (request, proposal, feed) in enumerate(zip(requests, proposals, feeds)):
-            first = len(feed) - len(proposal.tokens) - 1
-            tokens = torch.tensor(proposal.tokens, dtype=torch.long, device=logits.device)
-            block = Block(tokens, torch.stack(proposal.probs) if proposal.probs and not config.greedy else None,
-                          tokens[:0], len(proposal.tokens))
+        for i, (request, block, feed) in enumerate(zip(requests, blocks, feeds)):
+            first = len(feed) - len(block.tokens) - 1
             verdicts.append(verify(logits[i, first : len(feed)], block, config, request.generator))
         accepted, target_tokens = fetch(*(torch.stack(column) for column in zip(*verdicts)))  # one read per round
         for request, proposal, a, token in zip(requests, proposals, accepted, target_tokens):
@@ -171,10 +173,11 @@ class SpeculativeStep:
         steps = 0
         while any(not p.done for p in proposals):
             steps += 1
+            ends = torch.tensor([max(len(f) - 1, 0) for f in feeds], device=self.draft.device)  # before the pass
             logits = self.draft.forward(feeds)
-            last = logits[torch.arange(len(feeds)), torch.tensor([max(len(f) - 1, 0) for f in feeds])]
+            last = logits[torch.arange(len(feeds), device=logits.device), ends]
             probs = distribution(last, config)
-            drafting = [i for i, p in enumerate(proposals) if not p.done]
+            drafting = {i for i, p in enumerate(proposals) if not p.done}
             # A token for every row still drafting, as the batch-1 engine draws one per step.
             tokens = pick(last, probs, config, None) if config.greedy else torch.stack(
                 [draw(probs[i], requests[i].generator) if i in drafting else last.new_zeros((), dtype=torch.long)

@@ -20,6 +20,8 @@ import weakref
 import torch
 from transformers import DynamicCache, StaticCache
 
+from dspark_bench.errors import DsparkError
+
 # torch.compile options; tests swap in dynamo's "eager" backend to check the wiring without code generation.
 COMPILE_OPTIONS: dict = {}
 
@@ -33,12 +35,13 @@ def _forward_kwargs(model) -> tuple[str, bool]:
 
 
 class CachedLM:
-    def __init__(self, model: torch.nn.Module, compiled: bool = False, capacity: int = 0):
-        """`capacity`: the most tokens this decode will hold (compiled: the static cache's size)."""
+    def __init__(self, model: torch.nn.Module, compiled: bool = False, capacity: int = 0, role: str = "target"):
+        """`capacity`: the most tokens this decode will hold (compiled: the static cache's size);
+        `role`: whose static cache it takes (a model drafting for itself holds two)."""
         self.model = model
         self.device = next(model.parameters()).device
         self.compiled = compiled
-        self.cache = static_cache(model, capacity) if compiled else DynamicCache()
+        self.cache = static_cache(model, capacity, role) if compiled else DynamicCache()
         self.length = 0
         self._cache_name, self._can_keep = _forward_kwargs(model)
 
@@ -53,7 +56,7 @@ class CachedLM:
         kwargs = {self._cache_name: self.cache, "use_cache": True}
         if self._can_keep:
             kwargs["logits_to_keep"] = keep
-        if self.compiled and not eager:
+        if self.compiled and not eager and self.cache.is_initialized:  # a cache is laid out eagerly
             # A CUDA graph's outputs live in memory its next replay overwrites: keep a copy.
             logits = compiled_forward(self.model)(input_ids=ids, **kwargs).logits[0, -keep:].clone()
         else:
@@ -74,20 +77,24 @@ class CachedLM:
             self.length = length
 
 
-# One static cache and one compiled forward per model, reused by every decode: a new cache (new
-# addresses) or a new compiled function would compile and capture again.
-_STATIC: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# One static cache per (model, role) and one compiled forward per model, reused by every decode:
+# a new cache (new addresses) or a new compiled function would compile and capture again.
+_STATIC: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {role: (cache, size)}
 _COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def static_cache(model: torch.nn.Module, capacity: int) -> StaticCache:
-    """The model's static cache, emptied, holding at least `capacity` tokens."""
-    cache = _STATIC.get(model)
-    if cache is None or cache.layers[0].max_cache_len < capacity:
+def static_cache(model: torch.nn.Module, capacity: int, role: str = "target") -> StaticCache:
+    """The model's static cache for `role`, emptied, holding at least `capacity` tokens."""
+    caches = _STATIC.setdefault(model, {})
+    cache, size = caches.get(role, (None, 0))
+    if cache is None or size < capacity:
         size = -(-max(capacity, 1) // 256) * 256  # grow in steps, so most decodes reuse it
-        cache = _STATIC[model] = StaticCache(config=model.config, max_cache_len=size)
-    for layer in cache.layers:  # back to empty on the device: the old entries get overwritten
-        layer.cumulative_length.zero_()
+        cache = StaticCache(config=model.config, max_cache_len=size)
+        if any(layer.is_sliding or not hasattr(layer, "cumulative_length") for layer in cache.layers):
+            raise DsparkError("--compile needs a model without sliding-window attention layers and transformers "
+                              ">= 5 (a static cache rolled back by length); run without --compile")
+        caches[role] = (cache, size)
+    cache.reset()  # back to empty on the device (lengths to 0); the old entries are overwritten
     return cache
 
 
@@ -104,9 +111,12 @@ def compiled_forward(model: torch.nn.Module):
 
 
 @torch.inference_mode()
-def warm_compiled(model: torch.nn.Module, shapes: list[tuple[int, int]]) -> None:
-    """Compile (and on CUDA capture) the step for every (tokens fed, logits kept) in `shapes`."""
-    lm = CachedLM(model, compiled=True, capacity=max(n for n, _ in shapes) + 1)
+def warm_compiled(model: torch.nn.Module, shapes: list[tuple[int, int]], capacity: int, role: str = "target") -> None:
+    """Compile (and on CUDA capture) the step for every (tokens fed, logits kept) in `shapes`, on
+    a static cache of `capacity` tokens: the run's longest decode, so no later one reallocates."""
+    lm = CachedLM(model, compiled=True, capacity=capacity, role=role)
+    lm.prefill([0, 0])  # lays the cache out eagerly
+    lm.rollback(0)
     for tokens, keep in shapes:
         for _ in range(3):  # reduce-overhead records its CUDA graph on the third call
             lm.forward([0] * tokens, keep)

@@ -19,7 +19,7 @@ SCHEDULES = ("threshold", "ramp", "cumulative", "fixed", "goodput")
 SEMANTICS = ("dspark", "hf", "llamacpp")
 # Where the rule cuts a draft (engine.draft_block): the draft loop stops as the rule says, the
 # host reading each confidence; or the draft runs to gamma_max and the verify keeps the rule's
-# prefix, decided on the device with one host sync per round. Same tokens and rounds.
+# prefix, decided on the device with one host read per round. Greedy: the same tokens and rounds.
 DRAFT_MODES = ("early-stop", "verify-side")
 
 

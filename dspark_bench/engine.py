@@ -26,7 +26,7 @@ from dspark_bench.config import DecodeConfig
 from dspark_bench.errors import DsparkError
 from dspark_bench.host import fetch
 from dspark_bench.sampling import distribution, draw, make_generator, pick
-from dspark_bench.schedule import discards_below, forced, keeps, keeps_failing, kept_on_device
+from dspark_bench.schedule import DeviceRule, discards_below, forced, keeps, keeps_failing
 
 
 @dataclass
@@ -139,7 +139,8 @@ class Block:
     tokens: torch.Tensor  # [n] drafted ids sent to the target
     probs: torch.Tensor | None  # [n, vocab] the draft distribution q each was drawn from (sampling)
     scores: torch.Tensor  # [s] the confidence of every proposal, one per draft forward
-    kept: torch.Tensor | int  # how many of the n the rule keeps: n (early stop) or decided on the device
+    kept: torch.Tensor | int  # how many of the n the rule keeps: n (early-stop, an int) or a 0-d
+    # tensor the device decided (verify-side)
 
 
 @torch.inference_mode()
@@ -152,18 +153,25 @@ def speculative_decode(
 ) -> DecodeResult:
     capacity = len(prompt_ids) + config.max_new_tokens + config.gamma_max + 1
     target_lm = CachedLM(target, config.compiled, capacity)
-    draft_lm = CachedLM(draft, config.compiled, capacity)
+    draft_lm = CachedLM(draft, config.compiled, capacity, role="draft")
     target_lm.prefill(prompt_ids[:-1])
     draft_lm.prefill(prompt_ids[:-1])
     generator = make_generator(config, target_lm.device)
-    eos = torch.tensor(sorted(eos_ids), dtype=torch.long, device=draft_lm.device)
+    # What the device needs from the host, copied while it is idle (on CUDA a copy from the host
+    # waits for the work queued before it, like a read): the rule's constants once per decode ...
+    if config.draft_mode == "verify-side" and draft_lm.device.type == "mps":
+        raise DsparkError("the verify-side draft mode decides in float64, which MPS lacks: use early-stop there")
+    rule = DeviceRule(config, draft_lm.device) if config.draft_mode == "verify-side" else None
+    eos_tensor = torch.tensor(sorted(eos_ids), dtype=torch.long, device=draft_lm.device)
     seq, result = list(prompt_ids), DecodeResult(tokens=[])
     while len(result.tokens) < config.max_new_tokens:
         # Leave room for the target's own token at the end of the round.
         proposal = Proposal.start(config, config.max_new_tokens - len(result.tokens) - 1)
-        block = draft_block(draft_lm, seq, config, proposal, generator, eos_ids, eos)
-        logits = target_lm.forward(target_feed(target_lm, seq, block), keep=len(block.tokens) + 1)
-        accepted, target_token = read_round(proposal, block, *verify(logits, block, config, generator), config, eos_ids)
+        unseen = torch.tensor(seq[target_lm.length :], dtype=torch.long, device=target_lm.device)  # ... and per round
+        block = draft_block(draft_lm, seq, config, proposal, generator, eos_ids, rule, eos_tensor)
+        logits = target_lm.forward(torch.cat([unseen, block.tokens]), keep=len(block.tokens) + 1)
+        accepted, target_token = verify(logits, block, config, generator)
+        accepted, target_token = read_round(proposal, block, accepted, target_token, config, eos_ids)
         emitted, round_ = close_round(proposal, accepted, target_token, eos_ids)
         seq += emitted
         result.tokens += emitted
@@ -178,12 +186,6 @@ def speculative_decode(
     return result
 
 
-def target_feed(target_lm: CachedLM, seq: list[int], block: Block) -> torch.Tensor:
-    """What the target has not seen of the sequence, then the drafted block: one tensor."""
-    pending = torch.tensor(seq[target_lm.length :], dtype=torch.long, device=block.tokens.device)
-    return torch.cat([pending, block.tokens])
-
-
 def close_round(proposal: Proposal, accepted: int, target_token: int, eos_ids: frozenset[int]):
     """The verified round's emitted tokens and its Round record (one row or one row of a batch)."""
     emitted = proposal.tokens[:accepted]
@@ -196,17 +198,18 @@ def close_round(proposal: Proposal, accepted: int, target_token: int, eos_ids: f
 
 
 def draft_block(draft_lm: CachedLM, seq: list[int], config: DecodeConfig, proposal: Proposal, generator,
-                eos_ids: frozenset[int], eos: torch.Tensor) -> Block:
+                eos_ids: frozenset[int], rule: DeviceRule | None, eos_tensor: torch.Tensor) -> Block:
     """The round's draft under config.draft_mode.
 
     "early-stop": after each draft forward the host learns the token and its confidence (one
     sync) and applies the rule (`Proposal`) to decide whether to run the next forward.
     "verify-side": the draft runs to the round's limit with no sync at all, and the rule cuts
-    the block on the device (schedule.kept_on_device); the target verifies the whole block but
-    accepts only the kept prefix. Same tokens, same rounds; more draft and verify work, no waits."""
+    the block on the device (`rule`, schedule.DeviceRule); the target verifies the whole block but
+    accepts only the kept prefix. Greedy: the same tokens and rounds; more draft and verify work,
+    no waits. Sampling: as lossless, but the draft draws past the cut, so other samples."""
     pending = seq[draft_lm.length :]
     tokens, probs, scores = [], [], []
-    for step in range(proposal.limit):
+    for _ in range(proposal.limit):
         if config.draft_mode == "early-stop" and proposal.done:
             break
         logits = draft_lm.forward(pending)[-1]
@@ -214,19 +217,19 @@ def draft_block(draft_lm: CachedLM, seq: list[int], config: DecodeConfig, propos
         scores.append(confidence.METRICS[config.metric](q, config.topk))
         token = pick(logits, q, config, generator)
         pending = token.view(1)
-        if config.draft_mode == "verify-side":
-            tokens.append(token), probs.append(q)
-            continue
-        score, token_id = fetch(scores[-1], token)  # the loop must know now whether to go on
-        if proposal.consider(config, score):
+        if config.draft_mode == "early-stop":
+            score, token_id = fetch(scores[-1], token)  # the loop must know now whether to go on
+            if not proposal.consider(config, score):
+                continue
             proposal.take(token_id, q, eos_ids)
-            tokens.append(token), probs.append(q)
+        tokens.append(token)
+        probs.append(q)
     device = draft_lm.device
     tokens = torch.stack(tokens) if tokens else torch.zeros(0, dtype=torch.long, device=device)
     scores = torch.stack(scores) if scores else torch.zeros(0, device=device)
     probs = torch.stack(probs) if probs and not config.greedy else None
     if config.draft_mode == "verify-side":
-        return Block(tokens, probs, scores, kept_on_device(config, scores, tokens, eos))
+        return Block(tokens, probs, scores, rule.kept(scores, tokens, eos_tensor))
     kept = len(proposal.tokens)  # llama.cpp's discard may have emptied the draft
     return Block(tokens[:kept], probs[:kept] if probs is not None else None, scores, kept)
 
@@ -280,7 +283,8 @@ def verify(logits: torch.Tensor, block: Block, config: DecodeConfig, generator) 
     p_all = distribution(logits, config)  # [n+1, vocab]
     q_all = torch.cat([block.probs if n else p_all[:0], torch.zeros_like(p_all[:1])])  # no q after the block
     rows = torch.arange(n, device=logits.device)
-    p_x, q_x = p_all[rows, block.tokens].double(), q_all[rows, block.tokens].double()
+    wide = torch.float32 if logits.device.type == "mps" else torch.float64  # MPS has no float64
+    p_x, q_x = p_all[rows, block.tokens].to(wide), q_all[rows, block.tokens].to(wide)
     draws = torch.rand(n, generator=generator, device=logits.device)
     accepted = ((draws < acceptance_probability(p_x, q_x)) & within).long().cumprod(dim=0).sum()
     p, q = p_all.index_select(0, accepted.view(1))[0], q_all.index_select(0, accepted.view(1))[0]

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from dspark_bench.acceptance import AcceptanceFit, Curve
+from dspark_bench.acceptance import AcceptanceFit, Curve, interp
 from dspark_bench.errors import DsparkError
 
 
@@ -48,19 +48,34 @@ class GoodputRule:
         then = (expected + survival * alpha) / ((k + 1) * self.t_draft + self.t_verify[k + 1])
         return then > now
 
-    def continues_on_device(self, confidence: torch.Tensor) -> torch.Tensor:
-        """`continues` after every token of one draft at once: confidences [n] -> bool [n], the
-        engine's running product and sum in the same order, in float64 (the verify-side rule)."""
-        alpha = self.curve.on_device(confidence.double())
-        survival = torch.cumprod(alpha, dim=0)
-        one = torch.ones(1, dtype=torch.float64, device=alpha.device)
-        expected = torch.cumsum(torch.cat([one, survival]), dim=0)[1:]  # ((1 + P_1) + P_2) + ...
-        n, timed = len(alpha), len(self.t_verify)
-        t_verify = torch.tensor(self.t_verify + (1.0,) * (n + 2), dtype=torch.float64, device=alpha.device)
-        k = torch.arange(1, n + 1, device=alpha.device)
-        now = expected / (k * self.t_draft + t_verify[k])
-        then = (expected + survival * alpha) / ((k + 1) * self.t_draft + t_verify[k + 1])
-        return (then > now) | (k + 1 >= timed)
+    def on_device(self, device: torch.device, gamma_max: int) -> "DeviceGoodput":
+        return DeviceGoodput(self, device, gamma_max)
+
+
+class DeviceGoodput:
+    """A GoodputRule's numbers on the device (copied once per decode) and its decisions over a
+    whole draft there: the verify-side rule (schedule.DeviceRule)."""
+
+    def __init__(self, rule: GoodputRule, device: torch.device, gamma_max: int):
+        self.xp, self.fp = rule.curve.on_device(device)
+        self.t_draft, self.timed = rule.t_draft, len(rule.t_verify)
+        padded = rule.t_verify + (1.0,) * (gamma_max + 2)  # past the timed lengths `continues` says yes
+        self.t_verify = torch.tensor(padded, dtype=torch.float64, device=device)
+        self.k = torch.arange(1, gamma_max + 1, dtype=torch.float64, device=device)
+
+    def continues(self, confidence: torch.Tensor) -> torch.Tensor:
+        """`GoodputRule.continues` after every token of one draft: confidences [n] -> bool [n],
+        the engine's running product and sum taken in the same order, in float64."""
+        from dspark_bench.schedule import running
+
+        alpha = interp(confidence.double(), self.xp, self.fp)
+        survival = running(alpha, torch.mul)
+        expected = running(survival, torch.add, first=1.0)  # ((1 + P_1) + P_2) + ...
+        n = len(alpha)
+        k = self.k[:n]
+        now = expected / (k * self.t_draft + self.t_verify[1 : n + 1])
+        then = (expected + survival * alpha) / ((k + 1) * self.t_draft + self.t_verify[2 : n + 2])
+        return (then > now) | (k + 1 >= self.timed)
 
 
 @dataclass

@@ -31,7 +31,9 @@ def fetch(*tensors: torch.Tensor):
     _COUNT.fetches += 1
     if len(tensors) == 1:
         return tensors[0].tolist()
-    block = torch.cat([t.reshape(-1).to(torch.float64) for t in tensors]).cpu()  # the one wait
+    # MPS has no float64; there float32 carries ids below 2**24 and float32 values exactly.
+    wide = torch.float32 if tensors[0].device.type == "mps" else torch.float64
+    block = torch.cat([t.reshape(-1).to(wide) for t in tensors]).cpu()  # the one wait
     values, start = [], 0
     for t in tensors:
         values.append(block[start : start + t.numel()].view(t.shape).to(t.dtype).tolist())

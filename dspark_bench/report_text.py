@@ -64,10 +64,14 @@ def summary_blocks(inputs: Inputs) -> list[tuple]:
     if identical is not None and identical.notna().any():
         text += f" Outputs identical to the target's own: {identical.mean():.0%} of measured samples."
         share = policies.get("identical_share")
-        if identical.mean() < 1 and share is not None and share.notna().any():
-            text += (f" Where they differ, it is a reduced-precision near-tie rounding one way in a verify pass and "
-                     f"the other in a plain step (see README); {share.mean():.1%} of tokens still match position "
-                     "for position.")
+        dtypes = {(info.get("models") or {}).get("dtype") for info in inputs.infos.values()}
+        if identical.mean() < 1 and dtypes <= {"float32"}:
+            text += (" In fp32 every greedy output must be the target's own: a sample that differs is a bug, "
+                     "please report it.")
+        elif identical.mean() < 1 and share is not None and share.notna().any():
+            text += (f" In {', '.join(sorted(d for d in dtypes if d))} a verify pass and a plain step can round a "
+                     "near-tie differently, and the outputs part from there (see README); "
+                     f"{share.mean():.1%} of tokens still match position for position.")
     elif best is not None and pd.notna(best.get("spec_mean_new_tokens")):
         text += (f" Sampled outputs differ by design; for the best configuration the mean sample length is "
                  f"{best['baseline_mean_new_tokens']:.1f} tokens (baseline) against {best['spec_mean_new_tokens']:.1f} "

@@ -134,8 +134,6 @@ def check(config: RunConfig) -> None:
     if config.engine == "hf" and max(config.batch_sizes) > 1:
         raise DsparkError("--engine hf decodes one request at a time (HF assisted generation has no batching); "
                           "use --batch-size 1")
-    if config.engine == "hf" and (config.compiled or set(config.draft_mode) != {"early-stop"}):
-        raise DsparkError("--engine hf runs HF's own generate loop: drop --compile and --draft-mode")
     if max(config.batch_sizes) > 1 and (config.compiled or "verify-side" in config.draft_mode):
         raise DsparkError("--compile and --draft-mode verify-side run at batch size 1 only; use --batch-size 1")
     if config.calibration is not None and config.policies is not None:
@@ -143,6 +141,8 @@ def check(config: RunConfig) -> None:
     if config.policies is not None and not config.policies:
         raise DsparkError("the run lists no policy to decode")
     configs = config.decode_configs()  # every policy of the grid is valid (one clear line if not)
+    if config.engine == "hf" and any(c.compiled or c.draft_mode != "early-stop" for c in configs):
+        raise DsparkError("--engine hf runs HF's own generate loop: drop --compile and --draft-mode")
     if config.engine == "hf":
         from dspark_bench.export import expressible
 

@@ -137,20 +137,30 @@ def conversation(prompt: Prompt, settings: RunnerSettings) -> list[str]:
 
 
 def warm_up(pair: ModelPair, prompts: list[Prompt], configs: list[DecodeConfig], settings: RunnerSettings) -> None:
-    if not prompts or settings.warmup < 1:
+    if not prompts:
         return
     ids = encode(pair.tokenizer, prompts[0].text, settings.chat_template)
     short = configs[0].replace(max_new_tokens=min(16, configs[0].max_new_tokens))
     for _ in range(settings.warmup):
         measure(pair, ids, short, repeats=1, eos=settings.eos_ids(pair), decode=settings.speculative())
-    # A compiled step compiles (and captures a CUDA graph) at each input length it first sees:
-    # every length a compiled policy feeds, then one whole decode, before any clock runs.
-    for config in dict.fromkeys(c for c in configs if c.compiled):
-        from dspark_bench.cache import decode_shapes, warm_compiled
+    if any(c.compiled for c in configs):
+        warm_compiled_steps(pair, prompts, [c for c in configs if c.compiled], settings)
 
-        shapes = decode_shapes(config.gamma_max)
-        warm_compiled(pair.target, shapes["target"])
-        warm_compiled(pair.draft, shapes["draft"])
+
+def warm_compiled_steps(pair: ModelPair, prompts: list[Prompt], configs: list[DecodeConfig],
+                        settings: RunnerSettings) -> None:
+    """A compiled step compiles (and on CUDA captures a graph) at each input length it first
+    sees, and again on a new static cache: every length a compiled policy feeds, on caches as
+    long as the run's longest decode, then one whole decode — before any clock runs."""
+    from dspark_bench.cache import decode_shapes, warm_compiled
+
+    longest_prompt = max(len(encode(pair.tokenizer, p.text, settings.chat_template)) for p in prompts)
+    capacity = longest_prompt + max(c.max_new_tokens + c.gamma_max + 1 for c in configs)
+    shapes = decode_shapes(max(c.gamma_max for c in configs))
+    warm_compiled(pair.target, shapes["target"], capacity)
+    warm_compiled(pair.draft, shapes["draft"], capacity, role="draft")
+    ids = encode(pair.tokenizer, prompts[0].text, settings.chat_template)
+    for config in dict.fromkeys(configs):
         measure(pair, ids, config, repeats=1, eos=settings.eos_ids(pair), decode=settings.speculative())
 
 

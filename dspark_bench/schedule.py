@@ -60,29 +60,49 @@ def keeps(config: DecodeConfig, position: int, confidence: float, cumulative: fl
     return signal >= threshold_at(config, position)
 
 
-def kept_on_device(config: DecodeConfig, scores: torch.Tensor, tokens: torch.Tensor, eos: torch.Tensor) -> torch.Tensor:
-    """How many of a full draft's n tokens the rule keeps, decided on the device (0-d tensor).
+def running(values: torch.Tensor, op, first: float | None = None) -> torch.Tensor:
+    """The running `op` over `values` [n], element by element in order (starting from `first`):
+    the host's own loop, so its rounding agrees exactly, where a device scan may associate
+    differently. n is at most gamma_max."""
+    out, total = [], first
+    for value in values.unbind(0):
+        total = value if total is None else op(total, value)
+        out.append(total)
+    return torch.stack(out) if out else values[:0]
 
-    Verify-side truncation drafts up to the round's limit without stopping and lets this cut the
-    block: the same rule as engine.Proposal applies token by token (a failing token dropped, or
-    kept under keeps_failing; EOS ends the draft; llama.cpp's discard), in one pass of tensor
-    operations, in float64 as the host compares Python floats. `scores` [n], `tokens` [n]."""
-    n = scores.shape[0]
-    position = torch.arange(1, n + 1, device=scores.device)
-    if config.schedule == "goodput":
-        from dspark_bench import goodput
 
-        passes = goodput.rule_for(config).continues_on_device(scores)
-    else:
-        signal = scores.double()
-        if config.schedule == "cumulative":
-            signal = torch.cumprod(signal, dim=0)
-        thresholds = torch.tensor([threshold_at(config, k) for k in range(1, n + 1)], dtype=torch.float64,
-                                  device=scores.device)
-        passes = signal >= thresholds
-    passes = passes | (position <= forced(config))
-    leading = passes.long().cumprod(dim=0).sum()  # tokens before the first that fails
-    kept = leading + 1 if keeps_failing(config) else leading
-    before_eos = (~torch.isin(tokens, eos)).long().cumprod(dim=0).sum()  # tokens before the first EOS
-    kept = torch.minimum(torch.minimum(kept, before_eos + 1), torch.tensor(n, device=scores.device))
-    return torch.where(kept < discards_below(config), 0, kept)
+class DeviceRule:
+    """`engine.Proposal`'s rule as tensor operations, for verify-side truncation: the draft runs
+    to its limit without stopping and `kept` cuts it on the device — a failing token dropped or
+    kept (keeps_failing), EOS ending the draft, forced positions, llama.cpp's discard — in float64
+    as the host compares Python floats. Its constants are copied to the device once per decode:
+    on CUDA a copy from the host waits for the work queued before it."""
+
+    def __init__(self, config: DecodeConfig, device: torch.device):
+        self.config = config
+        gamma = config.gamma_max
+        thresholds = [threshold_at(config, k) for k in range(1, gamma + 1)]
+        self.thresholds = torch.tensor(thresholds, dtype=torch.float64, device=device)
+        self.position = torch.arange(1, gamma + 1, device=device)
+        self.goodput = None
+        if config.schedule == "goodput":
+            from dspark_bench import goodput
+
+            self.goodput = goodput.rule_for(config).on_device(device, gamma)
+
+    def kept(self, scores: torch.Tensor, tokens: torch.Tensor, eos: torch.Tensor) -> torch.Tensor:
+        """How many of a full draft's n tokens the rule keeps (0-d); `scores` [n], `tokens` [n]."""
+        config, n = self.config, scores.shape[0]
+        if self.goodput is not None:
+            passes = self.goodput.continues(scores)
+        else:
+            signal = scores.double()
+            if config.schedule == "cumulative":
+                signal = running(signal, torch.mul)
+            passes = signal >= self.thresholds[:n]
+        passes = passes | (self.position[:n] <= forced(config))
+        leading = passes.long().cumprod(dim=0).sum()  # tokens before the first that fails
+        kept = leading + 1 if keeps_failing(config) else leading
+        before_eos = (~torch.isin(tokens, eos)).long().cumprod(dim=0).sum()  # tokens before the first EOS
+        kept = torch.minimum(kept, before_eos + 1).clamp(max=n)
+        return torch.where(kept < discards_below(config), 0, kept)

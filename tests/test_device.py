@@ -116,9 +116,15 @@ def test_compiled_steps_decode_the_target_greedy(arch, request, monkeypatch):
             result = engine.speculative_decode(target, draft, prompt, compiled)
             assert result.tokens == expected == autoregressive_decode(target, prompt, compiled).tokens
             assert any(r.accepted < r.drafted for r in result.rounds)  # rollbacks happened
-    assert isinstance(cache._STATIC[target], cache.StaticCache)  # one cache per model, reused
+    (held, size), = cache._STATIC[target].values()  # one static cache per model and role, reused
+    assert set(cache._STATIC[draft]) == {"draft"} and size >= 30 + 8 + 4 + 1
     with torch.inference_mode():
-        assert cache._STATIC[target] is cache.static_cache(target, 40)
+        assert cache.static_cache(target, 40) is held
+    # A model drafting for itself holds two caches (one per role), which must not collide.
+    config = DecodeConfig(threshold=0.5, gamma_max=4, max_new_tokens=20, compiled=True)
+    itself = engine.speculative_decode(target, target, [3, 9, 27], config)
+    assert itself.tokens == autoregressive_decode(target, [3, 9, 27], config).tokens
+    assert all(r.accepted == r.drafted for r in itself.rounds) and set(cache._STATIC[target]) == {"target", "draft"}
 
 
 def test_compiled_and_verify_side_refuse_batches():
@@ -135,3 +141,43 @@ def test_identical_share_and_first_divergence():
     # after a near-tie the outputs part and mostly stay apart: 2 of 4 positions still agree
     assert identical_share([1, 2, 9, 4], [1, 2, 3, 5]) == 0.5 and first_divergence([1, 2, 9, 4], [1, 2, 3, 5]) == 2
     assert identical_share([1, 2], [1, 2, 3, 4]) == 0.5  # a shorter output counts its missing tokens
+
+
+def test_the_device_rule_cuts_where_the_host_rule_stops(tmp_path):
+    """schedule.DeviceRule (verify-side) against engine.Proposal (the host's rule, token by token)
+    on random drafts with EOS in them, for every schedule and engine rule, goodput with awkward
+    step costs and a many-knot curve (float64 throughout, or near-ties would part them)."""
+    import json
+    from pathlib import Path
+
+    import numpy as np
+
+    from dspark_bench.engine import Proposal
+    from dspark_bench.replay import spanning_policies
+    from dspark_bench.schedule import DeviceRule
+
+    model = json.loads(Path(tiny.GOODPUT_MODEL).read_text())
+    knots = np.linspace(0, 1, 9)
+    for curve in model["acceptance"]["curves"].values():
+        curve.update(x=knots.tolist(), y=(0.05 + 0.9 * knots ** 1.7).tolist())
+    for costs in model["costs"].values():
+        costs.update(t_draft=0.0123456789, t_verify=[0.1 + 0.0371 * k ** 1.3 for k in range(len(costs["t_verify"]))])
+    path = tmp_path / "goodput_model.json"
+    path.write_text(json.dumps(model))
+    rng = np.random.default_rng(0)
+    seen = set()
+    for config in spanning_policies(6, 40, str(path)):
+        rule = DeviceRule(config, torch.device("cpu"))
+        for _ in range(60):
+            n = config.gamma_max
+            scores = torch.tensor(rng.uniform(0, 1, n), dtype=torch.float32)
+            tokens = torch.tensor(rng.integers(0, 12, n))  # id 0 is EOS
+            proposal = Proposal.start(config, n)
+            for score, token in zip(scores.tolist(), tokens.tolist()):
+                if proposal.done:
+                    break
+                if proposal.consider(config, score):
+                    proposal.take(token, None, frozenset({0}))
+            assert int(rule.kept(scores, tokens, torch.tensor([0]))) == len(proposal.tokens), config.label()
+            seen.add((config.schedule, proposal.stop_reason))
+    assert {("goodput", "threshold"), ("goodput", "gamma_max"), ("goodput", "eos")} <= seen

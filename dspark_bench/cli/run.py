@@ -67,7 +67,7 @@ def config_from_flags(flags: dict):
     grid = ("metric", "schedule", "threshold", "gamma_max", "min_draft_len", "semantics", "draft_mode")
     if flags["calibration"] is not None and any(flags[name] for name in grid):
         raise DsparkError("--calibration chooses the policy; drop --metric/--schedule/--threshold/--gamma-max/"
-                          "--min-draft-len/--semantics")
+                          "--min-draft-len/--semantics/--draft-mode")
     for name in grid:
         if flags[name]:
             values[name] = tuple(flags[name])
