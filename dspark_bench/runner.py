@@ -335,8 +335,11 @@ def say_plan(pair: ModelPair, prompts: list[Prompt], configs: list[DecodeConfig]
         return
     per_token = seconds_per_token(pair, encode(pair.tokenizer, prompts[0].text, settings.chat_template))
     tokens = max(c.max_new_tokens for c in configs)
-    say(run_plan(per_token, len(prompts), planned_samples(prompts, configs, settings, assignment),
-                 len(configs), tokens, settings.repeats))
+    plan = run_plan(per_token, len(prompts), planned_samples(prompts, configs, settings, assignment),
+                    len(configs), tokens, settings.repeats)
+    if any(c.compiled for c in configs):
+        plan += ", after compiling every step it feeds (not in the estimate)"
+    say(plan)
 
 
 def run_to_folder(
