@@ -157,23 +157,27 @@ def speculative_decode(
     target_lm.prefill(prompt_ids[:-1])
     draft_lm.prefill(prompt_ids[:-1])
     generator = make_generator(config, target_lm.device)
-    # What the device needs from the host, copied while it is idle (on CUDA a copy from the host
-    # waits for the work queued before it, like a read): the rule's constants once per decode ...
+    # What the device needs from the host is copied once, here: on CUDA a copy from the host
+    # waits for the work queued before it, like a read. After this, tokens stay on the device.
     if config.draft_mode == "verify-side" and draft_lm.device.type == "mps":
         raise DsparkError("the verify-side draft mode decides in float64, which MPS lacks: use early-stop there")
     rule = DeviceRule(config, draft_lm.device) if config.draft_mode == "verify-side" else None
     eos_tensor = torch.tensor(sorted(eos_ids), dtype=torch.long, device=draft_lm.device)
+    keep_recent = recent_tokens(config)
+    recent = torch.tensor(prompt_ids[-keep_recent:], dtype=torch.long, device=draft_lm.device)  # seq's tail, on the device
     seq, result = list(prompt_ids), DecodeResult(tokens=[])
     while len(result.tokens) < config.max_new_tokens:
         # Leave room for the target's own token at the end of the round.
         proposal = Proposal.start(config, config.max_new_tokens - len(result.tokens) - 1)
-        unseen = torch.tensor(seq[target_lm.length :], dtype=torch.long, device=target_lm.device)  # ... and per round
-        block = draft_block(draft_lm, seq, config, proposal, generator, eos_ids, rule, eos_tensor)
-        logits = target_lm.forward(torch.cat([unseen, block.tokens]), keep=len(block.tokens) + 1)
-        accepted, target_token = verify(logits, block, config, generator)
-        accepted, target_token = read_round(proposal, block, accepted, target_token, config, eos_ids)
+        block = draft_block(draft_lm, unseen(recent, seq, draft_lm), config, proposal, generator, eos_ids, rule,
+                            eos_tensor)
+        logits = target_lm.forward(torch.cat([unseen(recent, seq, target_lm), block.tokens]),
+                                   keep=len(block.tokens) + 1)
+        accepted_on_device, token_on_device = verify(logits, block, config, generator)
+        accepted, target_token = read_round(proposal, block, accepted_on_device, token_on_device, config, eos_ids)
         emitted, round_ = close_round(proposal, accepted, target_token, eos_ids)
         seq += emitted
+        recent = torch.cat([recent, block.tokens[:accepted], token_on_device.view(1)])[-keep_recent:]
         result.tokens += emitted
         result.rounds.append(round_)
         result.target_forwards += 1
@@ -197,7 +201,22 @@ def close_round(proposal: Proposal, accepted: int, target_token: int, eos_ids: f
                           proposal.confidences, target_token, proposal.forwards)
 
 
-def draft_block(draft_lm: CachedLM, seq: list[int], config: DecodeConfig, proposal: Proposal, generator,
+def recent_tokens(config: DecodeConfig) -> int:
+    """How much of the sequence's tail a model may not have seen: its last token; the draft's own
+    last token after a draft that ran to its limit, all accepted; and one more per round that
+    drafted nothing (the budget's last round; under llama.cpp's rule at most min_draft_len)."""
+    return config.gamma_max + 4
+
+
+def unseen(recent: torch.Tensor, seq: list[int], lm: CachedLM) -> torch.Tensor:
+    """The tokens of `seq` past `lm`'s cache, as a view of `recent` (seq's tail on the device)."""
+    count = len(seq) - lm.length
+    if not 0 < count <= len(recent):
+        raise DsparkError(f"the engine lost track of its cache ({count} unseen tokens); please report this")
+    return recent[len(recent) - count :]
+
+
+def draft_block(draft_lm: CachedLM, pending: torch.Tensor, config: DecodeConfig, proposal: Proposal, generator,
                 eos_ids: frozenset[int], rule: DeviceRule | None, eos_tensor: torch.Tensor) -> Block:
     """The round's draft under config.draft_mode.
 
@@ -206,8 +225,8 @@ def draft_block(draft_lm: CachedLM, seq: list[int], config: DecodeConfig, propos
     "verify-side": the draft runs to the round's limit with no sync at all, and the rule cuts
     the block on the device (`rule`, schedule.DeviceRule); the target verifies the whole block but
     accepts only the kept prefix. Greedy: the same tokens and rounds; more draft and verify work,
-    no waits. Sampling: as lossless, but the draft draws past the cut, so other samples."""
-    pending = seq[draft_lm.length :]
+    no waits. Sampling: as lossless, but the draft draws past the cut, so other samples.
+    `pending`: what the draft has not seen of the sequence (1 or 2 tokens), on the device."""
     tokens, probs, scores = [], [], []
     for _ in range(proposal.limit):
         if config.draft_mode == "early-stop" and proposal.done:

@@ -44,9 +44,26 @@ POLICIES = {
 }
 
 
+@pytest.fixture
+def host_copies(monkeypatch) -> list[str]:
+    """Every tensor the decoder builds from host data (`torch.tensor`): on CUDA a blocking copy
+    waits for the queued work like a read, so the engine may make them per decode, not per round."""
+    made: list[str] = []
+    original = torch.tensor
+
+    def watched(*args, **kwargs):
+        caller = sys._getframe(1).f_code.co_filename
+        if "dspark_bench" in caller:
+            made.append(caller)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "tensor", watched)
+    return made
+
+
 @pytest.mark.parametrize("temperature", [0.0, 0.9])
 @pytest.mark.parametrize("name", POLICIES)
-def test_verify_side_syncs_once_per_round(llama_pair, stray_reads, name, temperature):
+def test_verify_side_syncs_once_per_round(llama_pair, stray_reads, host_copies, name, temperature):
     target, draft = llama_pair
     config = POLICIES[name].replace(temperature=temperature)
     counts = {}
@@ -56,6 +73,7 @@ def test_verify_side_syncs_once_per_round(llama_pair, stray_reads, name, tempera
         counts[mode] = (count.fetches, result)
     fetches, result = counts["verify-side"]
     assert fetches == len(result.rounds) > 5  # the round's one read: accepted, target token, the draft
+    assert len(host_copies) <= 12  # per decode (prefills, EOS ids, the rule's constants), never per round: 2 decodes
     assert any(r.drafted < r.draft_forwards for r in result.rounds)  # the rule did cut drafts on the device
     fetches, result = counts["early-stop"]
     assert fetches == result.draft_forwards + len(result.rounds)  # + one per draft step: whether to go on
