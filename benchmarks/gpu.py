@@ -104,6 +104,7 @@ def bench_pair(pair, args, out: Path, say) -> tuple[list[dict], Path]:
     from dspark_bench.config import DecodeConfig
     from dspark_bench.cost import measure_surface
     from dspark_bench.export import candidates
+    from dspark_bench.metrics import summarize
     from dspark_bench.prompts import encode
     from dspark_bench.replay import record, simulate_grid
     from dspark_bench.runner import RunnerSettings, run, run_to_folder
@@ -140,8 +141,6 @@ def bench_pair(pair, args, out: Path, say) -> tuple[list[dict], Path]:
     say(f"HF assisted generation vs our engine on {hf_policy.label()}")
     for engine in ("ours", "hf"):
         out_engine = run(pair, prompts, [hf_policy], RunnerSettings(engine=engine))
-        from dspark_bench.metrics import summarize
-
         rows.append(measured(summarize(out_engine.samples), 0, hf_policy,
                              "HF assisted generation" if engine == "hf" else "ours"))
 
