@@ -114,6 +114,14 @@ class Proposal:
             return
         self.end()
 
+    def walk(self, config: DecodeConfig, tokens: list[int], scores: list[float], eos_ids: frozenset[int]) -> None:
+        """Apply the rule to a draft already made (its tokens and their confidences), token by token."""
+        for token, score in zip(tokens, scores):
+            if self.done:
+                break
+            if self.consider(config, score):
+                self.take(token, None, eos_ids)
+
     def end(self) -> None:
         self.done = True
         if len(self.tokens) < self.discard_below:  # llama.cpp: the step decodes normally
@@ -124,11 +132,7 @@ def draft_length(config: DecodeConfig, confidences: list[float], budget: int | N
     """Drive the schedule with given confidences: (drafted length, stop reason). A helper for
     tests and worked examples (the seed's: 0.9, 0.85, 0.65 at threshold 0.7 drafts 2)."""
     proposal = Proposal.start(config, config.gamma_max if budget is None else budget)
-    for score in confidences:
-        if proposal.done:
-            break
-        if proposal.consider(config, score):
-            proposal.take(0, None, frozenset())
+    proposal.walk(config, [0] * len(confidences), confidences, frozenset())
     return len(proposal.tokens), proposal.stop_reason
 
 
@@ -261,11 +265,7 @@ def read_round(proposal: Proposal, block: Block, accepted: torch.Tensor, target_
         return tuple(fetch(accepted, target_token))
     accepted, target_token, kept, tokens, scores = fetch(accepted, target_token, block.kept, block.tokens,
                                                          block.scores)
-    for token, score in zip(tokens, scores):
-        if proposal.done:
-            break
-        if proposal.consider(config, score):
-            proposal.take(token, None, eos_ids)
+    proposal.walk(config, tokens, scores, eos_ids)
     if len(proposal.tokens) != kept:
         raise DsparkError(f"the device kept {kept} drafted tokens where the rule keeps {len(proposal.tokens)} "
                           f"({config.label()}); please report this")

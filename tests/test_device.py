@@ -191,11 +191,7 @@ def test_the_device_rule_cuts_where_the_host_rule_stops(tmp_path):
             scores = torch.tensor(rng.uniform(0, 1, n), dtype=torch.float32)
             tokens = torch.tensor(rng.integers(0, 12, n))  # id 0 is EOS
             proposal = Proposal.start(config, n)
-            for score, token in zip(scores.tolist(), tokens.tolist()):
-                if proposal.done:
-                    break
-                if proposal.consider(config, score):
-                    proposal.take(token, None, frozenset({0}))
+            proposal.walk(config, tokens.tolist(), scores.tolist(), frozenset({0}))
             assert int(rule.kept(scores, tokens, torch.tensor([0]))) == len(proposal.tokens), config.label()
             seen.add((config.schedule, proposal.stop_reason))
     assert {("goodput", "threshold"), ("goodput", "gamma_max"), ("goodput", "eos")} <= seen
