@@ -35,10 +35,15 @@ def _forward_kwargs(model) -> tuple[str, bool]:
 
 
 class CachedLM:
-    def __init__(self, model: torch.nn.Module, compiled: bool = False, capacity: int = 0, role: str = "target"):
+    def __init__(self, model: torch.nn.Module, compiled: bool = False, capacity: int = 0, role: str = "target",
+                 hidden: bool = False):
         """`capacity`: the most tokens this decode will hold (compiled: the static cache's size);
-        `role`: whose static cache it takes (a model drafting for itself holds two)."""
+        `role`: whose static cache it takes (a model drafting for itself holds two); `hidden`:
+        keep the last hidden states of each forward's kept positions too (`self.hidden`, the
+        heads drafter's input)."""
         self.model = model
+        self.keep_hidden = hidden
+        self.hidden: torch.Tensor | None = None  # [keep, hidden] of the last forward, if kept
         self.device = next(model.parameters()).device
         self.compiled = compiled
         self.cache = static_cache(model, capacity, role) if compiled else DynamicCache()
@@ -56,6 +61,11 @@ class CachedLM:
         kwargs = {self._cache_name: self.cache, "use_cache": True}
         if self._can_keep:
             kwargs["logits_to_keep"] = keep
+        if self.keep_hidden:
+            out = self.model(input_ids=ids, output_hidden_states=True, **kwargs)
+            self.hidden = out.hidden_states[-1][0, -keep:]
+            self.length += ids.shape[1]
+            return out.logits[0, -keep:]
         if self.compiled and not eager and self.cache.is_initialized:  # a cache is laid out eagerly
             # A CUDA graph's outputs live in memory its next replay overwrites: keep a copy.
             logits = compiled_forward(self.model)(input_ids=ids, **kwargs).logits[0, -keep:].clone()

@@ -137,8 +137,8 @@ class Calibrated:
 
 def record_domains(pair, domains: dict[str, list[Prompt]], base: DecodeConfig, gamma: int,
                    progress: StageProgress | None = None, batch_sizes=(1,)) -> tuple[dict, object]:
-    """A replay record per domain, and one cost surface at `batch_sizes` (timed on the first
-    domain's first prompt)."""
+    """A replay record per domain (of `base`'s drafter), and one cost surface at `batch_sizes`
+    (timed on the first domain's first prompt)."""
     from dspark_bench.cost import measure_surface
     from dspark_bench.prompts import encode, prompts_fingerprint
     from dspark_bench.replay import record
@@ -149,13 +149,13 @@ def record_domains(pair, domains: dict[str, list[Prompt]], base: DecodeConfig, g
         info = {"models": models, "prompts_fingerprint": prompts_fingerprint(prompts), "domain": domain,
                 "prompt_ids": [p.id for p in prompts]}
         records[domain] = rec = record(pair, ids, base.max_new_tokens, gamma, base.topk, info,
-                                       progress=stage_steps(progress, f"recording {domain}", len(ids)))
+                                       progress=stage_steps(progress, f"recording {domain}", len(ids)), drafter=base)
         if first_context is None:
             # Timed with the cache at a realistic length: a prompt plus half its output.
             first_context = ids[0] + rec.continuation[0, : int(rec.lengths[0]) // 2].tolist()
     if progress:
         progress("timing the cost model", 0, 1)
-    return records, measure_surface(pair, first_context, gamma, batch_sizes)
+    return records, measure_surface(pair, first_context, gamma, batch_sizes, drafters=(base.drafter,))
 
 
 def measure_domains(pair, domains: dict[str, list[Prompt]], chosen: dict[str, DecodeConfig],
@@ -251,15 +251,19 @@ def calibrate_domains(spec: SweepSpec, out: Path, tasks: list[str] | None = None
     engine = engine_for(spec)
     base = base_config(spec, _max_new_tokens(spec, tasks or ([spec.task] if spec.task and not spec.dataset else None)))
     configs = search_configs(spec, base)
+    drafters = dict.fromkeys((c.drafter, c.ngram_min, c.ngram_max) for c in configs)
+    if len(drafters) > 1:
+        raise DsparkError("a calibration chooses one drafter's policies: give one drafter (and one n-gram range) "
+                          "— compare drafters with `dspark-bench sweep --drafter ...` first")
     domains = domains if domains is not None else domain_prompts(spec, tasks)
     empty = [d for d, p in domains.items() if not p]
     if not domains or empty:
         raise DsparkError(f"no prompts for domain(s) {', '.join(empty)}" if empty else "no domains to calibrate")
-    pair = pair or load_pair(spec.target, spec.draft, spec.device, spec.dtype)
+    pair = pair or load_pair(spec.target, spec.draft, spec.device, spec.dtype, spec.heads)
     batch_sizes = sorted({c.batch_size for c in configs})
     records, surface = None, None
     if engine == "replay":
-        records, surface = record_domains(pair, domains, base, max(c.gamma_max for c in configs), progress,
+        records, surface = record_domains(pair, domains, configs[0], max(c.gamma_max for c in configs), progress,
                                           batch_sizes)
     # One calibration per batch size: which policy wins depends on what a step costs at B. The
     # file's own global/domains are the smallest B's; the others go under by_batch_size.

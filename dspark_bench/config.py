@@ -21,6 +21,10 @@ SEMANTICS = ("dspark", "hf", "llamacpp")
 # host reading each confidence; or the draft runs to gamma_max and the verify keeps the rule's
 # prefix, decided on the device with one host read per round. Greedy: the same tokens and rounds.
 DRAFT_MODES = ("early-stop", "verify-side")
+# What proposes a round's tokens (drafters.py): a second causal LM stepped token by token; k
+# heads on the target's last hidden state proposing a segment at once (heads.py); or prompt
+# lookup, the continuation of the context's last n-gram where it occurred before.
+DRAFTERS = ("model", "heads", "lookup")
 
 
 DEFAULT_MAX_NEW_TOKENS = 128  # tokens per prompt when neither the flags nor the task say
@@ -51,6 +55,10 @@ class DecodeConfig:
     # "goodput": the fitted acceptance curves and step costs it decides with (goodput.py): a
     # sweep folder's goodput_model.json. The schedule has no threshold; this is its data.
     goodput_model: str = field(default="", metadata={"policy": True, "searched": False})
+    drafter: str = field(default="model", metadata=POLICY)  # DRAFTERS: what proposes the tokens
+    # "lookup": match the context's last n-gram, the longest of ngram_max..ngram_min that occurred before.
+    ngram_min: int = field(default=1, metadata=POLICY)
+    ngram_max: int = field(default=3, metadata=POLICY)
     # Verification and generation: what every policy of a run shares.
     draft_mode: str = "early-stop"  # DRAFT_MODES: where the rule cuts the draft
     compiled: bool = False  # static KV cache + torch.compile'd steps, both sides (cache.py); batch size 1
@@ -78,6 +86,14 @@ class DecodeConfig:
 
     def label(self) -> str:
         """Short human name of the policy, for tables and legends."""
+        return self.drafter_prefix() + self.policy_label()
+
+    def drafter_prefix(self) -> str:
+        if self.drafter == "lookup":
+            return f"lookup n{self.ngram_min}-{self.ngram_max} · "
+        return "heads · " if self.drafter == "heads" else ""
+
+    def policy_label(self) -> str:
         if self.schedule == "fixed":
             return f"fixed γ={self.gamma_max}" + self.batch_suffix()
         if self.schedule == "goodput":
@@ -128,7 +144,8 @@ def _check_unit(name: str, value: float, metric: str) -> None:
 def _check_types(config: DecodeConfig) -> None:
     import math
 
-    for name in ("gamma_max", "min_draft_len", "topk", "max_new_tokens", "seed", "batch_size"):
+    for name in ("gamma_max", "min_draft_len", "topk", "max_new_tokens", "seed", "batch_size", "ngram_min",
+                 "ngram_max"):
         value = getattr(config, name)
         if not isinstance(value, int) or isinstance(value, bool):
             raise DsparkError(f"{name} must be an integer (got {value!r})")
@@ -136,6 +153,24 @@ def _check_types(config: DecodeConfig) -> None:
         value = getattr(config, name)
         if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
             raise DsparkError(f"{name} must be a finite number (got {value!r})")
+
+
+def check_drafter(config: DecodeConfig) -> None:
+    if config.drafter not in DRAFTERS:
+        raise DsparkError(f"unknown drafter {config.drafter!r}; choose one of {', '.join(DRAFTERS)}")
+    if not 1 <= config.ngram_min <= config.ngram_max:
+        raise DsparkError(f"lookup needs 1 <= ngram_min <= ngram_max (got {config.ngram_min} and {config.ngram_max})")
+    if config.drafter == "model":
+        return
+    if config.batch_size > 1:
+        raise DsparkError(f"the {config.drafter} drafter runs at batch size 1 only (the batched engine drafts with a model)")
+    if config.compiled:
+        raise DsparkError(f"--compile works with the model drafter only, not {config.drafter}")
+    if config.schedule == "goodput":
+        raise DsparkError(f"the goodput schedule decides with the draft model's acceptance fit and step cost, not the "
+                          f"{config.drafter} drafter's: use another schedule")
+    if config.drafter == "lookup" and config.draft_mode == "verify-side":
+        raise DsparkError("the lookup drafter proposes on the host: its draft mode is early-stop")
 
 
 def validate(config: DecodeConfig) -> None:
@@ -150,6 +185,7 @@ def validate(config: DecodeConfig) -> None:
         raise DsparkError(f"unknown draft mode {config.draft_mode!r}; choose one of {', '.join(DRAFT_MODES)}")
     if config.draft_mode == "verify-side" and config.batch_size > 1:
         raise DsparkError("the verify-side draft mode runs at batch size 1 only (batched decoding drafts early-stop)")
+    check_drafter(config)
     if not isinstance(config.compiled, bool):
         raise DsparkError(f"compiled must be true or false (got {config.compiled!r})")
     if config.compiled and config.batch_size > 1:

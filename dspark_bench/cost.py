@@ -38,6 +38,7 @@ class CostModel:
     # joining a running batch pays it (cost surface only; batch-1 replay leaves prefill out).
     t_prefill_target: float = 0.0
     t_prefill_draft: float = 0.0
+    t_heads: float = 0.0  # one pass of the target's heads over a hidden state (the heads drafter's round)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -46,11 +47,16 @@ class CostModel:
     def from_dict(cls, data: dict) -> "CostModel":
         return cls(float(data["t_draft"]), [float(t) for t in data["t_verify"]], int(data["context_tokens"]),
                    int(data.get("batch_size", 1)), float(data.get("t_prefill_target", 0.0)),
-                   float(data.get("t_prefill_draft", 0.0)))
+                   float(data.get("t_prefill_draft", 0.0)), float(data.get("t_heads", 0.0)))
+
+    def draft_step(self, drafter: str) -> float:
+        """What one of `drafter`'s draft forwards costs (Round.draft_forwards counts them): a draft
+        model step, the heads' pass; lookup runs none (its search on the host is not priced)."""
+        return {"model": self.t_draft, "heads": self.t_heads, "lookup": 0.0}[drafter]
 
     def predict(self, rounds: list[Round], tokens: int) -> float:
         """DESIGN.md: N * t_verify(0) / sum over rounds of (s_r * t_draft + t_verify(L_r))."""
-        spent = sum(r.draft_forwards * self.t_draft + self.t_verify[r.drafted] for r in rounds)
+        spent = sum(r.draft_forwards * self.t_draft + self.t_verify[r.drafted] for r in rounds)  # a draft model's
         return self.speedup(tokens, spent)
 
     def speedup(self, tokens, predicted_time):
@@ -61,8 +67,9 @@ class CostModel:
 
 
 @torch.inference_mode()
-def measure_cost(pair, context: list[int], gamma: int, repeats: int = 15) -> CostModel:
-    """Median timings with the caches holding `context`, interleaved across k to share drift."""
+def measure_cost(pair, context: list[int], gamma: int, repeats: int = 15, drafters=("model",)) -> CostModel:
+    """Median timings with the caches holding `context`, interleaved across k to share drift;
+    with "heads" among `drafters`, the heads' pass too."""
     from dspark_bench.cache import CachedLM
     from dspark_bench.runner import synchronize
 
@@ -80,12 +87,34 @@ def measure_cost(pair, context: list[int], gamma: int, repeats: int = 15) -> Cos
         lm.rollback(len(context))
         return time.perf_counter() - start
 
+    heads_step = heads_clock(pair, context) if "heads" in drafters else None
+    if heads_step:
+        samples[-2] = []
     for _ in range(repeats + 2):  # the first two passes warm up
         samples[-1].append(clock(draft, filler[:1]))
+        if heads_step:
+            samples[-2].append(heads_step())
         for k in range(gamma + 1):
             samples[k].append(clock(target, filler[: k + 1]))
     median = {k: statistics.median(v[2:]) for k, v in samples.items()}
-    return CostModel(median[-1], [median[k] for k in range(gamma + 1)], len(context))
+    return CostModel(median[-1], [median[k] for k in range(gamma + 1)], len(context), t_heads=median.get(-2, 0.0))
+
+
+def heads_clock(pair, context: list[int]):
+    """A timer of one pass of every head over the target's hidden state after `context`."""
+    from dspark_bench.heads import target_hidden
+    from dspark_bench.runner import synchronize
+
+    hidden = target_hidden(pair.target, torch.tensor([context], device=pair.device))[0, -1]
+
+    def clock() -> float:
+        synchronize(pair.device)
+        start = time.perf_counter()
+        pair.heads(hidden).argmax(-1)
+        synchronize(pair.device)
+        return time.perf_counter() - start
+
+    return clock
 
 
 @dataclass
@@ -122,13 +151,15 @@ class CostSurface:
 
 
 @torch.inference_mode()
-def measure_surface(pair, context: list[int], gamma: int, batch_sizes, repeats: int = 7) -> CostSurface:
+def measure_surface(pair, context: list[int], gamma: int, batch_sizes, repeats: int = 7,
+                    drafters=("model",)) -> CostSurface:
     """t_draft(B) and t_verify(B, k) for every B (and 1): B rows holding `context`, timed through
     the batched engine's own cache (BatchLM), k interleaved to share drift. B = 1 is `measure_cost`."""
     from dspark_bench.batch_cache import BatchLM
     from dspark_bench.runner import synchronize
 
-    models = {1: dataclasses.replace(measure_cost(pair, context, gamma), **measure_prefill(pair, context))}
+    models = {1: dataclasses.replace(measure_cost(pair, context, gamma, drafters=drafters),
+                                     **measure_prefill(pair, context))}
     filler = context[-gamma - 1 :] * (gamma + 1)
     for b in sorted(set(batch_sizes) - {1}):
         # Rows of different lengths, as a real batch has: left holes in the cache, so the pass

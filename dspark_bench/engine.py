@@ -74,6 +74,14 @@ class Proposal:
         reason = "gamma_max" if limit == config.gamma_max else "budget"
         return cls([], [], [], reason, 0, limit, done=limit <= 0, discard_below=discards_below(config))
 
+    def cap(self, available: int) -> None:
+        """The drafter can propose only `available` tokens this round (heads: its k; lookup: as
+        far as its match goes): fewer than the limit ends the draft there, "exhausted"."""
+        if available < self.limit:
+            self.limit = available if available >= self.discard_below else 0
+            self.stop_reason = "exhausted"
+            self.done = self.done or self.limit <= 0
+
     def consider(self, config: DecodeConfig, score: float) -> bool:
         """One draft forward proposed a token with confidence `score`: does it stay?
 
@@ -150,35 +158,40 @@ class Block:
 @torch.inference_mode()
 def speculative_decode(
     target: torch.nn.Module,
-    draft: torch.nn.Module,
+    draft,
     prompt_ids: list[int],
     config: DecodeConfig,
     eos_ids: frozenset[int] = frozenset(),
 ) -> DecodeResult:
+    """`draft`: what config.drafter drafts with — the draft model, the target's heads, or
+    nothing (lookup); drafters.py."""
+    from dspark_bench.drafters import start_drafter  # drafters build on this module's Block and Proposal
+
     capacity = len(prompt_ids) + config.max_new_tokens + config.gamma_max + 1
-    target_lm = CachedLM(target, config.compiled, capacity)
-    draft_lm = CachedLM(draft, config.compiled, capacity, role="draft")
+    target_lm = CachedLM(target, config.compiled, capacity, hidden=config.drafter == "heads")
     target_lm.prefill(prompt_ids[:-1])
-    draft_lm.prefill(prompt_ids[:-1])
+    drafter = start_drafter(draft, target_lm, prompt_ids, config, capacity)
     generator = make_generator(config, target_lm.device)
     # What the device needs from the host is copied once, here: on CUDA a copy from the host
     # waits for the work queued before it, like a read. After this, tokens stay on the device.
-    if config.draft_mode == "verify-side" and draft_lm.device.type == "mps":
+    if config.draft_mode == "verify-side" and target_lm.device.type == "mps":
         raise DsparkError("the verify-side draft mode decides in float64, which MPS lacks: use early-stop there")
-    rule = DeviceRule(config, draft_lm.device) if config.draft_mode == "verify-side" else None
-    eos_tensor = torch.tensor(sorted(eos_ids), dtype=torch.long, device=draft_lm.device)
+    rule = DeviceRule(config, target_lm.device) if config.draft_mode == "verify-side" else None
+    eos_tensor = torch.tensor(sorted(eos_ids), dtype=torch.long, device=target_lm.device)
     keep_recent = recent_tokens(config)
-    recent = torch.tensor(prompt_ids[-keep_recent:], dtype=torch.long, device=draft_lm.device)  # seq's tail, on the device
+    recent = torch.tensor(prompt_ids[-keep_recent:], dtype=torch.long, device=target_lm.device)  # seq's tail, on the device
     seq, result = list(prompt_ids), DecodeResult(tokens=[])
     while len(result.tokens) < config.max_new_tokens:
         # Leave room for the target's own token at the end of the round.
         proposal = Proposal.start(config, config.max_new_tokens - len(result.tokens) - 1)
-        block = draft_block(draft_lm, unseen(recent, seq, draft_lm), config, proposal, generator, eos_ids, rule,
-                            eos_tensor)
+        block = drafter.propose(recent, seq, proposal, generator, eos_ids, rule, eos_tensor)
         logits = target_lm.forward(torch.cat([unseen(recent, seq, target_lm), block.tokens]),
                                    keep=len(block.tokens) + 1)
         accepted_on_device, token_on_device = verify(logits, block, config, generator)
+        drafter.observe(target_lm, accepted_on_device)
         accepted, target_token = read_round(proposal, block, accepted_on_device, token_on_device, config, eos_ids)
+        if drafter.round_forwards is not None:  # heads: one pass a round; lookup: none
+            proposal.forwards = drafter.round_forwards
         emitted, round_ = close_round(proposal, accepted, target_token, eos_ids)
         seq += emitted
         recent = torch.cat([recent, block.tokens[:accepted], token_on_device.view(1)])[-keep_recent:]
@@ -188,7 +201,7 @@ def speculative_decode(
         result.draft_forwards += proposal.forwards
         # The last emitted token is fed at the next forward of both models.
         target_lm.rollback(len(seq) - 1)
-        draft_lm.rollback(len(seq) - 1)
+        drafter.rollback(len(seq) - 1)
         if emitted[-1] in eos_ids:
             break
     return result

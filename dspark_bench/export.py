@@ -184,6 +184,9 @@ def choose(run: RunPolicies, fmt: str) -> list[Choice]:
     out = []
     for batch_size in sizes:
         tuned, speedup, _ = run.best[batch_size]
+        if tuned.drafter != "model":  # engines' n-gram and Medusa drafters have their own knobs, not mapped here
+            raise DsparkError(f"export writes draft-model policies; the best policy here drafts with {tuned.drafter} "
+                              f"({tuned.label()}): export a run or sweep of the model drafter")
         reasons = expressible(tuned, fmt)
         replayable = run.record is not None and run.cost is not None and tuned.gamma_max <= run.depth
         if not reasons:

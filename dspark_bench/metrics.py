@@ -9,7 +9,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-STOP_REASONS = ("threshold", "gamma_max", "eos", "budget", "quorum")  # quorum: B > 1 only (config.batch_quorum)
+# quorum: B > 1 only (config.batch_quorum); exhausted: the drafter had no more to propose (every
+# head used, or a lookup without a match or at its match's end); never for the model drafter.
+STOP_REASONS = ("threshold", "gamma_max", "eos", "budget", "quorum", "exhausted")
 TOTAL_COLUMNS = ("rounds", "drafted_total", "accepted_total", "emitted_total", "full_blocks")
 METRIC_COLUMNS = (
     "avg_draft_len",

@@ -31,6 +31,33 @@ class ModelPair:
     draft_name: str
     device: torch.device
     dtype: torch.dtype
+    heads_path: str | None = None  # the target's multi-token heads (default: the shipped ones, for the shipped target)
+
+    @functools.cached_property
+    def heads(self):
+        """The target's heads (heads.py), loaded on first use by the heads drafter."""
+        from dspark_bench import heads
+        from dspark_bench.reference import default_heads_path
+
+        path = self.heads_path
+        if path is None:
+            if Path(self.target_name).resolve() != Path(default_pair()[0]).resolve():
+                raise DsparkError("the heads drafter needs heads trained on this target: pass --heads with a folder "
+                                  "from `dspark-bench models build --heads` (only the shipped target has heads built in)")
+            path = default_heads_path()
+        return heads.load(path, self.target)
+
+    def drafter_for(self, config) -> object:
+        """What `config.drafter` drafts with (engine.speculative_decode's `draft`)."""
+        return {"model": lambda: self.draft, "heads": lambda: self.heads, "lookup": lambda: None}[config.drafter]()
+
+    def drafter_fingerprint(self, config) -> str:
+        """Identifies what drafts: the draft model, the heads' weights, or lookup and its knobs."""
+        if config.drafter == "model":
+            return self.fingerprints[1]
+        if config.drafter == "heads":
+            return "heads:" + model_fingerprint(self.heads, with_config=False)
+        return f"lookup:{config.ngram_min}-{config.ngram_max}"
 
     @property
     def eos_ids(self) -> frozenset[int]:
@@ -55,6 +82,9 @@ class ModelPair:
             "draft_params": sum(p.numel() for p in self.draft.parameters()),
             "device": str(self.device),
             "dtype": str(self.dtype).removeprefix("torch."),
+            # The heads drafter's heads, where a run used them (loaded on first use).
+            **({"heads": self.heads_path or "shipped", "heads_fingerprint": model_fingerprint(self.heads, False)}
+               if "heads" in self.__dict__ else {}),
         }
 
 
@@ -116,7 +146,8 @@ def load_tokenizer(name: str) -> PreTrainedTokenizerBase:
 
 
 def load_pair(
-    target: str | None = None, draft: str | None = None, device: str = "auto", dtype: str = "auto"
+    target: str | None = None, draft: str | None = None, device: str = "auto", dtype: str = "auto",
+    heads: str | None = None,
 ) -> ModelPair:
     """Load both models (and the target's tokenizer), refusing pairs that cannot work together."""
     if target is None and draft is None:
@@ -137,7 +168,7 @@ def load_pair(
     draft_model = _load_model(draft, "draft", torch_device, torch_dtype)
     tokenizer = load_tokenizer(target)
     share_vocabulary(target_model, draft_model, tokenizer, lambda: load_tokenizer(draft))
-    return ModelPair(target_model, draft_model, tokenizer, target, draft, torch_device, torch_dtype)
+    return ModelPair(target_model, draft_model, tokenizer, target, draft, torch_device, torch_dtype, heads)
 
 
 def share_vocabulary(target: torch.nn.Module, draft: torch.nn.Module, tokenizer, draft_tokenizer) -> None:
@@ -168,11 +199,11 @@ def share_vocabulary(target: torch.nn.Module, draft: torch.nn.Module, tokenizer,
             model.resize_token_embeddings(shared)
 
 
-def model_fingerprint(model: torch.nn.Module) -> str:
+def model_fingerprint(model: torch.nn.Module, with_config: bool = True) -> str:
     """Short hash of a model's config and weights: equal models give equal fingerprints."""
     # Where the weights were loaded from, and by which transformers, is not part of the model.
     config = {k: v for k, v in model.config.to_dict().items()
-              if k not in ("_name_or_path", "name_or_path", "transformers_version", "_commit_hash")}
+              if k not in ("_name_or_path", "name_or_path", "transformers_version", "_commit_hash")} if with_config else {}
     digest = hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode())
     with torch.inference_mode():
         for name, param in sorted(model.state_dict().items()):

@@ -1,7 +1,8 @@
 """Replay's record: one greedy decoding pass, kept so that every policy can be simulated from it.
 
-For every prompt: the target's greedy continuation and, at every position of it, the draft's own
-greedy rollout of `gamma_record` tokens with every confidence metric (see replay.py for why
+For every prompt: the target's greedy continuation and, at every position of it, the drafter's
+greedy proposal of up to `gamma_record` tokens with every confidence metric (the draft model's
+rollout; the heads' segment; the lookup's continuation — `available` says how many it had) (see replay.py for why
 that fixes every greedy policy's rounds). Saved as record.npz + record.json (with the models'
 and prompts' fingerprints and how it was made) and refused for other models or prompts.
 """
@@ -33,7 +34,17 @@ class Record:
     rollout: np.ndarray  # [P, N, G] the draft's greedy proposal at step k from position j
     confidences: dict[str, np.ndarray]  # metric -> [P, N, G] confidence of that proposal
     eos_ids: tuple[int, ...]
-    info: dict  # max_new_tokens, gamma_record, topk, fingerprints, prompt ids and categories
+    info: dict  # max_new_tokens, gamma_record, topk, fingerprints, prompt ids and categories, drafter
+    available: np.ndarray | None = None  # [P, N] proposals the drafter had at j (None: all G, a draft model)
+
+    def __post_init__(self) -> None:
+        if self.available is None:
+            self.available = np.full(self.rollout.shape[:2], self.rollout.shape[2], dtype=np.int64)
+
+    @property
+    def drafter(self) -> dict:
+        """What drafted: {"drafter": ..., "ngram_min": ..., "ngram_max": ...} (the draft model if unsaid)."""
+        return {"drafter": "model", "ngram_min": 1, "ngram_max": 3, **self.info.get("drafter", {})}
 
     @property
     def max_new_tokens(self) -> int:
@@ -45,7 +56,8 @@ class Record:
 
     def save(self, folder: Path) -> None:
         folder.mkdir(parents=True, exist_ok=True)
-        arrays = {"continuation": self.continuation, "lengths": self.lengths, "rollout": self.rollout}
+        arrays = {"continuation": self.continuation, "lengths": self.lengths, "rollout": self.rollout,
+                  "available": self.available}
         arrays.update({f"confidence_{name}": values for name, values in self.confidences.items()})
         np.savez_compressed(folder / "record.npz", **arrays)
         (folder / "record.json").write_text(json.dumps({**self.info, "eos_ids": list(self.eos_ids)}, indent=2) + "\n")
@@ -59,15 +71,21 @@ class Record:
             info = json.loads((folder / "record.json").read_text())
             arrays = np.load(folder / "record.npz")
             confidences = {m: arrays[f"confidence_{m}"] for m in confidence.METRICS}
+            available = arrays["available"] if "available" in arrays.files else None  # older records: a draft model
             return cls(arrays["continuation"], arrays["lengths"], arrays["rollout"], confidences,
-                       tuple(info.pop("eos_ids")), info)
+                       tuple(info.pop("eos_ids")), info, available)
         except (OSError, KeyError, ValueError, json.JSONDecodeError) as err:
             raise DsparkError(f"replay record in {str(folder)!r} is unreadable: {err}") from None
 
     def check_matches(self, models: dict, prompts_fingerprint: str) -> None:
         """Refuse a record made with other models or prompts."""
-        for key in ("target_fingerprint", "draft_fingerprint"):
-            if self.info["models"].get(key) != models.get(key):
+        recorded = dict(self.info["models"])
+        if self.drafter["drafter"] == "model":  # a record made before drafters were named: its drafter is the draft
+            recorded.setdefault("drafter_fingerprint", recorded.get("draft_fingerprint"))
+        keys = ["target_fingerprint", "drafter_fingerprint"] if "drafter_fingerprint" in models else \
+            ["target_fingerprint", "draft_fingerprint"]
+        for key in keys:
+            if recorded.get(key) != models.get(key):
                 raise DsparkError(f"replay record was made with another {key.split('_')[0]} model "
                                   f"({self.info['models'].get(key)} vs {models.get(key)}); record again")
         if self.info["prompts_fingerprint"] != prompts_fingerprint:
@@ -120,28 +138,90 @@ def draft_rollouts(draft: torch.nn.Module, sequence: list[int], prompt_len: int,
     return tokens, scores
 
 
-def record(pair, prompt_ids: list[list[int]], max_new_tokens: int, gamma_record: int, topk: int = 5,
-           info: dict | None = None, progress=None, eos_ids: frozenset[int] | None = None) -> Record:
-    """Record the target's greedy continuation and the draft's rollouts for every prompt.
+@torch.inference_mode()
+def heads_segments(target: torch.nn.Module, heads, sequence: list[int], prompt_len: int, positions: int,
+                   steps: int, topk: int):
+    """The heads' segment at every position j: read from the target's hidden state at
+    sequence[prompt_len + j - 2], the one whose LM head gave the sequence's last token (drafters.py)."""
+    from dspark_bench.heads import target_hidden
 
-    `eos_ids` end a sequence (default: the pair's; empty when a run ignores EOS)."""
+    count = min(heads.count, steps)
+    device = next(target.parameters()).device
+    hidden = target_hidden(target, torch.tensor([sequence[: prompt_len + positions - 1]], device=device))[0]
+    tokens = np.full((positions, steps), -1, dtype=np.int64)
+    scores = {m: np.zeros((positions, steps), dtype=np.float32) for m in confidence.METRICS}
+    first = max(0, 2 - prompt_len)  # a one-token prompt has no hidden state before its first round
+    rows = hidden[prompt_len + first - 2 : prompt_len + positions - 2]
+    if len(rows):
+        logits = heads(rows, count)  # [rows, count, vocab]
+        tokens[first:, :count] = logits.argmax(-1).cpu().numpy()
+        for name, values in confidence.all_metrics(torch.softmax(logits.float(), dim=-1), topk).items():
+            scores[name][first:, :count] = values.cpu().numpy()
+    available = np.full(positions, count, dtype=np.int64)
+    available[:first] = 0
+    return tokens, scores, available
+
+
+def lookup_continuations(sequence: list[int], prompt_len: int, positions: int, steps: int, topk: int,
+                         ngram_min: int, ngram_max: int, vocab: int):
+    """The lookup drafter's proposal at every position j (lookup.py), from sequence[:prompt_len + j]."""
+    from dspark_bench import lookup
+
+    tokens = np.full((positions, steps), -1, dtype=np.int64)
+    scores = {m: np.zeros((positions, steps), dtype=np.float32) for m in confidence.METRICS}
+    available = np.zeros(positions, dtype=np.int64)
+    for j in range(positions):
+        proposed, votes = lookup.continuation(sequence[: prompt_len + j], ngram_min, ngram_max, steps)
+        available[j] = n = len(proposed)
+        tokens[j, :n] = proposed
+        for name, values in lookup.scores(votes, vocab, topk).items():
+            scores[name][j, :n] = values.numpy()
+    return tokens, scores, available
+
+
+def drafter_proposals(pair, drafter: DecodeConfig, sequence: list[int], prompt_len: int, positions: int, steps: int,
+                      topk: int):
+    """(tokens [j, k], scores per metric, available [j]) of `drafter.drafter` at every position."""
+    if drafter.drafter == "heads":
+        return heads_segments(pair.target, pair.heads, sequence, prompt_len, positions, steps, topk)
+    if drafter.drafter == "lookup":
+        vocab = pair.target.get_output_embeddings().weight.shape[0]
+        return lookup_continuations(sequence, prompt_len, positions, steps, topk, drafter.ngram_min,
+                                    drafter.ngram_max, vocab)
+    tokens, scores = draft_rollouts(pair.draft, sequence, prompt_len, positions, steps, topk)
+    return tokens, scores, np.full(positions, steps, dtype=np.int64)
+
+
+def record(pair, prompt_ids: list[list[int]], max_new_tokens: int, gamma_record: int, topk: int = 5,
+           info: dict | None = None, progress=None, eos_ids: frozenset[int] | None = None,
+           drafter: DecodeConfig | None = None, continuations: list[list[int]] | None = None) -> Record:
+    """Record the target's greedy continuation and the drafter's proposals for every prompt.
+
+    `eos_ids` end a sequence (default: the pair's; empty when a run ignores EOS); `drafter`: a
+    config naming the drafter and its knobs (default: the draft model); `continuations`: the
+    target's greedy continuations, where another record of the same prompts has them already."""
     eos_ids = pair.eos_ids if eos_ids is None else frozenset(eos_ids)
     config = DecodeConfig(max_new_tokens=max_new_tokens)
+    drafter = drafter or config
     P, N, G = len(prompt_ids), max_new_tokens, gamma_record
     continuation = np.full((P, N), -1, dtype=np.int64)
     lengths = np.zeros(P, dtype=np.int64)
     rollout = np.full((P, N, G), -1, dtype=np.int64)
     scores = {m: np.zeros((P, N, G), dtype=np.float32) for m in confidence.METRICS}
+    available = np.zeros((P, N), dtype=np.int64)
     for p, ids in enumerate(prompt_ids):
-        generated = autoregressive_decode(pair.target, ids, config, eos_ids).tokens
+        generated = (continuations[p] if continuations is not None
+                     else autoregressive_decode(pair.target, ids, config, eos_ids).tokens)
         continuation[p, : len(generated)] = generated
         lengths[p] = len(generated)
-        tokens, values = draft_rollouts(pair.draft, ids + generated, len(ids), len(generated), G, topk)
+        tokens, values, had = drafter_proposals(pair, drafter, ids + generated, len(ids), len(generated), G, topk)
         rollout[p, : len(generated)] = tokens
+        available[p, : len(generated)] = had
         for name in scores:
             scores[name][p, : len(generated)] = values[name]
         if progress:
             progress()
     meta = {"max_new_tokens": N, "gamma_record": G, "topk": topk, **provenance(), **(info or {}),
-            "prompt_tokens": [len(ids) for ids in prompt_ids]}  # what each prefill costs, at batch size B
-    return Record(continuation, lengths, rollout, scores, tuple(sorted(eos_ids)), meta)
+            "prompt_tokens": [len(ids) for ids in prompt_ids],  # what each prefill costs, at batch size B
+            "drafter": {"drafter": drafter.drafter, "ngram_min": drafter.ngram_min, "ngram_max": drafter.ngram_max}}
+    return Record(continuation, lengths, rollout, scores, tuple(sorted(eos_ids)), meta, available)

@@ -57,6 +57,13 @@ def eos_positions(rec: Record) -> np.ndarray:
 
 
 def check_replayable(rec: Record, config: DecodeConfig) -> None:
+    drafter = rec.drafter
+    if config.drafter != drafter["drafter"]:
+        raise DsparkError(f"the record holds the {drafter['drafter']} drafter's proposals, not the {config.drafter} "
+                          "drafter's; record it")
+    if config.drafter == "lookup" and (config.ngram_min, config.ngram_max) != (drafter["ngram_min"], drafter["ngram_max"]):
+        raise DsparkError(f"the record's lookup matched n-grams of {drafter['ngram_min']}-{drafter['ngram_max']} "
+                          f"tokens, not {config.ngram_min}-{config.ngram_max}; record it")
     if not config.greedy:
         raise DsparkError("replay needs greedy verification; sampling always runs the real decoder")
     if config.max_new_tokens != rec.max_new_tokens:
@@ -92,12 +99,15 @@ def first_failures(rec: Record, config: DecodeConfig) -> np.ndarray:
 
 
 def round_plan(rec: Record, config: DecodeConfig):
-    """Per (p, j): drafted L, draft forwards s and stop reason code, vectorised over positions
-    (engine.Proposal's rule: dropped or kept failing token, EOS, limit, llama.cpp's discard)."""
+    """Per (p, j): drafted L, proposals the rule considered s (the draft model's forwards) and
+    stop reason code, vectorised over positions (engine.Proposal's rule: dropped or kept failing
+    token, EOS, limit, what the drafter had (`Proposal.cap`), llama.cpp's discard)."""
     P, N, _ = rec.rollout.shape
     budget = config.max_new_tokens - np.arange(N) - 1
     limit = np.minimum(config.gamma_max, budget)
     limit = np.where(limit < discards_below(config), 0, limit)[None, :].repeat(P, axis=0)
+    exhausted = rec.available < limit
+    limit = np.where(exhausted, np.where(rec.available >= discards_below(config), rec.available, 0), limit)
     fail, eos = first_failures(rec, config), eos_positions(rec)
     if keeps_failing(config):  # the failing token stays; the limit or EOS at that step wins
         by_threshold = (fail < limit) & (fail < eos)
@@ -109,15 +119,16 @@ def round_plan(rec: Record, config: DecodeConfig):
         by_eos = ~by_threshold & (eos <= limit)
         drafted = np.where(by_threshold, fail - 1, np.where(by_eos, eos, limit))
         forwards = np.where(by_threshold, fail, drafted)
-    reason = np.where(by_threshold, 0, np.where(by_eos, 2, np.where(limit == config.gamma_max, 1, 3)))
+    reason = np.where(by_threshold, 0, np.where(by_eos, 2, np.where(exhausted, 5, np.where(limit == config.gamma_max, 1, 3))))
     drafted = np.where(drafted < discards_below(config), 0, drafted)
-    return drafted, forwards, reason
+    return drafted, forwards, reason, limit
 
 
 def simulate(rec: Record, config: DecodeConfig) -> list[list[Round]]:
     """The engine's rounds for every prompt, from the record alone (greedy only)."""
     check_replayable(rec, config)
-    drafted, forwards, reason = round_plan(rec, config)
+    drafted, forwards, reason, limit = round_plan(rec, config)
+    per_round = round_forwards(config)
     matches = match_lengths(rec)
     eos = set(rec.eos_ids)
     result = []
@@ -132,10 +143,16 @@ def simulate(rec: Record, config: DecodeConfig) -> list[list[Round]]:
             s = int(forwards[p, j])
             conf = rec.confidences[config.metric][p, j, :s].astype(np.float64).tolist()
             rounds.append(Round(L, a, a if ended_in_draft else a + 1, STOP_REASONS[reason[p, j]], proposal, conf,
-                                target_token, s))
+                                target_token, s if per_round < 0 else per_round * int(limit[p, j] > 0)))
             j += a if ended_in_draft else a + 1
         result.append(rounds)
     return result
+
+
+def round_forwards(config: DecodeConfig) -> int:
+    """Draft forwards a round that may draft costs when not one per considered proposal (-1):
+    the heads' one pass, or none for lookup (drafters.py)."""
+    return {"model": -1, "heads": 1, "lookup": 0}[config.drafter]
 
 
 def spanning_policies(gamma: int, max_new_tokens: int, goodput_model: str = "") -> list[DecodeConfig]:
@@ -197,7 +214,8 @@ def _round_length(fail, cap, discard_below):  # pragma: no cover (compiled)
 
 
 @numba.njit(cache=True, nogil=True)
-def _walk(fail, gamma_max, discard_below, matches, lengths, max_new_tokens, verify_cost, counts):  # pragma: no cover
+def _walk(fail, gamma_max, discard_below, matches, available, per_round, lengths, max_new_tokens, verify_cost,
+          counts):  # pragma: no cover
     """The walk of `simulate` for one policy, keeping only totals: rounds, drafted, accepted,
     full blocks, draft forwards and Σ t_verify(L). Only round starts are visited, without a
     data-dependent branch in a round (random accept/reject defeats branch prediction)."""
@@ -206,8 +224,10 @@ def _walk(fail, gamma_max, discard_below, matches, lengths, max_new_tokens, veri
     for p in range(len(lengths)):
         j = 0
         while j < lengths[p]:
-            cap = min(gamma_max, max_new_tokens - j - 1)
+            cap = min(gamma_max, max_new_tokens - j - 1, available[p, j])
             length, spent_forwards = _round_length(fail[p, j], cap, discard_below)
+            if per_round >= 0:  # heads: one pass a round that may draft; lookup: none
+                spent_forwards = per_round if cap > 0 and cap >= discard_below else 0
             a = min(length, matches[p, j])
             rounds += 1
             drafted += length
@@ -224,7 +244,7 @@ def _walk(fail, gamma_max, discard_below, matches, lengths, max_new_tokens, veri
 
 @numba.njit(cache=True, nogil=True)
 def _walk_grid(signals, signal_of, thresholds, forced, keep, discard_below, gamma_max, groups, matches, eos_step,
-               lengths, max_new_tokens, verify_cost, counts, verify):  # pragma: no cover (compiled)
+               available, per_round, lengths, max_new_tokens, verify_cost, counts, verify):  # pragma: no cover
     """Every policy's totals. Policies are ordered so that those sharing signal, thresholds,
     forced positions and what happens to a failing token (differing in gamma_max or llama.cpp's
     minimum only) are consecutive: `groups` marks where each run starts, and one table of
@@ -234,8 +254,8 @@ def _walk_grid(signals, signal_of, thresholds, forced, keep, discard_below, gamm
         first = groups[g]
         _first_failures(signals[signal_of[first]], thresholds[first], forced[first], keep[first], eos_step, fail)
         for c in range(first, groups[g + 1]):
-            verify[c] = _walk(fail, gamma_max[c], discard_below[c], matches, lengths, max_new_tokens, verify_cost,
-                              counts[c])
+            verify[c] = _walk(fail, gamma_max[c], discard_below[c], matches, available, per_round, lengths,
+                              max_new_tokens, verify_cost, counts[c])
 
 
 def signal_kind(config: DecodeConfig) -> tuple:
@@ -303,7 +323,8 @@ def simulate_grid(rec: Record, configs: list[DecodeConfig], cost: "CostModel | N
     arrays = (signals, signal_of[order], thresholds[order], forced_steps[order], keep[order], discard_below[order],
               gamma_max[order])
     record_arrays = (match_lengths(rec).astype(np.int64), eos_positions(rec).astype(np.int64),
-                     rec.lengths.astype(np.int64), rec.max_new_tokens, verify_cost)
+                     rec.available.astype(np.int64), round_forwards(configs[0]), rec.lengths.astype(np.int64),
+                     rec.max_new_tokens, verify_cost)
 
     def walk(bounds: np.ndarray) -> None:  # compiled without the GIL: threads run it in parallel
         _walk_grid(*arrays, bounds, *record_arrays, counts, verify)
@@ -328,7 +349,7 @@ def _grid_table(configs: list[DecodeConfig], counts: np.ndarray, verify: np.ndar
         "draft_forwards": counts[:, 4], "new_tokens": tokens, "draft_forwards_per_token": counts[:, 4] / max(tokens, 1),
     })
     if cost is not None:  # in cost-model seconds; plain decoding takes tokens × t_verify(0)
-        table["predicted_time"] = counts[:, 4] * cost.t_draft + verify
+        table["predicted_time"] = counts[:, 4] * cost.draft_step(configs[0].drafter) + verify
         table["predicted_speedup"] = cost.speedup(tokens, table["predicted_time"])
     return table
 

@@ -8,7 +8,7 @@ import html
 import numpy as np
 import pandas as pd
 
-from dspark_bench import plots
+from dspark_bench import objectives, plots
 from dspark_bench.report_inputs import SUMMARY_METRICS, Inputs, best_and_classic
 from dspark_bench.results import describe_machine
 
@@ -93,9 +93,48 @@ def summary_blocks(inputs: Inputs) -> list[tuple]:
                             b["config_label"] if b is not None else "—", _fmt(b.get(objective), 2) if b is not None else "—",
                             c["config_label"] if c is not None else "—", _fmt(c.get(objective), 2) if c is not None else "—"])
         blocks += [("h3", "Per run"), ("table", ["run", "task", "best", objective, "classic", objective], per_run)]
+    blocks += drafter_blocks(inputs)
     blocks += cost_model_blocks(inputs)
     blocks += environment_blocks(inputs)
     return blocks
+
+
+def drafter_blocks(inputs: Inputs) -> list[tuple]:
+    """Drafters side by side (runs or sweeps with several): each one's best policy, scheduled or
+    fixed γ, by the runs' objective, and which to pick."""
+    policies, objective = inputs.policies, inputs.column
+    if "drafter" not in policies or policies["drafter"].nunique() < 2:
+        return []
+    best = {}
+    for drafter, part in policies.groupby("drafter", sort=False):
+        row = objectives.best(plots.complete(part), inputs.objective, objective)  # scheduled or fixed γ
+        if row is not None:
+            best[drafter] = row
+    order = list(objectives.rank(pd.DataFrame(best.values()), inputs.objective, objective)["drafter"]) if best else []
+    header = ["drafter", "best policy", "speedup [95% CI]", "predicted_speedup", "tokens_per_round",
+              "acceptance_rate", "avg_draft_len", "identical"]
+    rows = [[d, best[d]["config_label"], _speedup_cell(best[d]), _fmt(best[d].get("predicted_speedup"), 2),
+             _fmt(best[d].get("tokens_per_round")), _fmt(best[d].get("acceptance_rate")),
+             _fmt(best[d].get("avg_draft_len")), _fmt(best[d].get("identical_to_baseline"))] for d in order]
+    return [("h2", "Drafters side by side"), ("table", header, rows), ("p", pick_drafter(best, order, objective))]
+
+
+def pick_drafter(best: dict, order: list[str], objective: str) -> str:
+    """Which drafter to use, said with the uncertainty the measurements have."""
+    if not order:
+        return "No drafter has a measured result to compare."
+    first = best[order[0]]
+    text = f"Pick the {order[0]} drafter: its best policy reaches {first[objective]:.2f}× ({objective})"
+    if len(order) < 2:
+        return text + "."
+    second = best[order[1]]
+    text += f", against {second[objective]:.2f}× for {order[1]}"
+    low, high = first.get("speedup_low"), second.get("speedup_high")
+    if objective == "speedup" and pd.notna(low) and pd.notna(high) and low <= high:
+        text += (f"; their intervals overlap ({first['speedup_low']:.2f}–{first['speedup_high']:.2f} against "
+                 f"{second['speedup_low']:.2f}–{second['speedup_high']:.2f}), so on these prompts the two are within "
+                 "noise: measure more prompts before choosing on speed alone")
+    return text + ". The heads drafter needs no second model in memory; lookup needs no model at all."
 
 
 def _settings_of(info: dict) -> dict:

@@ -67,6 +67,12 @@ class RunConfig:
     # each a policy of its own here), and compiled steps with a static cache (batch size 1)
     draft_mode: tuple[str, ...] = ("early-stop",)
     compiled: bool = False
+    # --- what drafts (drafters.py): the draft model, the target's heads, prompt lookup; each a
+    # policy of its own here. Lookup matches n-grams of ngram_max down to ngram_min tokens.
+    drafter: tuple[str, ...] = ("model",)
+    ngram_min: int = 1
+    ngram_max: int = 3
+    heads: str | None = None  # the heads drafter's heads (default: the shipped target's)
     # --- runner
     repeats: int = 1  # timed baseline/speculative pairs per prompt and policy (medians kept)
     warmup: int = 1  # untimed decodes of each kind before timing starts
@@ -90,7 +96,7 @@ class RunConfig:
                                **({"compiled": True} if self.compiled else {})})
                     for policy in self.policies for b in sizes(policy)]
         grid = itertools.product(self.batch_sizes, self.metric, self.schedule, self.threshold, self.gamma_max,
-                                 self.min_draft_len, self.semantics, self.draft_mode)
+                                 self.min_draft_len, self.semantics, self.draft_mode, self.drafter)
         # goodput has no threshold and keeps its last token under our rule and HF's alike: one policy each.
         configs = [DecodeConfig(metric=m, schedule=s, threshold=self.threshold[0] if s == "goodput" else t,
                                 gamma_max=g, min_draft_len=n, semantics="dspark" if s == "goodput" and e == "hf" else e,
@@ -98,8 +104,10 @@ class RunConfig:
                                 threshold_end=self.threshold_end, topk=self.topk, temperature=self.temperature,
                                 top_p=self.top_p, max_new_tokens=tokens, seed=self.seed, batch_size=b,
                                 goodput_model=self.goodput_model if s == "goodput" else "", draft_mode=d,
-                                compiled=self.compiled)
-                   for b, m, s, t, g, n, e, d in grid]
+                                compiled=self.compiled, drafter=r,
+                                ngram_min=self.ngram_min if r == "lookup" else 1,
+                                ngram_max=self.ngram_max if r == "lookup" else 3)
+                   for b, m, s, t, g, n, e, d, r in grid]
         return list(dict.fromkeys(configs))
 
     def settings(self):
@@ -143,6 +151,8 @@ def check(config: RunConfig) -> None:
     configs = config.decode_configs()  # every policy of the grid is valid (one clear line if not)
     if config.engine == "hf" and any(c.compiled or c.draft_mode != "early-stop" for c in configs):
         raise DsparkError("--engine hf runs HF's own generate loop: drop --compile and --draft-mode")
+    if config.engine == "hf" and any(c.drafter != "model" for c in configs):
+        raise DsparkError("--engine hf runs HF's assisted generation with the draft model: drop --drafter")
     if config.engine == "hf":
         from dspark_bench.export import expressible
 
@@ -244,7 +254,9 @@ def plan_run(config: RunConfig) -> Planned:
     configs, assignment = config.decode_configs(task_tokens), None
     if config.calibration is not None:
         configs, assignment = calibrated_configs(config.calibration, prompts, configs)
-    pair = load_pair(config.target, config.draft, config.device, config.dtype)
+    pair = load_pair(config.target, config.draft, config.device, config.dtype, config.heads)
+    if any(c.drafter == "heads" for c in configs):
+        pair.heads  # noqa: B018 — load (and check) the heads before anything runs
     if config.calibration is not None:
         from dspark_bench.calibration import load_calibration
 
@@ -312,7 +324,7 @@ def rerun_from(run_file: Path, out: Path, progress=None, say=None):
 
 def decode_once(text: str, config: DecodeConfig, target: str | None = None, draft: str | None = None,
                 device: str = "auto", dtype: str = "auto", chat_template: str = "auto",
-                calibration: Path | None = None, domain: str | None = None):
+                calibration: Path | None = None, domain: str | None = None, heads: str | None = None):
     """`dspark-bench decode`: one speculative generation of `text` (with a calibration: the policy
     of `domain`, or the global one). Returns (pair, the policy used, DecodeResult)."""
     from dspark_bench.engine import speculative_decode
@@ -323,6 +335,6 @@ def decode_once(text: str, config: DecodeConfig, target: str | None = None, draf
         from dspark_bench.calibration import load_calibration
 
         config = load_calibration(calibration).policy_for(domain or "", strict=domain is not None, base=config)
-    pair = load_pair(target, draft, device, dtype)
+    pair = load_pair(target, draft, device, dtype, heads)
     ids = encode(pair.tokenizer, text, chat_template)
-    return pair, config, speculative_decode(pair.target, pair.draft, ids, config, pair.eos_ids)
+    return pair, config, speculative_decode(pair.target, pair.drafter_for(config), ids, config, pair.eos_ids)

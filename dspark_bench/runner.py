@@ -124,7 +124,7 @@ def measure(pair: ModelPair, prompt_ids: list[int], config: DecodeConfig, repeat
                 baseline, t = timed(lambda: autoregressive_decode(pair.target, prompt_ids, config, eos), pair.device)
                 base_times.append(t)
             else:
-                spec, t = timed(lambda: decode(pair.target, pair.draft, prompt_ids, config, eos),
+                spec, t = timed(lambda: decode(pair.target, pair.drafter_for(config), prompt_ids, config, eos),
                                 pair.device)
                 spec_times.append(t)
     return baseline, spec, statistics.median(base_times), statistics.median(spec_times)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
+import numpy as np
 import optuna
 import pandas as pd
 
@@ -45,7 +46,7 @@ def prepare(spec: SweepSpec) -> Prepared:
                                                 spec.category_field, spec.limit)
     base = base_config(spec, task_tokens)
     points(spec, base)  # a threshold outside its range fails here, before models load
-    return Prepared(load_pair(spec.target, spec.draft, spec.device, spec.dtype), prompts, base, source)
+    return Prepared(load_pair(spec.target, spec.draft, spec.device, spec.dtype, spec.heads), prompts, base, source)
 
 
 def run_info(spec: SweepSpec, prepared: Prepared, extra: dict) -> dict:
@@ -100,14 +101,29 @@ def finish_real(folder: Path, study: optuna.Study, spec: SweepSpec) -> pd.DataFr
 def replay_space(spec: SweepSpec, base: DecodeConfig) -> list[DecodeConfig]:
     """The space's points plus every fixed gamma among them: classic decoding, the baseline to beat."""
     configs = points(spec, base)
-    classic = [base.replace(schedule="fixed", gamma_max=g, min_draft_len=0, batch_size=b)
-               for b in sorted({c.batch_size for c in configs}) for g in sorted({c.gamma_max for c in configs})]
+    drafters = dict.fromkeys((c.drafter, c.ngram_min, c.ngram_max) for c in configs)
+    classic = [base.replace(schedule="fixed", gamma_max=g, min_draft_len=0, batch_size=b, drafter=d, ngram_min=lo,
+                            ngram_max=hi)
+               for d, lo, hi in drafters for b in sorted({c.batch_size for c in configs})
+               for g in sorted({c.gamma_max for c in configs})]
     return configs + [c for c in classic if c not in configs]
+
+
+def drafter_groups(configs: list[DecodeConfig]) -> dict[tuple, list[int]]:
+    """The indexes of the policies each drafter (with its knobs) proposes for: one record each."""
+    groups: dict[tuple, list[int]] = {}
+    for i, c in enumerate(configs):
+        groups.setdefault((c.drafter, c.ngram_min, c.ngram_max), []).append(i)
+    return groups
 
 
 def goodput_points(configs: list[DecodeConfig], model_file: Path) -> list[DecodeConfig]:
     """The goodput schedule at every metric, gamma_max and batch size of the space: it has no
-    threshold to search, so it joins every replay sweep, as fixed gamma does."""
+    threshold to search, so it joins every replay sweep, as fixed gamma does — for the draft
+    model (its acceptance fit is the draft model's record's)."""
+    configs = [c for c in configs if c.drafter == "model"]
+    if not configs:
+        return []
     base = configs[0]
     return [base.replace(schedule="goodput", metric=m, gamma_max=g, min_draft_len=0, batch_size=b, semantics="dspark",
                          batch_quorum=0.0, goodput_model=str(Path(model_file).resolve()))
@@ -126,14 +142,18 @@ def write_goodput_model(folder: Path, rec, record_dir: Path, surface) -> Path:
 
 
 def load_or_record(spec: SweepSpec, prepared: Prepared, gamma: int, ids: list[list[int]], record_dir: Path,
-                   progress: StageProgress | None = None):
-    """The replay record of these models and prompts: from the cache, else recorded and cached."""
+                   progress: StageProgress | None = None, drafter: DecodeConfig | None = None,
+                   continuations: list[list[int]] | None = None):
+    """The replay record of these models and prompts (and `drafter`, default the draft model):
+    from the cache, else recorded and cached."""
     from dspark_bench.prompts import prompts_fingerprint
     from dspark_bench.replay import Record, record
     from dspark_bench.runner import stage_steps
 
     pair, prompts, base = prepared.pair, prepared.prompts, prepared.base
-    models, fingerprint = pair.describe(), prompts_fingerprint(prompts)
+    drafter = drafter or base
+    models = {**pair.describe(), "drafter_fingerprint": pair.drafter_fingerprint(drafter)}
+    fingerprint = prompts_fingerprint(prompts)
     if (record_dir / "record.json").is_file():
         rec = Record.load(record_dir)
         rec.check_matches(models, fingerprint)
@@ -141,8 +161,9 @@ def load_or_record(spec: SweepSpec, prepared: Prepared, gamma: int, ids: list[li
     info = {"models": models, "prompts_fingerprint": fingerprint, "prompt_ids": [p.id for p in prompts],
             "categories": [p.category for p in prompts]}
     eos_ids = spec.runner_settings().eos_ids(pair)
+    stage = "recording" if drafter.drafter == "model" else f"recording ({drafter.drafter})"
     rec = record(pair, ids, base.max_new_tokens, gamma, base.topk, info, eos_ids=eos_ids,
-                 progress=stage_steps(progress, "recording", len(ids)))
+                 progress=stage_steps(progress, stage, len(ids)), drafter=drafter, continuations=continuations)
     try:
         write_folder(record_dir, rec.save)
     except OSError:  # another sweep stored the same record meanwhile: keep theirs
@@ -150,12 +171,14 @@ def load_or_record(spec: SweepSpec, prepared: Prepared, gamma: int, ids: list[li
     return rec
 
 
-def record_key(spec: SweepSpec, prepared: Prepared, gamma: int) -> str:
-    """A record's cache key: the models, the prompts and every setting that changes what it holds."""
+def record_key(spec: SweepSpec, prepared: Prepared, gamma: int, drafter: DecodeConfig | None = None) -> str:
+    """A record's cache key: the models (the drafter's), the prompts and every setting that
+    changes what it holds."""
     from dspark_bench.prompts import prompts_fingerprint
 
     models, base = prepared.pair.describe(), prepared.base
-    return (f"{models['target_fingerprint']}-{models['draft_fingerprint']}-{prompts_fingerprint(prepared.prompts)}"
+    drafted = prepared.pair.drafter_fingerprint(drafter or base).replace(":", "-")
+    return (f"{models['target_fingerprint']}-{drafted}-{prompts_fingerprint(prepared.prompts)}"
             f"-n{base.max_new_tokens}-g{gamma}-k{base.topk}-{models['dtype']}" + ("-noeos" if spec.ignore_eos else ""))
 
 
@@ -169,28 +192,49 @@ def replay_sweep(folder: Path, spec: SweepSpec, prepared: Prepared, records_root
 
     pair, configs = prepared.pair, replay_space(spec, prepared.base)
     gamma = max(c.gamma_max for c in configs)
-    record_dir = records_root / record_key(spec, prepared, gamma)
+    groups = drafter_groups(configs)
+    record_dirs = {key: records_root / record_key(spec, prepared, gamma, configs[group[0]])
+                   for key, group in groups.items()}
     ids = [encode(pair.tokenizer, p.text) for p in prepared.prompts]
     if say:
-        say_replay_plan(spec, prepared, ids[0], configs, (record_dir / "record.json").is_file(), say)
-    rec = load_or_record(spec, prepared, gamma, ids, record_dir, progress)
+        say_replay_plan(spec, prepared, ids[0], configs, all((d / "record.json").is_file() for d in record_dirs.values()),
+                        say)
+    # One record per drafter: the target's continuation is the same, what each proposes is not.
+    records: dict = {}
+    for key, group in groups.items():
+        known = next(iter(records.values()), None)  # the target's continuations, decoded once
+        continuations = None if known is None else [known.continuation[p, : n].tolist()
+                                                     for p, n in enumerate(known.lengths)]
+        records[key] = load_or_record(spec, prepared, gamma, ids, record_dirs[key], progress, configs[group[0]],
+                                      continuations)
+    rec = next(iter(records.values()))
     # The cost model is timed with the cache at a realistic length: a prompt plus half its output.
     context = ids[0] + rec.continuation[0, : int(rec.lengths[0]) // 2].tolist()
     if progress:
         progress("timing the cost model", 0, 1)
     batch_sizes = sorted({c.batch_size for c in configs})
-    surface = measure_surface(pair, context, gamma, batch_sizes)
+    surface = measure_surface(pair, context, gamma, batch_sizes, drafters={key[0] for key in groups})
     cost = surface.at(1)
     write_json(folder / "cost_model.json", cost.to_dict())
-    model_file = write_goodput_model(folder, rec, record_dir, surface)
-    configs = configs + [c for c in goodput_points(configs, model_file) if c not in configs]
+    model_key = next((key for key in groups if key[0] == "model"), None)
+    if model_key is not None:  # goodput decides with the draft model's acceptance fit
+        model_file = write_goodput_model(folder, records[model_key], record_dirs[model_key], surface)
+        configs = configs + [c for c in goodput_points(configs, model_file) if c not in configs]
+        groups = drafter_groups(configs)
     if progress:
         progress(f"simulating {len(configs):,} policies", 0, 1)
-    if batch_sizes == [1]:
-        table = simulate_grid(rec, configs, cost).assign(source="replay")
-    else:  # every policy at its own batch size, both layouts (batch_replay.py)
+    if batch_sizes != [1]:
         write_json(folder / "cost_surface.json", surface.to_dict())
-        table = simulate_with_surface(rec, configs, surface).assign(source="replay")
+    parts = []
+    for key, group in groups.items():
+        chosen = [configs[i] for i in group]
+        if batch_sizes == [1]:
+            part = simulate_grid(records[key], chosen, cost)
+        else:  # every policy at its own batch size, both layouts (batch_replay.py)
+            part = simulate_with_surface(records[key], chosen, surface)
+        parts.append(part.assign(config_id=np.array(group)))
+    table = pd.concat(parts, ignore_index=True).sort_values("config_id", ignore_index=True).assign(source="replay")
+    record_dir = record_dirs[model_key] if model_key is not None else next(iter(record_dirs.values()))
     table, samples = confirm(table, configs, spec, prepared, progress)
     write_parquet(folder / "trials.parquet", table)
     write_parquet(folder / "samples.parquet", samples)
@@ -219,9 +263,9 @@ def confirm(table: pd.DataFrame, configs: list[DecodeConfig], spec: SweepSpec, p
 
     objective = OBJECTIVES[spec.objective[0]]
     ranked = rank(table, objective.name, objective.column("replay"))
-    # Per batch size: which policy wins depends on what a step costs at B.
-    # Per batch size: the best threshold-style policies, the best goodput and the best fixed γ.
-    chosen = pd.concat([part for _, by_batch in ranked.groupby("batch_size", sort=True)
+    # Per batch size (which policy wins depends on what a step costs at B) and drafter: the best
+    # threshold-style policies, the best goodput and the best fixed γ.
+    chosen = pd.concat([part for _, by_batch in ranked.groupby(["batch_size", "drafter"], sort=True)
                         for part in (by_batch[~by_batch["schedule"].isin(["fixed", "goodput"])].head(spec.confirm_top),
                                      by_batch[by_batch["schedule"] == "goodput"].head(1),
                                      by_batch[by_batch["schedule"] == "fixed"].head(1))])
@@ -253,8 +297,19 @@ def write_replay_summary(folder: Path, table: pd.DataFrame, spec: SweepSpec, cos
     }
     if (table["batch_size"] > 1).any():
         summary["by_batch_size"] = by_batch_size(table, confirmed, objective)
+    if table["drafter"].nunique() > 1:
+        summary["by_drafter"] = by_drafter(confirmed)
     write_json(folder / "summary.json", summary)
     return confirmed
+
+
+def by_drafter(confirmed: pd.DataFrame) -> list[dict]:
+    """The best confirmed policy of each drafter (scheduled or fixed γ), best first: the side-by-side
+    comparison the report shows."""
+    columns = ["drafter", "config_label", "speedup", "speedup_low", "speedup_high", "tokens_per_round",
+               "acceptance_rate", "avg_draft_len", "identical_to_baseline"]
+    best = confirmed.groupby("drafter", sort=False).head(1)  # `confirmed` is ranked best first
+    return best[[c for c in columns if c in best]].to_dict(orient="records")
 
 
 def accuracy(confirmed: pd.DataFrame) -> dict:

@@ -52,6 +52,7 @@ class SweepSpec:
     limit: int | None = 10  # prompts per trial
     target: str | None = None  # None: the reference pair
     draft: str | None = None
+    heads: str | None = None  # the heads drafter's heads (None: the shipped target's)
     device: str = "auto"
     dtype: str = "auto"
     max_new_tokens: int | None = None  # None: the task's default
@@ -158,7 +159,7 @@ def _parse_spec(data: dict, where: str) -> SweepSpec:
 
 
 # The sweep command's flags that override a spec field of the same name.
-FLAG_FIELDS = ("task", "dataset", "prompts", "split", "prompt_field", "category_field", "limit", "target", "draft",
+FLAG_FIELDS = ("task", "dataset", "prompts", "split", "prompt_field", "category_field", "limit", "target", "draft", "heads",
                "device", "dtype", "method", "engine", "trials", "objective", "confirm_top", "repeats",
                "max_new_tokens", "temperature", "ignore_eos", *SEARCHABLE_FIELDS)
 
@@ -202,6 +203,9 @@ def task_spec(task: str | None) -> Path | None:
     return next((folder / f"{task}.yaml" for folder in SPEC_FOLDERS if (folder / f"{task}.yaml").is_file()), None)
 
 
+ADDED_DIMENSIONS = ("space.batch_size", "space.drafter", "space.ngram_min", "space.ngram_max")
+
+
 def resolve_spec(path: Path | None, overrides: dict) -> tuple[SweepSpec, str]:
     """The spec a `sweep` command means, and one line saying where its search space came from.
 
@@ -209,8 +213,9 @@ def resolve_spec(path: Path | None, overrides: dict) -> tuple[SweepSpec, str]:
     flag is given, the dense default under replay (thousands of policies for about the price of
     one decoding pass) or a small grid under real timed runs (sampling), said as such.
     """
-    # A batch size adds a dimension to whichever space is chosen; the policy's knobs choose one.
-    chosen_by_flags = any(key == "space" or (key.startswith("space.") and key != "space.batch_size")
+    # A batch size or a drafter (with its n-gram knobs) adds a dimension to whichever space is
+    # chosen; the policy's knobs choose one.
+    chosen_by_flags = any(key == "space" or (key.startswith("space.") and key not in ADDED_DIMENSIONS)
                           for key in overrides)
     if path is None and not chosen_by_flags:
         path = task_spec(overrides.get("task"))
@@ -269,11 +274,18 @@ def points(spec: SweepSpec, base: DecodeConfig | None = None) -> list[DecodeConf
         params = dict(zip(names, combo))
         if params.get("min_draft_len", base.min_draft_len) > params.get("gamma_max", base.gamma_max):
             continue  # the constraint min_draft_len <= gamma_max: such points are never run
+        if params.get("ngram_min", base.ngram_min) > params.get("ngram_max", base.ngram_max):
+            continue  # nor ngram_min > ngram_max
+        if params.get("drafter", base.drafter) != "model" and params.get("batch_size", base.batch_size) > 1:
+            continue  # heads and lookup draft at batch size 1 only
         try:
-            out.append(base.replace(**params))
+            config = base.replace(**params)
         except DsparkError as err:
             raise DsparkError(f"search space: {err}") from None
-    return out
+        if config.drafter != "lookup":  # n-gram knobs mean nothing to the other drafters: one point each
+            config = config.replace(ngram_min=1, ngram_max=3)
+        out.append(config)
+    return list(dict.fromkeys(out))
 
 
 def engine_for(spec: SweepSpec) -> str:

@@ -10,7 +10,7 @@ from rich.text import Text
 
 from dspark_bench.cli.console import cli_errors, out_console, render_rounds
 from dspark_bench.cli.options import (
-    ChatTemplate, Device, Draft, Dtype, MaxNewTokens, Seed, Target, Temperature, ThresholdEnd, ThresholdStart, TopK,
+    ChatTemplate, Device, Draft, Dtype, HeadsPath, MaxNewTokens, NgramMax, NgramMin, Seed, Target, Temperature, ThresholdEnd, ThresholdStart, TopK,
     TopP,
 )
 from dspark_bench.config import DEFAULT_MAX_NEW_TOKENS, DecodeConfig
@@ -27,6 +27,8 @@ def decode(
     threshold_start: ThresholdStart = 0.3, threshold_end: ThresholdEnd = 0.8, topk: TopK = 5,
     temperature: Temperature = 0.0, top_p: TopP = 1.0, max_new_tokens: MaxNewTokens = None, seed: Seed = 0,
     device: Device = "auto", dtype: Dtype = "auto",
+    drafter: Annotated[str, typer.Option(help="model | heads (--heads) | lookup")] = "model",
+    ngram_min: NgramMin = 1, ngram_max: NgramMax = 3, heads: HeadsPath = None,
     calibration: Annotated[Optional[Path], typer.Option(help="Take the policy from a calibration file.")] = None,
     domain: Annotated[Optional[str], typer.Option(help="With --calibration: the prompt's domain (default: the global policy).")] = None,
 ):
@@ -41,9 +43,9 @@ def decode(
                               min_draft_len=min_draft_len, threshold_start=threshold_start,
                               threshold_end=threshold_end, topk=topk, temperature=temperature, top_p=top_p,
                               max_new_tokens=DEFAULT_MAX_NEW_TOKENS if max_new_tokens is None else max_new_tokens,
-                              seed=seed)
+                              seed=seed, drafter=drafter, ngram_min=ngram_min, ngram_max=ngram_max)
         pair, config, result = decode_once(text, config, target, draft, device, dtype, chat_template,
-                                           calibration, domain)
+                                           calibration, domain, heads)
         if calibration is not None:
             out_console.print(f"policy: {config.label()}", highlight=False)
         show_rounds(text, pair.tokenizer, result, config)

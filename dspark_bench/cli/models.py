@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 from rich.table import Table
 
 from dspark_bench.cli.console import cli_errors, out_console
+from dspark_bench.errors import DsparkError
 
 models_app = typer.Typer(help="The offline reference model pair.", no_args_is_help=True)
 
@@ -22,6 +23,13 @@ def models_info():
         report = info()
         for line in describe_reference(report):
             out_console.print(line)
+        from dspark_bench.reference import default_heads_path
+
+        shipped_heads = default_heads_path() / "heads.json"
+        if shipped_heads.is_file():  # the heads drafter's heads on the shipped target
+            import json
+
+            out_console.print(describe_heads(json.loads(shipped_heads.read_text())))
 
 
 def describe_reference(report: dict) -> list:
@@ -54,11 +62,45 @@ def describe_reference(report: dict) -> list:
 
 @models_app.command("build")
 def models_build(
-    out: Annotated[Path, typer.Option(help="Build folder (checkpoints; an interrupted build resumes).")] = Path("build/reference"),
-    minutes: Annotated[float, typer.Option(help="Training time budget for target + draft.")] = 100.0,
+    out: Annotated[Optional[Path], typer.Option(help="Build folder (checkpoints; an interrupted build resumes). Default: build/reference, or build/heads with --heads.")] = None,
+    minutes: Annotated[Optional[float], typer.Option(help="Training time budget: target + draft (default 100), or the heads (default 20).")] = None,
+    heads: Annotated[bool, typer.Option("--heads", help="Train multi-token heads on the frozen target (the heads drafter) instead of the pair.")] = False,
+    count: Annotated[int, typer.Option(help="With --heads: how many heads (the longest segment they propose).")] = 4,
+    target: Annotated[Optional[Path], typer.Option(help="With --heads: the target to train them on (default: the shipped one).")] = None,
+    export_to: Annotated[Optional[Path], typer.Option(help="With --heads: where the heads go (default: beside the shipped target; pass --heads PATH to run/sweep).")] = None,
 ):
-    """Rebuild the reference pair from the local install's text. Example: dspark-bench models build --minutes 100"""
-    from dspark_bench.reference import build
+    """Rebuild the reference pair, or train its target's heads, from the local install's text.
 
+    Example: dspark-bench models build --minutes 100
+    Example: dspark-bench models build --heads --minutes 20
+    """
     with cli_errors():
-        build(out=out, minutes=minutes)
+        if heads:
+            from dspark_bench.reference.heads_train import build_heads
+
+            if count < 1:
+                raise DsparkError(f"--count must be at least 1 (got {count})")
+            if target is not None and export_to is None:
+                raise DsparkError("heads for another target need --export-to (the shipped heads belong to the shipped target)")
+            info = build_heads(out or Path("build/heads"), 20.0 if minutes is None else minutes, count, target, export_to)
+            out_console.print(describe_heads(info))
+            return
+        if target is not None or export_to is not None:
+            raise DsparkError("--target and --export-to go with --heads")
+        from dspark_bench.reference import build
+
+        build(out=out or Path("build/reference"), minutes=100.0 if minutes is None else minutes)
+
+
+def describe_heads(info: dict) -> Table:
+    """Held-out top-1 accuracy per head and domain (column 0: the target's own next token)."""
+    view = Table(title=f"heads: {info['steps']} steps, {info['tokens_seen']:,} tokens, {info['train_minutes']:.1f} min, "
+                       f"loss {info['loss']:.3f}", title_justify="left")
+    view.add_column("held-out top-1")
+    for column in info["heldout_top1_columns"]:
+        view.add_column(column, justify="right")
+    for domain, values in info["heldout_top1"].items():
+        view.add_row(domain, *(f"{v:.3f}" for v in values))
+    for domain, values in info.get("heldout_agreement", {}).items():  # what greedy verification accepts
+        view.add_row(f"{domain}: agrees with the target's top-1", "—", *(f"{v:.3f}" for v in values))
+    return view

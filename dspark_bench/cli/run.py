@@ -9,7 +9,7 @@ import typer
 
 from dspark_bench.cli.console import cli_errors, out_console, reporting, summary_table
 from dspark_bench.cli.options import (
-    Batching, BatchSizes, CategoryField, Compile, DraftModes, GoodputModel, SemanticsOption, ChatTemplate, Dataset, Device, Draft, Dtype, GammaMaxes, IgnoreEos, Limit, MaxNewTokens, Metrics,
+    Batching, BatchSizes, CategoryField, Compile, DraftModes, Drafters, HeadsPath, NgramMax, NgramMin, GoodputModel, SemanticsOption, ChatTemplate, Dataset, Device, Draft, Dtype, GammaMaxes, IgnoreEos, Limit, MaxNewTokens, Metrics,
     MinDraftLens, PromptField, PromptsFile, Repeats, Schedules, Seed, Split, Target, Task, Temperature, ThresholdEnd,
     Thresholds, ThresholdStart, TopK, TopP, Turns,
 )
@@ -24,6 +24,7 @@ def run(
     metric: Metrics = None, schedule: Schedules = None, threshold: Thresholds = None,
     gamma_max: GammaMaxes = None, min_draft_len: MinDraftLens = None, semantics: SemanticsOption = None,
     goodput_model: GoodputModel = None, draft_mode: DraftModes = None, compiled: Compile = False,
+    drafter: Drafters = None, ngram_min: NgramMin = 1, ngram_max: NgramMax = 3, heads: HeadsPath = None,
     threshold_start: ThresholdStart = 0.3, threshold_end: ThresholdEnd = 0.8, topk: TopK = 5,
     temperature: Temperature = 0.0, top_p: TopP = 1.0, max_new_tokens: MaxNewTokens = None, seed: Seed = 0,
     batch_size: BatchSizes = None, batching: Batching = "refill",
@@ -64,10 +65,10 @@ def config_from_flags(flags: dict):
     if flags["dataset"] and flags["prompts"]:
         raise DsparkError("pass exactly one of --task, --dataset or --prompts (got --dataset and --prompts)")
     values["goodput_model"] = str(flags["goodput_model"]) if flags["goodput_model"] else ""
-    grid = ("metric", "schedule", "threshold", "gamma_max", "min_draft_len", "semantics", "draft_mode")
+    grid = ("metric", "schedule", "threshold", "gamma_max", "min_draft_len", "semantics", "draft_mode", "drafter")
     if flags["calibration"] is not None and any(flags[name] for name in grid):
         raise DsparkError("--calibration chooses the policy; drop --metric/--schedule/--threshold/--gamma-max/"
-                          "--min-draft-len/--semantics/--draft-mode")
+                          "--min-draft-len/--semantics/--draft-mode/--drafter")
     for name in grid:
         if flags[name]:
             values[name] = tuple(flags[name])

@@ -9,7 +9,7 @@ import typer
 
 from dspark_bench.cli.console import cli_errors, print_best, reporting
 from dspark_bench.cli.options import (
-    BatchSizes, CategoryField, Dataset, Draft, Engine, GammaMaxes, IgnoreEos, Limit, MaxNewTokens, Metrics, MinDraftLens,
+    BatchSizes, CategoryField, Dataset, Draft, Drafters, Engine, HeadsPath, GammaMaxes, IgnoreEos, Limit, MaxNewTokens, Metrics, MinDraftLens,
     PromptField, PromptsFile, Schedules, SpecDevice, SpecDtype, SpecSplit, Target, Task, Thresholds,
 )
 
@@ -33,6 +33,7 @@ def sweep(
     ignore_eos: IgnoreEos = False,
     metric: Metrics = None, schedule: Schedules = None, threshold: Thresholds = None,
     gamma_max: GammaMaxes = None, min_draft_len: MinDraftLens = None, batch_size: BatchSizes = None,
+    drafter: Drafters = None, heads: HeadsPath = None,
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override any spec field: key=value (YAML value), e.g. space.threshold=[0.2,0.4].")] = None,
     out: Annotated[Path, typer.Option(help="Folder that receives the run folder.")] = Path("results"),
     worker_only: Annotated[bool, typer.Option(hidden=True)] = False,
@@ -40,6 +41,7 @@ def sweep(
     """Search the policy's knobs over a task: replay (exact, greedy), grid or Optuna; resumable.
 
     Example: dspark-bench sweep --task code --spec sweeps/code.yaml --limit 10
+    Example: dspark-bench sweep --task code --drafter model --drafter heads --drafter lookup
     """
     from dspark_bench import sweep as lib
     from dspark_bench import sweep_spec as specs

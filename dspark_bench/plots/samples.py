@@ -148,11 +148,12 @@ def stop_reasons(samples: pd.DataFrame, draft_lengths: pd.Series | None = None, 
     draft_lengths = draft_lengths if draft_lengths is not None else draft_lengths_from_positions(samples)
     fig, axes = _figure(10, 3.8, 1, 2)
     counts = {r: int(samples[f"stop_{r}"].sum()) if f"stop_{r}" in samples else 0 for r in STOP_REASONS}
-    # "quorum" exists only at batch size B > 1 (config.batch_quorum): shown where it happened.
-    reasons = [r for r in STOP_REASONS if r != "quorum" or counts[r]]
+    # "quorum" exists only at batch size B > 1 (config.batch_quorum), "exhausted" only for the heads
+    # and lookup drafters: shown where they happened.
+    reasons = [r for r in STOP_REASONS if r not in ("quorum", "exhausted") or counts[r]]
     counts = [counts[r] for r in reasons]
     left, right = axes[0, 0], axes[0, 1]
-    bars = left.bar(reasons, counts, color=["C0", "C1", "C2", "C7", "C4"][: len(reasons)])
+    bars = left.bar(reasons, counts, color=[f"C{i}" for i in (0, 1, 2, 7, 4, 5)][: len(reasons)])
     left.bar_label(bars, fontsize=8)
     left.set_xlabel("stop reason")
     left.set_ylabel("rounds")

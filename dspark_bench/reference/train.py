@@ -289,6 +289,11 @@ def build(
                         {"target": minutes_t, "draft": minutes_d})
 
 
+def default_heads_path() -> Path:
+    """The shipped target's multi-token heads (`dspark-bench models build --heads`)."""
+    return WEIGHTS_DIR / "heads"
+
+
 def default_pair_paths() -> tuple[Path, Path]:
     """(target dir, draft dir) of the shipped reference weights."""
     return WEIGHTS_DIR / "target", WEIGHTS_DIR / "draft"

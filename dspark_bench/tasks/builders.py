@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import functools
 import re
+import textwrap
 
 from dspark_bench.prompts import Prompt
 
@@ -106,5 +107,42 @@ def heldout_structured(max_chars: int) -> list[Prompt]:
     return prompts
 
 
-BUILDERS = {"heldout_code": heldout_code, "heldout_prose": heldout_prose, "heldout_structured": heldout_structured}
-CORPUS_DOMAIN = {"heldout_code": "code", "heldout_prose": "prose", "heldout_structured": "structured"}
+def _functions(source: str, shortest: int, longest: int) -> list[tuple[str, str]]:
+    """(name, source) of every function whose source is shortest..longest characters, dedented."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return []
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and not node.decorator_list:
+            text = ast.get_source_segment(source, node, padded=True)
+            if text and shortest <= len(text) <= longest:
+                out.append((node.name, textwrap.dedent(text)))
+    return sorted(out)
+
+
+@functools.lru_cache(maxsize=4)
+def heldout_edit(max_chars: int) -> list[Prompt]:
+    """"Repeat this function with one change": a held-out function, a copy of it under a new
+    name, then the start of a third copy under another. The answer copies the prompt: what
+    prompt lookup is for. (Shown one copy, the reference target rarely copies; shown two, it
+    mostly does.)"""
+    training = training_text("code")
+    prompts = []
+    for doc in _documents("code"):
+        for name, text in _functions(doc.text, max_chars // 6, max_chars // 3):
+            if text in training:  # installed packages copy code between files (see training_text)
+                continue
+            text = text.rstrip()
+            signature = re.search(rf"def\s+{re.escape(name)}\b", text)  # the name where it is defined
+            again = text[: signature.end()] + "_v2" + text[signature.end() :]
+            head = text[: signature.end()] + "_v3("
+            prompts.append(Prompt(f"{doc.key}::{name}", f"{text}\n\n\n{again}\n\n\n{head}", "code"))
+    return prompts
+
+
+BUILDERS = {"heldout_code": heldout_code, "heldout_prose": heldout_prose, "heldout_structured": heldout_structured,
+            "heldout_edit": heldout_edit}
+CORPUS_DOMAIN = {"heldout_code": "code", "heldout_prose": "prose", "heldout_structured": "structured",
+                 "heldout_edit": "code"}
