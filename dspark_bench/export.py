@@ -128,6 +128,12 @@ def load_run(folder: Path) -> RunPolicies:
         table = policies.merge(measured[["config_id", "speedup"]], on="config_id")
     else:
         raise DsparkError(f"{folder} has no results to export (no trials.parquet or samples.parquet)")
+    if "drafter" in table:  # engines' own n-gram and Medusa drafters have other knobs: not mapped here
+        others = sorted(set(table["drafter"]) - {"model"})
+        table = table[table["drafter"] == "model"]
+        if table.empty:
+            raise DsparkError(f"export writes draft-model policies; {folder} holds {' and '.join(others)} drafter "
+                              "policies only")
     best = {}
     for batch_size, rows in table.groupby("batch_size" if "batch_size" in table else np.ones(len(table), int)):
         measured = rows[rows["speedup"].notna()] if "speedup" in rows else rows.iloc[:0]
@@ -184,9 +190,6 @@ def choose(run: RunPolicies, fmt: str) -> list[Choice]:
     out = []
     for batch_size in sizes:
         tuned, speedup, _ = run.best[batch_size]
-        if tuned.drafter != "model":  # engines' n-gram and Medusa drafters have their own knobs, not mapped here
-            raise DsparkError(f"export writes draft-model policies; the best policy here drafts with {tuned.drafter} "
-                              f"({tuned.label()}): export a run or sweep of the model drafter")
         reasons = expressible(tuned, fmt)
         replayable = run.record is not None and run.cost is not None and tuned.gamma_max <= run.depth
         if not reasons:

@@ -2,9 +2,9 @@
 
 Only the heads learn: each step runs the target once (no gradient) over a batch of the
 reference corpus's training text, and head i learns to predict, from the hidden state at t,
-the token at t+1+i — as the target itself would predict it (self-distillation: the target's
-own distribution at t+i is the label, as in Medusa-2), since at decoding time the tokens the
-heads must guess are the target's own, not the corpus's. The batch is a pure function of the step (train.batch_at), the heads and
+the token at t+1+i. (Self-distillation — the target's own distribution at t+i as the label,
+as in Medusa-2 — was tried: in 15 minutes it replayed fewer tokens per round on code than
+the corpus's own tokens in 20, 1.48 against 1.64 at fixed γ=4.) The batch is a pure function of the step (train.batch_at), the heads and
 their optimizer are checkpointed every minute and on SIGTERM, and the time budget counts
 earlier runs: rerunning the command after a kill resumes. At the end the heads' top-1
 accuracy per head is measured on held-out text of each domain, and the heads are written as
@@ -65,15 +65,12 @@ def corpus_tokens(out: Path, tokenizer) -> tuple[np.ndarray, dict[str, np.ndarra
 
 
 def heads_loss(heads: heads_mod.Heads, hidden: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """Mean over heads of the cross-entropy of head i at t against the target's own distribution
-    of the token t+1+i (its LM head at t+i)."""
-    with torch.no_grad():
-        teacher = torch.softmax(heads.lm_head(hidden).float(), dim=-1)  # [B, T, vocab]
+    """Mean over heads of the cross-entropy of head i at t against the token t+1+i."""
     losses = []
     for i, block in enumerate(heads.blocks, start=1):
-        h = hidden[:, : ids.shape[1] - i]
-        log_q = torch.log_softmax(heads.lm_head(h + F.silu(block(h))).float(), dim=-1)
-        losses.append(-(teacher[:, i:] * log_q).sum(-1).mean())
+        h = hidden[:, : ids.shape[1] - 1 - i]
+        logits = heads.lm_head(h + F.silu(block(h)))
+        losses.append(F.cross_entropy(logits.flatten(0, 1).float(), ids[:, 1 + i :].flatten()))
     return torch.stack(losses).mean()
 
 
