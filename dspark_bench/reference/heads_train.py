@@ -75,34 +75,25 @@ def heads_loss(heads: heads_mod.Heads, hidden: torch.Tensor, ids: torch.Tensor) 
 
 
 @torch.inference_mode()
-def heldout_agreement(target, heads: heads_mod.Heads, tokens: np.ndarray) -> list[float]:
-    """How often head i's top-1 at t equals the target's own top-1 at t+i, on held-out text:
-    what greedy verification accepts (teacher-forced on the text)."""
-    hits, counts = np.zeros(heads.count), np.zeros(heads.count)
+def heldout_scores(target, heads: heads_mod.Heads, tokens: np.ndarray) -> tuple[list[float], list[float]]:
+    """On held-out text, one target pass per window: top-1 accuracy against the text (the target's
+    own next token, then each head's), and how often head i's top-1 at t equals the target's own
+    at t+i (what greedy verification accepts, teacher-forced on the text)."""
+    k = heads.count
+    hits, counts = np.zeros(k + 1), np.zeros(k + 1)
+    agree, compared = np.zeros(k), np.zeros(k)
     for start in range(0, len(tokens) - SEQ_LEN, SEQ_LEN):
         ids = torch.from_numpy(np.asarray(tokens[start : start + SEQ_LEN], dtype=np.int64))[None]
-        hidden = heads_mod.target_hidden(target, ids)
-        own = heads.lm_head(hidden)[0].argmax(-1)
-        for i, block in enumerate(heads.blocks, start=1):
-            guess = heads.lm_head(hidden + F.silu(block(hidden)))[0, : SEQ_LEN - i].argmax(-1)
-            hits[i - 1] += int((guess == own[i:]).sum())
-            counts[i - 1] += SEQ_LEN - i
-    return (hits / np.maximum(counts, 1)).round(4).tolist()
-
-
-@torch.inference_mode()
-def heldout_accuracy(target, heads: heads_mod.Heads, tokens: np.ndarray) -> list[float]:
-    """Top-1 accuracy on held-out text: the target's own next token (head 0), then each head's."""
-    hits, counts = np.zeros(heads.count + 1), np.zeros(heads.count + 1)
-    for start in range(0, len(tokens) - SEQ_LEN, SEQ_LEN):
-        ids = torch.from_numpy(np.asarray(tokens[start : start + SEQ_LEN], dtype=np.int64))[None]
-        hidden = heads_mod.target_hidden(target, ids)
-        guesses = [heads.lm_head(hidden)] + [heads.lm_head(hidden + F.silu(b(hidden))) for b in heads.blocks]
-        for i, logits in enumerate(guesses):
-            predicted = logits[0, : SEQ_LEN - 1 - i].argmax(-1)
-            hits[i] += int((predicted == ids[0, 1 + i :]).sum())
+        hidden = heads_mod.target_hidden(target, ids)[0]
+        own = heads.lm_head(hidden).argmax(-1)  # [T]
+        guesses = torch.cat([own[:, None], heads(hidden).argmax(-1)], dim=1)  # [T, 1 + k]
+        for i in range(k + 1):
+            hits[i] += int((guesses[: SEQ_LEN - 1 - i, i] == ids[0, 1 + i :]).sum())
             counts[i] += SEQ_LEN - 1 - i
-    return (hits / np.maximum(counts, 1)).round(4).tolist()
+            if i:
+                agree[i - 1] += int((guesses[: SEQ_LEN - i, i] == own[i:]).sum())
+                compared[i - 1] += SEQ_LEN - i
+    return (hits / np.maximum(counts, 1)).round(4).tolist(), (agree / np.maximum(compared, 1)).round(4).tolist()
 
 
 def build_heads(out: Path = Path("build/heads"), minutes: float = 15.0, count: int = HEADS,
@@ -118,8 +109,9 @@ def build_heads(out: Path = Path("build/heads"), minutes: float = 15.0, count: i
     target = load_target(target_path)
     tokens, held = corpus_tokens(out, load_tokenizer(str(target_path)))
     heads, state = train_heads(target, tokens, out, minutes * 60, count)
-    accuracy = {domain: heldout_accuracy(target, heads, values) for domain, values in held.items()}
-    agreement = {domain: heldout_agreement(target, heads, values) for domain, values in held.items()}
+    scores = {domain: heldout_scores(target, heads, values) for domain, values in held.items()}
+    accuracy = {domain: top1 for domain, (top1, _) in scores.items()}
+    agreement = {domain: agrees for domain, (_, agrees) in scores.items()}
     info = {"target_path": str(target_path), "target": heads_mod.target_identity(target),
             "target_fingerprint": model_fingerprint(target), "train_minutes":
             round(state["elapsed_s"] / 60, 2), "steps": state["step"], "tokens_seen": state["tokens_seen"],
