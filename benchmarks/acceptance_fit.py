@@ -13,12 +13,12 @@ from types import SimpleNamespace
 
 
 def main() -> None:
-    from dspark_bench import plots
-    from dspark_bench.acceptance import drafted_tokens, fit_tokens
-    from dspark_bench.models import load_pair
+    from dspark_bench.harness.models import load_pair
     from dspark_bench.prompts import encode
-    from dspark_bench.replay import match_lengths, record
-    from dspark_bench.report import fit_table
+    from dspark_bench.replay.acceptance import drafted_tokens, fit_tokens
+    from dspark_bench.replay.simulate import match_lengths, record
+    from dspark_bench.reporting import plots
+    from dspark_bench.reporting.report import fit_table
     from dspark_bench.tasks import load_prompts
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -16,8 +16,8 @@ from pathlib import Path
 import pandas as pd
 
 from dspark_bench.config import POLICY_FIELDS
+from dspark_bench.harness.run import RunConfig, execute, plan_run
 from dspark_bench.results import describe_machine, environment
-from dspark_bench.run_config import RunConfig, execute, plan_run
 
 
 def main() -> None:

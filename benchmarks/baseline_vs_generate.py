@@ -15,12 +15,12 @@ import statistics
 
 import numpy as np
 
-from dspark_bench.baselines import autoregressive_decode, hf_generate
 from dspark_bench.config import DecodeConfig
+from dspark_bench.decoding.autoregressive import autoregressive_decode, hf_generate
+from dspark_bench.harness.models import load_pair
+from dspark_bench.harness.runner import timed
 from dspark_bench.metrics import bootstrap_ratio
-from dspark_bench.models import load_pair
 from dspark_bench.prompts import encode
-from dspark_bench.runner import timed
 from dspark_bench.tasks import load_task
 
 

@@ -22,8 +22,8 @@ from pathlib import Path
 import pandas as pd
 
 from dspark_bench.results import describe_machine, environment
-from dspark_bench.sweep import run_sweep
-from dspark_bench.sweep_spec import resolve_spec, task_spec
+from dspark_bench.tuning.spec import resolve_spec, task_spec
+from dspark_bench.tuning.sweep import run_sweep
 
 
 def main() -> None:

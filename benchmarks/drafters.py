@@ -19,17 +19,17 @@ import time
 from pathlib import Path
 
 from dspark_bench.config import DecodeConfig
-from dspark_bench.cost import measure_cost
-from dspark_bench.models import load_pair
+from dspark_bench.harness.models import load_pair
+from dspark_bench.harness.run import RunConfig, execute
 from dspark_bench.objectives import rank
 from dspark_bench.prompts import encode
-from dspark_bench.record import record
-from dspark_bench.replay import simulate_grid
-from dspark_bench.report import build_report
-from dspark_bench.run_config import RunConfig, execute
-from dspark_bench.sweep import drafter_groups, replay_space
-from dspark_bench.sweep_spec import base_config, load_spec
+from dspark_bench.replay.cost import measure_cost
+from dspark_bench.replay.record import record
+from dspark_bench.replay.simulate import simulate_grid
+from dspark_bench.reporting.report import build_report
 from dspark_bench.tasks import get_task, load_task
+from dspark_bench.tuning.replay_sweep import drafter_groups, replay_space
+from dspark_bench.tuning.spec import base_config, load_spec
 
 
 def best_per_drafter(task: str, limit: int, drafters: list[str]) -> tuple[list[DecodeConfig], list[dict]]:

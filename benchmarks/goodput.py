@@ -38,20 +38,20 @@ GAMMA = 8
 
 
 def main() -> None:
-    from dspark_bench.acceptance import fit_record
-    from dspark_bench.batch_replay import predict_batched
     from dspark_bench.config import DecodeConfig
-    from dspark_bench.cost import measure_surface
-    from dspark_bench.export import candidates
-    from dspark_bench.goodput import GoodputModel
+    from dspark_bench.decoding.goodput import GoodputModel
+    from dspark_bench.harness.models import load_pair
+    from dspark_bench.harness.runner import RunnerSettings, run
     from dspark_bench.metrics import summarize
-    from dspark_bench.models import load_pair
     from dspark_bench.prompts import encode
-    from dspark_bench.replay import record, simulate_grid
+    from dspark_bench.replay.acceptance import fit_record
+    from dspark_bench.replay.batched import predict_batched
+    from dspark_bench.replay.cost import measure_surface
+    from dspark_bench.replay.simulate import record, simulate_grid
     from dspark_bench.results import describe_machine, environment
-    from dspark_bench.runner import RunnerSettings, run
-    from dspark_bench.sweep_spec import points, resolve_spec, task_spec
     from dspark_bench.tasks import load_prompts
+    from dspark_bench.tuning.export import candidates
+    from dspark_bench.tuning.spec import points, resolve_spec, task_spec
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--task", default="code")

@@ -53,7 +53,7 @@ def main() -> None:
     if args.smoke:
         args.limit, args.max_new_tokens, args.gamma = min(args.limit, 2), min(args.max_new_tokens, 24), 4
         args.batch_size = args.batch_size or [2]
-        from dspark_bench import cache
+        from dspark_bench.decoding import cached_lm as cache
 
         cache.COMPILE_OPTIONS["backend"] = "eager"
     args.batch_size = [b for b in (args.batch_size or [8]) if b > 1]
@@ -64,7 +64,7 @@ def main() -> None:
         print(f"[{time.perf_counter() - start:6.0f} s] {line}", flush=True)
 
     from dspark_bench.errors import DsparkError
-    from dspark_bench.models import load_pair
+    from dspark_bench.harness.models import load_pair
     from dspark_bench.results import describe_machine, environment
 
     pairs = [("shipped pair", None, None)] + ([(f"{args.target} + {args.draft}", args.target, args.draft)]
@@ -102,14 +102,14 @@ def interval(row: dict) -> str:
 
 def bench_pair(pair, args, out: Path, say) -> tuple[list[dict], Path]:
     from dspark_bench.config import DecodeConfig
-    from dspark_bench.cost import measure_surface
-    from dspark_bench.export import candidates
+    from dspark_bench.harness.runner import RunnerSettings, run, run_to_folder
     from dspark_bench.metrics import summarize
     from dspark_bench.prompts import encode
-    from dspark_bench.replay import record, simulate_grid
-    from dspark_bench.runner import RunnerSettings, run, run_to_folder
-    from dspark_bench.sweep_spec import points, resolve_spec, task_spec
+    from dspark_bench.replay.cost import measure_surface
+    from dspark_bench.replay.simulate import record, simulate_grid
     from dspark_bench.tasks import load_prompts
+    from dspark_bench.tuning.export import candidates
+    from dspark_bench.tuning.spec import points, resolve_spec, task_spec
 
     prompts, source, _ = load_prompts(args.task, None, limit=args.limit)
     ids = [encode(pair.tokenizer, p.text) for p in prompts]
@@ -165,9 +165,9 @@ def measured(summary, config_id: int, config, decoder: str) -> dict:
 
 def baseline_rows(pair, ids: list[list[int]], config) -> list[dict]:
     """Our loop and `model.generate`, interleaved per prompt: tokens/s and generate's speed relative to ours."""
-    from dspark_bench.baselines import autoregressive_decode, hf_generate
+    from dspark_bench.decoding.autoregressive import autoregressive_decode, hf_generate
+    from dspark_bench.harness.runner import timed
     from dspark_bench.metrics import bootstrap_ratio
-    from dspark_bench.runner import timed
 
     methods = {"ours": lambda p: autoregressive_decode(pair.target, p, config, pair.eos_ids),
                "model.generate": lambda p: hf_generate(pair.target, p, config, pair.eos_ids)}
@@ -195,7 +195,7 @@ def cuda_sync_rows(pair, ids: list[int], policy) -> list[dict]:
     also sees what host.fetch cannot: a blocking copy from the host, an implicit sync in a kernel)."""
     import warnings
 
-    from dspark_bench.engine import speculative_decode
+    from dspark_bench.decoding.engine import speculative_decode
 
     rows = []
     for mode in ("early-stop", "verify-side"):
@@ -216,12 +216,11 @@ def cuda_sync_rows(pair, ids: list[int], policy) -> list[dict]:
 def draft_loop_rows(pair, ids: list[int], steps: int, compiled: list[bool], repeats: int = 5) -> list[dict]:
     """Draft forwards + confidence + token choice, `steps` in a row, with and without reading
     each step's token and confidence on the host (what the early-stop loop must do)."""
-    from dspark_bench import confidence
-    from dspark_bench.cache import CachedLM
     from dspark_bench.config import DecodeConfig
-    from dspark_bench.host import fetch
-    from dspark_bench.runner import synchronize
-    from dspark_bench.sampling import distribution, pick
+    from dspark_bench.decoding import confidence
+    from dspark_bench.decoding.cached_lm import CachedLM
+    from dspark_bench.decoding.host import fetch, synchronize
+    from dspark_bench.decoding.sampling import distribution, pick
 
     config = DecodeConfig()
 

@@ -35,7 +35,7 @@ READS = ("tolist", "item", "cpu", "numpy", "__int__", "__float__", "__bool__", "
 
 
 def old_engine(rev: str):
-    """dspark_bench/engine.py as of `rev`, with the package it imports, as `dspark_old`."""
+    """dspark_bench/decoding/engine.py as of `rev`, with the package it imports, as `dspark_old`."""
     archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "dspark_bench", ":!dspark_bench/reference"],
                              capture_output=True, check=True).stdout
     folder = Path(tempfile.mkdtemp())
@@ -64,12 +64,12 @@ class Reads:
 
 
 def main() -> None:
-    from dspark_bench import engine, host
     from dspark_bench.config import DecodeConfig
+    from dspark_bench.decoding import engine, host
+    from dspark_bench.harness.models import load_pair
+    from dspark_bench.harness.runner import timed
     from dspark_bench.metrics import bootstrap_ratio
-    from dspark_bench.models import load_pair
     from dspark_bench.prompts import encode
-    from dspark_bench.runner import timed
     from dspark_bench.tasks import load_task
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -23,19 +23,18 @@ from __future__ import annotations
 import argparse
 
 import numpy as np
-
-from dspark_bench.baselines import autoregressive_decode
-from dspark_bench.config import DecodeConfig
-from dspark_bench.engine import speculative_decode
-from dspark_bench.metrics import bootstrap_ratio
-from dspark_bench.models import load_pair
-from dspark_bench.prompts import encode
-from dspark_bench.replay import Record, record, simulate, spanning_policies
-from dspark_bench.runner import timed
-from dspark_bench.tasks import load_task
-
 from simulate_speed import G as GAMMA  # benchmarks/ is on sys.path when run as a script
 from simulate_speed import grid, time_grid
+
+from dspark_bench.config import DecodeConfig
+from dspark_bench.decoding.autoregressive import autoregressive_decode
+from dspark_bench.decoding.engine import speculative_decode
+from dspark_bench.harness.models import load_pair
+from dspark_bench.harness.runner import timed
+from dspark_bench.metrics import bootstrap_ratio
+from dspark_bench.prompts import encode
+from dspark_bench.replay.simulate import Record, record, simulate, spanning_policies
+from dspark_bench.tasks import load_task
 
 
 def recording_cost(pair, prompts: list[list[int]], tokens: int) -> list[Record]:

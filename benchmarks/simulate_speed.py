@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from dspark_bench.config import METRICS, DecodeConfig
-from dspark_bench.replay import Record, simulate_grid
+from dspark_bench.replay.simulate import Record, simulate_grid
 
 P, N, G = 100, 128, 8
 

@@ -17,7 +17,7 @@ SCHEDULES = ("threshold", "ramp", "cumulative", "fixed", "goodput")
 # keeps the first min_draft_len; HF assisted generation keeps the failing token; llama.cpp drops
 # it, and discards a draft shorter than min_draft_len (that step decodes normally).
 SEMANTICS = ("dspark", "hf", "llamacpp")
-# Where the rule cuts a draft (engine.draft_block): the draft loop stops as the rule says, the
+# Where the rule cuts a draft (drafters.draft_block): the draft loop stops as the rule says, the
 # host reading each confidence; or the draft runs to gamma_max and the verify keeps the rule's
 # prefix, decided on the device with one host read per round. Greedy: the same tokens and rounds.
 DRAFT_MODES = ("early-stop", "verify-side")

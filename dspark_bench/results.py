@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from dspark_bench import __version__
 from dspark_bench.errors import DsparkError, first_line
 
 SCHEMA_VERSION = 1
@@ -31,8 +32,6 @@ def environment() -> dict:
     import optuna
     import torch
     import transformers
-
-    from dspark_bench import __version__
 
     return {
         "dspark_bench": __version__,

@@ -13,20 +13,24 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-
-from dspark_bench.baselines import autoregressive_decode
-from dspark_bench.batch_cache import BatchLM
-from dspark_bench.batch_replay import predict_batched
-from dspark_bench.batched import (AutoregressiveStep, SpeculativeStep, batched_autoregressive, batched_speculative,
-                                  serve)
 import tiny
-from dspark_bench.config import METRICS, SCHEDULES, SEMANTICS, DecodeConfig
-from dspark_bench.cost import CostModel, CostSurface
-from dspark_bench.engine import speculative_decode
-from dspark_bench.errors import DsparkError
-from dspark_bench.replay import record, simulate, simulate_grid, spanning_policies
-
 from test_engine import chi_square_p, make_sampling_setup
+
+from dspark_bench.config import METRICS, SCHEDULES, SEMANTICS, DecodeConfig
+from dspark_bench.decoding.autoregressive import autoregressive_decode
+from dspark_bench.decoding.batch_lm import BatchLM
+from dspark_bench.decoding.batched import (
+    AutoregressiveStep,
+    SpeculativeStep,
+    batched_autoregressive,
+    batched_speculative,
+    serve,
+)
+from dspark_bench.decoding.engine import speculative_decode
+from dspark_bench.errors import DsparkError
+from dspark_bench.replay.batched import predict_batched
+from dspark_bench.replay.cost import CostModel, CostSurface
+from dspark_bench.replay.simulate import record, simulate, simulate_grid, spanning_policies
 
 PROMPTS = [[2, 5, 7], [9], [11, 3, 4, 5, 6], [4, 8], [15, 16, 23, 42], [30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40]]
 N = 14
@@ -236,7 +240,7 @@ def test_the_quorum_rule_cuts_drafts_and_keeps_the_output(llama_pair):
 
 
 def test_first_divergence():
-    from dspark_bench.runner import first_divergence
+    from dspark_bench.harness.runner import first_divergence
 
     assert first_divergence([1, 2, 3], [1, 2, 3]) is None
     assert first_divergence([1, 2, 4], [1, 2, 3]) == 2

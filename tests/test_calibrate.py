@@ -10,15 +10,14 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
+from cli_helpers import folder_digest, one_error_line, runner  # noqa: E402
 
-from dspark_bench import calibrate as lib
 from dspark_bench.cli import app
 from dspark_bench.config import METRICS, DecodeConfig
 from dspark_bench.errors import DsparkError
 from dspark_bench.prompts import Prompt
-from dspark_bench.replay import CostModel, Record, simulate_grid
-
-from cli_helpers import folder_digest, one_error_line, runner  # noqa: E402
+from dspark_bench.replay.simulate import CostModel, Record, simulate_grid
+from dspark_bench.tuning import calibrate as lib
 
 N, G = 60, 8
 THRESHOLDS = [round(0.1 * i, 1) for i in range(1, 10)]
@@ -308,7 +307,7 @@ def test_run_with_calibration_routes_each_prompt_to_its_domain_policy(calibrated
 
 
 def test_what_a_step_costs_at_batch_size_b_changes_the_chosen_policy():
-    from dspark_bench.cost import CostSurface
+    from dspark_bench.replay.cost import CostSurface
 
     # At B = 8 a verified token costs ten times what it costs alone: long, unconfident drafts
     # lose there, so the chosen policy drafts less (a higher threshold or a smaller gamma_max).

@@ -6,9 +6,7 @@ import json
 
 import pandas as pd
 import pytest
-
 import tiny
-
 from cli_helpers import folder_digest, invoke  # noqa: E402
 
 
@@ -111,7 +109,7 @@ def test_every_command_has_help():
 
 def test_padded_lm_heads_with_one_tokenizer_are_aligned(saved_pair, tmp_path):
     """Model families pad their LM heads differently (Qwen2.5 7B vs 0.5B); same tokenizer → allowed."""
-    from dspark_bench.models import load_pair
+    from dspark_bench.harness.models import load_pair
 
     target, _ = saved_pair
     padded = tiny.llama(vocab=tiny.VOCAB + 8, seed=5)
@@ -123,7 +121,7 @@ def test_padded_lm_heads_with_one_tokenizer_are_aligned(saved_pair, tmp_path):
 
 def test_hub_ids_with_dots_are_not_taken_for_paths():
     from dspark_bench.errors import DsparkError
-    from dspark_bench.models import load_pair
+    from dspark_bench.harness.models import load_pair
 
     with pytest.raises(DsparkError) as err:
         load_pair("Qwen/Qwen2.5-7B-Instruct", "Qwen/Qwen2.5-0.5B-Instruct")

@@ -10,12 +10,12 @@ from __future__ import annotations
 import sys
 
 import pytest
-import torch
-
 import tiny
-from dspark_bench import engine, host
-from dspark_bench.config import DecodeConfig
+import torch
 from test_engine import chi_square_p, sampled_first_two
+
+from dspark_bench.config import DecodeConfig
+from dspark_bench.decoding import engine, host
 
 READS = ("tolist", "item", "cpu", "numpy", "__int__", "__float__", "__bool__", "__index__")
 
@@ -82,7 +82,7 @@ def test_verify_side_syncs_once_per_round(llama_pair, stray_reads, host_copies, 
 
 def test_stray_reads_are_seen(llama_pair, stray_reads):
     """The watch itself works: the plain baseline reads each token it feeds back."""
-    from dspark_bench.baselines import autoregressive_decode
+    from dspark_bench.decoding.autoregressive import autoregressive_decode
 
     target, _ = llama_pair
     with host.counting() as count:
@@ -121,8 +121,8 @@ def test_compiled_steps_decode_the_target_greedy(arch, request, monkeypatch):
     """The compiled path: a static cache rolled back by length and reused across decodes, every
     step but the prefill through torch.compile. Dynamo's "eager" backend traces and guards the
     model as inductor would but generates no code, so this runs in seconds on a CPU."""
-    from dspark_bench import cache
-    from dspark_bench.baselines import autoregressive_decode
+    from dspark_bench.decoding import cached_lm as cache
+    from dspark_bench.decoding.autoregressive import autoregressive_decode
 
     monkeypatch.setitem(cache.COMPILE_OPTIONS, "backend", "eager")
     target, draft = request.getfixturevalue(arch)
@@ -153,7 +153,7 @@ def test_compiled_and_verify_side_refuse_batches():
 
 
 def test_identical_share_and_first_divergence():
-    from dspark_bench.runner import first_divergence, identical_share
+    from dspark_bench.harness.runner import first_divergence, identical_share
 
     assert identical_share([1, 2, 3, 4], [1, 2, 3, 4]) == 1.0 and first_divergence([1, 2], [1, 2]) is None
     # after a near-tie the outputs part and mostly stay apart: 2 of 4 positions still agree
@@ -162,7 +162,7 @@ def test_identical_share_and_first_divergence():
 
 
 def test_the_device_rule_cuts_where_the_host_rule_stops(tmp_path):
-    """schedule.DeviceRule (verify-side) against engine.Proposal (the host's rule, token by token)
+    """schedule.DeviceRule (verify-side) against proposal.Proposal (the host's rule, token by token)
     on random drafts with EOS in them, for every schedule and engine rule, goodput with awkward
     step costs and a many-knot curve (float64 throughout, or near-ties would part them)."""
     import json
@@ -170,9 +170,9 @@ def test_the_device_rule_cuts_where_the_host_rule_stops(tmp_path):
 
     import numpy as np
 
-    from dspark_bench.engine import Proposal
-    from dspark_bench.replay import spanning_policies
-    from dspark_bench.schedule import DeviceRule
+    from dspark_bench.decoding.proposal import Proposal
+    from dspark_bench.decoding.schedule import DeviceRule
+    from dspark_bench.replay.simulate import spanning_policies
 
     model = json.loads(Path(tiny.GOODPUT_MODEL).read_text())
     knots = np.linspace(0, 1, 9)

@@ -6,17 +6,18 @@ chi-square test), replay equals the engine round for round, and the heads train 
 
 import numpy as np
 import pytest
-import torch
-
 import tiny
-from dspark_bench import heads as heads_mod
-from dspark_bench import lookup
-from dspark_bench.baselines import autoregressive_decode
-from dspark_bench.config import DecodeConfig
-from dspark_bench.engine import Proposal, speculative_decode
-from dspark_bench.errors import DsparkError
-from dspark_bench.replay import record, simulate, simulate_grid, spanning_policies
+import torch
 from test_engine import SMALL_VOCAB, chi_square_p, exact_first_two, sampled_first_two
+
+from dspark_bench.config import DecodeConfig
+from dspark_bench.decoding import heads as heads_mod
+from dspark_bench.decoding import lookup
+from dspark_bench.decoding.autoregressive import autoregressive_decode
+from dspark_bench.decoding.engine import speculative_decode
+from dspark_bench.decoding.proposal import Proposal
+from dspark_bench.errors import DsparkError
+from dspark_bench.replay.simulate import record, simulate, simulate_grid, spanning_policies
 
 PROMPTS = [[1, 2, 3, 4, 5, 1, 2, 3], [7], [5, 6, 7, 5, 6, 7, 5, 6], [9, 3]]
 
@@ -85,7 +86,7 @@ def test_sampling_matches_target_distribution(drafter):
 
 def test_sampling_test_catches_heads_drawn_from_another_distribution(monkeypatch):
     """The heads drafter must hand the verifier the q its tokens were drawn from."""
-    import dspark_bench.drafters as drafters
+    import dspark_bench.decoding.drafters as drafters
 
     target, heads, prompt, config, exact = sampling_setup("heads")
     # Each head's most likely token, verified as if drawn from q: accepted too often.
@@ -209,7 +210,7 @@ def test_config_refuses_bad_drafter_settings(changes, message):
 
 
 def test_heads_learn_resume_and_round_trip(tmp_path):
-    from dspark_bench.reference import heads_train
+    from dspark_bench.harness import train_heads as heads_train
 
     target = tiny.llama(vocab=64, hidden=32)
     for param in target.parameters():
@@ -261,7 +262,7 @@ def test_replay_sweep_compares_every_drafter_side_by_side(saved_pair, saved_head
     import pandas as pd
     from cli_helpers import invoke
 
-    from dspark_bench.report import build_report
+    from dspark_bench.reporting.report import build_report
 
     target, draft = saved_pair
     result = invoke("sweep", "--target", target, "--draft", draft, "--heads", saved_heads, "--dataset", prompts_file,

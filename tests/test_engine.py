@@ -7,18 +7,18 @@ import itertools
 
 import numpy as np
 import pytest
+import tiny
 import torch
 from scipy.stats import chisquare
 
-import tiny
-from dspark_bench import engine
-from dspark_bench.baselines import autoregressive_decode, hf_generate
 from dspark_bench.config import METRICS, SCHEDULES, SEMANTICS, DecodeConfig
+from dspark_bench.decoding import engine
+from dspark_bench.decoding.autoregressive import autoregressive_decode, hf_generate
+from dspark_bench.decoding.proposal import draft_length
+from dspark_bench.decoding.sampling import distribution
+from dspark_bench.decoding.schedule import threshold_at
 from dspark_bench.errors import DsparkError
-from dspark_bench.runner import sample_row
-from dspark_bench.sampling import distribution
-from dspark_bench.engine import draft_length
-from dspark_bench.schedule import threshold_at
+from dspark_bench.harness.runner import sample_row
 
 PROMPTS = [[0, 5, 9, 11], [7], [3, 3, 40, 2, 8, 100, 17]]
 

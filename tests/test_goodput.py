@@ -7,14 +7,14 @@ import json
 
 import numpy as np
 import pytest
-
 import tiny
-from dspark_bench import goodput
-from dspark_bench.acceptance import AcceptanceFit, brier, drafted_tokens, ece, fit_record
+
 from dspark_bench.config import DecodeConfig
-from dspark_bench.engine import draft_length
+from dspark_bench.decoding import goodput
+from dspark_bench.decoding.proposal import draft_length
 from dspark_bench.errors import DsparkError
-from dspark_bench.replay import Record, match_lengths
+from dspark_bench.replay.acceptance import AcceptanceFit, brier, drafted_tokens, ece, fit_record
+from dspark_bench.replay.simulate import Record, match_lengths
 
 
 def test_the_seed_example_under_each_engine_s_rule():
@@ -138,11 +138,11 @@ def test_hf_assisted_generation_runs_the_exported_policy_round_for_round():
     and our engine's, and its output the target's own (the shipped pair, two code prompts)."""
     from types import SimpleNamespace
 
-    from dspark_bench.baselines import hf_assisted_decode, hf_assistant_settings
-    from dspark_bench.engine import speculative_decode
-    from dspark_bench.models import load_pair
+    from dspark_bench.decoding.autoregressive import hf_assistant_settings, hf_assisted_decode
+    from dspark_bench.decoding.engine import speculative_decode
+    from dspark_bench.harness.models import load_pair
     from dspark_bench.prompts import encode
-    from dspark_bench.replay import record, simulate
+    from dspark_bench.replay.simulate import record, simulate
     from dspark_bench.tasks import load_prompts
 
     pair = load_pair(device="cpu")

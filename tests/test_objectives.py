@@ -5,9 +5,10 @@ import math
 import pandas as pd
 import pytest
 
-from dspark_bench import objectives, plots
+from dspark_bench import objectives
 from dspark_bench.errors import DsparkError
-from dspark_bench.report import Inputs, best_and_classic, run_objective
+from dspark_bench.reporting import plots
+from dspark_bench.reporting.report import Inputs, best_and_classic, run_objective
 
 
 def table() -> pd.DataFrame:

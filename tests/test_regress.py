@@ -8,12 +8,12 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 import tiny
-from dspark_bench import regress as lib
-from dspark_bench.errors import DsparkError
-
 from cli_helpers import folder_digest, invoke, one_error_line  # noqa: E402
+
+from dspark_bench.errors import DsparkError
+from dspark_bench.reporting import regress as lib
+
 RUN_FLAGS = ("--threshold", "0.2", "--threshold", "0.6", "--gamma-max", "4", "--max-new-tokens", "12", "--repeats", "1")
 
 
@@ -38,8 +38,8 @@ def baseline(saved_pair, prompts_file, tmp_path_factory) -> Path:
 @pytest.fixture
 def worse_decoder(monkeypatch):
     # Never keep a drafted token: drafts are empty, so tokens_per_round drops to 1.
-    monkeypatch.setattr("dspark_bench.engine.keeps", lambda *args: False)
-    monkeypatch.setattr("dspark_bench.engine.forced", lambda config: 0)  # not even the first min_draft_len
+    monkeypatch.setattr("dspark_bench.decoding.proposal.keeps", lambda *args: False)
+    monkeypatch.setattr("dspark_bench.decoding.proposal.forced", lambda config: 0)  # not even the first min_draft_len
 
 
 def test_unchanged_rerun_passes(baseline, tmp_path):
@@ -149,8 +149,8 @@ def test_update_rewrites_the_baseline(baseline, saved_pair, prompts_file, tmp_pa
     assert created.exit_code == 0, created.output
     assert {p.name for p in ci.iterdir()} == {*lib.BASELINE_FILES, "baseline.json"}
 
-    monkeypatch.setattr("dspark_bench.engine.keeps", lambda *args: False)
-    monkeypatch.setattr("dspark_bench.engine.forced", lambda config: 0)  # not even the first min_draft_len
+    monkeypatch.setattr("dspark_bench.decoding.proposal.keeps", lambda *args: False)
+    monkeypatch.setattr("dspark_bench.decoding.proposal.forced", lambda config: 0)  # not even the first min_draft_len
     worse = benchmark(tmp_path / "worse", *saved_pair, prompts_file)
     assert invoke("regress", "--baseline", ci / "summary.json", "--current", worse).exit_code == 1
 

@@ -7,14 +7,14 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-
-from dspark_bench.baselines import autoregressive_decode
 import tiny
+
 from dspark_bench.config import DRAFT_MODES, METRICS, SCHEDULES, SEMANTICS, DecodeConfig
-from dspark_bench.engine import speculative_decode
+from dspark_bench.decoding.autoregressive import autoregressive_decode
+from dspark_bench.decoding.engine import speculative_decode
+from dspark_bench.decoding.schedule import discards_below
 from dspark_bench.errors import DsparkError
-from dspark_bench.replay import CostModel, Record, record, simulate, simulate_grid, spanning_policies
-from dspark_bench.schedule import discards_below
+from dspark_bench.replay.simulate import CostModel, Record, record, simulate, simulate_grid, spanning_policies
 
 PROMPTS = [[0, 5, 9, 11], [7], [3, 3, 40, 2, 8, 100, 17], [12, 13]]
 N, G = 24, 6

@@ -15,13 +15,12 @@ import numpy as np
 import optuna
 import pandas as pd
 import pytest
+from cli_helpers import invoke  # noqa: E402  (tests/ is on sys.path, see conftest.py)
 from matplotlib.colors import to_rgb
 
-from dspark_bench import objectives, plots
-from dspark_bench.report import build_report, figures_written, load_inputs
-
-from cli_helpers import invoke  # noqa: E402  (tests/ is on sys.path, see conftest.py)
-
+from dspark_bench import objectives
+from dspark_bench.reporting import plots
+from dspark_bench.reporting.report import build_report, figures_written, load_inputs
 
 # --- synthetic tables ------------------------------------------------------------------------------
 

@@ -3,15 +3,15 @@
 import numpy as np
 import pandas as pd
 import pytest
+import tiny
 import torch
 
-import tiny
-from dspark_bench.baselines import autoregressive_decode
 from dspark_bench.config import DecodeConfig
+from dspark_bench.decoding.autoregressive import autoregressive_decode
+from dspark_bench.harness.models import ModelPair
+from dspark_bench.harness.runner import RunnerSettings, run
 from dspark_bench.metrics import bootstrap_ratio, speedup_ratio, summarize
-from dspark_bench.models import ModelPair
 from dspark_bench.prompts import Prompt, encode
-from dspark_bench.runner import RunnerSettings, run
 
 
 def samples(base_time, base_tokens, spec_time, spec_tokens) -> pd.DataFrame:

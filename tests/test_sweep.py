@@ -17,12 +17,12 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from dspark_bench import study as studies
-from dspark_bench import sweep as sweeps
-from dspark_bench import sweep_spec
 from dspark_bench.cli import app
 from dspark_bench.errors import DsparkError
 from dspark_bench.results import load
+from dspark_bench.tuning import spec as sweep_spec
+from dspark_bench.tuning import study as studies
+from dspark_bench.tuning import sweep as sweeps
 
 runner = CliRunner()
 COMPLETE = optuna.trial.TrialState.COMPLETE
@@ -91,7 +91,7 @@ def test_optuna_study_improves_on_its_first_trial(saved_pair, prompts_file, tmp_
 
 
 def test_failing_trial_is_recorded_and_the_sweep_goes_on(saved_pair, prompts_file, tmp_path, monkeypatch):
-    from dspark_bench import runner as runner_module
+    from dspark_bench.harness import runner as runner_module
 
     real_run = runner_module.run
 
@@ -113,7 +113,7 @@ def test_failing_trial_is_recorded_and_the_sweep_goes_on(saved_pair, prompts_fil
 
 def test_ctrl_c_keeps_finished_trials_and_resume_reruns_the_interrupted_one(saved_pair, prompts_file, tmp_path,
                                                                             monkeypatch):
-    from dspark_bench import runner as runner_module
+    from dspark_bench.harness import runner as runner_module
 
     real_run, calls = runner_module.run, []
 
@@ -220,7 +220,7 @@ def test_replay_sweep_confirms_its_best_policies(saved_pair, prompts_file, tmp_p
 
 
 def test_replay_sweep_over_batch_sizes_confirms_the_best_at_each(saved_pair, prompts_file, tmp_path):
-    from dspark_bench.report import build_report, figures_written
+    from dspark_bench.reporting.report import build_report, figures_written
 
     args = base_args(saved_pair, prompts_file, tmp_path) + ["--batch-size", "1", "--batch-size", "2",
                                                             "--confirm-top", "1"]
@@ -252,7 +252,8 @@ def test_replay_sweep_over_batch_sizes_confirms_the_best_at_each(saved_pair, pro
 def check_exports(folder: Path, tmp_path: Path) -> None:
     """Every format: written, parsed back to the policy chosen for it, the nearest one where the
     engine cannot express the tuned policy (and then both replayed speedups are shown)."""
-    from dspark_bench.export import FORMATS, choose, expressible, load_run, parse
+    from dspark_bench.decoding.schedule import expressible
+    from dspark_bench.tuning.export import FORMATS, choose, load_run, parse
 
     run = load_run(folder)
     for fmt in FORMATS:

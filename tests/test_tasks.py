@@ -154,6 +154,7 @@ def test_run_all_turns_builds_on_previous_answers(saved_pair, tmp_path):
 
 def test_chat_template_is_applied_when_the_tokenizer_has_one():
     import tiny
+
     from dspark_bench.prompts import encode
 
     tok = tiny.tokenizer()

@@ -10,7 +10,18 @@ from rich.table import Table
 
 from dspark_bench.cli.console import cli_errors, out_console, reporting
 from dspark_bench.cli.options import (
-    BatchSizes, Draft, Engine, GammaMaxes, Metrics, MinDraftLens, PromptField, PromptsFile, SpecDevice, SpecDtype, Split, Target,
+    BatchSizes,
+    Draft,
+    Engine,
+    GammaMaxes,
+    Metrics,
+    MinDraftLens,
+    PromptField,
+    PromptsFile,
+    SpecDevice,
+    SpecDtype,
+    Split,
+    Target,
     Thresholds,
 )
 
@@ -40,7 +51,7 @@ def calibrate(
     Example: dspark-bench calibrate --tasks code,prose,structured --spec sweeps/default.yaml --out calibration.yaml
     Example: dspark-bench calibrate --tasks code,prose --batch-size 1 --batch-size 8 --batch-size 32 (a policy per domain and batch size)
     """
-    from dspark_bench import calibrate as lib
+    from dspark_bench.tuning import calibrate as lib  # the library loads torch: kept off --help
 
     flags = {name: value for name, value in locals().items()
              if name not in ("tasks", "dataset", "prompts", "spec", "out", "force", "lib")}

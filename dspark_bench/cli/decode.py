@@ -10,7 +10,20 @@ from rich.text import Text
 
 from dspark_bench.cli.console import cli_errors, out_console, render_rounds
 from dspark_bench.cli.options import (
-    ChatTemplate, Device, Draft, Dtype, HeadsPath, MaxNewTokens, NgramMax, NgramMin, Seed, Target, Temperature, ThresholdEnd, ThresholdStart, TopK,
+    ChatTemplate,
+    Device,
+    Draft,
+    Dtype,
+    HeadsPath,
+    MaxNewTokens,
+    NgramMax,
+    NgramMin,
+    Seed,
+    Target,
+    Temperature,
+    ThresholdEnd,
+    ThresholdStart,
+    TopK,
     TopP,
 )
 from dspark_bench.config import DEFAULT_MAX_NEW_TOKENS, DecodeConfig
@@ -36,7 +49,7 @@ def decode(
 
     Example: dspark-bench decode "def fibonacci(n):" --threshold 0.4
     """
-    from dspark_bench.run_config import decode_once
+    from dspark_bench.harness.run import decode_once  # the library loads torch: kept off --help
 
     with cli_errors():
         config = DecodeConfig(metric=metric, schedule=schedule, threshold=threshold, gamma_max=gamma_max,
@@ -53,7 +66,7 @@ def decode(
 
 def show_rounds(text: str, tokenizer, result, config: DecodeConfig) -> None:
     """The prompt and every round, then the generation's policy metrics and stop reasons."""
-    from dspark_bench.runner import sample_row
+    from dspark_bench.harness.runner import sample_row  # the library loads torch: kept off --help
 
     markers = not out_console.is_terminal or out_console.no_color
     out_console.print(Text(text, style="dim") + render_rounds(tokenizer, result, markers))

@@ -21,7 +21,7 @@ def export(
 
     Example: dspark-bench export results/20250101-120000-sweep-abc123 --format llamacpp
     """
-    from dspark_bench import export as lib
+    from dspark_bench.tuning import export as lib  # the library loads torch: kept off --help
 
     with cli_errors():
         path, choices, text = lib.export(run, fmt, out)

@@ -11,10 +11,10 @@ from typing import Annotated, Optional
 
 import typer
 
-from dspark_bench import regress as lib
 from dspark_bench.cli.console import cli_errors, out_console, reporting
 from dspark_bench.cli.options import BatchSizes
 from dspark_bench.errors import DsparkError
+from dspark_bench.reporting import regress as lib
 
 NO_VERDICT = 2  # not cli_errors' usual 1: that means "regression" here, so CI can tell them apart
 

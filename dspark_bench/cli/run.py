@@ -9,9 +9,43 @@ import typer
 
 from dspark_bench.cli.console import cli_errors, out_console, reporting, summary_table
 from dspark_bench.cli.options import (
-    Batching, BatchSizes, CategoryField, Compile, DraftModes, Drafters, HeadsPath, NgramMax, NgramMin, GoodputModel, SemanticsOption, ChatTemplate, Dataset, Device, Draft, Dtype, GammaMaxes, IgnoreEos, Limit, MaxNewTokens, Metrics,
-    MinDraftLens, PromptField, PromptsFile, Repeats, Schedules, Seed, Split, Target, Task, Temperature, ThresholdEnd,
-    Thresholds, ThresholdStart, TopK, TopP, Turns,
+    Batching,
+    BatchSizes,
+    CategoryField,
+    ChatTemplate,
+    Compile,
+    Dataset,
+    Device,
+    Draft,
+    Drafters,
+    DraftModes,
+    Dtype,
+    GammaMaxes,
+    GoodputModel,
+    HeadsPath,
+    IgnoreEos,
+    Limit,
+    MaxNewTokens,
+    Metrics,
+    MinDraftLens,
+    NgramMax,
+    NgramMin,
+    PromptField,
+    PromptsFile,
+    Repeats,
+    Schedules,
+    Seed,
+    SemanticsOption,
+    Split,
+    Target,
+    Task,
+    Temperature,
+    ThresholdEnd,
+    Thresholds,
+    ThresholdStart,
+    TopK,
+    TopP,
+    Turns,
 )
 from dspark_bench.errors import DsparkError
 
@@ -42,7 +76,7 @@ def run(
     Example: dspark-bench run --task code --limit 10 --threshold 0.3 --threshold 0.5 --gamma-max 6
     Example: dspark-bench run --config results/20250101-120000-run-abc123/run.json
     """
-    from dspark_bench import run_config as lib
+    from dspark_bench.harness import run as lib  # the library loads torch: kept off --help
 
     flags = {name: value for name, value in locals().items() if name not in ("config", "out", "lib")}
     with cli_errors():
@@ -57,7 +91,7 @@ def run(
 
 def config_from_flags(flags: dict):
     """The RunConfig the flags describe: repeatable policy flags become the grid's lists."""
-    from dspark_bench.run_config import RunConfig
+    from dspark_bench.harness.run import RunConfig  # the library loads torch: kept off --help
 
     values = {k: v for k, v in flags.items() if k not in ("prompts", "calibration", "batch_size")}
     values["batch_sizes"] = tuple(flags["batch_size"] or (1,))
@@ -92,8 +126,8 @@ def _signature():
 
 
 def print_summary(folder: Path, table) -> None:
-    from dspark_bench.metrics import summarize
-    from dspark_bench.results import read_run
+    from dspark_bench.metrics import summarize  # the library loads torch: kept off --help
+    from dspark_bench.results import read_run  # the library loads torch: kept off --help
 
     info, samples = read_run(folder)
     models = info["models"]

@@ -9,8 +9,28 @@ import typer
 
 from dspark_bench.cli.console import cli_errors, print_best, reporting
 from dspark_bench.cli.options import (
-    BatchSizes, CategoryField, Dataset, Draft, Drafters, Engine, HeadsPath, GammaMaxes, IgnoreEos, Limit, MaxNewTokens, Metrics, MinDraftLens,
-    PromptField, PromptsFile, Schedules, SpecDevice, SpecDtype, SpecSplit, Target, Task, Thresholds,
+    BatchSizes,
+    CategoryField,
+    Dataset,
+    Draft,
+    Drafters,
+    Engine,
+    GammaMaxes,
+    HeadsPath,
+    IgnoreEos,
+    Limit,
+    MaxNewTokens,
+    Metrics,
+    MinDraftLens,
+    PromptField,
+    PromptsFile,
+    Schedules,
+    SpecDevice,
+    SpecDtype,
+    SpecSplit,
+    Target,
+    Task,
+    Thresholds,
 )
 
 
@@ -43,8 +63,8 @@ def sweep(
     Example: dspark-bench sweep --task code --spec sweeps/code.yaml --limit 10
     Example: dspark-bench sweep --task code --drafter model --drafter heads --drafter lookup
     """
-    from dspark_bench import sweep as lib
-    from dspark_bench import sweep_spec as specs
+    from dspark_bench.tuning import spec as specs  # the library loads torch: kept off --help
+    from dspark_bench.tuning import sweep as lib  # the library loads torch: kept off --help
 
     flags = {name: value for name, value in locals().items() if name in specs.FLAG_FIELDS}
     with cli_errors():

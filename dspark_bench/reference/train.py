@@ -25,9 +25,20 @@ from ..errors import DsparkError
 from ..results import atomic_write
 from .data import TRAIN_BYTES, stage_corpus, stage_tokenizer
 from .export import stage_export
+
 # Shapes, settings and logging are shared by every stage; train's users find them here too.
-from .setup import (CONTEXT, DRAFT_SHAPE, TARGET_SHAPE, Reporter, Shape, TrainConfig, llama_config, log,  # noqa: F401
-                    n_params, next_token_ce)
+from .setup import (  # noqa: F401
+    CONTEXT,
+    DRAFT_SHAPE,
+    TARGET_SHAPE,
+    Reporter,
+    Shape,
+    TrainConfig,
+    llama_config,
+    log,
+    n_params,
+    next_token_ce,
+)
 from .tokenizer import VOCAB_SIZE, load_tokenizer
 
 WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"

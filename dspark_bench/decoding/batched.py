@@ -1,0 +1,251 @@
+"""Batched decoding: B requests at once, speculative and autoregressive, with continuous batching.
+
+Each row drafts under the policy on its own confidences and is verified on its own, through the
+same `Proposal`, `verify` and `close_round` as the batch-1 engine (engine.py); only the forwards
+are shared. So under greedy verification a row's rounds are exactly its rounds at batch 1, and
+replay predicts them. A round's draft loop runs until the last row has stopped drafting, and
+its verify pass is padded to the longest row's draft (the padded layout, batch_cache.py). The
+one batch-level rule, `batch_quorum`, ends every row's draft once too few rows are still
+drafting; rounds then depend on the batch, and the batched replay (batch_replay.py) walks it.
+
+Requests join the batch as rows leave it (`refill`, what serving engines measure) or wait for
+the whole batch to drain. Every step's wall time is shared evenly among the rows that took
+part, and each request's prefill is its own: a request's `time_s` is its share of the run, so
+the shares add up to the run's wall time and the per-prompt bootstrap of speedup still works.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+import torch
+
+from dspark_bench.config import DecodeConfig
+from dspark_bench.decoding import confidence
+from dspark_bench.decoding.batch_lm import BatchLM
+from dspark_bench.decoding.engine import close_round, verify
+from dspark_bench.decoding.host import fetch, synchronize
+from dspark_bench.decoding.proposal import Proposal
+from dspark_bench.decoding.sampling import distribution, draw, make_generator, pick
+from dspark_bench.decoding.schedule import forced
+from dspark_bench.decoding.types import Block, DecodeResult
+
+LAYOUTS = ("padded", "packed")  # packed is predicted by the cost model only (cost.py)
+
+
+@dataclass
+class Request:
+    prompt: list[int]
+    generator: torch.Generator | None
+    seq: list[int] = field(default_factory=list)
+    result: DecodeResult = field(default_factory=lambda: DecodeResult(tokens=[]))
+    time_s: float = 0.0  # this request's share of the run's wall time
+    admitted: float = 0.0  # clock when it joined the batch ...
+    finished: float = 0.0  # ... and when it left
+
+    def done(self, config: DecodeConfig, eos_ids: frozenset[int]) -> bool:
+        tokens = self.result.tokens
+        return len(tokens) >= config.max_new_tokens or bool(tokens and tokens[-1] in eos_ids)
+
+    @property
+    def latency_per_token(self) -> float:
+        """Time per output token of this request as its user saw it: residence / tokens."""
+        return (self.finished - self.admitted) / max(len(self.result.tokens), 1)
+
+
+def _clock(device: torch.device) -> float:
+    synchronize(device)  # what the device still runs belongs to the step before the clock read
+    return time.perf_counter()
+
+
+def serving(prompts: list[list[int]], config: DecodeConfig, batch_size: int, lms: list[BatchLM],
+            step: Callable[[list[Request]], None], eos_ids: frozenset[int], refill: bool = True,
+            seeds: list[int] | None = None) -> Iterator[None]:
+    """Decode every prompt, at most `batch_size` at once; `step` advances every active row.
+
+    A generator: it pauses after each step, so two of them (baseline and speculative) can take
+    turns step by step (`interleave`) and share a noisy machine's drift at a fine grain. Its
+    return value (StopIteration's) is the requests. Clocks count this decoder's own time only:
+    each request's `time_s` is its share of the steps it was in plus its prefill, and its
+    `admitted` / `finished` marks are read on that own-time clock.
+
+    Each request samples from its own generator, seeded as a batch-1 decode of its prompt is
+    (the config's seed) unless `seeds` gives one per prompt."""
+    device = lms[0].device
+    waiting = deque(range(len(prompts)))
+    seeds = seeds if seeds is not None else [config.seed] * len(prompts)
+    requests = [Request(list(p), make_generator(config, device, seed), seq=list(p)) for p, seed in zip(prompts, seeds)]
+    active: list[int] = []  # request index of each batch row, in row order
+    own = 0.0  # seconds this decoder has run so far
+    while waiting or active:
+        if waiting and len(active) < batch_size and (refill or not active):
+            while waiting and len(active) < batch_size:
+                index = waiting.popleft()
+                requests[index].admitted = own
+                start = _clock(device)
+                for lm in lms:
+                    lm.add(requests[index].prompt[:-1])
+                elapsed = _clock(device) - start
+                requests[index].time_s += elapsed
+                own += elapsed
+                active.append(index)
+        start = _clock(device)
+        stepped = list(active)
+        step([requests[i] for i in stepped])
+        done = {i for i in stepped if requests[i].done(config, eos_ids)}
+        for row in reversed(range(len(active))):
+            if active[row] in done:
+                for lm in lms:
+                    lm.remove(row)
+                del active[row]
+        for lm in lms:  # what the rows that left (and rolled-back drafts) no longer need
+            lm.tidy()
+        elapsed = _clock(device) - start  # the step with its cache upkeep, shared by its rows
+        own += elapsed
+        for i in stepped:
+            requests[i].time_s += elapsed / len(stepped)
+            if i in done:
+                requests[i].finished = own
+        yield
+    return requests
+
+
+def serve(*args, **kwargs) -> list[Request]:
+    """`serving` run to the end on its own: the requests."""
+    return interleave(serving(*args, **kwargs))[0]
+
+
+def interleave(*decoders: Iterator[None]) -> list[list[Request]]:
+    """Run decoders (`serving` generators) a step each in turn until all are done; each one's requests."""
+    results: list = [None] * len(decoders)
+    running = list(range(len(decoders)))
+    while running:
+        for index in list(running):
+            try:
+                next(decoders[index])
+            except StopIteration as done:
+                results[index] = done.value
+                running.remove(index)
+    return results
+
+
+class SpeculativeStep:
+    """One speculative round for every row of the batch."""
+
+    def __init__(self, target: BatchLM, draft: BatchLM, config: DecodeConfig, eos_ids: frozenset[int]):
+        self.target, self.draft, self.config, self.eos_ids = target, draft, config, eos_ids
+
+    def __call__(self, requests: list[Request]) -> None:
+        config = self.config
+        proposals = [Proposal.start(config, config.max_new_tokens - len(r.result.tokens) - 1) for r in requests]
+        self.draft_loop(requests, proposals)
+        feeds = [r.seq[self.target.lengths[i] :] + p.tokens for i, (r, p) in enumerate(zip(requests, proposals))]
+        # Each row's block, copied from the host before the target pass is queued (on CUDA a copy
+        # waits for the work queued before it).
+        blocks = [Block(torch.tensor(p.tokens, dtype=torch.long, device=self.target.device),
+                        torch.stack(p.probs) if p.probs and not config.greedy else None,
+                        torch.zeros(0, device=self.target.device), len(p.tokens)) for p in proposals]
+        logits = self.target.forward(feeds)
+        verdicts = []
+        for i, (request, block, feed) in enumerate(zip(requests, blocks, feeds)):
+            first = len(feed) - len(block.tokens) - 1
+            verdicts.append(verify(logits[i, first : len(feed)], block, config, request.generator))
+        accepted, target_tokens = fetch(*(torch.stack(column) for column in zip(*verdicts)))  # one read per round
+        for request, proposal, a, token in zip(requests, proposals, accepted, target_tokens):
+            emitted, round_ = close_round(proposal, a, token, self.eos_ids)
+            request.seq += emitted
+            request.result.tokens += emitted
+            request.result.rounds.append(round_)
+            request.result.target_forwards += 1
+            request.result.draft_forwards += proposal.forwards
+        # As in the batch-1 engine: the last emitted token is fed at each model's next forward.
+        committed = [len(r.seq) - 1 for r in requests]
+        for lm in (self.target, self.draft):
+            lm.rollback(committed)  # `serving` tidies the caches after every step
+
+    def draft_loop(self, requests: list[Request], proposals: list[Proposal]) -> None:
+        """Draft forwards for the whole batch until every row has stopped: one read per step."""
+        config = self.config
+        feeds = [[] if p.done else r.seq[self.draft.lengths[i] :] for i, (r, p) in enumerate(zip(requests, proposals))]
+        steps = 0
+        while any(not p.done for p in proposals):
+            steps += 1
+            ends = torch.tensor([max(len(f) - 1, 0) for f in feeds], device=self.draft.device)  # before the pass
+            logits = self.draft.forward(feeds)
+            last = logits[torch.arange(len(feeds), device=logits.device), ends]
+            probs = distribution(last, config)
+            drafting = {i for i, p in enumerate(proposals) if not p.done}
+            # A token for every row still drafting, as the batch-1 engine draws one per step.
+            tokens = pick(last, probs, config, None) if config.greedy else torch.stack(
+                [draw(probs[i], requests[i].generator) if i in drafting else last.new_zeros((), dtype=torch.long)
+                 for i in range(len(requests))])
+            scores, tokens = fetch(confidence.METRICS[config.metric](probs, config.topk), tokens)
+            for i in range(len(requests)):
+                feeds[i] = []
+                if i not in drafting or not proposals[i].consider(config, scores[i]):
+                    continue
+                proposals[i].take(tokens[i], probs[i], self.eos_ids)
+                if not proposals[i].done:  # a finished draft's last token is fed next round
+                    feeds[i] = [tokens[i]]
+            self.apply_quorum(proposals, feeds, steps)
+
+    def apply_quorum(self, proposals: list[Proposal], feeds: list[list[int]], steps: int) -> None:
+        """config.batch_quorum: stop every row once too few are still drafting (batch_replay.py
+        replays the same rule)."""
+        drafting = [i for i, p in enumerate(proposals) if not p.done]
+        quorum = self.config.batch_quorum * len(proposals)
+        if drafting and steps >= forced(self.config) and len(drafting) < quorum:
+            for i in drafting:
+                proposals[i].stop_reason = "quorum"
+                proposals[i].end()
+                feeds[i] = []  # its last token is fed next round, as after gamma_max
+
+
+class AutoregressiveStep:
+    """One plain decoding step for every row: the batched baseline."""
+
+    def __init__(self, target: BatchLM, config: DecodeConfig, eos_ids: frozenset[int]):
+        self.target, self.config, self.eos_ids = target, config, eos_ids
+
+    def __call__(self, requests: list[Request]) -> None:
+        logits = self.target.forward([r.seq[self.target.lengths[i] :] for i, r in enumerate(requests)])[:, -1]
+        if self.config.greedy:  # `choose`, for the whole batch at once
+            tokens = fetch(logits.argmax(dim=-1))
+        else:
+            probs = distribution(logits, self.config)
+            tokens = fetch(torch.stack([draw(probs[i], r.generator) for i, r in enumerate(requests)]))
+        for request, token in zip(requests, tokens):
+            request.seq.append(token)
+            request.result.tokens.append(token)
+            request.result.target_forwards += 1
+
+
+def speculative_serving(target, draft, prompts: list[list[int]], config: DecodeConfig, batch_size: int,
+                        eos_ids: frozenset[int] = frozenset(), refill: bool = True,
+                        seeds: list[int] | None = None) -> Iterator[None]:
+    target_lm, draft_lm = BatchLM(target), BatchLM(draft)
+    return serving(prompts, config, batch_size, [target_lm, draft_lm],
+                   SpeculativeStep(target_lm, draft_lm, config, eos_ids), eos_ids, refill, seeds)
+
+
+def autoregressive_serving(target, prompts: list[list[int]], config: DecodeConfig, batch_size: int,
+                           eos_ids: frozenset[int] = frozenset(), refill: bool = True,
+                           seeds: list[int] | None = None) -> Iterator[None]:
+    target_lm = BatchLM(target)
+    return serving(prompts, config, batch_size, [target_lm], AutoregressiveStep(target_lm, config, eos_ids), eos_ids,
+                   refill, seeds)
+
+
+@torch.inference_mode()
+def batched_speculative(*args, **kwargs) -> list[Request]:
+    """Every prompt decoded speculatively, `batch_size` at a time (see `speculative_serving`)."""
+    return interleave(speculative_serving(*args, **kwargs))[0]
+
+
+@torch.inference_mode()
+def batched_autoregressive(*args, **kwargs) -> list[Request]:
+    """Every prompt decoded by the target alone, `batch_size` at a time: the batched baseline."""
+    return interleave(autoregressive_serving(*args, **kwargs))[0]

@@ -1,0 +1,124 @@
+"""Stopping rules: when does the drafter stop proposing tokens in a round?
+
+The rule is asked about draft position i (1-based) after the token at i was proposed with
+confidence c_i. `keeps` says whether that token passes. Under our semantics the token that fails
+the rule is DROPPED (the seed's example: confidences 0.9, 0.85, 0.65 at threshold 0.7 give a
+draft of length 2), positions <= min_draft_len are always kept, and position gamma_max is the last.
+
+The engines people deploy mean other things by the same knobs (config.semantics), and each is
+replayed and run exactly:
+  "hf"        HF assisted generation KEEPS the failing token, then stops (0.9, 0.85, 0.65 → 3);
+  "llamacpp"  llama.cpp drops it, keeps no position unconditionally, and DISCARDS a draft shorter
+              than min_draft_len (--draft-min): that step decodes normally.
+The goodput schedule (goodput.py) decides after each token whether to draft the next one, so
+its last token stays too, as under "hf".
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dspark_bench.config import DecodeConfig
+from dspark_bench.decoding import goodput
+from dspark_bench.decoding.exact import running
+
+
+def threshold_at(config: DecodeConfig, position: int) -> float:
+    """The confidence a token at this draft position must reach to be kept."""
+    if config.schedule == "fixed":
+        return 0.0
+    if config.schedule == "ramp":
+        if config.gamma_max == 1:
+            return config.threshold_start
+        frac = (position - 1) / (config.gamma_max - 1)
+        return config.threshold_start + frac * (config.threshold_end - config.threshold_start)
+    return config.threshold  # "threshold" and "cumulative"
+
+
+def keeps_failing(config: DecodeConfig) -> bool:
+    """Whether the token that fails the rule stays in the draft (which then stops)."""
+    return config.semantics == "hf" or config.schedule == "goodput"
+
+
+def forced(config: DecodeConfig) -> int:
+    """Draft positions kept whatever their confidence (none under llama.cpp's rule)."""
+    return 0 if config.semantics == "llamacpp" else config.min_draft_len
+
+
+def discards_below(config: DecodeConfig) -> int:
+    """A draft shorter than this is thrown away before verification (llama.cpp's --draft-min)."""
+    return config.min_draft_len if config.semantics == "llamacpp" else 0
+
+
+def keeps(config: DecodeConfig, position: int, confidence: float, cumulative: float) -> bool:
+    """Whether the token proposed at `position` stays in the draft.
+
+    `cumulative` is the product of the confidences at positions 1..position: the "cumulative"
+    schedule stops when that estimate of the whole block surviving drops below the threshold.
+    """
+    if position <= forced(config):
+        return True
+    signal = cumulative if config.schedule == "cumulative" else confidence
+    return signal >= threshold_at(config, position)
+
+
+class DeviceRule:
+    """`proposal.Proposal`'s rule as tensor operations, for verify-side truncation: the draft runs
+    to its limit without stopping and `kept` cuts it on the device — a failing token dropped or
+    kept (keeps_failing), EOS ending the draft, forced positions, llama.cpp's discard — in float64
+    as the host compares Python floats. Its constants are copied to the device once per decode:
+    on CUDA a copy from the host waits for the work queued before it."""
+
+    def __init__(self, config: DecodeConfig, device: torch.device):
+        self.config = config
+        gamma = config.gamma_max
+        thresholds = [threshold_at(config, k) for k in range(1, gamma + 1)]
+        self.thresholds = torch.tensor(thresholds, dtype=torch.float64, device=device)
+        self.position = torch.arange(1, gamma + 1, device=device)
+        self.goodput = None
+        if config.schedule == "goodput":
+            self.goodput = goodput.rule_for(config).on_device(device, gamma)
+
+    def kept(self, scores: torch.Tensor, tokens: torch.Tensor, eos: torch.Tensor) -> torch.Tensor:
+        """How many of a full draft's n tokens the rule keeps (0-d); `scores` [n], `tokens` [n]."""
+        config, n = self.config, scores.shape[0]
+        if self.goodput is not None:
+            passes = self.goodput.continues(scores)
+        else:
+            signal = scores.double()
+            if config.schedule == "cumulative":
+                signal = running(signal, torch.mul)
+            passes = signal >= self.thresholds[:n]
+        passes = passes | (self.position[:n] <= forced(config))
+        leading = passes.long().cumprod(dim=0).sum()  # tokens before the first that fails
+        kept = leading + 1 if keeps_failing(config) else leading
+        before_eos = (~torch.isin(tokens, eos)).long().cumprod(dim=0).sum()  # tokens before the first EOS
+        kept = torch.minimum(kept, before_eos + 1).clamp(max=n)
+        return torch.where(kept < discards_below(config), 0, kept)
+
+
+# Which serving engines can run a policy exactly (export writes the nearest one where not; `run
+# --engine hf` refuses one HF cannot run): the engine rules above, seen from each engine.
+def expressible(config: DecodeConfig, fmt: str) -> list[str]:
+    """Why `fmt` cannot run `config` exactly (empty: it can)."""
+    why = []
+    if config.batch_quorum > 0:
+        why.append("a batch quorum")
+    if fmt in ("vllm", "sglang", "trtllm"):
+        if config.schedule != "fixed":
+            why.append(f"a {config.schedule} schedule (it drafts a fixed length)")
+        return why
+    if config.schedule == "fixed":
+        return why
+    if config.schedule != "threshold":
+        why.append(f"a {config.schedule} schedule (it has one threshold)")
+    if config.metric != "top1":
+        why.append(f"the {config.metric} metric (its threshold is on the top-1 probability)")
+    if fmt == "hf":
+        if config.semantics != "hf":
+            why.append("our rule (HF keeps the token that fails the threshold)")
+        if config.min_draft_len > 0:
+            why.append("a minimum draft length")
+    elif config.semantics != "llamacpp":
+        why.append("our rule (llama.cpp drops a failing token and discards drafts below --draft-min)")
+    return why

@@ -1,0 +1,40 @@
+"""What every decoder shares: a round's record, a decode's result, a draft block on the device."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class Round:
+    drafted: int  # L_r: tokens kept in the draft and sent to the target
+    accepted: int  # a_r: how many of them the target accepted
+    emitted: int  # tokens this round added to the output (a_r + 1 unless EOS ended it)
+    stop_reason: str  # "threshold" | "gamma_max" | "eos" | "budget"
+    draft_tokens: list[int]  # the L_r drafted ids (the first a_r were accepted)
+    confidences: list[float]  # one per proposal, including a dropped one that stopped the round
+    target_token: int  # the target's own token ending the round (-1 if EOS was accepted first)
+    draft_forwards: int  # s_r: draft forward passes this round really ran
+
+
+@dataclass
+class DecodeResult:
+    """What every decoder returns, speculative or not."""
+
+    tokens: list[int]  # generated ids, prompt excluded
+    rounds: list[Round] = field(default_factory=list)
+    target_forwards: int = 0  # forward passes after the prefill
+    draft_forwards: int = 0
+
+
+@dataclass
+class Block:
+    """A round's draft as the target verifies it, on the device."""
+
+    tokens: torch.Tensor  # [n] drafted ids sent to the target
+    probs: torch.Tensor | None  # [n, vocab] the draft distribution q each was drawn from (sampling)
+    scores: torch.Tensor  # [s] the confidence of every proposal, one per draft forward
+    kept: torch.Tensor | int  # how many of the n the rule keeps: n (early-stop, an int) or a 0-d
+    # tensor the device decided (verify-side)

@@ -1,0 +1,78 @@
+"""How long a job will take, said before it starts: a quick estimate from one short timed decode.
+
+A long command prints its plan first ("10 prompts × 3 configurations × 3 timed pairs ≈ 6 min"),
+so a user knows whether to wait, shrink the job, or come back later. The estimate times the
+target's own decoding on this machine (a 16-token greedy decode of the first prompt) and scales
+it by what each stage decodes; it is a guide, not a promise.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+from dspark_bench.config import DecodeConfig
+from dspark_bench.decoding.autoregressive import autoregressive_decode
+from dspark_bench.decoding.host import synchronize
+
+# A speculative decode is assumed this much faster than the baseline for the estimate (the
+# shipped pair's measured range is 1.4-1.8x); a record pass costs about 1.6 plain decodes.
+ASSUMED_SPEEDUP = 1.5
+RECORD_COST = 1.6
+PROBE_TOKENS = 16
+
+
+def seconds_per_token(pair, prompt_ids: list[int]) -> float:
+    """The target's plain decoding time per token here: median of three short decodes."""
+
+    config = DecodeConfig(max_new_tokens=PROBE_TOKENS)
+    times = []
+    for _ in range(3):
+        synchronize(pair.device)
+        start = time.perf_counter()
+        tokens = autoregressive_decode(pair.target, prompt_ids, config).tokens
+        synchronize(pair.device)
+        times.append((time.perf_counter() - start) / max(len(tokens), 1))
+    return statistics.median(times)
+
+
+def timed_pairs_seconds(per_token: float, samples: int, tokens: int, repeats: int) -> float:
+    """`samples` (prompt, configuration) measurements, each `repeats` baseline + speculative decodes."""
+    return samples * repeats * tokens * per_token * (1 + 1 / ASSUMED_SPEEDUP)
+
+
+def record_seconds(per_token: float, prompts: int, tokens: int) -> float:
+    return prompts * tokens * per_token * RECORD_COST
+
+
+def duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{max(seconds, 1):.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def run_plan(per_token: float, prompts: int, samples: int, configs: int, tokens: int, repeats: int) -> str:
+    """The line `run` prints before it decodes."""
+    seconds = timed_pairs_seconds(per_token, samples, tokens, repeats)
+    return (f"plan: {prompts} prompts × {configs} configuration{'s' * (configs != 1)} × {repeats} timed "
+            f"pair{'s' * (repeats != 1)} × {tokens} tokens ≈ {duration(seconds)} "
+            f"(target {per_token * 1e3:.1f} ms/token here)")
+
+
+def replay_plan(per_token: float, prompts: int, tokens: int, policies: int, confirm: int, repeats: int,
+                recorded: bool) -> str:
+    """The line a replay sweep prints before it records."""
+    record = 0.0 if recorded else record_seconds(per_token, prompts, tokens)
+    confirm_s = timed_pairs_seconds(per_token, prompts * confirm, tokens, repeats)
+    first = "record cached" if recorded else f"record {prompts} prompts × {tokens} tokens ≈ {duration(record)}"
+    return (f"plan: {first}; simulate {policies:,} policies (seconds); confirm {confirm} "
+            f"× {prompts} prompts × {repeats} timed pair{'s' * (repeats != 1)} ≈ {duration(confirm_s)}; "
+            f"total ≈ {duration(record + confirm_s)} (target {per_token * 1e3:.1f} ms/token here)")
+
+
+def real_sweep_plan(per_token: float, prompts: int, tokens: int, trials: int, repeats: int) -> str:
+    seconds = timed_pairs_seconds(per_token, prompts * trials, tokens, repeats)
+    return (f"plan: {trials} trials × {prompts} prompts × {repeats} timed pair{'s' * (repeats != 1)} × {tokens} "
+            f"tokens ≈ {duration(seconds)} (target {per_token * 1e3:.1f} ms/token here)")

@@ -1,0 +1,368 @@
+"""Run decode configurations over prompts: warm-up, interleaved timing, one row per sample.
+
+The place that times decoding (the cost model in replay.py and the plan's estimate in plan.py
+time single steps of their own). For each (prompt, config) the baseline and the speculative
+decoder run alternately (A B A B ...), the device synchronised before each clock read, and
+the median of each is kept, so slow drift of a noisy machine hits both sides alike. At batch
+size B > 1 (`iter_batched`) both sides decode all prompts B at a time through batched.py,
+taking turns step by step (so drift hits both at a fine grain), the side stepping first
+alternating by repeat; a prompt's time is its share of its side's own steps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+import numpy as np
+import pandas as pd
+import torch
+
+from dspark_bench.config import DecodeConfig
+from dspark_bench.decoding.autoregressive import autoregressive_decode, hf_assisted_decode
+from dspark_bench.decoding.batched import autoregressive_serving, interleave, speculative_serving
+from dspark_bench.decoding.cached_lm import decode_shapes, warm_compiled
+from dspark_bench.decoding.engine import speculative_decode
+from dspark_bench.decoding.host import synchronize
+from dspark_bench.decoding.types import DecodeResult
+from dspark_bench.harness.models import ModelPair
+from dspark_bench.harness.plan import run_plan, seconds_per_token
+from dspark_bench.metrics import position_acceptance, rates, round_totals, speedup_ratio, summarize
+from dspark_bench.prompts import Prompt, encode, prompts_fingerprint
+from dspark_bench.results import check_writable, write_run
+
+
+@dataclass(frozen=True)
+class RunnerSettings:
+    repeats: int = 1  # timed A/B pairs per (prompt, config); medians are kept
+    warmup: int = 1  # untimed decodes of each kind before timing starts
+    trace: bool = False  # keep per-round rows (rounds.parquet)
+    chat_template: str = "auto"
+    turns: str = "first"  # "first" or "all" turns of multi-turn prompts
+    # Timing-only runs: both sides generate exactly max_new_tokens, EOS not ending a sequence
+    # (as benchmark suites' "ignore EOS" does), so sampled outputs have equal lengths.
+    ignore_eos: bool = False
+    batching: str = "refill"  # B > 1: "refill" rows from the waiting prompts as they finish, or "drain"
+    engine: str = "ours"  # the speculative side: our engine, or "hf" assisted generation under HF's rule
+
+    def speculative(self):
+        """The speculative decoder this run times against the baseline."""
+        if self.engine == "hf":
+            return hf_assisted_decode
+        return speculative_decode
+
+    def eos_ids(self, pair: ModelPair) -> frozenset[int]:
+        """The ids that end a sequence in this run: none when EOS is ignored."""
+        return frozenset() if self.ignore_eos else pair.eos_ids
+
+
+@dataclass
+class RunOutput:
+    samples: pd.DataFrame
+    rounds: pd.DataFrame | None
+
+
+def timed(fn: Callable[[], DecodeResult], device: torch.device) -> tuple[DecodeResult, float]:
+    synchronize(device)
+    start = time.perf_counter()
+    result = fn()
+    synchronize(device)
+    return result, time.perf_counter() - start
+
+
+def sample_row(result: DecodeResult, config: DecodeConfig) -> dict:
+    """Per-sample metrics of one speculative decode."""
+    drafted = np.array([r.drafted for r in result.rounds], dtype=np.int64)
+    accepted = np.array([r.accepted for r in result.rounds], dtype=np.int64)
+    emitted = np.array([r.emitted for r in result.rounds], dtype=np.int64)
+    totals = round_totals(drafted, accepted, emitted, [r.stop_reason for r in result.rounds])
+    position_drafted, position_accepted = position_acceptance(drafted, accepted, config.gamma_max)
+    new_tokens = len(result.tokens)
+    return {
+        **totals,
+        **rates(totals),
+        "new_tokens": new_tokens,
+        "target_forwards": result.target_forwards,
+        "draft_forwards": result.draft_forwards,
+        "target_forwards_per_token": result.target_forwards / new_tokens if new_tokens else np.nan,
+        "draft_forwards_per_token": result.draft_forwards / new_tokens if new_tokens else np.nan,
+        "position_drafted": position_drafted,
+        "position_accepted": position_accepted,
+    }
+
+
+def round_rows(result: DecodeResult, base: dict) -> list[dict]:
+    return [
+        {**base, "round": i, "drafted": r.drafted, "accepted": r.accepted, "emitted": r.emitted,
+         "stop_reason": r.stop_reason, "draft_tokens": r.draft_tokens, "confidences": r.confidences,
+         "target_token": r.target_token, "draft_forwards": r.draft_forwards}
+        for i, r in enumerate(result.rounds)
+    ]
+
+
+def config_columns(config: DecodeConfig, config_id: int) -> dict:
+    return {"config_id": config_id, "config_label": config.label(), **config.to_dict()}
+
+
+def measure(pair: ModelPair, prompt_ids: list[int], config: DecodeConfig, repeats: int, eos: frozenset[int],
+            offset: int = 0, decode=speculative_decode):
+    """Baseline and speculative decode (`decode`) of one prompt, interleaved; medians of the times."""
+    base_times, spec_times = [], []
+    for repeat in range(repeats):
+        # A B, then B A (and each sample starting where the last did not, by `offset`): neither
+        # side always runs first (caches, clocks and boosts drift), even with one pair per sample.
+        for side in ((0, 1) if (repeat + offset) % 2 == 0 else (1, 0)):
+            if side == 0:
+                baseline, t = timed(lambda: autoregressive_decode(pair.target, prompt_ids, config, eos), pair.device)
+                base_times.append(t)
+            else:
+                spec, t = timed(lambda: decode(pair.target, pair.drafter_for(config), prompt_ids, config, eos),
+                                pair.device)
+                spec_times.append(t)
+    return baseline, spec, statistics.median(base_times), statistics.median(spec_times)
+
+
+def conversation(prompt: Prompt, settings: RunnerSettings) -> list[str]:
+    if settings.turns == "all":
+        return [prompt.text, *prompt.turns]
+    return [prompt.text]
+
+
+def warm_up(pair: ModelPair, prompts: list[Prompt], configs: list[DecodeConfig], settings: RunnerSettings) -> None:
+    if not prompts:
+        return
+    ids = encode(pair.tokenizer, prompts[0].text, settings.chat_template)
+    short = configs[0].replace(max_new_tokens=min(16, configs[0].max_new_tokens))
+    for _ in range(settings.warmup):
+        measure(pair, ids, short, repeats=1, eos=settings.eos_ids(pair), decode=settings.speculative())
+    if any(c.compiled for c in configs):
+        warm_compiled_steps(pair, prompts, [c for c in configs if c.compiled], settings)
+
+
+def warm_compiled_steps(pair: ModelPair, prompts: list[Prompt], configs: list[DecodeConfig],
+                        settings: RunnerSettings) -> None:
+    """A compiled step compiles (and on CUDA captures a graph) at each input length it first
+    sees, and again on a new static cache: every length a compiled policy feeds, on caches as
+    long as the run's longest decode, then one whole decode — before any clock runs."""
+
+    longest_prompt = max(len(encode(pair.tokenizer, p.text, settings.chat_template)) for p in prompts)
+    capacity = longest_prompt + max(c.max_new_tokens + c.gamma_max + 1 for c in configs)
+    shapes = decode_shapes(max(c.gamma_max for c in configs))
+    warm_compiled(pair.target, shapes["target"], capacity)
+    warm_compiled(pair.draft, shapes["draft"], capacity, role="draft")
+    ids = encode(pair.tokenizer, prompts[0].text, settings.chat_template)
+    for config in dict.fromkeys(configs):
+        measure(pair, ids, config, repeats=1, eos=settings.eos_ids(pair), decode=settings.speculative())
+
+
+def iter_samples(
+    pair: ModelPair, prompts: list[Prompt], configs: list[DecodeConfig], settings: RunnerSettings,
+    assignment: list[list[int]] | None = None,
+) -> Iterator[tuple[dict, list[dict]]]:
+    """Yield (sample row, round rows) per (prompt, turn, config).
+
+    Every prompt runs every config, unless `assignment` gives each prompt its configs' indexes
+    (per-domain calibrated policies).
+    """
+    single = [c for c in configs if c.batch_size == 1]
+    if single:
+        warm_up(pair, prompts, single, settings)
+    measured = 0
+    for index, prompt in enumerate(prompts):
+        for config_id, config in enumerate(configs):
+            if config.batch_size > 1 or (assignment is not None and config_id not in assignment[index]):
+                continue
+            history: list[tuple[str, str]] = []
+            for turn, text in enumerate(conversation(prompt, settings)):
+                ids = encode(pair.tokenizer, text, settings.chat_template, history)
+                baseline, spec, base_time, spec_time = measure(pair, ids, config, settings.repeats,
+                                                               settings.eos_ids(pair), offset=measured,
+                                                               decode=settings.speculative())
+                measured += 1
+                base = {"prompt_id": prompt.id, "category": prompt.category, "turn": turn, **config_columns(config, config_id)}
+                row = sample_fields(base, spec, baseline, config, len(ids), base_time, spec_time)
+                yield row, round_rows(spec, base) if settings.trace else []
+                # The next turn builds on the model's own previous answer.
+                history.append((text, pair.tokenizer.decode(baseline.tokens, skip_special_tokens=True)))
+    yield from iter_batched(pair, prompts, configs, settings, assignment)
+
+
+@torch.inference_mode()
+def measure_batched(pair: ModelPair, prompt_ids: list[list[int]], config: DecodeConfig, settings: RunnerSettings,
+                    offset: int = 0):
+    """Both sides over all prompts at batch size B, taking turns step by step (the side that
+    steps first alternates by repeat): (baseline requests, speculative requests, per-prompt
+    median time shares of each side)."""
+
+    eos, refill, B = settings.eos_ids(pair), settings.batching == "refill", config.batch_size
+    base_times, spec_times = [], []
+    for repeat in range(settings.repeats):
+        decoders = [autoregressive_serving(pair.target, prompt_ids, config, B, eos, refill),
+                    speculative_serving(pair.target, pair.draft, prompt_ids, config, B, eos, refill)]
+        first = (repeat + offset) % 2
+        baseline, spec = interleave(*decoders[first:], *decoders[:first])[::1 if first == 0 else -1]
+        base_times.append([r.time_s for r in baseline])
+        spec_times.append([r.time_s for r in spec])
+    return baseline, spec, np.median(base_times, axis=0), np.median(spec_times, axis=0)
+
+
+def iter_batched(pair: ModelPair, prompts: list[Prompt], configs: list[DecodeConfig], settings: RunnerSettings,
+                 assignment: list[list[int]] | None = None) -> Iterator[tuple[dict, list[dict]]]:
+    """Rows of the policies run at batch size B > 1: each policy decodes its prompts B at a time,
+    both sides on the same batches; a row's times are its shares of the batched runs' wall time."""
+    warmed = set()
+    for config_id, config in enumerate(configs):
+        if config.batch_size == 1:
+            continue
+        chosen = [p for i, p in enumerate(prompts) if assignment is None or config_id in assignment[i]]
+        ids = [encode(pair.tokenizer, p.text, settings.chat_template) for p in chosen]
+        if config.batch_size not in warmed and ids and settings.warmup > 0:
+            short = config.replace(max_new_tokens=min(16, config.max_new_tokens))
+            measure_batched(pair, ids[: config.batch_size], short, dataclasses.replace(settings, repeats=1))
+            warmed.add(config.batch_size)
+        if not ids:
+            continue
+        baselines, specs, base_times, spec_times = measure_batched(pair, ids, config, settings, offset=config_id)
+        for prompt, prompt_ids, baseline, spec, base_time, spec_time in zip(chosen, ids, baselines, specs,
+                                                                           base_times, spec_times):
+            base = {"prompt_id": prompt.id, "category": prompt.category, "turn": 0, **config_columns(config, config_id)}
+            row = sample_fields(base, spec.result, baseline.result, config, len(prompt_ids), base_time, spec_time)
+            row.update(layout="padded", batching=settings.batching,
+                       baseline_latency_per_token_s=baseline.latency_per_token,
+                       spec_latency_per_token_s=spec.latency_per_token)
+            yield row, round_rows(spec.result, base) if settings.trace else []
+
+
+def first_divergence(output: list[int], baseline: list[int]) -> int | None:
+    """The first position where two outputs differ (a length difference counts); None if equal."""
+    if output == baseline:
+        return None
+    return next((i for i, (a, b) in enumerate(zip(output, baseline)) if a != b), min(len(output), len(baseline)))
+
+
+def identical_share(output: list[int], baseline: list[int]) -> float:
+    """The share of positions where two outputs hold the same token (over the longer one)."""
+    longest = max(len(output), len(baseline))
+    return sum(a == b for a, b in zip(output, baseline)) / longest if longest else 1.0
+
+
+def sample_fields(base: dict, spec: DecodeResult, baseline: DecodeResult, config: DecodeConfig, prompt_tokens: int,
+                  base_time: float, spec_time: float) -> dict:
+    """One sample row: the policy metrics of `spec`, both sides' times and outputs."""
+    return {
+        **base,
+        **sample_row(spec, config),
+        "prompt_tokens": prompt_tokens,
+        "baseline_new_tokens": len(baseline.tokens),
+        "baseline_time_s": float(base_time),
+        "spec_time_s": float(spec_time),
+        "speedup": float(speedup_ratio(base_time, len(baseline.tokens), spec_time, len(spec.tokens))),
+        # Only greedy outputs must be identical; sampled ones differ by design.
+        "identical_to_baseline": (spec.tokens == baseline.tokens) if config.greedy else None,
+        # Where they part (greedy): in reduced precision a k-token verify pass and k single-token
+        # passes, or a batched pass and a single-row one, can round a near-tie differently.
+        "first_divergence": first_divergence(spec.tokens, baseline.tokens) if config.greedy else None,
+        "identical_share": identical_share(spec.tokens, baseline.tokens) if config.greedy else None,
+        "output_ids": spec.tokens,
+        "baseline_ids": baseline.tokens,
+    }
+
+
+# Progress of a long job in stages: progress(stage description, done, total).
+StageProgress = Callable[[str, int, int], None]
+
+
+def stage_steps(progress: StageProgress | None, stage: str, total: int) -> Callable[[], None]:
+    """A per-item callback (for `run`, `record`) that reports `stage` done of `total`."""
+    done = 0
+
+    def step():
+        nonlocal done
+        done += 1
+        if progress:
+            progress(stage, done, total)
+
+    if progress:
+        progress(stage, 0, total)
+    return step
+
+
+def run(
+    pair: ModelPair,
+    prompts: list[Prompt],
+    configs: list[DecodeConfig],
+    settings: RunnerSettings = RunnerSettings(),
+    progress: Callable[[], None] | None = None,
+    assignment: list[list[int]] | None = None,
+) -> RunOutput:
+    """Every (prompt, config), measured; `progress` is called after each sample."""
+    sample_rows, trace_rows = [], []
+    for row, rounds in iter_samples(pair, prompts, configs, settings, assignment):
+        sample_rows.append(row)
+        trace_rows += rounds
+        if progress:
+            progress()
+    samples = pd.DataFrame(sample_rows)
+    if "identical_to_baseline" in samples:
+        samples["identical_to_baseline"] = samples["identical_to_baseline"].astype("boolean")
+    return RunOutput(samples, pd.DataFrame(trace_rows) if settings.trace else None)
+
+
+def planned_samples(prompts: list[Prompt], configs: list[DecodeConfig], settings: RunnerSettings,
+                    assignment: list[list[int]] | None = None) -> int:
+    """How many (prompt, turn, config) measurements a run makes."""
+    turns = [1 + len(p.turns) if settings.turns == "all" else 1 for p in prompts]
+    if assignment is None:
+        return sum(turns) * len(configs)
+    return sum(t * len(assigned) for t, assigned in zip(turns, assignment))
+
+
+def say_plan(pair: ModelPair, prompts: list[Prompt], configs: list[DecodeConfig], settings: RunnerSettings,
+             assignment: list[list[int]] | None, say: Callable[[str], None]) -> None:
+    if not prompts:
+        return
+    per_token = seconds_per_token(pair, encode(pair.tokenizer, prompts[0].text, settings.chat_template))
+    tokens = max(c.max_new_tokens for c in configs)
+    plan = run_plan(per_token, len(prompts), planned_samples(prompts, configs, settings, assignment),
+                    len(configs), tokens, settings.repeats)
+    if any(c.compiled for c in configs):
+        plan += ", after compiling every step it feeds (not in the estimate)"
+    say(plan)
+
+
+def run_to_folder(
+    pair: ModelPair,
+    prompts: list[Prompt],
+    configs: list[DecodeConfig],
+    out: Path,
+    settings: RunnerSettings = RunnerSettings(),
+    source: dict | None = None,
+    progress: Callable[[], None] | None = None,
+    assignment: list[list[int]] | None = None,
+    say: Callable[[str], None] | None = None,
+    run_config: dict | None = None,
+) -> tuple[Path, pd.DataFrame]:
+    """`run`, then write the run folder; returns it and the per-config summary table.
+
+    With `say`, the plan and its estimated duration are said before decoding starts."""
+    check_writable(out)
+    if say:
+        say_plan(pair, prompts, configs, settings, assignment, say)
+    output = run(pair, prompts, configs, settings, progress, assignment)
+    table = summarize(output.samples)
+    by_category = summarize(output.samples, by=["category"])
+    run_info = {
+        "config": run_config,  # the whole RunConfig: `run --config run.json` runs it again
+        "configs": [c.to_dict() for c in configs],
+        "assignment": assignment,
+        "settings": dataclasses.asdict(settings),
+        "models": pair.describe(),
+        "prompts": {"count": len(prompts), "fingerprint": prompts_fingerprint(prompts), **(source or {})},
+    }
+    summary = {"configs": table.to_dict(orient="records"), "by_category": by_category.to_dict(orient="records")}
+    folder = write_run(out, "run", run_info, summary, {"samples": output.samples, "rounds": output.rounds})
+    return folder, table

@@ -1,0 +1,178 @@
+"""Replay at any batch size: one batch-1 record and the cost surface predict every policy at B.
+
+Under greedy verification a row's rounds do not depend on the other rows (tests/test_batched.py
+checks it against the batched engine), so the record fixes every row's rounds; only what a step
+costs depends on the batch. The walk below replays the batched engine's schedule exactly —
+prompts join in order as rows finish (or after the batch drains), a round drafts until its
+last row stops, and its one verify pass covers every row — and charges each round from the
+cost surface at the number of rows it really had, and each request its own prefill when it
+joins (target, plus draft on the speculative side; as the batched engine runs it):
+
+    padded:  max_i s_i · t_draft(b) + t_verify(b, max_i L_i)
+    packed:  Σ_j t_draft(rows still drafting at step j) + t_verify(b, Σ_i (L_i + 1) / b − 1)
+
+and the batched baseline one t_verify(b, 0) per step. Speedup = baseline time / policy time
+(greedy: both sides make the same tokens). At B = 1 both layouts give replay's own prediction.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+import pandas as pd
+
+from dspark_bench.config import DecodeConfig
+from dspark_bench.errors import DsparkError
+from dspark_bench.replay.cost import CostSurface
+from dspark_bench.replay.simulate import (
+    Record,
+    _first_failures,
+    _round_length,
+    _signals,
+    _thresholds,
+    eos_positions,
+    match_lengths,
+    rule_arrays,
+    simulate_grid,
+)
+
+
+@numba.njit(cache=True, nogil=True)
+def _admit(slot_p, slot_j, next_p, P, active, refill, prefill):  # pragma: no cover (compiled)
+    """Fill free slots from the waiting prompts, in order: (next prompt, active rows, the
+    admitted prompts' prefill seconds)."""
+    spent = 0.0
+    if refill or active == 0:
+        for s in range(len(slot_p)):
+            if slot_p[s] < 0 and next_p < P:
+                slot_p[s], slot_j[s] = next_p, 0
+                spent += prefill[next_p]
+                next_p += 1
+                active += 1
+    return next_p, active, spent
+
+
+@numba.njit(cache=True, nogil=True)
+def _walk_batched(fail, gamma_max, min_draft_len, discard_below, quorum, matches, lengths, max_new_tokens, batch_size,
+                  refill, t_draft, t_verify, prefill):  # pragma: no cover (compiled)
+    """Predicted seconds of one policy at `batch_size`: (padded, packed)."""
+    P, G = len(lengths), t_verify.shape[1] - 1
+    slot_p, slot_j = np.full(batch_size, -1), np.zeros(batch_size, np.int64)
+    length, forwards = np.zeros(batch_size, np.int64), np.zeros(batch_size, np.int64)
+    drafting = np.zeros(G + 2, np.int64)  # rows whose draft ran at least j forwards
+    next_p, active, padded, packed = 0, 0, 0.0, 0.0
+    while True:
+        next_p, active, spent = _admit(slot_p, slot_j, next_p, P, active, refill, prefill)
+        padded, packed = padded + spent, packed + spent
+        if active == 0:
+            return padded, packed
+        drafting[:] = 0
+        for s in range(batch_size):  # each row's own draft: its length and its draft forwards
+            p = slot_p[s]
+            if p >= 0:
+                j = slot_j[s]
+                cap = min(gamma_max, max_new_tokens - j - 1)
+                length[s], forwards[s] = _round_length(fail[p, j], cap, discard_below)
+                drafting[1 : forwards[s] + 1] += 1
+        cut = G + 1  # the quorum rule: every row stops after the first step too few rows outlast
+        if quorum > 0:
+            for step in range(max(min_draft_len, 1), G + 1):
+                if 0 < drafting[step + 1] < quorum * active:
+                    cut = step
+                    break
+        longest, most, tokens, leaving = 0, 0, 0, 0
+        drafting[:] = 0
+        for s in range(batch_size):
+            p = slot_p[s]
+            if p < 0:
+                continue
+            j = slot_j[s]
+            length[s], forwards[s] = min(length[s], cut), min(forwards[s], cut)
+            if length[s] < discard_below:  # a draft the quorum cut short is thrown away too
+                length[s] = 0
+            longest, most, tokens = max(longest, length[s]), max(most, forwards[s]), tokens + length[s] + 1
+            drafting[1 : forwards[s] + 1] += 1
+            slot_j[s] = j + min(length[s], matches[p, j]) + 1
+            if slot_j[s] >= lengths[p]:
+                slot_p[s] = -1
+                leaving += 1
+        padded += most * t_draft[active] + t_verify[active, longest]
+        for step in range(1, most + 1):
+            packed += t_draft[drafting[step]]
+        k = min(tokens / active - 1.0, G)
+        low = int(k)
+        high = min(low + 1, G)
+        packed += t_verify[active, low] + (k - low) * (t_verify[active, high] - t_verify[active, low])
+        active -= leaving
+
+
+@numba.njit(cache=True, nogil=True)
+def _walk_baseline(lengths, batch_size, refill, t_verify, prefill):  # pragma: no cover (compiled)
+    """Predicted seconds of batched autoregressive decoding: one t_verify(b, 0) per step."""
+    P = len(lengths)
+    slot_p, slot_j = np.full(batch_size, -1), np.zeros(batch_size, np.int64)
+    next_p, active, spent = 0, 0, 0.0
+    while True:
+        next_p, active, admitted = _admit(slot_p, slot_j, next_p, P, active, refill, prefill)
+        spent += admitted
+        if active == 0:
+            return spent
+        spent += t_verify[active, 0]
+        for s in range(batch_size):
+            if slot_p[s] >= 0:
+                slot_j[s] += 1
+                if slot_j[s] >= lengths[slot_p[s]]:
+                    slot_p[s] = -1
+                    active -= 1
+
+
+def predict_batched(rec: Record, configs: list[DecodeConfig], surface: CostSurface,
+                    refill: bool = True) -> pd.DataFrame:
+    """Per policy, at its own batch_size: predicted seconds and speedup, padded and packed, and
+    the batched baseline's predicted seconds."""
+    deepest = max(c.gamma_max for c in configs)
+    if min(len(m.t_verify) for m in surface.models.values()) <= deepest:
+        raise DsparkError(f"the cost surface times drafts shorter than gamma_max {deepest}; measure it again")
+    matches, eos = match_lengths(rec).astype(np.int64), eos_positions(rec).astype(np.int64)
+    lengths = rec.lengths.astype(np.int64)
+    signals, signal_of = _signals(rec, configs)
+    thresholds = _thresholds(configs, rec.gamma_record)
+    tables = {b: surface.tables(b) for b in {c.batch_size for c in configs}}
+    # Each request's prefill (its prompt but the last token), batch 1, as the batched engine does.
+    alone = surface.at(min(surface.models))
+    prompt = np.maximum(np.asarray(rec.info.get("prompt_tokens", [1] * len(lengths)), dtype=np.float64) - 1, 0)
+    prefill_base = prompt * alone.t_prefill_target
+    prefill_spec = prompt * (alone.t_prefill_target + alone.t_prefill_draft)
+    baseline = {b: _walk_baseline(lengths, b, refill, verify, prefill_base) for b, (_, verify) in tables.items()}
+    fail = np.empty(matches.shape, dtype=np.int64)
+    rows, last_key = [], None
+    forced_steps, keep, discard_below = rule_arrays(configs)
+    order = sorted(range(len(configs)), key=lambda c: (signal_of[c], forced_steps[c], keep[c], tuple(thresholds[c])))
+    for c in order:
+        config = configs[c]
+        key = (signal_of[c], forced_steps[c], keep[c], tuple(thresholds[c]))
+        if key != last_key:  # policies that stop at the same draft steps share one failure table
+            _first_failures(signals[signal_of[c]], thresholds[c], forced_steps[c], keep[c], eos, fail)
+            last_key = key
+        draft, verify = tables[config.batch_size]
+        padded, packed = _walk_batched(fail, config.gamma_max, forced_steps[c], discard_below[c], config.batch_quorum, matches,
+                                       lengths, rec.max_new_tokens, config.batch_size, refill, draft, verify,
+                                       prefill_spec)
+        rows.append({"config_id": c, "predicted_time": padded, "predicted_time_packed": packed,
+                     "predicted_baseline_time": baseline[config.batch_size]})
+    table = pd.DataFrame(rows).sort_values("config_id").reset_index(drop=True)
+    table["predicted_speedup"] = table["predicted_baseline_time"] / table["predicted_time"]
+    table["predicted_speedup_packed"] = table["predicted_baseline_time"] / table["predicted_time_packed"]
+    return table
+
+
+def simulate_with_surface(rec: Record, configs: list[DecodeConfig], surface: CostSurface,
+                          refill: bool = True) -> pd.DataFrame:
+    """`simulate_grid`'s table, its predictions made at each policy's own batch size: padded in
+    predicted_time / predicted_speedup, packed in the *_packed columns, and the batched baseline's
+    predicted_baseline_time (at B = 1 and without prefill costs: the numbers simulate_grid
+    gives; the walk adds each request's prefill, which simulate_grid leaves out)."""
+
+    grid = simulate_grid(rec, configs, surface.at(1))
+    predicted = predict_batched(rec, configs, surface, refill)
+    return grid.drop(columns=["predicted_time", "predicted_speedup"]).merge(predicted, on="config_id")

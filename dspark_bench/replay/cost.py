@@ -1,0 +1,205 @@
+"""The cost model: this machine's step costs, measured, and the speedup they predict.
+
+`t_draft` is one draft step and `t_verify(k)` one target pass over k + 1 new positions, each
+the median of interleaved timings with the caches at a realistic length (DESIGN.md). The cost
+surface holds one such model per batch size B, timed with B rows in the batched engine's own
+cache (`t_draft(B)`, `t_verify(B, k)`): what replay needs to predict a policy at any B.
+
+Layouts: a padded pass over B rows costs t_verify(B, longest draft). A packed pass (each row
+verifies only its own tokens, as vLLM, SGLang and TensorRT-LLM do) costs what its total token
+count costs: the padded pass over B rows holding the same number of tokens spread evenly,
+t_verify(B, total / B - 1), interpolated between whole k. The batched engine here runs padded
+only; packed speedups are predictions and are labelled so wherever they appear.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from dspark_bench.decoding.batch_lm import BatchLM
+from dspark_bench.decoding.cached_lm import CachedLM
+from dspark_bench.decoding.heads import target_hidden
+from dspark_bench.decoding.host import synchronize
+from dspark_bench.decoding.types import Round
+from dspark_bench.errors import DsparkError
+
+
+@dataclass
+class CostModel:
+    """Measured seconds: one draft step, and one target pass over k + 1 new positions."""
+
+    t_draft: float
+    t_verify: list[float]  # index k = 0 .. gamma: draft length verified
+    context_tokens: int  # cache length the timings were taken at
+    batch_size: int = 1  # rows in each timed pass
+    # Seconds per prompt token of one request's prefill (batch 1), target and draft: a request
+    # joining a running batch pays it (cost surface only; batch-1 replay leaves prefill out).
+    t_prefill_target: float = 0.0
+    t_prefill_draft: float = 0.0
+    t_heads: float = 0.0  # one pass of the target's heads over a hidden state (the heads drafter's round)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "CostModel":
+        return cls(float(data["t_draft"]), [float(t) for t in data["t_verify"]], int(data["context_tokens"]),
+                   int(data.get("batch_size", 1)), float(data.get("t_prefill_target", 0.0)),
+                   float(data.get("t_prefill_draft", 0.0)), float(data.get("t_heads", 0.0)))
+
+    def draft_step(self, drafter: str) -> float:
+        """What one of `drafter`'s draft forwards costs (Round.draft_forwards counts them): a draft
+        model step, the heads' pass; lookup runs none (its search on the host is not priced)."""
+        return {"model": self.t_draft, "heads": self.t_heads, "lookup": 0.0}[drafter]
+
+    def predict(self, rounds: list[Round], tokens: int) -> float:
+        """DESIGN.md: N * t_verify(0) / sum over rounds of (s_r * t_draft + t_verify(L_r))."""
+        spent = sum(r.draft_forwards * self.t_draft + self.t_verify[r.drafted] for r in rounds)  # a draft model's
+        return self.speedup(tokens, spent)
+
+    def speedup(self, tokens, predicted_time):
+        """The predicted speedup of `tokens` generated in `predicted_time` cost-model seconds
+        (numbers or arrays): plain decoding's seconds per token, t_verify(0), over the policy's
+        own, predicted_time / tokens; the same per-token ratio as a measured speedup."""
+        return tokens * self.t_verify[0] / predicted_time
+
+
+@torch.inference_mode()
+def measure_cost(pair, context: list[int], gamma: int, repeats: int = 15, drafters=("model",)) -> CostModel:
+    """Median timings with the caches holding `context`, interleaved across k to share drift;
+    with "heads" among `drafters`, the heads' pass too."""
+
+    target, draft = CachedLM(pair.target), CachedLM(pair.draft)
+    target.prefill(context)
+    draft.prefill(context)
+    samples = {k: [] for k in range(-1, gamma + 1)}  # -1: the draft step
+    filler = context[-gamma - 1 :] * (gamma + 1)
+
+    def clock(lm, tokens):
+        synchronize(pair.device)
+        start = time.perf_counter()
+        lm.forward(tokens, keep=len(tokens))  # the engine reads logits of every verified position
+        synchronize(pair.device)
+        lm.rollback(len(context))
+        return time.perf_counter() - start
+
+    heads_step = heads_clock(pair, context) if "heads" in drafters else None
+    if heads_step:
+        samples[-2] = []
+    for _ in range(repeats + 2):  # the first two passes warm up
+        samples[-1].append(clock(draft, filler[:1]))
+        if heads_step:
+            samples[-2].append(heads_step())
+        for k in range(gamma + 1):
+            samples[k].append(clock(target, filler[: k + 1]))
+    median = {k: statistics.median(v[2:]) for k, v in samples.items()}
+    return CostModel(median[-1], [median[k] for k in range(gamma + 1)], len(context), t_heads=median.get(-2, 0.0))
+
+
+def heads_clock(pair, context: list[int]):
+    """A timer of one pass of every head over the target's hidden state after `context`."""
+
+    hidden = target_hidden(pair.target, torch.tensor([context], device=pair.device))[0, -1]
+
+    def clock() -> float:
+        synchronize(pair.device)
+        start = time.perf_counter()
+        pair.heads(hidden).argmax(-1)
+        synchronize(pair.device)
+        return time.perf_counter() - start
+
+    return clock
+
+
+@dataclass
+class CostSurface:
+    """One CostModel per measured batch size; `tables` fills every B in between."""
+
+    models: dict[int, CostModel]
+
+    def to_dict(self) -> dict:
+        return {"batch_sizes": {str(b): m.to_dict() for b, m in sorted(self.models.items())}}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "CostSurface":
+        return cls({int(b): CostModel.from_dict(m) for b, m in data["batch_sizes"].items()})
+
+    def at(self, batch_size: int) -> CostModel:
+        return self.models[batch_size]
+
+    def tables(self, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+        """(t_draft[b], t_verify[b, k]) for b = 0 .. batch_size rows (a draining batch has fewer),
+        linear in b between the measured batch sizes, non-decreasing in b and k; row 0 is unused."""
+        measured = sorted(self.models)
+        if batch_size > measured[-1]:
+            raise DsparkError(f"the cost surface was timed up to batch size {measured[-1]}, not {batch_size}; "
+                              "measure it again")
+        rows = np.arange(batch_size + 1)
+        draft = np.interp(rows, measured, [self.models[b].t_draft for b in measured])
+        depth = min(len(m.t_verify) for m in self.models.values())
+        verify = np.stack([np.interp(rows, measured, [self.models[b].t_verify[k] for b in measured])
+                           for k in range(depth)], axis=1)
+        # A pass over more tokens or more rows never costs less; a measured median that says so
+        # is noise, and would let a walk prefer a layout or a length for it. Running maxima.
+        return np.maximum.accumulate(draft), np.maximum.accumulate(np.maximum.accumulate(verify, axis=1), axis=0)
+
+
+@torch.inference_mode()
+def measure_surface(pair, context: list[int], gamma: int, batch_sizes, repeats: int = 7,
+                    drafters=("model",)) -> CostSurface:
+    """t_draft(B) and t_verify(B, k) for every B (and 1): B rows holding `context`, timed through
+    the batched engine's own cache (BatchLM), k interleaved to share drift. B = 1 is `measure_cost`."""
+
+    models = {1: dataclasses.replace(measure_cost(pair, context, gamma, drafters=drafters),
+                                     **measure_prefill(pair, context))}
+    filler = context[-gamma - 1 :] * (gamma + 1)
+    for b in sorted(set(batch_sizes) - {1}):
+        # Rows of different lengths, as a real batch has: left holes in the cache, so the pass
+        # runs the masked attention the engine runs (equal rows would take a faster unmasked path).
+        spread = max(1, min(32, len(context) // 2))  # a short context still leaves every row tokens
+        lengths = [len(context) - (row * 7) % spread for row in range(b)]
+        target, draft = BatchLM(pair.target), BatchLM(pair.draft)
+        for length in lengths:
+            target.add(context[:length])
+            draft.add(context[:length])
+
+        def clock(lm, tokens):
+            synchronize(pair.device)
+            start = time.perf_counter()
+            lm.forward([tokens] * b)
+            synchronize(pair.device)
+            lm.rollback(lengths)
+            lm.tidy()
+            return time.perf_counter() - start
+
+        samples = {k: [] for k in range(-1, gamma + 1)}
+        for _ in range(repeats + 1):  # the first pass warms up
+            samples[-1].append(clock(draft, filler[:1]))
+            for k in range(gamma + 1):
+                samples[k].append(clock(target, filler[: k + 1]))
+        median = {k: statistics.median(v[1:]) for k, v in samples.items()}
+        models[b] = CostModel(median[-1], [median[k] for k in range(gamma + 1)], len(context), b)
+    return CostSurface(models)
+
+
+def measure_prefill(pair, context: list[int], repeats: int = 5) -> dict:
+    """Seconds per prompt token of a batch-1 prefill of `context`, target and draft (medians)."""
+
+    def clock(model) -> float:
+        synchronize(pair.device)
+        start = time.perf_counter()
+        CachedLM(model).prefill(context)
+        synchronize(pair.device)
+        return time.perf_counter() - start
+
+    times = {name: [] for name in ("target", "draft")}
+    for _ in range(repeats + 1):  # the first pass warms up
+        times["target"].append(clock(pair.target))
+        times["draft"].append(clock(pair.draft))
+    return {f"t_prefill_{name}": statistics.median(t[1:]) / len(context) for name, t in times.items()}

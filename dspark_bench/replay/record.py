@@ -1,0 +1,226 @@
+"""Replay's record: one greedy decoding pass, kept so that every policy can be simulated from it.
+
+For every prompt: the target's greedy continuation and, at every position of it, the drafter's
+greedy proposal of up to `gamma_record` tokens with every confidence metric (the draft model's
+rollout; the heads' segment; the lookup's continuation — `available` says how many it had) (see replay.py for why
+that fixes every greedy policy's rounds). Saved as record.npz + record.json (with the models'
+and prompts' fingerprints and how it was made) and refused for other models or prompts.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from transformers import DynamicCache
+
+from dspark_bench.config import DecodeConfig
+from dspark_bench.decoding import confidence, lookup
+from dspark_bench.decoding.autoregressive import autoregressive_decode
+from dspark_bench.decoding.cached_lm import _forward_kwargs
+from dspark_bench.decoding.heads import target_hidden
+from dspark_bench.errors import DsparkError
+from dspark_bench.results import provenance
+
+
+@dataclass
+class Record:
+    """Arrays over prompts p, positions j (tokens generated so far) and rollout steps k."""
+
+    continuation: np.ndarray  # [P, N] target greedy tokens, -1 past the end
+    lengths: np.ndarray  # [P] tokens in each continuation (EOS included)
+    rollout: np.ndarray  # [P, N, G] the draft's greedy proposal at step k from position j
+    confidences: dict[str, np.ndarray]  # metric -> [P, N, G] confidence of that proposal
+    eos_ids: tuple[int, ...]
+    info: dict  # max_new_tokens, gamma_record, topk, fingerprints, prompt ids and categories, drafter
+    available: np.ndarray | None = None  # [P, N] proposals the drafter had at j (None: all G, a draft model)
+
+    def __post_init__(self) -> None:
+        if self.available is None:
+            self.available = np.full(self.rollout.shape[:2], self.rollout.shape[2], dtype=np.int64)
+
+    @property
+    def drafter(self) -> dict:
+        """What drafted: {"drafter": ..., "ngram_min": ..., "ngram_max": ...} (the draft model if unsaid)."""
+        return {"drafter": "model", "ngram_min": 1, "ngram_max": 3, **self.info.get("drafter", {})}
+
+    @property
+    def max_new_tokens(self) -> int:
+        return int(self.info["max_new_tokens"])
+
+    @property
+    def gamma_record(self) -> int:
+        return self.rollout.shape[2]
+
+    def save(self, folder: Path) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        arrays = {"continuation": self.continuation, "lengths": self.lengths, "rollout": self.rollout,
+                  "available": self.available}
+        arrays.update({f"confidence_{name}": values for name, values in self.confidences.items()})
+        np.savez_compressed(folder / "record.npz", **arrays)
+        (folder / "record.json").write_text(json.dumps({**self.info, "eos_ids": list(self.eos_ids)}, indent=2) + "\n")
+
+    @classmethod
+    def load(cls, folder: Path) -> "Record":
+        folder = Path(folder)
+        if not (folder / "record.npz").is_file() or not (folder / "record.json").is_file():
+            raise DsparkError(f"{str(folder)!r} holds no replay record (record.npz + record.json)")
+        try:
+            info = json.loads((folder / "record.json").read_text())
+            arrays = np.load(folder / "record.npz")
+            confidences = {m: arrays[f"confidence_{m}"] for m in confidence.METRICS}
+            available = arrays["available"] if "available" in arrays.files else None  # older records: a draft model
+            return cls(arrays["continuation"], arrays["lengths"], arrays["rollout"], confidences,
+                       tuple(info.pop("eos_ids")), info, available)
+        except (OSError, KeyError, ValueError, json.JSONDecodeError) as err:
+            raise DsparkError(f"replay record in {str(folder)!r} is unreadable: {err}") from None
+
+    def check_matches(self, models: dict, prompts_fingerprint: str) -> None:
+        """Refuse a record made with other models or prompts."""
+        recorded = dict(self.info["models"])
+        if self.drafter["drafter"] == "model":  # a record made before drafters were named: its drafter is the draft
+            recorded.setdefault("drafter_fingerprint", recorded.get("draft_fingerprint"))
+        keys = ["target_fingerprint", "drafter_fingerprint"] if "drafter_fingerprint" in models else \
+            ["target_fingerprint", "draft_fingerprint"]
+        for key in keys:
+            if recorded.get(key) != models.get(key):
+                raise DsparkError(f"replay record was made with another {key.split('_')[0]} model "
+                                  f"({self.info['models'].get(key)} vs {models.get(key)}); record again")
+        if self.info["prompts_fingerprint"] != prompts_fingerprint:
+            raise DsparkError(f"replay record was made with other prompts ({self.info['prompts_fingerprint']} "
+                              f"vs {prompts_fingerprint}); record again")
+
+
+def resolve_record(folder: Path, recorded: str) -> Path | None:
+    """A replay record's folder, as a sweep's summary names it: as written (absolute or from the
+    sweep's working directory), else in the records/ folder beside the sweep (the default layout)."""
+    path = Path(recorded)
+    for candidate in (path, folder.parent / "records" / path.name, folder.parent.parent / path):
+        if (candidate / "record.npz").is_file():
+            return candidate
+    return None
+
+
+# --- recording -------------------------------------------------------------------------------
+
+
+@torch.inference_mode()
+def draft_rollouts(draft: torch.nn.Module, sequence: list[int], prompt_len: int, positions: int, steps: int,
+                   topk: int, batch: int = 64):
+    """The draft's greedy rollout of `steps` tokens from every position, batched.
+
+    Row j's context is sequence[:prompt_len + j]; rows are left-padded to one length so a
+    batch of positions runs together (they are independent).
+    """
+    device = next(draft.parameters()).device
+    cache_name, _ = _forward_kwargs(draft)
+    tokens = np.zeros((positions, steps), dtype=np.int64)
+    scores = {m: np.zeros((positions, steps), dtype=np.float32) for m in confidence.METRICS}
+    for start in range(0, positions, batch):
+        rows = [sequence[: prompt_len + j] for j in range(start, min(start + batch, positions))]
+        width = max(map(len, rows))
+        ids = torch.tensor([[0] * (width - len(r)) + r for r in rows], device=device)
+        mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=device)
+        position_ids = (mask.cumsum(-1) - 1).clamp_min(0)
+        cache = {cache_name: DynamicCache(), "use_cache": True}
+        for step in range(steps):
+            out = draft(input_ids=ids, attention_mask=mask, position_ids=position_ids, **cache)
+            probs = torch.softmax(out.logits[:, -1].float(), dim=-1)
+            choice = out.logits[:, -1].argmax(dim=-1)
+            tokens[start : start + len(rows), step] = choice.cpu().numpy()
+            for name, values in confidence.all_metrics(probs, topk).items():
+                scores[name][start : start + len(rows), step] = values.cpu().numpy()
+            ids = choice[:, None]
+            mask = torch.cat([mask, torch.ones_like(ids)], dim=1)
+            position_ids = position_ids[:, -1:] + 1
+    return tokens, scores
+
+
+@torch.inference_mode()
+def heads_segments(target: torch.nn.Module, heads, sequence: list[int], prompt_len: int, positions: int,
+                   steps: int, topk: int):
+    """The heads' segment at every position j: read from the target's hidden state at
+    sequence[prompt_len + j - 2], the one whose LM head gave the sequence's last token (drafters.py)."""
+
+    count = min(heads.count, steps)
+    device = next(target.parameters()).device
+    hidden = target_hidden(target, torch.tensor([sequence[: prompt_len + positions - 1]], device=device))[0]
+    tokens = np.full((positions, steps), -1, dtype=np.int64)
+    scores = {m: np.zeros((positions, steps), dtype=np.float32) for m in confidence.METRICS}
+    first = max(0, 2 - prompt_len)  # a one-token prompt has no hidden state before its first round
+    rows = hidden[prompt_len + first - 2 : prompt_len + positions - 2]
+    if len(rows):
+        logits = heads(rows, count)  # [rows, count, vocab]
+        tokens[first:, :count] = logits.argmax(-1).cpu().numpy()
+        for name, values in confidence.all_metrics(torch.softmax(logits.float(), dim=-1), topk).items():
+            scores[name][first:, :count] = values.cpu().numpy()
+    available = np.full(positions, count, dtype=np.int64)
+    available[:first] = 0
+    return tokens, scores, available
+
+
+def lookup_continuations(sequence: list[int], prompt_len: int, positions: int, steps: int, topk: int,
+                         ngram_min: int, ngram_max: int, vocab: int):
+    """The lookup drafter's proposal at every position j (lookup.py), from sequence[:prompt_len + j]."""
+
+    tokens = np.full((positions, steps), -1, dtype=np.int64)
+    scores = {m: np.zeros((positions, steps), dtype=np.float32) for m in confidence.METRICS}
+    available = np.zeros(positions, dtype=np.int64)
+    for j in range(positions):
+        proposed, votes = lookup.continuation(sequence[: prompt_len + j], ngram_min, ngram_max, steps)
+        available[j] = n = len(proposed)
+        tokens[j, :n] = proposed
+        for name, values in lookup.scores(votes, vocab, topk).items():
+            scores[name][j, :n] = values.numpy()
+    return tokens, scores, available
+
+
+def drafter_proposals(pair, drafter: DecodeConfig, sequence: list[int], prompt_len: int, positions: int, steps: int,
+                      topk: int):
+    """(tokens [j, k], scores per metric, available [j]) of `drafter.drafter` at every position."""
+    if drafter.drafter == "heads":
+        return heads_segments(pair.target, pair.heads, sequence, prompt_len, positions, steps, topk)
+    if drafter.drafter == "lookup":
+        vocab = pair.target.get_output_embeddings().weight.shape[0]
+        return lookup_continuations(sequence, prompt_len, positions, steps, topk, drafter.ngram_min,
+                                    drafter.ngram_max, vocab)
+    tokens, scores = draft_rollouts(pair.draft, sequence, prompt_len, positions, steps, topk)
+    return tokens, scores, np.full(positions, steps, dtype=np.int64)
+
+
+def record(pair, prompt_ids: list[list[int]], max_new_tokens: int, gamma_record: int, topk: int = 5,
+           info: dict | None = None, progress=None, eos_ids: frozenset[int] | None = None,
+           drafter: DecodeConfig | None = None, continuations: list[list[int]] | None = None) -> Record:
+    """Record the target's greedy continuation and the drafter's proposals for every prompt.
+
+    `eos_ids` end a sequence (default: the pair's; empty when a run ignores EOS); `drafter`: a
+    config naming the drafter and its knobs (default: the draft model); `continuations`: the
+    target's greedy continuations, where another record of the same prompts has them already."""
+    eos_ids = pair.eos_ids if eos_ids is None else frozenset(eos_ids)
+    config = DecodeConfig(max_new_tokens=max_new_tokens)
+    drafter = drafter or config
+    P, N, G = len(prompt_ids), max_new_tokens, gamma_record
+    continuation = np.full((P, N), -1, dtype=np.int64)
+    lengths = np.zeros(P, dtype=np.int64)
+    rollout = np.full((P, N, G), -1, dtype=np.int64)
+    scores = {m: np.zeros((P, N, G), dtype=np.float32) for m in confidence.METRICS}
+    available = np.zeros((P, N), dtype=np.int64)
+    for p, ids in enumerate(prompt_ids):
+        generated = (continuations[p] if continuations is not None
+                     else autoregressive_decode(pair.target, ids, config, eos_ids).tokens)
+        continuation[p, : len(generated)] = generated
+        lengths[p] = len(generated)
+        tokens, values, had = drafter_proposals(pair, drafter, ids + generated, len(ids), len(generated), G, topk)
+        rollout[p, : len(generated)] = tokens
+        available[p, : len(generated)] = had
+        for name in scores:
+            scores[name][p, : len(generated)] = values[name]
+        if progress:
+            progress()
+    meta = {"max_new_tokens": N, "gamma_record": G, "topk": topk, **provenance(), **(info or {}),
+            "prompt_tokens": [len(ids) for ids in prompt_ids],  # what each prefill costs, at batch size B
+            "drafter": {"drafter": drafter.drafter, "ngram_min": drafter.ngram_min, "ngram_max": drafter.ngram_max}}
+    return Record(continuation, lengths, rollout, scores, tuple(sorted(eos_ids)), meta, available)

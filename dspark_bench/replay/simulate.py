@@ -1,0 +1,357 @@
+"""Replay: the outcome of every greedy policy from one recorded decoding pass.
+
+Under greedy verification the output is the target's greedy continuation whatever the policy,
+and a round starting after j generated tokens drafts the draft's own greedy rollout from that
+point. So one record — the continuation, and at every position j the draft's rollout of
+`gamma_record` tokens with every confidence metric — fixes every policy's rounds:
+
+    a round at j drafts L(j) tokens (the schedule applied to the recorded confidences),
+    the target accepts a(j) = min(L(j), M(j)) where M(j) is how far the rollout matches the
+    continuation, and the next round starts at j + a(j) + 1.
+
+`simulate` walks that round by round and yields the engine's own per-round rows;
+`simulate_grid` does the same walk for thousands of policies at once: array operations find
+each policy's first stopping position, and a loop compiled by numba walks only round starts.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import numba
+import numpy as np
+import pandas as pd
+
+from dspark_bench.config import METRICS, SCHEDULES, SEMANTICS, DecodeConfig
+from dspark_bench.decoding.goodput import decisions, rule_for
+from dspark_bench.decoding.schedule import discards_below, forced, keeps_failing, threshold_at
+from dspark_bench.decoding.types import Round
+from dspark_bench.errors import DsparkError
+from dspark_bench.metrics import STOP_REASONS, rates
+
+# Recording and the cost model live in their own modules; replay's users find them here too.
+from dspark_bench.replay.cost import CostModel, measure_cost  # noqa: F401
+from dspark_bench.replay.record import Record, draft_rollouts, record  # noqa: F401
+
+NEVER = 1 << 14  # "no such position" in int arrays (beyond any gamma)
+
+
+# --- simulation, one policy at a time ---------------------------------------------------------
+
+
+def match_lengths(rec: Record) -> np.ndarray:
+    """M[p, j]: how many rollout tokens from j agree with the continuation, consecutively."""
+    P, N, G = rec.rollout.shape
+    ahead = np.full((P, N, G), -2, dtype=np.int64)
+    for k in range(G):  # rollout step k from j proposes the continuation's token j + k
+        ahead[:, : max(N - k, 0), k] = rec.continuation[:, k:]
+    agree = rec.rollout == ahead
+    return np.where(agree.all(axis=2), G, np.argmin(agree, axis=2))
+
+
+def eos_positions(rec: Record) -> np.ndarray:
+    """E[p, j]: the 1-based rollout step that proposes EOS, NEVER if none."""
+    is_eos = np.isin(rec.rollout, rec.eos_ids) if rec.eos_ids else np.zeros(rec.rollout.shape, bool)
+    return np.where(is_eos.any(axis=2), np.argmax(is_eos, axis=2) + 1, NEVER)
+
+
+def check_replayable(rec: Record, config: DecodeConfig) -> None:
+    drafter = rec.drafter
+    if config.drafter != drafter["drafter"]:
+        raise DsparkError(f"the record holds the {drafter['drafter']} drafter's proposals, not the {config.drafter} "
+                          "drafter's; record it")
+    if config.drafter == "lookup" and (config.ngram_min, config.ngram_max) != (drafter["ngram_min"], drafter["ngram_max"]):
+        raise DsparkError(f"the record's lookup matched n-grams of {drafter['ngram_min']}-{drafter['ngram_max']} "
+                          f"tokens, not {config.ngram_min}-{config.ngram_max}; record it")
+    if not config.greedy:
+        raise DsparkError("replay needs greedy verification; sampling always runs the real decoder")
+    if config.max_new_tokens != rec.max_new_tokens:
+        raise DsparkError(f"max_new_tokens {config.max_new_tokens} differs from the record's {rec.max_new_tokens}")
+    if config.gamma_max > rec.gamma_record:
+        raise DsparkError(f"gamma_max {config.gamma_max} exceeds the record's {rec.gamma_record}; record deeper")
+    if config.metric == "topk_mass" and config.topk != rec.info["topk"]:
+        raise DsparkError(f"the record has topk_mass for k={rec.info['topk']}, not k={config.topk}")
+
+
+def policy_signal(rec: Record, config: DecodeConfig) -> np.ndarray:
+    """[P, N, G] float64: what the schedule compares with `_thresholds` at every rollout step.
+    float64: the engine multiplies Python floats of the float32 values the record stores."""
+    if config.schedule == "goodput":  # 1 where the draft goes on after step k (goodput.py)
+        return decisions(rec.confidences[config.metric], rule_for(config))
+    values = rec.confidences[config.metric].astype(np.float64)
+    return np.cumprod(values, axis=2) if config.schedule == "cumulative" else values
+
+
+def position_thresholds(config: DecodeConfig, G: int) -> list[float]:
+    # goodput's signal is its decision (0 or 1): 0.5 separates them.
+    return [0.5 if config.schedule == "goodput" else threshold_at(config, k) for k in range(1, G + 1)]
+
+
+def first_failures(rec: Record, config: DecodeConfig) -> np.ndarray:
+    """T[p, j]: the 1-based step the schedule stops at (its token dropped, or kept under
+    keeps_failing), NEVER if none."""
+    kept = policy_signal(rec, config) >= np.array(position_thresholds(config, rec.gamma_record))
+    kept[:, :, : forced(config)] = True
+    return np.where(kept.all(axis=2), NEVER, np.argmin(kept, axis=2) + 1)
+
+
+def round_plan(rec: Record, config: DecodeConfig):
+    """Per (p, j): drafted L, proposals the rule considered s (the draft model's forwards) and
+    stop reason code, vectorised over positions (proposal.Proposal's rule: dropped or kept failing
+    token, EOS, limit, what the drafter had (`Proposal.cap`), llama.cpp's discard)."""
+    P, N, _ = rec.rollout.shape
+    budget = config.max_new_tokens - np.arange(N) - 1
+    limit = np.minimum(config.gamma_max, budget)
+    limit = np.where(limit < discards_below(config), 0, limit)[None, :].repeat(P, axis=0)
+    exhausted = rec.available < limit
+    limit = np.where(exhausted, np.where(rec.available >= discards_below(config), rec.available, 0), limit)
+    fail, eos = first_failures(rec, config), eos_positions(rec)
+    if keeps_failing(config):  # the failing token stays; the limit or EOS at that step wins
+        by_threshold = (fail < limit) & (fail < eos)
+        by_eos = ~by_threshold & (eos <= limit)
+        drafted = np.where(by_threshold, fail, np.where(by_eos, eos, limit))
+        forwards = drafted
+    else:
+        by_threshold = fail <= np.minimum(eos, limit)
+        by_eos = ~by_threshold & (eos <= limit)
+        drafted = np.where(by_threshold, fail - 1, np.where(by_eos, eos, limit))
+        forwards = np.where(by_threshold, fail, drafted)
+    reason = np.where(by_threshold, 0, np.where(by_eos, 2, np.where(exhausted, 5, np.where(limit == config.gamma_max, 1, 3))))
+    drafted = np.where(drafted < discards_below(config), 0, drafted)
+    return drafted, forwards, reason, limit
+
+
+def simulate(rec: Record, config: DecodeConfig) -> list[list[Round]]:
+    """The engine's rounds for every prompt, from the record alone (greedy only)."""
+    check_replayable(rec, config)
+    drafted, forwards, reason, limit = round_plan(rec, config)
+    per_round = round_forwards(config)
+    matches = match_lengths(rec)
+    eos = set(rec.eos_ids)
+    result = []
+    for p in range(len(rec.lengths)):
+        rounds, j, n = [], 0, int(rec.lengths[p])
+        while j < n:
+            L = int(drafted[p, j])
+            a = min(L, int(matches[p, j]))
+            proposal = rec.rollout[p, j, :L].tolist()
+            ended_in_draft = a > 0 and proposal[a - 1] in eos
+            target_token = -1 if ended_in_draft else int(rec.continuation[p, j + a])
+            s = int(forwards[p, j])
+            conf = rec.confidences[config.metric][p, j, :s].astype(np.float64).tolist()
+            rounds.append(Round(L, a, a if ended_in_draft else a + 1, STOP_REASONS[reason[p, j]], proposal, conf,
+                                target_token, s if per_round < 0 else per_round * int(limit[p, j] > 0)))
+            j += a if ended_in_draft else a + 1
+        result.append(rounds)
+    return result
+
+
+def round_forwards(config: DecodeConfig) -> int:
+    """Draft forwards a round that may draft costs when not one per considered proposal (-1):
+    the heads' one pass, or none for lookup (drafters.py)."""
+    return {"model": -1, "heads": 1, "lookup": 0}[config.drafter]
+
+
+def spanning_policies(gamma: int, max_new_tokens: int, goodput_model: str = "") -> list[DecodeConfig]:
+    """Every metric × schedule with thresholds, gamma_max and min_draft_len at their edges, each
+    engine's rule variant in turn, plus "always draft" and "never draft past min_draft_len": the
+    policies replay is checked on against the real engine (tests and
+    benchmarks/replay_reference.py). Goodput policies only with a goodput model to decide with."""
+    out = []
+    schedules = [s for s in SCHEDULES if s != "goodput" or goodput_model]
+    for i, (metric, schedule) in enumerate(itertools.product(METRICS, schedules)):
+        gamma_max = (1, min(4, gamma), gamma)[i % 3]
+        min_draft_len = (0, 1, gamma_max)[(i // 3) % 3]
+        threshold = (0.1, 0.3, 0.6, 0.9)[i % 4]
+        out.append(DecodeConfig(metric=metric, schedule=schedule, threshold=threshold, threshold_start=threshold / 3,
+                                threshold_end=threshold, gamma_max=gamma_max, min_draft_len=min_draft_len,
+                                max_new_tokens=max_new_tokens, semantics=SEMANTICS[(i // 2) % len(SEMANTICS)],
+                                goodput_model=goodput_model if schedule == "goodput" else ""))
+    return out + [DecodeConfig(threshold=0.0, gamma_max=gamma, max_new_tokens=max_new_tokens),
+                  DecodeConfig(threshold=1.0, gamma_max=min(5, gamma), max_new_tokens=max_new_tokens)]
+
+
+# --- simulation of a whole grid at once -------------------------------------------------------
+
+
+@numba.njit(cache=True, nogil=True)
+def _first_failures(signal, thresholds, min_draft_len, keep, eos_step, out):  # pragma: no cover (compiled)
+    """out[p, j]: 2 × where the draft stops for one (signal, thresholds, forced positions), + 1
+    when the schedule dropped that step (its forward counts but its token is not drafted).
+
+    The stop is one past the last drafted step: the first failing step if it is dropped, the
+    step after it if it is kept (`keep`: schedule.keeps_failing), or one past the rollout's first
+    EOS, if earlier. Folding EOS in lets the walk take a round's length as one min with
+    gamma_max and the budget."""
+    P, N, G = signal.shape
+    for p in range(P):
+        for j in range(N):
+            fail = G + 1
+            for k in range(min_draft_len, G):
+                if not signal[p, j, k] >= thresholds[k]:  # NaN fails, as in the engine
+                    fail = k + 1
+                    break
+            if keep:
+                out[p, j] = 2 * (fail + 1) if fail < eos_step[p, j] else 2 * (eos_step[p, j] + 1)
+            else:
+                out[p, j] = 2 * fail + (fail <= G) if fail <= eos_step[p, j] else 2 * (eos_step[p, j] + 1)
+
+
+@numba.njit(cache=True, nogil=True)
+def _round_length(fail, cap, discard_below):  # pragma: no cover (compiled)
+    """(drafted, draft forwards) of a round from its `_first_failures` code and its cap
+    (min(gamma_max, budget)): a dropped step's forward counts too; llama.cpp's rule drafts
+    nothing when the cap is below its minimum and throws a shorter draft away."""
+    stop, dropped = fail >> 1, fail & 1
+    length = min(stop - 1, cap)  # a stop beyond the cap: drafted up to the cap
+    forwards = length + (dropped & (stop <= cap))
+    if cap < discard_below:
+        return 0, 0
+    return (0 if length < discard_below else length), forwards
+
+
+@numba.njit(cache=True, nogil=True)
+def _walk(fail, gamma_max, discard_below, matches, available, per_round, lengths, max_new_tokens, verify_cost,
+          counts):  # pragma: no cover
+    """The walk of `simulate` for one policy, keeping only totals: rounds, drafted, accepted,
+    full blocks, draft forwards and Σ t_verify(L). Only round starts are visited, without a
+    data-dependent branch in a round (random accept/reject defeats branch prediction)."""
+    rounds = drafted = accepted = full = forwards = 0
+    spent = 0.0
+    for p in range(len(lengths)):
+        j = 0
+        while j < lengths[p]:
+            cap = min(gamma_max, max_new_tokens - j - 1, available[p, j])
+            length, spent_forwards = _round_length(fail[p, j], cap, discard_below)
+            if per_round >= 0:  # heads: one pass a round that may draft; lookup: none
+                spent_forwards = per_round if cap > 0 and cap >= discard_below else 0
+            a = min(length, matches[p, j])
+            rounds += 1
+            drafted += length
+            accepted += a
+            full += a == length
+            forwards += spent_forwards
+            spent += verify_cost[length]
+            # An accepted EOS is the continuation's last token (`record` stops at EOS): the walk
+            # ends there either way, with or without the target's extra token.
+            j += a + 1
+    counts[0], counts[1], counts[2], counts[3], counts[4] = rounds, drafted, accepted, full, forwards
+    return spent
+
+
+@numba.njit(cache=True, nogil=True)
+def _walk_grid(signals, signal_of, thresholds, forced, keep, discard_below, gamma_max, groups, matches, eos_step,
+               available, per_round, lengths, max_new_tokens, verify_cost, counts, verify):  # pragma: no cover
+    """Every policy's totals. Policies are ordered so that those sharing signal, thresholds,
+    forced positions and what happens to a failing token (differing in gamma_max or llama.cpp's
+    minimum only) are consecutive: `groups` marks where each run starts, and one table of
+    failure positions serves the whole run."""
+    fail = np.empty(matches.shape, dtype=np.int64)
+    for g in range(len(groups) - 1):
+        first = groups[g]
+        _first_failures(signals[signal_of[first]], thresholds[first], forced[first], keep[first], eos_step, fail)
+        for c in range(first, groups[g + 1]):
+            verify[c] = _walk(fail, gamma_max[c], discard_below[c], matches, available, per_round, lengths,
+                              max_new_tokens, verify_cost, counts[c])
+
+
+def signal_kind(config: DecodeConfig) -> tuple:
+    """Policies of one kind compare the same signal: the metric's, its running product
+    ("cumulative"), or goodput's decisions (which depend on its model and batch size too)."""
+    if config.schedule == "goodput":
+        return config.metric, "goodput", config.goodput_model, config.batch_size
+    return config.metric, config.schedule == "cumulative"
+
+
+def _signals(rec: Record, configs: list[DecodeConfig]) -> tuple[np.ndarray, np.ndarray]:
+    """The compared signal per kind [S, P, N, G] (`policy_signal`) and each policy's index into it."""
+    kinds = [signal_kind(c) for c in configs]
+    first = dict(zip(kinds, configs))  # a representative policy of each kind, in order of appearance
+    order = {kind: i for i, kind in enumerate(first)}
+    signals = np.stack([policy_signal(rec, config) for config in first.values()])
+    return signals, np.array([order[kind] for kind in kinds], dtype=np.int64)
+
+
+def _thresholds(configs: list[DecodeConfig], G: int) -> np.ndarray:
+    """[C, G]: the threshold of every draft position, by the schedule's own `threshold_at`."""
+    rows: dict = {}
+    out = np.empty((len(configs), G))
+    for c, config in enumerate(configs):
+        key = (config.schedule, config.threshold, config.threshold_start, config.threshold_end, config.gamma_max)
+        if key not in rows:
+            rows[key] = position_thresholds(config, G)
+        out[c] = rows[key]
+    return out
+
+
+def rule_arrays(configs: list[DecodeConfig]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per policy: positions always kept, whether a failing token stays, llama.cpp's minimum."""
+    return (np.array([forced(c) for c in configs], dtype=np.int64),
+            np.array([keeps_failing(c) for c in configs], dtype=np.bool_),
+            np.array([discards_below(c) for c in configs], dtype=np.int64))
+
+
+def simulate_grid(rec: Record, configs: list[DecodeConfig], cost: "CostModel | None" = None) -> pd.DataFrame:
+    """Totals, metrics and (with a cost model) predicted speedup for every policy, one row each."""
+    if not configs:
+        raise DsparkError("no policies to simulate")
+    for config in configs:
+        check_replayable(rec, config)
+    G = rec.gamma_record
+    deepest = max(c.gamma_max for c in configs)
+    if cost is not None and any(c.draft_mode != "early-stop" for c in configs):
+        # Its rounds are early-stop's (test_replay), but each costs gamma_max draft steps and a
+        # full-length verify, which this walk does not price.
+        raise DsparkError("replay prices the early-stop draft mode only; run verify-side policies to time them")
+    if cost is not None and len(cost.t_verify) <= deepest:
+        raise DsparkError(f"the cost model times drafts of up to {len(cost.t_verify) - 1} tokens, "
+                          f"not gamma_max {deepest}; measure it again")
+    signals, signal_of = _signals(rec, configs)
+    thresholds = _thresholds(configs, G)
+    forced_steps, keep, discard_below = rule_arrays(configs)
+    # Policies that stop at the same draft steps walk one after another (see _walk_grid).
+    keys = np.column_stack([signal_of, forced_steps, keep, thresholds])
+    _, group_of = np.unique(keys, axis=0, return_inverse=True)
+    order = np.argsort(group_of.ravel(), kind="stable")
+    groups = np.flatnonzero(np.diff(group_of.ravel()[order], prepend=-1, append=-2))
+    gamma_max = np.array([c.gamma_max for c in configs], dtype=np.int64)
+    verify_cost = np.asarray(cost.t_verify if cost else np.zeros(G + 1), dtype=np.float64)
+    counts, verify = np.zeros((len(configs), 5), dtype=np.int64), np.zeros(len(configs))
+    arrays = (signals, signal_of[order], thresholds[order], forced_steps[order], keep[order], discard_below[order],
+              gamma_max[order])
+    record_arrays = (match_lengths(rec).astype(np.int64), eos_positions(rec).astype(np.int64),
+                     rec.available.astype(np.int64), round_forwards(configs[0]), rec.lengths.astype(np.int64),
+                     rec.max_new_tokens, verify_cost)
+
+    def walk(bounds: np.ndarray) -> None:  # compiled without the GIL: threads run it in parallel
+        _walk_grid(*arrays, bounds, *record_arrays, counts, verify)
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    # Consecutive runs of groups per task (a group's bounds are shared with the next task's).
+    cuts = np.unique(np.linspace(0, len(groups) - 1, 4 * cores + 1).astype(int))
+    with ThreadPoolExecutor(cores) as pool:
+        list(pool.map(walk, [groups[a : b + 1] for a, b in zip(cuts[:-1], cuts[1:])]))
+    counts[order], verify[order] = counts.copy(), verify.copy()  # back to the caller's order
+    return _grid_table(configs, counts, verify, rec, cost)
+
+
+def _grid_table(configs: list[DecodeConfig], counts: np.ndarray, verify: np.ndarray, rec: Record, cost) -> pd.DataFrame:
+    tokens = int(rec.lengths.sum())
+    totals = {"rounds": counts[:, 0], "drafted_total": counts[:, 1], "accepted_total": counts[:, 2],
+              "emitted_total": np.full(len(configs), tokens), "full_blocks": counts[:, 3]}
+    table = pd.DataFrame({
+        "config_id": np.arange(len(configs)), "config_label": [c.label() for c in configs],
+        **{name: [getattr(c, name) for c in configs] for name in DecodeConfig.__dataclass_fields__},
+        **totals, **rates(totals),
+        "draft_forwards": counts[:, 4], "new_tokens": tokens, "draft_forwards_per_token": counts[:, 4] / max(tokens, 1),
+    })
+    if cost is not None:  # in cost-model seconds; plain decoding takes tokens × t_verify(0)
+        table["predicted_time"] = counts[:, 4] * cost.draft_step(configs[0].drafter) + verify
+        table["predicted_speedup"] = cost.speedup(tokens, table["predicted_time"])
+    return table
+
+
+
+__all__ = ["CostModel", "Record", "draft_rollouts", "measure_cost", "record", "simulate", "simulate_grid"]

@@ -1,0 +1,51 @@
+"""Speedup and tokens/s against batch size (rows of batch_report.batch_rows)."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from dspark_bench.reporting.plots.base import _figure
+
+STYLE = {("best scheduled", "padded"): ("#e6a100", "o"), ("best fixed γ", "padded"): ("#3a63c4", "s"),
+         ("best scheduled", "packed"): ("#b5651d", "^"), ("best fixed γ", "packed"): ("#6a8fd8", "v")}
+
+
+def batch_sizes(rows: pd.DataFrame, title: str = ""):
+    """Left: speedup against B, predicted dashed (both layouts), measured solid with its interval
+    (padded); autoregressive is 1. Right: tokens/s of the whole batch, measured and predicted."""
+    fig, axes = _figure(11, 4.2, 1, 2)
+    speed, rate = axes[0]
+    for (kind, layout), part in rows.groupby(["kind", "layout"], sort=False):
+        color, marker = STYLE[(kind, layout)]
+        part = part.sort_values("batch_size")
+        speed.plot(part["batch_size"], part["predicted"], "--", color=color, marker=marker, alpha=0.7,
+                   label=f"{kind}, {layout} (predicted)")
+        rate.plot(part["batch_size"], part["predicted_tokens_per_s"], "--", color=color, marker=marker, alpha=0.5,
+                  label=f"{kind}, {layout} (predicted)")
+        measured = part[part.get("speedup", pd.Series(index=part.index, dtype=float)).notna()] \
+            if "speedup" in part else part.iloc[:0]
+        if not measured.empty:
+            errors = [measured["speedup"] - measured["speedup_low"], measured["speedup_high"] - measured["speedup"]]
+            speed.errorbar(measured["batch_size"], measured["speedup"], yerr=errors, fmt="-", color=color,
+                           marker=marker, capsize=3, lw=2, label=f"{kind}, {layout} (measured)")
+            rate.plot(measured["batch_size"], measured["spec_tokens_per_s"], "-", color=color, marker=marker, lw=2,
+                      label=f"{kind}, {layout} (measured)")
+    baseline = rows[rows["layout"] == "padded"].groupby("batch_size").first().reset_index()
+    speed.axhline(1.0, color="grey", ls=":", lw=1.5, label="autoregressive")
+    if "baseline_tokens_per_s" in baseline and baseline["baseline_tokens_per_s"].notna().any():
+        shown = baseline[baseline["baseline_tokens_per_s"].notna()]
+        rate.plot(shown["batch_size"], shown["baseline_tokens_per_s"], "-", color="grey", marker="x", lw=2,
+                  label="autoregressive (measured)")
+    rate.plot(baseline["batch_size"], baseline["predicted_baseline_tokens_per_s"], ":", color="grey", marker="x",
+              label="autoregressive (predicted)")
+    for ax, label in ((speed, "speedup over batched autoregressive"), (rate, "tokens/s, whole batch")):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sorted(rows["batch_size"].unique()), labels=[str(b) for b in sorted(rows["batch_size"].unique())])
+        ax.set_xlabel("batch_size B")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    speed.legend(fontsize=7, loc="best")
+    rate.legend(fontsize=7, loc="upper left")
+    if title:
+        fig.suptitle(title, fontsize=10)
+    return fig

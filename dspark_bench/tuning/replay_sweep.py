@@ -1,0 +1,285 @@
+"""Replay sweeps: record the target's continuation and the drafter's rollouts once, simulate every
+policy of the space (fixed gamma and goodput joining it) under the cost surface, and confirm the
+best with real timed runs. A sweep's preparation (models, prompts, the base policy) is here too,
+shared with the real (grid / Optuna) sweeps of sweep.py."""
+
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
+
+import numpy as np
+import pandas as pd
+
+from dspark_bench.config import DecodeConfig
+from dspark_bench.decoding.goodput import GoodputModel
+from dspark_bench.harness.models import load_pair
+from dspark_bench.harness.plan import replay_plan, seconds_per_token
+from dspark_bench.harness.runner import run, stage_steps
+from dspark_bench.metrics import summarize
+from dspark_bench.objectives import OBJECTIVES, rank
+from dspark_bench.prompts import encode, prompts_fingerprint
+from dspark_bench.replay.acceptance import load_or_fit
+from dspark_bench.replay.batched import simulate_with_surface
+from dspark_bench.replay.cost import measure_surface
+from dspark_bench.replay.simulate import Record, record, simulate_grid
+from dspark_bench.results import write_folder, write_json, write_parquet
+from dspark_bench.tasks import load_prompts
+from dspark_bench.tuning.spec import SweepSpec, base_config, points
+
+if TYPE_CHECKING:
+    from dspark_bench.harness.runner import StageProgress
+
+
+
+@dataclass
+class Prepared:
+    pair: object
+    prompts: list
+    base: DecodeConfig
+    source: dict
+
+
+def prepare(spec: SweepSpec) -> Prepared:
+    prompts, source, task_tokens = load_prompts(spec.task, spec.dataset, spec.split, spec.prompt_field,
+                                                spec.category_field, spec.limit)
+    base = base_config(spec, task_tokens)
+    points(spec, base)  # a threshold outside its range fails here, before models load
+    return Prepared(load_pair(spec.target, spec.draft, spec.device, spec.dtype, spec.heads), prompts, base, source)
+
+
+
+
+def replay_space(spec: SweepSpec, base: DecodeConfig) -> list[DecodeConfig]:
+    """The space's points plus every fixed gamma among them: classic decoding, the baseline to beat."""
+    configs = points(spec, base)
+    drafters = dict.fromkeys((c.drafter, c.ngram_min, c.ngram_max) for c in configs)
+    classic = [base.replace(schedule="fixed", gamma_max=g, min_draft_len=0, batch_size=b, drafter=d, ngram_min=lo,
+                            ngram_max=hi)
+               for d, lo, hi in drafters for b in sorted({c.batch_size for c in configs})
+               for g in sorted({c.gamma_max for c in configs})]
+    return configs + [c for c in classic if c not in configs]
+
+
+def drafter_groups(configs: list[DecodeConfig]) -> dict[tuple, list[int]]:
+    """The indexes of the policies each drafter (with its knobs) proposes for: one record each."""
+    groups: dict[tuple, list[int]] = {}
+    for i, c in enumerate(configs):
+        groups.setdefault((c.drafter, c.ngram_min, c.ngram_max), []).append(i)
+    return groups
+
+
+def goodput_points(configs: list[DecodeConfig], model_file: Path) -> list[DecodeConfig]:
+    """The goodput schedule at every metric, gamma_max and batch size of the space: it has no
+    threshold to search, so it joins every replay sweep, as fixed gamma does — for the draft
+    model (its acceptance fit is the draft model's record's)."""
+    configs = [c for c in configs if c.drafter == "model"]
+    if not configs:
+        return []
+    base = configs[0]
+    return [base.replace(schedule="goodput", metric=m, gamma_max=g, min_draft_len=0, batch_size=b, semantics="dspark",
+                         batch_quorum=0.0, goodput_model=str(Path(model_file).resolve()))
+            for b in sorted({c.batch_size for c in configs}) for m in dict.fromkeys(c.metric for c in configs)
+            for g in sorted({c.gamma_max for c in configs})]
+
+
+def write_goodput_model(folder: Path, rec, record_dir: Path, surface) -> Path:
+    """Fit acceptance on the record (kept beside it) and write the sweep's goodput model."""
+
+    model = GoodputModel.build(load_or_fit(rec, record_dir), surface)
+    write_json(folder / "goodput_model.json", model.to_dict())
+    return folder / "goodput_model.json"
+
+
+def load_or_record(spec: SweepSpec, prepared: Prepared, gamma: int, ids: list[list[int]], record_dir: Path,
+                   progress: StageProgress | None = None, drafter: DecodeConfig | None = None,
+                   continuations: list[list[int]] | None = None):
+    """The replay record of these models and prompts (and `drafter`, default the draft model):
+    from the cache, else recorded and cached."""
+
+    pair, prompts, base = prepared.pair, prepared.prompts, prepared.base
+    drafter = drafter or base
+    models = {**pair.describe(), "drafter_fingerprint": pair.drafter_fingerprint(drafter)}
+    fingerprint = prompts_fingerprint(prompts)
+    if (record_dir / "record.json").is_file():
+        rec = Record.load(record_dir)
+        rec.check_matches(models, fingerprint)
+        return rec
+    info = {"models": models, "prompts_fingerprint": fingerprint, "prompt_ids": [p.id for p in prompts],
+            "categories": [p.category for p in prompts]}
+    eos_ids = spec.runner_settings().eos_ids(pair)
+    stage = "recording" if drafter.drafter == "model" else f"recording ({drafter.drafter})"
+    rec = record(pair, ids, base.max_new_tokens, gamma, base.topk, info, eos_ids=eos_ids,
+                 progress=stage_steps(progress, stage, len(ids)), drafter=drafter, continuations=continuations)
+    try:
+        write_folder(record_dir, rec.save)
+    except OSError:  # another sweep stored the same record meanwhile: keep theirs
+        pass
+    return rec
+
+
+def record_key(spec: SweepSpec, prepared: Prepared, gamma: int, drafter: DecodeConfig | None = None) -> str:
+    """A record's cache key: the models (the drafter's), the prompts and every setting that
+    changes what it holds."""
+
+    models, base = prepared.pair.describe(), prepared.base
+    drafted = prepared.pair.drafter_fingerprint(drafter or base).replace(":", "-")
+    return (f"{models['target_fingerprint']}-{drafted}-{prompts_fingerprint(prepared.prompts)}"
+            f"-n{base.max_new_tokens}-g{gamma}-k{base.topk}-{models['dtype']}" + ("-noeos" if spec.ignore_eos else ""))
+
+
+def replay_sweep(folder: Path, spec: SweepSpec, prepared: Prepared, records_root: Path,
+                 progress: StageProgress | None = None, say: Callable[[str], None] | None = None) -> pd.DataFrame:
+    """Record once, simulate the whole space, confirm the best few with real timed runs."""
+
+    pair, configs = prepared.pair, replay_space(spec, prepared.base)
+    gamma = max(c.gamma_max for c in configs)
+    groups = drafter_groups(configs)
+    record_dirs = {key: records_root / record_key(spec, prepared, gamma, configs[group[0]])
+                   for key, group in groups.items()}
+    ids = [encode(pair.tokenizer, p.text) for p in prepared.prompts]
+    if say:
+        say_replay_plan(spec, prepared, ids[0], configs, all((d / "record.json").is_file() for d in record_dirs.values()),
+                        say)
+    # One record per drafter: the target's continuation is the same, what each proposes is not.
+    records: dict = {}
+    for key, group in groups.items():
+        known = next(iter(records.values()), None)  # the target's continuations, decoded once
+        continuations = None if known is None else [known.continuation[p, : n].tolist()
+                                                     for p, n in enumerate(known.lengths)]
+        records[key] = load_or_record(spec, prepared, gamma, ids, record_dirs[key], progress, configs[group[0]],
+                                      continuations)
+    rec = next(iter(records.values()))
+    # The cost model is timed with the cache at a realistic length: a prompt plus half its output.
+    context = ids[0] + rec.continuation[0, : int(rec.lengths[0]) // 2].tolist()
+    if progress:
+        progress("timing the cost model", 0, 1)
+    batch_sizes = sorted({c.batch_size for c in configs})
+    surface = measure_surface(pair, context, gamma, batch_sizes, drafters={key[0] for key in groups})
+    cost = surface.at(1)
+    write_json(folder / "cost_model.json", cost.to_dict())
+    model_key = next((key for key in groups if key[0] == "model"), None)
+    if model_key is not None:  # goodput decides with the draft model's acceptance fit
+        model_file = write_goodput_model(folder, records[model_key], record_dirs[model_key], surface)
+        configs = configs + [c for c in goodput_points(configs, model_file) if c not in configs]
+        groups = drafter_groups(configs)
+    if progress:
+        progress(f"simulating {len(configs):,} policies", 0, 1)
+    if batch_sizes != [1]:
+        write_json(folder / "cost_surface.json", surface.to_dict())
+    parts = []
+    for key, group in groups.items():
+        chosen = [configs[i] for i in group]
+        if batch_sizes == [1]:
+            part = simulate_grid(records[key], chosen, cost)
+        else:  # every policy at its own batch size, both layouts (batch_replay.py)
+            part = simulate_with_surface(records[key], chosen, surface)
+        parts.append(part.assign(config_id=np.array(group)))
+    table = pd.concat(parts, ignore_index=True).sort_values("config_id", ignore_index=True).assign(source="replay")
+    record_dir = record_dirs[model_key] if model_key is not None else next(iter(record_dirs.values()))
+    table, samples = confirm(table, configs, spec, prepared, progress)
+    write_parquet(folder / "trials.parquet", table)
+    write_parquet(folder / "samples.parquet", samples)
+    return write_replay_summary(folder, table, spec, cost, record_dir)
+
+
+def say_replay_plan(spec: SweepSpec, prepared: Prepared, first_ids: list[int], configs: list[DecodeConfig],
+                    recorded: bool, say: Callable[[str], None]) -> None:
+
+    # Confirmed: the best scheduled few + the best goodput + the best fixed γ, at each batch size.
+    sizes = {c.batch_size for c in configs}
+    scheduled = sum(c.schedule != "fixed" for c in configs) // len(sizes)
+    policies = len(configs) + len(goodput_points(configs, Path("goodput_model.json")))  # goodput joins after recording
+    line = replay_plan(seconds_per_token(prepared.pair, first_ids), len(prepared.prompts), prepared.base.max_new_tokens,
+                       policies, (min(spec.confirm_top, scheduled) + 2) * len(sizes), spec.repeats,
+                       recorded=recorded)
+    say(line + (" — an upper bound: a batched run takes less than a batch-1 one" if max(sizes) > 1 else ""))
+
+
+def confirm(table: pd.DataFrame, configs: list[DecodeConfig], spec: SweepSpec, prepared: Prepared,
+            progress: StageProgress | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Time the best `confirm_top` scheduled policies, the best goodput and the best fixed gamma (by the replay's
+    ranking); their measured columns join the table, their samples are returned."""
+
+    objective = OBJECTIVES[spec.objective[0]]
+    ranked = rank(table, objective.name, objective.column("replay"))
+    # Per batch size (which policy wins depends on what a step costs at B) and drafter: the best
+    # threshold-style policies, the best goodput and the best fixed γ.
+    chosen = pd.concat([part for _, by_batch in ranked.groupby(["batch_size", "drafter"], sort=True)
+                        for part in (by_batch[~by_batch["schedule"].isin(["fixed", "goodput"])].head(spec.confirm_top),
+                                     by_batch[by_batch["schedule"] == "goodput"].head(1),
+                                     by_batch[by_batch["schedule"] == "fixed"].head(1))])
+    ids = chosen["config_id"].to_numpy()
+    output = run(prepared.pair, prepared.prompts, [configs[i] for i in ids],
+                 spec.runner_settings(),
+                 progress=stage_steps(progress, f"confirming the best {len(ids)}", len(prepared.prompts) * len(ids)))
+    measured = summarize(output.samples)
+    measured["config_id"] = ids[measured["config_id"].to_numpy()]
+    keep = ["config_id", "speedup", "speedup_low", "speedup_high", "baseline_tokens_per_s", "spec_tokens_per_s",
+            "baseline_mean_new_tokens", "spec_mean_new_tokens", "identical_to_baseline"]
+    keep += [c for c in ("spec_latency_per_token_s", "baseline_latency_per_token_s", "layout") if c in measured]
+    table = table.merge(measured[keep], on="config_id", how="left")
+    table.loc[table["speedup"].notna(), "source"] = "confirmed"
+    return table, output.samples.assign(config_id=ids[output.samples["config_id"].to_numpy()])
+
+
+def write_replay_summary(folder: Path, table: pd.DataFrame, spec: SweepSpec, cost, record_dir: Path) -> pd.DataFrame:
+    """summary.json of a replay sweep; returns the confirmed policies, best first."""
+    objective = OBJECTIVES[spec.objective[0]]
+    confirmed = rank(table[table["source"] == "confirmed"], objective.name, objective.column("real"))
+    summary = {
+        "engine": "replay", "objective": list(spec.objective), "policies_simulated": len(table),
+        "record": str(record_dir), "cost_model": cost.to_dict(), "cost_model_accuracy": accuracy(confirmed),
+        "best": confirmed[confirmed["schedule"] != "fixed"].head(1).to_dict(orient="records"),
+        "classic": confirmed[confirmed["schedule"] == "fixed"].to_dict(orient="records"),
+        "goodput": confirmed[confirmed["schedule"] == "goodput"].to_dict(orient="records"),
+        "confirmed": confirmed.to_dict(orient="records"),
+    }
+    if (table["batch_size"] > 1).any():
+        summary["by_batch_size"] = by_batch_size(table, confirmed, objective)
+    if table["drafter"].nunique() > 1:
+        summary["by_drafter"] = by_drafter(confirmed)
+    write_json(folder / "summary.json", summary)
+    return confirmed
+
+
+def by_drafter(confirmed: pd.DataFrame) -> list[dict]:
+    """The best confirmed policy of each drafter (scheduled or fixed γ), best first: the side-by-side
+    comparison the report shows."""
+    columns = ["drafter", "config_label", "speedup", "speedup_low", "speedup_high", "tokens_per_round",
+               "acceptance_rate", "avg_draft_len", "identical_to_baseline"]
+    best = confirmed.groupby("drafter", sort=False).head(1)  # `confirmed` is ranked best first
+    return best[[c for c in columns if c in best]].to_dict(orient="records")
+
+
+def accuracy(confirmed: pd.DataFrame) -> dict:
+    """How far the cost model's predicted speedup is from the measured one."""
+    ratio = confirmed["speedup"] / confirmed["predicted_speedup"]
+    return {"measured_over_predicted_median": float(ratio.median()),
+            "mean_abs_error": float((confirmed["speedup"] - confirmed["predicted_speedup"]).abs().mean())}
+
+
+def by_batch_size(table: pd.DataFrame, confirmed: pd.DataFrame, objective) -> list[dict]:
+    """Per batch size: the best scheduled policy and the best fixed gamma, predicted in both
+    layouts and measured (padded) where confirmed, with the cost model's accuracy at that B."""
+    rows = []
+    for batch_size, group in table.groupby("batch_size", sort=True):
+        row = {"batch_size": int(batch_size), "layout_measured": "padded"}
+        for layout, column in (("padded", "predicted_speedup"), ("packed", "predicted_speedup_packed")):
+            scheduled = group[group["schedule"] != "fixed"].sort_values(column, ascending=False)
+            fixed = group[group["schedule"] == "fixed"].sort_values(column, ascending=False)
+            row[f"{layout}_predicted"] = {
+                "best_scheduled": scheduled.iloc[0]["config_label"], "best_scheduled_speedup": float(scheduled.iloc[0][column]),
+                "best_fixed": fixed.iloc[0]["config_label"], "best_fixed_speedup": float(fixed.iloc[0][column]),
+                "scheduled_over_fixed": float(scheduled.iloc[0][column] / fixed.iloc[0][column])}
+        measured = confirmed[confirmed["batch_size"] == batch_size]
+        row["measured"] = measured[["config_label", "schedule", "speedup", "speedup_low", "speedup_high",
+                                    "predicted_speedup", "baseline_tokens_per_s", "spec_tokens_per_s"]
+                                   ].to_dict(orient="records")
+        row["cost_model_accuracy"] = accuracy(measured) if len(measured) else None
+        rows.append(row)
+    return rows
+
+

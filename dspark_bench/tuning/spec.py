@@ -1,0 +1,296 @@
+"""Sweep specifications: what to decode, which knobs to search, what to optimise, how long.
+
+A specification (sweeps/*.yaml) names the task, models, decoding settings, the search space,
+the objective and the budget; every field can be overridden by a flag or `--set key=value`.
+Unknown keys and values of the wrong kind are refused in one line; points with
+min_draft_len > gamma_max are never run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from dspark_bench.config import DEFAULT_MAX_NEW_TOKENS, SEARCHABLE_FIELDS, DecodeConfig
+from dspark_bench.errors import DsparkError, first_line
+from dspark_bench.harness.runner import RunnerSettings
+from dspark_bench.objectives import OBJECTIVES
+
+PARAMS = SEARCHABLE_FIELDS  # what a search space may name (config.py declares them)
+# The base of a space given by flags alone, and the default of real (timed) sweeps: every point
+# costs a decoding pass per prompt, so it stays small.
+DEFAULT_SPACE = {
+    "metric": ["top1"], "schedule": ["threshold"], "threshold": [0.3, 0.5, 0.7], "gamma_max": [4],
+    "min_draft_len": [1],
+}
+# The default under replay, where a policy costs microseconds: every metric and threshold-based
+# schedule over a fine threshold grid, gamma_max 1-8, min_draft_len 0-2 (3,496 valid points; the
+# replay sweep adds every fixed gamma).
+DENSE_SPACE = {
+    "metric": ["top1", "entropy", "topk_mass", "margin"], "schedule": ["threshold", "cumulative"],
+    "threshold": {"low": 0.05, "high": 0.95, "step": 0.05}, "gamma_max": {"low": 1, "high": 8},
+    "min_draft_len": {"low": 0, "high": 2},
+}
+# Where `sweep --task T` looks for the task's own spec, sweeps/T.yaml: the working folder,
+# then the project's checkout (an installed package has none).
+SPEC_FOLDERS = (Path("sweeps"), Path(__file__).resolve().parents[2] / "sweeps")
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    """A study: what to decode, which knobs to search, what to optimise, and how long."""
+
+    task: str | None = None  # built-in task, or use `dataset`
+    dataset: str | None = None  # user prompts (file or hub id)
+    split: str = "train"
+    prompt_field: str | None = None
+    category_field: str | None = None
+    limit: int | None = 10  # prompts per trial
+    target: str | None = None  # None: the reference pair
+    draft: str | None = None
+    heads: str | None = None  # the heads drafter's heads (None: the shipped target's)
+    device: str = "auto"
+    dtype: str = "auto"
+    max_new_tokens: int | None = None  # None: the task's default
+    temperature: float = 0.0
+    top_p: float = 1.0
+    topk: int = 5
+    ignore_eos: bool = False  # timing only: every sequence is exactly max_new_tokens long
+    space: dict = field(default_factory=lambda: dict(DEFAULT_SPACE))  # param -> list or {low, high, step}
+    objective: tuple[str, ...] = ("speedup",)
+    method: str = "grid"  # grid | optuna (TPE)
+    engine: str = "auto"  # replay (greedy only) | real | auto = replay when greedy
+    trials: int = 20  # Optuna budget (grid: the grid's size)
+    repeats: int = 1  # timed pairs per prompt and trial
+    confirm_top: int = 5  # replay: real timed runs of the best configurations
+    seed: int = 0
+    heartbeat_s: int = 30  # a trial silent this long (x2) was killed and is retried
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def runner_settings(self):
+        """How every timed or recorded decode of this sweep runs."""
+
+        return RunnerSettings(repeats=self.repeats, ignore_eos=self.ignore_eos)
+
+
+def _parse_space(space: object) -> dict:
+    if not isinstance(space, dict) or not space:
+        raise DsparkError("the search space is empty; give at least one of " + ", ".join(PARAMS))
+    unknown = sorted(set(space) - set(PARAMS))
+    if unknown:
+        raise DsparkError(f"unknown search-space key(s) {', '.join(unknown)}; known: {', '.join(PARAMS)}")
+    parsed = {}
+    for name, values in space.items():
+        if isinstance(values, dict):
+            if set(values) - {"low", "high", "step"} or not {"low", "high"} <= set(values):
+                raise DsparkError(f"space.{name}: a range needs low, high and optionally step")
+            if values["low"] > values["high"]:
+                raise DsparkError(f"space.{name}: low {values['low']} is above high {values['high']}")
+            step = values.get("step", 1 if name in ("gamma_max", "min_draft_len") else 0.1)
+            if not step > 0:
+                raise DsparkError(f"space.{name}: step must be positive (got {step})")
+            values = [round(float(v), 6) for v in np.arange(values["low"], values["high"] + step / 2, step)]
+            if name in ("gamma_max", "min_draft_len"):
+                values = [int(v) for v in values]
+        if not isinstance(values, list):
+            values = [values]
+        if not values:
+            raise DsparkError(f"space.{name} is empty")
+        parsed[name] = values
+    return parsed
+
+
+def parse_spec(data: dict, where: str = "sweep spec") -> SweepSpec:
+    try:
+        return _parse_spec(data, where)
+    except (TypeError, ValueError, ZeroDivisionError) as err:  # a value of the wrong kind
+        raise DsparkError(f"{where}: invalid value ({first_line(err)})") from None
+
+
+def _check_types(spec: SweepSpec, where: str) -> None:
+    for name in ("trials", "repeats", "confirm_top", "seed", "heartbeat_s", "topk"):
+        if not isinstance(getattr(spec, name), int) or isinstance(getattr(spec, name), bool):
+            raise DsparkError(f"{where}: {name} must be an integer (got {getattr(spec, name)!r})")
+    for name in ("limit", "max_new_tokens"):
+        value = getattr(spec, name)
+        if value is not None and (not isinstance(value, int) or value < 1):
+            raise DsparkError(f"{where}: {name} must be a positive integer (got {value!r})")
+    if not isinstance(spec.ignore_eos, bool):
+        raise DsparkError(f"{where}: ignore_eos must be true or false (got {spec.ignore_eos!r})")
+
+
+def _parse_spec(data: dict, where: str) -> SweepSpec:
+    known = {f.name for f in dataclasses.fields(SweepSpec)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise DsparkError(f"{where}: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    data = dict(data)
+    if "space" in data:
+        data["space"] = _parse_space(data["space"])
+    if isinstance(data.get("objective"), str):
+        data["objective"] = tuple(x.strip() for x in data["objective"].split(","))
+    elif "objective" in data:
+        data["objective"] = tuple(data["objective"])
+    spec = SweepSpec(**data)
+    _check_types(spec, where)
+    for name in spec.objective:
+        if name not in OBJECTIVES:
+            raise DsparkError(f"{where}: unknown objective {name!r}; choose from {', '.join(OBJECTIVES)}")
+    if not 1 <= len(spec.objective) <= 2:
+        raise DsparkError(f"{where}: give one objective, or two for a Pareto front")
+    if spec.method not in ("grid", "optuna"):
+        raise DsparkError(f"{where}: method must be grid or optuna (got {spec.method!r})")
+    if spec.engine not in ("auto", "replay", "real"):
+        raise DsparkError(f"{where}: engine must be auto, replay or real (got {spec.engine!r})")
+    if spec.trials < 1 or spec.repeats < 1 or spec.confirm_top < 0:
+        raise DsparkError(f"{where}: trials and repeats must be at least 1, confirm_top at least 0")
+    if (spec.task is None) == (spec.dataset is None):
+        raise DsparkError(f"{where}: give exactly one of task or dataset")
+    if not points(spec):
+        raise DsparkError(f"{where}: no valid point in the search space (min_draft_len exceeds every gamma_max?)")
+    return spec
+
+
+# The sweep command's flags that override a spec field of the same name.
+FLAG_FIELDS = ("task", "dataset", "prompts", "split", "prompt_field", "category_field", "limit", "target", "draft", "heads",
+               "device", "dtype", "method", "engine", "trials", "objective", "confirm_top", "repeats",
+               "max_new_tokens", "temperature", "ignore_eos", *SEARCHABLE_FIELDS)
+
+
+def command_overrides(flags: dict, set_items: list[str]) -> dict:
+    """Spec overrides from the sweep command: each flag given, the repeatable policy flags as the
+    search space's lists, and every `--set key=value` (a YAML value) last."""
+    flags = dict(flags)
+    prompts = flags.pop("prompts", None)
+    if prompts and flags.get("dataset"):
+        raise DsparkError("pass one of --dataset or --prompts, not both")
+    flags["dataset"] = flags.get("dataset") or prompts
+    flags["ignore_eos"] = flags.get("ignore_eos") or None  # a switch left off keeps the spec's
+    space = {name: flags.pop(name, None) for name in SEARCHABLE_FIELDS}
+    overrides = flag_overrides(flags, space)
+    if flags.get("task") or flags.get("dataset"):  # a prompt source given replaces the spec's
+        overrides.update(task=flags.get("task"), dataset=flags.get("dataset"))
+    for item in set_items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise DsparkError(f"--set takes key=value (got {item!r})")
+        try:
+            overrides[key.strip()] = yaml.safe_load(value)
+        except yaml.YAMLError as err:
+            raise DsparkError(f"--set {key.strip()}: not a valid YAML value ({first_line(err)})") from None
+    return overrides
+
+
+def flag_overrides(fields: dict, space: dict) -> dict:
+    """Spec overrides from command-line flags: each field given (not None), and each search-space
+    list given (not empty) as `space.<name>`."""
+    overrides = {key: value for key, value in fields.items() if value is not None}
+    overrides.update({f"space.{name}": list(values) for name, values in space.items() if values})
+    return overrides
+
+
+def task_spec(task: str | None) -> Path | None:
+    """The task's own spec (sweeps/<task>.yaml), if there is one."""
+    if not task:
+        return None
+    return next((folder / f"{task}.yaml" for folder in SPEC_FOLDERS if (folder / f"{task}.yaml").is_file()), None)
+
+
+ADDED_DIMENSIONS = ("space.batch_size", "space.drafter", "space.ngram_min", "space.ngram_max")
+
+
+def resolve_spec(path: Path | None, overrides: dict) -> tuple[SweepSpec, str]:
+    """The spec a `sweep` command means, and one line saying where its search space came from.
+
+    Without --spec: the task's own sweeps/<task>.yaml where it exists; else, when no search-space
+    flag is given, the dense default under replay (thousands of policies for about the price of
+    one decoding pass) or a small grid under real timed runs (sampling), said as such.
+    """
+    # A batch size or a drafter (with its n-gram knobs) adds a dimension to whichever space is
+    # chosen; the policy's knobs choose one.
+    chosen_by_flags = any(key == "space" or (key.startswith("space.") and key not in ADDED_DIMENSIONS)
+                          for key in overrides)
+    if path is None and not chosen_by_flags:
+        path = task_spec(overrides.get("task"))
+        if path is not None:
+            spec = load_spec(path, overrides)
+            return spec, f"search space: {path}, the task's own spec ({len(points(spec)):,} points)"
+    if path is not None or chosen_by_flags:
+        spec = load_spec(path, overrides)
+        n = len(points(spec))
+        return spec, f"search space: {path or 'the command-line flags'} ({n:,} point{'s' * (n != 1)})"
+    # The dense space, then any batch-size dimension the flags add to it.
+    dims = {key: value for key, value in overrides.items() if key.startswith("space.")}
+    spec = load_spec(None, {**{k: v for k, v in overrides.items() if k not in dims}, "space": DENSE_SPACE, **dims})
+    if engine_for(spec) == "replay":
+        return spec, f"search space: the dense default ({len(points(spec)):,} points plus every fixed gamma)"
+    spec = load_spec(None, overrides)
+    return spec, (f"search space: a small default grid ({len(points(spec))} points) — sampling verification "
+                  "needs a real timed run per policy, so replay's dense default is not used; give --spec or "
+                  "--threshold/--gamma-max/... for more")
+
+
+def load_spec(path: Path | None, overrides: dict) -> SweepSpec:
+    """A spec file (or the defaults) with command-line overrides applied on top."""
+    data: dict = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise DsparkError(f"sweep spec {str(path)!r} does not exist")
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as err:
+            raise DsparkError(f"{path}: not valid YAML ({first_line(err)})") from None
+        if not isinstance(data, dict):
+            raise DsparkError(f"{path}: a sweep spec must be a mapping")
+    for key, value in overrides.items():  # in order: a later override wins
+        if key.startswith("space."):
+            data.setdefault("space", dict(DEFAULT_SPACE))[key.removeprefix("space.")] = value
+        else:  # (a copy: a space given whole, such as DENSE_SPACE, is never changed in place)
+            data[key] = dict(value) if key == "space" and isinstance(value, dict) else value
+    return parse_spec(data, str(path) if path else "sweep")
+
+
+def base_config(spec: SweepSpec, task_tokens: int | None) -> DecodeConfig:
+    tokens = spec.max_new_tokens if spec.max_new_tokens is not None else (task_tokens or DEFAULT_MAX_NEW_TOKENS)
+    return DecodeConfig(max_new_tokens=tokens, temperature=spec.temperature,
+                        top_p=spec.top_p, topk=spec.topk)
+
+
+def points(spec: SweepSpec, base: DecodeConfig | None = None) -> list[DecodeConfig]:
+    """Every valid configuration of the grid (invalid combinations are never run)."""
+    base = base or DecodeConfig(max_new_tokens=spec.max_new_tokens or DEFAULT_MAX_NEW_TOKENS, topk=spec.topk)
+    space = spec.space
+    names = list(space)
+    out = []
+    for combo in itertools.product(*(space[n] for n in names)):
+        params = dict(zip(names, combo))
+        if params.get("min_draft_len", base.min_draft_len) > params.get("gamma_max", base.gamma_max):
+            continue  # the constraint min_draft_len <= gamma_max: such points are never run
+        if params.get("ngram_min", base.ngram_min) > params.get("ngram_max", base.ngram_max):
+            continue  # nor ngram_min > ngram_max
+        if params.get("drafter", base.drafter) != "model" and params.get("batch_size", base.batch_size) > 1:
+            continue  # heads and lookup draft at batch size 1 only
+        try:
+            config = base.replace(**params)
+        except DsparkError as err:
+            raise DsparkError(f"search space: {err}") from None
+        if config.drafter != "lookup":  # n-gram knobs mean nothing to the other drafters: one point each
+            config = config.replace(ngram_min=1, ngram_max=3)
+        out.append(config)
+    return list(dict.fromkeys(out))
+
+
+def engine_for(spec: SweepSpec) -> str:
+    if spec.engine == "replay" and spec.temperature > 0:
+        raise DsparkError("replay needs greedy verification (temperature 0); use --engine real for sampling")
+    if spec.engine == "auto":
+        return "replay" if spec.temperature == 0 else "real"
+    return spec.engine

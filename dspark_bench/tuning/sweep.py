@@ -1,0 +1,182 @@
+"""Sweeps: search the policy's knobs over a task, by grid or Optuna, or exactly by replay.
+
+The specification is spec.py's, the Optuna study study.py's, replay replay_sweep.py's; this module
+runs a whole sweep: prepare models and prompts, then either replay or a real study (grid / TPE),
+and write the run folder.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
+
+import optuna
+import pandas as pd
+
+from dspark_bench.errors import DsparkError
+from dspark_bench.harness.plan import real_sweep_plan, seconds_per_token
+from dspark_bench.objectives import rank
+from dspark_bench.prompts import encode, prompts_fingerprint
+from dspark_bench.results import (
+    SCHEMA_VERSION,
+    check_writable,
+    new_run_id,
+    provenance,
+    read_json,
+    write_json,
+    write_parquet,
+)
+from dspark_bench.tuning.spec import SweepSpec, engine_for, parse_spec
+from dspark_bench.tuning.study import (
+    TrialContext,
+    best_trials,
+    default_storage,
+    grid_size,
+    masked,
+    open_storage,
+    requeue_interrupted,
+    run_study,
+    start_workers,
+    trials_table,
+)
+
+if TYPE_CHECKING:
+    from dspark_bench.harness.runner import StageProgress
+
+
+from dspark_bench.tuning.replay_sweep import Prepared, prepare, replay_sweep
+
+# --- the whole sweep: prepare, run (real or replay), summarise ----------------------------------
+
+
+def run_info(spec: SweepSpec, prepared: Prepared, extra: dict) -> dict:
+    return {"spec": spec.to_dict(), "base_config": prepared.base.to_dict(), "models": prepared.pair.describe(),
+            "prompts": {"count": len(prepared.prompts), "fingerprint": prompts_fingerprint(prepared.prompts),
+                        **prepared.source}, **extra}
+
+
+def start_folder(out: Path, kind: str) -> Path:
+    """A sweep's run folder exists while it runs (the study and per-trial files live in it);
+    every file in it is written atomically, and a finished sweep only gains, never loses."""
+
+    folder = check_writable(out) / new_run_id(kind)
+    folder.mkdir()
+    return folder
+
+
+def write_run_info(folder: Path, kind: str, info: dict) -> None:
+    write_json(folder / "run.json", {"schema_version": SCHEMA_VERSION, "run_id": folder.name, "kind": kind,
+                                     **provenance(), **info})
+
+
+def collect_samples(folder: Path) -> pd.DataFrame:
+    # Trial files are named by number; a hidden temporary one left by a killed write is not a trial.
+    parts = [pd.read_parquet(p) for p in sorted((folder / "trials").glob("[0-9]*.parquet"))]
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+
+
+def finish_real(folder: Path, study: optuna.Study, spec: SweepSpec) -> pd.DataFrame:
+    """trials.parquet, samples.parquet and summary.json of a real (grid or Optuna) sweep.
+    Written after local workers are done, so their last trials are in, finished."""
+    trials = trials_table(study.get_trials(deepcopy=False))
+    write_parquet(folder / "trials.parquet", trials)
+    samples = collect_samples(folder)
+    if not samples.empty:
+        write_parquet(folder / "samples.parquet", samples)
+    best = [t.number for t in best_trials(study)]
+    complete = trials[trials["state"] == "COMPLETE"] if "state" in trials else trials
+    ranked = rank(complete, spec.objective[0], "objective_0") if "objective_0" in complete else complete
+    states = trials["state"].value_counts().to_dict() if "state" in trials else {}
+    summary = {"engine": "real", "method": spec.method, "objective": list(spec.objective), "best_trials": best,
+               "trial_states": states, "best": ranked.head(10).to_dict(orient="records")}
+    write_json(folder / "summary.json", summary)
+    return ranked
+
+
+def result_title(folder: Path) -> str:
+    """What a finished sweep searched and how: the heading of its printed table."""
+
+    summary = read_json(Path(folder) / "summary.json", "summary file")
+    spec = read_json(Path(folder) / "run.json", "run file").get("spec", {})
+    eos = " · EOS ignored" if spec.get("ignore_eos") else ""
+    if summary.get("engine") == "replay":
+        confirmed = len(summary.get("confirmed", []))
+        return (f"{summary['policies_simulated']:,} policies searched by replay (simulated from one record, fixed "
+                f"gamma included); the best {confirmed} confirmed by timed runs{eos}")
+    states = summary.get("trial_states", {})
+    return f"{states.get('COMPLETE', 0)} policies searched by real timed runs ({summary.get('method')}){eos}"
+
+
+def run_sweep(spec: SweepSpec, out: Path, storage: str | None = None, study_name: str | None = None,
+              workers: int = 1, progress: StageProgress | None = None,
+              say: Callable[[str], None] | None = None, origin: str | None = None) -> tuple[Path, pd.DataFrame]:
+    """A new sweep: real (grid / Optuna, in a study) or replay; returns its folder and best table.
+
+    With `say`, the plan and its estimated duration are said before any decoding."""
+    if workers < 1:
+        raise DsparkError(f"--workers must be at least 1 (got {workers})")
+    engine = engine_for(spec)
+    prepared = prepare(spec)  # prompts read and models loaded: bad input has failed by now
+    if say and origin:
+        say(origin)
+    folder = start_folder(out, "sweep")
+    if engine == "replay":
+        write_run_info(folder, "sweep", run_info(spec, prepared, {"engine": "replay"}))
+        return folder, replay_sweep(folder, spec, prepared, Path(out) / "records", progress, say)
+    storage = storage or default_storage(folder)
+    study_name = study_name or folder.name
+    # The password of a database URL is not written into results; --resume asks for it.
+    write_run_info(folder, "sweep", run_info(spec, prepared, {"engine": "real", "storage": masked(storage),
+                                                               "study": study_name}))
+    if say:
+        trials = grid_size(spec) if spec.method == "grid" else spec.trials
+        per_token = seconds_per_token(prepared.pair, encode(prepared.pair.tokenizer, prepared.prompts[0].text))
+        say(real_sweep_plan(per_token, len(prepared.prompts), prepared.base.max_new_tokens,
+                            -(-trials // workers), spec.repeats) + (f" with {workers} workers" if workers > 1 else ""))
+    return folder, continue_sweep(folder, prepared, workers, progress, storage=storage)
+
+
+def check_unchanged(folder: Path, info: dict, prepared: Prepared) -> None:
+    if prompts_fingerprint(prepared.prompts) != info["prompts"]["fingerprint"]:
+        raise DsparkError(f"the prompts of {folder} changed since the sweep started; start a new sweep")
+    models = prepared.pair.describe()
+    for key in ("target_fingerprint", "draft_fingerprint"):
+        if models[key] != info["models"][key]:
+            raise DsparkError(f"the {key.split('_')[0]} model of {folder} changed since the sweep started; start a new sweep")
+
+
+def continue_sweep(folder: Path, prepared: Prepared | None = None, workers: int = 1,
+                   progress: StageProgress | None = None,
+                   worker_only: bool = False, storage: str | None = None) -> pd.DataFrame | None:
+    """Work on a real sweep's study until its budget is met; then write its summary."""
+
+    info = read_json(Path(folder) / "run.json", "run file")
+    if info.get("engine") != "real":
+        raise DsparkError(f"{folder} is not a resumable sweep (only real grid/Optuna sweeps keep a study)")
+    if storage is None and "***" in info["storage"]:
+        raise DsparkError(f"{folder}'s study is in {info['storage']}; pass --storage with the password to resume")
+    info["storage"] = storage or info["storage"]
+    spec = parse_spec(info["spec"], str(folder))
+    if prepared is None:  # a resume: the prompts and models must be those the sweep started with
+        prepared = prepare(spec)
+        check_unchanged(Path(folder), info, prepared)
+    ctx = TrialContext(spec, prepared.pair, prepared.prompts, prepared.base, Path(folder),
+                       spec.runner_settings())
+    helpers = start_workers(Path(folder), workers - 1, info["storage"]) if workers > 1 else []
+    try:
+        study = run_study(ctx, info["storage"], info["study"], progress)
+    except KeyboardInterrupt:
+        # Ctrl-C: Optuna marked the trial in flight failed; queue it again for --resume, and
+        # keep everything finished.
+        study = optuna.load_study(study_name=info["study"], storage=open_storage(info["storage"], spec.heartbeat_s))
+        requeue_interrupted(study)
+        if not worker_only:
+            finish_real(Path(folder), study, spec)
+        raise
+    finally:
+        failed = [i + 1 for i, helper in enumerate(helpers) if helper.wait() != 0]
+    if failed:
+        raise DsparkError(f"local worker(s) {failed} failed; see worker-N.log in {folder}")
+    if worker_only:
+        return None
+    return finish_real(Path(folder), study, spec)

@@ -1,0 +1,115 @@
+"""The package's shape holds: layers import only downwards, no import circle, imports inside
+functions say why, and the top of the package stays a handful of core modules."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import grimp
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "dspark_bench"
+LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
+
+
+def test_layer_contracts_are_kept():
+    """pyproject.toml's import-linter contracts; a broken one names the offending import."""
+    if not LINT_IMPORTS.exists():
+        pytest.fail(f"{LINT_IMPORTS} is missing: install the test extras (import-linter)")
+    done = subprocess.run([str(LINT_IMPORTS), "--config", str(ROOT / "pyproject.toml")], cwd=ROOT,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "2 kept, 0 broken" in done.stdout
+
+
+def import_cycles(graph) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan), every import counted,
+    those inside functions included."""
+    index, low, stack, on_stack, cycles = {}, {}, [], set(), []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        on_stack.add(module)
+        for imported in graph.find_modules_directly_imported_by(module):
+            if imported not in index:
+                visit(imported)
+                low[module] = min(low[module], low[imported])
+            elif imported in on_stack:
+                low[module] = min(low[module], index[imported])
+        if low[module] == index[module]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == module:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for module in sorted(graph.modules):
+        if module not in index:
+            visit(module)
+    return cycles
+
+
+def test_no_import_circle_anywhere():
+    assert import_cycles(grimp.build_graph("dspark_bench")) == []
+
+
+def test_the_cycle_finder_finds_a_cycle(tmp_path, monkeypatch):
+    (tmp_path / "loop").mkdir()
+    (tmp_path / "loop" / "__init__.py").write_text("")
+    (tmp_path / "loop" / "a.py").write_text("from loop import b\n")
+    (tmp_path / "loop" / "b.py").write_text("def f():\n    from loop import a  # inside a function still counts\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert import_cycles(grimp.build_graph("loop", cache_dir=None)) == [["loop.a", "loop.b"]]
+
+
+def unexplained_function_imports(path: Path) -> list[str]:
+    """Package-internal imports inside a function with no comment on their line or the one
+    above saying why (a heavy import kept off `--help`, an optional dependency)."""
+    lines = path.read_text().splitlines()
+    found = []
+
+    def visit(node: ast.AST, in_function: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            inside = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef))
+            if in_function and isinstance(child, ast.ImportFrom) and (child.module or "").startswith("dspark_bench"):
+                said = "#" in lines[child.end_lineno - 1] or lines[child.lineno - 2].strip().startswith("#")
+                if not said:
+                    found.append(f"{path.relative_to(ROOT) if path.is_relative_to(ROOT) else path.name}:{child.lineno}")
+            visit(child, inside)
+
+    visit(ast.parse("\n".join(lines)), False)
+    return found
+
+
+def test_imports_inside_functions_say_why():
+    found = [where for path in sorted(PACKAGE.rglob("*.py")) for where in unexplained_function_imports(path)]
+    assert found == []
+
+
+def test_the_check_catches_a_silent_import_inside_a_function(tmp_path):
+    module = tmp_path / "probe.py"
+    module.write_text("from dspark_bench.errors import DsparkError\n\n\ndef f():\n"
+                      "    from dspark_bench.config import DecodeConfig\n\n\ndef g():\n"
+                      "    from dspark_bench.config import DecodeConfig  # keeps --help fast\n")
+    assert unexplained_function_imports(module) == ["probe.py:5"]
+
+
+def test_the_top_of_the_package_is_a_handful_of_core_modules():
+    top = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(top) <= 10, top
+
+
+def test_long_modules_say_why():
+    """A module over 400 lines carries a comment beginning `# Long:` saying why it stays whole."""
+    long = [str(p.relative_to(ROOT)) for p in sorted(PACKAGE.rglob("*.py"))
+            if len(p.read_text().splitlines()) > 400 and "# Long:" not in p.read_text()]
+    assert long == []
