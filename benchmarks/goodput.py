@@ -140,7 +140,7 @@ def main() -> None:
     say(f"HF's own engine vs ours on {hf_policy.label()} over {len(few)} prompts")
     engines = {}
     for engine in ("ours", "hf"):
-        result = run(pair, few, [hf_policy], RunnerSettings(engine=engine))
+        result = run(pair, few, [hf_policy], RunnerSettings(decoder=engine))
         result.samples.to_parquet(args.out / f"hf_policy_{engine}_samples.parquet")
         engines[engine] = summarize(result.samples).iloc[0]
     replay_few = simulate_grid(rec.__class__(rec.continuation[: len(few)], rec.lengths[: len(few)],

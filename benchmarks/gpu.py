@@ -140,7 +140,7 @@ def bench_pair(pair, args, out: Path, say) -> tuple[list[dict], Path]:
     hf_policy = pool[int(simulate_grid(rec, pool, surface.at(1))["predicted_speedup"].idxmax())]
     say(f"HF assisted generation vs our engine on {hf_policy.label()}")
     for engine in ("ours", "hf"):
-        out_engine = run(pair, prompts, [hf_policy], RunnerSettings(engine=engine))
+        out_engine = run(pair, prompts, [hf_policy], RunnerSettings(decoder=engine))
         rows.append(measured(summarize(out_engine.samples), 0, hf_policy,
                              "HF assisted generation" if engine == "hf" else "ours"))
 

@@ -35,7 +35,8 @@ READS = ("tolist", "item", "cpu", "numpy", "__int__", "__float__", "__bool__", "
 
 
 def old_engine(rev: str):
-    """dspark_bench/decoding/engine.py as of `rev`, with the package it imports, as `dspark_old`."""
+    """The engine as of `rev` (a commit before the layers: dspark_bench/engine.py), with the package it
+    imports, as `dspark_old`."""
     archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "dspark_bench", ":!dspark_bench/reference"],
                              capture_output=True, check=True).stdout
     folder = Path(tempfile.mkdtemp())

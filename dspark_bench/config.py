@@ -7,6 +7,8 @@ unknown keys are errors, and every result stores the config it ran with (`to_dic
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import math
 from dataclasses import dataclass, field
 
 from dspark_bench.errors import DsparkError
@@ -142,8 +144,6 @@ def _check_unit(name: str, value: float, metric: str) -> None:
 
 
 def _check_types(config: DecodeConfig) -> None:
-    import math
-
     for name in ("gamma_max", "min_draft_len", "topk", "max_new_tokens", "seed", "batch_size", "ngram_min",
                  "ngram_max"):
         value = getattr(config, name)
@@ -215,3 +215,47 @@ def validate(config: DecodeConfig) -> None:
         raise DsparkError(f"batch_size must be at least 1 (got {config.batch_size})")
     if config.max_new_tokens < 1:
         raise DsparkError(f"max_new_tokens must be at least 1 (got {config.max_new_tokens})")
+
+
+# The policy every field defaults to: the one place the defaults are written (flags, run configs
+# and sweep specs that leave a knob unset take it from here).
+DEFAULTS = DecodeConfig()
+
+
+def expand(space: dict, base: DecodeConfig = DEFAULTS, strict: bool = True) -> list[DecodeConfig]:
+    """Every policy of a search space (DecodeConfig field -> values) on top of `base`, in the
+    space's own order (the last field varies fastest), without duplicates. The one expansion
+    that run's grid, sweeps, calibration and export all use.
+
+    Knobs that mean nothing to a policy are set to one value, so that policies that decode alike
+    are one policy: the n-gram knobs outside lookup; under goodput the threshold (it has none),
+    the rule (HF's keeps its last token, as ours does under goodput) and the goodput model only
+    goodput reads. `strict`: a combination DecodeConfig refuses is an error (run: the flags
+    asked for it); otherwise combinations that break a constraint between knobs
+    (min_draft_len > gamma_max, ngram_min > ngram_max, heads or lookup at batch size > 1) are
+    left out (a search space crosses every value with every other), and any other is an error.
+    """
+    names = list(space)
+    first_threshold = space["threshold"][0] if space.get("threshold") else base.threshold
+    out = []
+    for combo in itertools.product(*(space[n] for n in names)):
+        params = {**base.to_dict(), **dict(zip(names, combo))}
+        if not strict and not _knobs_agree(params):
+            continue
+        if params["drafter"] != "lookup":
+            params.update(ngram_min=DEFAULTS.ngram_min, ngram_max=DEFAULTS.ngram_max)
+        if params["schedule"] == "goodput":
+            params.update(threshold=first_threshold, semantics="dspark" if params["semantics"] == "hf" else params["semantics"])
+        else:
+            params["goodput_model"] = ""
+        try:
+            out.append(from_dict(params))
+        except DsparkError as err:
+            raise (err if strict else DsparkError(f"search space: {err}")) from None
+    return list(dict.fromkeys(out))
+
+
+def _knobs_agree(params: dict) -> bool:
+    """The constraints between knobs that a search space's cross product can break."""
+    return (params["min_draft_len"] <= params["gamma_max"] and params["ngram_min"] <= params["ngram_max"]
+            and (params["drafter"] == "model" or params["batch_size"] == 1))

@@ -311,7 +311,7 @@ def test_run_records_the_drafter_and_refuses_what_cannot_run(saved_pair, saved_h
         (["--drafter", "medusa"], "unknown drafter 'medusa'"),
         (["--drafter", "heads", "--heads", tmp_path / "nowhere"], "holds no heads"),
         (["--drafter", "lookup", "--batch-size", "2"], "batch size 1 only"),
-        (["--drafter", "lookup", "--engine", "hf"], "--engine hf runs HF's assisted generation"),
+        (["--drafter", "lookup", "--decoder", "hf"], "--decoder hf runs HF's assisted generation"),
     ]:
         result = invoke("run", *common, *args, "--out", tmp_path / "refused")
         assert result.exit_code != 0

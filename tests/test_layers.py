@@ -113,3 +113,12 @@ def test_long_modules_say_why():
     long = [str(p.relative_to(ROOT)) for p in sorted(PACKAGE.rglob("*.py"))
             if len(p.read_text().splitlines()) > 400 and "# Long:" not in p.read_text()]
     assert long == []
+
+
+def test_the_command_line_loads_without_torch():
+    """`dspark-bench --help` stays quick: the CLI's modules import the library (and torch) only
+    when a command runs."""
+    probe = "import sys, dspark_bench.cli; print('torch' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"

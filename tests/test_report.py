@@ -221,7 +221,7 @@ def results(saved_pair, tmp_path_factory):
                 "--gamma-max", "3", "--repeats", "1", "--trace"],
         "replay": ["sweep", "--threshold", "0.2", "--threshold", "0.5", "--gamma-max", "2", "--gamma-max", "3",
                    "--metric", "top1", "--metric", "margin", "--confirm-top", "2"],
-        "grid": ["sweep", "--engine", "real", "--method", "grid", "--threshold", "0.2", "--threshold", "0.5",
+        "grid": ["sweep", "--evaluation", "real", "--method", "grid", "--threshold", "0.2", "--threshold", "0.5",
                  "--gamma-max", "2", "--gamma-max", "3"],
     }.items():
         before = set(out.iterdir()) if out.exists() else set()

@@ -50,7 +50,7 @@ def load_study(folder: Path) -> optuna.Study:
 
 
 def test_grid_runs_every_point_exactly_once(saved_pair, prompts_file, tmp_path):
-    result = runner.invoke(app, base_args(saved_pair, prompts_file, tmp_path) + ["--engine", "real"])
+    result = runner.invoke(app, base_args(saved_pair, prompts_file, tmp_path) + ["--evaluation", "real"])
     assert result.exit_code == 0, result.output
     assert "trials · best" in result.output and "4/4" in result.output
     folder = only_folder(tmp_path)
@@ -66,7 +66,7 @@ def test_grid_runs_every_point_exactly_once(saved_pair, prompts_file, tmp_path):
 
 
 def test_invalid_points_are_never_run(saved_pair, prompts_file, tmp_path):
-    args = base_args(saved_pair, prompts_file, tmp_path) + ["--engine", "real", "--min-draft-len", "0",
+    args = base_args(saved_pair, prompts_file, tmp_path) + ["--evaluation", "real", "--min-draft-len", "0",
                                                             "--min-draft-len", "3"]
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
@@ -78,7 +78,7 @@ def test_invalid_points_are_never_run(saved_pair, prompts_file, tmp_path):
 
 def test_optuna_study_improves_on_its_first_trial(saved_pair, prompts_file, tmp_path):
     args = base_args(saved_pair, prompts_file, tmp_path)[:-8] + [
-        "--engine", "real", "--method", "optuna", "--trials", "5", "--objective", "tokens_per_round",
+        "--evaluation", "real", "--method", "optuna", "--trials", "5", "--objective", "tokens_per_round",
         "--threshold", "0.1", "--threshold", "0.3", "--threshold", "0.5", "--threshold", "0.8",
         "--gamma-max", "2", "--gamma-max", "4", "--metric", "top1", "--metric", "margin"]
     result = runner.invoke(app, args)
@@ -102,7 +102,7 @@ def test_failing_trial_is_recorded_and_the_sweep_goes_on(saved_pair, prompts_fil
 
     monkeypatch.setattr(runner_module, "run", flaky)
     target, draft = saved_pair
-    spec = sweep_spec.load_spec(None, {"target": target, "draft": draft, "dataset": str(prompts_file), "engine": "real",
+    spec = sweep_spec.load_spec(None, {"target": target, "draft": draft, "dataset": str(prompts_file), "evaluation": "real",
                                    "max_new_tokens": 12, "space.threshold": [0.2, 0.6], "space.gamma_max": [2, 4]})
     folder, _ = sweeps.run_sweep(spec, tmp_path)
     trials = load(folder)
@@ -125,7 +125,7 @@ def test_ctrl_c_keeps_finished_trials_and_resume_reruns_the_interrupted_one(save
 
     monkeypatch.setattr(runner_module, "run", interrupted)
     target, draft = saved_pair
-    spec = sweep_spec.load_spec(None, {"target": target, "draft": draft, "dataset": str(prompts_file), "engine": "real",
+    spec = sweep_spec.load_spec(None, {"target": target, "draft": draft, "dataset": str(prompts_file), "evaluation": "real",
                                    "max_new_tokens": 12, "space.threshold": [0.2, 0.6], "space.gamma_max": [2, 4]})
     with pytest.raises(KeyboardInterrupt):
         sweeps.run_sweep(spec, tmp_path)
@@ -290,7 +290,7 @@ def cli(*args: str, **kwargs) -> subprocess.Popen:
 def slow_args(saved_pair, prompts_file, out, repeats: int = 2, tokens: int = 64) -> list[str]:
     args = base_args(saved_pair, prompts_file, out)[1:]
     args[args.index("--max-new-tokens") + 1] = str(tokens)  # long enough trials to be killed inside one
-    return args + ["--engine", "real", "--repeats", str(repeats)]
+    return args + ["--evaluation", "real", "--repeats", str(repeats)]
 
 
 def test_resume_after_sigkill_finishes_the_grid_without_duplicates(saved_pair, prompts_file, tmp_path):

@@ -12,10 +12,11 @@ from dspark_bench.cli.console import cli_errors, out_console, reporting
 from dspark_bench.cli.options import (
     BatchSizes,
     Draft,
-    Engine,
+    Evaluation,
     GammaMaxes,
     Metrics,
     MinDraftLens,
+    OldEngine,
     PromptField,
     PromptsFile,
     SpecDevice,
@@ -24,6 +25,7 @@ from dspark_bench.cli.options import (
     Target,
     Thresholds,
 )
+from dspark_bench.errors import deprecated
 
 
 def calibrate(
@@ -37,7 +39,7 @@ def calibrate(
     force: Annotated[bool, typer.Option(help="Overwrite an existing calibration file and figure.")] = False,
     limit: Annotated[Optional[int], typer.Option(help="Prompts per domain (default: the spec's).")] = None,
     target: Target = None, draft: Draft = None,
-    device: SpecDevice = None, dtype: SpecDtype = None, engine: Engine = None,
+    device: SpecDevice = None, dtype: SpecDtype = None, evaluation: Evaluation = None, engine: OldEngine = None,
     objective: Annotated[Optional[str], typer.Option(help="What to maximise: speedup | tokens_per_round | ... (the first is used).")] = None,
     repeats: Annotated[Optional[int], typer.Option(help="Timed pairs per prompt in the confirmation runs.")] = None,
     max_new_tokens: Annotated[Optional[int], typer.Option(help="Tokens to generate per prompt (default: the spec's, else the tasks').")] = None,
@@ -53,9 +55,15 @@ def calibrate(
     """
     from dspark_bench.tuning import calibrate as lib  # the library loads torch: kept off --help
 
-    flags = {name: value for name, value in locals().items()
-             if name not in ("tasks", "dataset", "prompts", "spec", "out", "force", "lib")}
     with cli_errors():
+        if engine is not None:
+            deprecated("--engine", "--evaluation", "calibrate")
+            evaluation = evaluation or engine
+        flags = {"split": split, "prompt_field": prompt_field, "category_field": category_field, "limit": limit,
+                 "target": target, "draft": draft, "device": device, "dtype": dtype, "evaluation": evaluation,
+                 "objective": objective, "repeats": repeats, "max_new_tokens": max_new_tokens,
+                 "temperature": temperature, "metric": metric, "threshold": threshold, "gamma_max": gamma_max,
+                 "min_draft_len": min_draft_len, "batch_size": batch_size}
         with reporting("calibrating") as (progress, _):
             result = lib.calibrate_command(tasks, dataset or prompts, spec, flags, out, force, progress)
         out_console.print(calibration_table(result.data))

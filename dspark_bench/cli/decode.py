@@ -26,22 +26,24 @@ from dspark_bench.cli.options import (
     TopK,
     TopP,
 )
-from dspark_bench.config import DEFAULT_MAX_NEW_TOKENS, DecodeConfig
+from dspark_bench.config import DEFAULT_MAX_NEW_TOKENS, DEFAULTS, DecodeConfig
 
 
 def decode(
     text: Annotated[str, typer.Argument(help="The prompt.")],
     target: Target = None, draft: Draft = None, chat_template: ChatTemplate = "auto",
-    metric: Annotated[str, typer.Option(help="top1 | entropy | topk_mass | margin")] = "top1",
-    schedule: Annotated[str, typer.Option(help="threshold | ramp | cumulative | fixed")] = "threshold",
-    threshold: Annotated[float, typer.Option(help="Stop drafting below this confidence.")] = 0.5,
-    gamma_max: Annotated[int, typer.Option(help="Most draft tokens per round.")] = 5,
-    min_draft_len: Annotated[int, typer.Option(help="Fewest draft tokens per round.")] = 1,
-    threshold_start: ThresholdStart = 0.3, threshold_end: ThresholdEnd = 0.8, topk: TopK = 5,
-    temperature: Temperature = 0.0, top_p: TopP = 1.0, max_new_tokens: MaxNewTokens = None, seed: Seed = 0,
+    metric: Annotated[str, typer.Option(help="top1 | entropy | topk_mass | margin")] = DEFAULTS.metric,
+    schedule: Annotated[str, typer.Option(help="threshold | ramp | cumulative | fixed")] = DEFAULTS.schedule,
+    threshold: Annotated[float, typer.Option(help="Stop drafting below this confidence.")] = DEFAULTS.threshold,
+    gamma_max: Annotated[int, typer.Option(help="Most draft tokens per round.")] = DEFAULTS.gamma_max,
+    min_draft_len: Annotated[int, typer.Option(help="Fewest draft tokens per round.")] = DEFAULTS.min_draft_len,
+    threshold_start: ThresholdStart = DEFAULTS.threshold_start, threshold_end: ThresholdEnd = DEFAULTS.threshold_end,
+    topk: TopK = DEFAULTS.topk,
+    temperature: Temperature = DEFAULTS.temperature, top_p: TopP = DEFAULTS.top_p, max_new_tokens: MaxNewTokens = None,
+    seed: Seed = DEFAULTS.seed,
     device: Device = "auto", dtype: Dtype = "auto",
-    drafter: Annotated[str, typer.Option(help="model | heads (--heads) | lookup")] = "model",
-    ngram_min: NgramMin = 1, ngram_max: NgramMax = 3, heads: HeadsPath = None,
+    drafter: Annotated[str, typer.Option(help="model | heads (--heads) | lookup")] = DEFAULTS.drafter,
+    ngram_min: NgramMin = DEFAULTS.ngram_min, ngram_max: NgramMax = DEFAULTS.ngram_max, heads: HeadsPath = None,
     calibration: Annotated[Optional[Path], typer.Option(help="Take the policy from a calibration file.")] = None,
     domain: Annotated[Optional[str], typer.Option(help="With --calibration: the prompt's domain (default: the global policy).")] = None,
 ):

@@ -51,5 +51,6 @@ Limit = Annotated[Optional[int], typer.Option(help="Use only the first N prompts
 SpecDevice = Annotated[Optional[str], typer.Option("--device", help="auto | cpu | cuda | mps (default: the spec's)")]
 SpecDtype = Annotated[Optional[str], typer.Option("--dtype", help="auto | float32 | bfloat16 | float16 (default: the spec's)")]
 SpecSplit = Annotated[Optional[str], typer.Option("--split", help="Dataset split (hub datasets) (default: the spec's).")]
-Engine = Annotated[Optional[str], typer.Option(help="replay (greedy: record once, simulate all) | real | auto.")]
+Evaluation = Annotated[Optional[str], typer.Option(help="How policies are evaluated: replay (greedy: record once, simulate all, confirm the best) | real (a timed run each) | auto.")]
+OldEngine = Annotated[Optional[str], typer.Option("--engine", hidden=True, help="Deprecated: --evaluation.")]
 Repeats = Annotated[int, typer.Option(help="Timed baseline/speculative pairs per prompt (medians kept); the side that runs first alternates.")]

@@ -47,22 +47,26 @@ from dspark_bench.cli.options import (
     TopP,
     Turns,
 )
-from dspark_bench.errors import DsparkError
+from dspark_bench.config import DEFAULTS
+from dspark_bench.errors import DsparkError, deprecated
 
 
 def run(
+    ctx: typer.Context,
     target: Target = None, draft: Draft = None, task: Task = None, dataset: Dataset = None,
     prompts: PromptsFile = None, split: Split = "train", prompt_field: PromptField = None,
     category_field: CategoryField = None, limit: Limit = None, turns: Turns = "first",
     chat_template: ChatTemplate = "auto",
     metric: Metrics = None, schedule: Schedules = None, threshold: Thresholds = None,
     gamma_max: GammaMaxes = None, min_draft_len: MinDraftLens = None, semantics: SemanticsOption = None,
-    goodput_model: GoodputModel = None, draft_mode: DraftModes = None, compiled: Compile = False,
-    drafter: Drafters = None, ngram_min: NgramMin = 1, ngram_max: NgramMax = 3, heads: HeadsPath = None,
-    threshold_start: ThresholdStart = 0.3, threshold_end: ThresholdEnd = 0.8, topk: TopK = 5,
-    temperature: Temperature = 0.0, top_p: TopP = 1.0, max_new_tokens: MaxNewTokens = None, seed: Seed = 0,
-    batch_size: BatchSizes = None, batching: Batching = "refill",
-    engine: Annotated[str, typer.Option(help="The speculative side: ours | hf (HF assisted generation, HF's rule: --semantics hf, top1, --min-draft-len 0).")] = "ours",
+    goodput_model: GoodputModel = None, draft_mode: DraftModes = None, compiled: Compile = DEFAULTS.compiled,
+    drafter: Drafters = None, ngram_min: NgramMin = DEFAULTS.ngram_min, ngram_max: NgramMax = DEFAULTS.ngram_max,
+    heads: HeadsPath = None, threshold_start: ThresholdStart = DEFAULTS.threshold_start,
+    threshold_end: ThresholdEnd = DEFAULTS.threshold_end, topk: TopK = DEFAULTS.topk,
+    temperature: Temperature = DEFAULTS.temperature, top_p: TopP = DEFAULTS.top_p, max_new_tokens: MaxNewTokens = None,
+    seed: Seed = DEFAULTS.seed, batch_size: BatchSizes = None, batching: Batching = "refill",
+    decoder: Annotated[str, typer.Option(help="The speculative side: ours | hf (HF assisted generation, HF's rule: --semantics hf, top1, --min-draft-len 0).")] = "ours",
+    engine: Annotated[Optional[str], typer.Option(hidden=True, help="Deprecated: --decoder.")] = None,
     repeats: Repeats = 1,
     trace: Annotated[bool, typer.Option(help="Also write rounds.parquet, the per-round trace.")] = False,
     ignore_eos: IgnoreEos = False,
@@ -78,51 +82,43 @@ def run(
     """
     from dspark_bench.harness import run as lib  # the library loads torch: kept off --help
 
-    flags = {name: value for name, value in locals().items() if name not in ("config", "out", "lib")}
     with cli_errors():
+        if engine is not None:
+            deprecated("--engine", "--decoder", "run")
+            decoder = engine
+        if dataset and prompts:
+            raise DsparkError("pass exactly one of --task, --dataset or --prompts (got --dataset and --prompts)")
+        grid = {"metric": metric, "schedule": schedule, "threshold": threshold, "gamma_max": gamma_max,
+                "min_draft_len": min_draft_len, "semantics": semantics, "draft_mode": draft_mode, "drafter": drafter}
+        if calibration is not None and any(grid.values()):
+            raise DsparkError("--calibration chooses the policy; drop --metric/--schedule/--threshold/--gamma-max/"
+                              "--min-draft-len/--semantics/--draft-mode/--drafter")
         with reporting("decoding") as (progress, say):
             if config is not None:
-                refuse_other_flags(flags)
+                refuse_other_flags(ctx)
                 folder, table = lib.rerun_from(config, out, progress, say)
             else:
-                folder, table = lib.execute(config_from_flags(flags), out, progress, say)
+                run_config = lib.RunConfig(
+                    target=target, draft=draft, heads=heads, device=device, dtype=dtype,
+                    task=task, dataset=dataset or prompts, split=split, prompt_field=prompt_field,
+                    category_field=category_field, limit=limit, turns=turns, chat_template=chat_template,
+                    temperature=temperature, top_p=top_p, topk=topk, max_new_tokens=max_new_tokens, seed=seed,
+                    ignore_eos=ignore_eos, repeats=repeats, trace=trace, batching=batching,
+                    **{name: tuple(values) for name, values in grid.items() if values},  # unset: the defaults
+                    batch_sizes=tuple(batch_size or (DEFAULTS.batch_size,)),
+                    goodput_model=str(goodput_model) if goodput_model else "", threshold_start=threshold_start,
+                    threshold_end=threshold_end, ngram_min=ngram_min, ngram_max=ngram_max, compiled=compiled,
+                    calibration=str(calibration) if calibration else None, decoder=decoder)
+                folder, table = lib.execute(run_config, out, progress, say)
         print_summary(folder, table)
 
 
-def config_from_flags(flags: dict):
-    """The RunConfig the flags describe: repeatable policy flags become the grid's lists."""
-    from dspark_bench.harness.run import RunConfig  # the library loads torch: kept off --help
-
-    values = {k: v for k, v in flags.items() if k not in ("prompts", "calibration", "batch_size")}
-    values["batch_sizes"] = tuple(flags["batch_size"] or (1,))
-    values["dataset"] = flags["dataset"] or flags["prompts"]
-    if flags["dataset"] and flags["prompts"]:
-        raise DsparkError("pass exactly one of --task, --dataset or --prompts (got --dataset and --prompts)")
-    values["goodput_model"] = str(flags["goodput_model"]) if flags["goodput_model"] else ""
-    grid = ("metric", "schedule", "threshold", "gamma_max", "min_draft_len", "semantics", "draft_mode", "drafter")
-    if flags["calibration"] is not None and any(flags[name] for name in grid):
-        raise DsparkError("--calibration chooses the policy; drop --metric/--schedule/--threshold/--gamma-max/"
-                          "--min-draft-len/--semantics/--draft-mode/--drafter")
-    for name in grid:
-        if flags[name]:
-            values[name] = tuple(flags[name])
-        else:
-            values.pop(name)
-    return RunConfig(**values, calibration=str(flags["calibration"]) if flags["calibration"] else None)
-
-
-def refuse_other_flags(flags: dict) -> None:
+def refuse_other_flags(ctx: typer.Context) -> None:
     """--config runs the file's config as it was: a flag that would change it is an error."""
-    defaults = {name: param.default for name, param in _signature().parameters.items()}
-    changed = [name for name, value in flags.items() if value not in (None, [], defaults.get(name))]
-    if changed:
-        raise DsparkError(f"--config runs the run.json's own config; drop {', '.join('--' + c.replace('_', '-') for c in changed)}")
-
-
-def _signature():
-    import inspect
-
-    return inspect.signature(run)
+    given = [name for name in ctx.params if name not in ("config", "out")
+             and getattr(ctx.get_parameter_source(name), "name", None) == "COMMANDLINE"]  # (Typer vendors click: by name)
+    if given:
+        raise DsparkError(f"--config runs the run.json's own config; drop {', '.join('--' + c.replace('_', '-') for c in given)}")
 
 
 def print_summary(folder: Path, table) -> None:
@@ -133,7 +129,7 @@ def print_summary(folder: Path, table) -> None:
     models = info["models"]
     title = f"{info['prompts']['count']} prompts · {models['device']} · {models['dtype']}"
     title += " · EOS ignored" if info["settings"].get("ignore_eos") else ""
-    title += " · speculative side: HF assisted generation" if info["settings"].get("engine") == "hf" else ""
+    title += " · speculative side: HF assisted generation" if info["settings"].get("decoder", info["settings"].get("engine")) == "hf" else ""
     if "batch_size" in table and (table["batch_size"] > 1).any():
         title += f" · B>1: padded layout, {info['settings'].get('batching', 'refill')}ed batches"
     out_console.print(summary_table(table, title))

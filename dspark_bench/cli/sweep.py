@@ -14,7 +14,7 @@ from dspark_bench.cli.options import (
     Dataset,
     Draft,
     Drafters,
-    Engine,
+    Evaluation,
     GammaMaxes,
     HeadsPath,
     IgnoreEos,
@@ -22,6 +22,7 @@ from dspark_bench.cli.options import (
     MaxNewTokens,
     Metrics,
     MinDraftLens,
+    OldEngine,
     PromptField,
     PromptsFile,
     Schedules,
@@ -32,6 +33,7 @@ from dspark_bench.cli.options import (
     Task,
     Thresholds,
 )
+from dspark_bench.errors import deprecated
 
 
 def sweep(
@@ -40,7 +42,7 @@ def sweep(
     prompt_field: PromptField = None, category_field: CategoryField = None, limit: Limit = None,
     target: Target = None, draft: Draft = None, device: SpecDevice = None, dtype: SpecDtype = None,
     method: Annotated[Optional[str], typer.Option(help="grid (Optuna's GridSampler) | optuna (TPE).")] = None,
-    engine: Engine = None,
+    evaluation: Evaluation = None, engine: OldEngine = None,
     trials: Annotated[Optional[int], typer.Option(help="Optuna budget (grid: the whole grid).")] = None,
     objective: Annotated[Optional[str], typer.Option(help="speedup | tokens_per_round | ...; two, comma-separated, for a Pareto front.")] = None,
     storage: Annotated[Optional[str], typer.Option(help="Optuna storage URL (sqlite:///, postgresql://, journal:///path) (default: SQLite in the run folder).")] = None,
@@ -66,8 +68,17 @@ def sweep(
     from dspark_bench.tuning import spec as specs  # the library loads torch: kept off --help
     from dspark_bench.tuning import sweep as lib  # the library loads torch: kept off --help
 
-    flags = {name: value for name, value in locals().items() if name in specs.FLAG_FIELDS}
     with cli_errors():
+        if engine is not None:
+            deprecated("--engine", "--evaluation", "sweep")
+            evaluation = evaluation or engine
+        flags = {"task": task, "dataset": dataset, "prompts": prompts, "split": split, "prompt_field": prompt_field,
+                 "category_field": category_field, "limit": limit, "target": target, "draft": draft, "heads": heads,
+                 "device": device, "dtype": dtype, "method": method, "evaluation": evaluation, "trials": trials,
+                 "objective": objective, "confirm_top": confirm_top, "repeats": repeats,
+                 "max_new_tokens": max_new_tokens, "temperature": temperature, "ignore_eos": ignore_eos,
+                 "metric": metric, "schedule": schedule, "threshold": threshold, "gamma_max": gamma_max,
+                 "min_draft_len": min_draft_len, "batch_size": batch_size, "drafter": drafter}
         with reporting("sweep") as (progress, say):
             if resume is not None:
                 folder, table = resume, lib.continue_sweep(resume, workers=workers, worker_only=worker_only,

@@ -1,6 +1,7 @@
 """A run's whole configuration: what `run` decodes, with what, and how it is timed.
 
-One frozen dataclass, commented field by field. `run` builds it from flags, writes it whole into
+One frozen dataclass, commented field by field: the workload a sweep shares (harness.workload)
+and the policies the run decodes. `run` builds it from flags, writes it whole into
 run.json, and `dspark-bench run --config results/<id>/run.json` runs it again; `regress` re-runs
 a baseline through the same path. A run folder made before run.json kept its config is read
 back from the parts it did keep (configs, settings, models, prompts).
@@ -9,11 +10,10 @@ back from the parts it did keep (configs, settings, models, prompts).
 from __future__ import annotations
 
 import dataclasses
-import itertools
 from dataclasses import dataclass
 from pathlib import Path
 
-from dspark_bench.config import DEFAULT_MAX_NEW_TOKENS, DecodeConfig, from_dict, with_defaults
+from dspark_bench.config import DEFAULTS, DecodeConfig, expand, from_dict, with_defaults
 from dspark_bench.decoding.engine import speculative_decode
 from dspark_bench.decoding.goodput import rule_for
 from dspark_bench.decoding.schedule import expressible
@@ -21,80 +21,59 @@ from dspark_bench.errors import DsparkError
 from dspark_bench.harness.calibration_file import load_calibration
 from dspark_bench.harness.models import load_pair
 from dspark_bench.harness.runner import RunnerSettings, planned_samples, run_to_folder, stage_steps
+from dspark_bench.harness.workload import Workload
 from dspark_bench.prompts import Prompt, encode, prompts_fingerprint
 from dspark_bench.results import check_writable, read_json
 from dspark_bench.tasks import load_prompts
 
 
 @dataclass(frozen=True)
-class RunConfig:
-    # --- models
-    target: str | None = None  # Hugging Face name or local folder; None: the shipped reference pair
-    draft: str | None = None  # a draft sharing the target's vocabulary
-    device: str = "auto"  # auto | cpu | cuda | mps
-    dtype: str = "auto"  # auto (fp32 on CPU, bf16 on CUDA) | float32 | bfloat16 | float16
-    # --- prompts: exactly one of task and dataset
-    task: str | None = None  # a built-in task (tasks ls)
-    dataset: str | None = None  # a prompts file (JSONL, JSON, CSV, Parquet, text) or a hub id
-    split: str = "train"  # the dataset's split (hub datasets)
-    prompt_field: str | None = None  # column holding the prompt (None: guessed)
-    category_field: str | None = None  # column holding the category (None: guessed)
-    limit: int | None = None  # the first N prompts only
-    turns: str = "first"  # multi-turn prompts: "first" turn, or "all" on the model's own answers
-    chat_template: str = "auto"  # auto: the tokenizer's chat template where it has one | none
-    # --- the policy grid: every combination of these lists runs ...
-    metric: tuple[str, ...] = ("top1",)
-    schedule: tuple[str, ...] = ("threshold",)
-    threshold: tuple[float, ...] = (0.5,)
-    gamma_max: tuple[int, ...] = (5,)
-    min_draft_len: tuple[int, ...] = (1,)
-    semantics: tuple[str, ...] = ("dspark",)  # whose rule: ours, HF's (keeps the failing token), llama.cpp's
-    goodput_model: str = ""  # the goodput schedule's model: a replay sweep's folder or its goodput_model.json
-    threshold_start: float = 0.3  # ramp schedule: threshold at draft position 1 ...
-    threshold_end: float = 0.8  # ... rising to this at gamma_max
-    topk: int = 5  # k of the topk_mass metric
+class RunConfig(Workload):
+    """A run: a workload (models, prompts, verification, timing: harness.workload) and the
+    policies it decodes."""
+
+    # --- the policy grid: every combination of these lists runs (config.expand) ...
+    metric: tuple[str, ...] = (DEFAULTS.metric,)
+    schedule: tuple[str, ...] = (DEFAULTS.schedule,)
+    threshold: tuple[float, ...] = (DEFAULTS.threshold,)
+    gamma_max: tuple[int, ...] = (DEFAULTS.gamma_max,)
+    min_draft_len: tuple[int, ...] = (DEFAULTS.min_draft_len,)
+    semantics: tuple[str, ...] = (DEFAULTS.semantics,)  # whose rule: ours, HF's (keeps the failing token), llama.cpp's
+    # where the rule cuts drafts ("early-stop" and/or "verify-side", each a policy of its own here)
+    draft_mode: tuple[str, ...] = (DEFAULTS.draft_mode,)
+    # what drafts (drafters.py): the draft model, the target's heads, prompt lookup; each a policy
+    # of its own here. Lookup matches n-grams of ngram_max down to ngram_min tokens.
+    drafter: tuple[str, ...] = (DEFAULTS.drafter,)
+    # --- ... each at every batch size (requests decoded together; B > 1 through the batched
+    # engine, padded layout, refilled or drained as `batching` says)
+    batch_sizes: tuple[int, ...] = (DEFAULTS.batch_size,)
+    # --- the grid's other knobs, one value each
+    goodput_model: str = DEFAULTS.goodput_model  # the goodput schedule's model: a replay sweep's folder or its goodput_model.json
+    threshold_start: float = DEFAULTS.threshold_start  # ramp schedule: threshold at draft position 1 ...
+    threshold_end: float = DEFAULTS.threshold_end  # ... rising to this at gamma_max
+    ngram_min: int = DEFAULTS.ngram_min
+    ngram_max: int = DEFAULTS.ngram_max
+    compiled: bool = DEFAULTS.compiled  # compiled steps with a static cache (batch size 1)
     # ... unless `policies` lists whole DecodeConfig dicts (a re-run of a run whose policies
     # were not a grid: a calibration's, a benchmark's chosen few)
     policies: tuple[dict, ...] | None = None
     calibration: str | None = None  # a calibration file: each prompt gets its domain's policy
-    # --- verification
-    temperature: float = 0.0  # 0: greedy; > 0: lossless rejection sampling
-    top_p: float = 1.0  # nucleus filter, target and draft alike
-    max_new_tokens: int | None = None  # None: the task's own, else DEFAULT_MAX_NEW_TOKENS
-    seed: int = 0  # seeds each decode's sampling generator
-    # --- concurrency: every policy runs at each batch size (requests decoded together, B > 1
-    # through the batched engine, padded layout); rows that finish are replaced from the waiting
-    # prompts ("refill", continuous batching) or the batch empties before the next starts ("drain")
-    batch_sizes: tuple[int, ...] = (1,)
-    batching: str = "refill"
-    # --- the speculative side: our engine, or HF assisted generation (`generate(assistant_model=…)`)
-    # running each policy under HF's own rule, timed against the same baseline
-    engine: str = "ours"
-    # --- the decoders' execution: where the rule cuts drafts ("early-stop" and/or "verify-side",
-    # each a policy of its own here), and compiled steps with a static cache (batch size 1)
-    draft_mode: tuple[str, ...] = ("early-stop",)
-    compiled: bool = False
-    # --- what drafts (drafters.py): the draft model, the target's heads, prompt lookup; each a
-    # policy of its own here. Lookup matches n-grams of ngram_max down to ngram_min tokens.
-    drafter: tuple[str, ...] = ("model",)
-    ngram_min: int = 1
-    ngram_max: int = 3
-    heads: str | None = None  # the heads drafter's heads (default: the shipped target's)
-    # --- runner
-    repeats: int = 1  # timed baseline/speculative pairs per prompt and policy (medians kept)
-    warmup: int = 1  # untimed decodes of each kind before timing starts
-    trace: bool = False  # also write rounds.parquet
-    ignore_eos: bool = False  # timing only: every sequence exactly max_new_tokens long
+    # --- the speculative decoder timed against the baseline: ours, or HF assisted generation
+    # (`generate(assistant_model=…)`) running each policy under HF's own rule
+    decoder: str = "ours"
 
     def __post_init__(self) -> None:
         check(self)
 
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+    def space(self) -> dict:
+        """The grid as a search space (config.expand's), in the order a run decodes it."""
+        return {"batch_size": self.batch_sizes, "metric": self.metric, "schedule": self.schedule,
+                "threshold": self.threshold, "gamma_max": self.gamma_max, "min_draft_len": self.min_draft_len,
+                "semantics": self.semantics, "draft_mode": self.draft_mode, "drafter": self.drafter}
 
     def decode_configs(self, task_tokens: int | None = None) -> list[DecodeConfig]:
         """The policies this run decodes: its explicit list, or every combination of the grid."""
-        tokens = self.max_new_tokens if self.max_new_tokens is not None else (task_tokens or DEFAULT_MAX_NEW_TOKENS)
+        tokens = self.tokens(task_tokens)
         if self.policies is not None:
             def sizes(policy: dict):  # a policy naming no batch size runs at each of the run's
                 return [policy["batch_size"]] if "batch_size" in policy else self.batch_sizes
@@ -102,25 +81,14 @@ class RunConfig:
             return [from_dict({**policy, "batch_size": b, "max_new_tokens": policy.get("max_new_tokens", tokens),
                                **({"compiled": True} if self.compiled else {})})
                     for policy in self.policies for b in sizes(policy)]
-        grid = itertools.product(self.batch_sizes, self.metric, self.schedule, self.threshold, self.gamma_max,
-                                 self.min_draft_len, self.semantics, self.draft_mode, self.drafter)
-        # goodput has no threshold and keeps its last token under our rule and HF's alike: one policy each.
-        configs = [DecodeConfig(metric=m, schedule=s, threshold=self.threshold[0] if s == "goodput" else t,
-                                gamma_max=g, min_draft_len=n, semantics="dspark" if s == "goodput" and e == "hf" else e,
-                                threshold_start=self.threshold_start,
-                                threshold_end=self.threshold_end, topk=self.topk, temperature=self.temperature,
-                                top_p=self.top_p, max_new_tokens=tokens, seed=self.seed, batch_size=b,
-                                goodput_model=self.goodput_model if s == "goodput" else "", draft_mode=d,
-                                compiled=self.compiled, drafter=r,
-                                ngram_min=self.ngram_min if r == "lookup" else 1,
-                                ngram_max=self.ngram_max if r == "lookup" else 3)
-                   for b, m, s, t, g, n, e, d, r in grid]
-        return list(dict.fromkeys(configs))
+        base = DecodeConfig(threshold_start=self.threshold_start, threshold_end=self.threshold_end, topk=self.topk,
+                            temperature=self.temperature, top_p=self.top_p, max_new_tokens=tokens, seed=self.seed,
+                            goodput_model=self.goodput_model, compiled=self.compiled, ngram_min=self.ngram_min,
+                            ngram_max=self.ngram_max)
+        return expand(self.space(), base)
 
-    def settings(self):
-        return RunnerSettings(repeats=self.repeats, warmup=self.warmup, trace=self.trace,
-                              chat_template=self.chat_template, turns=self.turns, ignore_eos=self.ignore_eos,
-                              batching=self.batching, engine=self.engine)
+    def settings(self) -> RunnerSettings:
+        return self.runner_settings(self.decoder)
 
 
 def check(config: RunConfig) -> None:
@@ -140,12 +108,12 @@ def check(config: RunConfig) -> None:
     if max(config.batch_sizes) > 1 and config.turns == "all":
         raise DsparkError("--turns all decodes each turn on the previous answer, one prompt at a time; "
                           "use --batch-size 1 with it")
-    if config.engine not in ("ours", "hf"):
-        raise DsparkError(f"--engine must be ours or hf (got {config.engine!r})")
-    if config.engine == "hf" and config.ignore_eos:
-        raise DsparkError("--engine hf cannot ignore EOS (HF generate falls back to the model's own EOS); drop --ignore-eos")
-    if config.engine == "hf" and max(config.batch_sizes) > 1:
-        raise DsparkError("--engine hf decodes one request at a time (HF assisted generation has no batching); "
+    if config.decoder not in ("ours", "hf"):
+        raise DsparkError(f"--decoder must be ours or hf (got {config.decoder!r})")
+    if config.decoder == "hf" and config.ignore_eos:
+        raise DsparkError("--decoder hf cannot ignore EOS (HF generate falls back to the model's own EOS); drop --ignore-eos")
+    if config.decoder == "hf" and max(config.batch_sizes) > 1:
+        raise DsparkError("--decoder hf decodes one request at a time (HF assisted generation has no batching); "
                           "use --batch-size 1")
     if max(config.batch_sizes) > 1 and (config.compiled or "verify-side" in config.draft_mode):
         raise DsparkError("--compile and --draft-mode verify-side run at batch size 1 only; use --batch-size 1")
@@ -154,14 +122,14 @@ def check(config: RunConfig) -> None:
     if config.policies is not None and not config.policies:
         raise DsparkError("the run lists no policy to decode")
     configs = config.decode_configs()  # every policy of the grid is valid (one clear line if not)
-    if config.engine == "hf" and any(c.compiled or c.draft_mode != "early-stop" for c in configs):
-        raise DsparkError("--engine hf runs HF's own generate loop: drop --compile and --draft-mode")
-    if config.engine == "hf" and any(c.drafter != "model" for c in configs):
-        raise DsparkError("--engine hf runs HF's assisted generation with the draft model: drop --drafter")
-    if config.engine == "hf":
+    if config.decoder == "hf" and any(c.compiled or c.draft_mode != "early-stop" for c in configs):
+        raise DsparkError("--decoder hf runs HF's own generate loop: drop --compile and --draft-mode")
+    if config.decoder == "hf" and any(c.drafter != "model" for c in configs):
+        raise DsparkError("--decoder hf runs HF's assisted generation with the draft model: drop --drafter")
+    if config.decoder == "hf":
         for c in configs:
             if expressible(c, "hf"):
-                raise DsparkError(f"--engine hf runs HF's own rule, which cannot express {c.label()} (it needs "
+                raise DsparkError(f"--decoder hf runs HF's own rule, which cannot express {c.label()} (it needs "
                                   f"{'; '.join(expressible(c, 'hf'))}); use --metric top1 --min-draft-len 0 "
                                   "--semantics hf, or --schedule fixed")
     if any(c.schedule == "goodput" for c in configs):
@@ -172,6 +140,7 @@ def check(config: RunConfig) -> None:
 
 def from_config_dict(values: dict, where: str = "run config") -> RunConfig:
     """A RunConfig from a mapping (run.json's "config"), refusing keys it does not know."""
+    values = renamed(values)
     known = {f.name for f in dataclasses.fields(RunConfig)}
     unknown = sorted(set(values) - known)
     if unknown:
@@ -183,6 +152,15 @@ def from_config_dict(values: dict, where: str = "run config") -> RunConfig:
         return RunConfig(**{**values, **tuples, "policies": tuple(policies) if policies is not None else None})
     except TypeError as err:
         raise DsparkError(f"{where}: {err}") from None
+
+
+# Keys a run.json written before a rename still carries: the old name -> the new one.
+RENAMED = {"engine": "decoder"}
+
+
+def renamed(values: dict) -> dict:
+    """`values` with every old key under its new name (run.json of an earlier version)."""
+    return {RENAMED.get(key, key): value for key, value in values.items()}
 
 
 def shipped(name: str | None) -> bool:
@@ -205,7 +183,7 @@ def from_run_info(info: dict, where: str = "run file") -> RunConfig:
     models, prompts, settings = info.get("models") or {}, info.get("prompts") or {}, info.get("settings") or {}
     both_shipped = shipped(models.get("target")) and shipped(models.get("draft"))
     known = {f.name for f in dataclasses.fields(RunConfig)}
-    runner = {key: value for key, value in settings.items() if key in known}
+    runner = {key: value for key, value in renamed(settings).items() if key in known}
     if not (prompts.get("task") or prompts.get("dataset")):
         raise DsparkError(f"{where} names neither a task nor a dataset, so it cannot be re-run")
     return from_config_dict({

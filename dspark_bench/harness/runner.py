@@ -47,11 +47,11 @@ class RunnerSettings:
     # (as benchmark suites' "ignore EOS" does), so sampled outputs have equal lengths.
     ignore_eos: bool = False
     batching: str = "refill"  # B > 1: "refill" rows from the waiting prompts as they finish, or "drain"
-    engine: str = "ours"  # the speculative side: our engine, or "hf" assisted generation under HF's rule
+    decoder: str = "ours"  # the speculative side: our engine, or "hf" assisted generation under HF's rule
 
     def speculative(self):
         """The speculative decoder this run times against the baseline."""
-        if self.engine == "hf":
+        if self.decoder == "hf":
             return hf_assisted_decode
         return speculative_decode
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import pandas as pd
 
+from dspark_bench.objectives import best
+
 LAYOUTS = {"padded": ("predicted_speedup", "predicted_time"),
            "packed": ("predicted_speedup_packed", "predicted_time_packed")}
 KINDS = ("best scheduled", "best fixed γ")
@@ -30,7 +32,7 @@ def batch_rows(policies: pd.DataFrame) -> pd.DataFrame:
             for kind, part in zip(KINDS, (group[group["schedule"] != "fixed"], group[group["schedule"] == "fixed"])):
                 if part.empty:
                     continue
-                top = part.loc[part[column].idxmax()]
+                top = best(part, "speedup", column)
                 row = {"batch_size": int(batch_size), "layout": layout, "kind": kind,
                        "predicted_label": top["config_label"], "predicted": float(top[column]),
                        "predicted_tokens_per_s": float(top["new_tokens"] / top[seconds]),
@@ -38,12 +40,12 @@ def batch_rows(policies: pd.DataFrame) -> pd.DataFrame:
                        if "predicted_baseline_time" in top else float("nan")}
                 measured = part[part["speedup"].notna()] if layout == "padded" and "speedup" in part else part.iloc[:0]
                 if not measured.empty:
-                    best = measured.loc[measured["speedup"].idxmax()]
-                    row.update(measured_label=best["config_label"], speedup=float(best["speedup"]),
-                               speedup_low=float(best["speedup_low"]), speedup_high=float(best["speedup_high"]),
-                               measured_predicted=float(best["predicted_speedup"]),
-                               spec_tokens_per_s=float(best["spec_tokens_per_s"]),
-                               baseline_tokens_per_s=float(best["baseline_tokens_per_s"]))
+                    top = best(measured, "speedup", "speedup")
+                    row.update(measured_label=top["config_label"], speedup=float(top["speedup"]),
+                               speedup_low=float(top["speedup_low"]), speedup_high=float(top["speedup_high"]),
+                               measured_predicted=float(top["predicted_speedup"]),
+                               spec_tokens_per_s=float(top["spec_tokens_per_s"]),
+                               baseline_tokens_per_s=float(top["baseline_tokens_per_s"]))
                 rows.append(row)
     return pd.DataFrame(rows)
 

@@ -19,8 +19,6 @@ import pandas as pd
 
 from dspark_bench.config import with_defaults
 from dspark_bench.errors import DsparkError
-from dspark_bench.harness.run import execute, from_run_info, plan_run
-from dspark_bench.harness.runner import RunnerSettings
 from dspark_bench.prompts import prompts_fingerprint
 from dspark_bench.results import (
     SCHEMA_VERSION,
@@ -199,6 +197,8 @@ def comparable(baseline_run: dict, current_run: dict, batch_sizes: list[int] | N
     strip = lambda configs: [{k: v for k, v in c.items() if k not in ("max_new_tokens", "temperature")} for c in configs]
     reasons += _config_differences(strip(old_configs), strip(new_configs))
 
+    from dspark_bench.harness.runner import RunnerSettings  # loads torch: kept off the CLI's import
+
     defaults = dataclasses.asdict(RunnerSettings())  # a run made before a setting existed ran with its default
     for key in OUTPUT_SETTINGS:
         differs(f"setting {key}", baseline_run["settings"].get(key, defaults[key]),
@@ -217,6 +217,8 @@ def plan_rerun(baseline: RunRecord):
     costs seconds, not a run."""
 
     info = baseline.run
+    from dspark_bench.harness.run import from_run_info, plan_run  # loads torch: kept off the CLI's import
+
     planned = plan_run(from_run_info(info, "the baseline's run.json"))
     current = {"schema_version": SCHEMA_VERSION, "configs": [c.to_dict() for c in planned.configs],
                "settings": dataclasses.asdict(planned.config.settings()), "models": planned.pair.describe(),
@@ -244,6 +246,8 @@ def rerun(baseline_folder: Path, out: Path, progress=None, plan=None) -> Path:
     `progress(stage, done, total)` follows the decoding."""
 
     plan = plan or plan_rerun(load_record(Path(baseline_folder), "baseline"))
+    from dspark_bench.harness.run import execute  # loads torch: kept off the CLI's import
+
     folder, _ = execute(plan.config, out, progress, planned=plan)
     return folder
 

@@ -50,7 +50,7 @@ from dspark_bench.tasks import get_task, load_dataset_prompts, load_task
 # Choosing (pure) is calibration_choice.py's, the file itself (schema, loading, writing)
 # calibration.py's; the decoder's users find them here too.
 from dspark_bench.tuning.domain_choice import Choice, choose_from_records, choose_from_samples
-from dspark_bench.tuning.spec import SweepSpec, base_config, engine_for, flag_overrides, load_spec, points
+from dspark_bench.tuning.spec import SweepSpec, base_config, evaluation_for, flag_overrides, load_spec, points
 
 __all__ = ["Calibration", "Choice", "DomainCalibration", "calibrate_domains", "check_output", "choose_from_records",
            "choose_from_samples", "load_calibration", "parse_calibration", "write_calibration"]
@@ -126,11 +126,6 @@ def _max_new_tokens(spec: SweepSpec, tasks: list[str] | None) -> int | None:
         return spec.max_new_tokens
     lengths = {get_task(name).max_new_tokens for name in tasks}
     return lengths.pop() if len(lengths) == 1 else DEFAULT_MAX_NEW_TOKENS
-
-
-def search_configs(spec: SweepSpec, base: DecodeConfig) -> list[DecodeConfig]:
-    configs = points(spec, base)
-    return list(dict.fromkeys(configs))  # a repeated value in the space would only tie with itself
 
 
 @dataclass
@@ -251,9 +246,9 @@ def calibrate_domains(spec: SweepSpec, out: Path, tasks: list[str] | None = None
     `domains` (from `domain_prompts`) skips loading the prompts again; `pair` the models."""
 
     check_output(out, force)  # fail before any model loads
-    engine = engine_for(spec)
+    engine = evaluation_for(spec)
     base = base_config(spec, _max_new_tokens(spec, tasks or ([spec.task] if spec.task and not spec.dataset else None)))
-    configs = search_configs(spec, base)
+    configs = points(spec, base)
     drafters = dict.fromkeys((c.drafter, c.ngram_min, c.ngram_max) for c in configs)
     if len(drafters) > 1:
         raise DsparkError("a calibration chooses one drafter's policies: give one drafter (and one n-gram range) "

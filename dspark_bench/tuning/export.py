@@ -28,7 +28,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from dspark_bench.config import DecodeConfig, from_dict, with_defaults
+from dspark_bench import objectives
+from dspark_bench.config import DecodeConfig, expand, from_dict, with_defaults
 from dspark_bench.decoding.schedule import expressible
 from dspark_bench.errors import DsparkError
 from dspark_bench.metrics import summarize
@@ -45,15 +46,13 @@ THRESHOLDS = tuple(round(t, 2) for t in np.arange(0.0, 1.0, 0.05))  # the neares
 
 def candidates(fmt: str, base: DecodeConfig, gammas: list[int]) -> list[DecodeConfig]:
     """Every policy the engine expresses, over the grid the nearest-policy search replays."""
-    fixed = [base.replace(schedule="fixed", gamma_max=g, min_draft_len=0, semantics="dspark", batch_quorum=0.0,
-                          goodput_model="") for g in gammas]
+    plain = {"batch_quorum": 0.0, "goodput_model": ""}  # what no engine expresses
+    fixed = expand({"gamma_max": gammas}, base.replace(schedule="fixed", min_draft_len=0, semantics="dspark", **plain))
     if fmt in ("vllm", "sglang", "trtllm"):
         return fixed
-    semantics = "hf" if fmt == "hf" else "llamacpp"
-    minimums = (0,) if fmt == "hf" else (0, 1, 2)
-    return fixed + [base.replace(metric="top1", schedule="threshold", threshold=t, gamma_max=g, min_draft_len=m,
-                                 semantics=semantics, batch_quorum=0.0, goodput_model="")
-                    for t in THRESHOLDS for g in gammas for m in minimums if m <= g]
+    rule = base.replace(metric="top1", schedule="threshold", semantics="hf" if fmt == "hf" else "llamacpp", **plain)
+    space = {"threshold": THRESHOLDS, "gamma_max": gammas, "min_draft_len": (0,) if fmt == "hf" else (0, 1, 2)}
+    return fixed + expand(space, rule, strict=False)  # min_draft_len <= gamma_max
 
 
 # --- the run: its best policy per batch size, and what replays it --------------------------------
@@ -118,7 +117,7 @@ def load_run(folder: Path) -> RunPolicies:
         column, rows = ("speedup", measured) if len(measured) else ("predicted_speedup", rows)
         if column not in rows or rows[column].isna().all():
             continue
-        top = rows.sort_values(column, ascending=False).iloc[0]
+        top = objectives.best(rows, "speedup", column)
         best[int(batch_size)] = (policy_of(top, folder), float(top[column]),
                                  "measured" if column == "speedup" else "predicted")
     if not best:

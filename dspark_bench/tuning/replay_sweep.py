@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 import pandas as pd
 
-from dspark_bench.config import DecodeConfig
+from dspark_bench.config import DecodeConfig, expand
 from dspark_bench.decoding.goodput import GoodputModel
 from dspark_bench.harness.models import load_pair
 from dspark_bench.harness.plan import replay_plan, seconds_per_token
@@ -56,10 +56,10 @@ def replay_space(spec: SweepSpec, base: DecodeConfig) -> list[DecodeConfig]:
     """The space's points plus every fixed gamma among them: classic decoding, the baseline to beat."""
     configs = points(spec, base)
     drafters = dict.fromkeys((c.drafter, c.ngram_min, c.ngram_max) for c in configs)
-    classic = [base.replace(schedule="fixed", gamma_max=g, min_draft_len=0, batch_size=b, drafter=d, ngram_min=lo,
-                            ngram_max=hi)
-               for d, lo, hi in drafters for b in sorted({c.batch_size for c in configs})
-               for g in sorted({c.gamma_max for c in configs})]
+    classic = [c for d, lo, hi in drafters
+               for c in expand({"batch_size": sorted({c.batch_size for c in configs}),
+                                "gamma_max": sorted({c.gamma_max for c in configs})},
+                               base.replace(schedule="fixed", min_draft_len=0, drafter=d, ngram_min=lo, ngram_max=hi))]
     return configs + [c for c in classic if c not in configs]
 
 
@@ -78,11 +78,11 @@ def goodput_points(configs: list[DecodeConfig], model_file: Path) -> list[Decode
     configs = [c for c in configs if c.drafter == "model"]
     if not configs:
         return []
-    base = configs[0]
-    return [base.replace(schedule="goodput", metric=m, gamma_max=g, min_draft_len=0, batch_size=b, semantics="dspark",
-                         batch_quorum=0.0, goodput_model=str(Path(model_file).resolve()))
-            for b in sorted({c.batch_size for c in configs}) for m in dict.fromkeys(c.metric for c in configs)
-            for g in sorted({c.gamma_max for c in configs})]
+    base = configs[0].replace(schedule="goodput", min_draft_len=0, semantics="dspark", batch_quorum=0.0,
+                              goodput_model=str(Path(model_file).resolve()))
+    return expand({"batch_size": sorted({c.batch_size for c in configs}),
+                   "metric": list(dict.fromkeys(c.metric for c in configs)),
+                   "gamma_max": sorted({c.gamma_max for c in configs})}, base)
 
 
 def write_goodput_model(folder: Path, rec, record_dir: Path, surface) -> Path:
@@ -268,8 +268,8 @@ def by_batch_size(table: pd.DataFrame, confirmed: pd.DataFrame, objective) -> li
     for batch_size, group in table.groupby("batch_size", sort=True):
         row = {"batch_size": int(batch_size), "layout_measured": "padded"}
         for layout, column in (("padded", "predicted_speedup"), ("packed", "predicted_speedup_packed")):
-            scheduled = group[group["schedule"] != "fixed"].sort_values(column, ascending=False)
-            fixed = group[group["schedule"] == "fixed"].sort_values(column, ascending=False)
+            scheduled = rank(group[group["schedule"] != "fixed"], "speedup", column)
+            fixed = rank(group[group["schedule"] == "fixed"], "speedup", column)
             row[f"{layout}_predicted"] = {
                 "best_scheduled": scheduled.iloc[0]["config_label"], "best_scheduled_speedup": float(scheduled.iloc[0][column]),
                 "best_fixed": fixed.iloc[0]["config_label"], "best_fixed_speedup": float(fixed.iloc[0][column]),

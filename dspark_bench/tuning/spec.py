@@ -9,16 +9,15 @@ min_draft_len > gamma_max are never run.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import yaml
 
-from dspark_bench.config import DEFAULT_MAX_NEW_TOKENS, SEARCHABLE_FIELDS, DecodeConfig
-from dspark_bench.errors import DsparkError, first_line
-from dspark_bench.harness.runner import RunnerSettings
+from dspark_bench.config import SEARCHABLE_FIELDS, DecodeConfig, expand
+from dspark_bench.errors import DsparkError, deprecated, first_line
+from dspark_bench.harness.workload import Workload
 from dspark_bench.objectives import OBJECTIVES
 
 PARAMS = SEARCHABLE_FIELDS  # what a search space may name (config.py declares them)
@@ -42,42 +41,28 @@ SPEC_FOLDERS = (Path("sweeps"), Path(__file__).resolve().parents[2] / "sweeps")
 
 
 @dataclass(frozen=True)
-class SweepSpec:
-    """A study: what to decode, which knobs to search, what to optimise, and how long."""
+class SweepSpec(Workload):
+    """A study: a workload (what to decode and how it is timed: harness.workload), which knobs
+    to search, what to optimise, and how long."""
 
-    task: str | None = None  # built-in task, or use `dataset`
-    dataset: str | None = None  # user prompts (file or hub id)
-    split: str = "train"
-    prompt_field: str | None = None
-    category_field: str | None = None
-    limit: int | None = 10  # prompts per trial
-    target: str | None = None  # None: the reference pair
-    draft: str | None = None
-    heads: str | None = None  # the heads drafter's heads (None: the shipped target's)
-    device: str = "auto"
-    dtype: str = "auto"
-    max_new_tokens: int | None = None  # None: the task's default
-    temperature: float = 0.0
-    top_p: float = 1.0
-    topk: int = 5
-    ignore_eos: bool = False  # timing only: every sequence is exactly max_new_tokens long
+    # A sweep decodes its prompts once per trial (or records them once for replay): the first 10
+    # unless the spec or --limit says otherwise.
+    limit: int | None = 10
     space: dict = field(default_factory=lambda: dict(DEFAULT_SPACE))  # param -> list or {low, high, step}
     objective: tuple[str, ...] = ("speedup",)
     method: str = "grid"  # grid | optuna (TPE)
-    engine: str = "auto"  # replay (greedy only) | real | auto = replay when greedy
+    # How a policy is evaluated: replay (greedy only: record once, simulate every policy, confirm
+    # the best with timed runs) | real (a timed run per policy) | auto = replay when greedy
+    evaluation: str = "auto"
     trials: int = 20  # Optuna budget (grid: the grid's size)
-    repeats: int = 1  # timed pairs per prompt and trial
     confirm_top: int = 5  # replay: real timed runs of the best configurations
-    seed: int = 0
+    sampler_seed: int = 0  # seeds Optuna's sampler (the decodes' own seed is `seed`)
     heartbeat_s: int = 30  # a trial silent this long (x2) was killed and is retried
 
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
 
-    def runner_settings(self):
-        """How every timed or recorded decode of this sweep runs."""
-
-        return RunnerSettings(repeats=self.repeats, ignore_eos=self.ignore_eos)
+# Spec keys an earlier version wrote: the old name -> the new one. A spec file that still uses one
+# is read with a line saying so; a stored spec (a sweep folder's run.json) is read silently.
+RENAMED = {"engine": "evaluation"}
 
 
 def _parse_space(space: object) -> dict:
@@ -115,7 +100,7 @@ def parse_spec(data: dict, where: str = "sweep spec") -> SweepSpec:
 
 
 def _check_types(spec: SweepSpec, where: str) -> None:
-    for name in ("trials", "repeats", "confirm_top", "seed", "heartbeat_s", "topk"):
+    for name in ("trials", "repeats", "warmup", "confirm_top", "seed", "sampler_seed", "heartbeat_s", "topk"):
         if not isinstance(getattr(spec, name), int) or isinstance(getattr(spec, name), bool):
             raise DsparkError(f"{where}: {name} must be an integer (got {getattr(spec, name)!r})")
     for name in ("limit", "max_new_tokens"):
@@ -127,6 +112,7 @@ def _check_types(spec: SweepSpec, where: str) -> None:
 
 
 def _parse_spec(data: dict, where: str) -> SweepSpec:
+    data = {RENAMED.get(key, key): value for key, value in data.items()}
     known = {f.name for f in dataclasses.fields(SweepSpec)}
     unknown = sorted(set(data) - known)
     if unknown:
@@ -147,8 +133,8 @@ def _parse_spec(data: dict, where: str) -> SweepSpec:
         raise DsparkError(f"{where}: give one objective, or two for a Pareto front")
     if spec.method not in ("grid", "optuna"):
         raise DsparkError(f"{where}: method must be grid or optuna (got {spec.method!r})")
-    if spec.engine not in ("auto", "replay", "real"):
-        raise DsparkError(f"{where}: engine must be auto, replay or real (got {spec.engine!r})")
+    if spec.evaluation not in ("auto", "replay", "real"):
+        raise DsparkError(f"{where}: evaluation must be auto, replay or real (got {spec.evaluation!r})")
     if spec.trials < 1 or spec.repeats < 1 or spec.confirm_top < 0:
         raise DsparkError(f"{where}: trials and repeats must be at least 1, confirm_top at least 0")
     if (spec.task is None) == (spec.dataset is None):
@@ -156,12 +142,6 @@ def _parse_spec(data: dict, where: str) -> SweepSpec:
     if not points(spec):
         raise DsparkError(f"{where}: no valid point in the search space (min_draft_len exceeds every gamma_max?)")
     return spec
-
-
-# The sweep command's flags that override a spec field of the same name.
-FLAG_FIELDS = ("task", "dataset", "prompts", "split", "prompt_field", "category_field", "limit", "target", "draft", "heads",
-               "device", "dtype", "method", "engine", "trials", "objective", "confirm_top", "repeats",
-               "max_new_tokens", "temperature", "ignore_eos", *SEARCHABLE_FIELDS)
 
 
 def command_overrides(flags: dict, set_items: list[str]) -> dict:
@@ -229,7 +209,7 @@ def resolve_spec(path: Path | None, overrides: dict) -> tuple[SweepSpec, str]:
     # The dense space, then any batch-size dimension the flags add to it.
     dims = {key: value for key, value in overrides.items() if key.startswith("space.")}
     spec = load_spec(None, {**{k: v for k, v in overrides.items() if k not in dims}, "space": DENSE_SPACE, **dims})
-    if engine_for(spec) == "replay":
+    if evaluation_for(spec) == "replay":
         return spec, f"search space: the dense default ({len(points(spec)):,} points plus every fixed gamma)"
     spec = load_spec(None, overrides)
     return spec, (f"search space: a small default grid ({len(points(spec))} points) — sampling verification "
@@ -250,7 +230,10 @@ def load_spec(path: Path | None, overrides: dict) -> SweepSpec:
             raise DsparkError(f"{path}: not valid YAML ({first_line(err)})") from None
         if not isinstance(data, dict):
             raise DsparkError(f"{path}: a sweep spec must be a mapping")
+    for old in sorted(set(data) & set(RENAMED)):
+        deprecated(f"the key {old!r}", repr(RENAMED[old]), str(path))
     for key, value in overrides.items():  # in order: a later override wins
+        key = RENAMED.get(key, key)
         if key.startswith("space."):
             data.setdefault("space", dict(DEFAULT_SPACE))[key.removeprefix("space.")] = value
         else:  # (a copy: a space given whole, such as DENSE_SPACE, is never changed in place)
@@ -259,38 +242,20 @@ def load_spec(path: Path | None, overrides: dict) -> SweepSpec:
 
 
 def base_config(spec: SweepSpec, task_tokens: int | None) -> DecodeConfig:
-    tokens = spec.max_new_tokens if spec.max_new_tokens is not None else (task_tokens or DEFAULT_MAX_NEW_TOKENS)
-    return DecodeConfig(max_new_tokens=tokens, temperature=spec.temperature,
-                        top_p=spec.top_p, topk=spec.topk)
+    """The policy every point of the space starts from: the workload's verification and lengths."""
+    return DecodeConfig(max_new_tokens=spec.tokens(task_tokens), temperature=spec.temperature, top_p=spec.top_p,
+                        topk=spec.topk, seed=spec.seed)
 
 
 def points(spec: SweepSpec, base: DecodeConfig | None = None) -> list[DecodeConfig]:
-    """Every valid configuration of the grid (invalid combinations are never run)."""
-    base = base or DecodeConfig(max_new_tokens=spec.max_new_tokens or DEFAULT_MAX_NEW_TOKENS, topk=spec.topk)
-    space = spec.space
-    names = list(space)
-    out = []
-    for combo in itertools.product(*(space[n] for n in names)):
-        params = dict(zip(names, combo))
-        if params.get("min_draft_len", base.min_draft_len) > params.get("gamma_max", base.gamma_max):
-            continue  # the constraint min_draft_len <= gamma_max: such points are never run
-        if params.get("ngram_min", base.ngram_min) > params.get("ngram_max", base.ngram_max):
-            continue  # nor ngram_min > ngram_max
-        if params.get("drafter", base.drafter) != "model" and params.get("batch_size", base.batch_size) > 1:
-            continue  # heads and lookup draft at batch size 1 only
-        try:
-            config = base.replace(**params)
-        except DsparkError as err:
-            raise DsparkError(f"search space: {err}") from None
-        if config.drafter != "lookup":  # n-gram knobs mean nothing to the other drafters: one point each
-            config = config.replace(ngram_min=1, ngram_max=3)
-        out.append(config)
-    return list(dict.fromkeys(out))
+    """Every valid configuration of the space (config.expand; invalid combinations are never run)."""
+    return expand(spec.space, base or DecodeConfig(max_new_tokens=spec.tokens(None), topk=spec.topk), strict=False)
 
 
-def engine_for(spec: SweepSpec) -> str:
-    if spec.engine == "replay" and spec.temperature > 0:
-        raise DsparkError("replay needs greedy verification (temperature 0); use --engine real for sampling")
-    if spec.engine == "auto":
+def evaluation_for(spec: SweepSpec) -> str:
+    """How this sweep evaluates policies: "replay" or "real"."""
+    if spec.evaluation == "replay" and spec.temperature > 0:
+        raise DsparkError("replay needs greedy verification (temperature 0); use --evaluation real for sampling")
+    if spec.evaluation == "auto":
         return "replay" if spec.temperature == 0 else "real"
-    return spec.engine
+    return spec.evaluation

@@ -78,8 +78,8 @@ def open_storage(url: str, heartbeat_s: int):
 
 def make_sampler(spec: SweepSpec):
     if spec.method == "grid":
-        return optuna.samplers.GridSampler(spec.space, seed=spec.seed)
-    return optuna.samplers.TPESampler(seed=spec.seed, multivariate=True)
+        return optuna.samplers.GridSampler(spec.space, seed=spec.sampler_seed)
+    return optuna.samplers.TPESampler(seed=spec.sampler_seed, multivariate=True)
 
 
 def suggest(trial: optuna.Trial, spec: SweepSpec) -> dict:

@@ -26,7 +26,7 @@ from dspark_bench.results import (
     write_json,
     write_parquet,
 )
-from dspark_bench.tuning.spec import SweepSpec, engine_for, parse_spec
+from dspark_bench.tuning.spec import SweepSpec, evaluation_for, parse_spec
 from dspark_bench.tuning.study import (
     TrialContext,
     best_trials,
@@ -115,12 +115,12 @@ def run_sweep(spec: SweepSpec, out: Path, storage: str | None = None, study_name
     With `say`, the plan and its estimated duration are said before any decoding."""
     if workers < 1:
         raise DsparkError(f"--workers must be at least 1 (got {workers})")
-    engine = engine_for(spec)
+    evaluation = evaluation_for(spec)
     prepared = prepare(spec)  # prompts read and models loaded: bad input has failed by now
     if say and origin:
         say(origin)
     folder = start_folder(out, "sweep")
-    if engine == "replay":
+    if evaluation == "replay":
         write_run_info(folder, "sweep", run_info(spec, prepared, {"engine": "replay"}))
         return folder, replay_sweep(folder, spec, prepared, Path(out) / "records", progress, say)
     storage = storage or default_storage(folder)

@@ -1,0 +1,66 @@
+"""The workload: what is decoded and how it is timed, shared by a run and a sweep.
+
+A run (`harness.run.RunConfig`) and a sweep spec (`tuning.spec.SweepSpec`) both extend this one
+frozen dataclass, so a field (and the flag or spec key that sets it) means the same thing in
+both: the models, the prompts, how tokens are verified, how long each sequence is, and how the
+runner times them. What a run or a sweep adds on top is the policies (a grid, or a search space).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from dspark_bench.config import DEFAULT_MAX_NEW_TOKENS, DEFAULTS
+from dspark_bench.harness.runner import RunnerSettings
+
+
+@dataclass(frozen=True)
+class Workload:
+    # --- models
+    target: str | None = None  # Hugging Face name, local folder or GGUF file; None: the shipped reference pair
+    draft: str | None = None  # a draft sharing the target's vocabulary
+    heads: str | None = None  # the heads drafter's heads (None: the shipped target's)
+    device: str = "auto"  # auto | cpu | cuda | mps
+    dtype: str = "auto"  # auto (fp32 on CPU, bf16 on CUDA) | float32 | bfloat16 | float16
+    # --- prompts: exactly one of task and dataset
+    task: str | None = None  # a built-in task (tasks ls)
+    dataset: str | None = None  # a prompts file (JSONL, JSON, CSV, Parquet, text) or a hub id
+    split: str = "train"  # the dataset's split (hub datasets)
+    prompt_field: str | None = None  # column holding the prompt (None: guessed)
+    category_field: str | None = None  # column holding the category (None: guessed)
+    limit: int | None = None  # the first N prompts only (None: all)
+    turns: str = "first"  # multi-turn prompts: "first" turn, or "all" on the model's own answers
+    chat_template: str = "auto"  # auto: the tokenizer's chat template where it has one | none
+    # --- verification and lengths
+    temperature: float = DEFAULTS.temperature  # 0: greedy; > 0: lossless rejection sampling
+    top_p: float = DEFAULTS.top_p  # nucleus filter, target and draft alike
+    topk: int = DEFAULTS.topk  # k of the topk_mass metric
+    max_new_tokens: int | None = None  # None: the task's own, else DEFAULT_MAX_NEW_TOKENS
+    seed: int = DEFAULTS.seed  # seeds each decode's sampling generator
+    ignore_eos: bool = False  # timing only: every sequence exactly max_new_tokens long
+    # --- timing
+    repeats: int = 1  # timed baseline/speculative pairs per prompt and policy (medians kept)
+    warmup: int = 1  # untimed decodes of each kind before timing starts
+    trace: bool = False  # also write rounds.parquet
+    # B > 1: rows that finish are replaced from the waiting prompts ("refill", continuous
+    # batching), or the batch empties before the next starts ("drain")
+    batching: str = "refill"
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def tokens(self, task_tokens: int | None) -> int:
+        """Tokens per prompt: the workload's own, else the task's, else the default."""
+        if self.max_new_tokens is not None:
+            return self.max_new_tokens
+        return task_tokens or DEFAULT_MAX_NEW_TOKENS
+
+    def runner_settings(self, decoder: str = "ours") -> RunnerSettings:
+        """How every timed or recorded decode of this workload runs."""
+        return RunnerSettings(repeats=self.repeats, warmup=self.warmup, trace=self.trace,
+                              chat_template=self.chat_template, turns=self.turns, ignore_eos=self.ignore_eos,
+                              batching=self.batching, decoder=decoder)
+
+
+WORKLOAD_FIELDS = tuple(f.name for f in dataclasses.fields(Workload))

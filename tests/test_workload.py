@@ -1,0 +1,79 @@
+"""One workload, one search space: a run and a sweep share their fields, every command expands
+policies through config.expand, and the old spellings of renamed words still work, said so."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from cli_helpers import invoke
+from dspark_bench.config import DEFAULTS, DecodeConfig, expand
+from dspark_bench.errors import DsparkError
+from dspark_bench.harness.run import RunConfig, from_config_dict
+from dspark_bench.harness.workload import WORKLOAD_FIELDS, Workload
+from dspark_bench.tuning.spec import SweepSpec, load_spec, points
+
+
+def test_a_run_and_a_sweep_share_the_workload_field_for_field():
+    run_fields = {f.name: f for f in dataclasses.fields(RunConfig)}
+    spec_fields = {f.name: f for f in dataclasses.fields(SweepSpec)}
+    for name in WORKLOAD_FIELDS:
+        assert run_fields[name].type == spec_fields[name].type, name
+    assert issubclass(RunConfig, Workload) and issubclass(SweepSpec, Workload)
+    # The one default that differs, on purpose: a sweep decodes its prompts once per trial.
+    differing = [n for n in WORKLOAD_FIELDS if run_fields[n].default != spec_fields[n].default]
+    assert differing == ["limit"]
+
+
+def test_run_defaults_are_the_policy_defaults():
+    config = RunConfig(task="code")
+    (policy,) = config.decode_configs()
+    assert policy.replace(max_new_tokens=DEFAULTS.max_new_tokens) == DEFAULTS
+
+
+def test_expand_crosses_the_space_in_its_own_order_without_duplicates():
+    space = {"gamma_max": [2, 4], "threshold": [0.3, 0.5, 0.3]}
+    got = [(c.gamma_max, c.threshold) for c in expand(space)]
+    assert got == [(2, 0.3), (2, 0.5), (4, 0.3), (4, 0.5)]
+
+
+def test_expand_resets_knobs_a_policy_does_not_read():
+    space = {"drafter": ["model", "lookup"], "ngram_max": [2, 4]}
+    got = [(c.drafter, c.ngram_max) for c in expand(space, DEFAULTS.replace(ngram_min=2))]
+    assert got == [("model", DEFAULTS.ngram_max), ("lookup", 2), ("lookup", 4)]
+    goodput = DEFAULTS.replace(goodput_model="fit.json")
+    got = expand({"schedule": ["goodput", "threshold"], "threshold": [0.2, 0.7], "semantics": ["hf"]}, goodput)
+    assert [(c.schedule, c.threshold, c.semantics, c.goodput_model) for c in got] == [
+        ("goodput", 0.2, "dspark", "fit.json"), ("threshold", 0.2, "hf", ""), ("threshold", 0.7, "hf", "")]
+
+
+def test_expand_strict_refuses_what_a_search_space_leaves_out():
+    space = {"min_draft_len": [0, 3], "gamma_max": [2, 4]}
+    assert [(c.min_draft_len, c.gamma_max) for c in expand(space, strict=False)] == [(0, 2), (0, 4), (3, 4)]
+    with pytest.raises(DsparkError, match="must not exceed"):
+        expand(space)
+    with pytest.raises(DsparkError, match="search space: threshold 1.5 is outside"):
+        expand({"threshold": [1.5]}, strict=False)
+
+
+def test_a_sweep_spec_and_a_run_expand_alike():
+    spec = load_spec(None, {"task": "code", "space": {"metric": ["top1", "margin"], "gamma_max": [3, 5]}})
+    run = RunConfig(task="code", metric=("top1", "margin"), gamma_max=(3, 5), threshold=(DEFAULTS.threshold,))
+    base = DecodeConfig(max_new_tokens=64)
+    assert points(spec, base) == [c for c in run.decode_configs(64)]
+
+
+def test_old_names_still_work_and_say_so(tmp_path, capsys):
+    # A run.json written before the rename: read silently.
+    assert from_config_dict({"task": "code", "engine": "hf", "semantics": ["hf"], "min_draft_len": [0]}).decoder == "hf"
+    # A spec file with the old key: read, with a line saying so.
+    old = tmp_path / "old.yaml"
+    old.write_text("task: code\nengine: real\n")
+    assert load_spec(old, {}).evaluation == "real"
+    assert "'engine' is deprecated" in capsys.readouterr().err
+    # The old flag of `run`.
+    result = invoke("run", "--task", "code", "--drafter", "lookup", "--engine", "hf", "--out", tmp_path / "out")
+    assert result.exit_code == 1
+    assert "--engine is deprecated in run: it is now --decoder" in result.stderr
+    assert "--decoder hf runs HF's assisted generation" in result.stderr
