@@ -1,6 +1,6 @@
 """Is the project's autoregressive baseline as fast as `model.generate`? (a benchmark, not a test)
 
-Speedup is always measured against `baselines.autoregressive_decode`; this checks that it is not
+Speedup is always measured against `decoding.autoregressive.autoregressive_decode`; this checks that it is not
 a slow strawman. Per prompt, interleaved (A B C A B C ...), after a warm-up: our loop, plain
 `model.generate`, and Hugging Face assisted generation with the draft. Prints tokens/s (median
 over prompts) and the ratio of our loop to `generate` with a bootstrap 95 % interval.

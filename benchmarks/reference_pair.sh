@@ -34,7 +34,7 @@ dspark-bench sweep --spec sweeps/prose.yaml --limit 10 --confirm-top 3 --out "$o
 prose_sweep=$(newest sweep)
 
 # A real grid sweep (every point decoded and timed): 4 thresholds x 3 gamma_max x 2 min_draft_len.
-dspark-bench sweep --task code --engine real --limit 4 --max-new-tokens 64 \
+dspark-bench sweep --task code --evaluation real --limit 4 --max-new-tokens 64 \
     --threshold 0.2 --threshold 0.3 --threshold 0.5 --threshold 0.7 --gamma-max 3 --gamma-max 5 --gamma-max 8 \
     --min-draft-len 0 --min-draft-len 1 --out "$out" | tee "$logs/sweep_code_real_grid.txt"
 

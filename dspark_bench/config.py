@@ -63,7 +63,7 @@ class DecodeConfig:
     ngram_max: int = field(default=3, metadata=POLICY)
     # Verification and generation: what every policy of a run shares.
     draft_mode: str = "early-stop"  # DRAFT_MODES: where the rule cuts the draft
-    compiled: bool = False  # static KV cache + torch.compile'd steps, both sides (cache.py); batch size 1
+    compiled: bool = False  # static KV cache + torch.compile'd steps, both sides (decoding/cached_lm.py); batch size 1
     temperature: float = 0.0  # 0 = greedy verification; > 0 = rejection sampling
     top_p: float = 1.0  # nucleus filter, applied identically to target and draft
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS

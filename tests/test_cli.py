@@ -187,3 +187,10 @@ def test_decode_refuses_zero_new_tokens(saved_pair):
     target, draft = saved_pair
     result = invoke("decode", "x", "--target", target, "--draft", draft, "--max-new-tokens", "0")
     assert result.exit_code == 1 and "max_new_tokens must be at least 1" in result.stderr
+
+
+def test_a_run_folder_says_its_timing_health(first_run):
+    _, folder, _ = first_run
+    timing = json.loads((folder / "summary.json").read_text())["timing_health"]
+    assert {c["name"] for c in timing["checks"]} >= {"load_drift", "load_dispersion", "baseline_drift"}
+    assert timing["verdict"] in ("ok", "noisy", "unreliable") and timing["headline"].startswith(f"timings {timing['verdict']}")

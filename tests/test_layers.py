@@ -116,9 +116,9 @@ def test_long_modules_say_why():
 
 
 def test_the_command_line_loads_without_torch():
-    """`dspark-bench --help` stays quick: the CLI's modules import the library (and torch) only
-    when a command runs."""
-    probe = "import sys, dspark_bench.cli; print('torch' in sys.modules)"
+    """`dspark-bench --help` and `tasks ls` stay quick: the CLI's modules import the library (and
+    torch) only when a command runs."""
+    probe = "import sys, dspark_bench.cli, dspark_bench.tasks; print('torch' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "False"

@@ -145,7 +145,8 @@ def test_a_broken_baseline_file_is_named_as_given(baseline, tmp_path):
 
 def test_update_rewrites_the_baseline(baseline, saved_pair, prompts_file, tmp_path, monkeypatch):
     ci = tmp_path / "baselines" / "ci"
-    created = invoke("regress", "--baseline", ci / "summary.json", "--current", baseline, "--update")
+    # --force: the tiny models' sub-millisecond timings may well be judged noise; not the point here.
+    created = invoke("regress", "--baseline", ci / "summary.json", "--current", baseline, "--update", "--force")
     assert created.exit_code == 0, created.output
     assert {p.name for p in ci.iterdir()} == {*lib.BASELINE_FILES, "baseline.json"}
 
@@ -154,7 +155,7 @@ def test_update_rewrites_the_baseline(baseline, saved_pair, prompts_file, tmp_pa
     worse = benchmark(tmp_path / "worse", *saved_pair, prompts_file)
     assert invoke("regress", "--baseline", ci / "summary.json", "--current", worse).exit_code == 1
 
-    updated = invoke("regress", "--baseline", ci / "summary.json", "--current", worse, "--update")
+    updated = invoke("regress", "--baseline", ci / "summary.json", "--current", worse, "--update", "--force")
     assert updated.exit_code == 0, updated.output
     assert (ci / "summary.json").read_bytes() == (worse / "summary.json").read_bytes()
     assert [p.name for p in ci.parent.iterdir()] == ["ci"]  # no temporary folders left behind
@@ -186,9 +187,12 @@ def test_comparable_names_every_difference(baseline):
     assert "target fingerprint" not in reasons
 
 
-def _with_speedup(record: lib.RunRecord, factor: float) -> lib.RunRecord:
+def _with_speedup(record: lib.RunRecord, factor: float, timing: str | None = None) -> lib.RunRecord:
+    """`record` with its speedups scaled, and its timing health as given (None: none recorded)."""
     rows = [{**row, "speedup": row["speedup"] * factor} for row in record.summary["configs"]]
-    return lib.RunRecord(record.folder, record.run, {**record.summary, "configs": rows}, record.outputs)
+    health = {"verdict": timing, "checks": [], "headline": f"timings {timing}: a reason"} if timing else None
+    return lib.RunRecord(record.folder, record.run, {**record.summary, "configs": rows, "timing_health": health},
+                         record.outputs)
 
 
 def test_slower_speed_is_flagged_or_failed_when_strict(baseline):
@@ -204,7 +208,32 @@ def test_slower_speed_is_flagged_or_failed_when_strict(baseline):
 
 def _on_machine(record: lib.RunRecord, **machine) -> lib.RunRecord:
     env = {**record.run["environment"], "machine": {**record.run["environment"]["machine"], **machine}}
-    return lib.RunRecord(record.folder, {**record.run, "environment": env}, record.summary, record.outputs)
+    summary = {**record.summary, "timing_health": None}  # the tiny run's own timings are not the point here
+    return lib.RunRecord(record.folder, {**record.run, "environment": env}, summary, record.outputs)
+
+
+def test_noise_is_the_first_suspect_when_the_run_s_timings_failed(baseline):
+    record = lib.load_baseline(baseline / "summary.json")
+    noisy = lib.compare(record, _with_speedup(record, 0.5, timing="unreliable"))
+    assert noisy.notes[0].startswith("first suspect: noise, not the code — the current run's timings unreliable")
+    assert noisy.notes[1].startswith("same machine as the baseline")  # the code comes after
+    calm = lib.compare(record, _with_speedup(record, 1.0, timing="noisy"))
+    assert calm.notes[0].startswith("speed compared, but — the current run's timings noisy")
+    assert not lib.compare(record, _with_speedup(record, 1.0, timing="ok")).notes[0].startswith(("first", "speed"))
+
+
+def test_an_unreliable_run_does_not_become_the_baseline_unless_forced(baseline, tmp_path):
+    busy = tmp_path / "busy"
+    shutil.copytree(baseline, busy)
+    summary = json.loads((busy / "summary.json").read_text())
+    summary["timing_health"] = {"verdict": "unreliable", "checks": [], "headline": "timings unreliable: a reason"}
+    (busy / "summary.json").write_text(json.dumps(summary))
+    ci = tmp_path / "baselines" / "ci"
+    refused = invoke("regress", "--baseline", ci / "summary.json", "--current", busy, "--update")
+    assert refused.exit_code == 2 and "timings are unreliable" in one_error_line(refused) and not ci.exists()
+    forced = invoke("regress", "--baseline", ci / "summary.json", "--current", busy, "--update", "--force")
+    assert forced.exit_code == 0, forced.output
+    assert json.loads((ci / "summary.json").read_text())["timing_health"]["verdict"] == "unreliable"
 
 
 def test_a_machine_change_is_the_first_suspect_when_speed_moves(baseline):

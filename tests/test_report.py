@@ -249,6 +249,8 @@ def test_report_of_a_traced_run(results):
     assert f"| best | {best['config_label']} | {best['speedup']:.2f}×" in summary
     assert "| classic (best fixed γ) | fixed γ=3 |" in summary and "| autoregressive |" in summary
     assert "### Environment" in summary and "cpu · float32" in summary
+    verdict = json.loads((folder / "summary.json").read_text())["timing_health"]["verdict"]
+    assert "Timing health: " in summary and f"| {plots.short_run(folder.name)} | {verdict} |" in summary
     figures = figures_written(folder / "report.md")
     assert figures == [f"plots/{n}.png" for n in ("threshold_curves", "speedup_heatmap", "position_acceptance",
                                                    "calibration", "stop_reasons", "best_vs_classic", "round_trace")]

@@ -213,6 +213,13 @@ def test_replay_sweep_confirms_its_best_policies(saved_pair, prompts_file, tmp_p
     assert (confirmed["identical_to_baseline"] == 1.0).all()
     summary = json.loads((folder / "summary.json").read_text())
     assert summary["cost_model_accuracy"]["measured_over_predicted_median"] > 0
+    # Its timings judged, every check named, and the verdict printed under the table.
+    timing = summary["timing_health"]
+    assert {c["name"] for c in timing["checks"]} == {"cost_dispersion", "cost_monotone", "load_drift",
+                                                     "load_dispersion", "measured_over_predicted",
+                                                     "wall_over_estimate"} | ({"identical_rounds"} & {c["name"] for c in timing["checks"]})
+    assert f"timings {timing['verdict']}" in result.output
+    assert summary["predictions_trusted"] == (all(c["verdict"] != "unreliable" for c in timing["checks"][:2]))
     # A second sweep on the same pair and prompts reuses the record.
     records = list((tmp_path / "records").iterdir())
     again = runner.invoke(app, args)

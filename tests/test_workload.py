@@ -6,13 +6,13 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-
 from cli_helpers import invoke
+
 from dspark_bench.config import DEFAULTS, DecodeConfig, expand
 from dspark_bench.errors import DsparkError
 from dspark_bench.harness.run import RunConfig, from_config_dict
 from dspark_bench.harness.workload import WORKLOAD_FIELDS, Workload
-from dspark_bench.tuning.spec import SweepSpec, load_spec, points
+from dspark_bench.tuning.spec import SweepSpec, load_spec, old_keys, parse_spec, points
 
 
 def test_a_run_and_a_sweep_share_the_workload_field_for_field():
@@ -77,3 +77,28 @@ def test_old_names_still_work_and_say_so(tmp_path, capsys):
     assert result.exit_code == 1
     assert "--engine is deprecated in run: it is now --decoder" in result.stderr
     assert "--decoder hf runs HF's assisted generation" in result.stderr
+
+
+def test_a_spec_s_old_seed_keeps_its_old_meaning(tmp_path, capsys):
+    """Before the two seeds had two names, a spec's `seed` seeded Optuna's sampler."""
+    old = tmp_path / "old.yaml"
+    old.write_text("task: code\nseed: 7\n")
+    spec = load_spec(old, {})
+    assert (spec.sampler_seed, spec.seed) == (7, DEFAULTS.seed)
+    assert "'seed' alone (the sampler's seed) is deprecated" in capsys.readouterr().err
+    stored = {**SweepSpec(task="code").to_dict(), "seed": 3}
+    del stored["sampler_seed"]  # a sweep folder's run.json from before the rename
+    assert parse_spec(old_keys(stored)).sampler_seed == 3
+    new = load_spec(None, {"task": "code", "seed": 5})  # today's meaning: the decodes' seed
+    assert (new.sampler_seed, new.seed) == (0, 5)
+
+
+def test_a_sweep_refuses_workload_settings_it_cannot_honour():
+    with pytest.raises(DsparkError, match="a sweep decodes first turns"):
+        load_spec(None, {"task": "code", "turns": "all"})
+    with pytest.raises(DsparkError, match="--batching must be refill or drain"):
+        load_spec(None, {"task": "code", "batching": "sometimes"})
+    with pytest.raises(DsparkError, match="threads must be a positive integer"):
+        load_spec(None, {"task": "code", "threads": 0})
+    with pytest.raises(DsparkError, match="--threads must be a whole number"):
+        RunConfig(task="code", threads=0).use_threads()

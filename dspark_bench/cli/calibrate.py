@@ -53,7 +53,7 @@ def calibrate(
     Example: dspark-bench calibrate --tasks code,prose,structured --spec sweeps/default.yaml --out calibration.yaml
     Example: dspark-bench calibrate --tasks code,prose --batch-size 1 --batch-size 8 --batch-size 32 (a policy per domain and batch size)
     """
-    from dspark_bench.tuning import calibrate as lib  # the library loads torch: kept off --help
+    from dspark_bench.tuning import calibrate as lib  # loaded when the command runs, not for --help
 
     with cli_errors():
         if engine is not None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import json
+from pathlib import Path
 
 import typer
 from rich.console import Console
@@ -143,10 +145,30 @@ def print_best(table, folder, title: str = "best configurations") -> None:
     columns = [c for c in ("config_label", "predicted_speedup", "speedup", "speedup_low", "speedup_high",
                            "tokens_per_round", "acceptance_rate", "avg_draft_len", "block_acceptance_rate",
                            "identical_to_baseline", "state") if c in table]
+    summary = read_summary(folder)
+    if summary.get("predictions_trusted") is False:
+        title += " · predicted speedups untrustworthy (the cost table never passed its timing checks)"
     view = Table(title=title, title_justify="left")
     for name in columns:
         view.add_column(name.replace("_", " "), justify="left" if name in ("config_label", "state") else "right")
     for row in table.head(10).to_dict(orient="records"):
         view.add_row(*[f"{row[c]:.3f}" if isinstance(row[c], float) else str(row[c]) for c in columns])
     out_console.print(view)
+    print_health(summary)
     out_console.print(f"run folder: {folder}")
+
+
+def read_summary(folder) -> dict:
+    """A finished run folder's summary.json ({} when there is none yet)."""
+    path = Path(folder) / "summary.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+HEALTH_STYLE = {"ok": "dim", "noisy": "yellow", "unreliable": "bold red"}
+
+
+def print_health(summary: dict) -> None:
+    """The line under a table saying whether its timings can be trusted (summary's timing_health)."""
+    health = summary.get("timing_health")
+    if health:
+        out_console.print(health["headline"], style=HEALTH_STYLE[health["verdict"]], highlight=False, soft_wrap=True)

@@ -51,7 +51,7 @@ def decode(
 
     Example: dspark-bench decode "def fibonacci(n):" --threshold 0.4
     """
-    from dspark_bench.harness.run import decode_once  # the library loads torch: kept off --help
+    from dspark_bench.harness.run import decode_once  # loaded when the command runs, not for --help
 
     with cli_errors():
         config = DecodeConfig(metric=metric, schedule=schedule, threshold=threshold, gamma_max=gamma_max,
@@ -68,7 +68,7 @@ def decode(
 
 def show_rounds(text: str, tokenizer, result, config: DecodeConfig) -> None:
     """The prompt and every round, then the generation's policy metrics and stop reasons."""
-    from dspark_bench.harness.runner import sample_row  # the library loads torch: kept off --help
+    from dspark_bench.harness.runner import sample_row  # loaded when the command runs, not for --help
 
     markers = not out_console.is_terminal or out_console.no_color
     out_console.print(Text(text, style="dim") + render_rounds(tokenizer, result, markers))

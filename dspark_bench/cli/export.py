@@ -21,7 +21,7 @@ def export(
 
     Example: dspark-bench export results/20250101-120000-sweep-abc123 --format llamacpp
     """
-    from dspark_bench.tuning import export as lib  # the library loads torch: kept off --help
+    from dspark_bench.tuning import export as lib  # loaded when the command runs, not for --help
 
     with cli_errors():
         path, choices, text = lib.export(run, fmt, out)

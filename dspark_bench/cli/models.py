@@ -17,13 +17,13 @@ models_app = typer.Typer(help="The offline reference model pair.", no_args_is_he
 @models_app.command("info")
 def models_info():
     """What the shipped reference pair is. Example: dspark-bench models info"""
-    from dspark_bench.reference import info  # the library loads torch: kept off --help
+    from dspark_bench.reference import info  # loaded when the command runs, not for --help
 
     with cli_errors():
         report = info()
         for line in describe_reference(report):
             out_console.print(line)
-        from dspark_bench.reference import default_heads_path  # the library loads torch: kept off --help
+        from dspark_bench.reference import default_heads_path  # loaded when the command runs, not for --help
 
         shipped_heads = default_heads_path() / "heads.json"
         if shipped_heads.is_file():  # the heads drafter's heads on the shipped target
@@ -76,7 +76,7 @@ def models_build(
     """
     with cli_errors():
         if heads:
-            from dspark_bench.harness.train_heads import build_heads  # the library loads torch: kept off --help
+            from dspark_bench.harness.train_heads import build_heads  # loaded when the command runs, not for --help
 
             if count < 1:
                 raise DsparkError(f"--count must be at least 1 (got {count})")
@@ -87,7 +87,7 @@ def models_build(
             return
         if target is not None or export_to is not None:
             raise DsparkError("--target and --export-to go with --heads")
-        from dspark_bench.reference import build  # the library loads torch: kept off --help
+        from dspark_bench.reference import build  # loaded when the command runs, not for --help
 
         build(out=out or Path("build/reference"), minutes=100.0 if minutes is None else minutes)
 

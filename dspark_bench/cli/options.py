@@ -45,6 +45,7 @@ ChatTemplate = Annotated[str, typer.Option(help="auto (use the tokenizer's chat 
 IgnoreEos = Annotated[bool, typer.Option(help="Timing only: both sides generate exactly max_new_tokens (EOS does not end a sequence).")]
 BatchSizes = Annotated[list[int], typer.Option("--batch-size", help="Requests decoded together (repeatable; default 1). B > 1: the batched engine, padded layout, both sides on the same batches.")]
 Batching = Annotated[str, typer.Option(help="B > 1: refill (a finished row's place goes to the next prompt, as continuous batching does) | drain (each batch empties first).")]
+Threads = Annotated[Optional[int], typer.Option(help="torch's CPU threads (default: torch's own); on a busy machine, fewer than the cores (e.g. 1) keep torch from fighting the other process.")]
 Limit = Annotated[Optional[int], typer.Option(help="Use only the first N prompts.")]
 
 # The same knobs for commands that override a sweep spec: unset means "the spec's".

@@ -29,6 +29,7 @@ def regress(
     report: Annotated[Optional[Path], typer.Option(help="Write the Markdown table here (default: regress.md in the current run folder).")] = None,
     update: Annotated[bool, typer.Option(help="Rewrite the baseline from --current or a fresh re-run, on purpose.")] = False,
     batch_size: BatchSizes = None,
+    force: Annotated[bool, typer.Option(help="With --update: accept a run whose timings were unreliable.")] = False,
 ):
     """Re-run (or take) a benchmark and compare it with a baseline: exit 0 pass, 1 regression, 2 no verdict.
 
@@ -43,7 +44,7 @@ def regress(
             raise DsparkError("--batch-size re-runs the baseline's benchmark at those batch sizes; drop "
                               + ("--update" if update else "--current"))
         if update:
-            text = lib.update(baseline, current, out, progress)
+            text = lib.update(baseline, current, out, progress, force)
         else:
             comparison, text = lib.check(baseline, current, out, tolerance, speed_tolerance, strict_speed, report,
                                          progress, batch_size or None)

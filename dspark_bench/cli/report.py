@@ -23,7 +23,7 @@ def report(
 
     Example: dspark-bench report results/20250101-120000-sweep-abc123 --format svg
     """
-    from dspark_bench.reporting import report as lib  # the library loads torch: kept off --help
+    from dspark_bench.reporting import report as lib  # loaded when the command runs, not for --help
 
     with cli_errors():
         path = lib.build_report(runs, out=out, fmt=fmt, by=by)

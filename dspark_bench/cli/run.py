@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from dspark_bench.cli.console import cli_errors, out_console, reporting, summary_table
+from dspark_bench.cli.console import cli_errors, out_console, print_health, read_summary, reporting, summary_table
 from dspark_bench.cli.options import (
     Batching,
     BatchSizes,
@@ -40,6 +40,7 @@ from dspark_bench.cli.options import (
     Target,
     Task,
     Temperature,
+    Threads,
     ThresholdEnd,
     Thresholds,
     ThresholdStart,
@@ -70,7 +71,7 @@ def run(
     repeats: Repeats = 1,
     trace: Annotated[bool, typer.Option(help="Also write rounds.parquet, the per-round trace.")] = False,
     ignore_eos: IgnoreEos = False,
-    device: Device = "auto", dtype: Dtype = "auto",
+    device: Device = "auto", dtype: Dtype = "auto", threads: Threads = None,
     calibration: Annotated[Optional[Path], typer.Option(help="Per-domain policies from `calibrate`: each prompt gets its category's.")] = None,
     config: Annotated[Optional[Path], typer.Option(help="Run what a run folder's run.json describes, again (other flags but --out are refused).")] = None,
     out: Annotated[Path, typer.Option(help="Folder that receives the run folder.")] = Path("results"),
@@ -80,12 +81,12 @@ def run(
     Example: dspark-bench run --task code --limit 10 --threshold 0.3 --threshold 0.5 --gamma-max 6
     Example: dspark-bench run --config results/20250101-120000-run-abc123/run.json
     """
-    from dspark_bench.harness import run as lib  # the library loads torch: kept off --help
+    from dspark_bench.harness import run as lib  # loaded when the command runs, not for --help
 
     with cli_errors():
         if engine is not None:
             deprecated("--engine", "--decoder", "run")
-            decoder = engine
+            decoder = engine if decoder == "ours" else decoder  # the new name wins, as in sweep and calibrate
         if dataset and prompts:
             raise DsparkError("pass exactly one of --task, --dataset or --prompts (got --dataset and --prompts)")
         grid = {"metric": metric, "schedule": schedule, "threshold": threshold, "gamma_max": gamma_max,
@@ -103,7 +104,7 @@ def run(
                     task=task, dataset=dataset or prompts, split=split, prompt_field=prompt_field,
                     category_field=category_field, limit=limit, turns=turns, chat_template=chat_template,
                     temperature=temperature, top_p=top_p, topk=topk, max_new_tokens=max_new_tokens, seed=seed,
-                    ignore_eos=ignore_eos, repeats=repeats, trace=trace, batching=batching,
+                    ignore_eos=ignore_eos, repeats=repeats, trace=trace, batching=batching, threads=threads,
                     **{name: tuple(values) for name, values in grid.items() if values},  # unset: the defaults
                     batch_sizes=tuple(batch_size or (DEFAULTS.batch_size,)),
                     goodput_model=str(goodput_model) if goodput_model else "", threshold_start=threshold_start,
@@ -122,8 +123,8 @@ def refuse_other_flags(ctx: typer.Context) -> None:
 
 
 def print_summary(folder: Path, table) -> None:
-    from dspark_bench.metrics import summarize  # the library loads torch: kept off --help
-    from dspark_bench.results import read_run  # the library loads torch: kept off --help
+    from dspark_bench.metrics import summarize  # loaded when the command runs, not for --help
+    from dspark_bench.results import read_run  # loaded when the command runs, not for --help
 
     info, samples = read_run(folder)
     models = info["models"]
@@ -135,4 +136,5 @@ def print_summary(folder: Path, table) -> None:
     out_console.print(summary_table(table, title))
     if samples["category"].nunique() > 1:
         out_console.print(summary_table(summarize(samples, by=["category"]), "by category"))
+    print_health(read_summary(folder))
     out_console.print(f"run folder: {folder}")

@@ -31,6 +31,7 @@ from dspark_bench.cli.options import (
     SpecSplit,
     Target,
     Task,
+    Threads,
     Thresholds,
 )
 from dspark_bench.errors import deprecated
@@ -41,6 +42,7 @@ def sweep(
     task: Task = None, dataset: Dataset = None, prompts: PromptsFile = None, split: SpecSplit = None,
     prompt_field: PromptField = None, category_field: CategoryField = None, limit: Limit = None,
     target: Target = None, draft: Draft = None, device: SpecDevice = None, dtype: SpecDtype = None,
+    threads: Threads = None,
     method: Annotated[Optional[str], typer.Option(help="grid (Optuna's GridSampler) | optuna (TPE).")] = None,
     evaluation: Evaluation = None, engine: OldEngine = None,
     trials: Annotated[Optional[int], typer.Option(help="Optuna budget (grid: the whole grid).")] = None,
@@ -65,8 +67,8 @@ def sweep(
     Example: dspark-bench sweep --task code --spec sweeps/code.yaml --limit 10
     Example: dspark-bench sweep --task code --drafter model --drafter heads --drafter lookup
     """
-    from dspark_bench.tuning import spec as specs  # the library loads torch: kept off --help
-    from dspark_bench.tuning import sweep as lib  # the library loads torch: kept off --help
+    from dspark_bench.tuning import spec as specs  # loaded when the command runs, not for --help
+    from dspark_bench.tuning import sweep as lib  # loaded when the command runs, not for --help
 
     with cli_errors():
         if engine is not None:
@@ -74,7 +76,7 @@ def sweep(
             evaluation = evaluation or engine
         flags = {"task": task, "dataset": dataset, "prompts": prompts, "split": split, "prompt_field": prompt_field,
                  "category_field": category_field, "limit": limit, "target": target, "draft": draft, "heads": heads,
-                 "device": device, "dtype": dtype, "method": method, "evaluation": evaluation, "trials": trials,
+                 "device": device, "dtype": dtype, "threads": threads, "method": method, "evaluation": evaluation, "trials": trials,
                  "objective": objective, "confirm_top": confirm_top, "repeats": repeats,
                  "max_new_tokens": max_new_tokens, "temperature": temperature, "ignore_eos": ignore_eos,
                  "metric": metric, "schedule": schedule, "threshold": threshold, "gamma_max": gamma_max,

@@ -17,7 +17,7 @@ tasks_app = typer.Typer(help="Inspect the built-in tasks and validate task files
 @tasks_app.command("ls")
 def tasks_ls():
     """List the built-in tasks. Example: dspark-bench tasks ls"""
-    from dspark_bench.tasks import registry  # the library loads torch: kept off --help
+    from dspark_bench.tasks import registry  # loaded when the command runs, not for --help
 
     with cli_errors():
         view = Table(title="built-in tasks", title_justify="left")
@@ -31,8 +31,8 @@ def tasks_ls():
 @tasks_app.command("show")
 def tasks_show(name: str, n: Annotated[int, typer.Option(help="How many prompts to show.")] = 3):
     """Show a task's settings and a few of its prompts. Example: dspark-bench tasks show code --n 2"""
-    from dspark_bench.prompts import prompts_fingerprint  # the library loads torch: kept off --help
-    from dspark_bench.tasks import get_task, load_task  # the library loads torch: kept off --help
+    from dspark_bench.prompts import prompts_fingerprint  # loaded when the command runs, not for --help
+    from dspark_bench.tasks import get_task, load_task  # loaded when the command runs, not for --help
 
     with cli_errors():
         spec = get_task(name)
@@ -47,7 +47,7 @@ def tasks_show(name: str, n: Annotated[int, typer.Option(help="How many prompts 
 @tasks_app.command("validate")
 def tasks_validate(path: Path):
     """Check a task file. Example: dspark-bench tasks validate my_task.yaml"""
-    from dspark_bench.tasks import validate_task_file  # the library loads torch: kept off --help
+    from dspark_bench.tasks import validate_task_file  # loaded when the command runs, not for --help
 
     with cli_errors():
         spec = validate_task_file(path)

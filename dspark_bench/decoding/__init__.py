@@ -1,13 +1,14 @@
 """Decoding: everything one decode step needs, and the decoders built from it.
 
-The shared types of a decode (`types`: Round, DecodeResult, Block, Proposal), the speculative
+The shared types of a decode (`types`: Round, DecodeResult, Block), the speculative
 engine at batch size 1 (`engine`) and batched with continuous batching (`batched`), the plain
 autoregressive and HF-assisted decoders it is measured against (`autoregressive`), the drafters
 (`drafters`: the draft model, `heads`, `lookup`), the KV caches (`cached_lm`, `batch_lm`),
 sampling, confidence metrics, stopping rules and engine rules (`schedule`), the goodput rule and
-its acceptance curves (`goodput`, `acceptance_curves`), and every device-to-host read and clock
+its acceptance curves (`goodput`, with `exact` for device math that rounds as the host does), a
+round's draft under the host's rule (`proposal`), and every device-to-host read and clock
 synchronisation (`host`).
 
-May import: the core modules at the top of the package (config, errors, metrics, ...) and
-`tasks`/`reference` never. Nothing here knows about replay, timing, sweeps or reports.
+May import: only the core modules at the top of the package (config, errors, results, ...);
+never `tasks` or `reference`. Nothing here knows about replay, timing, sweeps or reports.
 """

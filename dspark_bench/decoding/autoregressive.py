@@ -112,7 +112,7 @@ def hf_assisted_decode(
     eos_ids: frozenset[int] = frozenset(),
 ) -> DecodeResult:
     """HF assisted generation (`generate(assistant_model=draft)`) running `config` under HF's rule:
-    `run --engine hf`, a peer engine timed against the same baseline. Its rounds come from HF's
+    `run --decoder hf`, a peer engine timed against the same baseline. Its rounds come from HF's
     own bookkeeping (drafted and accepted per target pass); confidences are not exposed."""
     saved = draft.generation_config
     draft.generation_config = copy.deepcopy(saved)

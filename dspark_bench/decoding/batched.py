@@ -4,9 +4,9 @@ Each row drafts under the policy on its own confidences and is verified on its o
 same `Proposal`, `verify` and `close_round` as the batch-1 engine (engine.py); only the forwards
 are shared. So under greedy verification a row's rounds are exactly its rounds at batch 1, and
 replay predicts them. A round's draft loop runs until the last row has stopped drafting, and
-its verify pass is padded to the longest row's draft (the padded layout, batch_cache.py). The
+its verify pass is padded to the longest row's draft (the padded layout, batch_lm.py). The
 one batch-level rule, `batch_quorum`, ends every row's draft once too few rows are still
-drafting; rounds then depend on the batch, and the batched replay (batch_replay.py) walks it.
+drafting; rounds then depend on the batch, and the batched replay (replay/batched.py) walks it.
 
 Requests join the batch as rows leave it (`refill`, what serving engines measure) or wait for
 the whole batch to drain. Every step's wall time is shared evenly among the rows that took
@@ -193,7 +193,7 @@ class SpeculativeStep:
             self.apply_quorum(proposals, feeds, steps)
 
     def apply_quorum(self, proposals: list[Proposal], feeds: list[list[int]], steps: int) -> None:
-        """config.batch_quorum: stop every row once too few are still drafting (batch_replay.py
+        """config.batch_quorum: stop every row once too few are still drafting (replay/batched.py
         replays the same rule)."""
         drafting = [i for i, p in enumerate(proposals) if not p.done]
         quorum = self.config.batch_quorum * len(proposals)

@@ -98,7 +98,7 @@ class DeviceRule:
 
 
 # Which serving engines can run a policy exactly (export writes the nearest one where not; `run
-# --engine hf` refuses one HF cannot run): the engine rules above, seen from each engine.
+# --decoder hf` refuses one HF cannot run): the engine rules above, seen from each engine.
 def expressible(config: DecodeConfig, fmt: str) -> list[str]:
     """Why `fmt` cannot run `config` exactly (empty: it can)."""
     why = []

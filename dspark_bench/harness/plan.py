@@ -61,11 +61,17 @@ def run_plan(per_token: float, prompts: int, samples: int, configs: int, tokens:
             f"(target {per_token * 1e3:.1f} ms/token here)")
 
 
+def replay_seconds(per_token: float, prompts: int, tokens: int, confirm: int, repeats: int,
+                   recorded: bool) -> tuple[float, float]:
+    """(recording, confirming) seconds a replay sweep is estimated to take."""
+    record = 0.0 if recorded else record_seconds(per_token, prompts, tokens)
+    return record, timed_pairs_seconds(per_token, prompts * confirm, tokens, repeats)
+
+
 def replay_plan(per_token: float, prompts: int, tokens: int, policies: int, confirm: int, repeats: int,
                 recorded: bool) -> str:
     """The line a replay sweep prints before it records."""
-    record = 0.0 if recorded else record_seconds(per_token, prompts, tokens)
-    confirm_s = timed_pairs_seconds(per_token, prompts * confirm, tokens, repeats)
+    record, confirm_s = replay_seconds(per_token, prompts, tokens, confirm, repeats, recorded)
     first = "record cached" if recorded else f"record {prompts} prompts × {tokens} tokens ≈ {duration(record)}"
     return (f"plan: {first}; simulate {policies:,} policies (seconds); confirm {confirm} "
             f"× {prompts} prompts × {repeats} timed pair{'s' * (repeats != 1)} ≈ {duration(confirm_s)}; "

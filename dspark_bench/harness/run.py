@@ -97,14 +97,9 @@ def check(config: RunConfig) -> None:
     if len(sources) != 1:
         raise DsparkError("pass exactly one of --task, --dataset or --prompts"
                           + (f" (got {' and '.join('--' + s for s in sources)})" if sources else ""))
-    if config.turns not in ("first", "all"):
-        raise DsparkError(f"--turns must be first or all (got {config.turns!r})")
-    if config.repeats < 1:
-        raise DsparkError(f"--repeats must be at least 1 (got {config.repeats})")
+    config.check_workload()
     if not config.batch_sizes or any(not isinstance(b, int) or b < 1 for b in config.batch_sizes):
         raise DsparkError(f"--batch-size must be a whole number of at least 1 (got {list(config.batch_sizes)})")
-    if config.batching not in ("refill", "drain"):
-        raise DsparkError(f"--batching must be refill or drain (got {config.batching!r})")
     if max(config.batch_sizes) > 1 and config.turns == "all":
         raise DsparkError("--turns all decodes each turn on the previous answer, one prompt at a time; "
                           "use --batch-size 1 with it")
@@ -224,7 +219,7 @@ class Planned:
 
 def plan_run(config: RunConfig) -> Planned:
     """Read the prompts, build the policies and load the models (cheap checks first)."""
-
+    config.use_threads()
     prompts, source, task_tokens = resolve_prompts(config)
     configs, assignment = config.decode_configs(task_tokens), None
     if config.calibration is not None:

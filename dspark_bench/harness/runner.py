@@ -1,6 +1,6 @@
 """Run decode configurations over prompts: warm-up, interleaved timing, one row per sample.
 
-The place that times decoding (the cost model in replay.py and the plan's estimate in plan.py
+The place that times decoding (the cost model in replay/cost.py and the plan's estimate in plan.py
 time single steps of their own). For each (prompt, config) the baseline and the speculative
 decoder run alternately (A B A B ...), the device synchronised before each clock read, and
 the median of each is kept, so slow drift of a noisy machine hits both sides alike. At batch
@@ -29,8 +29,9 @@ from dspark_bench.decoding.cached_lm import decode_shapes, warm_compiled
 from dspark_bench.decoding.engine import speculative_decode
 from dspark_bench.decoding.host import synchronize
 from dspark_bench.decoding.types import DecodeResult
+from dspark_bench.harness.health import LoadProbe, baseline_drift, health, wall_over_estimate
 from dspark_bench.harness.models import ModelPair
-from dspark_bench.harness.plan import run_plan, seconds_per_token
+from dspark_bench.harness.plan import run_plan, seconds_per_token, timed_pairs_seconds
 from dspark_bench.metrics import position_acceptance, rates, round_totals, speedup_ratio, summarize
 from dspark_bench.prompts import Prompt, encode, prompts_fingerprint
 from dspark_bench.results import check_writable, write_run
@@ -322,9 +323,10 @@ def planned_samples(prompts: list[Prompt], configs: list[DecodeConfig], settings
 
 
 def say_plan(pair: ModelPair, prompts: list[Prompt], configs: list[DecodeConfig], settings: RunnerSettings,
-             assignment: list[list[int]] | None, say: Callable[[str], None]) -> None:
+             assignment: list[list[int]] | None, say: Callable[[str], None]) -> float | None:
+    """Say the plan; returns its estimate in seconds."""
     if not prompts:
-        return
+        return None
     per_token = seconds_per_token(pair, encode(pair.tokenizer, prompts[0].text, settings.chat_template))
     tokens = max(c.max_new_tokens for c in configs)
     plan = run_plan(per_token, len(prompts), planned_samples(prompts, configs, settings, assignment),
@@ -332,6 +334,8 @@ def say_plan(pair: ModelPair, prompts: list[Prompt], configs: list[DecodeConfig]
     if any(c.compiled for c in configs):
         plan += ", after compiling every step it feeds (not in the estimate)"
     say(plan)
+    samples = planned_samples(prompts, configs, settings, assignment)
+    return None if any(c.compiled for c in configs) else timed_pairs_seconds(per_token, samples, tokens, settings.repeats)
 
 
 def run_to_folder(
@@ -350,9 +354,12 @@ def run_to_folder(
 
     With `say`, the plan and its estimated duration are said before decoding starts."""
     check_writable(out)
-    if say:
-        say_plan(pair, prompts, configs, settings, assignment, say)
+    estimate = say_plan(pair, prompts, configs, settings, assignment, say) if say else None
+    probe, started = LoadProbe(), time.perf_counter()
+    probe.sample("start")
     output = run(pair, prompts, configs, settings, progress, assignment)
+    wall = time.perf_counter() - started
+    probe.sample("decoded")
     table = summarize(output.samples)
     by_category = summarize(output.samples, by=["category"])
     run_info = {
@@ -363,6 +370,8 @@ def run_to_folder(
         "models": pair.describe(),
         "prompts": {"count": len(prompts), "fingerprint": prompts_fingerprint(prompts), **(source or {})},
     }
-    summary = {"configs": table.to_dict(orient="records"), "by_category": by_category.to_dict(orient="records")}
+    timing_health = health([*probe.checks(), baseline_drift(output.samples), wall_over_estimate(wall, estimate)])
+    summary = {"configs": table.to_dict(orient="records"), "by_category": by_category.to_dict(orient="records"),
+               "timing_health": timing_health}
     folder = write_run(out, "run", run_info, summary, {"samples": output.samples, "rounds": output.rounds})
     return folder, table

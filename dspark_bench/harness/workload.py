@@ -11,7 +11,10 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+import torch
+
 from dspark_bench.config import DEFAULT_MAX_NEW_TOKENS, DEFAULTS
+from dspark_bench.errors import DsparkError
 from dspark_bench.harness.runner import RunnerSettings
 
 
@@ -46,6 +49,9 @@ class Workload:
     # B > 1: rows that finish are replaced from the waiting prompts ("refill", continuous
     # batching), or the batch empties before the next starts ("drain")
     batching: str = "refill"
+    # torch's CPU threads for the job (None: torch's own choice). On a machine another process keeps
+    # busy, fewer threads than cores stop torch's threads fighting it (timing health says when).
+    threads: int | None = None
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -55,6 +61,25 @@ class Workload:
         if self.max_new_tokens is not None:
             return self.max_new_tokens
         return task_tokens or DEFAULT_MAX_NEW_TOKENS
+
+    def check_workload(self) -> None:
+        """Refuse settings no decode can run with (a run and a sweep alike), before anything loads."""
+        if self.turns not in ("first", "all"):
+            raise DsparkError(f"--turns must be first or all (got {self.turns!r})")
+        if self.chat_template not in ("auto", "none"):
+            raise DsparkError(f"--chat-template must be auto or none (got {self.chat_template!r})")
+        if self.repeats < 1:
+            raise DsparkError(f"--repeats must be at least 1 (got {self.repeats})")
+        if self.batching not in ("refill", "drain"):
+            raise DsparkError(f"--batching must be refill or drain (got {self.batching!r})")
+
+    def use_threads(self) -> None:
+        """Set torch's CPU threads as the workload asks, before any model loads."""
+        if self.threads is None:
+            return
+        if not isinstance(self.threads, int) or isinstance(self.threads, bool) or self.threads < 1:
+            raise DsparkError(f"--threads must be a whole number of at least 1 (got {self.threads!r})")
+        torch.set_num_threads(self.threads)
 
     def runner_settings(self, decoder: str = "ours") -> RunnerSettings:
         """How every timed or recorded decode of this workload runs."""

@@ -43,6 +43,9 @@ class CostModel:
     t_prefill_target: float = 0.0
     t_prefill_draft: float = 0.0
     t_heads: float = 0.0  # one pass of the target's heads over a hidden state (the heads drafter's round)
+    # The worst relative IQR (IQR / median) of the repeats behind any median above: how far the
+    # timings disagreed (harness.health grades it).
+    spread: float = 0.0
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -51,7 +54,7 @@ class CostModel:
     def from_dict(cls, data: dict) -> "CostModel":
         return cls(float(data["t_draft"]), [float(t) for t in data["t_verify"]], int(data["context_tokens"]),
                    int(data.get("batch_size", 1)), float(data.get("t_prefill_target", 0.0)),
-                   float(data.get("t_prefill_draft", 0.0)), float(data.get("t_heads", 0.0)))
+                   float(data.get("t_prefill_draft", 0.0)), float(data.get("t_heads", 0.0)), float(data.get("spread", 0.0)))
 
     def draft_step(self, drafter: str) -> float:
         """What one of `drafter`'s draft forwards costs (Round.draft_forwards counts them): a draft
@@ -99,7 +102,19 @@ def measure_cost(pair, context: list[int], gamma: int, repeats: int = 15, drafte
         for k in range(gamma + 1):
             samples[k].append(clock(target, filler[: k + 1]))
     median = {k: statistics.median(v[2:]) for k, v in samples.items()}
-    return CostModel(median[-1], [median[k] for k in range(gamma + 1)], len(context), t_heads=median.get(-2, 0.0))
+    return CostModel(median[-1], [median[k] for k in range(gamma + 1)], len(context), t_heads=median.get(-2, 0.0),
+                     spread=worst_spread(v[2:] for v in samples.values()))
+
+
+def relative_iqr(values) -> float:
+    """Interquartile range over median: how far repeats of one timing disagree."""
+    q1, median, q3 = np.percentile(np.asarray(values, float), [25, 50, 75])
+    return float((q3 - q1) / median) if median > 0 else float("inf")
+
+
+def worst_spread(repeats) -> float:
+    """The largest relative IQR over groups of repeated timings."""
+    return max((relative_iqr(values) for values in repeats), default=0.0)
 
 
 def heads_clock(pair, context: list[int]):
@@ -184,7 +199,8 @@ def measure_surface(pair, context: list[int], gamma: int, batch_sizes, repeats: 
             for k in range(gamma + 1):
                 samples[k].append(clock(target, filler[: k + 1]))
         median = {k: statistics.median(v[1:]) for k, v in samples.items()}
-        models[b] = CostModel(median[-1], [median[k] for k in range(gamma + 1)], len(context), b)
+        models[b] = CostModel(median[-1], [median[k] for k in range(gamma + 1)], len(context), b,
+                              spread=worst_spread(v[1:] for v in samples.values()))
     return CostSurface(models)
 
 

@@ -2,7 +2,7 @@
 
 For every prompt: the target's greedy continuation and, at every position of it, the drafter's
 greedy proposal of up to `gamma_record` tokens with every confidence metric (the draft model's
-rollout; the heads' segment; the lookup's continuation — `available` says how many it had) (see replay.py for why
+rollout; the heads' segment; the lookup's continuation — `available` says how many it had) (see replay/simulate.py for why
 that fixes every greedy policy's rounds). Saved as record.npz + record.json (with the models'
 and prompts' fingerprints and how it was made) and refused for other models or prompts.
 """

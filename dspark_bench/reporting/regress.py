@@ -188,13 +188,25 @@ def compare(
     notes = [f"tolerance {tolerance:g} (relative) on policy metrics; speedup (seconds per token, baseline over "
              f"speculative) below {1 - speed_tolerance:.2f}× the baseline's is "
              f"{'a failure' if strict_speed else 'flagged'}"]
-    suspect = machine_note(baseline.run, current.run, speed_moved=any(
-        row.metric == "speedup" and row.verdict != "pass" for row in rows))
+    speed_moved = any(row.metric == "speedup" and row.verdict != "pass" for row in rows)
+    suspect = machine_note(baseline.run, current.run, speed_moved)
     if suspect:
         notes.insert(0, suspect)
+    noise = noise_note(current.summary, speed_moved)
+    if noise:
+        notes.insert(0, noise)  # before the code and before the machine: the run's own timings failed
     if current.run["settings"].get("ignore_eos"):
         notes.append("timed with EOS ignored: every sequence is exactly max_new_tokens long")
     return Comparison(rows, baseline.describe(), current.describe(), notes)
+
+
+def noise_note(summary: dict, speed_moved: bool) -> str | None:
+    """The current run's timing health, named as the first suspect when it was not ok."""
+    health = summary.get("timing_health")
+    if not health or health["verdict"] == "ok":
+        return None
+    lead = "first suspect: noise, not the code" if speed_moved else "speed compared, but"
+    return f"{lead} — the current run's {health['headline']}"
 
 
 # What a different machine changes: the speed, never the policy metrics.
@@ -251,13 +263,20 @@ def check(baseline: Path, current: Path | None = None, out: Path = Path("results
     return comparison, path.read_text()
 
 
-def update(baseline: Path, current: Path | None = None, out: Path = Path("results"), progress=None) -> str:
-    """Replace the baseline by `current`, or by a fresh re-run of the baseline's own benchmark."""
+def update(baseline: Path, current: Path | None = None, out: Path = Path("results"), progress=None,
+           force: bool = False) -> str:
+    """Replace the baseline by `current`, or by a fresh re-run of the baseline's own benchmark;
+    refused (unless `force`) when that run's timings were unreliable: a baseline's speed is what
+    every later run is measured against."""
     target = baseline_folder(baseline)
     if current is None:
         if not summary_path(baseline).is_file():
             raise DsparkError(f"baseline {str(baseline)!r} does not exist yet; pass --current RUN to create it")
         check_writable(out)
         current = rerun(load_baseline(baseline).folder, out, progress)
+    summary = load_record(current, "current run").summary
+    if (summary.get("timing_health") or {}).get("verdict") == "unreliable" and not force:
+        raise DsparkError(f"run {current}'s timings are unreliable ({summary['timing_health']['headline']}); "
+                          "not making it the baseline — re-run on an idle machine, or pass --force")
     update_baseline(current, target, replace=True)
     return f"baseline {target} updated from run {current}"

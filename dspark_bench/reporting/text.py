@@ -41,6 +41,22 @@ def _policy_line(role: str, row: pd.Series | None, several: bool) -> list[str]:
             _fmt(row.get("spec_tokens_per_s"), 1)] + [_fmt(row.get(m)) for m in SUMMARY_METRICS]
 
 
+def health_blocks(inputs: Inputs) -> list[tuple]:
+    """Each run's timing health (harness.health), said first when a run's timings are not ok."""
+    rows = []
+    for run_id, summary in inputs.summaries.items():
+        health = summary.get("timing_health")
+        if health:
+            rows.append([plots.short_run(run_id), health["verdict"],
+                         "; ".join(f"{c['name']} {c['verdict']}" for c in health["checks"]), health["headline"]])
+    if not rows:
+        return []
+    worst = [r for r in rows if r[1] != "ok"]
+    lead = ("Timing health: NOT OK. " + " ".join(f"{r[0]}: {r[3]}." for r in worst)) if worst else \
+        "Timing health: ok in every run (the checks below found the machine quiet enough to trust the timings)."
+    return [("p", lead), ("table", ["run", "verdict", "checks", "headline"], rows)]
+
+
 def summary_blocks(inputs: Inputs) -> list[tuple]:
     """The one-screen summary: best vs classic vs autoregressive, cost model, environment."""
     policies, objective = inputs.policies, inputs.column
@@ -85,6 +101,7 @@ def summary_blocks(inputs: Inputs) -> list[tuple]:
     if any(_settings_of(info).get("ignore_eos") for info in inputs.infos.values()):
         text += " Timed with EOS ignored: every sequence is exactly max_new_tokens long on both sides."
     blocks.append(("p", text))
+    blocks += health_blocks(inputs)
     if several:
         per_run = []
         for run_id, part in policies.groupby("run_id", sort=False):

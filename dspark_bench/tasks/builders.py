@@ -13,10 +13,11 @@ import re
 import textwrap
 
 from dspark_bench.prompts import Prompt
-from dspark_bench.reference.corpus import iter_documents
 
 
 def _documents(domain: str):
+    from dspark_bench.reference.corpus import iter_documents  # reference/__init__ loads torch: kept off `tasks ls`
+
     return iter_documents(domain, "heldout")
 
 
@@ -28,6 +29,8 @@ def training_text(domain: str) -> str:
     (transformers' modular_* files, vendored modules), so a held-out prompt can still be
     training text; such prompts are skipped.
     """
+
+    from dspark_bench.reference.corpus import iter_documents  # reference/__init__ loads torch: kept off `tasks ls`
 
     return "\n".join(doc.text for doc in iter_documents(domain, "train"))
 

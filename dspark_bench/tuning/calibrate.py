@@ -47,8 +47,8 @@ from dspark_bench.reporting import plots
 from dspark_bench.results import environment
 from dspark_bench.tasks import get_task, load_dataset_prompts, load_task
 
-# Choosing (pure) is calibration_choice.py's, the file itself (schema, loading, writing)
-# calibration.py's; the decoder's users find them here too.
+# Choosing (pure) is domain_choice.py's, the file itself (schema, loading, writing)
+# harness/calibration_file.py's; the decoder's users find them here too.
 from dspark_bench.tuning.domain_choice import Choice, choose_from_records, choose_from_samples
 from dspark_bench.tuning.spec import SweepSpec, base_config, evaluation_for, flag_overrides, load_spec, points
 
@@ -246,6 +246,9 @@ def calibrate_domains(spec: SweepSpec, out: Path, tasks: list[str] | None = None
     `domains` (from `domain_prompts`) skips loading the prompts again; `pair` the models."""
 
     check_output(out, force)  # fail before any model loads
+    if (spec.chat_template, spec.batching, spec.warmup) != ("auto", "refill", 1):
+        raise DsparkError("calibrate decodes with the default chat template, batching and warm-up; drop "
+                          "chat_template / batching / warmup from the spec (run takes them)")
     engine = evaluation_for(spec)
     base = base_config(spec, _max_new_tokens(spec, tasks or ([spec.task] if spec.task and not spec.dataset else None)))
     configs = points(spec, base)

@@ -6,6 +6,8 @@ shared with the real (grid / Optuna) sweeps of sweep.py."""
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
@@ -15,15 +17,23 @@ import pandas as pd
 
 from dspark_bench.config import DecodeConfig, expand
 from dspark_bench.decoding.goodput import GoodputModel
+from dspark_bench.harness.health import (
+    LoadProbe,
+    health,
+    identical_rounds,
+    measured_over_predicted,
+    timed_surface,
+    wall_over_estimate,
+    worst,
+)
 from dspark_bench.harness.models import load_pair
-from dspark_bench.harness.plan import replay_plan, seconds_per_token
+from dspark_bench.harness.plan import replay_plan, replay_seconds, seconds_per_token
 from dspark_bench.harness.runner import run, stage_steps
 from dspark_bench.metrics import summarize
 from dspark_bench.objectives import OBJECTIVES, rank
 from dspark_bench.prompts import encode, prompts_fingerprint
 from dspark_bench.replay.acceptance import load_or_fit
 from dspark_bench.replay.batched import simulate_with_surface
-from dspark_bench.replay.cost import measure_surface
 from dspark_bench.replay.simulate import Record, record, simulate_grid
 from dspark_bench.results import write_folder, write_json, write_parquet
 from dspark_bench.tasks import load_prompts
@@ -43,6 +53,7 @@ class Prepared:
 
 
 def prepare(spec: SweepSpec) -> Prepared:
+    spec.use_threads()
     prompts, source, task_tokens = load_prompts(spec.task, spec.dataset, spec.split, spec.prompt_field,
                                                 spec.category_field, spec.limit)
     base = base_config(spec, task_tokens)
@@ -127,7 +138,8 @@ def record_key(spec: SweepSpec, prepared: Prepared, gamma: int, drafter: DecodeC
     models, base = prepared.pair.describe(), prepared.base
     drafted = prepared.pair.drafter_fingerprint(drafter or base).replace(":", "-")
     return (f"{models['target_fingerprint']}-{drafted}-{prompts_fingerprint(prepared.prompts)}"
-            f"-n{base.max_new_tokens}-g{gamma}-k{base.topk}-{models['dtype']}" + ("-noeos" if spec.ignore_eos else ""))
+            f"-n{base.max_new_tokens}-g{gamma}-k{base.topk}-{models['dtype']}" + ("-noeos" if spec.ignore_eos else "")
+            + ("-notemplate" if spec.chat_template == "none" else ""))
 
 
 def replay_sweep(folder: Path, spec: SweepSpec, prepared: Prepared, records_root: Path,
@@ -139,10 +151,13 @@ def replay_sweep(folder: Path, spec: SweepSpec, prepared: Prepared, records_root
     groups = drafter_groups(configs)
     record_dirs = {key: records_root / record_key(spec, prepared, gamma, configs[group[0]])
                    for key, group in groups.items()}
-    ids = [encode(pair.tokenizer, p.text) for p in prepared.prompts]
+    ids = [encode(pair.tokenizer, p.text, spec.chat_template) for p in prepared.prompts]
+    probe, started = LoadProbe(), time.perf_counter()
+    probe.sample("start")
+    estimate = None
     if say:
-        say_replay_plan(spec, prepared, ids[0], configs, all((d / "record.json").is_file() for d in record_dirs.values()),
-                        say)
+        estimate = say_replay_plan(spec, prepared, ids[0], configs,
+                                   all((d / "record.json").is_file() for d in record_dirs.values()), say)
     # One record per drafter: the target's continuation is the same, what each proposes is not.
     records: dict = {}
     for key, group in groups.items():
@@ -157,8 +172,13 @@ def replay_sweep(folder: Path, spec: SweepSpec, prepared: Prepared, records_root
     if progress:
         progress("timing the cost model", 0, 1)
     batch_sizes = sorted({c.batch_size for c in configs})
-    surface = measure_surface(pair, context, gamma, batch_sizes, drafters={key[0] for key in groups})
+    probe.sample("recorded")
+    timing = time.perf_counter()
+    # Re-timed while its checks fail: replay ranks thousands of policies with this table.
+    surface, checks = timed_surface(pair, context, gamma, batch_sizes, drafters={key[0] for key in groups})
+    timing = time.perf_counter() - timing
     cost = surface.at(1)
+    probe.sample("cost model timed")
     write_json(folder / "cost_model.json", cost.to_dict())
     model_key = next((key for key in groups if key[0] == "model"), None)
     if model_key is not None:  # goodput decides with the draft model's acceptance fit
@@ -174,34 +194,44 @@ def replay_sweep(folder: Path, spec: SweepSpec, prepared: Prepared, records_root
         chosen = [configs[i] for i in group]
         if batch_sizes == [1]:
             part = simulate_grid(records[key], chosen, cost)
-        else:  # every policy at its own batch size, both layouts (batch_replay.py)
+        else:  # every policy at its own batch size, both layouts (replay/batched.py)
             part = simulate_with_surface(records[key], chosen, surface)
         parts.append(part.assign(config_id=np.array(group)))
     table = pd.concat(parts, ignore_index=True).sort_values("config_id", ignore_index=True).assign(source="replay")
     record_dir = record_dirs[model_key] if model_key is not None else next(iter(record_dirs.values()))
-    table, samples = confirm(table, configs, spec, prepared, progress)
+    # An unreliable cost table still ranks (rounds are exact), but its picks are confirmed harder.
+    cost_unreliable = worst(c.verdict for c in checks) == "unreliable"
+    table, samples = confirm(table, configs, spec, prepared, progress, repeats=spec.repeats * (2 if cost_unreliable else 1))
+    probe.sample("confirmed")
     write_parquet(folder / "trials.parquet", table)
     write_parquet(folder / "samples.parquet", samples)
-    return write_replay_summary(folder, table, spec, cost, record_dir)
+    confirmed = table[table["source"] == "confirmed"]
+    checks += [*probe.checks(), identical_rounds(confirmed), measured_over_predicted(confirmed),
+               wall_over_estimate(time.perf_counter() - started - timing, estimate)]
+    return write_replay_summary(folder, table, spec, cost, record_dir, health(checks), not cost_unreliable)
 
 
 def say_replay_plan(spec: SweepSpec, prepared: Prepared, first_ids: list[int], configs: list[DecodeConfig],
-                    recorded: bool, say: Callable[[str], None]) -> None:
+                    recorded: bool, say: Callable[[str], None]) -> float:
+    """Say the plan; returns its estimate in seconds (the recording and confirming it covers)."""
 
     # Confirmed: the best scheduled few + the best goodput + the best fixed γ, at each batch size.
     sizes = {c.batch_size for c in configs}
     scheduled = sum(c.schedule != "fixed" for c in configs) // len(sizes)
     policies = len(configs) + len(goodput_points(configs, Path("goodput_model.json")))  # goodput joins after recording
-    line = replay_plan(seconds_per_token(prepared.pair, first_ids), len(prepared.prompts), prepared.base.max_new_tokens,
-                       policies, (min(spec.confirm_top, scheduled) + 2) * len(sizes), spec.repeats,
-                       recorded=recorded)
+    per_token, confirmed = seconds_per_token(prepared.pair, first_ids), (min(spec.confirm_top, scheduled) + 2) * len(sizes)
+    line = replay_plan(per_token, len(prepared.prompts), prepared.base.max_new_tokens, policies, confirmed,
+                       spec.repeats, recorded=recorded)
     say(line + (" — an upper bound: a batched run takes less than a batch-1 one" if max(sizes) > 1 else ""))
+    return sum(replay_seconds(per_token, len(prepared.prompts), prepared.base.max_new_tokens, confirmed,
+                              spec.repeats, recorded))
 
 
 def confirm(table: pd.DataFrame, configs: list[DecodeConfig], spec: SweepSpec, prepared: Prepared,
-            progress: StageProgress | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+            progress: StageProgress | None = None, repeats: int | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Time the best `confirm_top` scheduled policies, the best goodput and the best fixed gamma (by the replay's
-    ranking); their measured columns join the table, their samples are returned."""
+    ranking), `repeats` interleaved pairs each (default: the spec's); their measured columns join the
+    table, their samples are returned."""
 
     objective = OBJECTIVES[spec.objective[0]]
     ranked = rank(table, objective.name, objective.column("replay"))
@@ -212,8 +242,8 @@ def confirm(table: pd.DataFrame, configs: list[DecodeConfig], spec: SweepSpec, p
                                      by_batch[by_batch["schedule"] == "goodput"].head(1),
                                      by_batch[by_batch["schedule"] == "fixed"].head(1))])
     ids = chosen["config_id"].to_numpy()
-    output = run(prepared.pair, prepared.prompts, [configs[i] for i in ids],
-                 spec.runner_settings(),
+    settings = dataclasses.replace(spec.runner_settings(), repeats=repeats or spec.repeats)
+    output = run(prepared.pair, prepared.prompts, [configs[i] for i in ids], settings,
                  progress=stage_steps(progress, f"confirming the best {len(ids)}", len(prepared.prompts) * len(ids)))
     measured = summarize(output.samples)
     measured["config_id"] = ids[measured["config_id"].to_numpy()]
@@ -225,7 +255,8 @@ def confirm(table: pd.DataFrame, configs: list[DecodeConfig], spec: SweepSpec, p
     return table, output.samples.assign(config_id=ids[output.samples["config_id"].to_numpy()])
 
 
-def write_replay_summary(folder: Path, table: pd.DataFrame, spec: SweepSpec, cost, record_dir: Path) -> pd.DataFrame:
+def write_replay_summary(folder: Path, table: pd.DataFrame, spec: SweepSpec, cost, record_dir: Path,
+                         timing_health: dict | None = None, predictions_trusted: bool = True) -> pd.DataFrame:
     """summary.json of a replay sweep; returns the confirmed policies, best first."""
     objective = OBJECTIVES[spec.objective[0]]
     confirmed = rank(table[table["source"] == "confirmed"], objective.name, objective.column("real"))
@@ -236,6 +267,10 @@ def write_replay_summary(folder: Path, table: pd.DataFrame, spec: SweepSpec, cos
         "classic": confirmed[confirmed["schedule"] == "fixed"].to_dict(orient="records"),
         "goodput": confirmed[confirmed["schedule"] == "goodput"].to_dict(orient="records"),
         "confirmed": confirmed.to_dict(orient="records"),
+        "timing_health": timing_health,
+        # False: the cost table never passed its checks, so predicted speedups are not to be trusted
+        # (the ranking by them is still exact in its rounds; the measured speedups say what won).
+        "predictions_trusted": predictions_trusted,
     }
     if (table["batch_size"] > 1).any():
         summary["by_batch_size"] = by_batch_size(table, confirmed, objective)

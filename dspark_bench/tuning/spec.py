@@ -65,6 +65,16 @@ class SweepSpec(Workload):
 RENAMED = {"engine": "evaluation"}
 
 
+def old_keys(data: dict) -> dict:
+    """`data` with every old key under its new name. `seed` alone (no `sampler_seed` beside it)
+    is a spec from before the two seeds had two names, where it seeded Optuna's sampler: it
+    keeps that meaning (every spec written since holds both)."""
+    data = {RENAMED.get(key, key): value for key, value in data.items()}
+    if "seed" in data and "sampler_seed" not in data:
+        data["sampler_seed"] = data.pop("seed")
+    return data
+
+
 def _parse_space(space: object) -> dict:
     if not isinstance(space, dict) or not space:
         raise DsparkError("the search space is empty; give at least one of " + ", ".join(PARAMS))
@@ -103,7 +113,7 @@ def _check_types(spec: SweepSpec, where: str) -> None:
     for name in ("trials", "repeats", "warmup", "confirm_top", "seed", "sampler_seed", "heartbeat_s", "topk"):
         if not isinstance(getattr(spec, name), int) or isinstance(getattr(spec, name), bool):
             raise DsparkError(f"{where}: {name} must be an integer (got {getattr(spec, name)!r})")
-    for name in ("limit", "max_new_tokens"):
+    for name in ("limit", "max_new_tokens", "threads"):
         value = getattr(spec, name)
         if value is not None and (not isinstance(value, int) or value < 1):
             raise DsparkError(f"{where}: {name} must be a positive integer (got {value!r})")
@@ -135,6 +145,10 @@ def _parse_spec(data: dict, where: str) -> SweepSpec:
         raise DsparkError(f"{where}: method must be grid or optuna (got {spec.method!r})")
     if spec.evaluation not in ("auto", "replay", "real"):
         raise DsparkError(f"{where}: evaluation must be auto, replay or real (got {spec.evaluation!r})")
+    spec.check_workload()
+    if spec.turns != "first" or spec.trace:
+        raise DsparkError(f"{where}: a sweep decodes first turns and keeps no per-round trace; use "
+                          "`run --turns all` / `run --trace` on the policy it finds")
     if spec.trials < 1 or spec.repeats < 1 or spec.confirm_top < 0:
         raise DsparkError(f"{where}: trials and repeats must be at least 1, confirm_top at least 0")
     if (spec.task is None) == (spec.dataset is None):
@@ -232,8 +246,13 @@ def load_spec(path: Path | None, overrides: dict) -> SweepSpec:
             raise DsparkError(f"{path}: a sweep spec must be a mapping")
     for old in sorted(set(data) & set(RENAMED)):
         deprecated(f"the key {old!r}", repr(RENAMED[old]), str(path))
+    if "seed" in data and "sampler_seed" not in data:
+        deprecated("'seed' alone (the sampler's seed)", "'sampler_seed' ('seed' now seeds the decodes)", str(path))
+        data["sampler_seed"] = data.pop("seed")
     for key, value in overrides.items():  # in order: a later override wins
-        key = RENAMED.get(key, key)
+        if key in RENAMED:
+            deprecated(f"the key {key!r}", repr(RENAMED[key]), "--set")
+            key = RENAMED[key]
         if key.startswith("space."):
             data.setdefault("space", dict(DEFAULT_SPACE))[key.removeprefix("space.")] = value
         else:  # (a copy: a space given whole, such as DENSE_SPACE, is never changed in place)

@@ -26,7 +26,7 @@ from dspark_bench.results import (
     write_json,
     write_parquet,
 )
-from dspark_bench.tuning.spec import SweepSpec, evaluation_for, parse_spec
+from dspark_bench.tuning.spec import SweepSpec, evaluation_for, old_keys, parse_spec
 from dspark_bench.tuning.study import (
     TrialContext,
     best_trials,
@@ -130,7 +130,7 @@ def run_sweep(spec: SweepSpec, out: Path, storage: str | None = None, study_name
                                                                "study": study_name}))
     if say:
         trials = grid_size(spec) if spec.method == "grid" else spec.trials
-        per_token = seconds_per_token(prepared.pair, encode(prepared.pair.tokenizer, prepared.prompts[0].text))
+        per_token = seconds_per_token(prepared.pair, encode(prepared.pair.tokenizer, prepared.prompts[0].text, spec.chat_template))
         say(real_sweep_plan(per_token, len(prepared.prompts), prepared.base.max_new_tokens,
                             -(-trials // workers), spec.repeats) + (f" with {workers} workers" if workers > 1 else ""))
     return folder, continue_sweep(folder, prepared, workers, progress, storage=storage)
@@ -156,7 +156,7 @@ def continue_sweep(folder: Path, prepared: Prepared | None = None, workers: int 
     if storage is None and "***" in info["storage"]:
         raise DsparkError(f"{folder}'s study is in {info['storage']}; pass --storage with the password to resume")
     info["storage"] = storage or info["storage"]
-    spec = parse_spec(info["spec"], str(folder))
+    spec = parse_spec(old_keys(info["spec"]), str(folder))  # a sweep started by an earlier version too
     if prepared is None:  # a resume: the prompts and models must be those the sweep started with
         prepared = prepare(spec)
         check_unchanged(Path(folder), info, prepared)

@@ -1,4 +1,4 @@
-"""Speedup and tokens/s against batch size (rows of batch_report.batch_rows)."""
+"""Speedup and tokens/s against batch size (rows of reporting.batch_sizes.batch_rows)."""
 
 from __future__ import annotations
 
