@@ -154,7 +154,7 @@ class LoadProbe:
     scalings: list[float] = field(default_factory=list)  # one thread's time over torch's threads'
     stages: list[str] = field(default_factory=list)
 
-    def time(self) -> list[float]:
+    def timings(self) -> list[float]:
         a = torch.ones(self.size, self.size)
         times = []
         for _ in range(self.repeats + 1):  # the first warms up
@@ -165,7 +165,7 @@ class LoadProbe:
         return times[1:]
 
     def sample(self, stage: str) -> None:
-        times = self.time()
+        times = self.timings()
         self.medians.append(statistics.median(times))
         self.spreads.append(relative_iqr(times))
         self.stages.append(stage)
@@ -173,7 +173,7 @@ class LoadProbe:
         if threads > 1:
             torch.set_num_threads(1)
             try:
-                self.scalings.append(statistics.median(self.time()) / self.medians[-1])
+                self.scalings.append(statistics.median(self.timings()) / self.medians[-1])
             finally:
                 torch.set_num_threads(threads)
 

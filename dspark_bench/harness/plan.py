@@ -53,29 +53,24 @@ def duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-def run_plan(per_token: float, prompts: int, samples: int, configs: int, tokens: int, repeats: int) -> str:
-    """The line `run` prints before it decodes."""
+def run_plan(per_token: float, prompts: int, samples: int, configs: int, tokens: int,
+             repeats: int) -> tuple[str, float]:
+    """The line `run` prints before it decodes, and its estimate in seconds."""
     seconds = timed_pairs_seconds(per_token, samples, tokens, repeats)
     return (f"plan: {prompts} prompts × {configs} configuration{'s' * (configs != 1)} × {repeats} timed "
             f"pair{'s' * (repeats != 1)} × {tokens} tokens ≈ {duration(seconds)} "
-            f"(target {per_token * 1e3:.1f} ms/token here)")
-
-
-def replay_seconds(per_token: float, prompts: int, tokens: int, confirm: int, repeats: int,
-                   recorded: bool) -> tuple[float, float]:
-    """(recording, confirming) seconds a replay sweep is estimated to take."""
-    record = 0.0 if recorded else record_seconds(per_token, prompts, tokens)
-    return record, timed_pairs_seconds(per_token, prompts * confirm, tokens, repeats)
+            f"(target {per_token * 1e3:.1f} ms/token here)"), seconds
 
 
 def replay_plan(per_token: float, prompts: int, tokens: int, policies: int, confirm: int, repeats: int,
-                recorded: bool) -> str:
-    """The line a replay sweep prints before it records."""
-    record, confirm_s = replay_seconds(per_token, prompts, tokens, confirm, repeats, recorded)
+                recorded: bool) -> tuple[str, float]:
+    """The line a replay sweep prints before it records, and its estimate in seconds."""
+    record = 0.0 if recorded else record_seconds(per_token, prompts, tokens)
+    confirm_s = timed_pairs_seconds(per_token, prompts * confirm, tokens, repeats)
     first = "record cached" if recorded else f"record {prompts} prompts × {tokens} tokens ≈ {duration(record)}"
     return (f"plan: {first}; simulate {policies:,} policies (seconds); confirm {confirm} "
             f"× {prompts} prompts × {repeats} timed pair{'s' * (repeats != 1)} ≈ {duration(confirm_s)}; "
-            f"total ≈ {duration(record + confirm_s)} (target {per_token * 1e3:.1f} ms/token here)")
+            f"total ≈ {duration(record + confirm_s)} (target {per_token * 1e3:.1f} ms/token here)"), record + confirm_s
 
 
 def real_sweep_plan(per_token: float, prompts: int, tokens: int, trials: int, repeats: int) -> str:

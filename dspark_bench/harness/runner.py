@@ -31,7 +31,7 @@ from dspark_bench.decoding.host import synchronize
 from dspark_bench.decoding.types import DecodeResult
 from dspark_bench.harness.health import LoadProbe, baseline_drift, health, wall_over_estimate
 from dspark_bench.harness.models import ModelPair
-from dspark_bench.harness.plan import run_plan, seconds_per_token, timed_pairs_seconds
+from dspark_bench.harness.plan import run_plan, seconds_per_token
 from dspark_bench.metrics import position_acceptance, rates, round_totals, speedup_ratio, summarize
 from dspark_bench.prompts import Prompt, encode, prompts_fingerprint
 from dspark_bench.results import check_writable, write_run
@@ -329,13 +329,13 @@ def say_plan(pair: ModelPair, prompts: list[Prompt], configs: list[DecodeConfig]
         return None
     per_token = seconds_per_token(pair, encode(pair.tokenizer, prompts[0].text, settings.chat_template))
     tokens = max(c.max_new_tokens for c in configs)
-    plan = run_plan(per_token, len(prompts), planned_samples(prompts, configs, settings, assignment),
-                    len(configs), tokens, settings.repeats)
+    plan, seconds = run_plan(per_token, len(prompts), planned_samples(prompts, configs, settings, assignment),
+                             len(configs), tokens, settings.repeats)
     if any(c.compiled for c in configs):
-        plan += ", after compiling every step it feeds (not in the estimate)"
+        say(plan + ", after compiling every step it feeds (not in the estimate)")
+        return None  # compiling is not in the estimate: nothing to hold the wall time to
     say(plan)
-    samples = planned_samples(prompts, configs, settings, assignment)
-    return None if any(c.compiled for c in configs) else timed_pairs_seconds(per_token, samples, tokens, settings.repeats)
+    return seconds
 
 
 def run_to_folder(

@@ -27,7 +27,7 @@ from dspark_bench.harness.health import (
     worst,
 )
 from dspark_bench.harness.models import load_pair
-from dspark_bench.harness.plan import replay_plan, replay_seconds, seconds_per_token
+from dspark_bench.harness.plan import replay_plan, seconds_per_token
 from dspark_bench.harness.runner import run, stage_steps
 from dspark_bench.metrics import summarize
 from dspark_bench.objectives import OBJECTIVES, rank
@@ -220,11 +220,10 @@ def say_replay_plan(spec: SweepSpec, prepared: Prepared, first_ids: list[int], c
     scheduled = sum(c.schedule != "fixed" for c in configs) // len(sizes)
     policies = len(configs) + len(goodput_points(configs, Path("goodput_model.json")))  # goodput joins after recording
     per_token, confirmed = seconds_per_token(prepared.pair, first_ids), (min(spec.confirm_top, scheduled) + 2) * len(sizes)
-    line = replay_plan(per_token, len(prepared.prompts), prepared.base.max_new_tokens, policies, confirmed,
-                       spec.repeats, recorded=recorded)
+    line, seconds = replay_plan(per_token, len(prepared.prompts), prepared.base.max_new_tokens, policies,
+                                confirmed, spec.repeats, recorded=recorded)
     say(line + (" — an upper bound: a batched run takes less than a batch-1 one" if max(sizes) > 1 else ""))
-    return sum(replay_seconds(per_token, len(prepared.prompts), prepared.base.max_new_tokens, confirmed,
-                              spec.repeats, recorded))
+    return seconds
 
 
 def confirm(table: pd.DataFrame, configs: list[DecodeConfig], spec: SweepSpec, prepared: Prepared,
