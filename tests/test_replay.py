@@ -11,6 +11,7 @@ import tiny
 
 from dspark_bench.config import DRAFT_MODES, METRICS, SCHEDULES, SEMANTICS, DecodeConfig
 from dspark_bench.decoding.autoregressive import autoregressive_decode
+from dspark_bench.decoding.confidence import SIGNALS
 from dspark_bench.decoding.engine import speculative_decode
 from dspark_bench.decoding.schedule import discards_below
 from dspark_bench.errors import DsparkError
@@ -94,7 +95,7 @@ def random_record(seed: int, P: int = 12, n: int = 40, g: int = 7) -> Record:
         ahead[:, : n - k] = continuation[:, k:]
         rollout[:, :, k] = np.where(rng.random((P, n)) < 0.7, ahead, rng.choice([eos, 0, 5], size=(P, n)))
     confidences = {}
-    for metric in METRICS:
+    for metric in SIGNALS:  # the metrics and llama.cpp's own top1, which its rule reads
         values = rng.choice([0.0, 0.25, 0.5, 1.0, np.nan], size=(P, n, g), p=[0.1, 0.1, 0.1, 0.1, 0.6]).astype(np.float32)
         confidences[metric] = np.where(np.isnan(values), rng.random((P, n, g), dtype=np.float32), values)
         confidences[metric][rng.random((P, n, g)) < 0.01] = np.nan

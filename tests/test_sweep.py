@@ -262,7 +262,7 @@ def check_exports(folder: Path, tmp_path: Path) -> None:
     """Every format: written, parsed back to the policy chosen for it, the nearest one where the
     engine cannot express the tuned policy (and then both replayed speedups are shown)."""
     from dspark_bench.decoding.schedule import expressible
-    from dspark_bench.tuning.export import FORMATS, choose, load_run, parse
+    from dspark_bench.tuning.export import FILES, FORMATS, choose, load_run, parse
 
     run = load_run(folder)
     for fmt in FORMATS:
@@ -271,7 +271,8 @@ def check_exports(folder: Path, tmp_path: Path) -> None:
         assert result.exit_code == 0, result.output
         assert f"what deploying on {fmt} costs" in result.output
         choices = choose(run, fmt)
-        written = parse(fmt, out.read_text())
+        written = parse(fmt, (out / FILES[fmt]).read_text())
+        assert "Targets:" in (out / f"{fmt}.md").read_text()  # the engine version it is written for
         assert sorted(written) == [c.batch_size for c in choices] == ([1, 2] if fmt in ("vllm", "trtllm") else [1])
         for c in choices:
             assert not expressible(c.exported, fmt)

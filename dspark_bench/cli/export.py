@@ -14,17 +14,19 @@ from dspark_bench.cli.console import cli_errors, out_console
 def export(
     run: Annotated[Path, typer.Argument(help="A run or sweep folder (a replay sweep's can find the nearest policy).")],
     fmt: Annotated[str, typer.Option("--format", help="hf | vllm | sglang | trtllm | llamacpp")] = "hf",
-    out: Annotated[Optional[Path], typer.Option(help="Write here (default: RUN/export/<the engine's file name>).")] = None,
+    engine_version: Annotated[Optional[str], typer.Option(help="The engine version to write for (default: its current release; llamacpp: a build such as b11434, or legacy).")] = None,
+    out: Annotated[Optional[Path], typer.Option(help="Folder to write into (default: RUN/export/).")] = None,
 ):
-    """Write the run's best policy in an engine's own vocabulary; where the engine cannot express
-    it, the nearest policy it can (replayed on the run's record), with both predicted speedups.
+    """Write the run's best policy in an engine's own vocabulary, for a named engine version; where
+    the engine cannot express it, the nearest policy it can (replayed on the run's record), with
+    both predicted speedups.
 
     Example: dspark-bench export results/20250101-120000-sweep-abc123 --format llamacpp
     """
     from dspark_bench.tuning import export as lib  # loaded when the command runs, not for --help
 
     with cli_errors():
-        path, choices, text = lib.export(run, fmt, out)
+        written, choices, text, version = lib.export(run, fmt, out, engine_version)
     table = Table(title=f"what deploying on {fmt} costs (speedups replayed on the run's record and cost model)")
     for column in ("batch size", "tuned policy", "speedup", f"{fmt} runs", "speedup ", "kept"):
         table.add_column(column, justify="right" if "speedup" in column or column in ("batch size", "kept") else "left")
@@ -37,6 +39,9 @@ def export(
     for c in choices:
         if c.reasons:
             out_console.print(f"B={c.batch_size}: {fmt} cannot express {'; '.join(c.reasons)}", highlight=False)
-    out_console.print(f"note: {lib.NOTES[fmt]}", highlight=False, soft_wrap=True)
-    out_console.print(text.rstrip(), highlight=False, soft_wrap=True, markup=False)
-    out_console.print(f"written: {path}", highlight=False, soft_wrap=True)
+    say = lambda line: out_console.print(line, highlight=False, soft_wrap=True, markup=False)  # noqa: E731
+    say(f"written for: {version.covers}")
+    say(f"note: {lib.NOTES[fmt]}")
+    say(text.rstrip())
+    for path in written:
+        say(f"written: {path}")

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from rich.table import Table
 
 from dspark_bench.cli.console import cli_errors, out_console, print_health, read_summary, reporting, summary_table
 from dspark_bench.cli.options import (
@@ -66,7 +67,7 @@ def run(
     threshold_end: ThresholdEnd = DEFAULTS.threshold_end, topk: TopK = DEFAULTS.topk,
     temperature: Temperature = DEFAULTS.temperature, top_p: TopP = DEFAULTS.top_p, max_new_tokens: MaxNewTokens = None,
     seed: Seed = DEFAULTS.seed, batch_size: BatchSizes = None, batching: Batching = "refill",
-    decoder: Annotated[str, typer.Option(help="The speculative side: ours | hf (HF assisted generation, HF's rule: --semantics hf, top1, --min-draft-len 0).")] = "ours",
+    decoder: Annotated[str, typer.Option(help="The speculative side: ours | hf (HF assisted generation, HF's rule: --semantics hf, top1, --min-draft-len 0) | llamacpp (llama-server with the flags export writes, beside ours and replay).")] = "ours",
     engine: Annotated[Optional[str], typer.Option(hidden=True, help="Deprecated: --decoder.")] = None,
     repeats: Repeats = 1,
     trace: Annotated[bool, typer.Option(help="Also write rounds.parquet, the per-round trace.")] = False,
@@ -74,6 +75,8 @@ def run(
     device: Device = "auto", dtype: Dtype = "auto", threads: Threads = None,
     calibration: Annotated[Optional[Path], typer.Option(help="Per-domain policies from `calibrate`: each prompt gets its category's.")] = None,
     config: Annotated[Optional[Path], typer.Option(help="Run what a run folder's run.json describes, again (other flags but --out are refused).")] = None,
+    llama_server: Annotated[Optional[Path], typer.Option(help="--decoder llamacpp: the llama-server binary (default: tools/build-llama-server.sh's build, then PATH).")] = None,
+    port: Annotated[Optional[int], typer.Option(help="--decoder llamacpp: the plain server's port on 127.0.0.1, the speculative one's next (default: free ones).")] = None,
     out: Annotated[Path, typer.Option(help="Folder that receives the run folder.")] = Path("results"),
 ):
     """Decode prompts with the speculative decoder and the autoregressive baseline; write a run folder.
@@ -110,7 +113,12 @@ def run(
                     goodput_model=str(goodput_model) if goodput_model else "", threshold_start=threshold_start,
                     threshold_end=threshold_end, ngram_min=ngram_min, ngram_max=ngram_max, compiled=compiled,
                     calibration=str(calibration) if calibration else None, decoder=decoder)
-                folder, table = lib.execute(run_config, out, progress, say)
+                if decoder == "llamacpp":
+                    from dspark_bench.engines import llamacpp_run  # loaded when the command runs, not for --help
+
+                    folder, table, _ = llamacpp_run.execute_llamacpp(run_config, out, progress, say, llama_server, port)
+                else:
+                    folder, table = lib.execute(run_config, out, progress, say)
         print_summary(folder, table)
 
 
@@ -137,4 +145,44 @@ def print_summary(folder: Path, table) -> None:
     if samples["category"].nunique() > 1:
         out_console.print(summary_table(summarize(samples, by=["category"]), "by category"))
     print_health(read_summary(folder))
+    print_llamacpp(folder)
     out_console.print(f"run folder: {folder}")
+
+
+def print_llamacpp(folder: Path) -> None:
+    """A llama.cpp run's side-by-side table: llama.cpp, ours and replay on the same pair and prompts."""
+    from dspark_bench.results import read_json  # loaded when the command runs, not for --help
+
+    if not (folder / "llamacpp.json").is_file():
+        return
+    info = read_json(folder / "llamacpp.json", "llama.cpp result")
+    table = Table(title=f"llama.cpp b{info['build']['build_number']} beside our engine and replay "
+                        f"({info['prompts']} prompts, greedy; {info['tokenized_identically']}/{info['prompts']} "
+                        "tokenized identically by llama.cpp)")
+    for column in ("decoder", "speedup [95% CI]", "acceptance", "tokens/round", "avg draft len", "= target"):
+        table.add_column(column, justify="left" if column == "decoder" else "right")
+    number = lambda v, f=".3f": "—" if v is None or v != v else format(v, f)  # noqa: E731 (NaN: not measured)
+    for row in info["table"]:
+        interval = "—" if row["speedup"] != row["speedup"] else (
+            f"{row['speedup']:.3f} [{row['speedup_low']:.3f}, {row['speedup_high']:.3f}]")
+        table.add_row(row["decoder"], interval, number(row["acceptance_rate"]), number(row["tokens_per_round"]),
+                      number(row["avg_draft_len"], ".2f"), row["identical"] or "—")
+    out_console.print(table)
+    print_llamacpp_prompts(folder)
+    out_console.print(f"llama-server flags: {' '.join(info['flags'])}", highlight=False, soft_wrap=True, markup=False)
+
+
+def print_llamacpp_prompts(folder: Path) -> None:
+    """Per prompt: what llama.cpp drafted and accepted beside replay's prediction under its rule."""
+    import pandas as pd  # loaded when the command runs, not for --help
+
+    rows = pd.read_parquet(folder / "llamacpp.parquet")
+    table = Table(title="per prompt: llama.cpp measured vs replay predicted (llama.cpp's rule)")
+    for column in ("prompt", "drafted", "accepted", "acceptance", "replay drafted", "replay accepted",
+                   "replay acceptance", "= target"):
+        table.add_column(column, justify="left" if column == "prompt" else "right")
+    for row in rows.itertuples():
+        table.add_row(str(row.prompt_id), str(row.drafted_total), str(row.accepted_total), f"{row.acceptance_rate:.3f}",
+                      str(row.replay_drafted), str(row.replay_accepted), f"{row.replay_acceptance_rate:.3f}",
+                      "yes" if row.identical_to_target else "no")
+    out_console.print(table)

@@ -182,7 +182,7 @@ class SpeculativeStep:
             tokens = pick(last, probs, config, None) if config.greedy else torch.stack(
                 [draw(probs[i], requests[i].generator) if i in drafting else last.new_zeros((), dtype=torch.long)
                  for i in range(len(requests))])
-            scores, tokens = fetch(confidence.METRICS[config.metric](probs, config.topk), tokens)
+            scores, tokens = fetch(confidence.score(config, probs), tokens)
             for i in range(len(requests)):
                 feeds[i] = []
                 if i not in drafting or not proposals[i].consider(config, scores[i]):

@@ -31,9 +31,35 @@ def margin(probs: torch.Tensor, topk: int = 5) -> torch.Tensor:
     return best_two[..., 0] - best_two[..., 1]
 
 
+LLAMACPP_TOPK = 10  # llama.cpp's draft sampler keeps its 10 most likely tokens (common/speculative.cpp, top_k = 10)
+
+
+def llamacpp_top1(probs: torch.Tensor, topk: int = 5) -> torch.Tensor:
+    """llama.cpp's draft probability, what --spec-draft-p-min is compared with: the top-1 of the
+    draft's 10 most likely tokens, renormalised over those 10 (above `top1`, by a lot where the
+    draft is unsure: the rest of the vocabulary's mass is left out)."""
+    top = probs.topk(min(LLAMACPP_TOPK, probs.shape[-1]), dim=-1).values
+    return top[..., 0] / top.sum(dim=-1)
+
+
 METRICS = {"top1": top1, "entropy": entropy, "topk_mass": topk_mass, "margin": margin}
+# What drafters compute and records hold: the metrics, and the engines' own variants of them.
+SIGNALS = {**METRICS, "llamacpp_top1": llamacpp_top1}
+
+
+def signal_of(config) -> str:
+    """The signal `config`'s rule compares with its threshold: its metric, except that under
+    llama.cpp's rule top1 is llama.cpp's own (so a tuned threshold is its --spec-draft-p-min).
+    Goodput is our schedule whatever the rule: it reads its metric's fitted curve."""
+    engine_own = config.semantics == "llamacpp" and config.metric == "top1" and config.schedule != "goodput"
+    return "llamacpp_top1" if engine_own else config.metric
+
+
+def score(config, probs: torch.Tensor) -> torch.Tensor:
+    """The confidence `config`'s rule reads from the drafter's distribution `probs`."""
+    return SIGNALS[signal_of(config)](probs, config.topk)
 
 
 def all_metrics(probs: torch.Tensor, topk: int = 5) -> dict[str, torch.Tensor]:
-    """Every metric at once (replay records them all)."""
-    return {name: fn(probs, topk) for name, fn in METRICS.items()}
+    """Every signal at once (replay records them all)."""
+    return {name: fn(probs, topk) for name, fn in SIGNALS.items()}

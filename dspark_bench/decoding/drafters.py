@@ -73,7 +73,7 @@ class HeadsDrafter:
             return block
         logits = self.heads(self.hidden, n)  # [n, vocab]
         q = distribution(logits, config)
-        scores = confidence.METRICS[config.metric](q, config.topk)
+        scores = confidence.score(config, q)
         tokens = pick(logits, q, config, generator)  # head i's token is drawn from head i's q alone
         probs = None if config.greedy else q
         if config.draft_mode == "verify-side":
@@ -102,7 +102,7 @@ class LookupDrafter:
         config, device = self.config, recent.device
         tokens, votes = lookup.continuation(seq, config.ngram_min, config.ngram_max, proposal.limit)
         proposal.cap(len(tokens))
-        scores = lookup.scores(votes, self.vocab, config.topk)[config.metric]
+        scores = lookup.scores(votes, self.vocab, config.topk)[confidence.signal_of(config)]
         proposal.walk(config, tokens, scores.tolist(), eos_ids)
         kept = proposal.tokens
         block_tokens = torch.tensor(kept, dtype=torch.long, device=device)
@@ -153,7 +153,7 @@ def draft_block(draft_lm: CachedLM, pending: torch.Tensor, config: DecodeConfig,
             break
         logits = draft_lm.forward(pending)[-1]
         q = distribution(logits, config)
-        scores.append(confidence.METRICS[config.metric](q, config.topk))
+        scores.append(confidence.score(config, q))
         token = pick(logits, q, config, generator)
         pending = token.view(1)
         if config.draft_mode == "early-stop":

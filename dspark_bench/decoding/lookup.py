@@ -69,6 +69,6 @@ def vote_distribution(values: np.ndarray, counts: np.ndarray, match: int, vocab:
 def scores(votes: list[tuple], vocab: int, topk: int) -> dict[str, torch.Tensor]:
     """Every confidence metric of each drafted token [n] (the record keeps them all)."""
     if not votes:
-        return {name: torch.zeros(0) for name in confidence.METRICS}
+        return {name: torch.zeros(0) for name in confidence.SIGNALS}
     q = torch.stack([vote_distribution(values, counts, match, vocab) for values, counts, match in votes])
     return confidence.all_metrics(q, topk)

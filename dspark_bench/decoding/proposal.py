@@ -34,7 +34,7 @@ class Proposal:
     def start(cls, config: DecodeConfig, budget: int) -> "Proposal":
         limit = min(config.gamma_max, budget)
         if limit < discards_below(config):
-            limit = 0  # llama.cpp does not draft when the budget allows less than --draft-min
+            limit = 0  # llama.cpp does not draft when the budget allows less than --spec-draft-n-min
         reason = "gamma_max" if limit == config.gamma_max else "budget"
         return cls([], [], [], reason, 0, limit, done=limit <= 0, discard_below=discards_below(config))
 

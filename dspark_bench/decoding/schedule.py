@@ -9,7 +9,9 @@ The engines people deploy mean other things by the same knobs (config.semantics)
 replayed and run exactly:
   "hf"        HF assisted generation KEEPS the failing token, then stops (0.9, 0.85, 0.65 → 3);
   "llamacpp"  llama.cpp drops it, keeps no position unconditionally, and DISCARDS a draft shorter
-              than min_draft_len (--draft-min): that step decodes normally.
+              than min_draft_len (--spec-draft-n-min): that step decodes normally; and its top1 is
+              llama.cpp's own, the top-1 of the draft's 10 likeliest tokens renormalised
+              (confidence.signal_of).
 The goodput schedule (goodput.py) decides after each token whether to draft the next one, so
 its last token stays too, as under "hf".
 """
@@ -46,7 +48,7 @@ def forced(config: DecodeConfig) -> int:
 
 
 def discards_below(config: DecodeConfig) -> int:
-    """A draft shorter than this is thrown away before verification (llama.cpp's --draft-min)."""
+    """A draft shorter than this is thrown away before verification (llama.cpp's --spec-draft-n-min)."""
     return config.min_draft_len if config.semantics == "llamacpp" else 0
 
 
@@ -120,5 +122,5 @@ def expressible(config: DecodeConfig, fmt: str) -> list[str]:
         if config.min_draft_len > 0:
             why.append("a minimum draft length")
     elif config.semantics != "llamacpp":
-        why.append("our rule (llama.cpp drops a failing token and discards drafts below --draft-min)")
+        why.append("our rule (llama.cpp drops a failing token and discards drafts below --spec-draft-n-min)")
     return why

@@ -4,9 +4,10 @@ Model pairs (`models`), the timing runner (`runner`: warm-up, interleaved baseli
 speculative decodes, one row per sample), plans and estimates said before a job starts
 (`plan`), the workload a run and a sweep share (`workload`), a run's configuration and its
 execution into a run folder (`run`), the timing-health checks every run and sweep makes of its
-own timings (`health`), the calibration file a run decodes with (`calibration_file`), and
-training multi-token heads on a target (`train_heads`).
+own timings (`health`), the calibration file a run decodes with (`calibration_file`),
+training multi-token heads on a target (`train_heads`), and a pair as GGUF files for llama.cpp
+(`gguf`).
 
 May import: `replay`, `decoding`, `tasks`, `reference` and the core modules; never `tuning`,
-`reporting` or `cli`.
+`reporting`, `engines` or `cli`.
 """

@@ -58,8 +58,9 @@ class RunConfig(Workload):
     # were not a grid: a calibration's, a benchmark's chosen few)
     policies: tuple[dict, ...] | None = None
     calibration: str | None = None  # a calibration file: each prompt gets its domain's policy
-    # --- the speculative decoder timed against the baseline: ours, or HF assisted generation
-    # (`generate(assistant_model=…)`) running each policy under HF's own rule
+    # --- the speculative decoder timed against the baseline: ours, HF assisted generation
+    # (`generate(assistant_model=…)`) running each policy under HF's own rule, or llama.cpp's
+    # llama-server beside ours (engines/llamacpp_run.py)
     decoder: str = "ours"
 
     def __post_init__(self) -> None:
@@ -103,8 +104,8 @@ def check(config: RunConfig) -> None:
     if max(config.batch_sizes) > 1 and config.turns == "all":
         raise DsparkError("--turns all decodes each turn on the previous answer, one prompt at a time; "
                           "use --batch-size 1 with it")
-    if config.decoder not in ("ours", "hf"):
-        raise DsparkError(f"--decoder must be ours or hf (got {config.decoder!r})")
+    if config.decoder not in ("ours", "hf", "llamacpp"):
+        raise DsparkError(f"--decoder must be ours, hf or llamacpp (got {config.decoder!r})")
     if config.decoder == "hf" and config.ignore_eos:
         raise DsparkError("--decoder hf cannot ignore EOS (HF generate falls back to the model's own EOS); drop --ignore-eos")
     if config.decoder == "hf" and max(config.batch_sizes) > 1:

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from dspark_bench.config import METRICS
 from dspark_bench.decoding.goodput import AcceptanceFit, Curve
 from dspark_bench.errors import DsparkError
 from dspark_bench.replay.simulate import match_lengths
@@ -43,7 +44,7 @@ def drafted_tokens(confidences: dict, matches: np.ndarray, lengths: np.ndarray) 
     position = np.broadcast_to(k + 1, used.shape)[used]
     frames = [pd.DataFrame({"metric": name, "confidence": values[used].astype(float), "accepted": accepted,
                             "prompt": prompt, "position": position})
-              for name, values in confidences.items()]
+              for name, values in confidences.items() if name in METRICS]  # the metrics a user picks
     return pd.concat(frames, ignore_index=True)
 
 

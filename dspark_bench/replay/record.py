@@ -72,6 +72,8 @@ class Record:
             info = json.loads((folder / "record.json").read_text())
             arrays = np.load(folder / "record.npz")
             confidences = {m: arrays[f"confidence_{m}"] for m in confidence.METRICS}
+            confidences.update({m: arrays[f"confidence_{m}"] for m in confidence.SIGNALS  # later signals: newer records
+                                if f"confidence_{m}" in arrays.files})
             available = arrays["available"] if "available" in arrays.files else None  # older records: a draft model
             return cls(arrays["continuation"], arrays["lengths"], arrays["rollout"], confidences,
                        tuple(info.pop("eos_ids")), info, available)
@@ -118,7 +120,7 @@ def draft_rollouts(draft: torch.nn.Module, sequence: list[int], prompt_len: int,
     device = next(draft.parameters()).device
     cache_name, _ = _forward_kwargs(draft)
     tokens = np.zeros((positions, steps), dtype=np.int64)
-    scores = {m: np.zeros((positions, steps), dtype=np.float32) for m in confidence.METRICS}
+    scores = {m: np.zeros((positions, steps), dtype=np.float32) for m in confidence.SIGNALS}
     for start in range(0, positions, batch):
         rows = [sequence[: prompt_len + j] for j in range(start, min(start + batch, positions))]
         width = max(map(len, rows))
@@ -149,7 +151,7 @@ def heads_segments(target: torch.nn.Module, heads, sequence: list[int], prompt_l
     device = next(target.parameters()).device
     hidden = target_hidden(target, torch.tensor([sequence[: prompt_len + positions - 1]], device=device))[0]
     tokens = np.full((positions, steps), -1, dtype=np.int64)
-    scores = {m: np.zeros((positions, steps), dtype=np.float32) for m in confidence.METRICS}
+    scores = {m: np.zeros((positions, steps), dtype=np.float32) for m in confidence.SIGNALS}
     first = max(0, 2 - prompt_len)  # a one-token prompt has no hidden state before its first round
     rows = hidden[prompt_len + first - 2 : prompt_len + positions - 2]
     if len(rows):
@@ -167,7 +169,7 @@ def lookup_continuations(sequence: list[int], prompt_len: int, positions: int, s
     """The lookup drafter's proposal at every position j (lookup.py), from sequence[:prompt_len + j]."""
 
     tokens = np.full((positions, steps), -1, dtype=np.int64)
-    scores = {m: np.zeros((positions, steps), dtype=np.float32) for m in confidence.METRICS}
+    scores = {m: np.zeros((positions, steps), dtype=np.float32) for m in confidence.SIGNALS}
     available = np.zeros(positions, dtype=np.int64)
     for j in range(positions):
         proposed, votes = lookup.continuation(sequence[: prompt_len + j], ngram_min, ngram_max, steps)
@@ -206,7 +208,7 @@ def record(pair, prompt_ids: list[list[int]], max_new_tokens: int, gamma_record:
     continuation = np.full((P, N), -1, dtype=np.int64)
     lengths = np.zeros(P, dtype=np.int64)
     rollout = np.full((P, N, G), -1, dtype=np.int64)
-    scores = {m: np.zeros((P, N, G), dtype=np.float32) for m in confidence.METRICS}
+    scores = {m: np.zeros((P, N, G), dtype=np.float32) for m in confidence.SIGNALS}
     available = np.zeros((P, N), dtype=np.int64)
     for p, ids in enumerate(prompt_ids):
         generated = (continuations[p] if continuations is not None

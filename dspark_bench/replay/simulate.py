@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from dspark_bench.config import METRICS, SCHEDULES, SEMANTICS, DecodeConfig
+from dspark_bench.decoding.confidence import signal_of
 from dspark_bench.decoding.goodput import decisions, rule_for
 from dspark_bench.decoding.schedule import discards_below, forced, keeps_failing, threshold_at
 from dspark_bench.decoding.types import Round
@@ -71,6 +72,9 @@ def check_replayable(rec: Record, config: DecodeConfig) -> None:
         raise DsparkError(f"max_new_tokens {config.max_new_tokens} differs from the record's {rec.max_new_tokens}")
     if config.gamma_max > rec.gamma_record:
         raise DsparkError(f"gamma_max {config.gamma_max} exceeds the record's {rec.gamma_record}; record deeper")
+    if signal_of(config) not in rec.confidences:
+        raise DsparkError(f"the record predates {signal_of(config)} (llama.cpp's own top1, which its rule reads): "
+                          "run the sweep again, which records it")
     if config.metric == "topk_mass" and config.topk != rec.info["topk"]:
         raise DsparkError(f"the record has topk_mass for k={rec.info['topk']}, not k={config.topk}")
 
@@ -79,8 +83,8 @@ def policy_signal(rec: Record, config: DecodeConfig) -> np.ndarray:
     """[P, N, G] float64: what the schedule compares with `_thresholds` at every rollout step.
     float64: the engine multiplies Python floats of the float32 values the record stores."""
     if config.schedule == "goodput":  # 1 where the draft goes on after step k (goodput.py)
-        return decisions(rec.confidences[config.metric], rule_for(config))
-    values = rec.confidences[config.metric].astype(np.float64)
+        return decisions(rec.confidences[signal_of(config)], rule_for(config))
+    values = rec.confidences[signal_of(config)].astype(np.float64)
     return np.cumprod(values, axis=2) if config.schedule == "cumulative" else values
 
 
@@ -140,7 +144,7 @@ def simulate(rec: Record, config: DecodeConfig) -> list[list[Round]]:
             ended_in_draft = a > 0 and proposal[a - 1] in eos
             target_token = -1 if ended_in_draft else int(rec.continuation[p, j + a])
             s = int(forwards[p, j])
-            conf = rec.confidences[config.metric][p, j, :s].astype(np.float64).tolist()
+            conf = rec.confidences[signal_of(config)][p, j, :s].astype(np.float64).tolist()
             rounds.append(Round(L, a, a if ended_in_draft else a + 1, STOP_REASONS[reason[p, j]], proposal, conf,
                                 target_token, s if per_round < 0 else per_round * int(limit[p, j] > 0)))
             j += a if ended_in_draft else a + 1
@@ -261,8 +265,8 @@ def signal_kind(config: DecodeConfig) -> tuple:
     """Policies of one kind compare the same signal: the metric's, its running product
     ("cumulative"), or goodput's decisions (which depend on its model and batch size too)."""
     if config.schedule == "goodput":
-        return config.metric, "goodput", config.goodput_model, config.batch_size
-    return config.metric, config.schedule == "cumulative"
+        return signal_of(config), "goodput", config.goodput_model, config.batch_size
+    return signal_of(config), config.schedule == "cumulative"
 
 
 def _signals(rec: Record, configs: list[DecodeConfig]) -> tuple[np.ndarray, np.ndarray]:

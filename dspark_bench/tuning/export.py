@@ -3,13 +3,15 @@
 Engines mean different things by the same knobs (schedule.py) and most cannot express a
 confidence threshold at all:
 
-| engine    | what it can express                                            | file                   |
-|-----------|----------------------------------------------------------------|------------------------|
-| hf        | top-1 threshold, HF's rule (failing token kept), no minimum    | GenerationConfig JSON  |
-| llamacpp  | top-1 threshold, llama.cpp's rule (--draft-min discards)       | command-line flags     |
-| vllm      | a fixed draft length (per batch size where the run has several)| speculative_config JSON|
-| sglang    | a fixed draft length                                           | server-argument JSON   |
-| trtllm    | a fixed draft length, with a {batch size: length} schedule     | LLM-API YAML           |
+| engine    | what it can express                                            | file                            |
+|-----------|----------------------------------------------------------------|---------------------------------|
+| hf        | top-1 threshold, HF's rule (failing token kept), no minimum    | the assistant's generation config|
+| llamacpp  | top-1 threshold, llama.cpp's rule (--spec-draft-n-min discards)| llama-server flags              |
+| vllm      | a fixed draft length (per batch size where the run has several)| speculative_config JSON         |
+| sglang    | a fixed draft length                                           | a --config YAML (dashed names)  |
+| trtllm    | a fixed draft length, with a {batch size: length} schedule     | LLM-API YAML (upper-bound keys) |
+
+Each file is written for a named engine version (engine_versions.py; engine_files.py writes them).
 
 Where the engine cannot express the tuned policy, the export takes the nearest policy it can:
 the best of every policy the engine expresses, replayed on the run's own record with its own
@@ -20,8 +22,6 @@ what deploying on that engine costs.
 from __future__ import annotations
 
 import functools
-import json
-import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,15 +32,17 @@ from dspark_bench import objectives
 from dspark_bench.config import DecodeConfig, expand, from_dict, with_defaults
 from dspark_bench.decoding.schedule import expressible
 from dspark_bench.errors import DsparkError
+from dspark_bench.harness.gguf import converted
 from dspark_bench.metrics import summarize
 from dspark_bench.replay.batched import predict_batched
 from dspark_bench.replay.cost import CostModel, CostSurface
 from dspark_bench.replay.record import resolve_record
 from dspark_bench.replay.simulate import Record, simulate_grid
 from dspark_bench.results import read_json, write_text
+from dspark_bench.tuning.engine_files import FILES, NOTES, llamacpp_flags, parse, render  # noqa: F401 (the API)
+from dspark_bench.tuning.engine_versions import version_for
 
 FORMATS = ("hf", "vllm", "sglang", "trtllm", "llamacpp")
-VLLM_LAST_BATCH = 1 << 16  # the top of the last batch-size range written for vLLM
 THRESHOLDS = tuple(round(t, 2) for t in np.arange(0.0, 1.0, 0.05))  # the nearest-policy search's grid
 
 
@@ -182,8 +184,9 @@ def choose(run: RunPolicies, fmt: str) -> list[Choice]:
 
 
 def cap_schedule(run: RunPolicies, fmt: str, choices: list[Choice]) -> list[Choice]:
-    """TensorRT-LLM's draft_len_schedule starts at batch size 1 with max_draft_len and never rises:
-    a longer draft at a larger batch size is capped there (and replayed as capped)."""
+    """TensorRT-LLM's draft_len_schedule gives its smallest key max_draft_len and no key more
+    (validate_draft_len_schedule_and_sort): a longer draft at a larger batch size is capped at batch
+    size 1's (and replayed as capped)."""
     if fmt != "trtllm" or len(choices) < 2:
         return choices
     ceiling = choices[0].exported.gamma_max
@@ -195,97 +198,36 @@ def cap_schedule(run: RunPolicies, fmt: str, choices: list[Choice]) -> list[Choi
     return choices
 
 
-# --- the files, in each engine's own words ------------------------------------------------------
+# --- writing the files ------------------------------------------------------------------------------
 
 
-def render(fmt: str, choices: list[Choice], models: dict) -> str:
-    first = choices[0].exported
-    draft = models.get("draft", "DRAFT_MODEL")
-    if fmt == "hf":
-        threshold = 0.0 if first.schedule == "fixed" else first.threshold
-        values = {"num_assistant_tokens": first.gamma_max, "num_assistant_tokens_schedule": "constant",
-                  "assistant_confidence_threshold": threshold, "do_sample": not first.greedy,
-                  "max_new_tokens": first.max_new_tokens}
-        if not first.greedy:
-            values.update(temperature=first.temperature, top_p=first.top_p)
-        return json.dumps(values, indent=2) + "\n"
-    if fmt == "llamacpp":
-        p_min = 0.0 if first.schedule == "fixed" else first.threshold
-        minimum = 0 if first.schedule == "fixed" else first.min_draft_len  # llama.cpp would discard short drafts
-        return shlex.join(["--model-draft", str(draft), "--draft-max", str(first.gamma_max),
-                           "--draft-min", str(minimum), "--draft-p-min", f"{p_min:g}"]) + "\n"
-    if fmt == "vllm":
-        values = {"method": "draft_model", "model": str(draft),
-                  "num_speculative_tokens": max(c.exported.gamma_max for c in choices)}
-        if len(choices) > 1:  # [[lowest batch size, highest, length], ...] from batch size 1 up
-            starts = [1] + [c.batch_size for c in choices[1:]]
-            ends = [b - 1 for b in starts[1:]] + [VLLM_LAST_BATCH]
-            values["num_speculative_tokens_per_batch_size"] = [
-                [lo, hi, c.exported.gamma_max] for lo, hi, c in zip(starts, ends, choices)]
-        return json.dumps(values, indent=2) + "\n"
-    if fmt == "sglang":
-        values = {"speculative_algorithm": "STANDALONE", "speculative_draft_model_path": str(draft),
-                  "speculative_num_steps": first.gamma_max, "speculative_eagle_topk": 1,
-                  "speculative_num_draft_tokens": first.gamma_max + 1}
-        return json.dumps(values, indent=2) + "\n"
-    import yaml
-
-    config = {"decoding_type": "DraftTarget", "speculative_model": str(draft), "max_draft_len": first.gamma_max}
-    if len(choices) > 1:  # starts at batch size 1, with max_draft_len (cap_schedule keeps it non-rising)
-        config["draft_len_schedule"] = {1 if i == 0 else c.batch_size: c.exported.gamma_max for i, c in enumerate(choices)}
-    return yaml.safe_dump({"speculative_config": config}, sort_keys=False)
+def model_paths(fmt: str, models: dict) -> tuple[str, dict]:
+    """The draft's path as `fmt` loads it, and the run's models with llama.cpp's GGUF files where
+    they were converted (by `run --decoder llamacpp`; else placeholders the .md file explains)."""
+    if fmt != "llamacpp":
+        return str(models.get("draft", "DRAFT_MODEL")), models
+    files = {role: converted(models.get(f"{role}_fingerprint", "")) for role in ("target", "draft")}
+    models = {**models, "target_gguf": str(files["target"] or "TARGET.gguf")}
+    return str(files["draft"] or "DRAFT.gguf"), models
 
 
-def parse(fmt: str, text: str) -> dict:
-    """What a written file says, in our words ({batch size: (gamma_max, threshold, min, semantics)}):
-    the round trip the tests check."""
-    if fmt == "hf":
-        from transformers import GenerationConfig
-
-        gen = GenerationConfig.from_dict(json.loads(text))
-        return {1: (gen.num_assistant_tokens, gen.assistant_confidence_threshold, 0, "hf")}
-    if fmt == "llamacpp":
-        words = shlex.split(text)
-        flags = dict(zip(words[::2], words[1::2]))
-        return {1: (int(flags["--draft-max"]), float(flags["--draft-p-min"]), int(flags["--draft-min"]), "llamacpp")}
-    if fmt in ("vllm", "sglang"):
-        values = json.loads(text)
-        if fmt == "sglang":
-            return {1: (values["speculative_num_steps"], 0.0, 0, "dspark")}
-        ranges = values.get("num_speculative_tokens_per_batch_size", [[1, VLLM_LAST_BATCH, values["num_speculative_tokens"]]])
-        return {int(lo): (min(k, values["num_speculative_tokens"]), 0.0, 0, "dspark") for lo, _, k in ranges}
-    import yaml
-
-    config = yaml.safe_load(text)["speculative_config"]
-    table = config.get("draft_len_schedule", {1: config["max_draft_len"]})
-    return {int(b): (int(g), 0.0, 0, "dspark") for b, g in table.items()}
-
-
-SUFFIX = {"hf": "generation_config.json", "vllm": "speculative_config.json", "sglang": "sglang_args.json",
-          "trtllm": "trtllm_speculative.yaml", "llamacpp": "llama_cpp_flags.txt"}
-
-NOTES = {
-    "hf": "HF re-fits assistant_confidence_threshold every round when scikit-learn is installed; the replayed "
-          "policy holds it fixed.",
-    "llamacpp": "llama.cpp's draft probability is the top-1 of the draft's top-10 (renormalised): a little above "
-                "our top1, so it drafts a little longer at the same --draft-p-min.",
-    "vllm": "num_speculative_tokens_per_batch_size (ranges of batch sizes from 1, each with its length) is written "
-            "only for runs with several batch sizes; a vLLM version without that field refuses it: drop the key there.",
-    "sglang": "SGLang's STANDALONE algorithm drafts with a separate small model (topk 1: a chain, not a tree).",
-    "trtllm": "draft_len_schedule maps a batch size to a draft length from batch size 1 (= max_draft_len) down; "
-              "TensorRT-LLM's DraftTarget config.",
-}
-
-
-def export(folder: Path, fmt: str, out: Path | None = None) -> tuple[Path, list[Choice], str]:
-    """Write the run's best policy for `fmt` (beside the run unless `out`): (file, choices, text)."""
+def export(folder: Path, fmt: str, out: Path | None = None, engine_version: str | None = None):
+    """Write the run's best policy for `fmt` into `out` (default RUN/export/): (files written,
+    choices, the engine's file text, the version written for)."""
 
     if fmt not in FORMATS:
         raise DsparkError(f"unknown export format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    version = version_for(fmt, engine_version)  # before anything is read: a bad version is one line
     run = load_run(folder)
     choices = choose(run, fmt)
-    text = render(fmt, choices, run.info.get("models", {}))
-    path = Path(out) if out is not None else run.folder / "export" / SUFFIX[fmt]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_text(path, text)
-    return path, choices, text
+    draft, models = model_paths(fmt, run.info.get("models", {}))
+    files = render(fmt, choices, models, version, draft)
+    where = Path(out) if out is not None else run.folder / "export"
+    if where.is_file():
+        raise DsparkError(f"--out {str(where)!r} is a file; give a folder (each format writes its own files there)")
+    where.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, text in files.items():
+        write_text(where / name, text)
+        written.append(where / name)
+    return written, choices, files[FILES[fmt]], version

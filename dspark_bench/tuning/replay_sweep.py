@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from dspark_bench.config import DecodeConfig, expand
+from dspark_bench.decoding.confidence import SIGNALS
 from dspark_bench.decoding.goodput import GoodputModel
 from dspark_bench.harness.health import (
     LoadProbe,
@@ -114,10 +115,13 @@ def load_or_record(spec: SweepSpec, prepared: Prepared, gamma: int, ids: list[li
     drafter = drafter or base
     models = {**pair.describe(), "drafter_fingerprint": pair.drafter_fingerprint(drafter)}
     fingerprint = prompts_fingerprint(prompts)
+    stale = False
     if (record_dir / "record.json").is_file():
         rec = Record.load(record_dir)
         rec.check_matches(models, fingerprint)
-        return rec
+        if set(SIGNALS) <= set(rec.confidences):
+            return rec
+        stale = True  # recorded before a signal records now hold (llama.cpp's own top1): record it again
     info = {"models": models, "prompts_fingerprint": fingerprint, "prompt_ids": [p.id for p in prompts],
             "categories": [p.category for p in prompts]}
     eos_ids = spec.runner_settings().eos_ids(pair)
@@ -125,7 +129,7 @@ def load_or_record(spec: SweepSpec, prepared: Prepared, gamma: int, ids: list[li
     rec = record(pair, ids, base.max_new_tokens, gamma, base.topk, info, eos_ids=eos_ids,
                  progress=stage_steps(progress, stage, len(ids)), drafter=drafter, continuations=continuations)
     try:
-        write_folder(record_dir, rec.save)
+        write_folder(record_dir, rec.save, replace=stale)
     except OSError:  # another sweep stored the same record meanwhile: keep theirs
         pass
     return rec

@@ -1,0 +1,189 @@
+"""The files an export writes, in each engine's own words, for the version it targets.
+
+`render` turns the chosen policies (one per batch size where the engine takes a table) into
+{file name: text}, the engine's own file first; `parse` reads a written file back into our
+words, the round trip the tests check beside the engines' own parsers (tests/test_engines.py).
+Every format also gets `<format>.md`: the version it targets, the source lines it encodes, its
+caveats and the lines that load it. engine_versions.py holds the versions and their sources.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import shlex
+
+import yaml
+
+from dspark_bench.config import DecodeConfig
+from dspark_bench.decoding.autoregressive import hf_assistant_settings
+from dspark_bench.tuning.engine_versions import EngineVersion
+
+VLLM_LAST_BATCH = 1 << 16  # the top of the last batch-size range written for vLLM
+FILES = {"hf": "assistant_generation_config.json", "vllm": "speculative_config.json", "sglang": "sglang_config.yaml",
+         "trtllm": "trtllm_speculative.yaml", "llamacpp": "llama_cpp_flags.txt"}
+HF_GENERATE = "generate_kwargs.json"  # the target's generate() settings, beside the assistant's config
+
+NOTES = {
+    "hf": "the three assistant keys are read from the ASSISTANT's generation_config (applied to the target they are "
+          "silently ignored); HF re-fits assistant_confidence_threshold every round when scikit-learn is installed, "
+          "the replayed policy holds it fixed (`run --decoder hf` switches the re-fit off).",
+    "llamacpp": "llama.cpp compares --spec-draft-p-min with the top-1 of the draft's 10 most likely tokens, "
+                "renormalised over those 10; --semantics llamacpp reads that probability too, so a threshold tuned "
+                "under llama.cpp's rule is its p-min. A local draft GGUF needs --spec-type draft-simple (without it "
+                "llama-server does not speculate).",
+    "vllm": "num_speculative_tokens_per_batch_size (inclusive ranges of batch sizes from 1, each with its length) is "
+            "written only for runs with several batch sizes: a batch size between two measured ones takes the smaller "
+            "one's length, and one above the largest keeps its length (unlike TensorRT-LLM's table).",
+    "sglang": "STANDALONE drafts with a separate small model; topk 1 is a chain, and SGLang sets num-draft-tokens to "
+              "num-steps + 1 there (written so). It has one draft length for every batch size.",
+    "trtllm": "draft_len_schedule's keys are inclusive upper bounds of the batch size: a batch size between two "
+              "measured ones takes the larger one's length, and TensorRT-LLM does not speculate above the largest "
+              "key (unlike vLLM's table).",
+}
+
+
+def llamacpp_flags(policy: DecodeConfig, draft: str, version: EngineVersion) -> list[str]:
+    """llama-server's speculative flags for `policy` in `version`'s names (after the target's -m)."""
+    p_min = 0.0 if policy.schedule == "fixed" else policy.threshold
+    minimum = 0 if policy.schedule == "fixed" else policy.min_draft_len  # llama.cpp discards shorter drafts
+    if version.name == "legacy":
+        return ["--model-draft", draft, "--draft-max", str(policy.gamma_max), "--draft-min", str(minimum),
+                "--draft-p-min", f"{p_min:g}"]
+    return ["--spec-type", "draft-simple", "--spec-draft-model", draft, "--spec-draft-n-max", str(policy.gamma_max),
+            "--spec-draft-n-min", str(minimum), "--spec-draft-p-min", f"{p_min:g}"]
+
+
+def trtllm_schedule(lengths: dict[int, int]) -> dict[int, int]:
+    """{measured batch size: draft length} as TensorRT-LLM's upper-bound keys: each measured B is
+    a key, so sizes between two measured ones take the larger one's length, and the largest
+    measured B is the last key (above it TensorRT-LLM does not speculate)."""
+    return {b: lengths[b] for b in sorted(lengths)}
+
+
+def trtllm_lookup(schedule: dict[int, int], batch_size: int) -> int:
+    """TensorRT-LLM's rule for a batch size, as tensorrt_llm/_torch/speculative/utils.py
+    get_draft_len_for_batch_size has it: bisect_left over the sorted keys, 0 past the last."""
+    bounds = sorted(schedule)
+    index = bisect.bisect_left(bounds, batch_size)
+    return schedule[bounds[index]] if index < len(bounds) else 0
+
+
+def render(fmt: str, choices: list, models: dict, version: EngineVersion, draft_path: str) -> dict[str, str]:
+    """{file name: text} for `fmt`, the engine's file first, then `<fmt>.md`."""
+    first = choices[0].exported
+    files = {FILES[fmt]: RENDER[fmt](choices, version, draft_path, models)}
+    if fmt == "hf":
+        files[HF_GENERATE] = json.dumps(hf_generate_kwargs(first), indent=2) + "\n"
+    files[f"{fmt}.md"] = about(fmt, version, choices, models)
+    return files
+
+
+def hf_generate_kwargs(policy: DecodeConfig) -> dict:
+    values = {"max_new_tokens": policy.max_new_tokens, "do_sample": not policy.greedy}
+    if not policy.greedy:
+        values.update(temperature=policy.temperature, top_p=policy.top_p, top_k=0)
+    return values
+
+
+def render_hf(choices, version, draft, models) -> str:
+    return json.dumps(hf_assistant_settings(choices[0].exported), indent=2) + "\n"
+
+
+def render_llamacpp(choices, version, draft, models) -> str:
+    target = models.get("target_gguf") or "TARGET.gguf"
+    line = shlex.join(llamacpp_flags(choices[0].exported, draft, version))
+    return (f"# {version.covers}\n"
+            f"# llama-server -m {shlex.quote(target)} $(grep -v '^#' llama_cpp_flags.txt)\n{line}\n")
+
+
+def render_vllm(choices, version, draft, models) -> str:
+    if version.name == "legacy":  # one length for every batch size: batch size 1's
+        return json.dumps({"method": "draft_model", "model": draft,
+                           "num_speculative_tokens": choices[0].exported.gamma_max}, indent=2) + "\n"
+    values = {"method": "draft_model", "model": draft, "num_speculative_tokens": max(c.exported.gamma_max for c in choices)}
+    if len(choices) > 1:  # [[lowest batch size, highest, length], ...] from batch size 1 up
+        starts = [1] + [c.batch_size for c in choices[1:]]
+        ends = [b - 1 for b in starts[1:]] + [VLLM_LAST_BATCH]
+        values["num_speculative_tokens_per_batch_size"] = [
+            [lo, hi, c.exported.gamma_max] for lo, hi, c in zip(starts, ends, choices)]
+    return json.dumps(values, indent=2) + "\n"
+
+
+def sglang_arguments(policy: DecodeConfig, draft: str) -> dict:
+    """SGLang's ServerArgs fields for `policy` (Engine(**these); the YAML has them dashed)."""
+    return {"speculative_algorithm": "STANDALONE", "speculative_draft_model_path": draft,
+            "speculative_num_steps": policy.gamma_max, "speculative_eagle_topk": 1,
+            "speculative_num_draft_tokens": policy.gamma_max + 1}
+
+
+def render_sglang(choices, version, draft, models) -> str:
+    arguments = sglang_arguments(choices[0].exported, draft)
+    target = models.get("target", "TARGET")
+    kwargs = ", ".join(f"{k}={v!r}" for k, v in arguments.items())
+    return (f"# {version.covers}\n"
+            f"# python -m sglang.launch_server --model-path {target} --config sglang_config.yaml\n"
+            f"# or, in Python: sglang.Engine(model_path={target!r}, {kwargs})\n"
+            + yaml.safe_dump({k.replace("_", "-"): v for k, v in arguments.items()}, sort_keys=False))
+
+
+def render_trtllm(choices, version, draft, models) -> str:
+    config = {"decoding_type": "DraftTarget" if version.name == "legacy" else "Draft_Target",
+              "speculative_model": draft, "max_draft_len": choices[0].exported.gamma_max}
+    head = f"# {version.covers}\n# trtllm-serve TARGET --extra_llm_api_options trtllm_speculative.yaml\n"
+    if len(choices) > 1 and version.name == "legacy":  # lower bounds: each measured B on up
+        config["draft_len_schedule"] = {1 if i == 0 else c.batch_size: c.exported.gamma_max for i, c in enumerate(choices)}
+    elif len(choices) > 1:
+        schedule = trtllm_schedule({c.batch_size: c.exported.gamma_max for c in choices})
+        config["draft_len_schedule"] = schedule
+        largest = max(schedule)
+        head += (f"# draft_len_schedule keys are inclusive upper bounds: a batch size takes the length of the "
+                 f"smallest key at or above it; above {largest} (the largest measured) TensorRT-LLM does not speculate\n")
+    return head + yaml.safe_dump({"speculative_config": config}, sort_keys=False)
+
+
+RENDER = {"hf": render_hf, "llamacpp": render_llamacpp, "vllm": render_vllm, "sglang": render_sglang,
+          "trtllm": render_trtllm}
+
+
+def about(fmt: str, version: EngineVersion, choices: list, models: dict) -> str:
+    """`<fmt>.md`: what the export targets and how to load it."""
+    load = {
+        "hf": ["draft.generation_config.update(**json.load(open('assistant_generation_config.json')))",
+               "out = target.generate(**inputs, assistant_model=draft, **json.load(open('generate_kwargs.json')))"],
+        "llamacpp": ["llama-server -m TARGET.gguf $(grep -v '^#' llama_cpp_flags.txt)"],
+        "vllm": ["vllm serve TARGET --speculative-config \"$(cat speculative_config.json)\""],
+        "sglang": ["python -m sglang.launch_server --model-path TARGET --config sglang_config.yaml"],
+        "trtllm": ["trtllm-serve TARGET --extra_llm_api_options trtllm_speculative.yaml"],
+    }[fmt]
+    policies = "\n".join(f"- B = {c.batch_size}: {c.exported.label()}" for c in choices)
+    return (f"# {FILES[fmt]}\n\nTargets: {version.covers}.\n\nEncodes: {version.source}.\n\nPolicies:\n{policies}\n\n"
+            f"Note: {NOTES[fmt]}\n\nLoad it:\n\n```\n" + "\n".join(load) + "\n```\n")
+
+
+# --- reading a file back ---------------------------------------------------------------------------
+
+
+def parse(fmt: str, text: str) -> dict:
+    """What a written file says, in our words ({batch size: (gamma_max, threshold, min, semantics)})."""
+    if fmt == "hf":
+        from transformers import GenerationConfig  # HF's own class reads it, as the assistant would
+
+        gen = GenerationConfig.from_dict(json.loads(text))
+        return {1: (gen.num_assistant_tokens, gen.assistant_confidence_threshold, 0, "hf")}
+    if fmt == "llamacpp":
+        words = shlex.split("\n".join(line for line in text.splitlines() if not line.startswith("#")))
+        flags = dict(zip(words[::2], words[1::2]))
+        names = ("--spec-draft-n-max", "--spec-draft-p-min", "--spec-draft-n-min") if "--spec-type" in flags else (
+            "--draft-max", "--draft-p-min", "--draft-min")
+        return {1: (int(flags[names[0]]), float(flags[names[1]]), int(flags[names[2]]), "llamacpp")}
+    if fmt == "sglang":
+        values = yaml.safe_load(text)
+        return {1: (values["speculative-num-steps"], 0.0, 0, "dspark")}
+    if fmt == "vllm":
+        values = json.loads(text)
+        ranges = values.get("num_speculative_tokens_per_batch_size", [[1, VLLM_LAST_BATCH, values["num_speculative_tokens"]]])
+        return {int(lo): (min(k, values["num_speculative_tokens"]), 0.0, 0, "dspark") for lo, _, k in ranges}
+    config = yaml.safe_load(text)["speculative_config"]  # measured B -> length, under either key meaning
+    table = config.get("draft_len_schedule", {1: config["max_draft_len"]})
+    return {int(b): (int(g), 0.0, 0, "dspark") for b, g in table.items()}
