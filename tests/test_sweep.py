@@ -250,11 +250,22 @@ def test_replay_sweep_over_batch_sizes_confirms_the_best_at_each(saved_pair, pro
         assert len(entry["measured"]) == 3 and entry["cost_model_accuracy"]["measured_over_predicted_median"] > 0
         assert entry["packed_predicted"]["scheduled_over_fixed"] > 0
     assert json.loads((folder / "cost_surface.json").read_text())["batch_sizes"].keys() == {"1", "2"}
+    # The headroom per B and layout: no policy of the space is predicted above the oracle.
+    bound = {(r["batch_size"], r["layout"]): r for r in summary["headroom"]}
+    assert sorted(bound) == [(1, "—"), (2, "packed"), (2, "padded")]
+    for (batch_size, layout), row in bound.items():
+        column = "predicted_speedup_packed" if layout == "packed" else "predicted_speedup"
+        assert table[table["batch_size"] == batch_size][column].max() <= row["oracle_speedup"] + 1e-9
+        fixed = table[(table["batch_size"] == batch_size) & (table["schedule"] == "fixed")][column].max()
+        assert row["best_fixed_speedup"] == pytest.approx(fixed)
+        assert row["captured"] == pytest.approx((row["best_scheduled_speedup"] - fixed) / (row["oracle_speedup"] - fixed))
+    assert "headroom (predicted)" in result.output
     report = build_report(folder)
     assert "plots/batch_sizes.png" in figures_written(report)
     text = report.read_text()
     assert "## Batch sizes" in text and "predicted" in text and "at batch size 1" in text
     assert "| top1 |" in text and "Brier (fit)" in text  # the acceptance fit's quality, per metric
+    assert "## Headroom" in text and "exact optimum" in text
     check_exports(folder, tmp_path)
 
 

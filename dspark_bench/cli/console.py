@@ -154,8 +154,25 @@ def print_best(table, folder, title: str = "best configurations") -> None:
     for row in table.head(10).to_dict(orient="records"):
         view.add_row(*[f"{row[c]:.3f}" if isinstance(row[c], float) else str(row[c]) for c in columns])
     out_console.print(view)
+    print_headroom(summary)
     print_health(summary)
     out_console.print(f"run folder: {folder}")
+
+
+def print_headroom(summary: dict) -> None:
+    """What any stopping rule could win (the oracle) beside fixed γ and the best policy, per batch size."""
+    rows = summary.get("headroom") or []
+    if not rows:
+        return
+    view = Table(title="headroom (predicted): how much of the oracle's gain over fixed γ the best policy captures",
+                 title_justify="left")
+    for name in ("B", "layout", "autoregressive", "best fixed γ", "best scheduled", "oracle", "captured"):
+        view.add_column(name, justify="right")
+    for row in rows:
+        captured = "—" if row["captured"] != row["captured"] else f"{row['captured']:.0%}"
+        view.add_row(str(row["batch_size"]), row["layout"], "1.000", f"{row['best_fixed_speedup']:.3f}",
+                     f"{row['best_scheduled_speedup']:.3f}", f"{row['oracle_speedup']:.3f} ({row['oracle']})", captured)
+    out_console.print(view)
 
 
 def read_summary(folder) -> dict:

@@ -111,6 +111,7 @@ def summary_blocks(inputs: Inputs) -> list[tuple]:
                             c["config_label"] if c is not None else "—", _fmt(c.get(objective), 2) if c is not None else "—"])
         blocks += [("h3", "Per run"), ("table", ["run", "task", "best", objective, "classic", objective], per_run)]
     blocks += drafter_blocks(inputs)
+    blocks += headroom_blocks(inputs)
     blocks += cost_model_blocks(inputs)
     blocks += environment_blocks(inputs)
     return blocks
@@ -134,6 +135,23 @@ def drafter_blocks(inputs: Inputs) -> list[tuple]:
              _fmt(best[d].get("tokens_per_round")), _fmt(best[d].get("acceptance_rate")),
              _fmt(best[d].get("avg_draft_len")), _fmt(best[d].get("identical_to_baseline"))] for d in order]
     return [("h2", "Drafters side by side"), ("table", header, rows), ("p", pick_drafter(best, order, objective))]
+
+
+def headroom_blocks(inputs: Inputs) -> list[tuple]:
+    """Each replay sweep's headroom: fixed γ, the best scheduled policy and the oracle (replay/oracle.py)."""
+    rows = [[plots.short_run(run_id), str(r["batch_size"]), r["layout"], _fmt(r["best_fixed_speedup"]),
+             _fmt(r["best_scheduled_speedup"]), f"{_fmt(r['oracle_speedup'])} ({r['oracle']})",
+             "—" if pd.isna(r["captured"]) else f"{r['captured']:.0%}"]
+            for run_id, summary in inputs.summaries.items() for r in summary.get("headroom") or []]
+    if not rows:
+        return []
+    text = ("Predicted by replay on one record and cost table: the oracle knows which drafted tokens the target will "
+            "accept (at batch size 1 the exact optimum over every draft length; at larger batch sizes perfect "
+            "stopping, a rule that knows after each drafted token whether it will be accepted). `captured` is the "
+            "share of the oracle's gain over the best fixed γ that the best scheduled policy reaches: near 0, the "
+            "rules' signal says little; near 100 %, little is left to tune.")
+    header = ["run", "batch size", "layout", "best fixed γ", "best scheduled", "oracle", "captured"]
+    return [("h2", "Headroom"), ("p", text), ("table", header, rows)]
 
 
 def pick_drafter(best: dict, order: list[str], objective: str) -> str:

@@ -35,6 +35,7 @@ from dspark_bench.objectives import OBJECTIVES, rank
 from dspark_bench.prompts import encode, prompts_fingerprint
 from dspark_bench.replay.acceptance import load_or_fit
 from dspark_bench.replay.batched import simulate_with_surface
+from dspark_bench.replay.oracle import headroom
 from dspark_bench.replay.simulate import Record, record, simulate_grid
 from dspark_bench.results import write_folder, write_json, write_parquet
 from dspark_bench.tasks import load_prompts
@@ -202,6 +203,9 @@ def replay_sweep(folder: Path, spec: SweepSpec, prepared: Prepared, records_root
             part = simulate_with_surface(records[key], chosen, surface)
         parts.append(part.assign(config_id=np.array(group)))
     table = pd.concat(parts, ignore_index=True).sort_values("config_id", ignore_index=True).assign(source="replay")
+    # What any stopping rule could win here (replay/oracle.py), beside what the space's best does.
+    bound = [] if model_key is None else headroom(table, records[model_key], cost,
+                                                   surface if batch_sizes != [1] else None)
     record_dir = record_dirs[model_key] if model_key is not None else next(iter(record_dirs.values()))
     # An unreliable cost table still ranks (rounds are exact), but its picks are confirmed harder.
     cost_unreliable = worst(c.verdict for c in checks) == "unreliable"
@@ -212,7 +216,7 @@ def replay_sweep(folder: Path, spec: SweepSpec, prepared: Prepared, records_root
     confirmed = table[table["source"] == "confirmed"]
     checks += [*probe.checks(), identical_rounds(confirmed), measured_over_predicted(confirmed),
                wall_over_estimate(time.perf_counter() - started - timing, estimate)]
-    return write_replay_summary(folder, table, spec, cost, record_dir, health(checks), not cost_unreliable)
+    return write_replay_summary(folder, table, spec, cost, record_dir, health(checks), not cost_unreliable, bound)
 
 
 def say_replay_plan(spec: SweepSpec, prepared: Prepared, first_ids: list[int], configs: list[DecodeConfig],
@@ -259,7 +263,8 @@ def confirm(table: pd.DataFrame, configs: list[DecodeConfig], spec: SweepSpec, p
 
 
 def write_replay_summary(folder: Path, table: pd.DataFrame, spec: SweepSpec, cost, record_dir: Path,
-                         timing_health: dict | None = None, predictions_trusted: bool = True) -> pd.DataFrame:
+                         timing_health: dict | None = None, predictions_trusted: bool = True,
+                         bound: list[dict] | None = None) -> pd.DataFrame:
     """summary.json of a replay sweep; returns the confirmed policies, best first."""
     objective = OBJECTIVES[spec.objective[0]]
     confirmed = rank(table[table["source"] == "confirmed"], objective.name, objective.column("real"))
@@ -274,6 +279,9 @@ def write_replay_summary(folder: Path, table: pd.DataFrame, spec: SweepSpec, cos
         # False: the cost table never passed its checks, so predicted speedups are not to be trusted
         # (the ranking by them is still exact in its rounds; the measured speedups say what won).
         "predictions_trusted": predictions_trusted,
+        # Per batch size (and layout): fixed γ, the best scheduled policy and the oracle, all predicted,
+        # and the share of the oracle's gain over fixed γ the best captures.
+        "headroom": bound or [],
     }
     if (table["batch_size"] > 1).any():
         summary["by_batch_size"] = by_batch_size(table, confirmed, objective)

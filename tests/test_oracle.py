@@ -1,0 +1,102 @@
+"""The headroom bound: the batch-1 oracle against brute force, perfect stopping against the rules."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+from dspark_bench.config import DecodeConfig
+from dspark_bench.replay.cost import CostModel
+from dspark_bench.replay.oracle import headroom, oracle, oracle_lengths, perfect_stopping, round_cost
+from dspark_bench.replay.simulate import Record, match_lengths, simulate_grid
+
+
+def small_record(seed: int, P: int = 3, n: int = 7, g: int = 3) -> Record:
+    """Drafts that agree with the continuation for a random run at each position."""
+    rng = np.random.default_rng(seed)
+    continuation = rng.integers(10, 100, size=(P, n))
+    runs = rng.integers(0, g + 1, size=(P, n))
+    rollout = np.full((P, n, g), 5, dtype=np.int64)  # 5: never the continuation's
+    for p, j, k in itertools.product(range(P), range(n), range(g)):
+        if k < runs[p, j] and j + k < n:
+            rollout[p, j, k] = continuation[p, j + k]
+    confidences = {"top1": rng.random((P, n, g)).astype(np.float32)}
+    return Record(continuation, np.full(P, n), rollout, confidences, (), {"max_new_tokens": n, "topk": 5})
+
+
+def brute_force(rec: Record, cost: CostModel, gamma_max: int) -> float:
+    """The least time over every sequence of draft lengths (drafting past the accepted run too)."""
+    matches = match_lengths(rec)
+    total = 0.0
+    for p, length in enumerate(rec.lengths):
+        def least(j: int) -> float:
+            if j >= length:
+                return 0.0
+            cap = min(gamma_max, rec.max_new_tokens - j - 1)
+            return min(round_cost(cost, k) + least(j + min(k, int(matches[p, j])) + 1) for k in range(cap + 1))
+        total += least(0)
+    return total
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_batch_one_oracle_is_the_brute_force_optimum(seed):
+    rec = small_record(seed)
+    cost = CostModel(t_draft=0.3, t_verify=[1.0, 1.1, 1.3, 1.8], context_tokens=10)
+    rounds, seconds = oracle_lengths(rec, cost, 3)
+    assert seconds == pytest.approx(brute_force(rec, cost, 3))
+    matches = match_lengths(rec)
+    for p, chosen in enumerate(rounds):  # every chosen draft is wholly accepted and covers the sequence
+        j = 0
+        for k in chosen:
+            assert k <= matches[p, j]
+            j += k + 1
+        assert j == rec.lengths[p]
+
+
+def test_the_oracle_bounds_every_policy_and_perfect_stopping_every_rule():
+    rec = small_record(7, P=6, n=40, g=6)
+    cost = CostModel(t_draft=0.05, t_verify=[1.0 + 0.05 * k for k in range(7)], context_tokens=10)
+    bound = oracle(rec, cost, 6)["predicted_speedup"]
+    rules = [DecodeConfig(threshold=t, gamma_max=g, min_draft_len=m, max_new_tokens=40)
+             for t, g, m in itertools.product((0.1, 0.5, 0.9), (1, 3, 6), (0, 1))]
+    rules += [DecodeConfig(schedule="fixed", gamma_max=g, max_new_tokens=40) for g in range(1, 7)]
+    table = simulate_grid(rec, rules, cost)
+    perfect = perfect_stopping(rec, range(1, 7), [1], cost)
+    assert table["predicted_speedup"].max() <= perfect["predicted_speedup"].max() <= bound + 1e-12
+    assert (perfect["acceptance_rate"] == 1.0).all()  # it never drafts a token the target rejects
+    (row,) = headroom(table.assign(batch_size=1), rec, cost)
+    assert row["oracle_speedup"] == pytest.approx(bound) and row["autoregressive"] == 1.0
+    fixed, best = row["best_fixed_speedup"], row["best_scheduled_speedup"]
+    assert row["captured"] == pytest.approx((best - fixed) / (bound - fixed))
+    assert fixed == table[table["schedule"] == "fixed"]["predicted_speedup"].max()
+    assert not math.isnan(row["captured"])
+
+
+def test_perfect_stopping_bounds_every_rule_at_larger_batch_sizes_in_both_layouts():
+    from dspark_bench.replay.batched import simulate_with_surface
+    from dspark_bench.replay.cost import CostSurface
+
+    rec = small_record(3, P=8, n=40, g=6)
+    rec.info["prompt_tokens"] = [5] * 8
+    models = {b: CostModel(t_draft=0.05 * (1 + 0.1 * b), t_verify=[1.0 + 0.1 * b + 0.05 * k * b for k in range(7)],
+                           context_tokens=10, batch_size=b, t_prefill_target=0.01, t_prefill_draft=0.002)
+              for b in (1, 4)}
+    surface = CostSurface(models)
+    rules = [DecodeConfig(threshold=t, gamma_max=g, batch_size=b, max_new_tokens=40)
+             for t, g, b in itertools.product((0.1, 0.5, 0.9), (2, 4, 6), (1, 4))]
+    rules += [DecodeConfig(schedule="fixed", gamma_max=g, batch_size=b, max_new_tokens=40)
+              for g, b in itertools.product(range(1, 7), (1, 4))]
+    table = simulate_with_surface(rec, rules, surface)
+    perfect = perfect_stopping(rec, range(1, 7), [1, 4], surface.at(1), surface)
+    rows = headroom(table, rec, surface.at(1), surface)
+    assert [(r["batch_size"], r["layout"]) for r in rows] == [(1, "—"), (4, "padded"), (4, "packed")]
+    at_one = table[table["batch_size"] == 1]["predicted_speedup"]  # the exact optimum, priced as the walk prices B = 1
+    assert at_one.max() <= perfect[perfect["batch_size"] == 1]["predicted_speedup"].max() <= rows[0]["oracle_speedup"]
+    for row in rows[1:]:
+        column = "predicted_speedup" if row["layout"] == "padded" else "predicted_speedup_packed"
+        at_b = table[table["batch_size"] == 4]
+        assert at_b[column].max() <= row["oracle_speedup"]
+        assert row["oracle_speedup"] == perfect[perfect["batch_size"] == 4][column].max()
