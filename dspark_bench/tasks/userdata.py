@@ -1,11 +1,15 @@
 """A user's prompts through `datasets`: local JSONL / JSON / CSV / Parquet / text, or a hub id.
 
+Compressed files load as they ship (`HumanEval.jsonl.gz`): `datasets` decompresses .gz, .bz2,
+.xz and .zst itself; the checks below read the first three through the standard library.
+
 Multi-turn files in the Spec-Bench / MT-Bench shape ({"question_id", "category", "turns"})
 load as they are: the first turn is the prompt, the rest are kept for `--turns all`.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 from pathlib import Path
 
@@ -14,25 +18,44 @@ from dspark_bench.hub import hub_reachable
 from dspark_bench.prompts import Prompt
 
 BUILDER_BY_SUFFIX = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet", ".txt": "text"}
+COMPRESSIONS = {".gz": "gzip", ".bz2": "bz2", ".xz": "lzma", ".zst": None}  # None: datasets reads it unchecked
 PROMPT_FIELDS = ("turns", "prompt", "text", "question", "instruction", "input", "query", "content")
 CATEGORY_FIELDS = ("category", "domain", "task", "type")
-ID_FIELDS = ("question_id", "id", "prompt_id")
+ID_FIELDS = ("question_id", "task_id", "id", "prompt_id")
+
+
+def file_kind(path: Path) -> tuple[str | None, str | None]:
+    """(the format's suffix, the compression's suffix or None): x.jsonl.gz -> (".jsonl", ".gz")."""
+    suffixes = [s.lower() for s in path.suffixes]
+    if suffixes and suffixes[-1] in COMPRESSIONS:
+        return (suffixes[-2] if len(suffixes) > 1 else None), suffixes[-1]
+    return (suffixes[-1] if suffixes else None), None
+
+
+def read_bytes(path: Path) -> bytes:
+    """The file's bytes, decompressed where the standard library can."""
+    _, compression = file_kind(path)
+    if compression is None:
+        return path.read_bytes()
+    try:
+        return importlib.import_module(COMPRESSIONS[compression]).open(path).read()
+    except (OSError, EOFError, ValueError) as err:
+        raise DsparkError(f"{path}: not a readable {compression} file ({first_line(err)})") from None
 
 
 def _check_jsonl(path: Path) -> None:
     """datasets' own error for a bad line is opaque; name the line instead."""
-    with path.open(encoding="utf-8") as lines:
-        for number, line in enumerate(lines, start=1):
-            if line.strip():
-                try:
-                    json.loads(line)
-                except json.JSONDecodeError as err:
-                    raise DsparkError(f"{path}: line {number} is not valid JSON ({err.msg})") from None
+    for number, line in enumerate(read_bytes(path).decode("utf-8").splitlines(), start=1):
+        if line.strip():
+            try:
+                json.loads(line)
+            except json.JSONDecodeError as err:
+                raise DsparkError(f"{path}: line {number} is not valid JSON ({err.msg})") from None
 
 
 def _check_text(path: Path) -> None:
     """An empty or non-UTF-8 file fails deep inside datasets; say what is wrong instead."""
-    data = path.read_bytes()
+    data = read_bytes(path)
     if not data.strip():
         raise DsparkError(f"{path}: the file is empty; it holds no prompts")
     try:
@@ -60,20 +83,23 @@ def _load(source: str, split: str):
     if path.is_dir():
         raise DsparkError(f"{path} is a folder; pass a prompts file (JSONL, JSON, CSV, Parquet or text)")
     if path.exists():
-        builder = BUILDER_BY_SUFFIX.get(path.suffix.lower())
-        if builder is None:
-            raise DsparkError(f"{path}: unsupported file type; use {', '.join(BUILDER_BY_SUFFIX)}")
+        kind, compression = file_kind(path)
+        builder = BUILDER_BY_SUFFIX.get(kind)
+        if builder is None or (compression and builder == "parquet"):
+            raise DsparkError(f"{path}: unsupported file type; use {', '.join(BUILDER_BY_SUFFIX)}, the text ones "
+                              f"optionally compressed ({', '.join(COMPRESSIONS)})")
+        checked = compression is None or COMPRESSIONS[compression] is not None
         if builder == "parquet":
             _check_parquet(path)
-        else:
+        elif checked:
             _check_text(path)
-        if path.suffix.lower() == ".jsonl":
+        if kind == ".jsonl" and checked:
             _check_jsonl(path)
         try:
             return datasets.load_dataset(builder, data_files=str(path), split="train")
         except Exception as err:  # datasets raises many types for a corrupt file
             raise DsparkError(f"{path}: cannot read as {builder} ({first_line(err)})") from None
-    if source.startswith((".", "/", "~")) or Path(source).suffix.lower() in BUILDER_BY_SUFFIX:
+    if source.startswith((".", "/", "~")) or file_kind(Path(source))[0] in BUILDER_BY_SUFFIX:
         raise DsparkError(f"dataset file {source!r} does not exist")
     if not hub_reachable():
         raise DsparkError(f"cannot reach the hub to load dataset {source!r}; offline, pass a local file instead")
