@@ -126,6 +126,13 @@ def _to_json(obj) -> str:
     return json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n"
 
 
+def cache_dir(name: str, variable: str) -> Path:
+    """A cache of ours: $variable if set, else ~/.cache/dspark-bench/<name> (under XDG_CACHE_HOME)."""
+    if os.environ.get(variable):
+        return Path(os.environ[variable])
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "dspark-bench" / name
+
+
 def check_writable(root: Path) -> Path:
     """Fail before any work is done if results cannot be written under `root`."""
     root = Path(root)

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dspark_bench.errors import DsparkError
+from dspark_bench.results import cache_dir
 
 BUILD_SCRIPT = "tools/build-llama-server.sh"
 START_TIMEOUT_S = 120.0
@@ -33,9 +34,7 @@ START_TIMEOUT_S = 120.0
 
 def cache_home() -> Path:
     """Where the build script puts builds (DSPARK_LLAMACPP_HOME, else ~/.cache/dspark-bench/llama.cpp)."""
-    if os.environ.get("DSPARK_LLAMACPP_HOME"):
-        return Path(os.environ["DSPARK_LLAMACPP_HOME"])
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "dspark-bench" / "llama.cpp"
+    return cache_dir("llama.cpp", "DSPARK_LLAMACPP_HOME")
 
 
 def find_server(explicit: str | Path | None = None) -> Path:

@@ -115,7 +115,7 @@ def execute_llamacpp(config: RunConfig, out: Path, progress=None, say=None, serv
                       stage_steps(progress, "llama.cpp", len(prompt_ids)))
     # Our side is an ordinary run (its folder, its health checks); llamacpp.json marks it.
     folder, ours = execute(dataclasses.replace(config, decoder="ours"), out, progress, say, planned)
-    table = side_by_side(pair, prompt_ids, policy, eos, rows, folder, tokenized,
+    table = side_by_side(pair, prompt_ids, policy, eos, rows, ours.iloc[0], tokenized,
                          stage_steps(progress, "replay record", len(prompt_ids)))
     info = {"build": build, "binary": str(binary), "engine_version": version.name, "flags": flags,
             "argv": {"plain": plain.argv, "speculative": spec.argv}, "gguf": {"target": str(target_file),
@@ -169,7 +169,7 @@ def prompt_row(prompt, answers: dict) -> dict:
     }
 
 
-def side_by_side(pair, prompt_ids, policy: DecodeConfig, eos, rows: pd.DataFrame, folder: Path,
+def side_by_side(pair, prompt_ids, policy: DecodeConfig, eos, rows: pd.DataFrame, ours: pd.Series,
                  tokenized: list[bool], progress=None) -> pd.DataFrame:
     """Per prompt and overall: llama.cpp's acceptance and rounds beside replay's, and who matches the target."""
     targets = [autoregressive_decode(pair.target, ids, policy, eos).tokens for ids in prompt_ids]
@@ -185,7 +185,6 @@ def side_by_side(pair, prompt_ids, policy: DecodeConfig, eos, rows: pd.DataFrame
     rows["replay_tokens"] = [sum(r.emitted for r in rounds) for rounds in predicted]
     rows["acceptance_rate"] = rows["accepted_total"] / rows["drafted_total"].replace(0, np.nan)
     rows["replay_acceptance_rate"] = rows["replay_accepted"] / rows["replay_drafted"].replace(0, np.nan)
-    ours = summarize(pd.read_parquet(folder / "samples.parquet")).iloc[0]
     llama = summarize(rows.assign(config_id=0, config_label=policy.label())).iloc[0]
     replayed = rates({"rounds": rows["replay_rounds"].sum(), "drafted_total": rows["replay_drafted"].sum(),
                       "accepted_total": rows["replay_accepted"].sum(), "emitted_total": rows["replay_tokens"].sum(),

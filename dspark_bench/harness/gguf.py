@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from dspark_bench.errors import DsparkError
+from dspark_bench.results import cache_dir
 
 ARCHITECTURES = ("llama",)  # what this writer encodes; others need llama.cpp's converter
 TYPES = {"f32": (np.float32, "ALL_F32"), "f16": (np.float16, "MOSTLY_F16")}
@@ -30,9 +30,7 @@ TYPES = {"f32": (np.float32, "ALL_F32"), "f16": (np.float16, "MOSTLY_F16")}
 
 def cache_home() -> Path:
     """Where converted files live (DSPARK_GGUF_HOME, else ~/.cache/dspark-bench/gguf)."""
-    if os.environ.get("DSPARK_GGUF_HOME"):
-        return Path(os.environ["DSPARK_GGUF_HOME"])
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "dspark-bench" / "gguf"
+    return cache_dir("gguf", "DSPARK_GGUF_HOME")
 
 
 def converted(fingerprint: str, dtype: str = "f32") -> Path | None:

@@ -117,7 +117,7 @@ def headroom(table: pd.DataFrame, rec: Record, cost: CostModel, surface: CostSur
     if "drafter" in table:
         table = table[table["drafter"] == drafter]
     perfect = perfect_stopping(rec, gammas, batch_sizes, cost, surface, drafter)
-    exact = oracle(rec, cost, max(gammas), drafter, surface if surface is not None and max(batch_sizes) > 1 else None)
+    exact = oracle(rec, cost, max(gammas), drafter, surface if max(batch_sizes) > 1 else None) if 1 in batch_sizes else None
     for batch_size in batch_sizes:
         group = table[table["batch_size"] == batch_size] if "batch_size" in table else table
         stops = perfect[perfect["batch_size"] == batch_size] if "batch_size" in perfect else perfect

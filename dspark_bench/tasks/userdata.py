@@ -43,9 +43,9 @@ def read_bytes(path: Path) -> bytes:
         raise DsparkError(f"{path}: not a readable {compression} file ({first_line(err)})") from None
 
 
-def _check_jsonl(path: Path) -> None:
+def _check_jsonl(path: Path, text: str) -> None:
     """datasets' own error for a bad line is opaque; name the line instead."""
-    for number, line in enumerate(read_bytes(path).decode("utf-8").splitlines(), start=1):
+    for number, line in enumerate(text.splitlines(), start=1):
         if line.strip():
             try:
                 json.loads(line)
@@ -53,13 +53,13 @@ def _check_jsonl(path: Path) -> None:
                 raise DsparkError(f"{path}: line {number} is not valid JSON ({err.msg})") from None
 
 
-def _check_text(path: Path) -> None:
-    """An empty or non-UTF-8 file fails deep inside datasets; say what is wrong instead."""
+def _check_text(path: Path) -> str:
+    """An empty or non-UTF-8 file fails deep inside datasets; say what is wrong instead (else: its text)."""
     data = read_bytes(path)
     if not data.strip():
         raise DsparkError(f"{path}: the file is empty; it holds no prompts")
     try:
-        data.decode("utf-8")
+        return data.decode("utf-8")
     except UnicodeDecodeError as err:
         raise DsparkError(f"{path}: not UTF-8 text (byte {data[err.start]:#04x} at offset {err.start}); "
                           "save it as UTF-8 JSONL, JSON, CSV or text") from None
@@ -92,9 +92,9 @@ def _load(source: str, split: str):
         if builder == "parquet":
             _check_parquet(path)
         elif checked:
-            _check_text(path)
-        if kind == ".jsonl" and checked:
-            _check_jsonl(path)
+            text = _check_text(path)
+            if kind == ".jsonl":
+                _check_jsonl(path, text)
         try:
             return datasets.load_dataset(builder, data_files=str(path), split="train")
         except Exception as err:  # datasets raises many types for a corrupt file
