@@ -364,3 +364,19 @@ def test_bad_input_is_one_line_and_exit_1(results, args, message):
 def test_report_command_has_help_with_an_example():
     result = invoke("report", "--help")
     assert result.exit_code == 0 and "Example: dspark-bench report" in result.output
+
+
+def test_published_results_appear_for_benchmark_tasks_only():
+    from types import SimpleNamespace
+
+    from dspark_bench.reporting.text import literature_blocks
+
+    def for_task(task):
+        return literature_blocks(SimpleNamespace(infos={"r": {"prompts": {"task": task}}}))
+
+    assert for_task("code") == [] and for_task(None) == []
+    (_, heading), (_, text), (_, header, rows) = for_task("code,humaneval")
+    assert "not measured here" in text and header[-1] == "source"
+    assert rows and all("HumanEval" in r[0] or "code" in r[0].lower() for r in rows)
+    chat = for_task("mt-bench")[2][2]
+    assert chat and all("MT-Bench" in r[0] for r in chat) and all(r[-1] for r in chat)  # every row cites its source

@@ -12,7 +12,7 @@ from dspark_bench.cli import app
 from dspark_bench.errors import DsparkError
 from dspark_bench.prompts import prompts_fingerprint
 from dspark_bench.reference.corpus import iter_documents, split_of
-from dspark_bench.tasks import get_task, load_dataset_prompts, load_task, registry, validate_task_file
+from dspark_bench.tasks import get_task, load_dataset_prompts, load_prompts, load_task, registry, validate_task_file
 
 runner = CliRunner()
 BUILT_IN = ["code", "prose", "structured", "mixed"]
@@ -220,3 +220,20 @@ def test_benchmark_tasks_load_from_their_packages(task, count, categories):
     if task == "mt-bench":  # the second turn, for --turns all
         assert all(len(p.turns) == 1 for p in prompts)
     assert prompts_fingerprint(load_task(task, limit=count)) == prompts_fingerprint(prompts)  # deterministic
+
+
+def test_several_tasks_run_side_by_side_each_its_own_category():
+    prompts, source, tokens = load_prompts("code,structured", None, limit=3)
+    code, structured = load_task("code", 3), load_task("structured", 3)
+    assert [p.id for p in prompts] == [f"code:{p.id}" for p in code] + [f"structured:{p.id}" for p in structured]
+    assert [p.text for p in prompts] == [p.text for p in code + structured]
+    # A task whose prompts are its domain is one category; one with its own categories keeps them under its name.
+    assert {p.category for p in prompts[:3]} == {"code"}
+    assert all(p.category.startswith("structured") for p in prompts[3:])
+    assert source["task"] == "code,structured" and [t["task"] for t in source["tasks"]] == ["code", "structured"]
+    assert tokens == (get_task("code").max_new_tokens if get_task("code").max_new_tokens
+                      == get_task("structured").max_new_tokens else None)
+    with pytest.raises(DsparkError, match="names a task twice"):
+        load_prompts("code,code", None)
+    with pytest.raises(DsparkError, match="unknown task"):
+        load_prompts("code,nosuch", None)

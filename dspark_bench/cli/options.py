@@ -34,7 +34,7 @@ Temperature = Annotated[float, typer.Option(help="0 = greedy verification; > 0 =
 TopP = Annotated[float, typer.Option(help="Nucleus filter, applied to target and draft alike.")]
 MaxNewTokens = Annotated[Optional[int], typer.Option(help="Tokens to generate per prompt (default: the task's, else 128).")]
 Seed = Annotated[int, typer.Option(help="Sampling seed.")]
-Task = Annotated[Optional[str], typer.Option(help="Built-in task (see `dspark-bench tasks ls`).")]
+Task = Annotated[Optional[str], typer.Option(help="Built-in task (see `dspark-bench tasks ls`); several comma-separated (code,humaneval) run side by side, each its own category.")]
 Dataset = Annotated[Optional[str], typer.Option(help="Your prompts: JSONL/JSON/CSV/Parquet/text file, or a hub id.")]
 PromptsFile = Annotated[Optional[str], typer.Option("--prompts", help="Alias of --dataset for a local file.")]
 Split = Annotated[str, typer.Option(help="Dataset split (hub datasets).")]

@@ -5,8 +5,8 @@ speculative decodes, one row per sample), plans and estimates said before a job 
 (`plan`), the workload a run and a sweep share (`workload`), a run's configuration and its
 execution into a run folder (`run`), the timing-health checks every run and sweep makes of its
 own timings (`health`), the calibration file a run decodes with (`calibration_file`),
-training multi-token heads on a target (`train_heads`), and a pair as GGUF files for llama.cpp
-(`gguf`).
+training multi-token heads on a target (`train_heads`), a pair as GGUF files for llama.cpp
+(`gguf`), and GGUF model files opened as cached HF folders (`gguf_read`).
 
 May import: `replay`, `decoding`, `tasks`, `reference` and the core modules; never `tuning`,
 `reporting`, `engines` or `cli`.

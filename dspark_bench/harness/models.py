@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,10 +18,13 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 
 from dspark_bench.decoding import heads
 from dspark_bench.errors import DsparkError, first_line
+from dspark_bench.harness.gguf_read import hf_folder, is_gguf
 from dspark_bench.hub import hub_reachable
 from dspark_bench.reference import default_heads_path, default_pair_paths
 
 DEVICES = ("auto", "cpu", "cuda", "mps")
+NO_DRAFT = ("the model drafter needs a draft model: pass --draft (sharing the target's vocabulary), "
+            "or draft without one (--drafter lookup, or --drafter heads with --heads)")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -34,6 +38,7 @@ class ModelPair:
     device: torch.device
     dtype: torch.dtype
     heads_path: str | None = None  # the target's multi-token heads (default: the shipped ones, for the shipped target)
+    files: dict = dataclasses.field(default_factory=dict)  # the SHA-256 of each model loaded from a GGUF file
 
     @functools.cached_property
     def heads(self):
@@ -49,6 +54,8 @@ class ModelPair:
 
     def drafter_for(self, config) -> object:
         """What `config.drafter` drafts with (engine.speculative_decode's `draft`)."""
+        if config.drafter == "model" and self.draft is None:
+            raise DsparkError(NO_DRAFT)
         return {"model": lambda: self.draft, "heads": lambda: self.heads, "lookup": lambda: None}[config.drafter]()
 
     def drafter_fingerprint(self, config) -> str:
@@ -68,9 +75,9 @@ class ModelPair:
         return frozenset(eos if isinstance(eos, list) else [eos])
 
     @functools.cached_property
-    def fingerprints(self) -> tuple[str, str]:
+    def fingerprints(self) -> tuple[str, str | None]:
         # A pass over every weight: once per loaded pair (the weights do not change after loading).
-        return model_fingerprint(self.target), model_fingerprint(self.draft)
+        return model_fingerprint(self.target), model_fingerprint(self.draft) if self.draft is not None else None
 
     def describe(self) -> dict:
         return {
@@ -79,7 +86,8 @@ class ModelPair:
             "target_fingerprint": self.fingerprints[0],
             "draft_fingerprint": self.fingerprints[1],
             "target_params": sum(p.numel() for p in self.target.parameters()),
-            "draft_params": sum(p.numel() for p in self.draft.parameters()),
+            "draft_params": sum(p.numel() for p in self.draft.parameters()) if self.draft is not None else 0,
+            **self.files,
             "device": str(self.device),
             "dtype": str(self.dtype).removeprefix("torch."),
             # The heads drafter's heads, where a run used them (loaded on first use).
@@ -146,28 +154,52 @@ def load_tokenizer(name: str) -> PreTrainedTokenizerBase:
 
 def load_pair(
     target: str | None = None, draft: str | None = None, device: str = "auto", dtype: str = "auto",
-    heads: str | None = None,
+    heads: str | None = None, drafters=(),
 ) -> ModelPair:
-    """Load both models (and the target's tokenizer), refusing pairs that cannot work together."""
+    """Load both models (and the target's tokenizer), refusing pairs that cannot work together.
+
+    A target alone (no draft) serves the drafters that need no second model (heads, lookup); one
+    of `drafters` (the policies' drafters) being the model drafter refuses it before anything
+    loads. A `.gguf` file loads through its cached HF conversion (gguf_read)."""
     if target is None and draft is None:
         target, draft = default_pair()
-    elif target is None or draft is None:
-        raise DsparkError("pass both --target and --draft, or neither to use the reference pair")
-    for name, role in ((target, "target"), (draft, "draft")):
-        if Path(name).expanduser().exists():
-            continue
-        # Hub ids are "name" or "org/name" (dots allowed: Qwen/Qwen2.5-7B); anything else is a path.
-        if name.startswith((".", "/", "~")) or name.count("/") > 1:
-            raise DsparkError(f"{role} model path {name!r} does not exist")
-        if not _in_hub_cache(name) and not hub_reachable():
-            raise DsparkError(f"{role} model {name!r} is not a local folder and the hub cannot be reached; pass a local path")
+    elif target is None:
+        raise DsparkError("--draft needs a --target: pass both, or neither to use the reference pair")
+    elif draft is None and "model" in drafters:
+        raise DsparkError(NO_DRAFT)
+    roles = [(target, "target")] + ([(draft, "draft")] if draft is not None else [])
+    for name, role in roles:
+        check_reachable(name, role)
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
-    target_model = _load_model(target, "target", torch_device, torch_dtype)
-    draft_model = _load_model(draft, "draft", torch_device, torch_dtype)
-    tokenizer = load_tokenizer(target)
-    share_vocabulary(target_model, draft_model, tokenizer, lambda: load_tokenizer(draft))
-    return ModelPair(target_model, draft_model, tokenizer, target, draft, torch_device, torch_dtype, heads)
+    folders = {role: model_folder(name, role) for name, role in roles}
+    target_model = _load_model(folders["target"][0], "target", torch_device, torch_dtype)
+    draft_model = _load_model(folders["draft"][0], "draft", torch_device, torch_dtype) if draft is not None else None
+    tokenizer = load_tokenizer(folders["target"][0])
+    if draft_model is not None:
+        share_vocabulary(target_model, draft_model, tokenizer, lambda: load_tokenizer(folders["draft"][0]))
+    files = {f"{role}_gguf_sha256": sha for role, (_, sha) in folders.items() if sha is not None}
+    return ModelPair(target_model, draft_model, tokenizer, target, draft, torch_device, torch_dtype, heads, files)
+
+
+def check_reachable(name: str, role: str) -> None:
+    """A local path that exists, or a hub id that is cached or can be downloaded."""
+    if Path(name).expanduser().exists():
+        return
+    # Hub ids are "name" or "org/name" (dots allowed: Qwen/Qwen2.5-7B); anything else is a path.
+    if name.startswith((".", "/", "~")) or name.count("/") > 1 or is_gguf(name):
+        raise DsparkError(f"{role} model path {name!r} does not exist")
+    if not _in_hub_cache(name) and not hub_reachable():
+        raise DsparkError(f"{role} model {name!r} is not a local folder and the hub cannot be reached; pass a local path")
+
+
+def model_folder(name: str, role: str) -> tuple[str, str | None]:
+    """What `from_pretrained` loads for `name` (a GGUF file: its cached HF folder), and the GGUF
+    file's SHA-256 where it is one."""
+    if is_gguf(name) and Path(name).expanduser().is_file():
+        folder, sha = hf_folder(name, role)
+        return str(folder), sha
+    return name, None
 
 
 def share_vocabulary(target: torch.nn.Module, draft: torch.nn.Module, tokenizer, draft_tokenizer) -> None:

@@ -225,7 +225,8 @@ def plan_run(config: RunConfig) -> Planned:
     configs, assignment = config.decode_configs(task_tokens), None
     if config.calibration is not None:
         configs, assignment = calibrated_configs(config.calibration, prompts, configs)
-    pair = load_pair(config.target, config.draft, config.device, config.dtype, config.heads)
+    pair = load_pair(config.target, config.draft, config.device, config.dtype, config.heads,
+                     drafters={c.drafter for c in configs})
     if any(c.drafter == "heads" for c in configs):
         pair.heads  # noqa: B018 — load (and check) the heads before anything runs
     if config.calibration is not None:
@@ -292,6 +293,6 @@ def decode_once(text: str, config: DecodeConfig, target: str | None = None, draf
 
     if calibration is not None:
         config = load_calibration(calibration).policy_for(domain or "", strict=domain is not None, base=config)
-    pair = load_pair(target, draft, device, dtype, heads)
+    pair = load_pair(target, draft, device, dtype, heads, drafters={config.drafter})
     ids = encode(pair.tokenizer, text, chat_template)
     return pair, config, speculative_decode(pair.target, pair.drafter_for(config), ids, config, pair.eos_ids)

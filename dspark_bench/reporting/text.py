@@ -4,9 +4,11 @@ cost model's accuracy, the environment) as blocks, and blocks rendered as Markdo
 from __future__ import annotations
 
 import html
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import yaml
 
 from dspark_bench import objectives
 from dspark_bench.reporting import plots
@@ -112,6 +114,7 @@ def summary_blocks(inputs: Inputs) -> list[tuple]:
         blocks += [("h3", "Per run"), ("table", ["run", "task", "best", objective, "classic", objective], per_run)]
     blocks += drafter_blocks(inputs)
     blocks += headroom_blocks(inputs)
+    blocks += literature_blocks(inputs)
     blocks += cost_model_blocks(inputs)
     blocks += environment_blocks(inputs)
     return blocks
@@ -152,6 +155,24 @@ def headroom_blocks(inputs: Inputs) -> list[tuple]:
             "rules' signal says little; near 100 %, little is left to tune.")
     header = ["run", "batch size", "layout", "best fixed γ", "best scheduled", "oracle", "captured"]
     return [("h2", "Headroom"), ("p", text), ("table", header, rows)]
+
+
+LITERATURE = Path(__file__).with_name("literature.yaml")
+
+
+def literature_blocks(inputs: Inputs) -> list[tuple]:
+    """For runs on a published benchmark (--task humaneval, mt-bench): what others report on it,
+    marked as theirs."""
+    tasks = {name for info in inputs.infos.values() for name in ((info.get("prompts") or {}).get("task") or "").split(",")}
+    rows = [r for r in yaml.safe_load(LITERATURE.read_text()) if r["task"] in tasks]
+    if not rows:
+        return []
+    text = ("Published results on these benchmarks, for orientation only: other people's models, hardware and "
+            "software, not measured here; a CPU run of a small pair is not comparable to them. Sources in "
+            "dspark_bench/reporting/literature.yaml.")
+    header = ["benchmark", "method", "models", "hardware", "reported speedup", "source"]
+    body = [[r["benchmark"], r["method"], r["models"], r["hardware"], r["speedup"], r["source"]] for r in rows]
+    return [("h2", "What others report on these benchmarks"), ("p", text), ("table", header, body)]
 
 
 def pick_drafter(best: dict, order: list[str], objective: str) -> str:

@@ -139,9 +139,32 @@ def load_prompts(task: str | None, dataset: str | None, split: str = "train", pr
                  category_field: str | None = None, limit: int | None = None) -> tuple[list[Prompt], dict, int | None]:
     """A run's or a sweep's prompts from a built-in task or a dataset: (prompts, where they came
     from as run.json records it, the task's own max_new_tokens or None)."""
+    if task and "," in task:
+        return load_tasks(task, limit)
     if task:
         spec = get_task(task)
         return load_task(task, limit), {"task": spec.name, "task_version": spec.version, "domain": spec.domain}, \
             spec.max_new_tokens
     prompts = load_dataset_prompts(dataset, split, prompt_field, category_field, limit)
     return prompts, {"dataset": dataset, "split": split}, None
+
+
+def load_tasks(names: str, limit: int | None = None) -> tuple[list[Prompt], dict, int | None]:
+    """Several tasks in one run (`--task code,humaneval`), so they are measured side by side under
+    the same policies and machine state: `limit` prompts of each, ids prefixed with the task, and
+    each task its own category (`task/category` where a task has several), so the per-category
+    table compares the tasks."""
+    specs = [get_task(name.strip()) for name in names.split(",") if name.strip()]  # all checked before any loads
+    if len({spec.name for spec in specs}) < len(specs):
+        raise DsparkError(f"--task {names!r} names a task twice")
+    lengths = {spec.max_new_tokens for spec in specs}
+    prompts = []
+    for spec in specs:
+        for prompt in load_task(spec.name, limit):
+            category = spec.name if prompt.category == spec.domain else f"{spec.name}/{prompt.category}"
+            prompts.append(Prompt(f"{spec.name}:{prompt.id}", prompt.text, category, prompt.turns))
+    source = {"task": ",".join(spec.name for spec in specs),
+              "tasks": [{"task": spec.name, "task_version": spec.version, "domain": spec.domain} for spec in specs]}
+    # The tasks' own lengths where they agree; where they differ, the run's default (or --max-new-tokens).
+    return prompts, source, lengths.pop() if len(lengths) == 1 else None
+

@@ -260,7 +260,8 @@ def calibrate_domains(spec: SweepSpec, out: Path, tasks: list[str] | None = None
     empty = [d for d, p in domains.items() if not p]
     if not domains or empty:
         raise DsparkError(f"no prompts for domain(s) {', '.join(empty)}" if empty else "no domains to calibrate")
-    pair = pair or load_pair(spec.target, spec.draft, spec.device, spec.dtype, spec.heads)
+    pair = pair or load_pair(spec.target, spec.draft, spec.device, spec.dtype, spec.heads,
+                             drafters={c.drafter for c in configs})
     batch_sizes = sorted({c.batch_size for c in configs})
     records, surface = None, None
     if engine == "replay":
