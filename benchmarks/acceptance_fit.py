@@ -18,7 +18,7 @@ def main() -> None:
     from dspark_bench.replay.acceptance import drafted_tokens, fit_tokens
     from dspark_bench.replay.simulate import match_lengths, record
     from dspark_bench.reporting import plots
-    from dspark_bench.reporting.report import fit_table
+    from dspark_bench.reporting.calibration import fit_table
     from dspark_bench.tasks import load_prompts
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -155,6 +155,7 @@ def print_best(table, folder, title: str = "best configurations") -> None:
         view.add_row(*[f"{row[c]:.3f}" if isinstance(row[c], float) else str(row[c]) for c in columns])
     out_console.print(view)
     print_headroom(summary)
+    print_signals(summary)
     print_health(summary)
     out_console.print(f"run folder: {folder}")
 
@@ -172,6 +173,20 @@ def print_headroom(summary: dict) -> None:
         captured = "—" if row["captured"] != row["captured"] else f"{row['captured']:.0%}"
         view.add_row(str(row["batch_size"]), row["layout"], "1.000", f"{row['best_fixed_speedup']:.3f}",
                      f"{row['best_scheduled_speedup']:.3f}", f"{row['oracle_speedup']:.3f} ({row['oracle']})", captured)
+    out_console.print(view)
+
+
+def print_signals(summary: dict) -> None:
+    """How well each signal predicts acceptance, held out by prompt (replay/learned.py)."""
+    rows = summary.get("signals") or []
+    if not rows:
+        return
+    view = Table(title="acceptance signals, held out by prompt: AUC (higher is better), Brier and ECE (lower)",
+                 title_justify="left")
+    for name in ("signal", "tokens", "AUC", "Brier", "ECE"):
+        view.add_column(name, justify="left" if name == "signal" else "right")
+    for row in rows:
+        view.add_row(row["signal"], f"{row['tokens']:,}", f"{row['auc']:.3f}", f"{row['brier']:.4f}", f"{row['ece']:.4f}")
     out_console.print(view)
 
 

@@ -20,13 +20,11 @@ from typing import Callable
 
 import pandas as pd
 
-from dspark_bench.decoding.goodput import load
 from dspark_bench.errors import DsparkError, first_line
 from dspark_bench.objectives import OBJECTIVES
-from dspark_bench.replay.record import resolve_record
-from dspark_bench.replay.simulate import Record, match_lengths
 from dspark_bench.reporting import plots
 from dspark_bench.reporting.batch_sizes import batch_blocks, batch_rows
+from dspark_bench.reporting.calibration import acceptance_fit, calibration_data, fit_table, signals_table
 from dspark_bench.reporting.inputs import Inputs, best_and_classic, load_inputs, run_objective, samples_of
 from dspark_bench.reporting.text import summary_blocks, to_html, to_markdown
 from dspark_bench.results import check_writable, describe_machine, provenance, write_bytes, write_text
@@ -148,34 +146,11 @@ def _positions(inputs, by):
         + ("" if several else ", and the best's neighbours at other thresholds") + ".")
 
 
-def acceptance_fit(inputs: Inputs):
-    """The acceptance fit of a replay sweep among the runs (its goodput_model.json), or None."""
-    for run_id in inputs.summaries:
-        path = inputs.folder_of[run_id] / "goodput_model.json"
-        if path.is_file():
-            return load(str(path)).acceptance
-    return None
-
-
-def calibration_data(inputs: Inputs) -> tuple[pd.DataFrame, str]:
-    """(drafted tokens with metric, confidence, accepted; where they come from)."""
-    for run_id, summary in inputs.summaries.items():
-        if summary.get("record"):
-            folder = resolve_record(inputs.folder_of[run_id], summary["record"])
-            if folder is not None:
-                rec = Record.load(folder)
-                table = plots.confidences_from_record(rec.confidences, match_lengths(rec), rec.lengths)
-                return table, (f"replay record of {plots.short_run(run_id)}: all metrics at every rollout step "
-                               f"of {len(rec.lengths)} prompts")
-    if not inputs.rounds.empty and "confidences" in inputs.rounds:
-        table = plots.confidences_from_rounds(inputs.rounds)
-        return table, ("per-round trace: each configuration's own metric; tokens the schedule kept, so low "
-                       "confidences are rare")
-    raise Skip("no replay record (a replay sweep's) and no per-round trace (run --trace)")
-
-
 def _calibration(inputs):
-    table, source = calibration_data(inputs)
+    found = calibration_data(inputs)
+    if found is None:
+        raise Skip("no replay record (a replay sweep's) and no per-round trace (run --trace)")
+    table, source = found
     if table.empty:
         raise Skip("no drafted tokens in the record or trace")
     fit = acceptance_fit(inputs)
@@ -186,16 +161,8 @@ def _calibration(inputs):
         caption += (" Solid lines: the isotonic fit of acceptance the goodput schedule decides with (acceptance.py); "
                     "its Brier score and ECE are held out (fitted on half the prompts, scored on the other), beside "
                     "the raw confidence read as a probability.\n\n" + fit_table(fit))
+    caption += signals_table(inputs)
     return plots.calibration(table, source=source, fit=fit), caption
-
-
-def fit_table(fit) -> str:
-    rows = ["| metric | tokens | acceptance | Brier (fit) | Brier (raw) | ECE (fit) | ECE (raw) |",
-            "|---|---:|---:|---:|---:|---:|---:|"]
-    for metric, q in fit.quality.items():
-        rows.append(f"| {metric} | {q['tokens']:,} | {q['mean_acceptance']:.3f} | {q['brier']:.4f} | "
-                    f"{q['raw_brier']:.4f} | {q['ece']:.4f} | {q['raw_ece']:.4f} |")
-    return "\n".join(rows)
 
 
 def _stops(inputs, best):

@@ -18,6 +18,7 @@ import pandas as pd
 from dspark_bench.config import DecodeConfig, expand
 from dspark_bench.decoding.confidence import SIGNALS
 from dspark_bench.decoding.goodput import GoodputModel
+from dspark_bench.errors import DsparkError
 from dspark_bench.harness.health import (
     LoadProbe,
     health,
@@ -33,6 +34,7 @@ from dspark_bench.harness.runner import run, stage_steps
 from dspark_bench.metrics import summarize
 from dspark_bench.objectives import OBJECTIVES, rank
 from dspark_bench.prompts import encode, prompts_fingerprint
+from dspark_bench.replay import learned
 from dspark_bench.replay.acceptance import load_or_fit
 from dspark_bench.replay.batched import simulate_with_surface
 from dspark_bench.replay.oracle import headroom
@@ -59,8 +61,9 @@ def prepare(spec: SweepSpec) -> Prepared:
     prompts, source, task_tokens = load_prompts(spec.task, spec.dataset, spec.split, spec.prompt_field,
                                                 spec.category_field, spec.limit)
     base = base_config(spec, task_tokens)
-    points(spec, base)  # a threshold outside its range fails here, before models load
-    return Prepared(load_pair(spec.target, spec.draft, spec.device, spec.dtype, spec.heads), prompts, base, source)
+    configs = points(spec, base)  # a threshold outside its range fails here, before models load
+    pair = load_pair(spec.target, spec.draft, spec.device, spec.dtype, spec.heads, drafters={c.drafter for c in configs})
+    return Prepared(pair, prompts, base, source)
 
 
 
@@ -207,6 +210,8 @@ def replay_sweep(folder: Path, spec: SweepSpec, prepared: Prepared, records_root
     bound = [] if model_key is None else headroom(table, records[model_key], cost,
                                                    surface if batch_sizes != [1] else None)
     record_dir = record_dirs[model_key] if model_key is not None else next(iter(record_dirs.values()))
+    # How well each signal, and one learned from all of them, predicts acceptance (held out by prompt).
+    signals = signal_quality(records[model_key], record_dir) if model_key is not None else []
     # An unreliable cost table still ranks (rounds are exact), but its picks are confirmed harder.
     cost_unreliable = worst(c.verdict for c in checks) == "unreliable"
     table, samples = confirm(table, configs, spec, prepared, progress, repeats=spec.repeats * (2 if cost_unreliable else 1))
@@ -216,7 +221,16 @@ def replay_sweep(folder: Path, spec: SweepSpec, prepared: Prepared, records_root
     confirmed = table[table["source"] == "confirmed"]
     checks += [*probe.checks(), identical_rounds(confirmed), measured_over_predicted(confirmed),
                wall_over_estimate(time.perf_counter() - started - timing, estimate)]
-    return write_replay_summary(folder, table, spec, cost, record_dir, health(checks), not cost_unreliable, bound)
+    return write_replay_summary(folder, table, spec, cost, record_dir, health(checks), not cost_unreliable, bound,
+                                signals)
+
+
+def signal_quality(rec, record_dir: Path) -> list[dict]:
+    """learned.load_or_evaluate's quality rows, or none where the record has too few prompts."""
+    try:
+        return learned.load_or_evaluate(rec, record_dir)["quality"]
+    except DsparkError:  # one prompt: nothing to hold out
+        return []
 
 
 def say_replay_plan(spec: SweepSpec, prepared: Prepared, first_ids: list[int], configs: list[DecodeConfig],
@@ -264,7 +278,7 @@ def confirm(table: pd.DataFrame, configs: list[DecodeConfig], spec: SweepSpec, p
 
 def write_replay_summary(folder: Path, table: pd.DataFrame, spec: SweepSpec, cost, record_dir: Path,
                          timing_health: dict | None = None, predictions_trusted: bool = True,
-                         bound: list[dict] | None = None) -> pd.DataFrame:
+                         bound: list[dict] | None = None, signals: list[dict] | None = None) -> pd.DataFrame:
     """summary.json of a replay sweep; returns the confirmed policies, best first."""
     objective = OBJECTIVES[spec.objective[0]]
     confirmed = rank(table[table["source"] == "confirmed"], objective.name, objective.column("real"))
@@ -282,6 +296,8 @@ def write_replay_summary(folder: Path, table: pd.DataFrame, spec: SweepSpec, cos
         # Per batch size (and layout): fixed γ, the best scheduled policy and the oracle, all predicted,
         # and the share of the oracle's gain over fixed γ the best captures.
         "headroom": bound or [],
+        # Per signal (the raw metrics and `learned`): AUC, Brier and ECE of predicting acceptance, held out by prompt.
+        "signals": signals or [],
     }
     if (table["batch_size"] > 1).any():
         summary["by_batch_size"] = by_batch_size(table, confirmed, objective)

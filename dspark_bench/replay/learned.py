@@ -1,0 +1,166 @@
+"""A learned acceptance signal, and how well every signal predicts acceptance, held out by prompt.
+
+The rules stop on one raw confidence metric; the headroom (oracle.py) says how much a rule that
+knew acceptance in advance would win. Between the two sits the question this module answers:
+how much of "will the target accept this drafted token?" can be predicted at all from what the
+draft has already computed? The `learned` signal is a logistic regression (scikit-learn) of a
+token's verdict on the record's features of that token: every signal the drafter computed at its
+step (top1, entropy, topk_mass, margin, llamacpp_top1) and its position in the draft (one-hot).
+It is conditional on the draft so far being accepted, as every verdict in a record is
+(acceptance.drafted_tokens). The engine and replay read the saved fit with
+decoding/learned_signal.py, which takes the same features.
+
+Quality is held out by prompt (GroupKFold: a prompt's tokens are never both fitted and scored):
+ROC AUC, Brier score and expected calibration error of the learned signal beside each raw
+metric made a probability the same way the goodput schedule makes it one (an isotonic fit on the
+training folds). The fit on every prompt is saved beside the record (`learned_signal.json`).
+
+Not here yet: the draft's hidden state as a feature (records do not store it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from dspark_bench.decoding.learned_signal import FILE, RAW_SIGNALS as RAW, LearnedSignal
+from dspark_bench.errors import DsparkError
+from dspark_bench.replay.acceptance import brier, ece, fit_curve
+from dspark_bench.replay.simulate import match_lengths
+from dspark_bench.results import write_json
+
+FOLDS = 5
+
+
+@dataclass
+class Tokens:
+    """Every drafted token of a record with a verdict: features [T, F], accepted [T], prompt [T]."""
+
+    features: np.ndarray
+    names: list[str]
+    accepted: np.ndarray
+    prompt: np.ndarray
+    raw: dict[str, np.ndarray]  # each raw metric's value at each token
+
+
+def used_steps(rec) -> np.ndarray:
+    """[P, N, G]: rollout steps that are drafted tokens with a verdict (acceptance.drafted_tokens'
+    rule: step k counts while the steps before it matched, the token exists and the drafter had it)."""
+    matches, lengths = match_lengths(rec), np.asarray(rec.lengths)
+    _, N, G = rec.rollout.shape
+    j, k = np.arange(N)[None, :, None], np.arange(G)[None, None, :]
+    return (k <= matches[:, :, None]) & (j + k < lengths[:, None, None]) & (k < rec.available[:, :, None])
+
+
+def drafted(rec) -> Tokens:
+    """The record's drafted tokens with a verdict, and their features."""
+    missing = [m for m in RAW if m not in rec.confidences]
+    if missing:
+        raise DsparkError(f"the record holds no {', '.join(missing)}: record it again")
+    used, matches = used_steps(rec), match_lengths(rec)
+    P, N, G = rec.rollout.shape
+    k = np.arange(G)[None, None, :]
+    columns = {m: rec.confidences[m].astype(np.float64) for m in RAW}
+    columns |= {f"position_{g + 1}": np.broadcast_to(k == g, (P, N, G)).astype(np.float64) for g in range(G)}
+    features = np.stack([values[used] for values in columns.values()], axis=1)
+    return Tokens(features, list(columns), (k < matches[:, :, None])[used],
+                  np.broadcast_to(np.arange(P)[:, None, None], used.shape)[used],
+                  {m: columns[m][used] for m in RAW})
+
+
+def make_model():
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    return make_pipeline(StandardScaler(), LogisticRegression(max_iter=2000))
+
+
+def folds(tokens: Tokens):
+    """(train, test) index masks, grouped by prompt."""
+    from sklearn.model_selection import GroupKFold
+
+    prompts = np.unique(tokens.prompt)
+    if len(prompts) < 2:
+        raise DsparkError("a held-out evaluation needs at least 2 prompts in the record")
+    splitter = GroupKFold(n_splits=min(FOLDS, len(prompts)))
+    yield from splitter.split(tokens.features, tokens.accepted, groups=tokens.prompt)
+
+
+def auc(scores: np.ndarray, labels: np.ndarray) -> float:
+    from sklearn.metrics import roc_auc_score
+
+    labels = np.asarray(labels, bool)
+    return float(roc_auc_score(labels, scores)) if 0 < labels.sum() < len(labels) else float("nan")
+
+
+def held_out(tokens: Tokens) -> dict[str, np.ndarray]:
+    """Each token's predicted acceptance from a fit that never saw its prompt: the learned signal,
+    and each raw metric through its isotonic curve (as the goodput schedule reads it)."""
+    out = {name: np.empty(len(tokens.accepted)) for name in (*RAW, "learned")}
+    for train, test in folds(tokens):
+        if len(np.unique(tokens.accepted[train])) < 2:  # a fold of all-accepted tokens: nothing to separate
+            out["learned"][test] = tokens.accepted[train].mean()
+        else:
+            model = make_model().fit(tokens.features[train], tokens.accepted[train])
+            out["learned"][test] = model.predict_proba(tokens.features[test])[:, 1]
+        for metric in RAW:
+            curve = fit_curve(tokens.raw[metric][train], tokens.accepted[train])
+            out[metric][test] = curve(tokens.raw[metric][test])
+    return out
+
+
+def quality(tokens: Tokens, predictions: dict[str, np.ndarray]) -> list[dict]:
+    """Per signal: AUC (of the raw value for a raw metric: a monotone fit does not change it much,
+    and ties in the fit would), Brier and ECE of its held-out probability."""
+    rows = []
+    for name, probability in predictions.items():
+        ranking = tokens.raw[name] if name in tokens.raw else probability
+        rows.append({"signal": name, "tokens": int(len(tokens.accepted)), "auc": auc(ranking, tokens.accepted),
+                     "brier": brier(probability, tokens.accepted), "ece": ece(probability, tokens.accepted)})
+    return rows
+
+
+def evaluate(rec) -> dict:
+    """The learned signal fitted on every prompt of `rec`, and every signal's held-out quality."""
+    tokens = drafted(rec)
+    model = make_model().fit(tokens.features, tokens.accepted)
+    scaler, regression = model[0], model[1]
+    return {
+        "features": tokens.names,
+        "mean": scaler.mean_.tolist(), "scale": scaler.scale_.tolist(),
+        "coef": regression.coef_[0].tolist(), "intercept": float(regression.intercept_[0]),
+        "mean_acceptance": float(tokens.accepted.mean()),
+        "prompts": int(len(np.unique(tokens.prompt))), "folds": min(FOLDS, len(np.unique(tokens.prompt))),
+        "quality": quality(tokens, held_out(tokens)),
+    }
+
+
+def load_or_evaluate(rec, record_dir: Path) -> dict:
+    """`evaluate(rec)`, kept beside the record so every sweep and report of it shares one."""
+    path = Path(record_dir) / FILE
+    if path.is_file():
+        try:
+            return json.loads(path.read_text())
+        except (OSError, ValueError):
+            pass  # a damaged file is fitted again below
+    result = evaluate(rec)
+    try:
+        write_json(path, result)
+    except OSError:  # a read-only record folder: the result still serves this sweep
+        pass
+    return result
+
+
+def with_learned(rec, model: LearnedSignal):
+    """`rec` with confidences["learned"]: the signal at every rollout step, as the engine computes it."""
+    import torch
+
+    G = rec.rollout.shape[2]
+    step = torch.arange(G).expand(rec.rollout.shape)
+    values = model({m: torch.from_numpy(np.ascontiguousarray(rec.confidences[m])) for m in RAW}, step)
+    return dataclasses.replace(rec, confidences={**rec.confidences, "learned": values.numpy()})

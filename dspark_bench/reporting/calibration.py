@@ -1,0 +1,75 @@
+"""The report's confidence-calibration data: drafted tokens with their confidence and verdict
+(from a replay record, with the learned signal held out by prompt, or from a trace), and the
+tables of how well each signal predicts acceptance."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from dspark_bench.decoding.goodput import load
+from dspark_bench.errors import DsparkError
+from dspark_bench.replay import learned
+from dspark_bench.replay.record import resolve_record
+from dspark_bench.replay.simulate import Record, match_lengths
+from dspark_bench.reporting import plots
+from dspark_bench.reporting.inputs import Inputs
+
+
+def acceptance_fit(inputs: Inputs):
+    """The acceptance fit of a replay sweep among the runs (its goodput_model.json), or None."""
+    for run_id in inputs.summaries:
+        path = inputs.folder_of[run_id] / "goodput_model.json"
+        if path.is_file():
+            return load(str(path)).acceptance
+    return None
+
+
+def calibration_data(inputs: Inputs) -> tuple[pd.DataFrame, str] | None:
+    """(drafted tokens with metric, confidence, accepted; where they come from), or None where
+    the runs have neither a replay record nor a trace."""
+    for run_id, summary in inputs.summaries.items():
+        if summary.get("record"):
+            folder = resolve_record(inputs.folder_of[run_id], summary["record"])
+            if folder is not None:
+                rec = Record.load(folder)
+                table = plots.confidences_from_record(rec.confidences, match_lengths(rec), rec.lengths)
+                table = pd.concat([table, learned_tokens(rec)], ignore_index=True)
+                return table, (f"replay record of {plots.short_run(run_id)}: all metrics at every rollout step "
+                               f"of {len(rec.lengths)} prompts, and the learned signal held out by prompt")
+    if not inputs.rounds.empty and "confidences" in inputs.rounds:
+        table = plots.confidences_from_rounds(inputs.rounds)
+        return table, ("per-round trace: each configuration's own metric; tokens the schedule kept, so low "
+                       "confidences are rare")
+    return None
+
+
+def learned_tokens(rec) -> pd.DataFrame:
+    """The learned signal's held-out probability at every drafted token (replay/learned.py), as
+    rows of the calibration table; none where the record cannot be held out (one prompt)."""
+    try:
+        tokens = learned.drafted(rec)
+        probability = learned.held_out(tokens)["learned"]
+    except DsparkError:
+        return pd.DataFrame()
+    return pd.DataFrame({"metric": "learned", "confidence": probability, "accepted": tokens.accepted})
+
+
+def signals_table(inputs) -> str:
+    """The replay sweeps' held-out signal quality (summary.json `signals`) as Markdown."""
+    rows = [r for summary in inputs.summaries.values() for r in summary.get("signals") or []]
+    if not rows:
+        return ""
+    lines = ["| signal | tokens | AUC | Brier | ECE |", "|---|---:|---:|---:|---:|"]
+    lines += [f"| {r['signal']} | {r['tokens']:,} | {r['auc']:.3f} | {r['brier']:.4f} | {r['ece']:.4f} |" for r in rows]
+    return ("\n\nHeld out by prompt (5 folds): each raw metric made a probability by an isotonic fit on the other "
+            "prompts, and `learned`, a logistic regression on every signal and the draft position "
+            "(replay/learned.py):\n\n" + "\n".join(lines))
+
+
+def fit_table(fit) -> str:
+    rows = ["| metric | tokens | acceptance | Brier (fit) | Brier (raw) | ECE (fit) | ECE (raw) |",
+            "|---|---:|---:|---:|---:|---:|---:|"]
+    for metric, q in fit.quality.items():
+        rows.append(f"| {metric} | {q['tokens']:,} | {q['mean_acceptance']:.3f} | {q['brier']:.4f} | "
+                    f"{q['raw_brier']:.4f} | {q['ece']:.4f} | {q['raw_ece']:.4f} |")
+    return "\n".join(rows)
