@@ -14,6 +14,9 @@ from dataclasses import dataclass, field
 from dspark_bench.errors import DsparkError
 
 METRICS = ("top1", "entropy", "topk_mass", "margin")
+# A signal fitted on a replay record from the raw ones (decoding/learned_signal.py): a metric that
+# needs `signal_model`, drafting with the draft model.
+LEARNED = "learned"
 SCHEDULES = ("threshold", "ramp", "cumulative", "fixed", "goodput")
 # How an engine applies the rule (schedule.py): ours drops the token that fails it and always
 # keeps the first min_draft_len; HF assisted generation keeps the failing token; llama.cpp drops
@@ -57,6 +60,8 @@ class DecodeConfig:
     # "goodput": the fitted acceptance curves and step costs it decides with (goodput.py): a
     # sweep folder's goodput_model.json. The schedule has no threshold; this is its data.
     goodput_model: str = field(default="", metadata={"policy": True, "searched": False})
+    # metric "learned": the fitted signal it reads (learned_signal.py): a sweep folder's learned_signal.json.
+    signal_model: str = field(default="", metadata={"policy": True, "searched": False})
     drafter: str = field(default="model", metadata=POLICY)  # DRAFTERS: what proposes the tokens
     # "lookup": match the context's last n-gram, the longest of ngram_max..ngram_min that occurred before.
     ngram_min: int = field(default=1, metadata=POLICY)
@@ -173,10 +178,23 @@ def check_drafter(config: DecodeConfig) -> None:
         raise DsparkError("the lookup drafter proposes on the host: its draft mode is early-stop")
 
 
+def check_learned(config: DecodeConfig) -> None:
+    if not isinstance(config.signal_model, str):
+        raise DsparkError(f"signal_model must be a path (got {config.signal_model!r})")
+    if config.metric != LEARNED:
+        return
+    if not config.signal_model:
+        raise DsparkError("the learned metric needs its fitted signal: pass --signal-model with a replay sweep's "
+                          "folder (it writes learned_signal.json)")
+    if config.drafter != "model":
+        raise DsparkError(f"the learned signal is fitted on the draft model's record, not the {config.drafter} drafter's")
+
+
 def validate(config: DecodeConfig) -> None:
     _check_types(config)
-    if config.metric not in METRICS:
-        raise DsparkError(f"unknown confidence metric {config.metric!r}; choose one of {', '.join(METRICS)}")
+    if config.metric not in (*METRICS, LEARNED):
+        raise DsparkError(f"unknown confidence metric {config.metric!r}; choose one of {', '.join((*METRICS, LEARNED))}")
+    check_learned(config)
     if config.schedule not in SCHEDULES:
         raise DsparkError(f"unknown schedule {config.schedule!r}; choose one of {', '.join(SCHEDULES)}")
     if config.semantics not in SEMANTICS:
@@ -248,6 +266,8 @@ def expand(space: dict, base: DecodeConfig = DEFAULTS, strict: bool = True) -> l
             params.update(threshold=first_threshold, semantics="dspark" if params["semantics"] == "hf" else params["semantics"])
         else:
             params["goodput_model"] = ""
+        if params["metric"] != LEARNED:
+            params["signal_model"] = ""  # only the learned metric reads it
         try:
             out.append(from_dict(params))
         except DsparkError as err:

@@ -73,3 +73,94 @@ def test_one_prompt_cannot_be_held_out():
     rec = record_where(lambda k, s, rng: rng.random(s["top1"].shape) < 0.5, P=1)
     with pytest.raises(DsparkError, match="at least 2 prompts"):
         learned.evaluate(rec)
+
+
+# --- the learned signal in the engine, batch 1 and batched, and in replay: the same rounds -------
+
+PROMPTS = [[0, 5, 9, 11], [7], [3, 3, 40, 2, 8, 100, 17], [12, 13], [21, 22, 23]]
+N, G = 20, 5
+
+
+@pytest.fixture(scope="module")
+def learned_record(llama_pair, tmp_path_factory):
+    """A record of the tiny pair, its learned signal fitted and saved, and the record with it."""
+    from types import SimpleNamespace
+
+    from dspark_bench.replay.simulate import record
+    from dspark_bench.results import write_json
+
+    target, draft = llama_pair
+    pair = SimpleNamespace(target=target, draft=draft, eos_ids=frozenset({1}))
+    rec = record(pair, PROMPTS, N, G, topk=5, eos_ids=pair.eos_ids)
+    path = tmp_path_factory.mktemp("learned") / learned.FILE
+    fitted = learned.evaluate(rec)
+    write_json(path, fitted)
+    return pair, learned.with_learned(rec, LearnedSignal.from_dict(fitted)), str(path)
+
+
+def learned_policies(path: str, batch_size: int = 1):
+    from dspark_bench.config import DecodeConfig
+    from tiny import GOODPUT_MODEL
+
+    common = {"metric": "learned", "signal_model": path, "max_new_tokens": N, "batch_size": batch_size}
+    return [DecodeConfig(**common, threshold=0.5, gamma_max=G),
+            DecodeConfig(**common, threshold=0.7, gamma_max=4, min_draft_len=0, semantics="hf"),
+            DecodeConfig(**common, threshold=0.6, gamma_max=G, min_draft_len=2, semantics="llamacpp"),
+            DecodeConfig(**common, schedule="cumulative", threshold=0.3, gamma_max=G),
+            DecodeConfig(**common, schedule="ramp", threshold_start=0.3, threshold_end=0.8, gamma_max=G),
+            DecodeConfig(**common, schedule="goodput", goodput_model=GOODPUT_MODEL, gamma_max=G, min_draft_len=0)]
+
+
+def round_tuples(rounds) -> list[tuple]:
+    return [(r.drafted, r.accepted, r.emitted, r.stop_reason, list(r.draft_tokens), r.target_token) for r in rounds]
+
+
+@pytest.mark.parametrize("draft_mode", ["early-stop", "verify-side"])
+def test_learned_policies_decode_as_replay_says(learned_record, draft_mode):
+    from dspark_bench.decoding.autoregressive import autoregressive_decode
+    from dspark_bench.decoding.engine import speculative_decode
+    from dspark_bench.replay.simulate import simulate
+
+    pair, rec, path = learned_record
+    stops = set()
+    for config in learned_policies(path):
+        for prompt, replayed in zip(PROMPTS, simulate(rec, config)):
+            real = speculative_decode(pair.target, pair.draft, prompt, config.replace(draft_mode=draft_mode),
+                                      pair.eos_ids)
+            assert round_tuples(real.rounds) == round_tuples(replayed), config.label()
+            assert real.tokens == autoregressive_decode(pair.target, prompt, config, pair.eos_ids).tokens
+            if draft_mode == "early-stop":  # the engine's confidences are the signal replay read
+                # (to float32 rounding of the raw signals: the record's rollouts batch the draft's
+                # forwards differently, as for every metric in test_replay)
+                for mine, theirs in zip(replayed, real.rounds):
+                    assert mine.confidences == pytest.approx(theirs.confidences[: len(mine.confidences)], abs=1e-5)
+            stops |= {r.stop_reason for r in real.rounds}
+    assert "threshold" in stops and "gamma_max" in stops  # the signal both stops drafts and lets them run
+
+
+def test_learned_policies_batched_decode_each_row_as_alone(learned_record):
+    from dspark_bench.decoding.batched import batched_speculative
+    from dspark_bench.decoding.engine import speculative_decode
+
+    pair, _, path = learned_record
+    for config in learned_policies(path, batch_size=3)[:4]:  # goodput's batched costs differ by B
+        rows = batched_speculative(pair.target, pair.draft, PROMPTS, config, 3, pair.eos_ids)
+        for prompt, row in zip(PROMPTS, rows):
+            alone = speculative_decode(pair.target, pair.draft, prompt, config.replace(batch_size=1), pair.eos_ids)
+            assert round_tuples(row.result.rounds) == round_tuples(alone.rounds), config.label()
+
+
+def test_a_learned_policy_without_its_signal_is_one_line(tmp_path):
+    from dspark_bench.config import DecodeConfig
+    from dspark_bench.decoding import learned_signal
+
+    with pytest.raises(DsparkError, match="needs its fitted signal"):
+        DecodeConfig(metric="learned")
+    with pytest.raises(DsparkError, match="fitted on the draft model's record"):
+        DecodeConfig(metric="learned", signal_model="x.json", drafter="lookup")
+    broken = tmp_path / learned.FILE
+    broken.write_text('{"features": ["top1"], "mean": [0], "scale": [0], "coef": [1], "intercept": 0}')
+    with pytest.raises(DsparkError, match="unreadable"):
+        learned_signal.load(str(tmp_path))
+    with pytest.raises(DsparkError, match="no learned signal"):
+        learned_signal.load(str(tmp_path / "absent.json"))

@@ -196,11 +196,14 @@ def test_replay_sweep_confirms_its_best_policies(saved_pair, prompts_file, tmp_p
     assert "confirming the best 4" in result.output and "12/12" in result.output  # 4 policies × 3 prompts
     assert "search space: the command-line flags (8 points)" in result.output
     assert "plan: record 3 prompts × 12 tokens" in result.output and "confirm 4 × 3 prompts" in result.output
-    assert "14 policies searched by replay" in result.output  # the grid, two fixed gammas, four goodput
+    assert "20 policies searched by replay" in result.output  # the grid, two fixed gammas, four goodput, six learned
     folder = only_folder(tmp_path)
     table = pd.read_parquet(folder / "trials.parquet")
-    # The grid, fixed gamma 2 and 4 as the classic baseline, and goodput at each metric and gamma_max.
-    assert len(table) == 2 * 2 * 2 + 2 + 2 * 2 and (table["schedule"] == "goodput").sum() == 4
+    # The grid, fixed gamma 2 and 4 as the classic baseline, goodput at each metric and gamma_max, and
+    # the learned signal in place of the first metric in every scheduled policy (goodput's included).
+    assert len(table) == 2 * 2 * 2 + 2 + 2 * 2 + (4 + 2) and (table["schedule"] == "goodput").sum() == 4 + 2
+    learned_rows = table[table["metric"] == "learned"]
+    assert len(learned_rows) == 6 and set(learned_rows["signal_model"]) == {str((folder / "learned_signal.json").resolve())}
     confirmed = table[table["source"] == "confirmed"]
     assert len(confirmed) == 4 and (confirmed["schedule"] == "fixed").sum() == 1
     assert (confirmed["schedule"] == "goodput").sum() == 1  # the best goodput, beside the best two others
@@ -215,6 +218,13 @@ def test_replay_sweep_confirms_its_best_policies(saved_pair, prompts_file, tmp_p
     assert (confirmed["identical_to_baseline"] == 1.0).all()
     summary = json.loads((folder / "summary.json").read_text())
     assert summary["cost_model_accuracy"]["measured_over_predicted_median"] > 0
+    # Every signal's held-out quality, the learned one's fit saved beside the record and in the sweep.
+    assert [r["signal"] for r in summary["signals"]] == ["top1", "entropy", "topk_mass", "margin", "llamacpp_top1",
+                                                        "learned"]
+    assert all(0 <= r["brier"] <= 1 and r["tokens"] > 0 for r in summary["signals"])
+    fitted = json.loads((folder / "learned_signal.json").read_text())
+    assert fitted == json.loads((record_dir / "learned_signal.json").read_text()) and fitted["prompts"] == 3
+    assert "acceptance signals, held out by prompt" in result.output
     # Its timings judged, every check named, and the verdict printed under the table.
     timing = summary["timing_health"]
     names = {c["name"] for c in timing["checks"]}
@@ -237,10 +247,10 @@ def test_replay_sweep_over_batch_sizes_confirms_the_best_at_each(saved_pair, pro
                                                             "--confirm-top", "1"]
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
-    assert "16 policies searched by replay" in result.output  # (4 + 2 fixed gammas + 2 goodput) per batch size
+    assert "28 policies searched by replay" in result.output  # (4 + 2 fixed γ + 2 goodput + 6 learned) per batch size
     folder = only_folder(tmp_path)
     table = pd.read_parquet(folder / "trials.parquet")
-    assert sorted(table["batch_size"].unique()) == [1, 2] and len(table) == 2 * (2 * 2 + 2 + 2)
+    assert sorted(table["batch_size"].unique()) == [1, 2] and len(table) == 2 * (2 * 2 + 2 + 2 + 6)
     confirmed = table[table["source"] == "confirmed"]
     assert sorted(confirmed["batch_size"]) == [1, 1, 1, 2, 2, 2]  # best scheduled, goodput and fixed γ, per B
     assert (confirmed["identical_to_baseline"] == 1.0).all()
@@ -268,6 +278,7 @@ def test_replay_sweep_over_batch_sizes_confirms_the_best_at_each(saved_pair, pro
     assert "## Batch sizes" in text and "predicted" in text and "at batch size 1" in text
     assert "| top1 |" in text and "Brier (fit)" in text  # the acceptance fit's quality, per metric
     assert "## Headroom" in text and "exact optimum" in text
+    assert "| learned |" in text and "Held out by prompt" in text  # the calibration figure's signals table
     check_exports(folder, tmp_path)
 
 

@@ -182,7 +182,9 @@ class SpeculativeStep:
             tokens = pick(last, probs, config, None) if config.greedy else torch.stack(
                 [draw(probs[i], requests[i].generator) if i in drafting else last.new_zeros((), dtype=torch.long)
                  for i in range(len(requests))])
-            scores, tokens = fetch(confidence.score(config, probs), tokens)
+            # Each row's step in its own draft: every token a drafting row considered, it took.
+            step = torch.tensor([len(p.tokens) for p in proposals], device=probs.device)
+            scores, tokens = fetch(confidence.score(config, probs, step), tokens)
             for i in range(len(requests)):
                 feeds[i] = []
                 if i not in drafting or not proposals[i].consider(config, scores[i]):

@@ -10,6 +10,8 @@ import math
 
 import torch
 
+from dspark_bench.decoding import learned_signal
+
 
 def top1(probs: torch.Tensor, topk: int = 5) -> torch.Tensor:
     return probs.max(dim=-1).values
@@ -55,8 +57,11 @@ def signal_of(config) -> str:
     return "llamacpp_top1" if engine_own else config.metric
 
 
-def score(config, probs: torch.Tensor) -> torch.Tensor:
-    """The confidence `config`'s rule reads from the drafter's distribution `probs`."""
+def score(config, probs: torch.Tensor, step=0) -> torch.Tensor:
+    """The confidence `config`'s rule reads from the drafter's distribution `probs` at 0-based
+    draft `step` (an int, or a tensor over probs' leading dimensions; only `learned` reads it)."""
+    if config.metric == "learned":
+        return learned_signal.load(config.signal_model)(all_metrics(probs, config.topk), step)
     return SIGNALS[signal_of(config)](probs, config.topk)
 
 

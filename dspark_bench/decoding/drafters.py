@@ -73,7 +73,7 @@ class HeadsDrafter:
             return block
         logits = self.heads(self.hidden, n)  # [n, vocab]
         q = distribution(logits, config)
-        scores = confidence.score(config, q)
+        scores = confidence.score(config, q, torch.arange(n, device=q.device))
         tokens = pick(logits, q, config, generator)  # head i's token is drawn from head i's q alone
         probs = None if config.greedy else q
         if config.draft_mode == "verify-side":
@@ -153,7 +153,7 @@ def draft_block(draft_lm: CachedLM, pending: torch.Tensor, config: DecodeConfig,
             break
         logits = draft_lm.forward(pending)[-1]
         q = distribution(logits, config)
-        scores.append(confidence.score(config, q))
+        scores.append(confidence.score(config, q, len(scores)))
         token = pick(logits, q, config, generator)
         pending = token.view(1)
         if config.draft_mode == "early-stop":

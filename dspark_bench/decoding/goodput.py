@@ -131,10 +131,12 @@ class GoodputModel:
     costs: dict[int, tuple[float, tuple[float, ...]]]  # B -> (t_draft, t_verify)
 
     def rule(self, metric: str, batch_size: int) -> GoodputRule:
-        if metric not in self.acceptance.curves:
-            raise DsparkError(f"the goodput model has no acceptance curve for the {metric} metric")
         nearest = min(self.costs, key=lambda b: (abs(b - batch_size), b))  # costs timed nearest this B
         t_draft, t_verify = self.costs[nearest]
+        if metric == "learned":  # already a calibrated acceptance probability (learned_signal.py): its own curve
+            return GoodputRule(Curve((0.0, 1.0), (0.0, 1.0)), t_draft, t_verify)
+        if metric not in self.acceptance.curves:
+            raise DsparkError(f"the goodput model has no acceptance curve for the {metric} metric")
         return GoodputRule(self.acceptance.curves[metric], t_draft, t_verify)
 
     def to_dict(self) -> dict:

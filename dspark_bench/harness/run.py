@@ -13,7 +13,8 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from dspark_bench.config import DEFAULTS, DecodeConfig, expand, from_dict, with_defaults
+from dspark_bench.config import DEFAULTS, LEARNED, DecodeConfig, expand, from_dict, with_defaults
+from dspark_bench.decoding import learned_signal
 from dspark_bench.decoding.engine import speculative_decode
 from dspark_bench.decoding.goodput import rule_for
 from dspark_bench.decoding.schedule import expressible
@@ -49,6 +50,7 @@ class RunConfig(Workload):
     batch_sizes: tuple[int, ...] = (DEFAULTS.batch_size,)
     # --- the grid's other knobs, one value each
     goodput_model: str = DEFAULTS.goodput_model  # the goodput schedule's model: a replay sweep's folder or its goodput_model.json
+    signal_model: str = DEFAULTS.signal_model  # metric learned: its fitted signal, a replay sweep's folder or its learned_signal.json
     threshold_start: float = DEFAULTS.threshold_start  # ramp schedule: threshold at draft position 1 ...
     threshold_end: float = DEFAULTS.threshold_end  # ... rising to this at gamma_max
     ngram_min: int = DEFAULTS.ngram_min
@@ -84,7 +86,7 @@ class RunConfig(Workload):
                     for policy in self.policies for b in sizes(policy)]
         base = DecodeConfig(threshold_start=self.threshold_start, threshold_end=self.threshold_end, topk=self.topk,
                             temperature=self.temperature, top_p=self.top_p, max_new_tokens=tokens, seed=self.seed,
-                            goodput_model=self.goodput_model, compiled=self.compiled, ngram_min=self.ngram_min,
+                            goodput_model=self.goodput_model, signal_model=self.signal_model, compiled=self.compiled, ngram_min=self.ngram_min,
                             ngram_max=self.ngram_max)
         return expand(self.space(), base)
 
@@ -227,6 +229,8 @@ def plan_run(config: RunConfig) -> Planned:
         configs, assignment = calibrated_configs(config.calibration, prompts, configs)
     pair = load_pair(config.target, config.draft, config.device, config.dtype, config.heads,
                      drafters={c.drafter for c in configs})
+    for signal_model in {c.signal_model for c in configs if c.metric == LEARNED}:
+        learned_signal.load(signal_model)  # a missing or broken file fails here, before anything decodes
     if any(c.drafter == "heads" for c in configs):
         pair.heads  # noqa: B018 — load (and check) the heads before anything runs
     if config.calibration is not None:

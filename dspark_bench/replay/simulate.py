@@ -72,6 +72,9 @@ def check_replayable(rec: Record, config: DecodeConfig) -> None:
         raise DsparkError(f"max_new_tokens {config.max_new_tokens} differs from the record's {rec.max_new_tokens}")
     if config.gamma_max > rec.gamma_record:
         raise DsparkError(f"gamma_max {config.gamma_max} exceeds the record's {rec.gamma_record}; record deeper")
+    if config.metric == "learned" and "learned" not in rec.confidences:
+        raise DsparkError("the record holds no learned signal: replay.learned.with_learned adds the fitted one "
+                          "(a replay sweep does)")
     if signal_of(config) not in rec.confidences:
         raise DsparkError(f"the record predates {signal_of(config)} (llama.cpp's own top1, which its rule reads): "
                           "run the sweep again, which records it")

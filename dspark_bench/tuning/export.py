@@ -30,12 +30,15 @@ import pandas as pd
 
 from dspark_bench import objectives
 from dspark_bench.config import DecodeConfig, expand, from_dict, with_defaults
+from dspark_bench.decoding import learned_signal
+from dspark_bench.decoding.learned_signal import FILE as LEARNED_FILE
 from dspark_bench.decoding.schedule import expressible
 from dspark_bench.errors import DsparkError
 from dspark_bench.harness.gguf import converted
 from dspark_bench.metrics import summarize
 from dspark_bench.replay.batched import predict_batched
 from dspark_bench.replay.cost import CostModel, CostSurface
+from dspark_bench.replay.learned import with_learned
 from dspark_bench.replay.record import resolve_record
 from dspark_bench.replay.simulate import Record, simulate_grid
 from dspark_bench.results import read_json, write_text
@@ -70,9 +73,12 @@ class RunPolicies:
 
     @functools.cached_property
     def rec(self):
-        """The replay record, read once (every replay of this export uses it)."""
-
-        return Record.load(self.record)
+        """The replay record, read once (every replay of this export uses it), with the sweep's
+        learned signal where it fitted one (its best policy may read it)."""
+        rec = Record.load(self.record)
+        if (self.folder / LEARNED_FILE).is_file():
+            rec = with_learned(rec, learned_signal.load(str(self.folder / LEARNED_FILE)))
+        return rec
 
     @property
     def depth(self) -> int:
@@ -85,6 +91,8 @@ def policy_of(row: pd.Series, folder: Path) -> DecodeConfig:
     values = with_defaults({k: (v.item() if hasattr(v, "item") else v) for k, v in row.items() if k in fields})
     if values["goodput_model"] and not Path(values["goodput_model"]).exists() and (folder / "goodput_model.json").is_file():
         values["goodput_model"] = str(folder / "goodput_model.json")  # the sweep moved, or runs from elsewhere
+    if values["signal_model"] and not Path(values["signal_model"]).exists() and (folder / "learned_signal.json").is_file():
+        values["signal_model"] = str(folder / "learned_signal.json")
     return from_dict(values)
 
 

@@ -15,9 +15,11 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 import pandas as pd
 
-from dspark_bench.config import DecodeConfig, expand
+from dspark_bench.config import LEARNED, DecodeConfig, expand
 from dspark_bench.decoding.confidence import SIGNALS
 from dspark_bench.decoding.goodput import GoodputModel
+from dspark_bench.decoding.learned_signal import FILE as LEARNED_FILE
+from dspark_bench.decoding.learned_signal import LearnedSignal
 from dspark_bench.errors import DsparkError
 from dspark_bench.harness.health import (
     LoadProbe,
@@ -109,6 +111,23 @@ def write_goodput_model(folder: Path, rec, record_dir: Path, surface) -> Path:
     return folder / "goodput_model.json"
 
 
+def write_learned_signal(folder: Path, rec, record_dir: Path):
+    """Fit the learned signal on the record (kept beside it) and write it into the sweep folder:
+    (its file, the record with the signal at every rollout step, as the engine computes it)."""
+    fitted = learned.load_or_evaluate(rec, record_dir)
+    write_json(folder / LEARNED_FILE, fitted)
+    return folder / LEARNED_FILE, learned.with_learned(rec, LearnedSignal.from_dict(fitted))
+
+
+def learned_points(configs: list[DecodeConfig], signal_file: Path) -> list[DecodeConfig]:
+    """Every scheduled policy of the draft model on the space's first metric, with the learned
+    signal in its place (the goodput ones included: it reads the signal as its own curve)."""
+    first = next((c.metric for c in configs if c.schedule != "fixed"), None)
+    path = str(Path(signal_file).resolve())
+    return [c.replace(metric=LEARNED, signal_model=path) for c in configs
+            if c.metric == first and c.schedule != "fixed" and c.drafter == "model"]
+
+
 def load_or_record(spec: SweepSpec, prepared: Prepared, gamma: int, ids: list[list[int]], record_dir: Path,
                    progress: StageProgress | None = None, drafter: DecodeConfig | None = None,
                    continuations: list[list[int]] | None = None):
@@ -192,6 +211,9 @@ def replay_sweep(folder: Path, spec: SweepSpec, prepared: Prepared, records_root
     if model_key is not None:  # goodput decides with the draft model's acceptance fit
         model_file = write_goodput_model(folder, records[model_key], record_dirs[model_key], surface)
         configs = configs + [c for c in goodput_points(configs, model_file) if c not in configs]
+        # The learned signal, fitted on the record, joins as a metric of every scheduled policy of the first one.
+        signal_file, records[model_key] = write_learned_signal(folder, records[model_key], record_dirs[model_key])
+        configs = configs + [c for c in learned_points(configs, signal_file) if c not in configs]
         groups = drafter_groups(configs)
     if progress:
         progress(f"simulating {len(configs):,} policies", 0, 1)
