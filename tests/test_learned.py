@@ -59,8 +59,9 @@ def test_tokens_are_those_with_a_verdict_and_the_saved_fit_is_sklearns(tmp_path)
     P, N, G = rec.rollout.shape
     expected = sum(k <= M[p, j] and j + k < N for p in range(P) for j in range(N) for k in range(G))
     assert len(tokens.accepted) == expected  # step k counts while the steps before it matched, inside the text
+    (tmp_path / learned.FILE).write_text('{"features": ["top1", "position_1"]}')  # an older fit's features
     result = learned.load_or_evaluate(rec, tmp_path)
-    assert (tmp_path / learned.FILE).is_file() and learned.load_or_evaluate(rec, tmp_path) == result
+    assert result["features"] == tokens.names and learned.load_or_evaluate(rec, tmp_path) == result
     model = learned.make_model().fit(tokens.features, tokens.accepted)
     # What the engine reads (decoding/learned_signal) is the fit scikit-learn made.
     signal = LearnedSignal.from_dict(result)
@@ -130,10 +131,10 @@ def test_learned_policies_decode_as_replay_says(learned_record, draft_mode):
             assert round_tuples(real.rounds) == round_tuples(replayed), config.label()
             assert real.tokens == autoregressive_decode(pair.target, prompt, config, pair.eos_ids).tokens
             if draft_mode == "early-stop":  # the engine's confidences are the signal replay read
-                # (to float32 rounding of the raw signals: the record's rollouts batch the draft's
-                # forwards differently, as for every metric in test_replay)
+                # (to float32 rounding of the raw signals, which the log features magnify: the
+                # record's rollouts batch the draft's forwards differently, as for every metric in test_replay)
                 for mine, theirs in zip(replayed, real.rounds):
-                    assert mine.confidences == pytest.approx(theirs.confidences[: len(mine.confidences)], abs=1e-5)
+                    assert mine.confidences == pytest.approx(theirs.confidences[: len(mine.confidences)], abs=1e-4)
             stops |= {r.stop_reason for r in real.rounds}
     assert "threshold" in stops and "gamma_max" in stops  # the signal both stops drafts and lets them run
 

@@ -5,7 +5,8 @@ knew acceptance in advance would win. Between the two sits the question this mod
 how much of "will the target accept this drafted token?" can be predicted at all from what the
 draft has already computed? The `learned` signal is a logistic regression (scikit-learn) of a
 token's verdict on the record's features of that token: every signal the drafter computed at its
-step (top1, entropy, topk_mass, margin, llamacpp_top1) and its position in the draft (one-hot).
+step (top1, entropy, topk_mass, margin, llamacpp_top1), each as s, log s and log(1 − s), and its
+position in the draft (one-hot).
 It is conditional on the draft so far being accepted, as every verdict in a record is
 (acceptance.drafted_tokens). The engine and replay read the saved fit with
 decoding/learned_signal.py, which takes the same features.
@@ -27,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dspark_bench.decoding import learned_signal
 from dspark_bench.decoding.learned_signal import FILE, RAW_SIGNALS as RAW, LearnedSignal
 from dspark_bench.errors import DsparkError
 from dspark_bench.replay.acceptance import brier, ece, fit_curve
@@ -61,15 +63,18 @@ def drafted(rec) -> Tokens:
     missing = [m for m in RAW if m not in rec.confidences]
     if missing:
         raise DsparkError(f"the record holds no {', '.join(missing)}: record it again")
+    import torch
+
     used, matches = used_steps(rec), match_lengths(rec)
     P, N, G = rec.rollout.shape
     k = np.arange(G)[None, None, :]
-    columns = {m: rec.confidences[m].astype(np.float64) for m in RAW}
-    columns |= {f"position_{g + 1}": np.broadcast_to(k == g, (P, N, G)).astype(np.float64) for g in range(G)}
-    features = np.stack([values[used] for values in columns.values()], axis=1)
-    return Tokens(features, list(columns), (k < matches[:, :, None])[used],
+    signals = {m: torch.from_numpy(np.ascontiguousarray(rec.confidences[m])) for m in RAW}
+    # The very transforms the signal applies in the engine (learned_signal.features), and the position one-hot.
+    columns = [value.numpy()[used] for value in learned_signal.features(signals)]
+    columns += [np.broadcast_to(k == g, (P, N, G))[used].astype(np.float64) for g in range(G)]
+    return Tokens(np.stack(columns, axis=1), learned_signal.feature_names(G), (k < matches[:, :, None])[used],
                   np.broadcast_to(np.arange(P)[:, None, None], used.shape)[used],
-                  {m: columns[m][used] for m in RAW})
+                  {m: rec.confidences[m].astype(np.float64)[used] for m in RAW})
 
 
 def make_model():
@@ -145,9 +150,11 @@ def load_or_evaluate(rec, record_dir: Path) -> dict:
     path = Path(record_dir) / FILE
     if path.is_file():
         try:
-            return json.loads(path.read_text())
-        except (OSError, ValueError):
-            pass  # a damaged file is fitted again below
+            kept = json.loads(path.read_text())
+            LearnedSignal.from_dict(kept)
+            return kept
+        except (OSError, KeyError, TypeError, ValueError):
+            pass  # damaged, or fitted on features this version does not compute: fitted again below
     result = evaluate(rec)
     try:
         write_json(path, result)
