@@ -3,8 +3,9 @@
 The record (`record`: the target's greedy continuation and the drafter's rollout at every
 position), the simulation of policies over it at batch size 1 (`simulate`) and at any batch
 size in either layout (`batched`), this machine's cost model and cost surface (`cost`), the
-acceptance fit the goodput schedule decides with (`acceptance`), and the headroom no stopping
-rule can beat (`oracle`).
+acceptance fit the goodput schedule decides with (`acceptance`), the headroom no stopping
+rule can beat (`oracle`), and the learned acceptance signal's fit with every signal's held-out
+quality (`learned`).
 
 May import: `decoding` and the core modules. Nothing here times whole runs, sweeps or reports.
 """

@@ -1,7 +1,7 @@
 """Reporting: run folders turned into figures, a report and a CI verdict.
 
 The report (`report`, its words in `text`, what it reads in `inputs`, its batch-size view in
-`batch_sizes`), the figures (`plots`), and the regression benchmark (`regress`) against stored
+`batch_sizes`, its calibration data in `calibration`, published results in `literature.yaml`), the figures (`plots`), and the regression benchmark (`regress`) against stored
 baseline runs (`stored_runs`).
 
 May import: `harness` (regress re-runs a stored run), `replay`, `decoding`, `tasks`,
