@@ -25,7 +25,7 @@ TIMED = """
 import sys, time
 from dspark_bench.harness.models import load_pair
 start = time.perf_counter()
-load_pair(sys.argv[1], device="cpu")
+load_pair(sys.argv[1], device="cpu", drafters=("lookup",))
 print(time.perf_counter() - start)
 """
 

@@ -184,8 +184,8 @@ def check_learned(config: DecodeConfig) -> None:
     if config.metric != LEARNED:
         return
     if not config.signal_model:
-        raise DsparkError("the learned metric needs its fitted signal: pass --signal-model with a replay sweep's "
-                          "folder (it writes learned_signal.json)")
+        raise DsparkError("the learned metric needs its fitted signal: a replay sweep's folder, which holds "
+                          "learned_signal.json (run/decode --signal-model); a replay sweep adds learned policies itself")
     if config.drafter != "model":
         raise DsparkError(f"the learned signal is fitted on the draft model's record, not the {config.drafter} drafter's")
 
@@ -278,4 +278,5 @@ def expand(space: dict, base: DecodeConfig = DEFAULTS, strict: bool = True) -> l
 def _knobs_agree(params: dict) -> bool:
     """The constraints between knobs that a search space's cross product can break."""
     return (params["min_draft_len"] <= params["gamma_max"] and params["ngram_min"] <= params["ngram_max"]
-            and (params["drafter"] == "model" or params["batch_size"] == 1))
+            and (params["drafter"] == "model" or params["batch_size"] == 1)
+            and (params["metric"] != LEARNED or params["drafter"] == "model"))

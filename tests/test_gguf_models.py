@@ -116,6 +116,11 @@ def test_a_target_alone_serves_lookup_and_refuses_the_model_drafter(shipped_draf
     assert "vocabularies differ" in one_line_error(mismatched)
     with pytest.raises(DsparkError, match="--draft needs a --target"):
         load_pair(None, str(shipped_draft_gguf))
+    # Replay times the draft model's steps: a target alone sweeps only with real runs.
+    replay = runner.invoke(app, ["sweep", "--target", str(shipped_draft_gguf), "--drafter", "lookup", "--dataset",
+                                 str(prompts_file), "--out", str(tmp_path / "sweeps")])
+    assert "replay times the draft model's steps" in one_line_error(replay)
+    assert not (tmp_path / "sweeps").exists() or not any((tmp_path / "sweeps").iterdir())
 
 
 def smollm2_file() -> Path | None:
@@ -146,7 +151,7 @@ def test_a_real_instruct_llm_decodes_mt_bench_exactly_as_it_would_alone(tmp_path
     info = json.loads((folder / "run.json").read_text())
     assert info["models"]["target_gguf_sha256"] == gguf_read.file_sha256(path) and info["models"]["draft"] is None
     # The chat template was applied: each first turn is as long as its templated ids, not its raw text's.
-    tokenizer = load_pair(str(path)).tokenizer
+    tokenizer = load_pair(str(path), drafters=("lookup",)).tokenizer
     prompts, _, _ = load_prompts("mt-bench", None, limit=3)
     first = samples[samples["turn"] == 0].set_index("prompt_id")["prompt_tokens"]
     for prompt in prompts:

@@ -3,8 +3,11 @@ quality is held out by prompt, and its saved coefficients are the fit's."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
+import torch
 
 from dspark_bench.decoding.learned_signal import LearnedSignal
 from dspark_bench.errors import DsparkError
@@ -165,3 +168,34 @@ def test_a_learned_policy_without_its_signal_is_one_line(tmp_path):
         learned_signal.load(str(tmp_path))
     with pytest.raises(DsparkError, match="no learned signal"):
         learned_signal.load(str(tmp_path / "absent.json"))
+
+
+def test_a_record_with_nothing_to_learn_is_refused_in_one_line():
+    rec = record_where(lambda k, s, rng: np.ones(s["top1"].shape, bool))  # every drafted token accepted
+    with pytest.raises(DsparkError, match="no signal to learn"):
+        learned.evaluate(rec)
+
+
+def test_the_fit_is_read_again_when_rewritten_and_checked_against_the_models(learned_record, tmp_path):
+    import json
+    import os
+    from types import SimpleNamespace
+
+    from dspark_bench.decoding import learned_signal
+    from dspark_bench.harness.run import check_learned_models
+
+    _, _, path = learned_record
+    fitted = {**json.loads(Path(path).read_text()), "models": {"target_fingerprint": "t1", "draft_fingerprint": "d1"}}
+    copy = tmp_path / learned.FILE
+    copy.write_text(json.dumps(fitted))
+    first = learned_signal.load(str(copy))
+    assert first.topk == 5
+    copy.write_text(json.dumps({**fitted, "intercept": fitted["intercept"] + 1.0}))
+    os.utime(copy, ns=(1, 1))  # a rewrite, whatever the clock's resolution
+    assert learned_signal.load(str(copy)).intercept == pytest.approx(first.intercept + 1.0)
+    config = SimpleNamespace(metric="learned", signal_model=str(copy))
+    fingerprints = (fitted["models"]["target_fingerprint"], fitted["models"]["draft_fingerprint"])
+    check_learned_models(SimpleNamespace(device=torch.device("cpu"), fingerprints=fingerprints), [config])
+    with pytest.raises(DsparkError, match="fitted on other models"):
+        check_learned_models(SimpleNamespace(device=torch.device("cpu"), fingerprints=("other", fingerprints[1])),
+                             [config])

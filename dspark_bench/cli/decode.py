@@ -22,6 +22,7 @@ from dspark_bench.cli.options import (
     Target,
     Temperature,
     ThresholdEnd,
+    SignalModel,
     ThresholdStart,
     TopK,
     TopP,
@@ -32,7 +33,8 @@ from dspark_bench.config import DEFAULT_MAX_NEW_TOKENS, DEFAULTS, DecodeConfig
 def decode(
     text: Annotated[str, typer.Argument(help="The prompt.")],
     target: Target = None, draft: Draft = None, chat_template: ChatTemplate = "auto",
-    metric: Annotated[str, typer.Option(help="top1 | entropy | topk_mass | margin")] = DEFAULTS.metric,
+    metric: Annotated[str, typer.Option(help="top1 | entropy | topk_mass | margin | learned (--signal-model)")] = DEFAULTS.metric,
+    signal_model: SignalModel = None,
     schedule: Annotated[str, typer.Option(help="threshold | ramp | cumulative | fixed")] = DEFAULTS.schedule,
     threshold: Annotated[float, typer.Option(help="Stop drafting below this confidence.")] = DEFAULTS.threshold,
     gamma_max: Annotated[int, typer.Option(help="Most draft tokens per round.")] = DEFAULTS.gamma_max,
@@ -58,7 +60,8 @@ def decode(
                               min_draft_len=min_draft_len, threshold_start=threshold_start,
                               threshold_end=threshold_end, topk=topk, temperature=temperature, top_p=top_p,
                               max_new_tokens=DEFAULT_MAX_NEW_TOKENS if max_new_tokens is None else max_new_tokens,
-                              seed=seed, drafter=drafter, ngram_min=ngram_min, ngram_max=ngram_max)
+                              seed=seed, drafter=drafter, ngram_min=ngram_min, ngram_max=ngram_max,
+                              signal_model=str(signal_model) if signal_model else "")
         pair, config, result = decode_once(text, config, target, draft, device, dtype, chat_template,
                                            calibration, domain, heads)
         if calibration is not None:

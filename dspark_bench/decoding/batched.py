@@ -174,6 +174,10 @@ class SpeculativeStep:
         while any(not p.done for p in proposals):
             steps += 1
             ends = torch.tensor([max(len(f) - 1, 0) for f in feeds], device=self.draft.device)  # before the pass
+            # Each row's step in its own draft (every token a drafting row considered, it took),
+            # copied before the pass too; only the learned signal reads it.
+            step = torch.tensor([len(p.tokens) for p in proposals], device=self.draft.device) \
+                if config.metric == "learned" else 0
             logits = self.draft.forward(feeds)
             last = logits[torch.arange(len(feeds), device=logits.device), ends]
             probs = distribution(last, config)
@@ -182,8 +186,6 @@ class SpeculativeStep:
             tokens = pick(last, probs, config, None) if config.greedy else torch.stack(
                 [draw(probs[i], requests[i].generator) if i in drafting else last.new_zeros((), dtype=torch.long)
                  for i in range(len(requests))])
-            # Each row's step in its own draft: every token a drafting row considered, it took.
-            step = torch.tensor([len(p.tokens) for p in proposals], device=probs.device)
             scores, tokens = fetch(confidence.score(config, probs, step), tokens)
             for i in range(len(requests)):
                 feeds[i] = []

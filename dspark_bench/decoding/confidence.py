@@ -60,8 +60,9 @@ def signal_of(config) -> str:
 def score(config, probs: torch.Tensor, step=0) -> torch.Tensor:
     """The confidence `config`'s rule reads from the drafter's distribution `probs` at 0-based
     draft `step` (an int, or a tensor over probs' leading dimensions; only `learned` reads it)."""
-    if config.metric == "learned":
-        return learned_signal.load(config.signal_model)(all_metrics(probs, config.topk), step)
+    if config.metric == "learned":  # its topk_mass feature takes the k it was fitted with
+        signal = learned_signal.load(config.signal_model)
+        return signal(all_metrics(probs, signal.topk), step)
     return SIGNALS[signal_of(config)](probs, config.topk)
 
 

@@ -57,6 +57,7 @@ class LearnedSignal:
     coef: tuple[float, ...]
     intercept: float
     positions: int  # one-hot positions 1..positions
+    topk: int = 5  # the k of the topk_mass it was fitted on (the record's), which the engine must compute
 
     @functools.cached_property
     def weights(self) -> tuple[float, tuple[float, ...], tuple[float, ...]]:
@@ -80,8 +81,7 @@ class LearnedSignal:
         if isinstance(step, int):
             z = z + at_position[min(step, self.positions - 1)]
         else:
-            table = torch.tensor(at_position, dtype=torch.float64, device=first.device)
-            z = z + table[step.clamp(max=self.positions - 1)]
+            z = z + position_table(self, first.device)[step.clamp(max=self.positions - 1)]
         return 1.0 / (1.0 + torch.exp(-z))
 
     @classmethod
@@ -94,7 +94,13 @@ class LearnedSignal:
         if min(data["scale"]) <= 0:
             raise ValueError("a feature's scale is not positive")
         return cls(tuple(map(float, data["mean"])), tuple(map(float, data["scale"])), tuple(map(float, data["coef"])),
-                   float(data["intercept"]), positions)
+                   float(data["intercept"]), positions, int(data.get("topk", 5)))
+
+
+@functools.lru_cache(maxsize=32)
+def position_table(signal: LearnedSignal, device: torch.device) -> torch.Tensor:
+    """The per-position weights on `device`, copied there once (not at every draft step)."""
+    return torch.tensor(signal.weights[2], dtype=torch.float64, device=device)
 
 
 def model_path(path: str | Path) -> Path:
@@ -103,12 +109,19 @@ def model_path(path: str | Path) -> Path:
     return path / FILE if path.is_dir() else path
 
 
-@functools.lru_cache(maxsize=16)
 def load(path: str) -> LearnedSignal:
+    """The fitted signal at `path` (a file, or a sweep folder holding one), read once per version
+    of the file: a file rewritten in place is read again."""
     file = model_path(path)
     if not file.is_file():
         raise DsparkError(f"no learned signal at {str(path)!r} (a replay sweep's folder or its {FILE})")
+    stat = file.stat()
+    return _load(str(file.resolve()), stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=16)
+def _load(file: str, mtime_ns: int, size: int) -> LearnedSignal:
     try:
-        return LearnedSignal.from_dict(json.loads(file.read_text()))
+        return LearnedSignal.from_dict(json.loads(Path(file).read_text()))
     except (OSError, KeyError, TypeError, ValueError) as err:
-        raise DsparkError(f"learned signal {str(file)!r} is unreadable: {err}") from None
+        raise DsparkError(f"learned signal {file!r} is unreadable: {err}") from None

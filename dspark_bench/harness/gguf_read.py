@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import shutil
+import tempfile
 from pathlib import Path
 
 from dspark_bench.errors import DsparkError, first_line
@@ -44,10 +45,13 @@ def hf_folder(path: str | Path, role: str) -> tuple[Path, str]:
     """(the HF folder holding the GGUF file's model and tokenizer, the file's SHA-256);
     converted on first use."""
     path = Path(path).expanduser()
-    with open(path, "rb") as handle:
-        if handle.read(4) != MAGIC:
-            raise DsparkError(f"the {role} model {str(path)!r} is not a GGUF file (it does not start with 'GGUF')")
-    sha = file_sha256(path)
+    try:
+        with open(path, "rb") as handle:
+            if handle.read(4) != MAGIC:
+                raise DsparkError(f"the {role} model {str(path)!r} is not a GGUF file (it does not start with 'GGUF')")
+        sha = file_sha256(path)
+    except OSError as err:
+        raise DsparkError(f"cannot read the {role} GGUF file {str(path)!r}: {err.strerror or err}") from None
     folder = cache_home() / sha[:16]
     if not (folder / "config.json").is_file():
         convert(path, folder, role)
@@ -69,13 +73,22 @@ def convert(path: Path, folder: Path, role: str) -> None:
         tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     except Exception as err:  # noqa: BLE001 — a truncated file fails in numpy, struct or gguf, an unknown architecture in transformers
         raise DsparkError(f"cannot load the {role} GGUF file {str(path)!r}: {first_line(err)}") from None
-    model = AutoModelForCausalLM.from_config(loaded.config, dtype=torch.float32)
-    model.load_state_dict(loaded.state_dict())
+    # Rebuilt on the meta device and given the loaded tensors themselves: one copy of the weights, not two.
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(loaded.config, dtype=torch.float32)
+    model.load_state_dict(loaded.state_dict(), assign=True)
+    model.tie_weights()
     model.generation_config = loaded.generation_config
-    partial = folder.with_name(folder.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    model.save_pretrained(partial)
-    tokenizer.save_pretrained(partial)
-    (partial / "source.txt").write_text(f"{path.resolve()}\n")  # which file this came from, for a reader of the cache
-    shutil.rmtree(folder, ignore_errors=True)
-    partial.rename(folder)  # an interrupted conversion leaves no folder that looks done
+    del loaded
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))  # two converting processes never share it
+    try:
+        model.save_pretrained(partial)
+        tokenizer.save_pretrained(partial)
+        (partial / "source.txt").write_text(f"{path.resolve()}\n")  # which file this came from, for a reader of the cache
+        partial.rename(folder)  # an interrupted conversion leaves no folder that looks done
+    except OSError:
+        if not (folder / "config.json").is_file():  # not another process's finished folder: a real failure
+            raise
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)

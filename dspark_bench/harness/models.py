@@ -154,13 +154,13 @@ def load_tokenizer(name: str) -> PreTrainedTokenizerBase:
 
 def load_pair(
     target: str | None = None, draft: str | None = None, device: str = "auto", dtype: str = "auto",
-    heads: str | None = None, drafters=(),
+    heads: str | None = None, drafters=("model",),
 ) -> ModelPair:
     """Load both models (and the target's tokenizer), refusing pairs that cannot work together.
 
-    A target alone (no draft) serves the drafters that need no second model (heads, lookup); one
-    of `drafters` (the policies' drafters) being the model drafter refuses it before anything
-    loads. A `.gguf` file loads through its cached HF conversion (gguf_read)."""
+    A target alone (no draft) serves the drafters that need no second model (heads, lookup):
+    `drafters` names the policies' drafters, and one of them being the model drafter (as by
+    default) refuses it before anything loads. A `.gguf` file loads through its cached HF conversion (gguf_read)."""
     if target is None and draft is None:
         target, draft = default_pair()
     elif target is None:

@@ -134,6 +134,8 @@ def check(config: RunConfig) -> None:
         for c in configs:  # the model exists, reads, and has the metric: before any model loads
             if c.schedule == "goodput":
                 rule_for(c)
+    for signal_model in {c.signal_model for c in configs if c.metric == LEARNED}:
+        learned_signal.load(signal_model)  # a missing or broken file fails here, before any model loads
 
 
 def from_config_dict(values: dict, where: str = "run config") -> RunConfig:
@@ -229,13 +231,25 @@ def plan_run(config: RunConfig) -> Planned:
         configs, assignment = calibrated_configs(config.calibration, prompts, configs)
     pair = load_pair(config.target, config.draft, config.device, config.dtype, config.heads,
                      drafters={c.drafter for c in configs})
-    for signal_model in {c.signal_model for c in configs if c.metric == LEARNED}:
-        learned_signal.load(signal_model)  # a missing or broken file fails here, before anything decodes
+    check_learned_models(pair, configs)
     if any(c.drafter == "heads" for c in configs):
         pair.heads  # noqa: B018 — load (and check) the heads before anything runs
     if config.calibration is not None:
         load_calibration(config.calibration).check_models(pair.describe())
     return Planned(config, pair, prompts, configs, source, assignment)
+
+
+def check_learned_models(pair, configs: list[DecodeConfig]) -> None:
+    """A learned signal decodes only with the models it was fitted on, and in float64 (not on MPS)."""
+    files = {c.signal_model for c in configs if c.metric == LEARNED}
+    if files and pair.device.type == "mps":
+        raise DsparkError("the learned metric computes in float64, which MPS lacks: use --device cpu, or another metric")
+    for path in files:
+        fitted = read_json(learned_signal.model_path(path), "learned signal").get("models") or {}
+        for key, mine in zip(("target_fingerprint", "draft_fingerprint"), pair.fingerprints):
+            if fitted.get(key) and fitted[key] != mine:
+                raise DsparkError(f"the learned signal {path!r} was fitted on other models ({key} {fitted[key]}, "
+                                  f"this pair's {mine}): run a replay sweep on these models")
 
 
 def calibrated_configs(path, prompts: list[Prompt], bases: list[DecodeConfig]) -> tuple[list[DecodeConfig], list[list[int]]]:

@@ -133,10 +133,15 @@ def quality(tokens: Tokens, predictions: dict[str, np.ndarray]) -> list[dict]:
 def evaluate(rec) -> dict:
     """The learned signal fitted on every prompt of `rec`, and every signal's held-out quality."""
     tokens = drafted(rec)
+    if len(np.unique(tokens.accepted)) < 2:
+        raise DsparkError("every drafted token of the record was accepted, or none was: no signal to learn")
     model = make_model().fit(tokens.features, tokens.accepted)
     scaler, regression = model[0], model[1]
+    models = rec.info.get("models") or {}
     return {
-        "features": tokens.names,
+        "features": tokens.names, "topk": int(rec.info.get("topk", 5)),
+        # What it was fitted on: a run decoding with it checks its models are these.
+        "models": {k: models.get(k) for k in ("target_fingerprint", "draft_fingerprint")},
         "mean": scaler.mean_.tolist(), "scale": scaler.scale_.tolist(),
         "coef": regression.coef_[0].tolist(), "intercept": float(regression.intercept_[0]),
         "mean_acceptance": float(tokens.accepted.mean()),
@@ -152,9 +157,11 @@ def load_or_evaluate(rec, record_dir: Path) -> dict:
         try:
             kept = json.loads(path.read_text())
             LearnedSignal.from_dict(kept)
-            return kept
+            if "quality" in kept and "topk" in kept:
+                return kept
         except (OSError, KeyError, TypeError, ValueError):
             pass  # damaged, or fitted on features this version does not compute: fitted again below
+    # (an older or partial fit, too, is fitted again)
     result = evaluate(rec)
     try:
         write_json(path, result)

@@ -61,7 +61,7 @@ def signals_table(inputs) -> str:
         return ""
     lines = ["| signal | tokens | AUC | Brier | ECE |", "|---|---:|---:|---:|---:|"]
     lines += [f"| {r['signal']} | {r['tokens']:,} | {r['auc']:.3f} | {r['brier']:.4f} | {r['ece']:.4f} |" for r in rows]
-    return ("\n\nHeld out by prompt (5 folds): each raw metric made a probability by an isotonic fit on the other "
+    return ("\n\nHeld out by prompt (GroupKFold, up to 5 folds): each raw metric made a probability by an isotonic fit on the other "
             "prompts, and `learned`, a logistic regression on every signal and the draft position "
             "(replay/learned.py):\n\n" + "\n".join(lines))
 

@@ -50,6 +50,7 @@ from dspark_bench.tasks import get_task, load_dataset_prompts, load_task
 # Choosing (pure) is domain_choice.py's, the file itself (schema, loading, writing)
 # harness/calibration_file.py's; the decoder's users find them here too.
 from dspark_bench.tuning.domain_choice import Choice, choose_from_records, choose_from_samples
+from dspark_bench.tuning.replay_sweep import needs_draft_model
 from dspark_bench.tuning.spec import SweepSpec, base_config, evaluation_for, flag_overrides, load_spec, points
 
 __all__ = ["Calibration", "Choice", "DomainCalibration", "calibrate_domains", "check_output", "choose_from_records",
@@ -265,6 +266,7 @@ def calibrate_domains(spec: SweepSpec, out: Path, tasks: list[str] | None = None
     batch_sizes = sorted({c.batch_size for c in configs})
     records, surface = None, None
     if engine == "replay":
+        needs_draft_model(pair)
         records, surface = record_domains(pair, domains, configs[0], max(c.gamma_max for c in configs), progress,
                                           batch_sizes)
     # One calibration per batch size: which policy wins depends on what a step costs at B. The

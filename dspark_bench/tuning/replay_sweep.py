@@ -70,6 +70,14 @@ def prepare(spec: SweepSpec) -> Prepared:
 
 
 
+def needs_draft_model(pair) -> None:
+    """Replay's cost model times the draft model's steps (and goodput fits its record): a
+    target alone cannot be replayed."""
+    if pair.draft is None:
+        raise DsparkError("replay times the draft model's steps for its cost model: pass --draft too, "
+                          "or --evaluation real with a target alone")
+
+
 def replay_space(spec: SweepSpec, base: DecodeConfig) -> list[DecodeConfig]:
     """The space's points plus every fixed gamma among them: classic decoding, the baseline to beat."""
     configs = points(spec, base)
@@ -113,8 +121,12 @@ def write_goodput_model(folder: Path, rec, record_dir: Path, surface) -> Path:
 
 def write_learned_signal(folder: Path, rec, record_dir: Path):
     """Fit the learned signal on the record (kept beside it) and write it into the sweep folder:
-    (its file, the record with the signal at every rollout step, as the engine computes it)."""
-    fitted = learned.load_or_evaluate(rec, record_dir)
+    (its file, the record with the signal at every rollout step, as the engine computes it), or
+    None where the record cannot teach one (one prompt; every token accepted, or none)."""
+    try:
+        fitted = learned.load_or_evaluate(rec, record_dir)
+    except DsparkError:
+        return None
     write_json(folder / LEARNED_FILE, fitted)
     return folder / LEARNED_FILE, learned.with_learned(rec, LearnedSignal.from_dict(fitted))
 
@@ -212,8 +224,10 @@ def replay_sweep(folder: Path, spec: SweepSpec, prepared: Prepared, records_root
         model_file = write_goodput_model(folder, records[model_key], record_dirs[model_key], surface)
         configs = configs + [c for c in goodput_points(configs, model_file) if c not in configs]
         # The learned signal, fitted on the record, joins as a metric of every scheduled policy of the first one.
-        signal_file, records[model_key] = write_learned_signal(folder, records[model_key], record_dirs[model_key])
-        configs = configs + [c for c in learned_points(configs, signal_file) if c not in configs]
+        learned_fit = write_learned_signal(folder, records[model_key], record_dirs[model_key])
+        if learned_fit is not None:
+            signal_file, records[model_key] = learned_fit
+            configs = configs + [c for c in learned_points(configs, signal_file) if c not in configs]
         groups = drafter_groups(configs)
     if progress:
         progress(f"simulating {len(configs):,} policies", 0, 1)
@@ -262,7 +276,8 @@ def say_replay_plan(spec: SweepSpec, prepared: Prepared, first_ids: list[int], c
     # Confirmed: the best scheduled few + the best goodput + the best fixed γ, at each batch size.
     sizes = {c.batch_size for c in configs}
     scheduled = sum(c.schedule != "fixed" for c in configs) // len(sizes)
-    policies = len(configs) + len(goodput_points(configs, Path("goodput_model.json")))  # goodput joins after recording
+    goodput = goodput_points(configs, Path("goodput_model.json"))  # goodput and learned join after recording
+    policies = len(configs) + len(goodput) + len(learned_points(configs + goodput, Path(LEARNED_FILE)))
     per_token, confirmed = seconds_per_token(prepared.pair, first_ids), (min(spec.confirm_top, scheduled) + 2) * len(sizes)
     line, seconds = replay_plan(per_token, len(prepared.prompts), prepared.base.max_new_tokens, policies,
                                 confirmed, spec.repeats, recorded=recorded)

@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from dspark_bench.harness.runner import StageProgress
 
 
-from dspark_bench.tuning.replay_sweep import Prepared, prepare, replay_sweep
+from dspark_bench.tuning.replay_sweep import Prepared, needs_draft_model, prepare, replay_sweep
 
 # --- the whole sweep: prepare, run (real or replay), summarise ----------------------------------
 
@@ -117,6 +117,8 @@ def run_sweep(spec: SweepSpec, out: Path, storage: str | None = None, study_name
         raise DsparkError(f"--workers must be at least 1 (got {workers})")
     evaluation = evaluation_for(spec)
     prepared = prepare(spec)  # prompts read and models loaded: bad input has failed by now
+    if evaluation == "replay":
+        needs_draft_model(prepared.pair)
     if say and origin:
         say(origin)
     folder = start_folder(out, "sweep")
