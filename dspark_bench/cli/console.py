@@ -160,34 +160,33 @@ def print_best(table, folder, title: str = "best configurations") -> None:
     out_console.print(f"run folder: {folder}")
 
 
-def print_headroom(summary: dict) -> None:
-    """What any stopping rule could win (the oracle) beside fixed γ and the best policy, per batch size."""
-    rows = summary.get("headroom") or []
+def print_small_table(title: str, columns: tuple[str, ...], rows: list[list[str]], left: tuple[str, ...] = ()) -> None:
+    """A titled table of pre-formatted cells (numbers right-aligned); nothing when there are no rows."""
     if not rows:
         return
-    view = Table(title="headroom (predicted): how much of the oracle's gain over fixed γ the best policy captures",
-                 title_justify="left")
-    for name in ("B", "layout", "autoregressive", "best fixed γ", "best scheduled", "oracle", "captured"):
-        view.add_column(name, justify="right")
+    view = Table(title=title, title_justify="left")
+    for name in columns:
+        view.add_column(name, justify="left" if name in left else "right")
     for row in rows:
-        captured = "—" if row["captured"] != row["captured"] else f"{row['captured']:.0%}"
-        view.add_row(str(row["batch_size"]), row["layout"], "1.000", f"{row['best_fixed_speedup']:.3f}",
-                     f"{row['best_scheduled_speedup']:.3f}", f"{row['oracle_speedup']:.3f} ({row['oracle']})", captured)
+        view.add_row(*row)
     out_console.print(view)
+
+
+def print_headroom(summary: dict) -> None:
+    """What any stopping rule could win (the oracle) beside fixed γ and the best policy, per batch size."""
+    rows = [[str(r["batch_size"]), r["layout"], "1.000", f"{r['best_fixed_speedup']:.3f}",
+             f"{r['best_scheduled_speedup']:.3f}", f"{r['oracle_speedup']:.3f} ({r['oracle']})",
+             "—" if r["captured"] != r["captured"] else f"{r['captured']:.0%}"] for r in summary.get("headroom") or []]
+    print_small_table("headroom (predicted): how much of the oracle's gain over fixed γ the best policy captures",
+                      ("B", "layout", "autoregressive", "best fixed γ", "best scheduled", "oracle", "captured"), rows)
 
 
 def print_signals(summary: dict) -> None:
     """How well each signal predicts acceptance, held out by prompt (replay/learned.py)."""
-    rows = summary.get("signals") or []
-    if not rows:
-        return
-    view = Table(title="acceptance signals, held out by prompt: AUC (higher is better), Brier and ECE (lower)",
-                 title_justify="left")
-    for name in ("signal", "tokens", "AUC", "Brier", "ECE"):
-        view.add_column(name, justify="left" if name == "signal" else "right")
-    for row in rows:
-        view.add_row(row["signal"], f"{row['tokens']:,}", f"{row['auc']:.3f}", f"{row['brier']:.4f}", f"{row['ece']:.4f}")
-    out_console.print(view)
+    rows = [[r["signal"], f"{r['tokens']:,}", f"{r['auc']:.3f}", f"{r['brier']:.4f}", f"{r['ece']:.4f}"]
+            for r in summary.get("signals") or []]
+    print_small_table("acceptance signals, held out by prompt: AUC (higher is better), Brier and ECE (lower)",
+                      ("signal", "tokens", "AUC", "Brier", "ECE"), rows, left=("signal",))
 
 
 def read_summary(folder) -> dict:

@@ -58,6 +58,7 @@ class LearnedSignal:
     intercept: float
     positions: int  # one-hot positions 1..positions
     topk: int = 5  # the k of the topk_mass it was fitted on (the record's), which the engine must compute
+    models: tuple = ()  # (name, fingerprint) of the target and draft it was fitted on, where known
 
     @functools.cached_property
     def weights(self) -> tuple[float, tuple[float, ...], tuple[float, ...]]:
@@ -94,7 +95,8 @@ class LearnedSignal:
         if min(data["scale"]) <= 0:
             raise ValueError("a feature's scale is not positive")
         return cls(tuple(map(float, data["mean"])), tuple(map(float, data["scale"])), tuple(map(float, data["coef"])),
-                   float(data["intercept"]), positions, int(data.get("topk", 5)))
+                   float(data["intercept"]), positions, int(data.get("topk", 5)),
+                   tuple(sorted((k, v) for k, v in (data.get("models") or {}).items() if v)))
 
 
 @functools.lru_cache(maxsize=32)

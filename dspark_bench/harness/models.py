@@ -6,10 +6,10 @@ Users' models load exactly as they would online (`from_pretrained(name_or_path)`
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,8 +54,6 @@ class ModelPair:
 
     def drafter_for(self, config) -> object:
         """What `config.drafter` drafts with (engine.speculative_decode's `draft`)."""
-        if config.drafter == "model" and self.draft is None:
-            raise DsparkError(NO_DRAFT)
         return {"model": lambda: self.draft, "heads": lambda: self.heads, "lookup": lambda: None}[config.drafter]()
 
     def drafter_fingerprint(self, config) -> str:

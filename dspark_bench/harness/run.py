@@ -245,7 +245,7 @@ def check_learned_models(pair, configs: list[DecodeConfig]) -> None:
     if files and pair.device.type == "mps":
         raise DsparkError("the learned metric computes in float64, which MPS lacks: use --device cpu, or another metric")
     for path in files:
-        fitted = read_json(learned_signal.model_path(path), "learned signal").get("models") or {}
+        fitted = dict(learned_signal.load(path).models)
         for key, mine in zip(("target_fingerprint", "draft_fingerprint"), pair.fingerprints):
             if fitted.get(key) and fitted[key] != mine:
                 raise DsparkError(f"the learned signal {path!r} was fitted on other models ({key} {fitted[key]}, "

@@ -29,16 +29,23 @@ from dspark_bench.replay.simulate import match_lengths
 ECE_BINS = 10
 
 
+def verdict_steps(matches: np.ndarray, lengths: np.ndarray, G: int) -> np.ndarray:
+    """[P, N, G]: the rollout steps that are drafted tokens with a verdict: step k from position j
+    counts while every step before it matched (k <= M[p, j]) and the token exists (j + k < length)."""
+    _, N = matches.shape
+    j, k = np.arange(N)[None, :, None], np.arange(G)[None, None, :]
+    return (k <= matches[:, :, None]) & (j + k < np.asarray(lengths)[:, None, None])
+
+
 def drafted_tokens(confidences: dict, matches: np.ndarray, lengths: np.ndarray) -> pd.DataFrame:
     """Every rollout step k from every position j of a replay record, for every metric: step k
     counts while the steps before it matched the target (k <= M[p, j]) and the token exists
     (j + k < length); it is accepted iff k < M[p, j] (`replay.match_lengths`). Columns: metric,
     confidence, accepted, prompt (its index), position (k + 1)."""
-    P, N = matches.shape
+    P, _ = matches.shape
     G = next(iter(confidences.values())).shape[2]
-    j = np.arange(N)[None, :, None]
     k = np.arange(G)[None, None, :]
-    used = (k <= matches[:, :, None]) & (j + k < np.asarray(lengths)[:, None, None])
+    used = verdict_steps(matches, lengths, G)
     accepted = (k < matches[:, :, None])[used]
     prompt = np.broadcast_to(np.arange(P)[:, None, None], used.shape)[used]
     position = np.broadcast_to(k + 1, used.shape)[used]
@@ -59,6 +66,20 @@ def fit_curve(confidence: np.ndarray, accepted: np.ndarray) -> Curve:
     iso = IsotonicRegression(y_min=0.0, y_max=1.0, increasing=True, out_of_bounds="clip")
     iso.fit(confidence[finite], accepted[finite])
     return Curve(tuple(float(v) for v in iso.X_thresholds_), tuple(float(v) for v in iso.y_thresholds_))
+
+
+def roc_auc(scores, labels) -> float:
+    """Area under the ROC curve via the rank-sum (Mann-Whitney U) statistic; ties get mean ranks."""
+    scores, labels = np.asarray(scores, float), np.asarray(labels, bool)
+    positives, negatives = labels.sum(), (~labels).sum()
+    if positives == 0 or negatives == 0:
+        return float("nan")
+    order = np.argsort(scores, kind="mergesort")
+    ranks = np.empty(len(scores))
+    ranks[order] = np.arange(1, len(scores) + 1)
+    _, tie, counts = np.unique(scores, return_inverse=True, return_counts=True)
+    ranks = (np.bincount(tie, weights=ranks) / counts)[tie]  # mean rank within each tie
+    return float((ranks[labels].sum() - positives * (positives + 1) / 2) / (positives * negatives))
 
 
 def brier(probability: np.ndarray, accepted: np.ndarray) -> float:

@@ -29,9 +29,10 @@ from pathlib import Path
 import numpy as np
 
 from dspark_bench.decoding import learned_signal
-from dspark_bench.decoding.learned_signal import FILE, RAW_SIGNALS as RAW, LearnedSignal
+from dspark_bench.decoding.learned_signal import FILE, LearnedSignal
+from dspark_bench.decoding.learned_signal import RAW_SIGNALS as RAW
 from dspark_bench.errors import DsparkError
-from dspark_bench.replay.acceptance import brier, ece, fit_curve
+from dspark_bench.replay.acceptance import brier, ece, fit_curve, roc_auc, verdict_steps
 from dspark_bench.replay.simulate import match_lengths
 from dspark_bench.results import write_json
 
@@ -50,12 +51,10 @@ class Tokens:
 
 
 def used_steps(rec) -> np.ndarray:
-    """[P, N, G]: rollout steps that are drafted tokens with a verdict (acceptance.drafted_tokens'
-    rule: step k counts while the steps before it matched, the token exists and the drafter had it)."""
-    matches, lengths = match_lengths(rec), np.asarray(rec.lengths)
-    _, N, G = rec.rollout.shape
-    j, k = np.arange(N)[None, :, None], np.arange(G)[None, None, :]
-    return (k <= matches[:, :, None]) & (j + k < lengths[:, None, None]) & (k < rec.available[:, :, None])
+    """[P, N, G]: rollout steps that are drafted tokens with a verdict (acceptance.verdict_steps)
+    that the drafter had (`available`)."""
+    G = rec.rollout.shape[2]
+    return verdict_steps(match_lengths(rec), rec.lengths, G) & (np.arange(G)[None, None, :] < rec.available[:, :, None])
 
 
 def drafted(rec) -> Tokens:
@@ -71,10 +70,10 @@ def drafted(rec) -> Tokens:
     signals = {m: torch.from_numpy(np.ascontiguousarray(rec.confidences[m])) for m in RAW}
     # The very transforms the signal applies in the engine (learned_signal.features), and the position one-hot.
     columns = [value.numpy()[used] for value in learned_signal.features(signals)]
+    raw = {m: columns[i * len(learned_signal.TRANSFORMS)] for i, m in enumerate(RAW)}  # each signal's identity transform
     columns += [np.broadcast_to(k == g, (P, N, G))[used].astype(np.float64) for g in range(G)]
     return Tokens(np.stack(columns, axis=1), learned_signal.feature_names(G), (k < matches[:, :, None])[used],
-                  np.broadcast_to(np.arange(P)[:, None, None], used.shape)[used],
-                  {m: rec.confidences[m].astype(np.float64)[used] for m in RAW})
+                  np.broadcast_to(np.arange(P)[:, None, None], used.shape)[used], raw)
 
 
 def make_model():
@@ -94,13 +93,6 @@ def folds(tokens: Tokens):
         raise DsparkError("a held-out evaluation needs at least 2 prompts in the record")
     splitter = GroupKFold(n_splits=min(FOLDS, len(prompts)))
     yield from splitter.split(tokens.features, tokens.accepted, groups=tokens.prompt)
-
-
-def auc(scores: np.ndarray, labels: np.ndarray) -> float:
-    from sklearn.metrics import roc_auc_score
-
-    labels = np.asarray(labels, bool)
-    return float(roc_auc_score(labels, scores)) if 0 < labels.sum() < len(labels) else float("nan")
 
 
 def held_out(tokens: Tokens) -> dict[str, np.ndarray]:
@@ -125,7 +117,7 @@ def quality(tokens: Tokens, predictions: dict[str, np.ndarray]) -> list[dict]:
     rows = []
     for name, probability in predictions.items():
         ranking = tokens.raw[name] if name in tokens.raw else probability
-        rows.append({"signal": name, "tokens": int(len(tokens.accepted)), "auc": auc(ranking, tokens.accepted),
+        rows.append({"signal": name, "tokens": int(len(tokens.accepted)), "auc": roc_auc(ranking, tokens.accepted),
                      "brier": brier(probability, tokens.accepted), "ece": ece(probability, tokens.accepted)})
     return rows
 
@@ -137,7 +129,7 @@ def evaluate(rec) -> dict:
         raise DsparkError("every drafted token of the record was accepted, or none was: no signal to learn")
     model = make_model().fit(tokens.features, tokens.accepted)
     scaler, regression = model[0], model[1]
-    models = rec.info.get("models") or {}
+    models, prompts = rec.info.get("models") or {}, len(np.unique(tokens.prompt))
     return {
         "features": tokens.names, "topk": int(rec.info.get("topk", 5)),
         # What it was fitted on: a run decoding with it checks its models are these.
@@ -145,7 +137,7 @@ def evaluate(rec) -> dict:
         "mean": scaler.mean_.tolist(), "scale": scaler.scale_.tolist(),
         "coef": regression.coef_[0].tolist(), "intercept": float(regression.intercept_[0]),
         "mean_acceptance": float(tokens.accepted.mean()),
-        "prompts": int(len(np.unique(tokens.prompt))), "folds": min(FOLDS, len(np.unique(tokens.prompt))),
+        "prompts": prompts, "folds": min(FOLDS, prompts),
         "quality": quality(tokens, held_out(tokens)),
     }
 
@@ -160,8 +152,8 @@ def load_or_evaluate(rec, record_dir: Path) -> dict:
             if "quality" in kept and "topk" in kept:
                 return kept
         except (OSError, KeyError, TypeError, ValueError):
-            pass  # damaged, or fitted on features this version does not compute: fitted again below
-    # (an older or partial fit, too, is fitted again)
+            pass  # damaged, or fitted on features this version does not compute
+    # absent, damaged, older or partial: fitted again
     result = evaluate(rec)
     try:
         write_json(path, result)

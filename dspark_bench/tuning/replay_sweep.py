@@ -121,14 +121,15 @@ def write_goodput_model(folder: Path, rec, record_dir: Path, surface) -> Path:
 
 def write_learned_signal(folder: Path, rec, record_dir: Path):
     """Fit the learned signal on the record (kept beside it) and write it into the sweep folder:
-    (its file, the record with the signal at every rollout step, as the engine computes it), or
-    None where the record cannot teach one (one prompt; every token accepted, or none)."""
+    (its file, the record with the signal at every rollout step, as the engine computes it, every
+    signal's held-out quality), or None where the record cannot teach one (one prompt; every
+    token accepted, or none)."""
     try:
         fitted = learned.load_or_evaluate(rec, record_dir)
     except DsparkError:
         return None
     write_json(folder / LEARNED_FILE, fitted)
-    return folder / LEARNED_FILE, learned.with_learned(rec, LearnedSignal.from_dict(fitted))
+    return folder / LEARNED_FILE, learned.with_learned(rec, LearnedSignal.from_dict(fitted)), fitted["quality"]
 
 
 def learned_points(configs: list[DecodeConfig], signal_file: Path) -> list[DecodeConfig]:
@@ -220,13 +221,14 @@ def replay_sweep(folder: Path, spec: SweepSpec, prepared: Prepared, records_root
     probe.sample("cost model timed")
     write_json(folder / "cost_model.json", cost.to_dict())
     model_key = next((key for key in groups if key[0] == "model"), None)
+    signals = []  # how well each signal, and one learned from all of them, predicts acceptance (held out by prompt)
     if model_key is not None:  # goodput decides with the draft model's acceptance fit
         model_file = write_goodput_model(folder, records[model_key], record_dirs[model_key], surface)
         configs = configs + [c for c in goodput_points(configs, model_file) if c not in configs]
         # The learned signal, fitted on the record, joins as a metric of every scheduled policy of the first one.
         learned_fit = write_learned_signal(folder, records[model_key], record_dirs[model_key])
         if learned_fit is not None:
-            signal_file, records[model_key] = learned_fit
+            signal_file, records[model_key], signals = learned_fit
             configs = configs + [c for c in learned_points(configs, signal_file) if c not in configs]
         groups = drafter_groups(configs)
     if progress:
@@ -246,8 +248,6 @@ def replay_sweep(folder: Path, spec: SweepSpec, prepared: Prepared, records_root
     bound = [] if model_key is None else headroom(table, records[model_key], cost,
                                                    surface if batch_sizes != [1] else None)
     record_dir = record_dirs[model_key] if model_key is not None else next(iter(record_dirs.values()))
-    # How well each signal, and one learned from all of them, predicts acceptance (held out by prompt).
-    signals = signal_quality(records[model_key], record_dir) if model_key is not None else []
     # An unreliable cost table still ranks (rounds are exact), but its picks are confirmed harder.
     cost_unreliable = worst(c.verdict for c in checks) == "unreliable"
     table, samples = confirm(table, configs, spec, prepared, progress, repeats=spec.repeats * (2 if cost_unreliable else 1))
@@ -259,14 +259,6 @@ def replay_sweep(folder: Path, spec: SweepSpec, prepared: Prepared, records_root
                wall_over_estimate(time.perf_counter() - started - timing, estimate)]
     return write_replay_summary(folder, table, spec, cost, record_dir, health(checks), not cost_unreliable, bound,
                                 signals)
-
-
-def signal_quality(rec, record_dir: Path) -> list[dict]:
-    """learned.load_or_evaluate's quality rows, or none where the record has too few prompts."""
-    try:
-        return learned.load_or_evaluate(rec, record_dir)["quality"]
-    except DsparkError:  # one prompt: nothing to hold out
-        return []
 
 
 def say_replay_plan(spec: SweepSpec, prepared: Prepared, first_ids: list[int], configs: list[DecodeConfig],

@@ -9,6 +9,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
 from dspark_bench.metrics import STOP_REASONS, sample_speedup
+from dspark_bench.replay.acceptance import roc_auc
 from dspark_bench.reporting.plots.base import COLORS, _figure, short_run
 
 
@@ -52,20 +53,6 @@ def _position_sums(rows: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
 
 
 # --- confidence calibration --------------------------------------------------------------------
-
-
-def roc_auc(scores, labels) -> float:
-    """Area under the ROC curve via the rank-sum (Mann-Whitney U) statistic; ties get mean ranks."""
-    scores, labels = np.asarray(scores, float), np.asarray(labels, bool)
-    positives, negatives = labels.sum(), (~labels).sum()
-    if positives == 0 or negatives == 0:
-        return float("nan")
-    order = np.argsort(scores, kind="mergesort")
-    ranks = np.empty(len(scores))
-    ranks[order] = np.arange(1, len(scores) + 1)
-    _, tie, counts = np.unique(scores, return_inverse=True, return_counts=True)
-    ranks = (np.bincount(tie, weights=ranks) / counts)[tie]  # mean rank within each tie
-    return float((ranks[labels].sum() - positives * (positives + 1) / 2) / (positives * negatives))
 
 
 def calibration_table(confidences: pd.DataFrame, bins: int = 10) -> pd.DataFrame:
