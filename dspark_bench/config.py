@@ -17,7 +17,11 @@ METRICS = ("top1", "entropy", "topk_mass", "margin")
 # A signal fitted on a replay record from the raw ones (decoding/learned_signal.py): a metric that
 # needs `signal_model`, drafting with the draft model.
 LEARNED = "learned"
-SCHEDULES = ("threshold", "ramp", "cumulative", "fixed", "goodput")
+SCHEDULES = ("threshold", "ramp", "cumulative", "fixed", "goodput", "budget")
+# The schedules that decide with a goodput model (decoding/goodput.py, decoding/budget.py).
+COST_AWARE = ("goodput", "budget")
+# The batch layouts the budget schedule prices a pass in (decoding/budget.py, replay/cost.py).
+LAYOUTS = ("padded", "packed")
 # How an engine applies the rule (schedule.py): ours drops the token that fails it and always
 # keeps the first min_draft_len; HF assisted generation keeps the failing token; llama.cpp drops
 # it, and discards a draft shorter than min_draft_len (that step decodes normally).
@@ -60,6 +64,9 @@ class DecodeConfig:
     # "goodput": the fitted acceptance curves and step costs it decides with (goodput.py): a
     # sweep folder's goodput_model.json. The schedule has no threshold; this is its data.
     goodput_model: str = field(default="", metadata={"policy": True, "searched": False})
+    # "budget": the layout it prices a pass in (LAYOUTS) — padded, as the batched engine runs, or
+    # packed, as vLLM, SGLang and TensorRT-LLM run (then predicted only). One row: the same rule.
+    budget_layout: str = field(default="padded", metadata={"policy": True, "searched": False})
     # metric "learned": the fitted signal it reads (learned_signal.py): a sweep folder's learned_signal.json.
     signal_model: str = field(default="", metadata={"policy": True, "searched": False})
     drafter: str = field(default="model", metadata=POLICY)  # DRAFTERS: what proposes the tokens
@@ -105,6 +112,9 @@ class DecodeConfig:
             return f"fixed γ={self.gamma_max}" + self.batch_suffix()
         if self.schedule == "goodput":
             return f"{self.metric} goodput γ≤{self.gamma_max} min{self.min_draft_len}" + self.batch_suffix()
+        if self.schedule == "budget":
+            layout = " · packed" if self.budget_layout == "packed" else ""
+            return f"{self.metric} budget γ≤{self.gamma_max} min{self.min_draft_len}{layout}" + self.batch_suffix()
         if self.schedule == "ramp":
             knob = f"{self.threshold_start:g}→{self.threshold_end:g}"
         else:
@@ -171,8 +181,8 @@ def check_drafter(config: DecodeConfig) -> None:
         raise DsparkError(f"the {config.drafter} drafter runs at batch size 1 only (the batched engine drafts with a model)")
     if config.compiled:
         raise DsparkError(f"--compile works with the model drafter only, not {config.drafter}")
-    if config.schedule == "goodput":
-        raise DsparkError(f"the goodput schedule decides with the draft model's acceptance fit and step cost, not the "
+    if config.schedule in COST_AWARE:
+        raise DsparkError(f"the {config.schedule} schedule decides with the draft model's acceptance fit and step cost, not the "
                           f"{config.drafter} drafter's: use another schedule")
     if config.drafter == "lookup" and config.draft_mode == "verify-side":
         raise DsparkError("the lookup drafter proposes on the host: its draft mode is early-stop")
@@ -188,6 +198,18 @@ def check_learned(config: DecodeConfig) -> None:
                           "learned_signal.json (run/decode --signal-model); a replay sweep adds learned policies itself")
     if config.drafter != "model":
         raise DsparkError(f"the learned signal is fitted on the draft model's record, not the {config.drafter} drafter's")
+
+
+def check_budget(config: DecodeConfig) -> None:
+    if config.budget_layout not in LAYOUTS:
+        raise DsparkError(f"unknown budget layout {config.budget_layout!r}; choose one of {', '.join(LAYOUTS)}")
+    if config.schedule != "budget":
+        return
+    if config.batch_quorum > 0:
+        raise DsparkError("the budget schedule decides for the whole batch itself: drop the batch quorum")
+    if config.semantics != "dspark":
+        raise DsparkError("the budget schedule keeps its last token as goodput does: it has no engine rule variant "
+                          "(drop --semantics)")
 
 
 def validate(config: DecodeConfig) -> None:
@@ -208,11 +230,12 @@ def validate(config: DecodeConfig) -> None:
         raise DsparkError(f"compiled must be true or false (got {config.compiled!r})")
     if config.compiled and config.batch_size > 1:
         raise DsparkError("compiled decoding runs at batch size 1 only (the batched cache is not static)")
-    if config.schedule == "goodput" and not config.goodput_model:
-        raise DsparkError("the goodput schedule needs a goodput model: pass --goodput-model with a replay sweep's "
-                          "folder (it writes goodput_model.json)")
+    if config.schedule in COST_AWARE and not config.goodput_model:
+        raise DsparkError(f"the {config.schedule} schedule needs a goodput model: pass --goodput-model with a replay "
+                          "sweep's folder (it writes goodput_model.json)")
     if not isinstance(config.goodput_model, str):
         raise DsparkError(f"goodput_model must be a path (got {config.goodput_model!r})")
+    check_budget(config)
     if config.gamma_max < 1:
         raise DsparkError(f"gamma_max must be at least 1 (got {config.gamma_max})")
     if config.min_draft_len < 0:
@@ -250,7 +273,8 @@ def expand(space: dict, base: DecodeConfig = DEFAULTS, strict: bool = True) -> l
     the rule (HF's keeps its last token, as ours does under goodput) and the goodput model only
     goodput reads. `strict`: a combination DecodeConfig refuses is an error (run: the flags
     asked for it); otherwise combinations that break a constraint between knobs
-    (min_draft_len > gamma_max, ngram_min > ngram_max, heads or lookup at batch size > 1) are
+    (min_draft_len > gamma_max, ngram_min > ngram_max, heads or lookup at batch size > 1, the
+    budget schedule with an engine rule or a quorum) are
     left out (a search space crosses every value with every other), and any other is an error.
     """
     names = list(space)
@@ -262,10 +286,12 @@ def expand(space: dict, base: DecodeConfig = DEFAULTS, strict: bool = True) -> l
             continue
         if params["drafter"] != "lookup":
             params.update(ngram_min=DEFAULTS.ngram_min, ngram_max=DEFAULTS.ngram_max)
-        if params["schedule"] == "goodput":
+        if params["schedule"] in COST_AWARE:
             params.update(threshold=first_threshold, semantics="dspark" if params["semantics"] == "hf" else params["semantics"])
         else:
             params["goodput_model"] = ""
+        if params["schedule"] != "budget" or params["batch_size"] == 1:
+            params["budget_layout"] = "padded"  # one row: both layouts are one rule
         if params["metric"] != LEARNED:
             params["signal_model"] = ""  # only the learned metric reads it
         try:
@@ -279,4 +305,5 @@ def _knobs_agree(params: dict) -> bool:
     """The constraints between knobs that a search space's cross product can break."""
     return (params["min_draft_len"] <= params["gamma_max"] and params["ngram_min"] <= params["ngram_max"]
             and (params["drafter"] == "model" or params["batch_size"] == 1)
-            and (params["metric"] != LEARNED or params["drafter"] == "model"))
+            and (params["metric"] != LEARNED or params["drafter"] == "model")
+            and (params["schedule"] != "budget" or (params["semantics"] != "llamacpp" and params["batch_quorum"] == 0)))

@@ -193,20 +193,25 @@ def test_replay_sweep_confirms_its_best_policies(saved_pair, prompts_file, tmp_p
                                                             "--confirm-top", "2"]
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
-    assert "confirming the best 4" in result.output and "12/12" in result.output  # 4 policies × 3 prompts
+    assert "confirming the best 6" in result.output and "18/18" in result.output  # 6 policies × 3 prompts
     assert "search space: the command-line flags (8 points)" in result.output
-    assert "plan: record 3 prompts × 12 tokens" in result.output and "confirm 4 × 3 prompts" in result.output
-    assert "20 policies searched by replay" in result.output  # the grid, two fixed gammas, four goodput, six learned
+    assert "plan: record 3 prompts × 12 tokens" in result.output and "confirm 6 × 3 prompts" in result.output
+    # The grid, two fixed gammas, four goodput, four budget, eight learned.
+    assert "26 policies searched by replay" in result.output
     folder = only_folder(tmp_path)
     table = pd.read_parquet(folder / "trials.parquet")
-    # The grid, fixed gamma 2 and 4 as the classic baseline, goodput at each metric and gamma_max, and
-    # the learned signal in place of the first metric in every scheduled policy (goodput's included).
-    assert len(table) == 2 * 2 * 2 + 2 + 2 * 2 + (4 + 2) and (table["schedule"] == "goodput").sum() == 4 + 2
+    # The grid, fixed gamma 2 and 4 as the classic baseline, goodput and budget at each metric and
+    # gamma_max, and the learned signal in place of the first metric in every scheduled policy
+    # (goodput's and budget's included).
+    assert len(table) == 2 * 2 * 2 + 2 + 2 * 2 + 2 * 2 + (4 + 2 + 2)
+    assert (table["schedule"] == "goodput").sum() == 4 + 2 and (table["schedule"] == "budget").sum() == 4 + 2
     learned_rows = table[table["metric"] == "learned"]
-    assert len(learned_rows) == 6 and set(learned_rows["signal_model"]) == {str((folder / "learned_signal.json").resolve())}
+    assert len(learned_rows) == 8 and set(learned_rows["signal_model"]) == {str((folder / "learned_signal.json").resolve())}
     confirmed = table[table["source"] == "confirmed"]
-    assert len(confirmed) == 4 and (confirmed["schedule"] == "fixed").sum() == 1
-    assert (confirmed["schedule"] == "goodput").sum() == 1  # the best goodput, beside the best two others
+    assert len(confirmed) == 6 and (confirmed["schedule"] == "fixed").sum() == 1
+    # The best goodput, budget and learned-signal policy, beside the best two others.
+    assert (confirmed["schedule"] == "goodput").sum() == 1 and (confirmed["schedule"] == "budget").sum() == 1
+    assert ((confirmed["metric"] == "learned") & ~confirmed["schedule"].isin(["goodput", "budget"])).sum() == 1
     # Its acceptance fit sits beside the record; the sweep's goodput model holds it and the costs.
     (record_dir,) = (tmp_path / "records").iterdir()
     model = json.loads((folder / "goodput_model.json").read_text())
@@ -247,27 +252,33 @@ def test_replay_sweep_over_batch_sizes_confirms_the_best_at_each(saved_pair, pro
                                                             "--confirm-top", "1"]
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
-    assert "28 policies searched by replay" in result.output  # (4 + 2 fixed γ + 2 goodput + 6 learned) per batch size
+    # Per batch size: 4 + 2 fixed γ + 2 goodput + the budget (2 at B = 1, 2 × 2 layouts at B = 2) + learned.
+    assert "40 policies searched by replay" in result.output
     folder = only_folder(tmp_path)
     table = pd.read_parquet(folder / "trials.parquet")
-    assert sorted(table["batch_size"].unique()) == [1, 2] and len(table) == 2 * (2 * 2 + 2 + 2 + 6)
+    assert sorted(table["batch_size"].unique()) == [1, 2] and len(table) == (4 + 2 + 2 + 2 + 8) + (4 + 2 + 2 + 4 + 10)
+    assert set(table.loc[(table["schedule"] == "budget") & (table["batch_size"] == 2), "budget_layout"]) == {"padded", "packed"}
     confirmed = table[table["source"] == "confirmed"]
-    assert sorted(confirmed["batch_size"]) == [1, 1, 1, 2, 2, 2]  # best scheduled, goodput and fixed γ, per B
+    assert sorted(confirmed["batch_size"]) == [1] * 5 + [2] * 5  # best scheduled, learned, goodput, budget, fixed γ
     assert (confirmed["identical_to_baseline"] == 1.0).all()
     for _, group in table.groupby("batch_size"):  # packed never pays for padding
         assert (group["predicted_time_packed"] <= group["predicted_time"] * (1 + 1e-9)).all()
     summary = json.loads((folder / "summary.json").read_text())
     assert [entry["batch_size"] for entry in summary["by_batch_size"]] == [1, 2]
     for entry in summary["by_batch_size"]:
-        assert len(entry["measured"]) == 3 and entry["cost_model_accuracy"]["measured_over_predicted_median"] > 0
+        assert len(entry["measured"]) == 5 and entry["cost_model_accuracy"]["measured_over_predicted_median"] > 0
         assert entry["packed_predicted"]["scheduled_over_fixed"] > 0
     assert json.loads((folder / "cost_surface.json").read_text())["batch_sizes"].keys() == {"1", "2"}
-    # The headroom per B and layout: no policy of the space is predicted above the oracle.
+    # The headroom per B and layout: no policy of the space is predicted above the oracle (but the
+    # budget schedule at B > 1, which decides for the batch, where the oracle is per-row perfect stopping).
     bound = {(r["batch_size"], r["layout"]): r for r in summary["headroom"]}
     assert sorted(bound) == [(1, "—"), (2, "packed"), (2, "padded")]
     for (batch_size, layout), row in bound.items():
         column = "predicted_speedup_packed" if layout == "packed" else "predicted_speedup"
-        assert table[table["batch_size"] == batch_size][column].max() <= row["oracle_speedup"] + 1e-9
+        per_row = table[(table["batch_size"] == batch_size) & ((table["schedule"] != "budget") | (batch_size == 1))]
+        assert per_row[column].max() <= row["oracle_speedup"] + 1e-9
+        budget = table[(table["batch_size"] == batch_size) & (table["schedule"] == "budget")][column].max()
+        assert row["best_budget_speedup"] == pytest.approx(budget) and row["best_learned_speedup"] > 0
         fixed = table[(table["batch_size"] == batch_size) & (table["schedule"] == "fixed")][column].max()
         assert row["best_fixed_speedup"] == pytest.approx(fixed)
         assert row["captured"] == pytest.approx((row["best_scheduled_speedup"] - fixed) / (row["oracle_speedup"] - fixed))

@@ -74,4 +74,6 @@ def policy(**fields):
     """A DecodeConfig, deciding with GOODPUT_MODEL if its schedule needs one."""
     from dspark_bench.config import DecodeConfig
 
-    return DecodeConfig(**fields, goodput_model=GOODPUT_MODEL if fields.get("schedule") == "goodput" else "")
+    if fields.get("schedule") == "budget":  # it has no engine rule variant (and alone it is goodput)
+        fields["semantics"] = "dspark"
+    return DecodeConfig(**fields, goodput_model=GOODPUT_MODEL if fields.get("schedule") in ("goodput", "budget") else "")

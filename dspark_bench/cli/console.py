@@ -173,12 +173,18 @@ def print_small_table(title: str, columns: tuple[str, ...], rows: list[list[str]
 
 
 def print_headroom(summary: dict) -> None:
-    """What any stopping rule could win (the oracle) beside fixed γ and the best policy, per batch size."""
+    """What any stopping rule could win (the oracle) beside fixed γ and the best policy of each kind, per batch size."""
+    def speedup(row, kind):  # a sweep made before the kinds were kept has none
+        value = row.get(f"best_{kind}_speedup")
+        return "—" if value is None else f"{value:.3f}"
+
     rows = [[str(r["batch_size"]), r["layout"], "1.000", f"{r['best_fixed_speedup']:.3f}",
-             f"{r['best_scheduled_speedup']:.3f}", f"{r['oracle_speedup']:.3f} ({r['oracle']})",
+             *(speedup(r, kind) for kind in ("raw", "learned", "budget")),
+             f"{r['oracle_speedup']:.3f} ({r['oracle']})",
              "—" if r["captured"] != r["captured"] else f"{r['captured']:.0%}"] for r in summary.get("headroom") or []]
     print_small_table("headroom (predicted): how much of the oracle's gain over fixed γ the best policy captures",
-                      ("B", "layout", "autoregressive", "best fixed γ", "best scheduled", "oracle", "captured"), rows)
+                      ("B", "layout", "autoregressive", "best fixed γ", "raw metrics", "learned", "budget", "oracle",
+                       "captured"), rows)
 
 
 def print_signals(summary: dict) -> None:

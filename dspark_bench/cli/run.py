@@ -22,6 +22,7 @@ from dspark_bench.cli.options import (
     DraftModes,
     Dtype,
     GammaMaxes,
+    BudgetLayout,
     GoodputModel,
     SignalModel,
     HeadsPath,
@@ -62,7 +63,7 @@ def run(
     chat_template: ChatTemplate = "auto",
     metric: Metrics = None, schedule: Schedules = None, threshold: Thresholds = None,
     gamma_max: GammaMaxes = None, min_draft_len: MinDraftLens = None, semantics: SemanticsOption = None,
-    goodput_model: GoodputModel = None, signal_model: SignalModel = None, draft_mode: DraftModes = None, compiled: Compile = DEFAULTS.compiled,
+    goodput_model: GoodputModel = None, budget_layout: BudgetLayout = DEFAULTS.budget_layout, signal_model: SignalModel = None, draft_mode: DraftModes = None, compiled: Compile = DEFAULTS.compiled,
     drafter: Drafters = None, ngram_min: NgramMin = DEFAULTS.ngram_min, ngram_max: NgramMax = DEFAULTS.ngram_max,
     heads: HeadsPath = None, threshold_start: ThresholdStart = DEFAULTS.threshold_start,
     threshold_end: ThresholdEnd = DEFAULTS.threshold_end, topk: TopK = DEFAULTS.topk,
@@ -111,7 +112,7 @@ def run(
                     ignore_eos=ignore_eos, repeats=repeats, trace=trace, batching=batching, threads=threads,
                     **{name: tuple(values) for name, values in grid.items() if values},  # unset: the defaults
                     batch_sizes=tuple(batch_size or (DEFAULTS.batch_size,)),
-                    goodput_model=str(goodput_model) if goodput_model else "",
+                    goodput_model=str(goodput_model) if goodput_model else "", budget_layout=budget_layout,
                     signal_model=str(signal_model) if signal_model else "", threshold_start=threshold_start,
                     threshold_end=threshold_end, ngram_min=ngram_min, ngram_max=ngram_max, compiled=compiled,
                     calibration=str(calibration) if calibration else None, decoder=decoder)

@@ -5,8 +5,10 @@ same `Proposal`, `verify` and `close_round` as the batch-1 engine (engine.py); o
 are shared. So under greedy verification a row's rounds are exactly its rounds at batch 1, and
 replay predicts them. A round's draft loop runs until the last row has stopped drafting, and
 its verify pass is padded to the longest row's draft (the padded layout, batch_lm.py). The
-one batch-level rule, `batch_quorum`, ends every row's draft once too few rows are still
-drafting; rounds then depend on the batch, and the batched replay (replay/batched.py) walks it.
+batch-level rules, `batch_quorum` (every row's draft ends once too few rows are still drafting)
+and the budget schedule (budget.py: after each draft step the rows that draft on are chosen for
+the whole batch), make rounds depend on the batch, and the batched replay (replay/batched.py)
+walks them.
 
 Requests join the batch as rows leave it (`refill`, what serving engines measure) or wait for
 the whole batch to drain. Every step's wall time is shared evenly among the rows that took
@@ -21,10 +23,11 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
+import numpy as np
 import torch
 
 from dspark_bench.config import DecodeConfig
-from dspark_bench.decoding import confidence
+from dspark_bench.decoding import budget, confidence
 from dspark_bench.decoding.batch_lm import BatchLM
 from dspark_bench.decoding.engine import close_round, verify
 from dspark_bench.decoding.host import fetch, synchronize
@@ -40,6 +43,7 @@ LAYOUTS = ("padded", "packed")  # packed is predicted by the cost model only (co
 class Request:
     prompt: list[int]
     generator: torch.Generator | None
+    index: int = 0  # its prompt's place in the run (the budget schedule breaks ties by it)
     seq: list[int] = field(default_factory=list)
     result: DecodeResult = field(default_factory=lambda: DecodeResult(tokens=[]))
     time_s: float = 0.0  # this request's share of the run's wall time
@@ -77,7 +81,8 @@ def serving(prompts: list[list[int]], config: DecodeConfig, batch_size: int, lms
     device = lms[0].device
     waiting = deque(range(len(prompts)))
     seeds = seeds if seeds is not None else [config.seed] * len(prompts)
-    requests = [Request(list(p), make_generator(config, device, seed), seq=list(p)) for p, seed in zip(prompts, seeds)]
+    requests = [Request(list(p), make_generator(config, device, seed), index, seq=list(p))
+                for index, (p, seed) in enumerate(zip(prompts, seeds))]
     active: list[int] = []  # request index of each batch row, in row order
     own = 0.0  # seconds this decoder has run so far
     while waiting or active:
@@ -137,10 +142,12 @@ class SpeculativeStep:
 
     def __init__(self, target: BatchLM, draft: BatchLM, config: DecodeConfig, eos_ids: frozenset[int]):
         self.target, self.draft, self.config, self.eos_ids = target, draft, config, eos_ids
+        self.budget = budget.rule_for(config) if config.schedule == "budget" else None
 
     def __call__(self, requests: list[Request]) -> None:
         config = self.config
-        proposals = [Proposal.start(config, config.max_new_tokens - len(r.result.tokens) - 1) for r in requests]
+        proposals = [Proposal.start(config, config.max_new_tokens - len(r.result.tokens) - 1, batched=True)
+                     for r in requests]
         self.draft_loop(requests, proposals)
         feeds = [r.seq[self.target.lengths[i] :] + p.tokens for i, (r, p) in enumerate(zip(requests, proposals))]
         # Each row's block, copied from the host before the target pass is queued (on CUDA a copy
@@ -171,8 +178,10 @@ class SpeculativeStep:
         config = self.config
         feeds = [[] if p.done else r.seq[self.draft.lengths[i] :] for i, (r, p) in enumerate(zip(requests, proposals))]
         steps = 0
+        steps_with = np.zeros(len(requests) + 1, dtype=np.int64)  # the budget schedule's: draft steps by rows drafting
         while any(not p.done for p in proposals):
             steps += 1
+            steps_with[sum(not p.done for p in proposals)] += 1
             ends = torch.tensor([max(len(f) - 1, 0) for f in feeds], device=self.draft.device)  # before the pass
             # Each row's step in its own draft (every token a drafting row considered, it took),
             # copied before the pass too; only the learned signal reads it.
@@ -195,6 +204,19 @@ class SpeculativeStep:
                 if not proposals[i].done:  # a finished draft's last token is fed next round
                     feeds[i] = [tokens[i]]
             self.apply_quorum(proposals, feeds, steps)
+            self.apply_budget(requests, proposals, feeds, steps_with, steps)
+
+    def apply_budget(self, requests, proposals: list[Proposal], feeds: list[list[int]], steps_with, steps: int) -> None:
+        """The budget schedule: after each draft step, the rows the batch's rule lets draft on (budget.py)."""
+        if self.budget is None:
+            return
+        candidate = [not p.done for p in proposals]
+        go = self.budget.decide(proposals, [r.index for r in requests], candidate, steps_with, steps)
+        for i, proposal in enumerate(proposals):
+            if candidate[i] and not go[i]:
+                proposal.stop_reason = "threshold"  # the rule ended it, as goodput's does
+                proposal.end()
+                feeds[i] = []  # its last token is fed next round
 
     def apply_quorum(self, proposals: list[Proposal], feeds: list[list[int]], steps: int) -> None:
         """config.batch_quorum: stop every row once too few are still drafting (replay/batched.py

@@ -53,7 +53,7 @@ def signal_of(config) -> str:
     """The signal `config`'s rule compares with its threshold: its metric, except that under
     llama.cpp's rule top1 is llama.cpp's own (so a tuned threshold is its --spec-draft-p-min).
     Goodput is our schedule whatever the rule: it reads its metric's fitted curve."""
-    engine_own = config.semantics == "llamacpp" and config.metric == "top1" and config.schedule != "goodput"
+    engine_own = config.semantics == "llamacpp" and config.metric == "top1" and config.schedule not in ("goodput", "budget")
     return "llamacpp_top1" if engine_own else config.metric
 
 

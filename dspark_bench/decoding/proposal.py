@@ -2,6 +2,8 @@
 
 `Proposal` is the single place the stopping rule (schedule.py, goodput.py) is applied while
 drafting, for one row or each row of a batch; `draft_length` drives it on given confidences.
+The budget schedule (budget.py) decides for a whole batch after each draft step (the batched
+engine asks it); a proposal tracks what it decides with, and alone it is goodput's rule.
 """
 
 from __future__ import annotations
@@ -10,8 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
-from dspark_bench.config import DecodeConfig
-from dspark_bench.decoding import goodput
+from dspark_bench.config import COST_AWARE, DecodeConfig
+from dspark_bench.decoding.budget import row_rule
 from dspark_bench.decoding.schedule import discards_below, forced, keeps, keeps_failing
 
 
@@ -27,16 +29,19 @@ class Proposal:
     done: bool = False
     survival: float = 1.0  # goodput: fitted chance the draft so far is all accepted ...
     expected: float = 1.0  # ... and the round's expected output (goodput.py)
+    alpha: float = 1.0  # ... and its last token's fitted acceptance
+    batch_decides: bool = False  # the budget schedule in a batch: the batch's rule ends the draft (budget.py)
     last: bool = False  # the rule ended the draft at the token being taken (keeps_failing)
     discard_below: int = 0  # llama.cpp's rule: a shorter draft is thrown away
 
     @classmethod
-    def start(cls, config: DecodeConfig, budget: int) -> "Proposal":
+    def start(cls, config: DecodeConfig, budget: int, batched: bool = False) -> "Proposal":
         limit = min(config.gamma_max, budget)
         if limit < discards_below(config):
             limit = 0  # llama.cpp does not draft when the budget allows less than --spec-draft-n-min
         reason = "gamma_max" if limit == config.gamma_max else "budget"
-        return cls([], [], [], reason, 0, limit, done=limit <= 0, discard_below=discards_below(config))
+        return cls([], [], [], reason, 0, limit, done=limit <= 0, discard_below=discards_below(config),
+                   batch_decides=batched and config.schedule == "budget")
 
     def cap(self, available: int) -> None:
         """The drafter can propose only `available` tokens this round (heads: its k; lookup: as
@@ -55,12 +60,12 @@ class Proposal:
         self.cumulative *= score
         self.confidences.append(score)
         position = len(self.tokens) + 1
-        if config.schedule == "goodput":
-            rule = goodput.rule_for(config)
-            alpha = rule.curve(score)
+        if config.schedule in COST_AWARE:
+            rule = row_rule(config)
+            self.alpha = alpha = rule.curve(score)
             self.survival *= alpha
             self.expected += self.survival
-            passes = bool(rule.continues(position, alpha, self.survival, self.expected))
+            passes = self.batch_decides or bool(rule.continues(position, alpha, self.survival, self.expected))
         else:
             passes = keeps(config, position, score, self.cumulative)
         if passes or position <= forced(config):

@@ -13,15 +13,16 @@ replayed and run exactly:
               llama.cpp's own, the top-1 of the draft's 10 likeliest tokens renormalised
               (confidence.signal_of).
 The goodput schedule (goodput.py) decides after each token whether to draft the next one, so
-its last token stays too, as under "hf".
+its last token stays too, as under "hf"; so does the budget schedule (budget.py), which decides
+for a whole batch at once and is goodput's rule for one row.
 """
 
 from __future__ import annotations
 
 import torch
 
-from dspark_bench.config import DecodeConfig
-from dspark_bench.decoding import goodput
+from dspark_bench.config import COST_AWARE, DecodeConfig
+from dspark_bench.decoding.budget import row_rule
 from dspark_bench.decoding.exact import running
 
 
@@ -39,7 +40,7 @@ def threshold_at(config: DecodeConfig, position: int) -> float:
 
 def keeps_failing(config: DecodeConfig) -> bool:
     """Whether the token that fails the rule stays in the draft (which then stops)."""
-    return config.semantics == "hf" or config.schedule == "goodput"
+    return config.semantics == "hf" or config.schedule in COST_AWARE
 
 
 def forced(config: DecodeConfig) -> int:
@@ -78,8 +79,8 @@ class DeviceRule:
         self.thresholds = torch.tensor(thresholds, dtype=torch.float64, device=device)
         self.position = torch.arange(1, gamma + 1, device=device)
         self.goodput = None
-        if config.schedule == "goodput":
-            self.goodput = goodput.rule_for(config).on_device(device, gamma)
+        if config.schedule in COST_AWARE:  # budget alone is goodput's rule (budget.py)
+            self.goodput = row_rule(config).on_device(device, gamma)
 
     def kept(self, scores: torch.Tensor, tokens: torch.Tensor, eos: torch.Tensor) -> torch.Tensor:
         """How many of a full draft's n tokens the rule keeps (0-d); `scores` [n], `tokens` [n]."""

@@ -13,10 +13,10 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from dspark_bench.config import DEFAULTS, LEARNED, DecodeConfig, expand, from_dict, with_defaults
-from dspark_bench.decoding import learned_signal
+from dspark_bench.config import COST_AWARE, DEFAULTS, LEARNED, DecodeConfig, expand, from_dict, with_defaults
+from dspark_bench.decoding import budget, learned_signal
+from dspark_bench.decoding.budget import row_rule
 from dspark_bench.decoding.engine import speculative_decode
-from dspark_bench.decoding.goodput import rule_for
 from dspark_bench.decoding.schedule import expressible
 from dspark_bench.errors import DsparkError
 from dspark_bench.harness.calibration_file import load_calibration
@@ -50,6 +50,7 @@ class RunConfig(Workload):
     batch_sizes: tuple[int, ...] = (DEFAULTS.batch_size,)
     # --- the grid's other knobs, one value each
     goodput_model: str = DEFAULTS.goodput_model  # the goodput schedule's model: a replay sweep's folder or its goodput_model.json
+    budget_layout: str = DEFAULTS.budget_layout  # budget schedule: the layout it prices passes in (the engine runs padded)
     signal_model: str = DEFAULTS.signal_model  # metric learned: its fitted signal, a replay sweep's folder or its learned_signal.json
     threshold_start: float = DEFAULTS.threshold_start  # ramp schedule: threshold at draft position 1 ...
     threshold_end: float = DEFAULTS.threshold_end  # ... rising to this at gamma_max
@@ -86,7 +87,8 @@ class RunConfig(Workload):
                     for policy in self.policies for b in sizes(policy)]
         base = DecodeConfig(threshold_start=self.threshold_start, threshold_end=self.threshold_end, topk=self.topk,
                             temperature=self.temperature, top_p=self.top_p, max_new_tokens=tokens, seed=self.seed,
-                            goodput_model=self.goodput_model, signal_model=self.signal_model, compiled=self.compiled, ngram_min=self.ngram_min,
+                            goodput_model=self.goodput_model, budget_layout=self.budget_layout,
+                            signal_model=self.signal_model, compiled=self.compiled, ngram_min=self.ngram_min,
                             ngram_max=self.ngram_max)
         return expand(self.space(), base)
 
@@ -130,10 +132,11 @@ def check(config: RunConfig) -> None:
                 raise DsparkError(f"--decoder hf runs HF's own rule, which cannot express {c.label()} (it needs "
                                   f"{'; '.join(expressible(c, 'hf'))}); use --metric top1 --min-draft-len 0 "
                                   "--semantics hf, or --schedule fixed")
-    if any(c.schedule == "goodput" for c in configs):
-        for c in configs:  # the model exists, reads, and has the metric: before any model loads
-            if c.schedule == "goodput":
-                rule_for(c)
+    for c in configs:  # the model exists, reads, and has the metric: before any model loads
+        if c.schedule in COST_AWARE:
+            row_rule(c)
+        if c.schedule == "budget":
+            budget.rule_for(c)  # and times the policy's batch size
     for signal_model in {c.signal_model for c in configs if c.metric == LEARNED}:
         learned_signal.load(signal_model)  # a missing or broken file fails here, before any model loads
 

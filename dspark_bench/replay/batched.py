@@ -22,7 +22,11 @@ import numpy as np
 import pandas as pd
 
 from dspark_bench.config import DecodeConfig
+from dspark_bench.decoding import budget
+from dspark_bench.decoding.budget import decide, draft_seconds, packed_verify
+from dspark_bench.decoding.confidence import signal_of
 from dspark_bench.errors import DsparkError
+from dspark_bench.metrics import rates
 from dspark_bench.replay.cost import CostSurface
 from dspark_bench.replay.simulate import (
     Record,
@@ -35,6 +39,9 @@ from dspark_bench.replay.simulate import (
     rule_arrays,
     simulate_grid,
 )
+
+
+TOTALS = ("rounds", "drafted_total", "accepted_total", "full_blocks", "draft_forwards")  # what the budget walk counts
 
 
 @numba.njit(cache=True, nogil=True)
@@ -107,6 +114,64 @@ def _walk_batched(fail, gamma_max, min_draft_len, discard_below, quorum, matches
 
 
 @numba.njit(cache=True, nogil=True)
+def _walk_budget(alpha, eos_step, matches, lengths, max_new_tokens, gamma_max, min_draft_len, batch_size, refill, packed_rule,
+                 rule_draft, rule_verify, t_draft, t_verify, prefill, drafted_at, counts):  # pragma: no cover (compiled)
+    """The budget schedule's walk (decoding/budget.py): its rows' drafts are decided together, by
+    `decide` after every draft step on the batch's fitted acceptances `alpha` [P, N, G], as the
+    batched engine decides them. Predicted seconds (padded, packed); drafted_at[p, j]: what the
+    round at j drafted (left alone where no round starts); counts: rounds, drafted, accepted,
+    full blocks, draft forwards."""
+    P = len(lengths)
+    slot_p, slot_j = np.full(batch_size, -1), np.zeros(batch_size, np.int64)
+    next_p, active, padded, packed = 0, 0, 0.0, 0.0
+    while True:
+        next_p, active, spent = _admit(slot_p, slot_j, next_p, P, active, refill, prefill)
+        padded, packed = padded + spent, packed + spent
+        if active == 0:
+            return padded, packed
+        live = np.flatnonzero(slot_p >= 0)  # the batch's rows (their order changes no decision)
+        n = len(live)
+        keys, starts = slot_p[live], slot_j[live]
+        expected, survival, gain = np.ones(n), np.ones(n), np.zeros(n)
+        length, cap = np.zeros(n, np.int64), np.zeros(n, np.int64)
+        for r in range(n):
+            cap[r] = min(gamma_max, max_new_tokens - starts[r] - 1)
+        drafting = cap > 0
+        steps_with, steps = np.zeros(n + 1, np.int64), 0
+        while drafting.any():
+            steps += 1
+            steps_with[drafting.sum()] += 1
+            for r in np.flatnonzero(drafting):  # each drafting row's next token, as Proposal takes it
+                fitted = alpha[keys[r], starts[r], steps - 1]
+                survival[r] *= fitted
+                expected[r] += survival[r]
+                gain[r] = survival[r] * fitted
+                length[r] = steps
+                if steps >= cap[r] or eos_step[keys[r], starts[r]] == steps:
+                    drafting[r] = False
+            drafting &= decide(expected, gain, keys, drafting.copy(), length <= min_draft_len, length, steps_with, steps,
+                               packed_rule, rule_draft, rule_verify)
+        tokens, leaving = 0, 0
+        for r in range(n):
+            p, j, L = keys[r], starts[r], length[r]
+            accepted = min(L, matches[p, j])
+            drafted_at[p, j] = L
+            counts[0] += 1
+            counts[1] += L
+            counts[2] += accepted
+            counts[3] += accepted == L
+            counts[4] += L  # one draft forward per drafted token: the budget drops none
+            tokens += L + 1
+            slot_j[live[r]] = j + accepted + 1
+            if slot_j[live[r]] >= lengths[p]:
+                slot_p[live[r]] = -1
+                leaving += 1
+        padded += steps * t_draft[n] + t_verify[n, length.max()]
+        packed += draft_seconds(steps_with, t_draft, 0) + packed_verify(t_verify[n], tokens, n)
+        active -= leaving
+
+
+@numba.njit(cache=True, nogil=True)
 def _walk_baseline(lengths, batch_size, refill, t_verify, prefill):  # pragma: no cover (compiled)
     """Predicted seconds of batched autoregressive decoding: one t_verify(b, 0) per step."""
     P = len(lengths)
@@ -150,11 +215,15 @@ def predict_batched(rec: Record, configs: list[DecodeConfig], surface: CostSurfa
     order = sorted(range(len(configs)), key=lambda c: (signal_of[c], forced_steps[c], keep[c], tuple(thresholds[c])))
     for c in order:
         config = configs[c]
+        draft, verify = tables[config.batch_size]
+        if config.schedule == "budget":  # its rows decide together: a walk of its own
+            rows.append({"config_id": c, **walk_budget(rec, config, draft, verify, prefill_spec, refill, matches, eos)[0],
+                         "predicted_baseline_time": baseline[config.batch_size]})
+            continue
         key = (signal_of[c], forced_steps[c], keep[c], tuple(thresholds[c]))
         if key != last_key:  # policies that stop at the same draft steps share one failure table
             _first_failures(signals[signal_of[c]], thresholds[c], forced_steps[c], keep[c], eos, fail)
             last_key = key
-        draft, verify = tables[config.batch_size]
         padded, packed = _walk_batched(fail, config.gamma_max, forced_steps[c], discard_below[c], config.batch_quorum, matches,
                                        lengths, rec.max_new_tokens, config.batch_size, refill, draft, verify,
                                        prefill_spec)
@@ -166,6 +235,23 @@ def predict_batched(rec: Record, configs: list[DecodeConfig], surface: CostSurfa
     return table
 
 
+def walk_budget(rec: Record, config: DecodeConfig, draft: np.ndarray, verify: np.ndarray, prefill: np.ndarray,
+                refill: bool = True, matches: np.ndarray | None = None, eos: np.ndarray | None = None) -> tuple[dict, np.ndarray]:
+    """One budget policy at its batch size: (its predicted times and totals, drafted_at [P, N]:
+    what the round at each position drafted, -1 where no round starts), priced by `draft` /
+    `verify` (the surface's tables at its B) and deciding with its own goodput model's."""
+    rule = budget.rule_for(config)
+    alpha = rule.curve(rec.confidences[signal_of(config)].astype(np.float64))  # as Proposal fits each score
+    matches = match_lengths(rec).astype(np.int64) if matches is None else matches
+    eos = eos_positions(rec).astype(np.int64) if eos is None else eos
+    drafted_at, counts = np.full(matches.shape, -1, dtype=np.int64), np.zeros(5, dtype=np.int64)
+    padded, packed = _walk_budget(alpha, eos, matches, rec.lengths.astype(np.int64), rec.max_new_tokens, config.gamma_max,
+                                  config.min_draft_len, config.batch_size, refill, rule.packed, rule.t_draft, rule.t_verify,
+                                  draft, verify, prefill, drafted_at, counts)
+    totals = dict(zip(TOTALS, counts.tolist()))
+    return {"predicted_time": padded, "predicted_time_packed": packed, **totals}, drafted_at
+
+
 def simulate_with_surface(rec: Record, configs: list[DecodeConfig], surface: CostSurface,
                           refill: bool = True) -> pd.DataFrame:
     """`simulate_grid`'s table, its predictions made at each policy's own batch size: padded in
@@ -175,4 +261,15 @@ def simulate_with_surface(rec: Record, configs: list[DecodeConfig], surface: Cos
 
     grid = simulate_grid(rec, configs, surface.at(1))
     predicted = predict_batched(rec, configs, surface, refill)
+    joint = predicted.dropna(subset=["rounds"]) if "rounds" in predicted else predicted.iloc[:0]
+    if len(joint):  # the budget schedule's rounds are the batch's, not each row's alone: the walk's totals
+        grid = grid.set_index("config_id")
+        ids = joint["config_id"].to_numpy()
+        for column in TOTALS:
+            grid.loc[ids, column] = joint[column].to_numpy()
+        for column, values in rates(grid.loc[ids]).items():
+            grid.loc[ids, column] = values
+        grid.loc[ids, "draft_forwards_per_token"] = grid.loc[ids, "draft_forwards"] / grid.loc[ids, "new_tokens"]
+        grid = grid.reset_index()
+    predicted = predicted.drop(columns=[c for c in TOTALS if c in predicted])
     return grid.drop(columns=["predicted_time", "predicted_speedup"]).merge(predicted, on="config_id")

@@ -10,9 +10,11 @@ is computed, not estimated:
 - at B > 1, `perfect_stopping` drafts exactly the accepted run each round (a policy whose signal
   is 1 where the token is accepted, 0 where not) through the batched walk in both layouts. It
   is not an optimum over batch costs (a padded batch may prefer a shorter draft for every row)
-  but the stopping a perfectly calibrated rule would make.
+  but the stopping a perfectly calibrated per-row rule would make; a batch rule (the budget
+  schedule, decoding/budget.py) trades rows against each other and can pass it.
 
-`headroom` puts them beside the best fixed γ and the best scheduled policy of a replayed table:
+`headroom` puts them beside the best fixed γ and the best scheduled policy of a replayed table
+(and the best of each kind: raw metrics, the learned signal, the budget schedule):
 the share of the oracle's gain over fixed γ that the best policy captures says, before any
 tuning, whether tuning can pay for a pair.
 """
@@ -130,10 +132,28 @@ def headroom(table: pd.DataFrame, rec: Record, cost: CostModel, surface: CostSur
                 continue
             bound = stops.sort_values(column, ascending=False).iloc[0]
             oracle_speedup = exact["predicted_speedup"] if batch_size == 1 else float(bound[column])
-            rows.append(headroom_row(batch_size, layout if batch_size > 1 else "—", fixed.iloc[0], scheduled.iloc[0],
-                                     column, oracle_speedup, "exact optimum" if batch_size == 1 else
-                                     f"perfect stopping γ≤{int(bound['gamma_max'])}"))
+            row = headroom_row(batch_size, layout if batch_size > 1 else "—", fixed.iloc[0], scheduled.iloc[0], column,
+                               oracle_speedup, "exact optimum" if batch_size == 1 else
+                               f"perfect stopping γ≤{int(bound['gamma_max'])}")
+            rows.append({**row, **best_of_kinds(group, column)})
     return rows
+
+
+# The scheduled policies by kind, as the headroom table shows them: the per-row rules on a raw
+# metric, the same rules on the learned signal, and the batch's budget (on either signal).
+KINDS = {"raw": lambda t: (t["schedule"] != "fixed") & (t["schedule"] != "budget") & (t["metric"] != "learned"),
+         "learned": lambda t: (t["schedule"] != "budget") & (t["metric"] == "learned"),
+         "budget": lambda t: t["schedule"] == "budget"}
+
+
+def best_of_kinds(group: pd.DataFrame, column: str) -> dict:
+    """best_<kind> (its label, None where the table has none) and best_<kind>_speedup per KINDS."""
+    out = {}
+    for kind, members in KINDS.items():
+        best = objectives.rank(group[members(group)], "speedup", column)
+        out[f"best_{kind}"] = None if best.empty else best.iloc[0]["config_label"]
+        out[f"best_{kind}_speedup"] = None if best.empty else float(best.iloc[0][column])
+    return out
 
 
 def headroom_row(batch_size, layout, fixed, scheduled, column, oracle_speedup, oracle_kind) -> dict:

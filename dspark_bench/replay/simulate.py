@@ -24,9 +24,10 @@ import numba
 import numpy as np
 import pandas as pd
 
-from dspark_bench.config import METRICS, SCHEDULES, SEMANTICS, DecodeConfig
+from dspark_bench.config import COST_AWARE, METRICS, SCHEDULES, SEMANTICS, DecodeConfig
 from dspark_bench.decoding.confidence import signal_of
-from dspark_bench.decoding.goodput import decisions, rule_for
+from dspark_bench.decoding.budget import row_rule
+from dspark_bench.decoding.goodput import decisions
 from dspark_bench.decoding.schedule import discards_below, forced, keeps_failing, threshold_at
 from dspark_bench.decoding.types import Round
 from dspark_bench.errors import DsparkError
@@ -85,15 +86,15 @@ def check_replayable(rec: Record, config: DecodeConfig) -> None:
 def policy_signal(rec: Record, config: DecodeConfig) -> np.ndarray:
     """[P, N, G] float64: what the schedule compares with `_thresholds` at every rollout step.
     float64: the engine multiplies Python floats of the float32 values the record stores."""
-    if config.schedule == "goodput":  # 1 where the draft goes on after step k (goodput.py)
-        return decisions(rec.confidences[signal_of(config)], rule_for(config))
+    if config.schedule in COST_AWARE:  # 1 where the draft goes on after step k (goodput.py; budget alone)
+        return decisions(rec.confidences[signal_of(config)], row_rule(config))
     values = rec.confidences[signal_of(config)].astype(np.float64)
     return np.cumprod(values, axis=2) if config.schedule == "cumulative" else values
 
 
 def position_thresholds(config: DecodeConfig, G: int) -> list[float]:
     # goodput's signal is its decision (0 or 1): 0.5 separates them.
-    return [0.5 if config.schedule == "goodput" else threshold_at(config, k) for k in range(1, G + 1)]
+    return [0.5 if config.schedule in COST_AWARE else threshold_at(config, k) for k in range(1, G + 1)]
 
 
 def first_failures(rec: Record, config: DecodeConfig) -> np.ndarray:
@@ -133,6 +134,8 @@ def round_plan(rec: Record, config: DecodeConfig):
 def simulate(rec: Record, config: DecodeConfig) -> list[list[Round]]:
     """The engine's rounds for every prompt, from the record alone (greedy only)."""
     check_replayable(rec, config)
+    if config.schedule == "budget" and config.batch_size > 1:
+        raise DsparkError("the budget schedule's rounds depend on the whole batch: replay.batched.walk_budget walks them")
     drafted, forwards, reason, limit = round_plan(rec, config)
     per_round = round_forwards(config)
     matches = match_lengths(rec)
@@ -165,9 +168,9 @@ def spanning_policies(gamma: int, max_new_tokens: int, goodput_model: str = "") 
     """Every metric × schedule with thresholds, gamma_max and min_draft_len at their edges, each
     engine's rule variant in turn, plus "always draft" and "never draft past min_draft_len": the
     policies replay is checked on against the real engine (tests and
-    benchmarks/replay_reference.py). Goodput policies only with a goodput model to decide with."""
+    benchmarks/replay_reference.py). Goodput and budget policies only with a goodput model to decide with."""
     out = []
-    schedules = [s for s in SCHEDULES if s != "goodput" or goodput_model]
+    schedules = [s for s in SCHEDULES if s != "budget" and (s != "goodput" or goodput_model)]
     for i, (metric, schedule) in enumerate(itertools.product(METRICS, schedules)):
         gamma_max = (1, min(4, gamma), gamma)[i % 3]
         min_draft_len = (0, 1, gamma_max)[(i // 3) % 3]
@@ -176,6 +179,9 @@ def spanning_policies(gamma: int, max_new_tokens: int, goodput_model: str = "") 
                                 threshold_end=threshold, gamma_max=gamma_max, min_draft_len=min_draft_len,
                                 max_new_tokens=max_new_tokens, semantics=SEMANTICS[(i // 2) % len(SEMANTICS)],
                                 goodput_model=goodput_model if schedule == "goodput" else ""))
+    if goodput_model:  # the budget schedule, alone goodput's rule; it has no engine rule variant
+        out += [DecodeConfig(metric=metric, schedule="budget", gamma_max=(gamma, min(4, gamma))[i % 2], min_draft_len=i % 2,
+                             max_new_tokens=max_new_tokens, goodput_model=goodput_model) for i, metric in enumerate(METRICS)]
     return out + [DecodeConfig(threshold=0.0, gamma_max=gamma, max_new_tokens=max_new_tokens),
                   DecodeConfig(threshold=1.0, gamma_max=min(5, gamma), max_new_tokens=max_new_tokens)]
 
@@ -267,8 +273,8 @@ def _walk_grid(signals, signal_of, thresholds, forced, keep, discard_below, gamm
 def signal_kind(config: DecodeConfig) -> tuple:
     """Policies of one kind compare the same signal: the metric's, its running product
     ("cumulative"), or goodput's decisions (which depend on its model and batch size too)."""
-    if config.schedule == "goodput":
-        return signal_of(config), "goodput", config.goodput_model, config.batch_size
+    if config.schedule in COST_AWARE:
+        return signal_of(config), config.schedule, config.goodput_model, config.batch_size
     return signal_of(config), config.schedule == "cumulative"
 
 

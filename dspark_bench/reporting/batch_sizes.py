@@ -1,5 +1,6 @@
 """The report's batch-size view: per batch size B and layout, the best confidence-scheduled
-policy against the best fixed gamma, predicted by replay and, where confirmed, measured.
+policy and the best budget schedule against the best fixed gamma, predicted by replay and,
+where confirmed, measured.
 
 The table a serving engineer copies (best policy per B) and the rows the batch-size figure
 draws come from one function, `batch_rows`, over a sweep's policies table (trials.parquet):
@@ -15,7 +16,14 @@ from dspark_bench.objectives import best
 
 LAYOUTS = {"padded": ("predicted_speedup", "predicted_time"),
            "packed": ("predicted_speedup_packed", "predicted_time_packed")}
-KINDS = ("best scheduled", "best fixed γ")
+# The per-row schedules, the budget schedule (it decides for the whole batch: decoding/budget.py), fixed γ.
+KINDS = ("best scheduled", "budget schedule", "best fixed γ")
+
+
+def kind_parts(group: pd.DataFrame) -> list[pd.DataFrame]:
+    """A batch size's policies split by KINDS."""
+    return [group[(group["schedule"] != "fixed") & (group["schedule"] != "budget")],
+            group[group["schedule"] == "budget"], group[group["schedule"] == "fixed"]]
 
 
 def has_batch_sizes(policies: pd.DataFrame) -> bool:
@@ -29,7 +37,7 @@ def batch_rows(policies: pd.DataFrame) -> pd.DataFrame:
         for layout, (column, seconds) in LAYOUTS.items():
             if column not in group or group[column].isna().all():
                 continue
-            for kind, part in zip(KINDS, (group[group["schedule"] != "fixed"], group[group["schedule"] == "fixed"])):
+            for kind, part in zip(KINDS, kind_parts(group)):
                 if part.empty:
                     continue
                 top = best(part, "speedup", column)
@@ -60,6 +68,15 @@ def _cell(row: pd.Series | None) -> tuple[str, str]:
     return str(row["predicted_label"]), f"{row['predicted']:.2f}× predicted"
 
 
+def _over(row: pd.Series | None, fixed: pd.Series | None) -> str:
+    """row's speedup over fixed γ's: measured where both were, else predicted (and said so)."""
+    if row is None or fixed is None:
+        return "—"
+    if pd.notna(row.get("speedup")) and pd.notna(fixed.get("speedup")):
+        return f"{row['speedup'] / fixed['speedup']:.3f}"
+    return f"{row['predicted'] / fixed['predicted']:.3f} (predicted)"
+
+
 def batch_blocks(policies: pd.DataFrame) -> list[tuple]:
     """The best policy per batch size and layout, as a report table with its reading."""
     table = batch_rows(policies)
@@ -69,17 +86,16 @@ def batch_blocks(policies: pd.DataFrame) -> list[tuple]:
     table["order"] = table["layout"].map(list(LAYOUTS).index)  # padded (measured) first
     for (batch_size, _, layout), group in table.groupby(["batch_size", "order", "layout"], sort=True):
         by_kind = {row["kind"]: row for _, row in group.iterrows()}
-        scheduled, fixed = by_kind.get(KINDS[0]), by_kind.get(KINDS[1])
-        key = "speedup" if scheduled is not None and fixed is not None and pd.notna(scheduled.get("speedup")) \
-            and pd.notna(fixed.get("speedup")) else "predicted"
-        ratio = f"{scheduled[key] / fixed[key]:.3f}" if scheduled is not None and fixed is not None else "—"
+        scheduled, joint, fixed = (by_kind.get(kind) for kind in KINDS)
         baseline = fixed if fixed is not None else scheduled
-        rate = baseline.get("baseline_tokens_per_s")
-        lines.append([str(batch_size), layout, *_cell(scheduled), *_cell(fixed), ratio + ("" if key == "speedup" else " (predicted)"),
-                      f"{rate:.0f}" if pd.notna(rate) else "—"])
-    header = ["B", "layout", "best scheduled", "speedup", "best fixed γ", "speedup", "scheduled / fixed",
-              "autoregressive tok/s (measured)"]
-    text = ("Per batch size B: the best confidence-scheduled policy and the best fixed gamma. Padded (a round "
+        rate = baseline.get("baseline_tokens_per_s") if baseline is not None else None
+        lines.append([str(batch_size), layout, *_cell(scheduled), *_cell(joint), *_cell(fixed), _over(scheduled, fixed),
+                      _over(joint, fixed), f"{rate:.0f}" if rate is not None and pd.notna(rate) else "—"])
+    header = ["B", "layout", "best scheduled", "speedup", "budget schedule", "speedup", "best fixed γ", "speedup",
+              "scheduled / fixed", "budget / fixed", "autoregressive tok/s (measured)"]
+    text = ("Per batch size B: the best confidence-scheduled policy deciding row by row, the best budget schedule "
+            "(one decision for the whole batch after each draft step, from the cost surface; at B = 1 it is goodput) "
+            "and the best fixed gamma. Padded (a round "
             "verifies every row padded to its longest draft) is what the batched engine runs: measured where the "
             "sweep confirmed it, each against the batched autoregressive baseline on the same batches, with a 95 % "
             "bootstrap interval over prompts. Packed (each row verifies only its own tokens, as vLLM, SGLang and "

@@ -143,17 +143,20 @@ def drafter_blocks(inputs: Inputs) -> list[tuple]:
 def headroom_blocks(inputs: Inputs) -> list[tuple]:
     """Each replay sweep's headroom: fixed γ, the best scheduled policy and the oracle (replay/oracle.py)."""
     rows = [[plots.short_run(run_id), str(r["batch_size"]), r["layout"], _fmt(r["best_fixed_speedup"]),
-             _fmt(r["best_scheduled_speedup"]), f"{_fmt(r['oracle_speedup'])} ({r['oracle']})",
+             *(_fmt(r.get(f"best_{kind}_speedup")) for kind in ("raw", "learned", "budget")),
+             f"{_fmt(r['oracle_speedup'])} ({r['oracle']})",
              "—" if pd.isna(r["captured"]) else f"{r['captured']:.0%}"]
             for run_id, summary in inputs.summaries.items() for r in summary.get("headroom") or []]
     if not rows:
         return []
     text = ("Predicted by replay on one record and cost table: the oracle knows which drafted tokens the target will "
             "accept (at batch size 1 the exact optimum over every draft length; at larger batch sizes perfect "
-            "stopping, a rule that knows after each drafted token whether it will be accepted). `captured` is the "
+            "stopping, a rule that knows after each drafted token whether it will be accepted). The best scheduled "
+            "policy of each kind: the per-row rules on a raw metric, the same on the learned signal, and the budget "
+            "schedule, which decides for the whole batch and so can pass per-row perfect stopping. `captured` is the "
             "share of the oracle's gain over the best fixed γ that the best scheduled policy reaches: near 0, the "
             "rules' signal says little; near 100 %, little is left to tune.")
-    header = ["run", "batch size", "layout", "best fixed γ", "best scheduled", "oracle", "captured"]
+    header = ["run", "batch size", "layout", "best fixed γ", "raw metrics", "learned", "budget", "oracle", "captured"]
     return [("h2", "Headroom"), ("p", text), ("table", header, rows)]
 
 

@@ -1,5 +1,5 @@
 """Replay sweeps: record the target's continuation and the drafter's rollouts once, simulate every
-policy of the space (fixed gamma and goodput joining it) under the cost surface, and confirm the
+policy of the space (fixed gamma, goodput, budget and the learned signal joining it: joined.py) under the cost surface, and confirm the
 best with real timed runs. A sweep's preparation (models, prompts, the base policy) is here too,
 shared with the real (grid / Optuna) sweeps of sweep.py."""
 
@@ -15,11 +15,9 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 import pandas as pd
 
-from dspark_bench.config import LEARNED, DecodeConfig, expand
+from dspark_bench.config import COST_AWARE, LEARNED, DecodeConfig, expand
 from dspark_bench.decoding.confidence import SIGNALS
-from dspark_bench.decoding.goodput import GoodputModel
 from dspark_bench.decoding.learned_signal import FILE as LEARNED_FILE
-from dspark_bench.decoding.learned_signal import LearnedSignal
 from dspark_bench.errors import DsparkError
 from dspark_bench.harness.health import (
     LoadProbe,
@@ -36,13 +34,12 @@ from dspark_bench.harness.runner import run, stage_steps
 from dspark_bench.metrics import summarize
 from dspark_bench.objectives import OBJECTIVES, rank
 from dspark_bench.prompts import encode, prompts_fingerprint
-from dspark_bench.replay import learned
-from dspark_bench.replay.acceptance import load_or_fit
 from dspark_bench.replay.batched import simulate_with_surface
 from dspark_bench.replay.oracle import headroom
 from dspark_bench.replay.simulate import Record, record, simulate_grid
 from dspark_bench.results import write_folder, write_json, write_parquet
 from dspark_bench.tasks import load_prompts
+from dspark_bench.tuning.joined import budget_points, goodput_points, learned_points, write_goodput_model, write_learned_signal
 from dspark_bench.tuning.spec import SweepSpec, base_config, points
 
 if TYPE_CHECKING:
@@ -95,50 +92,6 @@ def drafter_groups(configs: list[DecodeConfig]) -> dict[tuple, list[int]]:
     for i, c in enumerate(configs):
         groups.setdefault((c.drafter, c.ngram_min, c.ngram_max), []).append(i)
     return groups
-
-
-def goodput_points(configs: list[DecodeConfig], model_file: Path) -> list[DecodeConfig]:
-    """The goodput schedule at every metric, gamma_max and batch size of the space: it has no
-    threshold to search, so it joins every replay sweep, as fixed gamma does — for the draft
-    model (its acceptance fit is the draft model's record's)."""
-    configs = [c for c in configs if c.drafter == "model"]
-    if not configs:
-        return []
-    base = configs[0].replace(schedule="goodput", min_draft_len=0, semantics="dspark", batch_quorum=0.0,
-                              goodput_model=str(Path(model_file).resolve()))
-    return expand({"batch_size": sorted({c.batch_size for c in configs}),
-                   "metric": list(dict.fromkeys(c.metric for c in configs)),
-                   "gamma_max": sorted({c.gamma_max for c in configs})}, base)
-
-
-def write_goodput_model(folder: Path, rec, record_dir: Path, surface) -> Path:
-    """Fit acceptance on the record (kept beside it) and write the sweep's goodput model."""
-
-    model = GoodputModel.build(load_or_fit(rec, record_dir), surface)
-    write_json(folder / "goodput_model.json", model.to_dict())
-    return folder / "goodput_model.json"
-
-
-def write_learned_signal(folder: Path, rec, record_dir: Path):
-    """Fit the learned signal on the record (kept beside it) and write it into the sweep folder:
-    (its file, the record with the signal at every rollout step, as the engine computes it, every
-    signal's held-out quality), or None where the record cannot teach one (one prompt; every
-    token accepted, or none)."""
-    try:
-        fitted = learned.load_or_evaluate(rec, record_dir)
-    except DsparkError:
-        return None
-    write_json(folder / LEARNED_FILE, fitted)
-    return folder / LEARNED_FILE, learned.with_learned(rec, LearnedSignal.from_dict(fitted)), fitted["quality"]
-
-
-def learned_points(configs: list[DecodeConfig], signal_file: Path) -> list[DecodeConfig]:
-    """Every scheduled policy of the draft model on the space's first metric, with the learned
-    signal in its place (the goodput ones included: it reads the signal as its own curve)."""
-    first = next((c.metric for c in configs if c.schedule != "fixed"), None)
-    path = str(Path(signal_file).resolve())
-    return [c.replace(metric=LEARNED, signal_model=path) for c in configs
-            if c.metric == first and c.schedule != "fixed" and c.drafter == "model"]
 
 
 def load_or_record(spec: SweepSpec, prepared: Prepared, gamma: int, ids: list[list[int]], record_dir: Path,
@@ -224,7 +177,8 @@ def replay_sweep(folder: Path, spec: SweepSpec, prepared: Prepared, records_root
     signals = []  # how well each signal, and one learned from all of them, predicts acceptance (held out by prompt)
     if model_key is not None:  # goodput decides with the draft model's acceptance fit
         model_file = write_goodput_model(folder, records[model_key], record_dirs[model_key], surface)
-        configs = configs + [c for c in goodput_points(configs, model_file) if c not in configs]
+        configs = configs + [c for c in goodput_points(configs, model_file) + budget_points(configs, model_file)
+                             if c not in configs]
         # The learned signal, fitted on the record, joins as a metric of every scheduled policy of the first one.
         learned_fit = write_learned_signal(folder, records[model_key], record_dirs[model_key])
         if learned_fit is not None:
@@ -265,31 +219,40 @@ def say_replay_plan(spec: SweepSpec, prepared: Prepared, first_ids: list[int], c
                     recorded: bool, say: Callable[[str], None]) -> float:
     """Say the plan; returns its estimate in seconds (the recording and confirming it covers)."""
 
-    # Confirmed: the best scheduled few + the best goodput + the best fixed γ, at each batch size.
+    # Confirmed: the best scheduled few + the best learned, goodput and budget + the best fixed γ, at each batch size.
     sizes = {c.batch_size for c in configs}
     scheduled = sum(c.schedule != "fixed" for c in configs) // len(sizes)
-    goodput = goodput_points(configs, Path("goodput_model.json"))  # goodput and learned join after recording
+    goodput = goodput_points(configs, Path("goodput_model.json"))  # goodput, budget and learned join after recording
+    goodput += budget_points(configs, Path("goodput_model.json"))
     policies = len(configs) + len(goodput) + len(learned_points(configs + goodput, Path(LEARNED_FILE)))
-    per_token, confirmed = seconds_per_token(prepared.pair, first_ids), (min(spec.confirm_top, scheduled) + 2) * len(sizes)
+    per_token, confirmed = seconds_per_token(prepared.pair, first_ids), (min(spec.confirm_top, scheduled) + 4) * len(sizes)
     line, seconds = replay_plan(per_token, len(prepared.prompts), prepared.base.max_new_tokens, policies,
                                 confirmed, spec.repeats, recorded=recorded)
     say(line + (" — an upper bound: a batched run takes less than a batch-1 one" if max(sizes) > 1 else ""))
     return seconds
 
 
+def per_row(table: pd.DataFrame) -> pd.Series:
+    """The threshold-style policies: neither fixed γ nor a cost-aware schedule."""
+    return ~table["schedule"].isin(["fixed", *COST_AWARE])
+
+
 def confirm(table: pd.DataFrame, configs: list[DecodeConfig], spec: SweepSpec, prepared: Prepared,
             progress: StageProgress | None = None, repeats: int | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Time the best `confirm_top` scheduled policies, the best goodput and the best fixed gamma (by the replay's
-    ranking), `repeats` interleaved pairs each (default: the spec's); their measured columns join the
-    table, their samples are returned."""
+    """Time the best `confirm_top` threshold-style policies, the best on the learned signal, the best goodput, the
+    best budget and the best fixed gamma (by the replay's ranking), `repeats` interleaved pairs each (default: the spec's); their measured columns
+    join the table, their samples are returned."""
 
     objective = OBJECTIVES[spec.objective[0]]
     ranked = rank(table, objective.name, objective.column("replay"))
     # Per batch size (which policy wins depends on what a step costs at B) and drafter: the best
-    # threshold-style policies, the best goodput and the best fixed γ.
+    # threshold-style policies on a raw metric, the best on the learned signal, the best goodput, the best
+    # budget and the best fixed γ: each kind the headroom table compares, measured.
     chosen = pd.concat([part for _, by_batch in ranked.groupby(["batch_size", "drafter"], sort=True)
-                        for part in (by_batch[~by_batch["schedule"].isin(["fixed", "goodput"])].head(spec.confirm_top),
+                        for part in (by_batch[per_row(by_batch) & (by_batch["metric"] != LEARNED)].head(spec.confirm_top),
+                                     by_batch[per_row(by_batch) & (by_batch["metric"] == LEARNED)].head(1),
                                      by_batch[by_batch["schedule"] == "goodput"].head(1),
+                                     by_batch[by_batch["schedule"] == "budget"].head(1),
                                      by_batch[by_batch["schedule"] == "fixed"].head(1))])
     ids = chosen["config_id"].to_numpy()
     settings = dataclasses.replace(spec.runner_settings(), repeats=repeats or spec.repeats)
@@ -317,6 +280,7 @@ def write_replay_summary(folder: Path, table: pd.DataFrame, spec: SweepSpec, cos
         "best": confirmed[confirmed["schedule"] != "fixed"].head(1).to_dict(orient="records"),
         "classic": confirmed[confirmed["schedule"] == "fixed"].to_dict(orient="records"),
         "goodput": confirmed[confirmed["schedule"] == "goodput"].to_dict(orient="records"),
+        "budget": confirmed[confirmed["schedule"] == "budget"].to_dict(orient="records"),
         "confirmed": confirmed.to_dict(orient="records"),
         "timing_health": timing_health,
         # False: the cost table never passed its checks, so predicted speedups are not to be trusted

@@ -7,7 +7,8 @@ import pandas as pd
 from dspark_bench.reporting.plots.base import _figure
 
 STYLE = {("best scheduled", "padded"): ("#e6a100", "o"), ("best fixed γ", "padded"): ("#3a63c4", "s"),
-         ("best scheduled", "packed"): ("#b5651d", "^"), ("best fixed γ", "packed"): ("#6a8fd8", "v")}
+         ("best scheduled", "packed"): ("#b5651d", "^"), ("best fixed γ", "packed"): ("#6a8fd8", "v"),
+         ("budget schedule", "padded"): ("#2e9e4f", "D"), ("budget schedule", "packed"): ("#7cc48f", "P")}
 
 
 def batch_sizes(rows: pd.DataFrame, title: str = ""):

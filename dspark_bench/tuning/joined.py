@@ -1,0 +1,70 @@
+"""The policies every replay sweep adds to its space, and the fits they decide with: fixed gamma
+joins in replay_sweep.replay_space; here the goodput and budget schedules (no threshold to
+search: they join at every metric, gamma_max and batch size) on the record's acceptance fit, and
+the learned signal, fitted on the record, in place of the first metric of every scheduled policy."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dspark_bench.config import LAYOUTS, LEARNED, DecodeConfig, expand
+from dspark_bench.decoding.goodput import GoodputModel
+from dspark_bench.decoding.learned_signal import FILE as LEARNED_FILE
+from dspark_bench.decoding.learned_signal import LearnedSignal
+from dspark_bench.errors import DsparkError
+from dspark_bench.replay import learned
+from dspark_bench.replay.acceptance import load_or_fit
+from dspark_bench.results import write_json
+
+
+def goodput_points(configs: list[DecodeConfig], model_file: Path) -> list[DecodeConfig]:
+    """The goodput schedule at every metric, gamma_max and batch size of the space: it has no
+    threshold to search, so it joins every replay sweep, as fixed gamma does — for the draft
+    model (its acceptance fit is the draft model's record's)."""
+    configs = [c for c in configs if c.drafter == "model"]
+    if not configs:
+        return []
+    base = configs[0].replace(schedule="goodput", min_draft_len=0, semantics="dspark", batch_quorum=0.0,
+                              goodput_model=str(Path(model_file).resolve()))
+    return expand({"batch_size": sorted({c.batch_size for c in configs}),
+                   "metric": list(dict.fromkeys(c.metric for c in configs)),
+                   "gamma_max": sorted({c.gamma_max for c in configs})}, base)
+
+
+def budget_points(configs: list[DecodeConfig], model_file: Path) -> list[DecodeConfig]:
+    """The budget schedule where goodput joins, in both layouts at B > 1 (padded: what the batched
+    engine runs; packed: what vLLM, SGLang and TensorRT-LLM run), and at B = 1 (goodput's rule on
+    the cost table)."""
+    return list(dict.fromkeys(c.replace(schedule="budget", budget_layout=layout)
+                              for c in goodput_points(configs, model_file) for layout in LAYOUTS
+                              if c.batch_size > 1 or layout == "padded"))
+
+
+def write_goodput_model(folder: Path, rec, record_dir: Path, surface) -> Path:
+    """Fit acceptance on the record (kept beside it) and write the sweep's goodput model."""
+
+    model = GoodputModel.build(load_or_fit(rec, record_dir), surface)
+    write_json(folder / "goodput_model.json", model.to_dict())
+    return folder / "goodput_model.json"
+
+
+def write_learned_signal(folder: Path, rec, record_dir: Path):
+    """Fit the learned signal on the record (kept beside it) and write it into the sweep folder:
+    (its file, the record with the signal at every rollout step, as the engine computes it, every
+    signal's held-out quality), or None where the record cannot teach one (one prompt; every
+    token accepted, or none)."""
+    try:
+        fitted = learned.load_or_evaluate(rec, record_dir)
+    except DsparkError:
+        return None
+    write_json(folder / LEARNED_FILE, fitted)
+    return folder / LEARNED_FILE, learned.with_learned(rec, LearnedSignal.from_dict(fitted)), fitted["quality"]
+
+
+def learned_points(configs: list[DecodeConfig], signal_file: Path) -> list[DecodeConfig]:
+    """Every scheduled policy of the draft model on the space's first metric, with the learned
+    signal in its place (the goodput ones included: it reads the signal as its own curve)."""
+    first = next((c.metric for c in configs if c.schedule != "fixed"), None)
+    path = str(Path(signal_file).resolve())
+    return [c.replace(metric=LEARNED, signal_model=path) for c in configs
+            if c.metric == first and c.schedule != "fixed" and c.drafter == "model"]
