@@ -189,13 +189,22 @@ def test_sweep_without_a_spec_takes_the_tasks_own_or_a_dense_default(tmp_path, m
 
 
 def test_replay_sweep_confirms_its_best_policies(saved_pair, prompts_file, tmp_path):
+    from dspark_bench.objectives import rank
+
     args = base_args(saved_pair, prompts_file, tmp_path) + ["--metric", "top1", "--metric", "entropy",
                                                             "--confirm-top", "2"]
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
-    assert "confirming the best 6" in result.output and "18/18" in result.output  # 6 policies × 3 prompts
+    table = pd.read_parquet(only_folder(tmp_path) / "trials.parquet")
+    confirmed = table[table["source"] == "confirmed"]
+    # The best two threshold-style policies, the best learned-signal one if neither is, goodput, fixed γ
+    # (no budget: at B = 1 it is goodput).
+    per_row = rank(table[~table["schedule"].isin(["fixed", "goodput", "budget"])], "speedup", "predicted_speedup")
+    count = 4 + int(not (per_row.head(2)["metric"] == "learned").any())
+    assert len(confirmed) == count and f"confirming the best {count}" in result.output
+    assert f"{3 * count}/{3 * count}" in result.output  # × 3 prompts
     assert "search space: the command-line flags (8 points)" in result.output
-    assert "plan: record 3 prompts × 12 tokens" in result.output and "confirm 6 × 3 prompts" in result.output
+    assert "plan: record 3 prompts × 12 tokens" in result.output and "confirm 5 × 3 prompts" in result.output
     # The grid, two fixed gammas, four goodput, four budget, eight learned.
     assert "26 policies searched by replay" in result.output
     folder = only_folder(tmp_path)
@@ -208,10 +217,9 @@ def test_replay_sweep_confirms_its_best_policies(saved_pair, prompts_file, tmp_p
     learned_rows = table[table["metric"] == "learned"]
     assert len(learned_rows) == 8 and set(learned_rows["signal_model"]) == {str((folder / "learned_signal.json").resolve())}
     confirmed = table[table["source"] == "confirmed"]
-    assert len(confirmed) == 6 and (confirmed["schedule"] == "fixed").sum() == 1
-    # The best goodput, budget and learned-signal policy, beside the best two others.
-    assert (confirmed["schedule"] == "goodput").sum() == 1 and (confirmed["schedule"] == "budget").sum() == 1
-    assert ((confirmed["metric"] == "learned") & ~confirmed["schedule"].isin(["goodput", "budget"])).sum() == 1
+    assert (confirmed["schedule"] == "fixed").sum() == 1
+    assert (confirmed["schedule"] == "goodput").sum() == 1 and (confirmed["schedule"] == "budget").sum() == 0
+    assert ((confirmed["metric"] == "learned") & ~confirmed["schedule"].isin(["goodput", "budget"])).sum() >= 1
     # Its acceptance fit sits beside the record; the sweep's goodput model holds it and the costs.
     (record_dir,) = (tmp_path / "records").iterdir()
     model = json.loads((folder / "goodput_model.json").read_text())
@@ -259,14 +267,17 @@ def test_replay_sweep_over_batch_sizes_confirms_the_best_at_each(saved_pair, pro
     assert sorted(table["batch_size"].unique()) == [1, 2] and len(table) == (4 + 2 + 2 + 2 + 8) + (4 + 2 + 2 + 4 + 10)
     assert set(table.loc[(table["schedule"] == "budget") & (table["batch_size"] == 2), "budget_layout"]) == {"padded", "packed"}
     confirmed = table[table["source"] == "confirmed"]
-    assert sorted(confirmed["batch_size"]) == [1] * 5 + [2] * 5  # best scheduled, learned, goodput, budget, fixed γ
+    # Per B: the best scheduled (and the best learned if it is not), goodput, fixed γ; budget at B = 2.
+    assert sorted(confirmed["batch_size"])[:3] == [1] * 3 and (confirmed["batch_size"] == 2).sum() >= 4
+    assert confirmed.loc[confirmed["schedule"] == "budget", "batch_size"].tolist() == [2]
+    assert confirmed[confirmed["metric"] == "learned"]["batch_size"].nunique() == 2
     assert (confirmed["identical_to_baseline"] == 1.0).all()
     for _, group in table.groupby("batch_size"):  # packed never pays for padding
         assert (group["predicted_time_packed"] <= group["predicted_time"] * (1 + 1e-9)).all()
     summary = json.loads((folder / "summary.json").read_text())
     assert [entry["batch_size"] for entry in summary["by_batch_size"]] == [1, 2]
     for entry in summary["by_batch_size"]:
-        assert len(entry["measured"]) == 5 and entry["cost_model_accuracy"]["measured_over_predicted_median"] > 0
+        assert len(entry["measured"]) >= 3 and entry["cost_model_accuracy"]["measured_over_predicted_median"] > 0
         assert entry["packed_predicted"]["scheduled_over_fixed"] > 0
     assert json.loads((folder / "cost_surface.json").read_text())["batch_sizes"].keys() == {"1", "2"}
     # The headroom per B and layout: no policy of the space is predicted above the oracle (but the
