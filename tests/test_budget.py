@@ -208,3 +208,14 @@ def test_bad_budget_policies_fail_in_one_line(budget_record):
         budget.rule_for(budget_policy(batch_size=16))
     with pytest.raises(DsparkError, match="depend on the whole batch"):
         simulate(budget_record, budget_policy(batch_size=4))
+
+
+def test_no_engine_expresses_it_so_export_takes_the_nearest():
+    from dspark_bench.decoding.schedule import expressible
+    from dspark_bench.tuning.export import FORMATS
+
+    config = budget_policy(batch_size=8, budget_layout="packed")
+    for fmt in FORMATS:
+        assert "a budget schedule" in " ".join(expressible(config, fmt)), fmt
+    assert config.label() == "top1 budget γ≤5 min1 · packed · B=8"
+    assert budget_policy().replace(batch_size=1).budget_layout == "padded"

@@ -197,14 +197,13 @@ def test_replay_sweep_confirms_its_best_policies(saved_pair, prompts_file, tmp_p
     assert result.exit_code == 0, result.output
     table = pd.read_parquet(only_folder(tmp_path) / "trials.parquet")
     confirmed = table[table["source"] == "confirmed"]
-    # The best two threshold-style policies, the best learned-signal one if neither is, goodput, fixed γ
-    # (no budget: at B = 1 it is goodput).
+    # The best two threshold-style policies, the best learned-signal one if neither is, goodput, budget, fixed γ.
     per_row = rank(table[~table["schedule"].isin(["fixed", "goodput", "budget"])], "speedup", "predicted_speedup")
-    count = 4 + int(not (per_row.head(2)["metric"] == "learned").any())
+    count = 5 + int(not (per_row.head(2)["metric"] == "learned").any())
     assert len(confirmed) == count and f"confirming the best {count}" in result.output
     assert f"{3 * count}/{3 * count}" in result.output  # × 3 prompts
     assert "search space: the command-line flags (8 points)" in result.output
-    assert "plan: record 3 prompts × 12 tokens" in result.output and "confirm 5 × 3 prompts" in result.output
+    assert "plan: record 3 prompts × 12 tokens" in result.output and "confirm 6 × 3 prompts" in result.output
     # The grid, two fixed gammas, four goodput, four budget, eight learned.
     assert "26 policies searched by replay" in result.output
     folder = only_folder(tmp_path)
@@ -218,7 +217,7 @@ def test_replay_sweep_confirms_its_best_policies(saved_pair, prompts_file, tmp_p
     assert len(learned_rows) == 8 and set(learned_rows["signal_model"]) == {str((folder / "learned_signal.json").resolve())}
     confirmed = table[table["source"] == "confirmed"]
     assert (confirmed["schedule"] == "fixed").sum() == 1
-    assert (confirmed["schedule"] == "goodput").sum() == 1 and (confirmed["schedule"] == "budget").sum() == 0
+    assert (confirmed["schedule"] == "goodput").sum() == 1 and (confirmed["schedule"] == "budget").sum() == 1
     assert ((confirmed["metric"] == "learned") & ~confirmed["schedule"].isin(["goodput", "budget"])).sum() >= 1
     # Its acceptance fit sits beside the record; the sweep's goodput model holds it and the costs.
     (record_dir,) = (tmp_path / "records").iterdir()
@@ -267,9 +266,9 @@ def test_replay_sweep_over_batch_sizes_confirms_the_best_at_each(saved_pair, pro
     assert sorted(table["batch_size"].unique()) == [1, 2] and len(table) == (4 + 2 + 2 + 2 + 8) + (4 + 2 + 2 + 4 + 10)
     assert set(table.loc[(table["schedule"] == "budget") & (table["batch_size"] == 2), "budget_layout"]) == {"padded", "packed"}
     confirmed = table[table["source"] == "confirmed"]
-    # Per B: the best scheduled (and the best learned if it is not), goodput, fixed γ; budget at B = 2.
-    assert sorted(confirmed["batch_size"])[:3] == [1] * 3 and (confirmed["batch_size"] == 2).sum() >= 4
-    assert confirmed.loc[confirmed["schedule"] == "budget", "batch_size"].tolist() == [2]
+    # Per B: the best scheduled (and the best learned if it is not), goodput, budget, fixed γ.
+    assert (confirmed["batch_size"] == 1).sum() >= 4 and (confirmed["batch_size"] == 2).sum() >= 4
+    assert sorted(confirmed.loc[confirmed["schedule"] == "budget", "batch_size"]) == [1, 2]
     assert confirmed[confirmed["metric"] == "learned"]["batch_size"].nunique() == 2
     assert (confirmed["identical_to_baseline"] == 1.0).all()
     for _, group in table.groupby("batch_size"):  # packed never pays for padding
@@ -277,7 +276,7 @@ def test_replay_sweep_over_batch_sizes_confirms_the_best_at_each(saved_pair, pro
     summary = json.loads((folder / "summary.json").read_text())
     assert [entry["batch_size"] for entry in summary["by_batch_size"]] == [1, 2]
     for entry in summary["by_batch_size"]:
-        assert len(entry["measured"]) >= 3 and entry["cost_model_accuracy"]["measured_over_predicted_median"] > 0
+        assert len(entry["measured"]) >= 4 and entry["cost_model_accuracy"]["measured_over_predicted_median"] > 0
         assert entry["packed_predicted"]["scheduled_over_fixed"] > 0
     assert json.loads((folder / "cost_surface.json").read_text())["batch_sizes"].keys() == {"1", "2"}
     # The headroom per B and layout: no policy of the space is predicted above the oracle (but the

@@ -172,6 +172,13 @@ def print_small_table(title: str, columns: tuple[str, ...], rows: list[list[str]
     out_console.print(view)
 
 
+def captured_cell(captured: float) -> str:
+    """The share of the oracle's gain a policy captures; past 100 %: a batch rule beat per-row perfect stopping."""
+    if captured != captured:
+        return "—"
+    return f"{captured:.0%}" if captured <= 1 else "past the per-row bound"
+
+
 def print_headroom(summary: dict) -> None:
     """What any stopping rule could win (the oracle) beside fixed γ and the best policy of each kind, per batch size."""
     def speedup(row, kind):  # a sweep made before the kinds were kept has none
@@ -181,7 +188,7 @@ def print_headroom(summary: dict) -> None:
     rows = [[str(r["batch_size"]), r["layout"], "1.000", f"{r['best_fixed_speedup']:.3f}",
              *(speedup(r, kind) for kind in ("raw", "learned", "budget")),
              f"{r['oracle_speedup']:.3f} ({r['oracle']})",
-             "—" if r["captured"] != r["captured"] else f"{r['captured']:.0%}"] for r in summary.get("headroom") or []]
+             captured_cell(r["captured"])] for r in summary.get("headroom") or []]
     print_small_table("headroom (predicted): how much of the oracle's gain over fixed γ the best policy captures",
                       ("B", "layout", "autoregressive", "best fixed γ", "raw metrics", "learned", "budget", "oracle",
                        "captured"), rows)

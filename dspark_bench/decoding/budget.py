@@ -170,7 +170,8 @@ def _rule(path: str, metric: str, batch_size: int, layout: str, min_draft_len: i
 
 def alone(config) -> goodput.GoodputRule:
     """What the budget schedule is with one row: goodput's rule on the cost tables at b = 1 (the
-    batch-1 engine and batch-1 replay decide with it)."""
+    batch-1 engine and batch-1 replay decide with it). The tables are the timings' monotone
+    envelope, so where a measured t_verify(k) dips this decides otherwise than goodput itself."""
     return _alone(config.goodput_model, config.metric)
 
 

@@ -145,7 +145,7 @@ def headroom_blocks(inputs: Inputs) -> list[tuple]:
     rows = [[plots.short_run(run_id), str(r["batch_size"]), r["layout"], _fmt(r["best_fixed_speedup"]),
              *(_fmt(r.get(f"best_{kind}_speedup")) for kind in ("raw", "learned", "budget")),
              f"{_fmt(r['oracle_speedup'])} ({r['oracle']})",
-             "—" if pd.isna(r["captured"]) else f"{r['captured']:.0%}"]
+             "—" if pd.isna(r["captured"]) else f"{r['captured']:.0%}" if r["captured"] <= 1 else "past the per-row bound"]
             for run_id, summary in inputs.summaries.items() for r in summary.get("headroom") or []]
     if not rows:
         return []

@@ -225,8 +225,7 @@ def say_replay_plan(spec: SweepSpec, prepared: Prepared, first_ids: list[int], c
     goodput = goodput_points(configs, Path("goodput_model.json"))  # goodput, budget and learned join after recording
     goodput += budget_points(configs, Path("goodput_model.json"))
     policies = len(configs) + len(goodput) + len(learned_points(configs + goodput, Path(LEARNED_FILE)))
-    per_token, confirmed = seconds_per_token(prepared.pair, first_ids), (min(spec.confirm_top, scheduled) + 3) * len(sizes) \
-        + sum(b > 1 for b in sizes)  # + the best learned (3: at most), goodput, fixed γ; budget at B > 1
+    per_token, confirmed = seconds_per_token(prepared.pair, first_ids), (min(spec.confirm_top, scheduled) + 4) * len(sizes)  # + learned (at most), goodput, budget, fixed γ
     line, seconds = replay_plan(per_token, len(prepared.prompts), prepared.base.max_new_tokens, policies,
                                 confirmed, spec.repeats, recorded=recorded)
     say(line + (" — an upper bound: a batched run takes less than a batch-1 one" if max(sizes) > 1 else ""))
@@ -238,9 +237,9 @@ def chosen_kinds(ranked: pd.DataFrame, top: int) -> list[pd.DataFrame]:
     per_row = ranked[~ranked["schedule"].isin(["fixed", *COST_AWARE])]
     best = per_row.head(top)
     learned = per_row[per_row["metric"] == LEARNED].head(0 if (best["metric"] == LEARNED).any() else 1)
-    joint = ranked[(ranked["schedule"] == "budget") & (ranked["batch_size"] > 1)]
-    return [best, learned, ranked[ranked["schedule"] == "goodput"].head(1), joint.head(1),
-            ranked[ranked["schedule"] == "fixed"].head(1)]
+    # The budget at B = 1 too: it is goodput's rule on the cost table's monotone envelope, which a
+    # noisy table's own dips can make decide otherwise than goodput.
+    return [best, learned, *(ranked[ranked["schedule"] == kind].head(1) for kind in ("goodput", "budget", "fixed"))]
 
 
 def confirm(table: pd.DataFrame, configs: list[DecodeConfig], spec: SweepSpec, prepared: Prepared,
@@ -253,7 +252,7 @@ def confirm(table: pd.DataFrame, configs: list[DecodeConfig], spec: SweepSpec, p
     ranked = rank(table, objective.name, objective.column("replay"))
     # Per batch size (which policy wins depends on what a step costs at B) and drafter: the best
     # threshold-style policies (and the best on the learned signal, if none of those is), the best goodput,
-    # the best budget (at B > 1: alone it is goodput) and the best fixed γ: each kind the headroom compares.
+    # the best budget and the best fixed γ: each kind the headroom compares.
     chosen = pd.concat([part for _, by_batch in ranked.groupby(["batch_size", "drafter"], sort=True)
                         for part in chosen_kinds(by_batch, spec.confirm_top)])
     ids = chosen["config_id"].to_numpy()
