@@ -36,6 +36,13 @@ MODEL = Path(__file__).parent / "data" / "budget_goodput_model.json"
 COSTS = load(str(MODEL)).costs
 
 
+def chosen(*args) -> np.ndarray:
+    """decide()'s answer (it writes it into its last argument)."""
+    go = np.zeros(len(args[0]), dtype=np.bool_)
+    decide(*args, go)
+    return go
+
+
 def budget_policy(**fields) -> DecodeConfig:
     return DecodeConfig(schedule="budget", max_new_tokens=N, goodput_model=str(MODEL), **fields)
 
@@ -75,7 +82,7 @@ def test_the_choice_is_the_best_subset_of_the_drafting_rows(packed):
         gain = survival * rng.random(n)
         steps_with = np.zeros(n + 1, dtype=np.int64)
         steps_with[max(int(candidate.sum()), 1)] = steps
-        go = decide(expected, gain, np.arange(n), candidate, np.zeros(n, bool), length, steps_with, steps, packed,
+        go = chosen(expected, gain, np.arange(n), candidate, np.zeros(n, bool), length, steps_with, steps, packed,
                     t_draft, t_verify)
         assert not (go & ~candidate).any()  # only a row that can draft on does
         if not candidate.any():
@@ -94,8 +101,8 @@ def test_forced_rows_go_on_whatever_it_costs():
     n = 4
     args = (np.ones(n), np.zeros(n), np.arange(n), np.ones(n, bool), np.array([True, False, False, False]),
             np.ones(n, np.int64), np.array([0, 0, 0, 0, 1]), 1)
-    assert decide(*args, False, t_draft, t_verify).all()  # padded: the others' next tokens are free
-    assert decide(*args, True, t_draft, t_verify).tolist() == [True, False, False, False]  # packed: nothing gained
+    assert chosen(*args, False, t_draft, t_verify).all()  # padded: the others' next tokens are free
+    assert chosen(*args, True, t_draft, t_verify).tolist() == [True, False, False, False]  # packed: nothing gained
 
 
 def test_one_row_is_goodput_term_for_term():
@@ -114,7 +121,7 @@ def test_one_row_is_goodput_term_for_term():
         want = bool(rule.continues(k, alphas[-1], survival, expected))
         for packed in (False, True):
             steps_with = np.array([0, k])
-            got = decide(np.array([expected]), np.array([survival * alphas[-1]]), np.array([0]), np.array([True]),
+            got = chosen(np.array([expected]), np.array([survival * alphas[-1]]), np.array([0]), np.array([True]),
                          np.array([False]), np.array([k]), steps_with, k, packed, t_draft, t_verify)[0]
             assert got == want
         agreed[want] += 1

@@ -90,17 +90,19 @@ def draft_seconds(steps_with, t_draft, extra):  # pragma: no cover (compiled)
 
 
 @numba.njit(cache=True, nogil=True)
-def decide(expected, gain, key, candidate, forced, length, steps_with, steps, packed, t_draft, t_verify):  # pragma: no cover
-    """After draft step `steps` of a round: which of the batch's rows draft another token (bool[n]).
+def decide(expected, gain, key, candidate, forced, length, steps_with, steps, packed, t_draft, t_verify, go):  # pragma: no cover
+    """After draft step `steps` of a round: which of the batch's rows draft another token, written
+    into `go` (bool[n]). An out-argument, not a returned array: numba's conversion of a returned
+    array back to Python failed once in a long sweep ("NRT_adapt_ndarray_to_python: descr is NULL").
 
     Per row: expected output E_i, gain of its next token g_i, a tie-break key (its prompt's
     index), whether it can draft on (`candidate`: it drafted this step, short of its limit and of
     EOS), whether it must (`forced`), and its length so far; `steps_with[m]`: the round's draft
     steps so far that ran m rows. t_draft / t_verify: the cost tables (`cost_tables`)."""
     n = len(expected)
-    go = np.zeros(n, dtype=np.bool_)
+    go[:] = False
     if not candidate.any():
-        return go
+        return
     forced = forced & candidate
     b = n  # the rows this round's passes hold
     total = sorted_sum(expected)
@@ -110,7 +112,7 @@ def decide(expected, gain, key, candidate, forced, length, steps_with, steps, pa
         then = (total + sorted_sum(gain[candidate])) / ((steps + 1) * t_draft[b] + t_verify[b, steps + 1])
         if forced.any() or then > now:
             go[:] = candidate
-        return go
+        return
     tokens = 0
     for i in range(n):
         tokens += length[i] + 1
@@ -135,7 +137,6 @@ def decide(expected, gain, key, candidate, forced, length, steps_with, steps, pa
     go[must] = True
     if chosen > 0:
         go[free[:chosen]] = True
-    return go
 
 
 class BudgetRule:
@@ -154,8 +155,10 @@ class BudgetRule:
         expected = np.array([p.expected for p in proposals], dtype=np.float64)
         gain = np.array([p.survival * p.alpha for p in proposals], dtype=np.float64)
         length = np.array([len(p.tokens) for p in proposals], dtype=np.int64)
-        return decide(expected, gain, np.asarray(keys, dtype=np.int64), np.asarray(candidate, dtype=np.bool_),
-                      length <= self.min_draft_len, length, steps_with, steps, self.packed, self.t_draft, self.t_verify)
+        go = np.zeros(len(proposals), dtype=np.bool_)
+        decide(expected, gain, np.asarray(keys, dtype=np.int64), np.asarray(candidate, dtype=np.bool_),
+               length <= self.min_draft_len, length, steps_with, steps, self.packed, self.t_draft, self.t_verify, go)
+        return go
 
 
 def rule_for(config) -> BudgetRule:

@@ -123,6 +123,7 @@ def _walk_budget(alpha, eos_step, matches, lengths, max_new_tokens, gamma_max, m
     full blocks, draft forwards."""
     P = len(lengths)
     slot_p, slot_j = np.full(batch_size, -1), np.zeros(batch_size, np.int64)
+    go = np.zeros(batch_size, dtype=np.bool_)  # decide's answer, row by row
     next_p, active, padded, packed = 0, 0, 0.0, 0.0
     while True:
         next_p, active, spent = _admit(slot_p, slot_j, next_p, P, active, refill, prefill)
@@ -149,8 +150,9 @@ def _walk_budget(alpha, eos_step, matches, lengths, max_new_tokens, gamma_max, m
                 length[r] = steps
                 if steps >= cap[r] or eos_step[keys[r], starts[r]] == steps:
                     drafting[r] = False
-            drafting &= decide(expected, gain, keys, drafting.copy(), length <= min_draft_len, length, steps_with, steps,
-                               packed_rule, rule_draft, rule_verify)
+            decide(expected, gain, keys, drafting.copy(), length <= min_draft_len, length, steps_with, steps, packed_rule,
+                   rule_draft, rule_verify, go[:n])
+            drafting &= go[:n]
         tokens, leaving = 0, 0
         for r in range(n):
             p, j, L = keys[r], starts[r], length[r]
