@@ -23,11 +23,11 @@ import numpy as np
 import torch
 
 from dspark_bench.decoding.batch_lm import BatchLM
+from dspark_bench.decoding.budget import cost_tables
 from dspark_bench.decoding.cached_lm import CachedLM
 from dspark_bench.decoding.heads import target_hidden
 from dspark_bench.decoding.host import synchronize
 from dspark_bench.decoding.types import Round
-from dspark_bench.errors import DsparkError
 
 
 @dataclass
@@ -151,18 +151,7 @@ class CostSurface:
     def tables(self, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
         """(t_draft[b], t_verify[b, k]) for b = 0 .. batch_size rows (a draining batch has fewer),
         linear in b between the measured batch sizes, non-decreasing in b and k; row 0 is unused."""
-        measured = sorted(self.models)
-        if batch_size > measured[-1]:
-            raise DsparkError(f"the cost surface was timed up to batch size {measured[-1]}, not {batch_size}; "
-                              "measure it again")
-        rows = np.arange(batch_size + 1)
-        draft = np.interp(rows, measured, [self.models[b].t_draft for b in measured])
-        depth = min(len(m.t_verify) for m in self.models.values())
-        verify = np.stack([np.interp(rows, measured, [self.models[b].t_verify[k] for b in measured])
-                           for k in range(depth)], axis=1)
-        # A pass over more tokens or more rows never costs less; a measured median that says so
-        # is noise, and would let a walk prefer a layout or a length for it. Running maxima.
-        return np.maximum.accumulate(draft), np.maximum.accumulate(np.maximum.accumulate(verify, axis=1), axis=0)
+        return cost_tables({b: (m.t_draft, m.t_verify) for b, m in self.models.items()}, batch_size)
 
 
 @torch.inference_mode()
