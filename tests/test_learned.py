@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from dspark_bench.decoding.learned_signal import LearnedSignal
+from dspark_bench.decoding.learned_signal import CONTEXT, LearnedSignal, agreement
 from dspark_bench.errors import DsparkError
 from dspark_bench.replay import learned
 from dspark_bench.replay.record import Record
@@ -24,6 +24,10 @@ def record_where(accept, P: int = 10, N: int = 40, G: int = 4, seed: int = 0) ->
     rng = np.random.default_rng(seed)
     continuation = rng.integers(10, 100, size=(P, N))
     confidences = {m: rng.random((P, N, G)).astype(np.float32) for m in SIGNALS}
+    found = rng.random((P, N, G)) < 0.7  # the context features, noise too: found, agrees if found, its share
+    agrees = found & (rng.random((P, N, G)) < 0.5)
+    share = np.where(agrees, rng.uniform(0.5, 1, (P, N, G)), np.where(found, rng.uniform(0, 0.5, (P, N, G)), 0))
+    confidences.update({m: v.astype(np.float32) for m, v in zip(CONTEXT, (found, agrees, share))})
     rollout = np.empty((P, N, G), dtype=np.int64)
     for k in range(G):
         ahead = np.full((P, N), 5, dtype=np.int64)
@@ -46,6 +50,34 @@ def test_the_learned_signal_finds_acceptance_the_raw_metrics_miss():
     assert all(abs(quality[m]["auc"] - 0.5) < 0.06 for m in SIGNALS)
     assert all(quality["learned"]["brier"] < quality[m]["brier"] for m in SIGNALS)
     assert quality["learned"]["tokens"] == quality["top1"]["tokens"]
+
+
+def test_the_lookups_agreement_is_learned_where_every_raw_metric_is_noise():
+    # The target accepts what the sequence's own n-gram history predicts, mostly.
+    rec = record_where(lambda k, s, rng: rng.random(s["top1"].shape) < np.where(s["lookup_agrees"] > 0, 0.9, 0.2))
+    quality = by_signal(learned.evaluate(rec))
+    assert quality["learned"]["auc"] > 0.8
+    assert all(abs(quality[m]["auc"] - 0.5) < 0.06 for m in SIGNALS)
+    missing = Record(rec.continuation, rec.lengths, rec.rollout,
+                     {m: v for m, v in rec.confidences.items() if m in SIGNALS}, (), rec.info)
+    with pytest.raises(DsparkError, match="holds no lookup_found, lookup_agrees, lookup_share: record it again"):
+        learned.evaluate(missing)
+
+
+def test_agreement_is_what_prompt_lookup_would_propose():
+    from dspark_bench.decoding import lookup
+
+    rng = np.random.default_rng(1)
+    for _ in range(2000):  # small vocabularies: many matches, ties and n-gram lengths
+        seq = rng.integers(0, rng.integers(2, 6), rng.integers(1, 40)).tolist()
+        token = int(rng.integers(0, 6))
+        proposed, votes = lookup.continuation(seq, 1, 3, 1)
+        if not proposed:
+            expected = [0, 0, 0]
+        else:
+            values, counts, _ = votes[0]
+            expected = [1, proposed[0] == token, counts[values == token].sum() / counts.sum()]
+        np.testing.assert_array_equal(agreement(seq, token), np.float32(expected))
 
 
 def test_a_metric_that_decides_acceptance_scores_perfectly_and_learned_keeps_up():
@@ -199,3 +231,46 @@ def test_the_fit_is_read_again_when_rewritten_and_checked_against_the_models(lea
     with pytest.raises(DsparkError, match="fitted on other models"):
         check_learned_models(SimpleNamespace(device=torch.device("cpu"), fingerprints=("other", fingerprints[1])),
                              [config])
+
+
+def test_the_context_features_decide_alike_in_the_engines_and_replay(learned_record, tmp_path):
+    # A signal that reads only what prompt lookup says (drafts on while it found the context's
+    # last n-gram before): the engines compute it from their own sequences, replay from the record.
+    import json
+
+    from dspark_bench.config import DecodeConfig
+    from dspark_bench.decoding.batched import batched_speculative
+    from dspark_bench.decoding.engine import speculative_decode
+    from dspark_bench.replay.simulate import simulate
+
+    pair, rec, path = learned_record
+    fitted = json.loads(Path(path).read_text())
+    weights = {"lookup_found": 4.0, "lookup_share": 4.0}
+    only_lookup = {**fitted, "mean": [0.0] * len(fitted["features"]), "scale": [1.0] * len(fitted["features"]),
+                   "coef": [weights.get(name, 0.0) for name in fitted["features"]], "intercept": -2.0}
+    (tmp_path / learned.FILE).write_text(json.dumps(only_lookup))
+    rec = learned.with_learned(rec, LearnedSignal.from_dict(only_lookup))
+    config = DecodeConfig(metric="learned", signal_model=str(tmp_path), threshold=0.5, gamma_max=G, max_new_tokens=N,
+                          min_draft_len=0)
+    replayed = simulate(rec, config)
+    drafted = [r.drafted for rounds in replayed for r in rounds]
+    assert min(drafted) == 0 and max(drafted) >= 2  # lookup's matches come and go within a draft
+    for mode in ("early-stop", "verify-side"):
+        for prompt, rounds in zip(PROMPTS, replayed):
+            real = speculative_decode(pair.target, pair.draft, prompt, config.replace(draft_mode=mode), pair.eos_ids)
+            assert round_tuples(real.rounds) == round_tuples(rounds), mode
+    rows = batched_speculative(pair.target, pair.draft, PROMPTS, config.replace(batch_size=3), 3, pair.eos_ids)
+    assert [round_tuples(row.result.rounds) for row in rows] == [round_tuples(rounds) for rounds in replayed]
+
+
+@pytest.mark.parametrize("shape", [(8192,), (3, 50), (64, 8192)])
+def test_every_signal_at_once_is_each_signals_own_value(shape):
+    # The record (and the learned signal) read all_metrics; a rule on one metric reads its own function.
+    from dspark_bench.decoding import confidence
+
+    probs = torch.softmax(torch.randn(shape, generator=torch.Generator().manual_seed(len(shape))) * 3, dim=-1)
+    for topk in (1, 5, 12):
+        together = confidence.all_metrics(probs, topk)
+        assert list(together) == list(confidence.SIGNALS)
+        for name, fn in confidence.SIGNALS.items():
+            assert torch.equal(together[name], fn(probs, topk)), (name, topk)

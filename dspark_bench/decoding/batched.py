@@ -183,10 +183,6 @@ class SpeculativeStep:
             steps += 1
             steps_with[sum(not p.done for p in proposals)] += 1
             ends = torch.tensor([max(len(f) - 1, 0) for f in feeds], device=self.draft.device)  # before the pass
-            # Each row's step in its own draft (every token a drafting row considered, it took),
-            # copied before the pass too; only the learned signal reads it.
-            step = torch.tensor([len(p.tokens) for p in proposals], device=self.draft.device) \
-                if config.metric == "learned" else 0
             logits = self.draft.forward(feeds)
             last = logits[torch.arange(len(feeds), device=logits.device), ends]
             probs = distribution(last, config)
@@ -195,7 +191,10 @@ class SpeculativeStep:
             tokens = pick(last, probs, config, None) if config.greedy else torch.stack(
                 [draw(probs[i], requests[i].generator) if i in drafting else last.new_zeros((), dtype=torch.long)
                  for i in range(len(requests))])
-            scores, tokens = fetch(confidence.score(config, probs, step), tokens)
+            read, tokens = fetch(confidence.draft_signals(config, probs), tokens)
+            # Each row's step in its own draft: every token a drafting row considered, it took.
+            contexts = [r.seq + p.tokens for r, p in zip(requests, proposals)] if config.metric == "learned" else None
+            scores = confidence.host_scores(config, read, contexts, tokens, [len(p.tokens) for p in proposals])
             for i in range(len(requests)):
                 feeds[i] = []
                 if i not in drafting or not proposals[i].consider(config, scores[i]):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 from dspark_bench.decoding import learned_signal
@@ -57,15 +58,39 @@ def signal_of(config) -> str:
     return "llamacpp_top1" if engine_own else config.metric
 
 
-def score(config, probs: torch.Tensor, step=0) -> torch.Tensor:
-    """The confidence `config`'s rule reads from the drafter's distribution `probs` at 0-based
-    draft `step` (an int, or a tensor over probs' leading dimensions; only `learned` reads it)."""
-    if config.metric == "learned":  # its topk_mass feature takes the k it was fitted with
-        signal = learned_signal.load(config.signal_model)
-        return signal(all_metrics(probs, signal.topk), step)
+def score(config, probs: torch.Tensor) -> torch.Tensor:
+    """The confidence `config`'s rule reads from the drafter's distribution `probs` (not the
+    learned signal's: it reads the drafted tokens too, `draft_signals` and `host_scores`)."""
+    if config.metric == "learned":
+        raise ValueError("the learned signal is scored on the host (draft_signals, host_scores)")
     return SIGNALS[signal_of(config)](probs, config.topk)
 
 
+def draft_signals(config, probs: torch.Tensor) -> torch.Tensor:
+    """What the host reads of a draft step to score it [..., 1 or 5]: the rule's confidence, or
+    every raw signal the learned signal reads (its topk_mass with the k it was fitted with)."""
+    if config.metric == "learned":
+        signal = learned_signal.load(config.signal_model)
+        return torch.stack(list(all_metrics(probs, signal.topk).values()), dim=-1)
+    return score(config, probs)[..., None]
+
+
+def host_scores(config, read: list, contexts: list | None, tokens: list[int], steps: list[int]) -> list[float]:
+    """Each row's score from what `draft_signals` gave, read on the host ([rows][1 or 5]): the
+    confidence itself, or the learned signal of the raw signals and of what the lookup says of
+    each row's drafted `tokens[i]` after `contexts[i]` (its sequence and its draft so far), at
+    0-based draft `steps[i]`. In float64 on the CPU, as replay computes it from the record."""
+    if config.metric != "learned":
+        return [row[0] for row in read]
+    context = np.stack([learned_signal.agreement(c, t) for c, t in zip(contexts, tokens)])
+    return learned_signal.load(config.signal_model)(np.array(read, dtype=np.float32), context, np.array(steps)).tolist()
+
+
 def all_metrics(probs: torch.Tensor, topk: int = 5) -> dict[str, torch.Tensor]:
-    """Every signal at once (replay records them all)."""
-    return {name: fn(probs, topk) for name, fn in SIGNALS.items()}
+    """Every signal at once (replay records them all; the learned signal reads them all at every
+    draft step): one top-k serves four of them, each the very value its own function gives."""
+    V = probs.shape[-1]
+    top = probs.topk(min(max(topk, LLAMACPP_TOPK, 2), V), dim=-1).values
+    return {"top1": top[..., 0], "entropy": entropy(probs),
+            "topk_mass": top[..., : min(topk, V)].sum(dim=-1).clamp(0.0, 1.0), "margin": top[..., 0] - top[..., 1],
+            "llamacpp_top1": top[..., 0] / top[..., : min(LLAMACPP_TOPK, V)].sum(dim=-1)}

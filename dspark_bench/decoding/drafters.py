@@ -45,7 +45,7 @@ class ModelDrafter:
 
     def propose(self, recent, seq, proposal: Proposal, generator, eos_ids, rule, eos_tensor) -> Block:
         return draft_block(self.lm, unseen(recent, seq, self.lm), self.config, proposal, generator, eos_ids, rule,
-                           eos_tensor)
+                           eos_tensor, seq)
 
     def observe(self, target_lm: CachedLM, accepted: torch.Tensor) -> None:
         pass
@@ -73,7 +73,7 @@ class HeadsDrafter:
             return block
         logits = self.heads(self.hidden, n)  # [n, vocab]
         q = distribution(logits, config)
-        scores = confidence.score(config, q, torch.arange(n, device=q.device))
+        scores = confidence.score(config, q)
         tokens = pick(logits, q, config, generator)  # head i's token is drawn from head i's q alone
         probs = None if config.greedy else q
         if config.draft_mode == "verify-side":
@@ -137,7 +137,7 @@ def start_drafter(draft, target_lm: CachedLM, prompt_ids: list[int], config: Dec
 
 
 def draft_block(draft_lm: CachedLM, pending: torch.Tensor, config: DecodeConfig, proposal: Proposal, generator,
-                eos_ids: frozenset[int], rule: DeviceRule | None, eos_tensor: torch.Tensor) -> Block:
+                eos_ids: frozenset[int], rule: DeviceRule | None, eos_tensor: torch.Tensor, seq: list[int]) -> Block:
     """The round's draft under config.draft_mode.
 
     "early-stop": after each draft forward the host learns the token and its confidence (one
@@ -145,19 +145,23 @@ def draft_block(draft_lm: CachedLM, pending: torch.Tensor, config: DecodeConfig,
     "verify-side": the draft runs to the round's limit with no sync at all, and the rule cuts
     the block on the device (`rule`, schedule.DeviceRule); the target verifies the whole block but
     accepts only the kept prefix. Greedy: the same tokens and rounds; more draft and verify work,
-    no waits. Sampling: as lossless, but the draft draws past the cut, so other samples.
-    `pending`: what the draft has not seen of the sequence (1 or 2 tokens), on the device."""
-    tokens, probs, scores = [], [], []
+    no waits. Sampling: as lossless, but the draft draws past the cut, so other samples. The
+    learned signal reads the drafted tokens on the host, so there it costs one read per round.
+    `pending`: what the draft has not seen of the sequence (1 or 2 tokens), on the device;
+    `seq`: the sequence so far, on the host (the learned signal's context)."""
+    tokens, probs, signals, scores = [], [], [], []
     for _ in range(proposal.limit):
         if config.draft_mode == "early-stop" and proposal.done:
             break
         logits = draft_lm.forward(pending)[-1]
         q = distribution(logits, config)
-        scores.append(confidence.score(config, q, len(scores)))
+        signals.append(confidence.draft_signals(config, q))
         token = pick(logits, q, config, generator)
         pending = token.view(1)
         if config.draft_mode == "early-stop":
-            score, token_id = fetch(scores[-1], token)  # the loop must know now whether to go on
+            read, token_id = fetch(signals[-1], token)  # the loop must know now whether to go on
+            score, = confidence.host_scores(config, [read], [seq + proposal.tokens], [token_id], [len(scores)])
+            scores.append(score)
             if not proposal.consider(config, score):
                 continue
             proposal.take(token_id, q, eos_ids)
@@ -165,9 +169,24 @@ def draft_block(draft_lm: CachedLM, pending: torch.Tensor, config: DecodeConfig,
         probs.append(q)
     device = draft_lm.device
     tokens = torch.stack(tokens) if tokens else torch.zeros(0, dtype=torch.long, device=device)
-    scores = torch.stack(scores) if scores else torch.zeros(0, device=device)
     probs = torch.stack(probs) if probs and not config.greedy else None
     if config.draft_mode == "verify-side":
+        scores = device_scores(config, signals, tokens, seq, device)
         return Block(tokens, probs, scores, rule.kept(scores, tokens, eos_tensor))
     kept = len(proposal.tokens)  # llama.cpp's discard may have emptied the draft
-    return Block(tokens[:kept], probs[:kept] if probs is not None else None, scores, kept)
+    # Early-stop's scores were read on the host, where the proposal keeps them (no copy back).
+    return Block(tokens[:kept], probs[:kept] if probs is not None else None, torch.zeros(0, device=device), kept)
+
+
+def device_scores(config: DecodeConfig, signals: list[torch.Tensor], tokens: torch.Tensor, seq: list[int],
+                  device: torch.device) -> torch.Tensor:
+    """A verify-side block's scores, on the device: read there, except the learned signal's,
+    computed on the host from the block's tokens (one read) and copied back."""
+    if not signals:
+        return torch.zeros(0, device=device)
+    if config.metric != "learned":
+        return torch.stack(signals)[:, 0]
+    read, drafted = fetch(torch.stack(signals), tokens)
+    scores = confidence.host_scores(config, read, [seq + drafted[:k] for k in range(len(drafted))], drafted,
+                                    list(range(len(drafted))))
+    return torch.tensor(scores, dtype=torch.float64, device=device)

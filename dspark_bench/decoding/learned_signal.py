@@ -2,10 +2,12 @@
 
 A logistic regression fitted on a replay record (replay/learned.py) over what the draft already
 computed at that step: every raw signal s (confidence.RAW_SIGNALS) as s, log s and log(1 − s) (so
-a linear model can bend each into a logit's shape), and the token's position in the draft
-(one-hot; positions past the record's longest draft count as the last). It is read here,
+a linear model can bend each into a logit's shape); what the sequence's own n-gram history says
+of the drafted token (`agreement`, the CONTEXT features: did the lookup find a match, does it predict this token,
+its share of the votes), computed on the host from the tokens; and the token's position in the
+draft (one-hot; positions past the record's longest draft count as the last). It is read here,
 by the engine at every draft step and by replay over a whole record, with one function in
-float64 and elementwise arithmetic only (no matmul, whose summation order depends on the
+float64, one compiled loop token by token (no matmul, whose summation order depends on the
 shape), so both see the same numbers and take the same decisions.
 
 Used as `metric: learned` with `signal_model` naming the file (or the replay sweep's folder
@@ -17,37 +19,44 @@ from __future__ import annotations
 
 import functools
 import json
+import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
+import numba
+import numpy as np
 
 from dspark_bench.errors import DsparkError
 
 RAW_SIGNALS = ("top1", "entropy", "topk_mass", "margin", "llamacpp_top1")  # confidence.SIGNALS, in this order
+CONTEXT = ("lookup_found", "lookup_agrees", "lookup_share")  # agreement's, in its order; each enters as itself
 FILE = "learned_signal.json"
 
 
 FLOOR = 1e-4  # log s and log(1 - s) stay finite at 0 and 1, and do not blow up float32 rounding near them
-TRANSFORMS = {  # each raw signal enters as these elementwise functions of it (float64 in, float64 out)
+TRANSFORMS = {  # each raw signal enters as these elementwise functions of it (float64 in, float64 out; _probability's)
     "": lambda s: s,
-    "log_": lambda s: torch.log(s.clamp_min(FLOOR)),
-    "log1m_": lambda s: torch.log((1.0 - s).clamp_min(FLOOR)),
+    "log_": lambda s: np.log(np.maximum(s, FLOOR)),
+    "log1m_": lambda s: np.log(np.maximum(1.0 - s, FLOOR)),
 }
 
 
 def feature_names(positions: int) -> list[str]:
     """The features, in the order the fit and the signal both use them."""
-    return [f"{prefix}{name}" for name in RAW_SIGNALS for prefix in TRANSFORMS] + \
+    return [f"{prefix}{name}" for name in RAW_SIGNALS for prefix in TRANSFORMS] + list(CONTEXT) + \
         [f"position_{g + 1}" for g in range(positions)]
 
 
-def features(signals: dict[str, torch.Tensor]):
-    """Each raw signal's transforms (float64), in feature_names' order; the positions follow them."""
+def features(signals: dict[str, np.ndarray]):
+    """Each raw signal's transforms, then the context features (float64), in feature_names' order;
+    the positions follow them (the fit's columns, replay/learned.py)."""
     for name in RAW_SIGNALS:
-        value = signals[name].double()
+        value = np.asarray(signals[name], dtype=np.float64)
         for transform in TRANSFORMS.values():
             yield transform(value)
+    for name in CONTEXT:
+        yield np.asarray(signals[name], dtype=np.float64)
 
 
 @dataclass(frozen=True)
@@ -70,28 +79,29 @@ class LearnedSignal:
         raw = len(self.coef) - self.positions
         return constant, slopes[:raw], slopes[raw:]
 
-    def __call__(self, signals: dict[str, torch.Tensor], step) -> torch.Tensor:
-        """Acceptance probability of tokens with these raw `signals` at 0-based draft `step`
-        (an int, or an integer tensor of the signals' shape), in float64; the same operations in
-        the same order whatever the shape, so engine and replay agree."""
+    @functools.cached_property
+    def arrays(self) -> tuple[float, np.ndarray, np.ndarray]:
         constant, slopes, at_position = self.weights
-        first = signals[RAW_SIGNALS[0]]
-        z = torch.full(first.shape, constant, dtype=torch.float64, device=first.device)
-        for slope, value in zip(slopes, features(signals)):
-            z = z + slope * value
-        if isinstance(step, int):
-            z = z + at_position[min(step, self.positions - 1)]
-        else:
-            z = z + position_table(self, first.device)[step.clamp(max=self.positions - 1)]
-        return 1.0 / (1.0 + torch.exp(-z))
+        return constant, np.array(slopes, dtype=np.float64), np.array(at_position, dtype=np.float64)
+
+    def __call__(self, raw: np.ndarray, context: np.ndarray, step: np.ndarray) -> np.ndarray:
+        """Acceptance probability [n] (float64) of n drafted tokens: their raw signals `raw`
+        [n, RAW_SIGNALS] and context features `context` [n, CONTEXT] (float32, as read from the
+        drafter and `agreement`), at 0-based draft `step` [n]. One compiled loop, token by token,
+        for the engine's row or batch and replay's whole record alike, so both see the same numbers."""
+        constant, slopes, at_position = self.arrays
+        out = np.empty(len(step), dtype=np.float64)
+        _probability(np.ascontiguousarray(raw, dtype=np.float32), np.ascontiguousarray(context, dtype=np.float32),
+                     np.ascontiguousarray(step, dtype=np.int64), constant, slopes, at_position, FLOOR, out)
+        return out
 
     @classmethod
     def from_dict(cls, data: dict) -> "LearnedSignal":
         names = data["features"]
-        positions = len(names) - len(RAW_SIGNALS) * len(TRANSFORMS)
+        positions = len(names) - len(RAW_SIGNALS) * len(TRANSFORMS) - len(CONTEXT)
         expected = feature_names(max(positions, 1))
         if names != expected or not len(data["mean"]) == len(data["scale"]) == len(data["coef"]) == len(names):
-            raise ValueError(f"features {names} are not {expected}")
+            raise ValueError(f"features {names} are not {expected} (fitted by an older version: fit it again)")
         if min(data["scale"]) <= 0:
             raise ValueError("a feature's scale is not positive")
         return cls(tuple(map(float, data["mean"])), tuple(map(float, data["scale"])), tuple(map(float, data["coef"])),
@@ -99,10 +109,22 @@ class LearnedSignal:
                    tuple(sorted((k, v) for k, v in (data.get("models") or {}).items() if v)))
 
 
-@functools.lru_cache(maxsize=32)
-def position_table(signal: LearnedSignal, device: torch.device) -> torch.Tensor:
-    """The per-position weights on `device`, copied there once (not at every draft step)."""
-    return torch.tensor(signal.weights[2], dtype=torch.float64, device=device)
+@numba.njit(cache=True, nogil=True)
+def _probability(raw, context, step, constant, slopes, at_position, floor, out):  # pragma: no cover (compiled)
+    # The terms in feature_names' order: each raw s as s, log s, log(1 - s) (TRANSFORMS), then the context's.
+    for i in range(len(step)):
+        z, j = constant, 0
+        for r in range(raw.shape[1]):
+            value = np.float64(raw[i, r])
+            z += slopes[j] * value
+            z += slopes[j + 1] * np.log(max(value, floor))
+            z += slopes[j + 2] * np.log(max(1.0 - value, floor))
+            j += 3
+        for c in range(context.shape[1]):
+            z += slopes[j] * np.float64(context[i, c])
+            j += 1
+        z += at_position[min(step[i], len(at_position) - 1)]
+        out[i] = 1.0 / (1.0 + np.exp(-z))
 
 
 def model_path(path: str | Path) -> Path:
@@ -113,12 +135,19 @@ def model_path(path: str | Path) -> Path:
 
 def load(path: str) -> LearnedSignal:
     """The fitted signal at `path` (a file, or a sweep folder holding one), read once per version
-    of the file: a file rewritten in place is read again."""
-    file = model_path(path)
-    if not file.is_file():
+    of the file: a file rewritten in place is read again. The engine calls it at every draft
+    step, so it asks the file system one question when it can (a stat)."""
+    file = str(path)
+    try:
+        found = os.stat(file)
+        if stat.S_ISDIR(found.st_mode):
+            file = os.path.join(file, FILE)
+            found = os.stat(file)
+    except OSError:
+        found = None
+    if found is None or not stat.S_ISREG(found.st_mode):
         raise DsparkError(f"no learned signal at {str(path)!r} (a replay sweep's folder or its {FILE})")
-    stat = file.stat()
-    return _load(str(file.resolve()), stat.st_mtime_ns, stat.st_size)
+    return _load(file, found.st_mtime_ns, found.st_size)
 
 
 @functools.lru_cache(maxsize=16)
@@ -127,3 +156,53 @@ def _load(file: str, mtime_ns: int, size: int) -> LearnedSignal:
         return LearnedSignal.from_dict(json.loads(Path(file).read_text()))
     except (OSError, KeyError, TypeError, ValueError) as err:
         raise DsparkError(f"learned signal {file!r} is unreadable: {err}") from None
+
+
+# --- the context features: what prompt lookup (lookup.py) says of a drafted token -------------
+# A draft model's token that the sequence's own n-gram history also predicts is accepted far more
+# often: on the code task's 40 held-out prompts the held-out AUC rose from .86 to .93 with these.
+AGREEMENT_NGRAMS = (1, 3)  # ngram_min, ngram_max: the lookup drafter's defaults
+
+
+def agreement(seq, token: int) -> np.ndarray:
+    """[found, agrees, share] (float32) for `token` proposed after `seq`: whether the lookup
+    (lookup.continuation) found an earlier occurrence of the sequence's last n-gram; whether its next
+    token is `token`; the share of the occurrences' votes that went to `token` (0 when none)."""
+    out = np.zeros(3, dtype=np.float32)
+    _agreement(np.asarray(seq, dtype=np.int64), int(token), *AGREEMENT_NGRAMS, out)
+    return out
+
+
+@numba.njit(cache=True, nogil=True)
+def _agreement(arr, token, ngram_min, ngram_max, out):  # pragma: no cover (compiled)
+    # lookup.continuation(arr, ngram_min, ngram_max, 1)'s first token and its votes, without the arrays it builds.
+    T = len(arr)
+    followers = np.empty(max(T, 1), dtype=np.int64)
+    for n in range(min(ngram_max, T - 1), ngram_min - 1, -1):
+        count = 0
+        for s in range(T - n):  # windows ending before the last token, so each has a follower
+            same = True
+            for i in range(n):
+                if arr[s + i] != arr[T - n + i]:
+                    same = False
+                    break
+            if same:
+                followers[count] = arr[s + n]
+                count += 1
+        if count == 0:
+            continue
+        ranked = np.sort(followers[:count])
+        most = 0
+        for i in range(count):  # the largest vote
+            most = max(most, np.searchsorted(ranked, ranked[i], "right") - np.searchsorted(ranked, ranked[i], "left"))
+        winner = -1
+        for i in range(count - 1, -1, -1):  # a tie goes to the latest occurrence's vote
+            value = followers[i]
+            if np.searchsorted(ranked, value, "right") - np.searchsorted(ranked, value, "left") == most:
+                winner = value
+                break
+        votes = np.searchsorted(ranked, token, "right") - np.searchsorted(ranked, token, "left")
+        out[0] = 1.0
+        out[1] = 1.0 if winner == token else 0.0
+        out[2] = np.float32(votes / count)
+        return

@@ -35,6 +35,7 @@ class Block:
 
     tokens: torch.Tensor  # [n] drafted ids sent to the target
     probs: torch.Tensor | None  # [n, vocab] the draft distribution q each was drawn from (sampling)
-    scores: torch.Tensor  # [s] the confidence of every proposal, one per draft forward
+    scores: torch.Tensor  # [s] the confidence of every proposal, one per draft forward (verify-side; the
+    # early-stop ones were read on the host and live in the Proposal)
     kept: torch.Tensor | int  # how many of the n the rule keeps: n (early-stop, an int) or a 0-d
     # tensor the device decided (verify-side)

@@ -5,7 +5,9 @@ knew acceptance in advance would win. Between the two sits the question this mod
 how much of "will the target accept this drafted token?" can be predicted at all from what the
 draft has already computed? The `learned` signal is a logistic regression (scikit-learn) of a
 token's verdict on the record's features of that token: every signal the drafter computed at its
-step (top1, entropy, topk_mass, margin, llamacpp_top1), each as s, log s and log(1 − s), and its
+step (top1, entropy, topk_mass, margin, llamacpp_top1), each as s, log s and log(1 − s); what
+prompt lookup says of the token after the same context (learned_signal.CONTEXT: did it find the
+context's last n-gram before, does it predict this token, its share of the votes); and its
 position in the draft (one-hot).
 It is conditional on the draft so far being accepted, as every verdict in a record is
 (acceptance.drafted_tokens). The engine and replay read the saved fit with
@@ -16,7 +18,10 @@ ROC AUC, Brier score and expected calibration error of the learned signal beside
 metric made a probability the same way the goodput schedule makes it one (an isotonic fit on the
 training folds). The fit on every prompt is saved beside the record (`learned_signal.json`).
 
-Not here yet: the draft's hidden state as a feature (records do not store it).
+Not here: the draft's hidden state as a feature. On the code task's 40 held-out prompts it raised
+the held-out AUC from .860 to .876 over the raw signals alone (an L2-regularised fit over its 192
+values), and by .001–.002 once the context features were in (.934 without it, .935 with it in a
+gradient-boosted fit over everything); the engine would have to read it out of the draft's forward.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from dspark_bench.decoding import learned_signal
-from dspark_bench.decoding.learned_signal import FILE, LearnedSignal
+from dspark_bench.decoding.learned_signal import CONTEXT, FILE, LearnedSignal
 from dspark_bench.decoding.learned_signal import RAW_SIGNALS as RAW
 from dspark_bench.errors import DsparkError
 from dspark_bench.replay.acceptance import brier, ece, fit_curve, roc_auc, verdict_steps
@@ -59,21 +64,24 @@ def used_steps(rec) -> np.ndarray:
 
 def drafted(rec) -> Tokens:
     """The record's drafted tokens with a verdict, and their features."""
-    missing = [m for m in RAW if m not in rec.confidences]
-    if missing:
-        raise DsparkError(f"the record holds no {', '.join(missing)}: record it again")
-    import torch
-
     used, matches = used_steps(rec), match_lengths(rec)
     P, N, G = rec.rollout.shape
     k = np.arange(G)[None, None, :]
-    signals = {m: torch.from_numpy(np.ascontiguousarray(rec.confidences[m])) for m in RAW}
+    signals = inputs(rec)
     # The very transforms the signal applies in the engine (learned_signal.features), and the position one-hot.
-    columns = [value.numpy()[used] for value in learned_signal.features(signals)]
+    columns = [value[used] for value in learned_signal.features(signals)]
     raw = {m: columns[i * len(learned_signal.TRANSFORMS)] for i, m in enumerate(RAW)}  # each signal's identity transform
     columns += [np.broadcast_to(k == g, (P, N, G))[used].astype(np.float64) for g in range(G)]
     return Tokens(np.stack(columns, axis=1), learned_signal.feature_names(G), (k < matches[:, :, None])[used],
                   np.broadcast_to(np.arange(P)[:, None, None], used.shape)[used], raw)
+
+
+def inputs(rec) -> dict:
+    """What the learned signal reads of every rollout step: the raw signals and the context features."""
+    missing = [m for m in (*RAW, *CONTEXT) if m not in rec.confidences]
+    if missing:
+        raise DsparkError(f"the record holds no {', '.join(missing)}: record it again")
+    return {m: rec.confidences[m] for m in (*RAW, *CONTEXT)}
 
 
 def make_model():
@@ -164,9 +172,10 @@ def load_or_evaluate(rec, record_dir: Path) -> dict:
 
 def with_learned(rec, model: LearnedSignal):
     """`rec` with confidences["learned"]: the signal at every rollout step, as the engine computes it."""
-    import torch
-
-    G = rec.rollout.shape[2]
-    step = torch.arange(G).expand(rec.rollout.shape)
-    values = model({m: torch.from_numpy(np.ascontiguousarray(rec.confidences[m])) for m in RAW}, step)
-    return dataclasses.replace(rec, confidences={**rec.confidences, "learned": values.numpy()})
+    signals = inputs(rec)
+    shape = rec.rollout.shape
+    raw = np.stack([signals[m].ravel() for m in RAW], axis=1)
+    context = np.stack([signals[m].ravel() for m in CONTEXT], axis=1)
+    step = np.broadcast_to(np.arange(shape[2]), shape).ravel()
+    values = model(raw, context, step).reshape(shape)
+    return dataclasses.replace(rec, confidences={**rec.confidences, "learned": values})

@@ -22,6 +22,7 @@ from dspark_bench.decoding import confidence, lookup
 from dspark_bench.decoding.autoregressive import autoregressive_decode
 from dspark_bench.decoding.cached_lm import _forward_kwargs
 from dspark_bench.decoding.heads import target_hidden
+from dspark_bench.decoding.learned_signal import CONTEXT, agreement
 from dspark_bench.errors import DsparkError
 from dspark_bench.results import provenance
 
@@ -33,7 +34,9 @@ class Record:
     continuation: np.ndarray  # [P, N] target greedy tokens, -1 past the end
     lengths: np.ndarray  # [P] tokens in each continuation (EOS included)
     rollout: np.ndarray  # [P, N, G] the draft's greedy proposal at step k from position j
-    confidences: dict[str, np.ndarray]  # metric -> [P, N, G] confidence of that proposal
+    # metric -> [P, N, G] confidence of that proposal; a draft model's record also holds the
+    # learned signal's context features (learned_signal.CONTEXT) of each proposed token
+    confidences: dict[str, np.ndarray]
     eos_ids: tuple[int, ...]
     info: dict  # max_new_tokens, gamma_record, topk, fingerprints, prompt ids and categories, drafter
     available: np.ndarray | None = None  # [P, N] proposals the drafter had at j (None: all G, a draft model)
@@ -72,7 +75,7 @@ class Record:
             info = json.loads((folder / "record.json").read_text())
             arrays = np.load(folder / "record.npz")
             confidences = {m: arrays[f"confidence_{m}"] for m in confidence.METRICS}
-            confidences.update({m: arrays[f"confidence_{m}"] for m in confidence.SIGNALS  # later signals: newer records
+            confidences.update({m: arrays[f"confidence_{m}"] for m in (*confidence.SIGNALS, *CONTEXT)  # newer records
                                 if f"confidence_{m}" in arrays.files})
             available = arrays["available"] if "available" in arrays.files else None  # older records: a draft model
             return cls(arrays["continuation"], arrays["lengths"], arrays["rollout"], confidences,
@@ -190,7 +193,23 @@ def drafter_proposals(pair, drafter: DecodeConfig, sequence: list[int], prompt_l
         return lookup_continuations(sequence, prompt_len, positions, steps, topk, drafter.ngram_min,
                                     drafter.ngram_max, vocab)
     tokens, scores = draft_rollouts(pair.draft, sequence, prompt_len, positions, steps, topk)
+    scores.update(context_features(sequence, prompt_len, tokens))
     return tokens, scores, np.full(positions, steps, dtype=np.int64)
+
+
+def context_features(sequence: list[int], prompt_len: int, tokens: np.ndarray) -> dict[str, np.ndarray]:
+    """The learned signal's context features (learned_signal.agreement) of every rollout token
+    tokens[j, k], after what it was drafted from: sequence[:prompt_len + j] and tokens[j, :k]."""
+    positions, steps = tokens.shape
+    values = np.zeros((positions, steps, len(CONTEXT)), dtype=np.float32)
+    context = np.empty(len(sequence) + steps, dtype=np.int64)
+    for j in range(positions):
+        start = prompt_len + j
+        context[:start] = sequence[:start]
+        context[start : start + steps] = tokens[j]
+        for k in range(steps):
+            values[j, k] = agreement(context[: start + k], tokens[j, k])
+    return {name: values[:, :, i] for i, name in enumerate(CONTEXT)}
 
 
 def record(pair, prompt_ids: list[list[int]], max_new_tokens: int, gamma_record: int, topk: int = 5,
@@ -218,8 +237,8 @@ def record(pair, prompt_ids: list[list[int]], max_new_tokens: int, gamma_record:
         tokens, values, had = drafter_proposals(pair, drafter, ids + generated, len(ids), len(generated), G, topk)
         rollout[p, : len(generated)] = tokens
         available[p, : len(generated)] = had
-        for name in scores:
-            scores[name][p, : len(generated)] = values[name]
+        for name in values:
+            scores.setdefault(name, np.zeros((P, N, G), dtype=np.float32))[p, : len(generated)] = values[name]
         if progress:
             progress()
     meta = {"max_new_tokens": N, "gamma_record": G, "topk": topk, **provenance(), **(info or {}),

@@ -17,6 +17,7 @@ import pandas as pd
 
 from dspark_bench.config import COST_AWARE, LEARNED, DecodeConfig, expand
 from dspark_bench.decoding.confidence import SIGNALS
+from dspark_bench.decoding.learned_signal import CONTEXT
 from dspark_bench.decoding.learned_signal import FILE as LEARNED_FILE
 from dspark_bench.errors import DsparkError
 from dspark_bench.harness.health import (
@@ -108,9 +109,9 @@ def load_or_record(spec: SweepSpec, prepared: Prepared, gamma: int, ids: list[li
     if (record_dir / "record.json").is_file():
         rec = Record.load(record_dir)
         rec.check_matches(models, fingerprint)
-        if set(SIGNALS) <= set(rec.confidences):
+        if set(SIGNALS) | (set(CONTEXT) if drafter.drafter == "model" else set()) <= set(rec.confidences):
             return rec
-        stale = True  # recorded before a signal records now hold (llama.cpp's own top1): record it again
+        stale = True  # recorded before a signal records now hold (llama.cpp's own top1, the context features)
     info = {"models": models, "prompts_fingerprint": fingerprint, "prompt_ids": [p.id for p in prompts],
             "categories": [p.category for p in prompts]}
     eos_ids = spec.runner_settings().eos_ids(pair)
