@@ -266,7 +266,7 @@ def test_the_context_features_decide_alike_in_the_engines_and_replay(learned_rec
 @pytest.mark.parametrize("shape", [(8192,), (3, 50), (64, 8192)])
 def test_every_signal_at_once_is_each_signals_own_value(shape):
     # The record (and the learned signal) read all_metrics; a rule on one metric reads its own function.
-    from dspark_bench.decoding import confidence
+    from dspark_bench.decoding import confidence, learned_signal
 
     probs = torch.softmax(torch.randn(shape, generator=torch.Generator().manual_seed(len(shape))) * 3, dim=-1)
     for topk in (1, 5, 12):
@@ -274,3 +274,37 @@ def test_every_signal_at_once_is_each_signals_own_value(shape):
         assert list(together) == list(confidence.SIGNALS)
         for name, fn in confidence.SIGNALS.items():
             assert torch.equal(together[name], fn(probs, topk)), (name, topk)
+        # The learned signal's, derived on the host from the top probabilities the engine reads.
+        rows = probs.reshape(-1, shape[-1])
+        top = rows.topk(confidence.top_count(topk, shape[-1]), dim=-1).values.numpy()
+        derived = learned_signal.raw_signals(top, min(topk, top.shape[1]), min(confidence.LLAMACPP_TOPK, top.shape[1]))
+        for i, name in enumerate(learned.RAW):
+            np.testing.assert_allclose(derived[:, i], confidence.SIGNALS[name](rows, topk).numpy(), rtol=1e-6, atol=0)
+
+
+def test_replay_charges_the_learned_signals_draft_steps(learned_record):
+    # The learned signal runs on the host at every draft step (CostModel.t_learned): a learned
+    # policy's prediction pays it per draft forward, at batch 1 and on the surface at any B.
+    from dspark_bench.config import DecodeConfig
+    from dspark_bench.replay.batched import simulate_with_surface
+    from dspark_bench.replay.cost import CostModel, CostSurface
+    from dspark_bench.replay.simulate import simulate_grid
+
+    _, rec, path = learned_record
+    verify = [0.010 + 0.002 * k for k in range(G + 1)]
+    plain = CostModel(0.001, verify, 10)
+    charged = CostModel(0.001, verify, 10, t_learned=0.0004)
+    assert CostModel.from_dict(charged.to_dict()) == charged
+    configs = [DecodeConfig(metric="learned", signal_model=path, threshold=0.5, gamma_max=G, max_new_tokens=N),
+               DecodeConfig(threshold=0.5, gamma_max=G, max_new_tokens=N)]
+    before, after = simulate_grid(rec, configs, plain), simulate_grid(rec, configs, charged)
+    np.testing.assert_allclose(after.predicted_time - before.predicted_time,
+                               [after.draft_forwards[0] * 0.0004, 0.0])  # the raw metric's steps pay nothing more
+    surface = CostSurface({1: charged, 4: CostModel(0.002, [2 * t for t in verify], 10, 4, t_learned=0.001)})
+    draft, _ = surface.tables(4)
+    learned_draft, _ = surface.tables(4, learned=True)
+    np.testing.assert_allclose((learned_draft - draft)[1:], [0.0004 + 0.0002 * b for b in range(4)])
+    batched = [c.replace(batch_size=4) for c in configs]
+    free = CostSurface({b: CostModel(m.t_draft, m.t_verify, 10, b) for b, m in surface.models.items()})
+    slower = simulate_with_surface(rec, batched, surface).predicted_time - simulate_with_surface(rec, batched, free).predicted_time
+    assert slower[0] > 0 and slower[1] == pytest.approx(0.0)

@@ -66,31 +66,44 @@ def score(config, probs: torch.Tensor) -> torch.Tensor:
     return SIGNALS[signal_of(config)](probs, config.topk)
 
 
+def top_count(topk: int, vocab: int) -> int:
+    """How many of the most likely tokens every top-derived signal needs (topk_mass's k, llama.cpp's 10, margin's 2)."""
+    return min(max(topk, LLAMACPP_TOPK, 2), vocab)
+
+
 def draft_signals(config, probs: torch.Tensor) -> torch.Tensor:
-    """What the host reads of a draft step to score it [..., 1 or 5]: the rule's confidence, or
-    every raw signal the learned signal reads (its topk_mass with the k it was fitted with)."""
+    """What the host reads of a draft step to score it [..., 1 or top_count]: the rule's
+    confidence, or for the learned signal the probabilities of the draft's most likely tokens
+    (one top-k on the device; the host derives the signals it reads from them,
+    learned_signal.raw_signals)."""
     if config.metric == "learned":
         signal = learned_signal.load(config.signal_model)
-        return torch.stack(list(all_metrics(probs, signal.topk).values()), dim=-1)
+        return probs.topk(top_count(signal.topk, probs.shape[-1]), dim=-1).values
     return score(config, probs)[..., None]
 
 
 def host_scores(config, read: list, contexts: list | None, tokens: list[int], steps: list[int]) -> list[float]:
-    """Each row's score from what `draft_signals` gave, read on the host ([rows][1 or 5]): the
+    """Each row's score from what `draft_signals` gave, read on the host ([rows][...]): the
     confidence itself, or the learned signal of the raw signals and of what the lookup says of
     each row's drafted `tokens[i]` after `contexts[i]` (its sequence and its draft so far), at
     0-based draft `steps[i]`. In float64 on the CPU, as replay computes it from the record."""
     if config.metric != "learned":
         return [row[0] for row in read]
-    context = np.stack([learned_signal.agreement(c, t) for c, t in zip(contexts, tokens)])
-    return learned_signal.load(config.signal_model)(np.array(read, dtype=np.float32), context, np.array(steps)).tolist()
+    return learned_scores(learned_signal.load(config.signal_model), read, contexts, tokens, steps)
+
+
+def learned_scores(signal, read: list, contexts: list, tokens: list[int], steps: list[int]) -> list[float]:
+    """`signal` (a LearnedSignal) of each row, from its top probabilities `read` (host_scores')."""
+    top = np.array(read, dtype=np.float32)
+    return learned_signal.step_scores(signal, top, min(signal.topk, top.shape[1]), min(LLAMACPP_TOPK, top.shape[1]),
+                                      contexts, tokens, steps)
 
 
 def all_metrics(probs: torch.Tensor, topk: int = 5) -> dict[str, torch.Tensor]:
-    """Every signal at once (replay records them all; the learned signal reads them all at every
-    draft step): one top-k serves four of them, each the very value its own function gives."""
+    """Every signal at once (replay records them all): one top-k serves four of them, each the
+    very value its own function gives."""
     V = probs.shape[-1]
-    top = probs.topk(min(max(topk, LLAMACPP_TOPK, 2), V), dim=-1).values
+    top = probs.topk(top_count(topk, V), dim=-1).values
     return {"top1": top[..., 0], "entropy": entropy(probs),
             "topk_mass": top[..., : min(topk, V)].sum(dim=-1).clamp(0.0, 1.0), "margin": top[..., 0] - top[..., 1],
             "llamacpp_top1": top[..., 0] / top[..., : min(LLAMACPP_TOPK, V)].sum(dim=-1)}

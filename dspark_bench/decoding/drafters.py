@@ -160,7 +160,8 @@ def draft_block(draft_lm: CachedLM, pending: torch.Tensor, config: DecodeConfig,
         pending = token.view(1)
         if config.draft_mode == "early-stop":
             read, token_id = fetch(signals[-1], token)  # the loop must know now whether to go on
-            score, = confidence.host_scores(config, [read], [seq + proposal.tokens], [token_id], [len(scores)])
+            context = [seq + proposal.tokens] if config.metric == "learned" else None
+            score, = confidence.host_scores(config, [read], context, [token_id], [len(scores)])
             scores.append(score)
             if not proposal.consider(config, score):
                 continue

@@ -204,20 +204,21 @@ def predict_batched(rec: Record, configs: list[DecodeConfig], surface: CostSurfa
     lengths = rec.lengths.astype(np.int64)
     signals, signal_of = _signals(rec, configs)
     thresholds = _thresholds(configs, rec.gamma_record)
-    tables = {b: surface.tables(b) for b in {c.batch_size for c in configs}}
+    # A learned policy's draft steps cost what its signal adds too (CostModel.t_learned).
+    tables = {(b, learned): surface.tables(b, learned) for b, learned in {(c.batch_size, c.metric == "learned") for c in configs}}
     # Each request's prefill (its prompt but the last token), batch 1, as the batched engine does.
     alone = surface.at(min(surface.models))
     prompt = np.maximum(np.asarray(rec.info.get("prompt_tokens", [1] * len(lengths)), dtype=np.float64) - 1, 0)
     prefill_base = prompt * alone.t_prefill_target
     prefill_spec = prompt * (alone.t_prefill_target + alone.t_prefill_draft)
-    baseline = {b: _walk_baseline(lengths, b, refill, verify, prefill_base) for b, (_, verify) in tables.items()}
+    baseline = {b: _walk_baseline(lengths, b, refill, verify, prefill_base) for (b, _), (_, verify) in tables.items()}
     fail = np.empty(matches.shape, dtype=np.int64)
     rows, last_key = [], None
     forced_steps, keep, discard_below = rule_arrays(configs)
     order = sorted(range(len(configs)), key=lambda c: (signal_of[c], forced_steps[c], keep[c], tuple(thresholds[c])))
     for c in order:
         config = configs[c]
-        draft, verify = tables[config.batch_size]
+        draft, verify = tables[(config.batch_size, config.metric == "learned")]
         if config.schedule == "budget":  # its rows decide together: a walk of its own
             rows.append({"config_id": c, **walk_budget(rec, config, draft, verify, prefill_spec, refill, matches, eos)[0],
                          "predicted_baseline_time": baseline[config.batch_size]})

@@ -3,7 +3,9 @@
 `t_draft` is one draft step and `t_verify(k)` one target pass over k + 1 new positions, each
 the median of interleaved timings with the caches at a realistic length (DESIGN.md). The cost
 surface holds one such model per batch size B, timed with B rows in the batched engine's own
-cache (`t_draft(B)`, `t_verify(B, k)`): what replay needs to predict a policy at any B.
+cache (`t_draft(B)`, `t_verify(B, k)`): what replay needs to predict a policy at any B. Each
+model also holds `t_learned`, what the learned signal adds to a draft step of its B rows (it runs
+on the host), which replay charges to the learned policies' draft steps.
 
 Layouts: a padded pass over B rows costs t_verify(B, longest draft). A packed pass (each row
 verifies only its own tokens, as vLLM, SGLang and TensorRT-LLM do) costs what its total token
@@ -25,8 +27,10 @@ import torch
 from dspark_bench.decoding.batch_lm import BatchLM
 from dspark_bench.decoding.budget import cost_tables
 from dspark_bench.decoding.cached_lm import CachedLM
+from dspark_bench.decoding.confidence import learned_scores, top1, top_count
 from dspark_bench.decoding.heads import target_hidden
-from dspark_bench.decoding.host import synchronize
+from dspark_bench.decoding.host import fetch, synchronize
+from dspark_bench.decoding.learned_signal import LearnedSignal, feature_names
 from dspark_bench.decoding.types import Round
 
 
@@ -46,6 +50,10 @@ class CostModel:
     # The worst relative IQR (IQR / median) of the repeats behind any median above: how far the
     # timings disagreed (harness.health grades it).
     spread: float = 0.0
+    # What the learned signal adds to a draft step over a raw metric: all five signals, the read,
+    # the lookup's agreement of every row and the fit, on the host (`learned_clock`). A learned
+    # policy's draft step costs t_draft + t_learned (0 in cost models older than it).
+    t_learned: float = 0.0
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -54,12 +62,14 @@ class CostModel:
     def from_dict(cls, data: dict) -> "CostModel":
         return cls(float(data["t_draft"]), [float(t) for t in data["t_verify"]], int(data["context_tokens"]),
                    int(data.get("batch_size", 1)), float(data.get("t_prefill_target", 0.0)),
-                   float(data.get("t_prefill_draft", 0.0)), float(data.get("t_heads", 0.0)), float(data.get("spread", 0.0)))
+                   float(data.get("t_prefill_draft", 0.0)), float(data.get("t_heads", 0.0)), float(data.get("spread", 0.0)),
+                   float(data.get("t_learned", 0.0)))
 
-    def draft_step(self, drafter: str) -> float:
+    def draft_step(self, drafter: str, learned: bool = False) -> float:
         """What one of `drafter`'s draft forwards costs (Round.draft_forwards counts them): a draft
-        model step, the heads' pass; lookup runs none (its search on the host is not priced)."""
-        return {"model": self.t_draft, "heads": self.t_heads, "lookup": 0.0}[drafter]
+        model step (`learned`: scored by the learned signal), the heads' pass; lookup runs none
+        (its search on the host is not priced)."""
+        return {"model": self.t_draft + (self.t_learned if learned else 0.0), "heads": self.t_heads, "lookup": 0.0}[drafter]
 
     def predict(self, rounds: list[Round], tokens: int) -> float:
         """DESIGN.md: N * t_verify(0) / sum over rounds of (s_r * t_draft + t_verify(L_r))."""
@@ -95,15 +105,20 @@ def measure_cost(pair, context: list[int], gamma: int, repeats: int = 15, drafte
     heads_step = heads_clock(pair, context) if "heads" in drafters else None
     if heads_step:
         samples[-2] = []
+    learned_step = learned_clock(pair, context, 1, lambda: clock(draft, filler[:1])) if "model" in drafters else None
+    learned = []
     for _ in range(repeats + 2):  # the first two passes warm up
         samples[-1].append(clock(draft, filler[:1]))
         if heads_step:
             samples[-2].append(heads_step())
+        if learned_step:
+            learned.append(learned_step())
         for k in range(gamma + 1):
             samples[k].append(clock(target, filler[: k + 1]))
     median = {k: statistics.median(v[2:]) for k, v in samples.items()}
     return CostModel(median[-1], [median[k] for k in range(gamma + 1)], len(context), t_heads=median.get(-2, 0.0),
-                     spread=worst_spread(v[2:] for v in samples.values()))
+                     spread=worst_spread(v[2:] for v in samples.values()),
+                     t_learned=max(statistics.median(learned[2:]), 0.0) if learned else 0.0)
 
 
 def relative_iqr(values) -> float:
@@ -132,6 +147,37 @@ def heads_clock(pair, context: list[int]):
     return clock
 
 
+LEARNED_POSITIONS = 8  # the timed fit's draft positions (any: a position is one lookup)
+
+
+def learned_clock(pair, context: list[int], rows: int, forward):
+    """A timer of what the learned signal adds to one draft step of `rows` rows after `context`:
+    the engine's work for it (confidence.draft_signals' top-k, the read, host_scores with each
+    row's context copied as the engines copy it) less a raw metric's (its signal and the read),
+    each timed right after a draft forward (`forward()`, untimed), as the engines run them: the
+    first work after a forward runs slower, and both must pay that alike. The fit is zeros of
+    the right shape: its coefficients do not change its cost."""
+    vocab = pair.draft.get_output_embeddings().weight.shape[0]
+    logits = torch.randn(rows, vocab, generator=torch.Generator().manual_seed(rows)).to(pair.device)
+    probs = torch.softmax(logits * 3, dim=-1)
+    tokens = probs.argmax(dim=-1)
+    n = len(feature_names(LEARNED_POSITIONS))
+    signal = LearnedSignal((0.0,) * n, (1.0,) * n, (0.0,) * n, 0.0, LEARNED_POSITIONS)
+
+    def timed(work) -> float:
+        forward()
+        synchronize(pair.device)
+        start = time.perf_counter()
+        work()
+        return time.perf_counter() - start
+
+    def learned_step():
+        read, ids = fetch(probs.topk(top_count(signal.topk, vocab), dim=-1).values, tokens)
+        learned_scores(signal, read, [context + [] for _ in range(rows)], ids, [0] * rows)
+
+    return lambda: timed(learned_step) - timed(lambda: fetch(top1(probs)[..., None], tokens))
+
+
 @dataclass
 class CostSurface:
     """One CostModel per measured batch size; `tables` fills every B in between."""
@@ -148,10 +194,12 @@ class CostSurface:
     def at(self, batch_size: int) -> CostModel:
         return self.models[batch_size]
 
-    def tables(self, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+    def tables(self, batch_size: int, learned: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """(t_draft[b], t_verify[b, k]) for b = 0 .. batch_size rows (a draining batch has fewer),
-        linear in b between the measured batch sizes, non-decreasing in b and k; row 0 is unused."""
-        return cost_tables({b: (m.t_draft, m.t_verify) for b, m in self.models.items()}, batch_size)
+        linear in b between the measured batch sizes, non-decreasing in b and k; row 0 is unused.
+        `learned`: a draft step scored by the learned signal (t_draft + t_learned)."""
+        return cost_tables({b: (m.t_draft + (m.t_learned if learned else 0.0), m.t_verify)
+                            for b, m in self.models.items()}, batch_size)
 
 
 @torch.inference_mode()
@@ -183,13 +231,18 @@ def measure_surface(pair, context: list[int], gamma: int, batch_sizes, repeats: 
             return time.perf_counter() - start
 
         samples = {k: [] for k in range(-1, gamma + 1)}
+        learned_step = learned_clock(pair, context, b, lambda: clock(draft, filler[:1])) if "model" in drafters else None
+        learned = []
         for _ in range(repeats + 1):  # the first pass warms up
             samples[-1].append(clock(draft, filler[:1]))
+            if learned_step:
+                learned.append(learned_step())
             for k in range(gamma + 1):
                 samples[k].append(clock(target, filler[: k + 1]))
         median = {k: statistics.median(v[1:]) for k, v in samples.items()}
         models[b] = CostModel(median[-1], [median[k] for k in range(gamma + 1)], len(context), b,
-                              spread=worst_spread(v[1:] for v in samples.values()))
+                              spread=worst_spread(v[1:] for v in samples.values()),
+                              t_learned=max(statistics.median(learned[1:]), 0.0) if learned else 0.0)
     return CostSurface(models)
 
 

@@ -4,8 +4,8 @@ The rules stop on one raw confidence metric; the headroom (oracle.py) says how m
 knew acceptance in advance would win. Between the two sits the question this module answers:
 how much of "will the target accept this drafted token?" can be predicted at all from what the
 draft has already computed? The `learned` signal is a logistic regression (scikit-learn) of a
-token's verdict on the record's features of that token: every signal the drafter computed at its
-step (top1, entropy, topk_mass, margin, llamacpp_top1), each as s, log s and log(1 − s); what
+token's verdict on the record's features of that token: the signals the drafter computed at its
+step (top1, topk_mass, margin, llamacpp_top1: all but entropy), each as s, log s and log(1 − s); what
 prompt lookup says of the token after the same context (learned_signal.CONTEXT: did it find the
 context's last n-gram before, does it predict this token, its share of the votes); and its
 position in the draft (one-hot).
@@ -35,6 +35,7 @@ import numpy as np
 
 from dspark_bench.decoding import learned_signal
 from dspark_bench.decoding.learned_signal import CONTEXT, FILE, LearnedSignal
+from dspark_bench.decoding.confidence import SIGNALS
 from dspark_bench.decoding.learned_signal import RAW_SIGNALS as RAW
 from dspark_bench.errors import DsparkError
 from dspark_bench.replay.acceptance import brier, ece, fit_curve, roc_auc, verdict_steps
@@ -42,6 +43,7 @@ from dspark_bench.replay.simulate import match_lengths
 from dspark_bench.results import write_json
 
 FOLDS = 5
+SHOWN = tuple(SIGNALS)  # every raw signal's quality is shown beside the learned one's, entropy's too
 
 
 @dataclass
@@ -70,7 +72,7 @@ def drafted(rec) -> Tokens:
     signals = inputs(rec)
     # The very transforms the signal applies in the engine (learned_signal.features), and the position one-hot.
     columns = [value[used] for value in learned_signal.features(signals)]
-    raw = {m: columns[i * len(learned_signal.TRANSFORMS)] for i, m in enumerate(RAW)}  # each signal's identity transform
+    raw = {m: rec.confidences[m][used].astype(np.float64) for m in SHOWN}
     columns += [np.broadcast_to(k == g, (P, N, G))[used].astype(np.float64) for g in range(G)]
     return Tokens(np.stack(columns, axis=1), learned_signal.feature_names(G), (k < matches[:, :, None])[used],
                   np.broadcast_to(np.arange(P)[:, None, None], used.shape)[used], raw)
@@ -106,14 +108,14 @@ def folds(tokens: Tokens):
 def held_out(tokens: Tokens) -> dict[str, np.ndarray]:
     """Each token's predicted acceptance from a fit that never saw its prompt: the learned signal,
     and each raw metric through its isotonic curve (as the goodput schedule reads it)."""
-    out = {name: np.empty(len(tokens.accepted)) for name in (*RAW, "learned")}
+    out = {name: np.empty(len(tokens.accepted)) for name in (*SHOWN, "learned")}
     for train, test in folds(tokens):
         if len(np.unique(tokens.accepted[train])) < 2:  # a fold of all-accepted tokens: nothing to separate
             out["learned"][test] = tokens.accepted[train].mean()
         else:
             model = make_model().fit(tokens.features[train], tokens.accepted[train])
             out["learned"][test] = model.predict_proba(tokens.features[test])[:, 1]
-        for metric in RAW:
+        for metric in SHOWN:
             curve = fit_curve(tokens.raw[metric][train], tokens.accepted[train])
             out[metric][test] = curve(tokens.raw[metric][test])
     return out

@@ -361,7 +361,8 @@ def _grid_table(configs: list[DecodeConfig], counts: np.ndarray, verify: np.ndar
         "draft_forwards": counts[:, 4], "new_tokens": tokens, "draft_forwards_per_token": counts[:, 4] / max(tokens, 1),
     })
     if cost is not None:  # in cost-model seconds; plain decoding takes tokens × t_verify(0)
-        table["predicted_time"] = counts[:, 4] * cost.draft_step(configs[0].drafter) + verify
+        step = np.array([cost.draft_step(c.drafter, c.metric == "learned") for c in configs])
+        table["predicted_time"] = counts[:, 4] * step + verify
         table["predicted_speedup"] = cost.speedup(tokens, table["predicted_time"])
     return table
 
