@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from dspark_bench.cli.console import captured_cell
 from dspark_bench.objectives import rank
 from dspark_bench.replay.oracle import KINDS
 
@@ -58,7 +59,8 @@ def main(folder: Path) -> None:
                 cells.append(f"{top[column]:.3f} ({top['config_label']})")
             print(f"| {name} | {cells[0]} | {cells[1]} | {measured(part)} |")
         bounds = [oracle.get((int(batch_size), layout)) for layout in (("—",) if batch_size == 1 else ("padded", "packed"))]
-        cells = [f"{b['oracle_speedup']:.3f} ({b['oracle']}; captured {b['captured']:.0%})" if b else "—" for b in bounds]
+        cells = [f"{b['oracle_speedup']:.3f} ({b['oracle']}; captured {captured_cell(b['captured'])})" if b else "—"
+                 for b in bounds]
         print(f"| oracle | {cells[0]} | {cells[-1]} | — |\n")
     print("| signal | tokens | AUC | Brier | ECE |\n|---|---|---|---|---|")
     for row in summary.get("signals") or []:
