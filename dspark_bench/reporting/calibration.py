@@ -34,7 +34,7 @@ def calibration_data(inputs: Inputs) -> tuple[pd.DataFrame, str] | None:
                 rec = Record.load(folder)
                 table = plots.confidences_from_record(rec.confidences, match_lengths(rec), rec.lengths)
                 table = pd.concat([table, learned_tokens(rec)], ignore_index=True)
-                return table, (f"replay record of {plots.short_run(run_id)}: all metrics at every rollout step "
+                return table, (f"replay record of {plots.short_run(run_id)}: all metrics at every rollout step\n"
                                f"of {len(rec.lengths)} prompts, and the learned signal held out by prompt")
     if not inputs.rounds.empty and "confidences" in inputs.rounds:
         table = plots.confidences_from_rounds(inputs.rounds)
