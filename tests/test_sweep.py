@@ -327,6 +327,17 @@ def check_exports(folder: Path, tmp_path: Path) -> None:
             if fmt in ("hf", "llamacpp"):
                 assert threshold == (0.0 if c.exported.schedule == "fixed" else c.exported.threshold)
                 assert minimum == c.exported.min_draft_len
+    # A learned signal fitted by an older version fails the export only where a best policy reads it.
+    signal_file = folder / "learned_signal.json"
+    kept = signal_file.read_text()
+    signal_file.write_text('{"features": ["top1", "entropy", "position_1"], "mean": [0, 0, 0], "scale": [1, 1, 1], '
+                           '"coef": [0, 0, 0], "intercept": 0}')
+    older = runner.invoke(app, ["export", str(folder), "--format", "hf", "--out", str(tmp_path / "older")])
+    signal_file.write_text(kept)
+    if any(config.metric == "learned" for config, _, _ in run.best.values()):
+        assert older.exit_code != 0 and "fitted by an older version" in older.output
+    else:
+        assert older.exit_code == 0, older.output
     bad = runner.invoke(app, ["export", str(folder), "--format", "onnx"])
     assert bad.exit_code != 0 and "unknown export format 'onnx'" in bad.output
     missing = runner.invoke(app, ["export", str(tmp_path / "nowhere"), "--format", "hf"])

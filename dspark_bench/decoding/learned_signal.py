@@ -8,7 +8,10 @@ its share of the votes), computed on the host from the tokens; and the token's p
 draft (one-hot; positions past the record's longest draft count as the last). It is read here,
 by the engine at every draft step and by replay over a whole record, with one function in
 float64, one compiled loop token by token (no matmul, whose summation order depends on the
-shape), so both see the same numbers and take the same decisions.
+shape). Its inputs agree to float32 rounding, as every metric's do between an engine and its
+record (the record batches the draft's forwards otherwise, and the engine sums topk_mass and
+llama.cpp's mass on the host from the top-k, where the record's torch reduction may round the
+last bit differently); only a score within that rounding of a threshold can decide otherwise.
 
 Used as `metric: learned` with `signal_model` naming the file (or the replay sweep's folder
 holding `learned_signal.json`); every schedule reads it like any metric. Its value is already an

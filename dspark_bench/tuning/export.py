@@ -74,9 +74,10 @@ class RunPolicies:
     @functools.cached_property
     def rec(self):
         """The replay record, read once (every replay of this export uses it), with the sweep's
-        learned signal where it fitted one (its best policy may read it)."""
+        learned signal where a best policy reads it (only then: an older sweep's fit, or a record
+        made before the signal's context features, fails in one line only where it is needed)."""
         rec = Record.load(self.record)
-        if (self.folder / LEARNED_FILE).is_file():
+        if any(c.metric == "learned" for c, _, _ in self.best.values()) and (self.folder / LEARNED_FILE).is_file():
             rec = with_learned(rec, learned_signal.load(str(self.folder / LEARNED_FILE)))
         return rec
 
