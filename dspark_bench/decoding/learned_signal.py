@@ -193,12 +193,6 @@ def _raw_signals(top, topk, llama, out):  # pragma: no cover (compiled)
     out[3] = top[0] / kept
 
 
-def model_path(path: str | Path) -> Path:
-    """A learned signal file, or the replay sweep's folder holding one."""
-    path = Path(path)
-    return path / FILE if path.is_dir() else path
-
-
 def load(path: str) -> LearnedSignal:
     """The fitted signal at `path` (a file, or a sweep folder holding one), read once per version
     of the file: a file rewritten in place is read again. The engine calls it at every draft
