@@ -1,7 +1,8 @@
 """The bars of issue 27, per batch size, from a replay sweep over batch sizes: autoregressive, the
 best fixed γ, the best scheduled policy on a raw metric, the best on the learned signal, the budget
 schedule and the oracle — predicted padded and packed, measured padded with intervals where the
-sweep confirmed them — and the learned signal's held-out quality beside the raw metrics'.
+sweep confirmed them — the learned signal's held-out quality beside the raw metrics', and the share
+of the oracle's gain the rules would capture with better signals (replay/signal_headroom.py).
 
     dspark-bench sweep --task code --limit 40 --batch-size 1 --batch-size 4 --batch-size 8 \\
         --batch-size 16 --batch-size 32 --batch-size 64 --confirm-top 1 --out results
@@ -19,6 +20,7 @@ import pandas as pd
 from dspark_bench.cli.console import captured_cell
 from dspark_bench.objectives import rank
 from dspark_bench.replay.oracle import KINDS
+from dspark_bench.replay.signal_headroom import pivot
 
 COLUMNS = {"padded": "predicted_speedup", "packed": "predicted_speedup_packed"}
 
@@ -65,6 +67,12 @@ def main(folder: Path) -> None:
     print("| signal | tokens | AUC | Brier | ECE |\n|---|---|---|---|---|")
     for row in summary.get("signals") or []:
         print(f"| {row['signal']} | {row['tokens']:,} | {row['auc']:.3f} | {row['brier']:.4f} | {row['ece']:.4f} |")
+    if summary.get("signal_headroom"):  # how good a signal the rules would need (replay/signal_headroom.py)
+        header, body = pivot(summary["signal_headroom"])
+        print("\nShare of the oracle's gain the best per-row rule captures, by signal (AUC in-sample, its cost left out):\n")
+        print("| B | layout | " + " | ".join(header) + " |\n|---|---|" + "---|" * len(header))
+        for b, layout, *shares in body:
+            print(f"| {b} | {layout} | " + " | ".join(captured_cell(c) for c in shares) + " |")
 
 
 if __name__ == "__main__":

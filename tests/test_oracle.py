@@ -100,3 +100,77 @@ def test_perfect_stopping_bounds_every_rule_at_larger_batch_sizes_in_both_layout
         at_b = table[table["batch_size"] == 4]
         assert at_b[column].max() <= row["oracle_speedup"]
         assert row["oracle_speedup"] == perfect[perfect["batch_size"] == 4][column].max()
+
+
+# --- how good a signal must be (replay/signal_headroom.py) ---------------------------------------
+
+
+def surface_for(rec: Record):
+    from dspark_bench.replay.cost import CostSurface
+
+    rec.info["prompt_tokens"] = [5] * len(rec.lengths)
+    return CostSurface({b: CostModel(t_draft=0.05 * (1 + 0.1 * b), t_verify=[1.0 + 0.1 * b + 0.05 * k * b for k in range(7)],
+                                     context_tokens=10, batch_size=b, t_prefill_target=0.01, t_prefill_draft=0.002)
+                        for b in (1, 4)})
+
+
+def with_signal(rec: Record, seed: int) -> Record:
+    """The record with a `learned` signal that knows the verdicts somewhat: noisy log-odds around them."""
+    from dspark_bench.replay.signal_headroom import verdicts
+
+    noise = np.random.default_rng(seed).normal(size=rec.rollout.shape)
+    learned = 1 / (1 + np.exp(-(noise + 0.8 * (2 * verdicts(rec) - 1))))
+    return Record(rec.continuation, rec.lengths, rec.rollout, {**rec.confidences, "learned": learned.astype(np.float32)},
+                  rec.eos_ids, rec.info, rec.available)
+
+
+def test_better_signals_rank_better_and_a_perfect_one_reaches_perfect_stopping():
+    from dspark_bench.replay.signal_headroom import auc_needed, sharpened, signal_auc, signal_headroom
+
+    rec = with_signal(small_record(5, P=8, n=40, g=6), 0)
+    surface = surface_for(rec)
+    aucs = [signal_auc(sharpened(rec, beta)) for beta in (0.0, 1.0, 3.0, math.inf)]
+    assert aucs == sorted(aucs) and aucs[0] < 0.9 and aucs[-1] == 1.0
+    assert signal_auc(sharpened(rec, 0.0)) == pytest.approx(signal_auc(rec, "learned"))
+
+    table = signal_headroom(rec, surface.at(1), surface, batch_sizes=(1, 4), gamma_max=6, betas=(0.0, 1.0, math.inf))
+    assert len(table) == 3 * 3  # (B = 1) + (B = 4 padded, packed), per signal
+    perfect = perfect_stopping(rec, range(1, 7), [1, 4], surface.at(1), surface)
+    best = table[table["beta"] == math.inf].set_index(["batch_size", "layout"])["best_rule_speedup"]
+    # The verdict itself as the signal: the best rule is perfect stopping, at every B and layout.
+    assert best[(1, "—")] == pytest.approx(perfect[perfect["batch_size"] == 1]["predicted_speedup"].max())
+    assert best[(4, "padded")] == pytest.approx(perfect[perfect["batch_size"] == 4]["predicted_speedup"].max())
+    assert best[(4, "packed")] == pytest.approx(perfect[perfect["batch_size"] == 4]["predicted_speedup_packed"].max())
+    at_four = table[(table["batch_size"] == 4) & (table["beta"] == math.inf)]
+    assert (at_four["captured"] == 1.0).all()  # at B > 1 the oracle is perfect stopping
+    # No rule passes the exact optimum at B = 1 (at B > 1 padded one can pass per-row perfect stopping),
+    # and the share is (rule − fixed) / (oracle − fixed).
+    at_one = table[table["batch_size"] == 1]
+    assert (at_one["best_rule_speedup"] <= at_one["oracle_speedup"] + 1e-12).all()
+    row = table.iloc[0]
+    assert row["captured"] == pytest.approx((row["best_rule_speedup"] - row["best_fixed_speedup"])
+                                            / (row["oracle_speedup"] - row["best_fixed_speedup"]))
+    needed = auc_needed(table, 0.999).set_index(["batch_size", "layout"])["auc_needed"]
+    assert needed[(4, "packed")] == table[(table["batch_size"] == 4) & (table["layout"] == "packed") & (table["captured"] >= 0.999)]["auc"].min()
+
+
+def test_the_unsharpened_signal_is_replayed_as_the_rules_on_it_would_be():
+    from dspark_bench.replay.signal_headroom import rule_policies, signal_headroom
+
+    rec = small_record(9, P=6, n=40, g=6)
+    rec = Record(rec.continuation, rec.lengths, rec.rollout, {**rec.confidences, "learned": rec.confidences["top1"]},
+                 rec.eos_ids, rec.info, rec.available)
+    cost = CostModel(t_draft=0.05, t_verify=[1.0 + 0.05 * k for k in range(7)], context_tokens=10)
+    (row,) = signal_headroom(rec, cost, gamma_max=6, betas=(0.0,)).to_dict(orient="records")
+    direct = simulate_grid(rec, rule_policies([1], 6, 40), cost)  # the same rules on the record's own top1
+    rules = [c.schedule != "fixed" for c in rule_policies([1], 6, 40)]
+    assert row["best_rule_speedup"] == direct["predicted_speedup"][rules].max()
+    assert row["oracle_speedup"] == pytest.approx(oracle(rec, cost, 6)["predicted_speedup"])
+
+
+def test_a_record_without_the_signal_is_refused():
+    from dspark_bench.errors import DsparkError
+    from dspark_bench.replay.signal_headroom import sharpened
+
+    with pytest.raises(DsparkError, match="no learned signal"):
+        sharpened(small_record(1), 1.0)

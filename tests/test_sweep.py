@@ -14,6 +14,7 @@ import uuid
 from contextlib import closing
 from pathlib import Path
 
+import numpy as np
 import optuna
 import pandas as pd
 import pytest
@@ -293,8 +294,16 @@ def test_replay_sweep_over_batch_sizes_confirms_the_best_at_each(saved_pair, pro
         assert row["best_fixed_speedup"] == pytest.approx(fixed)
         assert row["captured"] == pytest.approx((row["best_scheduled_speedup"] - fixed) / (row["oracle_speedup"] - fixed))
     assert "headroom (predicted)" in result.output
+    # Better signals: per signal, B and layout, the verdict itself reaching per-row perfect stopping at B > 1.
+    better = pd.DataFrame(summary["signal_headroom"])
+    assert set(zip(better["batch_size"], better["layout"])) == set(bound)
+    assert better.groupby("signal", sort=False)["auc"].first().is_monotonic_increasing
+    verdict = better[(better["signal"] == "verdict") & (better["batch_size"] == 2)]
+    assert np.allclose(verdict["oracle_speedup"], verdict["best_rule_speedup"], rtol=1e-12)
+    assert "better signals (predicted)" in result.output
     report = build_report(folder)
-    assert "plots/batch_sizes.png" in figures_written(report)
+    assert "plots/batch_sizes.png" in figures_written(report) and "plots/signal_headroom.png" in figures_written(report)
+    assert "### How good a signal would have to be" in report.read_text()
     text = report.read_text()
     assert "## Batch sizes" in text and "predicted" in text and "at batch size 1" in text
     assert "| top1 |" in text and "Brier (fit)" in text  # the acceptance fit's quality, per metric

@@ -156,6 +156,7 @@ def print_best(table, folder, title: str = "best configurations") -> None:
     out_console.print(view)
     print_headroom(summary)
     print_signals(summary)
+    print_signal_headroom(summary)
     print_health(summary)
     out_console.print(f"run folder: {folder}")
 
@@ -200,6 +201,19 @@ def print_signals(summary: dict) -> None:
             for r in summary.get("signals") or []]
     print_small_table("acceptance signals, held out by prompt: AUC (higher is better), Brier and ECE (lower)",
                       ("signal", "tokens", "AUC", "Brier", "ECE"), rows, left=("signal",))
+
+
+def print_signal_headroom(summary: dict) -> None:
+    """What better signals would capture of the oracle's gain (replay/signal_headroom.py)."""
+    if not summary.get("signal_headroom"):
+        return
+    from dspark_bench.replay.signal_headroom import pivot  # pandas: loaded when there is a table to show
+
+    header, body = pivot(summary["signal_headroom"])
+    rows = [[str(b), layout, *(captured_cell(c) for c in shares)] for b, layout, *shares in body]
+    print_small_table("better signals (predicted): the share of the oracle's gain the best per-row rule captures "
+                      "with the learned signal sharpened toward the verdicts (AUC in-sample, its cost left out)",
+                      ("B", "layout", *header), rows)
 
 
 def read_summary(folder) -> dict:

@@ -75,7 +75,20 @@ def make_figures(inputs: Inputs, by: str | None = None) -> list[FigureItem]:
     items += _optuna_items(inputs)
     _attempt(items, "round_trace", "8. Round trace of one prompt", lambda: _trace(inputs, best, classic))
     _attempt(items, "batch_sizes", "9. Speedup and tokens/s against batch size", lambda: _batch_sizes(inputs))
+    _attempt(items, "signal_headroom", "10. How good a signal the rules would need", lambda: _signal_headroom(inputs))
     return items
+
+
+def _signal_headroom(inputs):
+    found = [(run_id, s["signal_headroom"]) for run_id, s in inputs.summaries.items() if s.get("signal_headroom")]
+    if not found:
+        raise Skip("no replay sweep with a learned signal (sweep --task T with the draft model)")
+    run_id, rows = found[0]
+    return plots.signal_headroom(pd.DataFrame(rows), f"how good a signal the rules would need ({plots.short_run(run_id)})"), (
+        "The share of the oracle's gain over the best fixed γ that the best threshold or cumulative rule captures, "
+        "against the AUC of the signal it stops on: the learned signal (dotted line) and the same with more evidence "
+        "of each drafted token's verdict in its log-odds, up to the verdict itself. Predicted by replay; the signal's "
+        "cost left out. Dashed: padded layout, solid: packed (and batch size 1).")
 
 
 def _batch_sizes(inputs):

@@ -37,6 +37,7 @@ from dspark_bench.objectives import OBJECTIVES, rank
 from dspark_bench.prompts import encode, prompts_fingerprint
 from dspark_bench.replay.batched import simulate_with_surface
 from dspark_bench.replay.oracle import headroom
+from dspark_bench.replay.signal_headroom import signal_headroom, summary_rows
 from dspark_bench.replay.simulate import Record, record, simulate_grid
 from dspark_bench.results import write_folder, write_json, write_parquet
 from dspark_bench.tasks import load_prompts
@@ -202,6 +203,11 @@ def replay_sweep(folder: Path, spec: SweepSpec, prepared: Prepared, records_root
     # What any stopping rule could win here (replay/oracle.py), beside what the space's best does.
     bound = [] if model_key is None else headroom(table, records[model_key], cost,
                                                    surface if batch_sizes != [1] else None)
+    # How good a signal the rules would need to take that headroom (replay/signal_headroom.py).
+    learned_record = records.get(model_key)
+    needed = [] if learned_record is None or LEARNED not in learned_record.confidences else summary_rows(
+        signal_headroom(learned_record, cost, surface if batch_sizes != [1] else None, batch_sizes, gamma,
+                        progress=progress))
     record_dir = record_dirs[model_key] if model_key is not None else next(iter(record_dirs.values()))
     # An unreliable cost table still ranks (rounds are exact), but its picks are confirmed harder.
     cost_unreliable = worst(c.verdict for c in checks) == "unreliable"
@@ -213,7 +219,7 @@ def replay_sweep(folder: Path, spec: SweepSpec, prepared: Prepared, records_root
     checks += [*probe.checks(), identical_rounds(confirmed), measured_over_predicted(confirmed),
                wall_over_estimate(time.perf_counter() - started - timing, estimate)]
     return write_replay_summary(folder, table, spec, cost, record_dir, health(checks), not cost_unreliable, bound,
-                                signals)
+                                signals, needed)
 
 
 def say_replay_plan(spec: SweepSpec, prepared: Prepared, first_ids: list[int], configs: list[DecodeConfig],
@@ -272,7 +278,8 @@ def confirm(table: pd.DataFrame, configs: list[DecodeConfig], spec: SweepSpec, p
 
 def write_replay_summary(folder: Path, table: pd.DataFrame, spec: SweepSpec, cost, record_dir: Path,
                          timing_health: dict | None = None, predictions_trusted: bool = True,
-                         bound: list[dict] | None = None, signals: list[dict] | None = None) -> pd.DataFrame:
+                         bound: list[dict] | None = None, signals: list[dict] | None = None,
+                         needed: list[dict] | None = None) -> pd.DataFrame:
     """summary.json of a replay sweep; returns the confirmed policies, best first."""
     objective = OBJECTIVES[spec.objective[0]]
     confirmed = rank(table[table["source"] == "confirmed"], objective.name, objective.column("real"))
@@ -293,6 +300,9 @@ def write_replay_summary(folder: Path, table: pd.DataFrame, spec: SweepSpec, cos
         "headroom": bound or [],
         # Per signal (the raw metrics and `learned`): AUC, Brier and ECE of predicting acceptance, held out by prompt.
         "signals": signals or [],
+        # Per better signal (the learned one sharpened toward the verdicts) and batch size: its AUC and
+        # the share of the oracle's gain the best per-row rule on it captures.
+        "signal_headroom": needed or [],
     }
     if (table["batch_size"] > 1).any():
         summary["by_batch_size"] = by_batch_size(table, confirmed, objective)

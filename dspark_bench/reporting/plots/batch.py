@@ -50,3 +50,30 @@ def batch_sizes(rows: pd.DataFrame, title: str = ""):
     if title:
         fig.suptitle(title, fontsize=10)
     return fig
+
+
+def signal_headroom(rows: pd.DataFrame, title: str = ""):
+    """The share of the oracle's gain the best per-row rule captures against the AUC of the signal
+    it stops on (rows of replay/signal_headroom.py: one per signal, batch size and layout), at
+    batch size 1 and packed — padded, where the longest row sets every pass, per-row stopping has
+    almost nothing to win (its table says so) — with the learned signal's own AUC marked."""
+    fig, axes = _figure(7.5, 4.2)
+    ax = axes[0, 0]
+    shown = rows[rows["layout"] != "padded"]
+    for i, (b, part) in enumerate(shown.groupby("batch_size", sort=True)):
+        part = part.sort_values("auc")
+        ax.plot(part["auc"], 100 * part["captured"].clip(upper=1.0), "-", color=f"C{i}", marker="o", ms=4,
+                label=f"B = {b}" if b == 1 else f"B = {b}, packed")
+    own = rows[rows["signal"] == "learned"]["auc"]
+    if len(own):
+        ax.axvline(float(own.iloc[0]), color="grey", ls=":", lw=1.5)
+        ax.annotate("the learned signal", (float(own.iloc[0]), 2), fontsize=8, color="grey", rotation=90,
+                    ha="right", va="bottom")
+    ax.axhline(50, color="grey", lw=0.8, alpha=0.5)
+    ax.set_xlabel("AUC of the signal (drafted tokens with a verdict)")
+    ax.set_ylabel("share of the oracle's gain captured, %")
+    ax.set_ylim(-5, 105)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="upper left", ncols=2)
+    ax.set_title(title or "how good a signal the rules would need", fontsize=10)
+    return fig
