@@ -70,9 +70,9 @@ def main(folder: Path) -> None:
     if summary.get("signal_headroom"):  # how good a signal the rules would need (replay/signal_headroom.py)
         header, body = pivot(summary["signal_headroom"])
         print("\nShare of the oracle's gain the best per-row rule captures, by signal (AUC in-sample, its cost left out):\n")
-        print("| B | layout | " + " | ".join(header) + " |\n|---|---|" + "---|" * len(header))
-        for b, layout, *shares in body:
-            print(f"| {b} | {layout} | " + " | ".join(captured_cell(c) for c in shares) + " |")
+        print("| B | layout | oracle over fixed γ | " + " | ".join(header) + " |\n|---|---|---|" + "---|" * len(header))
+        for b, layout, gain, *shares in body:
+            print(f"| {b} | {layout} | {gain:+.1%} | " + " | ".join(captured_cell(c) for c in shares) + " |")
 
 
 if __name__ == "__main__":

@@ -210,10 +210,10 @@ def print_signal_headroom(summary: dict) -> None:
     from dspark_bench.replay.signal_headroom import pivot  # pandas: loaded when there is a table to show
 
     header, body = pivot(summary["signal_headroom"])
-    rows = [[str(b), layout, *(captured_cell(c) for c in shares)] for b, layout, *shares in body]
+    rows = [[str(b), layout, f"{gain:+.1%}", *(captured_cell(c) for c in shares)] for b, layout, gain, *shares in body]
     print_small_table("better signals (predicted): the share of the oracle's gain the best per-row rule captures "
-                      "with the learned signal sharpened toward the verdicts (AUC in-sample, its cost left out)",
-                      ("B", "layout", *header), rows)
+                      "with the learned signal sharpened toward the verdicts (β; AUC in-sample, its cost left out)",
+                      ("B", "layout", "oracle over fixed γ", *header), rows)
 
 
 def read_summary(folder) -> dict:

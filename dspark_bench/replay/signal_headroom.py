@@ -150,16 +150,20 @@ def summary_rows(table: pd.DataFrame) -> list[dict]:
 
 
 def pivot(rows: list[dict]) -> tuple[list[str], list[list]]:
-    """(a column per signal, named with its AUC; per (B, layout): [B, layout, captured per signal])
-    — how the CLI and the report show it."""
+    """How the CLI and the report show it: (a column per signal, named by its AUC; per (B, layout):
+    [B, layout, the oracle's gain over fixed γ, then the share captured per signal])."""
     table = pd.DataFrame(rows)
     signals = list(dict.fromkeys(table["signal"]))
     auc = table.groupby("signal", sort=False)["auc"].first()
-    header = [f"{s} (AUC {auc[s]:.3f})" for s in signals]
+    short = {s: "learned" if s == "learned" else "verdict" if s == "verdict" else s.replace("learned, ", "")
+             for s in signals}
+    header = [f"{short[s]} (AUC {auc[s]:.4f})" for s in signals]
     body = []
     for (b, layout), group in table.groupby(["batch_size", "layout"], sort=True):
         shares = group.set_index("signal")["captured"]
-        body.append([int(b), layout, *(float(shares.get(s, float("nan"))) for s in signals)])
+        first = group.iloc[0]
+        gain = first["oracle_speedup"] / first["best_fixed_speedup"] - 1
+        body.append([int(b), layout, float(gain), *(float(shares.get(s, float("nan"))) for s in signals)])
     return header, body
 
 
