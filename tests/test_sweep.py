@@ -297,6 +297,8 @@ def test_replay_sweep_over_batch_sizes_confirms_the_best_at_each(saved_pair, pro
     # Better signals: per signal, B and layout, the verdict itself reaching per-row perfect stopping at B > 1.
     better = pd.DataFrame(summary["signal_headroom"])
     assert set(zip(better["batch_size"], better["layout"])) == set(bound)
+    for (batch_size, layout), group in better.groupby(["batch_size", "layout"]):  # the headroom's own oracle
+        assert np.allclose(group["oracle_speedup"], bound[(batch_size, layout)]["oracle_speedup"], rtol=1e-12)
     assert better.groupby("signal", sort=False)["auc"].first().is_monotonic_increasing
     verdict = better[(better["signal"] == "verdict") & (better["batch_size"] == 2)]
     assert np.allclose(verdict["oracle_speedup"], verdict["best_rule_speedup"], rtol=1e-12)

@@ -9,9 +9,12 @@ A better signal is modelled as the real one with more evidence of the verdict in
 
     logit s_β = logit s + β · (2 v − 1),      v = 1 where the drafted token is accepted
 
-(v: accepted given the draft so far was, the record's verdict at every rollout step). β = 0 is
-the signal itself, β = ∞ the verdict (perfect stopping, oracle.perfect_record). Each β's held-out
--free AUC over the tokens with a verdict says how good that signal is. For each signal, the best
+on every drafted token with a verdict (accepted or not, given the draft before it was: the
+tokens learned.used_steps counts, up to and including the first rejected one); the rollout's
+later steps, which no verify ever judges, keep the real signal, so a rule gains nothing there
+that the AUC does not count. β = 0 is the signal itself, β = ∞ the verdict (perfect stopping,
+oracle.perfect_record). Each β's AUC over those tokens (in-sample: nothing is fitted here) says
+how good that signal is. For each signal, the best
 per-row rule (threshold and cumulative schedules over a dense grid of thresholds, γ_max and
 min_draft_len) is replayed at every batch size and layout beside the best fixed γ and the oracle,
 and the share of the oracle's gain it captures is what a signal of that AUC buys here.
@@ -44,6 +47,7 @@ from dspark_bench.replay.simulate import match_lengths, simulate_grid
 BETAS = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, float("inf"))
 THRESHOLDS = tuple(round(t, 2) for t in np.arange(0.02, 0.99, 0.03))  # 33: the rules' grid on each signal
 SLOT = "top1"  # where the signal is read, so that no signal file or signal cost enters
+NEGLIGIBLE = 0.001  # an oracle within 0.1 % of fixed γ: no share of its gain is shown
 
 
 def verdicts(rec: Record) -> np.ndarray:
@@ -57,11 +61,12 @@ def sharpened(rec: Record, beta: float, signal: str = "learned") -> Record:
     if signal not in rec.confidences:
         raise DsparkError(f"the record has no {signal} signal (a replay sweep's record with its learned signal)")
     accepted = verdicts(rec)
-    if np.isinf(beta):
+    if np.isinf(beta):  # perfect_record's signal, every step
         better = accepted.astype(np.float64)
     else:
         s = np.clip(rec.confidences[signal].astype(np.float64), FLOOR, 1 - FLOOR)
-        better = 1.0 / (1.0 + np.exp(-(np.log(s / (1 - s)) + beta * (2.0 * accepted - 1.0))))
+        evidence = np.where(used_steps(rec), beta * (2.0 * accepted - 1.0), 0.0)
+        better = 1.0 / (1.0 + np.exp(-(np.log(s / (1 - s)) + evidence)))
     return dataclasses.replace(rec, confidences={**rec.confidences, SLOT: better.astype(np.float32)})
 
 
@@ -85,7 +90,7 @@ def rule_policies(batch_sizes, gamma_max: int, max_new_tokens: int) -> list[Deco
 def replayed(rec: Record, configs: list[DecodeConfig], cost: CostModel, surface: CostSurface | None) -> pd.DataFrame:
     """Every policy's predicted speedups, priced as the sweep's headroom prices them: on the surface
     (padded and packed, each request's prefill) where it spans B > 1, else by the batch-1 cost model."""
-    if surface is not None and max(c.batch_size for c in configs) > 1:
+    if max(c.batch_size for c in configs) > 1:
         table = simulate_with_surface(rec, configs, surface)
     else:
         table = simulate_grid(rec, configs, cost)
@@ -116,6 +121,8 @@ def signal_headroom(rec: Record, cost: CostModel, surface: CostSurface | None = 
     signal, the oracle, and the share of the oracle's gain over fixed γ the rule captures."""
     gamma_max = min(gamma_max, rec.gamma_record)
     batch_sizes = sorted(set(batch_sizes))
+    if max(batch_sizes) > 1 and surface is None:
+        raise DsparkError("batch sizes past 1 need a cost surface (a replay sweep's cost_surface.json)")
     configs = rule_policies(batch_sizes, gamma_max, rec.max_new_tokens)
     oracles = bounds(rec, batch_sizes, gamma_max, cost, surface)
     rows = []
@@ -129,11 +136,13 @@ def signal_headroom(rec: Record, cost: CostModel, surface: CostSurface | None = 
             fixed = objectives.rank(group[group["schedule"] == "fixed"], "speedup", column).iloc[0]
             rule = objectives.rank(group[group["schedule"] != "fixed"], "speedup", column).iloc[0]
             gain = bound - float(fixed[column])
+            # A share of almost nothing (padded at B > 1, where the longest row sets every pass) says nothing.
+            meaningful = gain > NEGLIGIBLE * float(fixed[column])
             rows.append({"signal": signal_name(beta), "beta": beta, "auc": auc, "batch_size": b, "layout": layout,
                          "best_fixed": fixed["config_label"], "best_fixed_speedup": float(fixed[column]),
                          "best_rule": rule["config_label"], "best_rule_speedup": float(rule[column]),
                          "oracle_speedup": bound,
-                         "captured": (float(rule[column]) - float(fixed[column])) / gain if gain > 0 else float("nan")})
+                         "captured": (float(rule[column]) - float(fixed[column])) / gain if meaningful else float("nan")})
         if progress:
             progress("replaying better signals", i + 1, len(betas))
     return pd.DataFrame(rows)
@@ -145,8 +154,10 @@ def signal_name(beta: float) -> str:
 
 
 def summary_rows(table: pd.DataFrame) -> list[dict]:
-    """The table for summary.json (β = ∞ is not JSON: the `signal` name says it)."""
-    return table.drop(columns="beta").to_dict(orient="records")
+    """The table for summary.json: β = ∞ is not JSON (the `signal` name says it), a share of
+    nothing is null."""
+    rows = table.drop(columns="beta").to_dict(orient="records")
+    return [{k: None if isinstance(v, float) and v != v else v for k, v in row.items()} for row in rows]
 
 
 def pivot(rows: list[dict]) -> tuple[list[str], list[list]]:
@@ -160,7 +171,7 @@ def pivot(rows: list[dict]) -> tuple[list[str], list[list]]:
     header = [f"{short[s]} (AUC {auc[s]:.4f})" for s in signals]
     body = []
     for (b, layout), group in table.groupby(["batch_size", "layout"], sort=True):
-        shares = group.set_index("signal")["captured"]
+        shares = group.set_index("signal")["captured"].astype(float)
         first = group.iloc[0]
         gain = first["oracle_speedup"] / first["best_fixed_speedup"] - 1
         body.append([int(b), layout, float(gain), *(float(shares.get(s, float("nan"))) for s in signals)])
