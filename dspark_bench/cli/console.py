@@ -173,15 +173,12 @@ def print_small_table(title: str, columns: tuple[str, ...], rows: list[list[str]
     out_console.print(view)
 
 
-def captured_cell(captured: float) -> str:
-    """The share of the oracle's gain a policy captures; past 100 %: a batch rule beat per-row perfect stopping."""
-    if captured != captured:
-        return "—"
-    return f"{captured:.0%}" if captured <= 1 else "past the per-row bound"
-
-
 def print_headroom(summary: dict) -> None:
     """What any stopping rule could win (the oracle) beside fixed γ and the best policy of each kind, per batch size."""
+    if not summary.get("headroom"):
+        return
+    from dspark_bench.replay.oracle import captured_cell  # numba and pandas: loaded when there is a table to show
+
     def speedup(row, kind):  # a sweep made before the kinds were kept has none
         value = row.get(f"best_{kind}_speedup")
         return "—" if value is None else f"{value:.3f}"
@@ -207,7 +204,8 @@ def print_signal_headroom(summary: dict) -> None:
     """What better signals would capture of the oracle's gain (replay/signal_headroom.py)."""
     if not summary.get("signal_headroom"):
         return
-    from dspark_bench.replay.signal_headroom import pivot  # pandas: loaded when there is a table to show
+    from dspark_bench.replay.oracle import captured_cell  # numba and pandas: loaded when there is a table to show
+    from dspark_bench.replay.signal_headroom import pivot
 
     header, body = pivot(summary["signal_headroom"])
     rows = [[str(b), layout, f"{gain:+.1%}", *(captured_cell(c) for c in shares)] for b, layout, gain, *shares in body]

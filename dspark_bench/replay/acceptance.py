@@ -37,6 +37,12 @@ def verdict_steps(matches: np.ndarray, lengths: np.ndarray, G: int) -> np.ndarra
     return (k <= matches[:, :, None]) & (j + k < np.asarray(lengths)[:, None, None])
 
 
+def accepted_steps(matches: np.ndarray, G: int) -> np.ndarray:
+    """[P, N, G] bool: rollout step k from position j is accepted, given the steps before it were
+    (k < M[p, j]); meaningful where `verdict_steps` says the step has a verdict."""
+    return np.arange(G)[None, None, :] < matches[:, :, None]
+
+
 def drafted_tokens(confidences: dict, matches: np.ndarray, lengths: np.ndarray) -> pd.DataFrame:
     """Every rollout step k from every position j of a replay record, for every metric: step k
     counts while the steps before it matched the target (k <= M[p, j]) and the token exists
@@ -46,7 +52,7 @@ def drafted_tokens(confidences: dict, matches: np.ndarray, lengths: np.ndarray) 
     G = next(iter(confidences.values())).shape[2]
     k = np.arange(G)[None, None, :]
     used = verdict_steps(matches, lengths, G)
-    accepted = (k < matches[:, :, None])[used]
+    accepted = accepted_steps(matches, G)[used]
     prompt = np.broadcast_to(np.arange(P)[:, None, None], used.shape)[used]
     position = np.broadcast_to(k + 1, used.shape)[used]
     frames = [pd.DataFrame({"metric": name, "confidence": values[used].astype(float), "accepted": accepted,

@@ -38,7 +38,7 @@ from dspark_bench.decoding.learned_signal import CONTEXT, FILE, LearnedSignal
 from dspark_bench.decoding.confidence import SIGNALS
 from dspark_bench.decoding.learned_signal import RAW_SIGNALS as RAW
 from dspark_bench.errors import DsparkError
-from dspark_bench.replay.acceptance import brier, ece, fit_curve, roc_auc, verdict_steps
+from dspark_bench.replay.acceptance import accepted_steps, brier, ece, fit_curve, roc_auc, verdict_steps
 from dspark_bench.replay.simulate import match_lengths
 from dspark_bench.results import write_json
 
@@ -74,7 +74,7 @@ def drafted(rec) -> Tokens:
     columns = [value[used] for value in learned_signal.features(signals)]
     raw = {m: rec.confidences[m][used].astype(np.float64) for m in SHOWN}
     columns += [np.broadcast_to(k == g, (P, N, G))[used].astype(np.float64) for g in range(G)]
-    return Tokens(np.stack(columns, axis=1), learned_signal.feature_names(G), (k < matches[:, :, None])[used],
+    return Tokens(np.stack(columns, axis=1), learned_signal.feature_names(G), accepted_steps(matches, G)[used],
                   np.broadcast_to(np.arange(P)[:, None, None], used.shape)[used], raw)
 
 

@@ -26,6 +26,7 @@ import pandas as pd
 
 from dspark_bench import objectives
 from dspark_bench.config import DecodeConfig
+from dspark_bench.replay.acceptance import accepted_steps
 from dspark_bench.replay.batched import simulate_with_surface
 from dspark_bench.replay.cost import CostModel, CostSurface
 from dspark_bench.replay.record import Record
@@ -84,9 +85,7 @@ def oracle(rec: Record, cost: CostModel, gamma_max: int, drafter: str = "model",
 
 def perfect_record(rec: Record) -> Record:
     """The record with its top1 replaced by perfect knowledge: 1 where the drafted token is accepted."""
-    matches = match_lengths(rec)
-    steps = np.arange(rec.gamma_record)[None, None, :]
-    knows = (steps < matches[:, :, None]).astype(np.float32)
+    knows = accepted_steps(match_lengths(rec), rec.gamma_record).astype(np.float32)
     return Record(rec.continuation, rec.lengths, rec.rollout, {**rec.confidences, "top1": knows}, rec.eos_ids,
                   rec.info, rec.available)
 
@@ -154,6 +153,14 @@ def best_of_kinds(group: pd.DataFrame, column: str) -> dict:
         out[f"best_{kind}"] = None if best.empty else best.iloc[0]["config_label"]
         out[f"best_{kind}_speedup"] = None if best.empty else float(best.iloc[0][column])
     return out
+
+
+def captured_cell(captured) -> str:
+    """A share of the oracle's gain as the tables show it: "—" where there is none to take; past
+    100 %, a batch rule beat per-row perfect stopping."""
+    if captured is None or captured != captured:
+        return "—"
+    return f"{captured:.0%}" if captured <= 1 else "past the per-row bound"
 
 
 def headroom_row(batch_size, layout, fixed, scheduled, column, oracle_speedup, oracle_kind) -> dict:

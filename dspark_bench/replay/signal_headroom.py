@@ -36,11 +36,11 @@ from dspark_bench import objectives
 from dspark_bench.config import DecodeConfig, expand
 from dspark_bench.decoding.learned_signal import FLOOR
 from dspark_bench.errors import DsparkError
-from dspark_bench.replay.acceptance import roc_auc
+from dspark_bench.replay.acceptance import accepted_steps, roc_auc
 from dspark_bench.replay.batched import simulate_with_surface
 from dspark_bench.replay.cost import CostModel, CostSurface
 from dspark_bench.replay.learned import used_steps
-from dspark_bench.replay.oracle import oracle, perfect_stopping
+from dspark_bench.replay.oracle import oracle, perfect_record, perfect_stopping
 from dspark_bench.replay.record import Record
 from dspark_bench.replay.simulate import match_lengths, simulate_grid
 
@@ -52,21 +52,18 @@ NEGLIGIBLE = 0.001  # an oracle within 0.1 % of fixed γ: no share of its gain i
 
 def verdicts(rec: Record) -> np.ndarray:
     """[P, N, G] bool: rollout step k from position j is accepted, given the steps before it were."""
-    steps = np.arange(rec.gamma_record)[None, None, :]
-    return steps < match_lengths(rec)[:, :, None]
+    return accepted_steps(match_lengths(rec), rec.gamma_record)
 
 
 def sharpened(rec: Record, beta: float, signal: str = "learned") -> Record:
     """The record with `signal` made better by β (module docstring) in the top1 slot."""
     if signal not in rec.confidences:
         raise DsparkError(f"the record has no {signal} signal (a replay sweep's record with its learned signal)")
-    accepted = verdicts(rec)
-    if np.isinf(beta):  # perfect_record's signal, every step
-        better = accepted.astype(np.float64)
-    else:
-        s = np.clip(rec.confidences[signal].astype(np.float64), FLOOR, 1 - FLOOR)
-        evidence = np.where(used_steps(rec), beta * (2.0 * accepted - 1.0), 0.0)
-        better = 1.0 / (1.0 + np.exp(-(np.log(s / (1 - s)) + evidence)))
+    if np.isinf(beta):
+        return perfect_record(rec)
+    s = np.clip(rec.confidences[signal].astype(np.float64), FLOOR, 1 - FLOOR)
+    evidence = np.where(used_steps(rec), beta * (2.0 * verdicts(rec) - 1.0), 0.0)
+    better = 1.0 / (1.0 + np.exp(-(np.log(s / (1 - s)) + evidence)))
     return dataclasses.replace(rec, confidences={**rec.confidences, SLOT: better.astype(np.float32)})
 
 
@@ -150,7 +147,7 @@ def signal_headroom(rec: Record, cost: CostModel, surface: CostSurface | None = 
 
 def signal_name(beta: float) -> str:
     """How a table names the signal made better by β."""
-    return "learned" if beta == 0 else "verdict" if np.isinf(beta) else f"learned, β = {beta:g}"
+    return "learned" if beta == 0 else "verdict" if np.isinf(beta) else f"β = {beta:g}"
 
 
 def summary_rows(table: pd.DataFrame) -> list[dict]:
@@ -166,9 +163,7 @@ def pivot(rows: list[dict]) -> tuple[list[str], list[list]]:
     table = pd.DataFrame(rows)
     signals = list(dict.fromkeys(table["signal"]))
     auc = table.groupby("signal", sort=False)["auc"].first()
-    short = {s: "learned" if s == "learned" else "verdict" if s == "verdict" else s.replace("learned, ", "")
-             for s in signals}
-    header = [f"{short[s]} (AUC {auc[s]:.4f})" for s in signals]
+    header = [f"{s} (AUC {auc[s]:.4f})" for s in signals]
     body = []
     for (b, layout), group in table.groupby(["batch_size", "layout"], sort=True):
         shares = group.set_index("signal")["captured"].astype(float)

@@ -12,6 +12,7 @@ import yaml
 
 from dspark_bench import objectives
 from dspark_bench.reporting import plots
+from dspark_bench.replay.oracle import captured_cell
 from dspark_bench.replay.signal_headroom import pivot
 from dspark_bench.reporting.inputs import SUMMARY_METRICS, Inputs, best_and_classic
 from dspark_bench.results import describe_machine
@@ -146,7 +147,7 @@ def headroom_blocks(inputs: Inputs) -> list[tuple]:
     rows = [[plots.short_run(run_id), str(r["batch_size"]), r["layout"], _fmt(r["best_fixed_speedup"]),
              *(_fmt(r.get(f"best_{kind}_speedup")) for kind in ("raw", "learned", "budget")),
              f"{_fmt(r['oracle_speedup'])} ({r['oracle']})",
-             "—" if pd.isna(r["captured"]) else f"{r['captured']:.0%}" if r["captured"] <= 1 else "past the per-row bound"]
+             captured_cell(r["captured"])]
             for run_id, summary in inputs.summaries.items() for r in summary.get("headroom") or []]
     if not rows:
         return []
@@ -169,8 +170,7 @@ def signal_headroom_blocks(inputs: Inputs) -> list[tuple]:
         if not summary.get("signal_headroom"):
             continue
         header, body = pivot(summary["signal_headroom"])
-        rows = [[str(b), layout, f"{gain:+.1%}", *("—" if pd.isna(c) else f"{c:.0%}" if c <= 1 else "past the per-row bound"
-                                                    for c in shares)] for b, layout, gain, *shares in body]
+        rows = [[str(b), layout, f"{gain:+.1%}", *map(captured_cell, shares)] for b, layout, gain, *shares in body]
         blocks.append(("table", ["batch size", "layout", "oracle over fixed γ", *header], rows))
         if len(inputs.summaries) > 1:
             blocks.insert(len(blocks) - 1, ("p", f"Run {plots.short_run(run_id)}:"))
