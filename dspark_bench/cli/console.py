@@ -205,7 +205,7 @@ def print_signal_headroom(summary: dict) -> None:
     if not summary.get("signal_headroom"):
         return
     from dspark_bench.replay.oracle import captured_cell  # numba and pandas: loaded when there is a table to show
-    from dspark_bench.replay.signal_headroom import pivot
+    from dspark_bench.replay.signal_headroom import pivot  # pandas: loaded when there is a table to show
 
     header, body = pivot(summary["signal_headroom"])
     rows = [[str(b), layout, f"{gain:+.1%}", *(captured_cell(c) for c in shares)] for b, layout, gain, *shares in body]
