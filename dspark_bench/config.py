@@ -98,6 +98,10 @@ class DecodeConfig:
     def replace(self, **changes) -> "DecodeConfig":
         return from_dict({**self.to_dict(), **changes})
 
+    def drafter_key(self) -> tuple[str, int, int]:
+        """What proposes the tokens, with its own knobs: one replay record per key."""
+        return self.drafter, self.ngram_min, self.ngram_max
+
     def label(self) -> str:
         """Short human name of the policy, for tables and legends."""
         return self.drafter_prefix() + self.policy_label()

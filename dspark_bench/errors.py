@@ -1,6 +1,4 @@
-"""The one exception type the CLI turns into a clean one-line error, and the one deprecation line."""
-
-import sys
+"""The one exception type the CLI turns into a clean one-line error."""
 
 
 class DsparkError(Exception):
@@ -15,9 +13,3 @@ def first_line(err: BaseException, limit: int = 200) -> str:
     one-line DsparkError: third-party messages run over many lines, or are empty."""
     text = str(err).strip()
     return text.splitlines()[0][:limit] if text else type(err).__name__
-
-
-def deprecated(old: str, new: str, where: str) -> None:
-    """Say on stderr, in one line, that `old` still works but is now called `new`."""
-    print(f"dspark-bench: {old} is deprecated in {where}: it is now {new} (the old name still works)",
-          file=sys.stderr)

@@ -277,11 +277,17 @@ def read_run(folder: Path) -> tuple[dict, pd.DataFrame]:
     return info, samples
 
 
+def evaluation_of(info: dict) -> str:
+    """How a sweep evaluated its policies (replay | real), as its run.json or summary.json says:
+    `evaluation`, or `engine` in a folder written before the word changed; a run's is real."""
+    return info.get("evaluation", info.get("engine", "real"))
+
+
 def _run_columns(info: dict) -> dict:
     """What identifies a run in a merged table: its id, kind, task and models."""
     prompts, models = info.get("prompts", {}), info.get("models", {})
     return {
-        "run_id": info.get("run_id"), "kind": info.get("kind"), "engine": info.get("engine", "real"),
+        "run_id": info.get("run_id"), "kind": info.get("kind"), "evaluation": evaluation_of(info),
         "study": info.get("study"), "task": prompts.get("task") or prompts.get("dataset"),
         "domain": prompts.get("domain"), "target": models.get("target"), "draft": models.get("draft"),
         "device": models.get("device"), "dtype": models.get("dtype"),

@@ -14,7 +14,7 @@ from cli_helpers import folder_digest, invoke  # noqa: E402
 def first_run(saved_pair, prompts_file, tmp_path_factory):
     out = tmp_path_factory.mktemp("results")
     target, draft = saved_pair
-    result = invoke("run", "--target", target, "--draft", draft, "--prompts", prompts_file, "--out", out,
+    result = invoke("run", "--target", target, "--draft", draft, "--dataset", prompts_file, "--out", out,
                     "--threshold", "0.2", "--threshold", "0.6", "--gamma-max", "4", "--max-new-tokens", "16",
                     "--repeats", "1", "--trace")
     assert result.exit_code == 0, result.output
@@ -62,9 +62,9 @@ def test_decode_shows_rounds(saved_pair):
         (["--target", "/nonexistent/model"], "does not exist"),
         (["--draft", "MISMATCH"], "vocabularies differ"),
         (["--out", "UNWRITABLE"], "not writable"),
-        (["--prompts", "/nonexistent/prompts.jsonl"], "does not exist"),
-        (["--prompts", "EMPTY"], "empty.jsonl: the file is empty"),
-        (["--prompts", "BINARY"], "binary.jsonl: not UTF-8 text"),
+        (["--dataset", "/nonexistent/prompts.jsonl"], "does not exist"),
+        (["--dataset", "EMPTY"], "empty.jsonl: the file is empty"),
+        (["--dataset", "BINARY"], "binary.jsonl: not UTF-8 text"),
         (["--batch-size", "0"], "--batch-size must be a whole number of at least 1"),
         (["--batching", "sometimes"], "--batching must be refill or drain"),
         (["--batch-size", "2", "--turns", "all"], "use --batch-size 1 with it"),
@@ -88,7 +88,7 @@ def test_bad_inputs_fail_in_one_line(flags, message, first_run, saved_pair, prom
     (tmp_path / "binary.jsonl").write_bytes(bytes(range(128, 256)) * 4)
     files = {"EMPTY": tmp_path / "empty.jsonl", "BINARY": tmp_path / "binary.jsonl"}
     flags = [str(files.get(f, f)) for f in flags]
-    args = {"--target": target, "--draft": draft, "--prompts": str(prompts_file), "--out": str(out)}
+    args = {"--target": target, "--draft": draft, "--dataset": str(prompts_file), "--out": str(out)}
     for i in range(0, len(flags), 2):
         args[flags[i]] = flags[i + 1]
     result = invoke("run", *[x for kv in args.items() for x in kv], "--max-new-tokens", "4", "--repeats", "1")
@@ -168,7 +168,7 @@ def test_a_corrupt_table_is_one_line(first_run, tmp_path):
     assert result.exit_code == 1 and "cannot be read" in result.stderr and "Traceback" not in result.output
     bad = tmp_path / "prompts.parquet"
     bad.write_bytes(b"PAR1 but not really")
-    result = invoke("run", "--prompts", bad, "--out", tmp_path / "out")
+    result = invoke("run", "--dataset", bad, "--out", tmp_path / "out")
     assert result.exit_code == 1 and "not a readable Parquet file" in result.stderr
 
 

@@ -299,7 +299,7 @@ def test_run_records_the_drafter_and_refuses_what_cannot_run(saved_pair, saved_h
     from cli_helpers import invoke, one_error_line
 
     target, draft = saved_pair
-    common = ["--target", target, "--draft", draft, "--prompts", prompts_file, "--max-new-tokens", "8"]
+    common = ["--target", target, "--draft", draft, "--dataset", prompts_file, "--max-new-tokens", "8"]
     result = invoke("run", *common, "--heads", saved_heads, "--drafter", "heads", "--drafter", "lookup",
                     "--ngram-max", "2", "--out", tmp_path)
     assert result.exit_code == 0, result.output

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from dspark_bench.analysis.signal_quality import signal_quality
 from dspark_bench.decoding.learned_signal import CONTEXT, LearnedSignal, agreement
 from dspark_bench.errors import DsparkError
 from dspark_bench.replay import learned
@@ -37,15 +38,16 @@ def record_where(accept, P: int = 10, N: int = 40, G: int = 4, seed: int = 0) ->
     return Record(continuation, np.full(P, N), rollout, confidences, (), {"max_new_tokens": N, "topk": 5})
 
 
-def by_signal(result: dict) -> dict:
-    return {row["signal"]: row for row in result["quality"]}
+def by_signal(rec) -> dict:
+    """Every signal's held-out quality on `rec` (analysis/signal_quality.py), by name."""
+    return {row["signal"]: row for row in signal_quality(rec)}
 
 
 def test_the_learned_signal_finds_acceptance_the_raw_metrics_miss():
     # Acceptance falls with the position in the draft; every raw metric is noise.
     chance = (0.95, 0.6, 0.25, 0.05)
     rec = record_where(lambda k, s, rng: rng.random(s["top1"].shape) < chance[k])
-    quality = by_signal(learned.evaluate(rec))
+    quality = by_signal(rec)
     assert quality["learned"]["auc"] > 0.7
     assert all(abs(quality[m]["auc"] - 0.5) < 0.06 for m in SIGNALS)
     assert all(quality["learned"]["brier"] < quality[m]["brier"] for m in SIGNALS)
@@ -55,7 +57,7 @@ def test_the_learned_signal_finds_acceptance_the_raw_metrics_miss():
 def test_the_lookups_agreement_is_learned_where_every_raw_metric_is_noise():
     # The target accepts what the sequence's own n-gram history predicts, mostly.
     rec = record_where(lambda k, s, rng: rng.random(s["top1"].shape) < np.where(s["lookup_agrees"] > 0, 0.9, 0.2))
-    quality = by_signal(learned.evaluate(rec))
+    quality = by_signal(rec)
     assert quality["learned"]["auc"] > 0.8
     assert all(abs(quality[m]["auc"] - 0.5) < 0.06 for m in SIGNALS)
     missing = Record(rec.continuation, rec.lengths, rec.rollout,
@@ -82,7 +84,7 @@ def test_agreement_is_what_prompt_lookup_would_propose():
 
 def test_a_metric_that_decides_acceptance_scores_perfectly_and_learned_keeps_up():
     rec = record_where(lambda k, s, rng: s["margin"] > 0.4)
-    quality = by_signal(learned.evaluate(rec))
+    quality = by_signal(rec)
     assert quality["margin"]["auc"] == pytest.approx(1.0) and quality["margin"]["brier"] < 0.01
     assert quality["learned"]["auc"] > 0.97
 

@@ -10,7 +10,7 @@ import pytest
 
 from dspark_bench.config import DecodeConfig
 from dspark_bench.replay.cost import CostModel
-from dspark_bench.replay.oracle import headroom, oracle, oracle_lengths, perfect_stopping, round_cost
+from dspark_bench.analysis.oracle import headroom, oracle, oracle_lengths, perfect_stopping, round_cost
 from dspark_bench.replay.simulate import Record, match_lengths, simulate_grid
 
 
@@ -102,7 +102,7 @@ def test_perfect_stopping_bounds_every_rule_at_larger_batch_sizes_in_both_layout
         assert row["oracle_speedup"] == perfect[perfect["batch_size"] == 4][column].max()
 
 
-# --- how good a signal must be (replay/signal_headroom.py) ---------------------------------------
+# --- how good a signal must be (analysis/signal_headroom.py) ---------------------------------------
 
 
 def surface_for(rec: Record):
@@ -116,7 +116,7 @@ def surface_for(rec: Record):
 
 def with_signal(rec: Record, seed: int) -> Record:
     """The record with a `learned` signal that knows the verdicts somewhat: noisy log-odds around them."""
-    from dspark_bench.replay.signal_headroom import verdicts
+    from dspark_bench.analysis.signal_headroom import verdicts
 
     noise = np.random.default_rng(seed).normal(size=rec.rollout.shape)
     learned = 1 / (1 + np.exp(-(noise + 0.8 * (2 * verdicts(rec) - 1))))
@@ -125,7 +125,7 @@ def with_signal(rec: Record, seed: int) -> Record:
 
 
 def test_better_signals_rank_better_and_a_perfect_one_reaches_perfect_stopping():
-    from dspark_bench.replay.signal_headroom import sharpened, signal_auc, signal_headroom
+    from dspark_bench.analysis.signal_headroom import sharpened, signal_auc, signal_headroom
 
     rec = with_signal(small_record(5, P=8, n=40, g=6), 0)
     surface = surface_for(rec)
@@ -159,7 +159,7 @@ def test_better_signals_rank_better_and_a_perfect_one_reaches_perfect_stopping()
 def test_auc_needed_is_the_least_auc_that_captures_the_share():
     import pandas as pd
 
-    from dspark_bench.replay.signal_headroom import auc_needed
+    from dspark_bench.analysis.signal_headroom import auc_needed
 
     table = pd.DataFrame({"batch_size": [1, 1, 1, 4, 4], "layout": ["—", "—", "—", "packed", "packed"],
                           "auc": [0.90, 0.95, 1.0, 0.90, 1.0], "captured": [0.2, 0.6, 0.9, 0.1, float("nan")]})
@@ -169,7 +169,7 @@ def test_auc_needed_is_the_least_auc_that_captures_the_share():
 
 def test_better_signals_add_evidence_only_where_a_verify_judges_the_token():
     from dspark_bench.replay.learned import used_steps
-    from dspark_bench.replay.signal_headroom import sharpened, verdicts
+    from dspark_bench.analysis.signal_headroom import sharpened, verdicts
 
     rec = with_signal(small_record(6, P=4, n=30, g=6), 1)
     judged, accepted = used_steps(rec), verdicts(rec)
@@ -183,7 +183,7 @@ def test_better_signals_add_evidence_only_where_a_verify_judges_the_token():
 
 def test_batch_sizes_past_one_need_a_cost_surface():
     from dspark_bench.errors import DsparkError
-    from dspark_bench.replay.signal_headroom import signal_headroom
+    from dspark_bench.analysis.signal_headroom import signal_headroom
 
     rec = with_signal(small_record(2, P=4, n=20, g=4), 0)
     cost = CostModel(t_draft=0.05, t_verify=[1.0 + 0.05 * k for k in range(5)], context_tokens=10)
@@ -192,7 +192,7 @@ def test_batch_sizes_past_one_need_a_cost_surface():
 
 
 def test_the_unsharpened_signal_is_replayed_as_the_rules_on_it_would_be():
-    from dspark_bench.replay.signal_headroom import rule_policies, signal_headroom
+    from dspark_bench.analysis.signal_headroom import rule_policies, signal_headroom
 
     rec = small_record(9, P=6, n=40, g=6)
     rec = Record(rec.continuation, rec.lengths, rec.rollout, {**rec.confidences, "learned": rec.confidences["top1"]},
@@ -207,7 +207,7 @@ def test_the_unsharpened_signal_is_replayed_as_the_rules_on_it_would_be():
 
 def test_a_record_without_the_signal_is_refused():
     from dspark_bench.errors import DsparkError
-    from dspark_bench.replay.signal_headroom import sharpened
+    from dspark_bench.analysis.signal_headroom import sharpened
 
     with pytest.raises(DsparkError, match="no learned signal"):
         sharpened(small_record(1), 1.0)

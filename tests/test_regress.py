@@ -23,7 +23,7 @@ def run_folders(out: Path) -> list[Path]:
 
 def benchmark(out: Path, target: str, draft: str, prompts: Path) -> Path:
     """`dspark-bench run` of the tiny benchmark; returns its run folder."""
-    result = invoke("run", "--target", target, "--draft", draft, "--prompts", prompts, "--out", out, *RUN_FLAGS)
+    result = invoke("run", "--target", target, "--draft", draft, "--dataset", prompts, "--out", out, *RUN_FLAGS)
     assert result.exit_code == 0, result.output
     (folder,) = run_folders(out)
     return folder

@@ -113,7 +113,7 @@ def test_confidences_from_rounds_keep_drafted_tokens_up_to_the_first_rejection()
     table = plots.confidences_from_rounds(rounds)
     assert table["confidence"].tolist() == [0.9, 0.4, 0.95, 0.9, 0.8]
     assert table["accepted"].tolist() == [True, False, True, True, True]
-    fig = plots.calibration(table)
+    fig = plots.reliability(table)
     assert labels(fig) == [("", "acceptance (share of drafted tokens accepted)"), ("confidence (bin)", "tokens")]
 
 
@@ -253,7 +253,7 @@ def test_report_of_a_traced_run(results):
     assert "Timing health: " in summary and f"| {plots.short_run(folder.name)} | {verdict} |" in summary
     figures = figures_written(folder / "report.md")
     assert figures == [f"plots/{n}.png" for n in ("threshold_curves", "speedup_heatmap", "position_acceptance",
-                                                   "calibration", "stop_reasons", "best_vs_classic", "round_trace")]
+                                                   "reliability", "stop_reasons", "best_vs_classic", "round_trace")]
     for figure in figures:
         assert (folder / figure).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # No sweep: no Optuna views; the report says so and draws nothing for them.
@@ -274,7 +274,7 @@ def test_report_of_a_replay_sweep_uses_the_record(results, tmp_path):
     assert "### Cost model accuracy" in text and "measured / predicted" in text
     assert "Source: replay record" in text
     for metric in ("top1", "entropy", "topk_mass", "margin"):  # the record has every metric
-        assert metric in (tmp_path / "out" / "plots" / "calibration.svg").read_text()
+        assert metric in (tmp_path / "out" / "plots" / "reliability.svg").read_text()
     assert "plots/speedup_heatmap.svg" in text and "predicted_speedup" in text
     assert not (results["replay"] / "report.md").exists()  # --out: nothing written into the run
 

@@ -21,6 +21,7 @@ import pytest
 from typer.testing import CliRunner
 
 from dspark_bench.cli import app
+from dspark_bench.decoding.confidence import SIGNALS
 from dspark_bench.errors import DsparkError
 from dspark_bench.results import load
 from dspark_bench.tuning import spec as sweep_spec
@@ -231,13 +232,14 @@ def test_replay_sweep_confirms_its_best_policies(saved_pair, prompts_file, tmp_p
     assert (confirmed["identical_to_baseline"] == 1.0).all()
     summary = json.loads((folder / "summary.json").read_text())
     assert summary["cost_model_accuracy"]["measured_over_predicted_median"] > 0
-    # Every signal's held-out quality, the learned one's fit saved beside the record and in the sweep.
-    assert [r["signal"] for r in summary["signals"]] == ["top1", "entropy", "topk_mass", "margin", "llamacpp_top1",
-                                                        "learned"]
-    assert all(0 <= r["brier"] <= 1 and r["tokens"] > 0 for r in summary["signals"])
+    # The learned signal's fit saved beside the record and in the sweep.
     fitted = json.loads((folder / "learned_signal.json").read_text())
     assert fitted == json.loads((record_dir / "learned_signal.json").read_text()) and fitted["prompts"] == 3
-    assert "acceptance signals, held out by prompt" in result.output
+    # The analyses are not run unless asked: the output says where they are.
+    assert not (folder / "analysis.json").exists() and "headroom" not in summary
+    assert "acceptance signals, held out by prompt" not in result.output
+    assert f"more: dspark-bench analyze {folder}" in " ".join(result.output.split())
+    analyze_afterwards(folder)
     # Its timings judged, every check named, and the verdict printed under the table.
     timing = summary["timing_health"]
     names = {c["name"] for c in timing["checks"]}
@@ -253,11 +255,26 @@ def test_replay_sweep_confirms_its_best_policies(saved_pair, prompts_file, tmp_p
     assert again.exit_code == 0 and list((tmp_path / "records").iterdir()) == records
 
 
+def analyze_afterwards(folder: Path) -> None:
+    """`dspark-bench analyze` on a finished sweep: the three analyses, every signal's held-out
+    quality among them, written into analysis.json, and nothing else in the folder changed."""
+    before = {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
+    studied = runner.invoke(app, ["analyze", str(folder)])
+    assert studied.exit_code == 0, studied.output
+    analysis = json.loads((folder / "analysis.json").read_text())
+    assert [r["signal"] for r in analysis["signals"]] == [*SIGNALS, "learned"]
+    assert all(0 <= r["brier"] <= 1 and r["tokens"] > 0 for r in analysis["signals"])
+    assert analysis["headroom"] and analysis["signal_headroom"]
+    assert "acceptance signals, held out by prompt" in studied.output and "headroom (predicted)" in studied.output
+    assert {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file() and p.name != "analysis.json"} == before
+    assert runner.invoke(app, ["analyze", str(folder.parent / "no-such-sweep")]).exit_code == 1
+
+
 def test_replay_sweep_over_batch_sizes_confirms_the_best_at_each(saved_pair, prompts_file, tmp_path):
     from dspark_bench.reporting.report import build_report, figures_written
 
     args = base_args(saved_pair, prompts_file, tmp_path) + ["--batch-size", "1", "--batch-size", "2",
-                                                            "--confirm-top", "1"]
+                                                            "--confirm-top", "1", "--analyze"]
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     # Per batch size: 4 + 2 fixed γ + 2 goodput + the budget (2 at B = 1, 2 × 2 layouts at B = 2) + learned.
@@ -282,7 +299,8 @@ def test_replay_sweep_over_batch_sizes_confirms_the_best_at_each(saved_pair, pro
     assert json.loads((folder / "cost_surface.json").read_text())["batch_sizes"].keys() == {"1", "2"}
     # The headroom per B and layout: no policy of the space is predicted above the oracle (but the
     # budget schedule at B > 1, which decides for the batch, where the oracle is per-row perfect stopping).
-    bound = {(r["batch_size"], r["layout"]): r for r in summary["headroom"]}
+    analysis = json.loads((folder / "analysis.json").read_text())  # --analyze: the analyses ran in the sweep
+    bound = {(r["batch_size"], r["layout"]): r for r in analysis["headroom"]}
     assert sorted(bound) == [(1, "—"), (2, "packed"), (2, "padded")]
     for (batch_size, layout), row in bound.items():
         column = "predicted_speedup_packed" if layout == "packed" else "predicted_speedup"
@@ -295,7 +313,7 @@ def test_replay_sweep_over_batch_sizes_confirms_the_best_at_each(saved_pair, pro
         assert row["captured"] == pytest.approx((row["best_scheduled_speedup"] - fixed) / (row["oracle_speedup"] - fixed))
     assert "headroom (predicted)" in result.output
     # Better signals: per signal, B and layout, the verdict itself reaching per-row perfect stopping at B > 1.
-    better = pd.DataFrame(summary["signal_headroom"])
+    better = pd.DataFrame(analysis["signal_headroom"])
     assert set(zip(better["batch_size"], better["layout"])) == set(bound)
     for (batch_size, layout), group in better.groupby(["batch_size", "layout"]):  # the headroom's own oracle
         assert np.allclose(group["oracle_speedup"], bound[(batch_size, layout)]["oracle_speedup"], rtol=1e-12)
@@ -310,7 +328,7 @@ def test_replay_sweep_over_batch_sizes_confirms_the_best_at_each(saved_pair, pro
     assert "## Batch sizes" in text and "predicted" in text and "at batch size 1" in text
     assert "| top1 |" in text and "Brier (fit)" in text  # the acceptance fit's quality, per metric
     assert "## Headroom" in text and "exact optimum" in text
-    assert "| learned |" in text and "Held out by prompt" in text  # the calibration figure's signals table
+    assert "| learned |" in text and "Held out by prompt" in text  # the reliability figure's signals table
     check_exports(folder, tmp_path)
 
 

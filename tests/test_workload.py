@@ -64,30 +64,21 @@ def test_a_sweep_spec_and_a_run_expand_alike():
     assert points(spec, base) == [c for c in run.decode_configs(64)]
 
 
-def test_old_names_still_work_and_say_so(tmp_path, capsys):
+def test_old_names_are_refused_where_typed_and_migrated_where_stored(tmp_path):
+    """Pre-1.0, no aliases: an old flag or spec key is an error; an old run folder still reads."""
     # A run.json written before the rename: read silently.
     assert from_config_dict({"task": "code", "engine": "hf", "semantics": ["hf"], "min_draft_len": [0]}).decoder == "hf"
-    # A spec file with the old key: read, with a line saying so.
+    # A spec file with the old key, or an old flag: one line, exit 1.
     old = tmp_path / "old.yaml"
     old.write_text("task: code\nengine: real\n")
-    assert load_spec(old, {}).evaluation == "real"
-    assert "'engine' is deprecated" in capsys.readouterr().err
-    # The old flag of `run`.
-    result = invoke("run", "--task", "code", "--drafter", "lookup", "--engine", "hf", "--out", tmp_path / "out")
-    assert result.exit_code == 1
-    assert "--engine is deprecated in run: it is now --decoder" in result.stderr
-    assert "--decoder hf runs HF's assisted generation" in result.stderr
-
-
-def test_a_spec_s_old_seed_keeps_its_old_meaning(tmp_path, capsys):
-    """Before the two seeds had two names, a spec's `seed` seeded Optuna's sampler."""
-    old = tmp_path / "old.yaml"
-    old.write_text("task: code\nseed: 7\n")
-    spec = load_spec(old, {})
-    assert (spec.sampler_seed, spec.seed) == (7, DEFAULTS.seed)
-    assert "'seed' alone (the sampler's seed) is deprecated" in capsys.readouterr().err
+    with pytest.raises(DsparkError, match="unknown key.s. engine"):
+        load_spec(old, {})
+    for command, flag in (("run", "--engine"), ("sweep", "--engine"), ("calibrate", "--engine"), ("run", "--prompts")):
+        result = invoke(command, flag, "x", "--out", tmp_path / "out")
+        assert result.exit_code == 2 and "No such option" in result.output + result.stderr
+    # A sweep folder's stored spec from before the two seeds had two names: `seed` alone seeded the sampler.
     stored = {**SweepSpec(task="code").to_dict(), "seed": 3}
-    del stored["sampler_seed"]  # a sweep folder's run.json from before the rename
+    del stored["sampler_seed"]
     assert parse_spec(old_keys(stored)).sampler_seed == 3
     new = load_spec(None, {"task": "code", "seed": 5})  # today's meaning: the decodes' seed
     assert (new.sampler_seed, new.seed) == (0, 5)

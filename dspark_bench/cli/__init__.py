@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import typer
 
+from dspark_bench.cli.analyze import analyze
 from dspark_bench.cli.calibrate import calibrate
 from dspark_bench.cli.console import quiet_libraries
 from dspark_bench.cli.decode import decode
@@ -23,7 +24,7 @@ from dspark_bench.cli.tasks import tasks_app
 
 app = typer.Typer(help="Find, measure and prove the best speculative-decoding policy.", no_args_is_help=True,
                   pretty_exceptions_enable=False, add_completion=False)
-for command in (run, decode, sweep, report, calibrate, regress, export):
+for command in (run, decode, sweep, analyze, report, calibrate, regress, export):
     app.command()(command)
 app.add_typer(tasks_app, name="tasks")
 app.add_typer(models_app, name="models")

@@ -16,22 +16,18 @@ from dspark_bench.cli.options import (
     GammaMaxes,
     Metrics,
     MinDraftLens,
-    OldEngine,
     PromptField,
-    PromptsFile,
     SpecDevice,
     SpecDtype,
     Split,
     Target,
     Thresholds,
 )
-from dspark_bench.errors import deprecated
 
 
 def calibrate(
     tasks: Annotated[Optional[str], typer.Option(help="Built-in tasks, comma-separated: one domain each (e.g. code,prose,structured).")] = None,
     dataset: Annotated[Optional[str], typer.Option(help="Your prompts (JSONL/JSON/CSV/Parquet/text or hub id): one domain per category.")] = None,
-    prompts: PromptsFile = None,
     split: Split = "train", prompt_field: PromptField = None,
     category_field: Annotated[Optional[str], typer.Option(help="Column holding the domain (default: guessed).")] = None,
     spec: Annotated[Optional[Path], typer.Option(help="Sweep specification giving the search space, objective and limits, e.g. sweeps/default.yaml.")] = None,
@@ -39,7 +35,7 @@ def calibrate(
     force: Annotated[bool, typer.Option(help="Overwrite an existing calibration file and figure.")] = False,
     limit: Annotated[Optional[int], typer.Option(help="Prompts per domain (default: the spec's).")] = None,
     target: Target = None, draft: Draft = None,
-    device: SpecDevice = None, dtype: SpecDtype = None, evaluation: Evaluation = None, engine: OldEngine = None,
+    device: SpecDevice = None, dtype: SpecDtype = None, evaluation: Evaluation = None,
     objective: Annotated[Optional[str], typer.Option(help="What to maximise: speedup | tokens_per_round | ... (the first is used).")] = None,
     repeats: Annotated[Optional[int], typer.Option(help="Timed pairs per prompt in the confirmation runs.")] = None,
     max_new_tokens: Annotated[Optional[int], typer.Option(help="Tokens to generate per prompt (default: the spec's, else the tasks').")] = None,
@@ -56,16 +52,13 @@ def calibrate(
     from dspark_bench.tuning import calibrate as lib  # loaded when the command runs, not for --help
 
     with cli_errors():
-        if engine is not None:
-            deprecated("--engine", "--evaluation", "calibrate")
-            evaluation = evaluation or engine
         flags = {"split": split, "prompt_field": prompt_field, "category_field": category_field, "limit": limit,
                  "target": target, "draft": draft, "device": device, "dtype": dtype, "evaluation": evaluation,
                  "objective": objective, "repeats": repeats, "max_new_tokens": max_new_tokens,
                  "temperature": temperature, "metric": metric, "threshold": threshold, "gamma_max": gamma_max,
                  "min_draft_len": min_draft_len, "batch_size": batch_size}
         with reporting("calibrating") as (progress, _):
-            result = lib.calibrate_command(tasks, dataset or prompts, spec, flags, out, force, progress)
+            result = lib.calibrate_command(tasks, dataset, spec, flags, out, force, progress)
         out_console.print(calibration_table(result.data))
         for size, part in (result.data.get("by_batch_size") or {}).items():
             out_console.print(calibration_table({**result.data, **part}, f" · batch size {size}"))

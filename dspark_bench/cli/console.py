@@ -154,11 +154,22 @@ def print_best(table, folder, title: str = "best configurations") -> None:
     for row in table.head(10).to_dict(orient="records"):
         view.add_row(*[f"{row[c]:.3f}" if isinstance(row[c], float) else str(row[c]) for c in columns])
     out_console.print(view)
-    print_headroom(summary)
-    print_signals(summary)
-    print_signal_headroom(summary)
+    analysis = Path(folder) / "analysis.json"
+    if analysis.is_file():
+        print_analysis(json.loads(analysis.read_text()))
     print_health(summary)
     out_console.print(f"run folder: {folder}")
+    if summary.get("evaluation") == "replay" and not analysis.is_file():
+        out_console.print(f"more: dspark-bench analyze {folder} (what any stopping rule could win here, how well "
+                          f"each signal predicts acceptance); dspark-bench report {folder}", style="dim",
+                          highlight=False, soft_wrap=True)
+
+
+def print_analysis(analysis: dict) -> None:
+    """A replay sweep's analyses (analysis/): headroom, held-out signal quality, better signals."""
+    print_headroom(analysis)
+    print_signals(analysis)
+    print_signal_headroom(analysis)
 
 
 def print_small_table(title: str, columns: tuple[str, ...], rows: list[list[str]], left: tuple[str, ...] = ()) -> None:
@@ -177,7 +188,7 @@ def print_headroom(summary: dict) -> None:
     """What any stopping rule could win (the oracle) beside fixed γ and the best policy of each kind, per batch size."""
     if not summary.get("headroom"):
         return
-    from dspark_bench.replay.oracle import captured_cell  # numba and pandas: loaded when there is a table to show
+    from dspark_bench.analysis.oracle import captured_cell  # numba and pandas: loaded when there is a table to show
 
     def speedup(row, kind):  # a sweep made before the kinds were kept has none
         value = row.get(f"best_{kind}_speedup")
@@ -193,7 +204,7 @@ def print_headroom(summary: dict) -> None:
 
 
 def print_signals(summary: dict) -> None:
-    """How well each signal predicts acceptance, held out by prompt (replay/learned.py)."""
+    """How well each signal predicts acceptance, held out by prompt (analysis/signal_quality.py)."""
     rows = [[r["signal"], f"{r['tokens']:,}", f"{r['auc']:.3f}", f"{r['brier']:.4f}", f"{r['ece']:.4f}"]
             for r in summary.get("signals") or []]
     print_small_table("acceptance signals, held out by prompt: AUC (higher is better), Brier and ECE (lower)",
@@ -201,16 +212,18 @@ def print_signals(summary: dict) -> None:
 
 
 def print_signal_headroom(summary: dict) -> None:
-    """What better signals would capture of the oracle's gain (replay/signal_headroom.py)."""
+    """What better signals would capture of the oracle's gain (analysis/signal_headroom.py)."""
     if not summary.get("signal_headroom"):
         return
-    from dspark_bench.replay.oracle import captured_cell  # numba and pandas: loaded when there is a table to show
-    from dspark_bench.replay.signal_headroom import pivot  # pandas: loaded when there is a table to show
+    from dspark_bench.analysis.oracle import captured_cell  # numba and pandas: loaded when there is a table to show
+    from dspark_bench.analysis.signal_headroom import pivot  # pandas: loaded when there is a table to show
 
     header, body = pivot(summary["signal_headroom"])
     rows = [[str(b), layout, f"{gain:+.1%}", *(captured_cell(c) for c in shares)] for b, layout, gain, *shares in body]
-    print_small_table("better signals (predicted): the share of the oracle's gain the best per-row rule captures "
-                      "with the learned signal sharpened toward the verdicts (β; AUC in-sample, its cost left out)",
+    print_small_table("better signals (predicted): the share of the oracle's gain the best per-row rule would capture "
+                      "if the learned signal knew more of each verdict (its log-odds + β for an accepted token, − β "
+                      "for a rejected one; β = 0 is the signal itself). Their AUC is in-sample over the tokens a "
+                      "verify judges, so it is not the held-out AUC above; the signal's cost is left out",
                       ("B", "layout", "oracle over fixed γ", *header), rows)
 
 

@@ -38,7 +38,6 @@ MaxNewTokens = Annotated[Optional[int], typer.Option(help="Tokens to generate pe
 Seed = Annotated[int, typer.Option(help="Sampling seed.")]
 Task = Annotated[Optional[str], typer.Option(help="Built-in task (see `dspark-bench tasks ls`); several comma-separated (code,humaneval) run side by side, each its own category.")]
 Dataset = Annotated[Optional[str], typer.Option(help="Your prompts: JSONL/JSON/CSV/Parquet/text file, or a hub id.")]
-PromptsFile = Annotated[Optional[str], typer.Option("--prompts", help="Alias of --dataset for a local file.")]
 Split = Annotated[str, typer.Option(help="Dataset split (hub datasets).")]
 PromptField = Annotated[Optional[str], typer.Option(help="Column holding the prompt (default: guessed).")]
 CategoryField = Annotated[Optional[str], typer.Option(help="Column holding the category (default: guessed).")]
@@ -55,5 +54,4 @@ SpecDevice = Annotated[Optional[str], typer.Option("--device", help="auto | cpu 
 SpecDtype = Annotated[Optional[str], typer.Option("--dtype", help="auto | float32 | bfloat16 | float16 (default: the spec's)")]
 SpecSplit = Annotated[Optional[str], typer.Option("--split", help="Dataset split (hub datasets) (default: the spec's).")]
 Evaluation = Annotated[Optional[str], typer.Option(help="How policies are evaluated: replay (greedy: record once, simulate all, confirm the best) | real (a timed run each) | auto.")]
-OldEngine = Annotated[Optional[str], typer.Option("--engine", hidden=True, help="Deprecated: --evaluation.")]
 Repeats = Annotated[int, typer.Option(help="Timed baseline/speculative pairs per prompt (medians kept); the side that runs first alternates.")]

@@ -34,7 +34,6 @@ from dspark_bench.cli.options import (
     NgramMax,
     NgramMin,
     PromptField,
-    PromptsFile,
     Repeats,
     Schedules,
     Seed,
@@ -52,13 +51,13 @@ from dspark_bench.cli.options import (
     Turns,
 )
 from dspark_bench.config import DEFAULTS
-from dspark_bench.errors import DsparkError, deprecated
+from dspark_bench.errors import DsparkError
 
 
 def run(
     ctx: typer.Context,
     target: Target = None, draft: Draft = None, task: Task = None, dataset: Dataset = None,
-    prompts: PromptsFile = None, split: Split = "train", prompt_field: PromptField = None,
+    split: Split = "train", prompt_field: PromptField = None,
     category_field: CategoryField = None, limit: Limit = None, turns: Turns = "first",
     chat_template: ChatTemplate = "auto",
     metric: Metrics = None, schedule: Schedules = None, threshold: Thresholds = None,
@@ -70,7 +69,6 @@ def run(
     temperature: Temperature = DEFAULTS.temperature, top_p: TopP = DEFAULTS.top_p, max_new_tokens: MaxNewTokens = None,
     seed: Seed = DEFAULTS.seed, batch_size: BatchSizes = None, batching: Batching = "refill",
     decoder: Annotated[str, typer.Option(help="The speculative side: ours | hf (HF assisted generation, HF's rule: --semantics hf, top1, --min-draft-len 0) | llamacpp (llama-server with the flags export writes, beside ours and replay).")] = "ours",
-    engine: Annotated[Optional[str], typer.Option(hidden=True, help="Deprecated: --decoder.")] = None,
     repeats: Repeats = 1,
     trace: Annotated[bool, typer.Option(help="Also write rounds.parquet, the per-round trace.")] = False,
     ignore_eos: IgnoreEos = False,
@@ -89,11 +87,6 @@ def run(
     from dspark_bench.harness import run as lib  # loaded when the command runs, not for --help
 
     with cli_errors():
-        if engine is not None:
-            deprecated("--engine", "--decoder", "run")
-            decoder = engine if decoder == "ours" else decoder  # the new name wins, as in sweep and calibrate
-        if dataset and prompts:
-            raise DsparkError("pass exactly one of --task, --dataset or --prompts (got --dataset and --prompts)")
         grid = {"metric": metric, "schedule": schedule, "threshold": threshold, "gamma_max": gamma_max,
                 "min_draft_len": min_draft_len, "semantics": semantics, "draft_mode": draft_mode, "drafter": drafter}
         if calibration is not None and any(grid.values()):
@@ -106,7 +99,7 @@ def run(
             else:
                 run_config = lib.RunConfig(
                     target=target, draft=draft, heads=heads, device=device, dtype=dtype,
-                    task=task, dataset=dataset or prompts, split=split, prompt_field=prompt_field,
+                    task=task, dataset=dataset, split=split, prompt_field=prompt_field,
                     category_field=category_field, limit=limit, turns=turns, chat_template=chat_template,
                     temperature=temperature, top_p=top_p, topk=topk, max_new_tokens=max_new_tokens, seed=seed,
                     ignore_eos=ignore_eos, repeats=repeats, trace=trace, batching=batching, threads=threads,

@@ -22,9 +22,7 @@ from dspark_bench.cli.options import (
     MaxNewTokens,
     Metrics,
     MinDraftLens,
-    OldEngine,
     PromptField,
-    PromptsFile,
     Schedules,
     SpecDevice,
     SpecDtype,
@@ -34,17 +32,16 @@ from dspark_bench.cli.options import (
     Threads,
     Thresholds,
 )
-from dspark_bench.errors import deprecated
 
 
 def sweep(
     spec: Annotated[Optional[Path], typer.Option(help="Sweep specification (YAML), e.g. sweeps/code.yaml.")] = None,
-    task: Task = None, dataset: Dataset = None, prompts: PromptsFile = None, split: SpecSplit = None,
+    task: Task = None, dataset: Dataset = None, split: SpecSplit = None,
     prompt_field: PromptField = None, category_field: CategoryField = None, limit: Limit = None,
     target: Target = None, draft: Draft = None, device: SpecDevice = None, dtype: SpecDtype = None,
     threads: Threads = None,
     method: Annotated[Optional[str], typer.Option(help="grid (Optuna's GridSampler) | optuna (TPE).")] = None,
-    evaluation: Evaluation = None, engine: OldEngine = None,
+    evaluation: Evaluation = None,
     trials: Annotated[Optional[int], typer.Option(help="Optuna budget (grid: the whole grid).")] = None,
     objective: Annotated[Optional[str], typer.Option(help="speedup | tokens_per_round | ...; two, comma-separated, for a Pareto front.")] = None,
     storage: Annotated[Optional[str], typer.Option(help="Optuna storage URL (sqlite:///, postgresql://, journal:///path) (default: SQLite in the run folder).")] = None,
@@ -55,6 +52,7 @@ def sweep(
     repeats: Annotated[Optional[int], typer.Option(help="Timed pairs per prompt and trial.")] = None,
     max_new_tokens: MaxNewTokens = None, temperature: Annotated[Optional[float], typer.Option(help="0 = greedy.")] = None,
     ignore_eos: IgnoreEos = False,
+    analyze: Annotated[bool, typer.Option("--analyze", help="Replay: also study the record (the oracle's headroom, each signal's held-out quality, how good a signal would have to be) into analysis.json; `dspark-bench analyze` does it later.")] = False,
     metric: Metrics = None, schedule: Schedules = None, threshold: Thresholds = None,
     gamma_max: GammaMaxes = None, min_draft_len: MinDraftLens = None, batch_size: BatchSizes = None,
     drafter: Drafters = None, heads: HeadsPath = None,
@@ -71,14 +69,11 @@ def sweep(
     from dspark_bench.tuning import sweep as lib  # loaded when the command runs, not for --help
 
     with cli_errors():
-        if engine is not None:
-            deprecated("--engine", "--evaluation", "sweep")
-            evaluation = evaluation or engine
-        flags = {"task": task, "dataset": dataset, "prompts": prompts, "split": split, "prompt_field": prompt_field,
+        flags = {"task": task, "dataset": dataset, "split": split, "prompt_field": prompt_field,
                  "category_field": category_field, "limit": limit, "target": target, "draft": draft, "heads": heads,
                  "device": device, "dtype": dtype, "threads": threads, "method": method, "evaluation": evaluation, "trials": trials,
                  "objective": objective, "confirm_top": confirm_top, "repeats": repeats,
-                 "max_new_tokens": max_new_tokens, "temperature": temperature, "ignore_eos": ignore_eos,
+                 "max_new_tokens": max_new_tokens, "temperature": temperature, "ignore_eos": ignore_eos, "analyze": analyze,
                  "metric": metric, "schedule": schedule, "threshold": threshold, "gamma_max": gamma_max,
                  "min_draft_len": min_draft_len, "batch_size": batch_size, "drafter": drafter}
         with reporting("sweep") as (progress, say):

@@ -1,6 +1,6 @@
-"""A learned acceptance signal, and how well every signal predicts acceptance, held out by prompt.
+"""A learned acceptance signal: fitted on a replay record, read by the engine and by replay.
 
-The rules stop on one raw confidence metric; the headroom (oracle.py) says how much a rule that
+The rules stop on one raw confidence metric; the headroom (analysis/oracle.py) says how much a rule that
 knew acceptance in advance would win. Between the two sits the question this module answers:
 how much of "will the target accept this drafted token?" can be predicted at all from what the
 draft has already computed? The `learned` signal is a logistic regression (scikit-learn) of a
@@ -13,10 +13,9 @@ It is conditional on the draft so far being accepted, as every verdict in a reco
 (acceptance.drafted_tokens). The engine and replay read the saved fit with
 decoding/learned_signal.py, which takes the same features.
 
-Quality is held out by prompt (GroupKFold: a prompt's tokens are never both fitted and scored):
-ROC AUC, Brier score and expected calibration error of the learned signal beside each raw
-metric made a probability the same way the goodput schedule makes it one (an isotonic fit on the
-training folds). The fit on every prompt is saved beside the record (`learned_signal.json`).
+The fit on every prompt is saved beside the record (`learned_signal.json`). How well it predicts
+acceptance on prompts it never saw, beside every raw metric, is a study of the record:
+analysis/signal_quality.py.
 
 Not here: the draft's hidden state as a feature. On the code task's 40 held-out prompts it raised
 the held-out AUC from .860 to .876 over the raw signals alone (an L2-regularised fit over its 192
@@ -38,12 +37,11 @@ from dspark_bench.decoding.learned_signal import CONTEXT, FILE, LearnedSignal
 from dspark_bench.decoding.confidence import SIGNALS
 from dspark_bench.decoding.learned_signal import RAW_SIGNALS as RAW
 from dspark_bench.errors import DsparkError
-from dspark_bench.replay.acceptance import accepted_steps, brier, ece, fit_curve, roc_auc, verdict_steps
+from dspark_bench.replay.acceptance import accepted_steps, verdict_steps
 from dspark_bench.replay.simulate import match_lengths
 from dspark_bench.results import write_json
 
-FOLDS = 5
-SHOWN = tuple(SIGNALS)  # every raw signal's quality is shown beside the learned one's, entropy's too
+SHOWN = tuple(SIGNALS)  # every raw signal is kept per token, for the held-out comparison (analysis/signal_quality.py)
 
 
 @dataclass
@@ -94,49 +92,13 @@ def make_model():
     return make_pipeline(StandardScaler(), LogisticRegression(max_iter=2000))
 
 
-def folds(tokens: Tokens):
-    """(train, test) index masks, grouped by prompt."""
-    from sklearn.model_selection import GroupKFold
-
-    prompts = np.unique(tokens.prompt)
-    if len(prompts) < 2:
-        raise DsparkError("a held-out evaluation needs at least 2 prompts in the record")
-    splitter = GroupKFold(n_splits=min(FOLDS, len(prompts)))
-    yield from splitter.split(tokens.features, tokens.accepted, groups=tokens.prompt)
-
-
-def held_out(tokens: Tokens) -> dict[str, np.ndarray]:
-    """Each token's predicted acceptance from a fit that never saw its prompt: the learned signal,
-    and each raw metric through its isotonic curve (as the goodput schedule reads it)."""
-    out = {name: np.empty(len(tokens.accepted)) for name in (*SHOWN, "learned")}
-    for train, test in folds(tokens):
-        if len(np.unique(tokens.accepted[train])) < 2:  # a fold of all-accepted tokens: nothing to separate
-            out["learned"][test] = tokens.accepted[train].mean()
-        else:
-            model = make_model().fit(tokens.features[train], tokens.accepted[train])
-            out["learned"][test] = model.predict_proba(tokens.features[test])[:, 1]
-        for metric in SHOWN:
-            curve = fit_curve(tokens.raw[metric][train], tokens.accepted[train])
-            out[metric][test] = curve(tokens.raw[metric][test])
-    return out
-
-
-def quality(tokens: Tokens, predictions: dict[str, np.ndarray]) -> list[dict]:
-    """Per signal: AUC (of the raw value for a raw metric: a monotone fit does not change it much,
-    and ties in the fit would), Brier and ECE of its held-out probability."""
-    rows = []
-    for name, probability in predictions.items():
-        ranking = tokens.raw[name] if name in tokens.raw else probability
-        rows.append({"signal": name, "tokens": int(len(tokens.accepted)), "auc": roc_auc(ranking, tokens.accepted),
-                     "brier": brier(probability, tokens.accepted), "ece": ece(probability, tokens.accepted)})
-    return rows
-
-
 def evaluate(rec) -> dict:
-    """The learned signal fitted on every prompt of `rec`, and every signal's held-out quality."""
+    """The learned signal fitted on every prompt of `rec` (its held-out quality: analysis/signal_quality.py)."""
     tokens = drafted(rec)
     if len(np.unique(tokens.accepted)) < 2:
         raise DsparkError("every drafted token of the record was accepted, or none was: no signal to learn")
+    if len(np.unique(tokens.prompt)) < 2:  # a signal whose quality on unseen prompts cannot be measured is not fitted
+        raise DsparkError("a learned signal needs at least 2 prompts in the record (its quality is held out by prompt)")
     model = make_model().fit(tokens.features, tokens.accepted)
     scaler, regression = model[0], model[1]
     models, prompts = rec.info.get("models") or {}, len(np.unique(tokens.prompt))
@@ -147,8 +109,7 @@ def evaluate(rec) -> dict:
         "mean": scaler.mean_.tolist(), "scale": scaler.scale_.tolist(),
         "coef": regression.coef_[0].tolist(), "intercept": float(regression.intercept_[0]),
         "mean_acceptance": float(tokens.accepted.mean()),
-        "prompts": prompts, "folds": min(FOLDS, prompts),
-        "quality": quality(tokens, held_out(tokens)),
+        "prompts": prompts,
     }
 
 
@@ -159,7 +120,7 @@ def load_or_evaluate(rec, record_dir: Path) -> dict:
         try:
             kept = json.loads(path.read_text())
             LearnedSignal.from_dict(kept)
-            if "quality" in kept and "topk" in kept:
+            if "topk" in kept:
                 return kept
         except (OSError, KeyError, TypeError, ValueError):
             pass  # damaged, or fitted on features this version does not compute

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from dspark_bench.analysis.analyze import FILE as ANALYSIS_FILE
 from dspark_bench.config import DecodeConfig
 from dspark_bench.errors import DsparkError
 from dspark_bench.objectives import ranking_column
@@ -54,7 +55,11 @@ def load_inputs(paths) -> Inputs:
         run_id = info.get("run_id") or folder.name
         infos[run_id], folder_of[run_id] = info, folder
         summary_path = folder / "summary.json"
-        summaries[run_id] = read_json(summary_path, "summary file") if summary_path.is_file() else {}
+        summary = read_json(summary_path, "summary file") if summary_path.is_file() else {}
+        # A sweep's analyses (analysis/: headroom, signals, signal_headroom) where they were run;
+        # a sweep made before they had their own file holds them in its summary.
+        analysis = folder / ANALYSIS_FILE
+        summaries[run_id] = {**summary, **(read_json(analysis, "analysis file") if analysis.is_file() else {})}
     policies = _with_knobs(policies, infos)
     renamed = {folder.name: run_id for run_id, folder in folder_of.items()}
     samples, rounds = (load_table(folders, name) for name in ("samples", "rounds"))

@@ -24,10 +24,10 @@ from dspark_bench.errors import DsparkError, first_line
 from dspark_bench.objectives import OBJECTIVES
 from dspark_bench.reporting import plots
 from dspark_bench.reporting.batch_sizes import batch_blocks, batch_rows
-from dspark_bench.reporting.calibration import acceptance_fit, calibration_data, fit_table, signals_table
+from dspark_bench.reporting.reliability import acceptance_fit, fit_table, reliability_data, signals_table
 from dspark_bench.reporting.inputs import Inputs, best_and_classic, load_inputs, run_objective, samples_of
 from dspark_bench.reporting.text import summary_blocks, to_html, to_markdown
-from dspark_bench.results import check_writable, describe_machine, provenance, write_bytes, write_text
+from dspark_bench.results import check_writable, describe_machine, evaluation_of, provenance, write_bytes, write_text
 
 FORMATS = ("png", "svg")
 GROUPINGS = ("category", "task", "run")
@@ -67,7 +67,7 @@ def make_figures(inputs: Inputs, by: str | None = None) -> list[FigureItem]:
     _attempt(items, "speedup_heatmap", "2. Speedup over threshold × gamma_max", lambda: _heatmap(policies))
     _attempt(items, "position_acceptance", "3. Per-position acceptance",
              lambda: _positions(inputs, by))
-    _attempt(items, "calibration", "4. Confidence calibration", lambda: _calibration(inputs))
+    _attempt(items, "reliability", "4. Signal reliability: confidence against acceptance", lambda: _reliability(inputs))
     _attempt(items, "stop_reasons", "5. Stop reasons and draft lengths of the best configuration",
              lambda: _stops(inputs, best))
     _attempt(items, "best_vs_classic", "6. Best against classic and autoregressive",
@@ -160,8 +160,8 @@ def _positions(inputs, by):
         + ("" if several else ", and the best's neighbours at other thresholds") + ".")
 
 
-def _calibration(inputs):
-    found = calibration_data(inputs)
+def _reliability(inputs):
+    found = reliability_data(inputs)
     if found is None:
         raise Skip("no replay record (a replay sweep's) and no per-round trace (run --trace)")
     table, source = found
@@ -176,7 +176,7 @@ def _calibration(inputs):
                     "its Brier score and ECE are held out (fitted on half the prompts, scored on the other), beside "
                     "the raw confidence read as a probability.\n\n" + fit_table(fit))
     caption += signals_table(inputs)
-    return plots.calibration(table, source=source, fit=fit), caption
+    return plots.reliability(table, source=source, fit=fit), caption
 
 
 def _stops(inputs, best):
@@ -244,7 +244,7 @@ def open_study(info: dict, folder: Path):
 def _optuna_items(inputs: Inputs) -> list[FigureItem]:
     items: list[FigureItem] = []
     real = [(run_id, info) for run_id, info in inputs.infos.items()
-            if info.get("kind") == "sweep" and info.get("engine") == "real"]
+            if info.get("kind") == "sweep" and evaluation_of(info) == "real"]
     if not real:
         return [FigureItem("optuna", "7. Optuna study", skipped="no real (grid or Optuna) sweep among the runs")]
     for run_id, info in real:
@@ -357,5 +357,5 @@ def figures_written(report_md: Path) -> list[str]:
     return [line.split("](", 1)[1].rstrip(")") for line in text.splitlines() if line.startswith("![")]
 
 
-__all__ = ["build_report", "load_inputs", "make_figures", "calibration_data", "Inputs", "FigureItem", "Skip",
+__all__ = ["build_report", "load_inputs", "make_figures", "reliability_data", "Inputs", "FigureItem", "Skip",
            "best_and_classic", "figures_written", "run_objective", "samples_of"]

@@ -12,10 +12,10 @@ import yaml
 
 from dspark_bench import objectives
 from dspark_bench.reporting import plots
-from dspark_bench.replay.oracle import captured_cell
-from dspark_bench.replay.signal_headroom import pivot
+from dspark_bench.analysis.oracle import captured_cell
+from dspark_bench.analysis.signal_headroom import pivot
 from dspark_bench.reporting.inputs import SUMMARY_METRICS, Inputs, best_and_classic
-from dspark_bench.results import describe_machine
+from dspark_bench.results import describe_machine, evaluation_of
 
 # --- the summary -------------------------------------------------------------------------------
 
@@ -143,7 +143,7 @@ def drafter_blocks(inputs: Inputs) -> list[tuple]:
 
 
 def headroom_blocks(inputs: Inputs) -> list[tuple]:
-    """Each replay sweep's headroom: fixed γ, the best scheduled policy and the oracle (replay/oracle.py)."""
+    """Each replay sweep's headroom: fixed γ, the best scheduled policy and the oracle (analysis/oracle.py)."""
     rows = [[plots.short_run(run_id), str(r["batch_size"]), r["layout"], _fmt(r["best_fixed_speedup"]),
              *(_fmt(r.get(f"best_{kind}_speedup")) for kind in ("raw", "learned", "budget")),
              f"{_fmt(r['oracle_speedup'])} ({r['oracle']})",
@@ -164,7 +164,7 @@ def headroom_blocks(inputs: Inputs) -> list[tuple]:
 
 def signal_headroom_blocks(inputs: Inputs) -> list[tuple]:
     """Each replay sweep's better signals: the share of the oracle's gain the best per-row rule would
-    capture with the learned signal sharpened toward the verdicts (replay/signal_headroom.py)."""
+    capture with the learned signal sharpened toward the verdicts (analysis/signal_headroom.py)."""
     blocks = []
     for run_id, summary in inputs.summaries.items():
         if not summary.get("signal_headroom"):
@@ -236,7 +236,7 @@ def _baseline_rate(best: pd.Series | None):
 def cost_model_blocks(inputs: Inputs) -> list[tuple]:
     blocks = []
     for run_id, summary in inputs.summaries.items():
-        if summary.get("engine") != "replay":
+        if evaluation_of(summary) != "replay":
             continue
         policies = inputs.policies
         if "source" not in policies:
@@ -263,7 +263,7 @@ def environment_blocks(inputs: Inputs) -> list[tuple]:
     rows = []
     for run_id, info in inputs.infos.items():
         env, models, prompts = info.get("environment") or {}, info.get("models") or {}, info.get("prompts") or {}
-        kind = info.get("kind", "run") + (f" ({info['engine']})" if info.get("engine") else "")
+        kind = info.get("kind", "run") + (f" ({evaluation_of(info)})" if info.get("kind") == "sweep" else "")
         device = models.get("device", "—") + (f" · {env['cuda_device']}" if env.get("cuda_device") else "")
         versions = " ".join(f"{k} {env[k]}" for k in ("dspark_bench", "torch", "transformers", "optuna", "python")
                             if env.get(k))

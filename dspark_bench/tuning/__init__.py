@@ -5,6 +5,6 @@ Optuna or replay (`sweep`; the replay side in `replay_sweep`), per-domain calibr
 (`calibrate`, choosing with `domain_choice`), and export into a serving engine's own vocabulary
 (`export`).
 
-May import: `reporting` (a sweep draws its figures), `harness`, `replay`, `decoding`, `tasks`,
+May import: `reporting` (a sweep draws its figures), `harness`, `analysis`, `replay`, `decoding`, `tasks`,
 `reference` and the core modules; never `cli`.
 """

@@ -253,7 +253,7 @@ def calibrate_domains(spec: SweepSpec, out: Path, tasks: list[str] | None = None
     engine = evaluation_for(spec)
     base = base_config(spec, _max_new_tokens(spec, tasks or ([spec.task] if spec.task and not spec.dataset else None)))
     configs = points(spec, base)
-    drafters = dict.fromkeys((c.drafter, c.ngram_min, c.ngram_max) for c in configs)
+    drafters = dict.fromkeys(c.drafter_key() for c in configs)
     if len(drafters) > 1:
         raise DsparkError("a calibration chooses one drafter's policies: give one drafter (and one n-gram range) "
                           "— compare drafters with `dspark-bench sweep --drafter ...` first")

@@ -41,7 +41,7 @@ from dspark_bench.replay.cost import CostModel, CostSurface
 from dspark_bench.replay.learned import with_learned
 from dspark_bench.replay.record import resolve_record
 from dspark_bench.replay.simulate import Record, simulate_grid
-from dspark_bench.results import read_json, write_text
+from dspark_bench.results import evaluation_of, read_json, write_text
 from dspark_bench.tuning.engine_files import FILES, NOTES, llamacpp_flags, parse, render  # noqa: F401 (the API)
 from dspark_bench.tuning.engine_versions import version_for
 
@@ -104,7 +104,7 @@ def load_run(folder: Path) -> RunPolicies:
     if not (folder / "run.json").is_file():
         raise DsparkError(f"{str(folder)!r} is not a run folder (no run.json)")
     info = read_json(folder / "run.json", "run file")
-    if (folder / "trials.parquet").is_file() and info.get("engine") == "replay":
+    if (folder / "trials.parquet").is_file() and evaluation_of(info) == "replay":
         table = pd.read_parquet(folder / "trials.parquet")
     elif (folder / "samples.parquet").is_file():
         samples = pd.read_parquet(folder / "samples.parquet")

@@ -50,15 +50,14 @@ def write_goodput_model(folder: Path, rec, record_dir: Path, surface) -> Path:
 
 def write_learned_signal(folder: Path, rec, record_dir: Path):
     """Fit the learned signal on the record (kept beside it) and write it into the sweep folder:
-    (its file, the record with the signal at every rollout step, as the engine computes it, every
-    signal's held-out quality), or None where the record cannot teach one (one prompt; every
+    (its file, the record with the signal at every rollout step, as the engine computes it), or None where the record cannot teach one (one prompt; every
     token accepted, or none)."""
     try:
         fitted = learned.load_or_evaluate(rec, record_dir)
     except DsparkError:
         return None
     write_json(folder / LEARNED_FILE, fitted)
-    return folder / LEARNED_FILE, learned.with_learned(rec, LearnedSignal.from_dict(fitted)), fitted["quality"]
+    return folder / LEARNED_FILE, learned.with_learned(rec, LearnedSignal.from_dict(fitted))
 
 
 def learned_points(configs: list[DecodeConfig], signal_file: Path) -> list[DecodeConfig]:

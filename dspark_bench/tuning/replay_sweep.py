@@ -15,7 +15,9 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 import pandas as pd
 
-from dspark_bench.config import COST_AWARE, LEARNED, DecodeConfig, expand
+from dspark_bench.analysis.analyze import FILE as ANALYSIS_FILE
+from dspark_bench.analysis.analyze import Studied, analyze
+from dspark_bench.config import COST_AWARE, DEFAULTS, LEARNED, DecodeConfig, expand
 from dspark_bench.decoding.confidence import SIGNALS
 from dspark_bench.decoding.learned_signal import CONTEXT
 from dspark_bench.decoding.learned_signal import FILE as LEARNED_FILE
@@ -36,8 +38,6 @@ from dspark_bench.metrics import summarize
 from dspark_bench.objectives import OBJECTIVES, rank
 from dspark_bench.prompts import encode, prompts_fingerprint
 from dspark_bench.replay.batched import simulate_with_surface
-from dspark_bench.replay.oracle import headroom
-from dspark_bench.replay.signal_headroom import signal_headroom, summary_rows
 from dspark_bench.replay.simulate import Record, record, simulate_grid
 from dspark_bench.results import write_folder, write_json, write_parquet
 from dspark_bench.tasks import load_prompts
@@ -47,6 +47,7 @@ from dspark_bench.tuning.spec import SweepSpec, base_config, points
 if TYPE_CHECKING:
     from dspark_bench.harness.runner import StageProgress
 
+MODEL = DEFAULTS.drafter_key()  # the draft model: the drafter whose record the fits and analyses read
 
 
 @dataclass
@@ -80,7 +81,7 @@ def needs_draft_model(pair) -> None:
 def replay_space(spec: SweepSpec, base: DecodeConfig) -> list[DecodeConfig]:
     """The space's points plus every fixed gamma among them: classic decoding, the baseline to beat."""
     configs = points(spec, base)
-    drafters = dict.fromkeys((c.drafter, c.ngram_min, c.ngram_max) for c in configs)
+    drafters = dict.fromkeys(c.drafter_key() for c in configs)
     classic = [c for d, lo, hi in drafters
                for c in expand({"batch_size": sorted({c.batch_size for c in configs}),
                                 "gamma_max": sorted({c.gamma_max for c in configs})},
@@ -92,7 +93,7 @@ def drafter_groups(configs: list[DecodeConfig]) -> dict[tuple, list[int]]:
     """The indexes of the policies each drafter (with its knobs) proposes for: one record each."""
     groups: dict[tuple, list[int]] = {}
     for i, c in enumerate(configs):
-        groups.setdefault((c.drafter, c.ngram_min, c.ngram_max), []).append(i)
+        groups.setdefault(c.drafter_key(), []).append(i)
     return groups
 
 
@@ -139,87 +140,115 @@ def record_key(spec: SweepSpec, prepared: Prepared, gamma: int, drafter: DecodeC
 
 def replay_sweep(folder: Path, spec: SweepSpec, prepared: Prepared, records_root: Path,
                  progress: StageProgress | None = None, say: Callable[[str], None] | None = None) -> pd.DataFrame:
-    """Record once, simulate the whole space, confirm the best few with real timed runs."""
+    """Record once, price, simulate the whole space, confirm the best few with real timed runs and
+    summarise; the analyses (analysis/) too where the spec asks for them."""
 
-    pair, configs = prepared.pair, replay_space(spec, prepared.base)
-    gamma = max(c.gamma_max for c in configs)
-    groups = drafter_groups(configs)
-    record_dirs = {key: records_root / record_key(spec, prepared, gamma, configs[group[0]])
-                   for key, group in groups.items()}
-    ids = [encode(pair.tokenizer, p.text, spec.chat_template) for p in prepared.prompts]
     probe, started = LoadProbe(), time.perf_counter()
     probe.sample("start")
-    estimate = None
-    if say:
-        estimate = say_replay_plan(spec, prepared, ids[0], configs,
-                                   all((d / "record.json").is_file() for d in record_dirs.values()), say)
-    # One record per drafter: the target's continuation is the same, what each proposes is not.
-    records: dict = {}
-    for key, group in groups.items():
-        known = next(iter(records.values()), None)  # the target's continuations, decoded once
-        continuations = None if known is None else [known.continuation[p, : n].tolist()
-                                                     for p, n in enumerate(known.lengths)]
-        records[key] = load_or_record(spec, prepared, gamma, ids, record_dirs[key], progress, configs[group[0]],
-                                      continuations)
-    rec = next(iter(records.values()))
-    # The cost model is timed with the cache at a realistic length: a prompt plus half its output.
-    context = ids[0] + rec.continuation[0, : int(rec.lengths[0]) // 2].tolist()
-    if progress:
-        progress("timing the cost model", 0, 1)
-    batch_sizes = sorted({c.batch_size for c in configs})
+    configs = replay_space(spec, prepared.base)
+    gamma = max(c.gamma_max for c in configs)
+    record_dirs = {key: records_root / record_key(spec, prepared, gamma, configs[group[0]])
+                   for key, group in drafter_groups(configs).items()}
+    ids = [encode(prepared.pair.tokenizer, p.text, spec.chat_template) for p in prepared.prompts]
+    estimate = None if say is None else say_replay_plan(
+        spec, prepared, ids[0], configs, all((d / "record.json").is_file() for d in record_dirs.values()), say)
+    records = record_all(spec, prepared, gamma, ids, configs, record_dirs, progress)
     probe.sample("recorded")
-    timing = time.perf_counter()
-    # Re-timed while its checks fail: replay ranks thousands of policies with this table.
-    surface, checks = timed_surface(pair, context, gamma, batch_sizes, drafters={key[0] for key in groups})
-    timing = time.perf_counter() - timing
-    cost = surface.at(1)
+    prices = time_prices(folder, prepared.pair, ids[0], records, configs, gamma, progress)
     probe.sample("cost model timed")
-    write_json(folder / "cost_model.json", cost.to_dict())
-    model_key = next((key for key in groups if key[0] == "model"), None)
-    signals = []  # how well each signal, and one learned from all of them, predicts acceptance (held out by prompt)
-    if model_key is not None:  # goodput decides with the draft model's acceptance fit
-        model_file = write_goodput_model(folder, records[model_key], record_dirs[model_key], surface)
-        configs = configs + [c for c in goodput_points(configs, model_file) + budget_points(configs, model_file)
-                             if c not in configs]
-        # The learned signal, fitted on the record, joins as a metric of every scheduled policy of the first one.
-        learned_fit = write_learned_signal(folder, records[model_key], record_dirs[model_key])
-        if learned_fit is not None:
-            signal_file, records[model_key], signals = learned_fit
-            configs = configs + [c for c in learned_points(configs, signal_file) if c not in configs]
-        groups = drafter_groups(configs)
-    if progress:
-        progress(f"simulating {len(configs):,} policies", 0, 1)
-    if batch_sizes != [1]:
-        write_json(folder / "cost_surface.json", surface.to_dict())
-    parts = []
-    for key, group in groups.items():
-        chosen = [configs[i] for i in group]
-        if batch_sizes == [1]:
-            part = simulate_grid(records[key], chosen, cost)
-        else:  # every policy at its own batch size, both layouts (replay/batched.py)
-            part = simulate_with_surface(records[key], chosen, surface)
-        parts.append(part.assign(config_id=np.array(group)))
-    table = pd.concat(parts, ignore_index=True).sort_values("config_id", ignore_index=True).assign(source="replay")
-    # What any stopping rule could win here (replay/oracle.py), beside what the space's best does.
-    bound = [] if model_key is None else headroom(table, records[model_key], cost,
-                                                   surface if batch_sizes != [1] else None)
-    # How good a signal the rules would need to take that headroom (replay/signal_headroom.py).
-    learned_record = records.get(model_key)
-    needed = [] if learned_record is None or LEARNED not in learned_record.confidences else summary_rows(
-        signal_headroom(learned_record, cost, surface if batch_sizes != [1] else None, batch_sizes, gamma,
-                        progress=progress))
-    record_dir = record_dirs[model_key] if model_key is not None else next(iter(record_dirs.values()))
+    configs, records = join_fitted(folder, configs, records, record_dirs, prices.surface)
+    table = simulate_all(folder, configs, records, prices, progress)
     # An unreliable cost table still ranks (rounds are exact), but its picks are confirmed harder.
-    cost_unreliable = worst(c.verdict for c in checks) == "unreliable"
+    cost_unreliable = worst(c.verdict for c in prices.checks) == "unreliable"
     table, samples = confirm(table, configs, spec, prepared, progress, repeats=spec.repeats * (2 if cost_unreliable else 1))
     probe.sample("confirmed")
     write_parquet(folder / "trials.parquet", table)
     write_parquet(folder / "samples.parquet", samples)
     confirmed = table[table["source"] == "confirmed"]
-    checks += [*probe.checks(), identical_rounds(confirmed), measured_over_predicted(confirmed),
-               wall_over_estimate(time.perf_counter() - started - timing, estimate)]
-    return write_replay_summary(folder, table, spec, cost, record_dir, health(checks), not cost_unreliable, bound,
-                                signals, needed)
+    checks = prices.checks + [*probe.checks(), identical_rounds(confirmed), measured_over_predicted(confirmed),
+                              wall_over_estimate(time.perf_counter() - started - prices.timing_s, estimate)]
+    record_dir = record_dirs.get(MODEL, next(iter(record_dirs.values())))
+    best = write_replay_summary(folder, table, spec, prices.cost, record_dir, health(checks), not cost_unreliable)
+    if spec.analyze and MODEL in records:
+        studied = Studied(table, records[MODEL], prices.cost, prices.surface if prices.batched else None)
+        write_json(folder / ANALYSIS_FILE, analyze(studied, progress))
+    return best
+
+
+def record_all(spec: SweepSpec, prepared: Prepared, gamma: int, ids: list[list[int]], configs: list[DecodeConfig],
+               record_dirs: dict, progress: StageProgress | None) -> dict:
+    """One record per drafter: the target's continuation is the same, what each proposes is not."""
+    records: dict = {}
+    for key, group in drafter_groups(configs).items():
+        known = next(iter(records.values()), None)  # the target's continuations, decoded once
+        continuations = None if known is None else [known.continuation[p, : n].tolist()
+                                                     for p, n in enumerate(known.lengths)]
+        records[key] = load_or_record(spec, prepared, gamma, ids, record_dirs[key], progress, configs[group[0]],
+                                      continuations)
+    return records
+
+
+@dataclass
+class Prices:
+    """What a round costs here, as replay prices it: the cost surface (per batch size) timed on
+    this machine, its batch-1 cost model, the checks of those timings and how long they took."""
+
+    surface: object
+    cost: object
+    checks: list
+    timing_s: float
+    batched: bool  # any batch size > 1: policies are priced on the surface, both layouts
+
+
+def time_prices(folder: Path, pair, first_ids: list[int], records: dict, configs: list[DecodeConfig], gamma: int,
+                progress: StageProgress | None) -> Prices:
+    """Time the cost surface (re-timed while its checks fail: replay ranks thousands of policies
+    with it) and write the cost model (and surface at B > 1) into the sweep folder."""
+    rec = next(iter(records.values()))
+    # The cost model is timed with the cache at a realistic length: a prompt plus half its output.
+    context = first_ids + rec.continuation[0, : int(rec.lengths[0]) // 2].tolist()
+    if progress:
+        progress("timing the cost model", 0, 1)
+    batch_sizes = sorted({c.batch_size for c in configs})
+    timing = time.perf_counter()
+    surface, checks = timed_surface(pair, context, gamma, batch_sizes, drafters={key[0] for key in records})
+    prices = Prices(surface, surface.at(1), checks, time.perf_counter() - timing, batch_sizes != [1])
+    write_json(folder / "cost_model.json", prices.cost.to_dict())
+    if prices.batched:
+        write_json(folder / "cost_surface.json", surface.to_dict())
+    return prices
+
+
+def join_fitted(folder: Path, configs: list[DecodeConfig], records: dict, record_dirs: dict,
+                surface) -> tuple[list[DecodeConfig], dict]:
+    """The policies fitted on the draft model's record join the space: goodput and budget (its
+    acceptance fit and the cost surface), and the learned signal as a metric of every scheduled
+    policy of the first one (then its record holds the signal at every rollout step)."""
+    if MODEL not in records:
+        return configs, records
+    model_file = write_goodput_model(folder, records[MODEL], record_dirs[MODEL], surface)
+    configs = configs + [c for c in goodput_points(configs, model_file) + budget_points(configs, model_file)
+                         if c not in configs]
+    learned_fit = write_learned_signal(folder, records[MODEL], record_dirs[MODEL])
+    if learned_fit is None:
+        return configs, records
+    signal_file, learned_record = learned_fit
+    return configs + [c for c in learned_points(configs, signal_file) if c not in configs], {**records, MODEL: learned_record}
+
+
+def simulate_all(folder: Path, configs: list[DecodeConfig], records: dict, prices: Prices,
+                 progress: StageProgress | None) -> pd.DataFrame:
+    """Every policy replayed on its drafter's record: at batch size 1 on the cost model, else at its
+    own batch size in both layouts on the surface (replay/batched.py); one row per policy, in order."""
+    if progress:
+        progress(f"simulating {len(configs):,} policies", 0, 1)
+    parts = []
+    for key, group in drafter_groups(configs).items():
+        chosen = [configs[i] for i in group]
+        part = (simulate_with_surface(records[key], chosen, prices.surface) if prices.batched
+                else simulate_grid(records[key], chosen, prices.cost))
+        parts.append(part.assign(config_id=np.array(group)))
+    return pd.concat(parts, ignore_index=True).sort_values("config_id", ignore_index=True).assign(source="replay")
 
 
 def say_replay_plan(spec: SweepSpec, prepared: Prepared, first_ids: list[int], configs: list[DecodeConfig],
@@ -277,14 +306,12 @@ def confirm(table: pd.DataFrame, configs: list[DecodeConfig], spec: SweepSpec, p
 
 
 def write_replay_summary(folder: Path, table: pd.DataFrame, spec: SweepSpec, cost, record_dir: Path,
-                         timing_health: dict | None = None, predictions_trusted: bool = True,
-                         bound: list[dict] | None = None, signals: list[dict] | None = None,
-                         needed: list[dict] | None = None) -> pd.DataFrame:
+                         timing_health: dict | None = None, predictions_trusted: bool = True) -> pd.DataFrame:
     """summary.json of a replay sweep; returns the confirmed policies, best first."""
     objective = OBJECTIVES[spec.objective[0]]
     confirmed = rank(table[table["source"] == "confirmed"], objective.name, objective.column("real"))
     summary = {
-        "engine": "replay", "objective": list(spec.objective), "policies_simulated": len(table),
+        "evaluation": "replay", "objective": list(spec.objective), "policies_simulated": len(table),
         "record": str(record_dir), "cost_model": cost.to_dict(), "cost_model_accuracy": accuracy(confirmed),
         "best": confirmed[confirmed["schedule"] != "fixed"].head(1).to_dict(orient="records"),
         "classic": confirmed[confirmed["schedule"] == "fixed"].to_dict(orient="records"),
@@ -295,14 +322,6 @@ def write_replay_summary(folder: Path, table: pd.DataFrame, spec: SweepSpec, cos
         # False: the cost table never passed its checks, so predicted speedups are not to be trusted
         # (the ranking by them is still exact in its rounds; the measured speedups say what won).
         "predictions_trusted": predictions_trusted,
-        # Per batch size (and layout): fixed γ, the best scheduled policy and the oracle, all predicted,
-        # and the share of the oracle's gain over fixed γ the best captures.
-        "headroom": bound or [],
-        # Per signal (the raw metrics and `learned`): AUC, Brier and ECE of predicting acceptance, held out by prompt.
-        "signals": signals or [],
-        # Per better signal (the learned one sharpened toward the verdicts) and batch size: its AUC and
-        # the share of the oracle's gain the best per-row rule on it captures.
-        "signal_headroom": needed or [],
     }
     if (table["batch_size"] > 1).any():
         summary["by_batch_size"] = by_batch_size(table, confirmed, objective)

@@ -16,7 +16,7 @@ import numpy as np
 import yaml
 
 from dspark_bench.config import SEARCHABLE_FIELDS, DecodeConfig, expand
-from dspark_bench.errors import DsparkError, deprecated, first_line
+from dspark_bench.errors import DsparkError, first_line
 from dspark_bench.harness.workload import Workload
 from dspark_bench.objectives import OBJECTIVES
 
@@ -58,10 +58,14 @@ class SweepSpec(Workload):
     confirm_top: int = 5  # replay: real timed runs of the best configurations
     sampler_seed: int = 0  # seeds Optuna's sampler (the decodes' own seed is `seed`)
     heartbeat_s: int = 30  # a trial silent this long (x2) was killed and is retried
+    # Replay: also run the analyses of the record (analysis/: the oracle's headroom, each signal's
+    # held-out quality, how good a signal would have to be) into analysis.json. A research
+    # question, not "which policy": `dspark-bench analyze SWEEP` runs them later as well.
+    analyze: bool = False
 
 
-# Spec keys an earlier version wrote: the old name -> the new one. A spec file that still uses one
-# is read with a line saying so; a stored spec (a sweep folder's run.json) is read silently.
+# Spec keys an earlier version wrote: the old name -> the new one. Only a stored spec (a sweep
+# folder's run.json, read by --resume) is migrated; a spec file or --set with an old key is refused.
 RENAMED = {"engine": "evaluation"}
 
 
@@ -117,12 +121,12 @@ def _check_types(spec: SweepSpec, where: str) -> None:
         value = getattr(spec, name)
         if value is not None and (not isinstance(value, int) or value < 1):
             raise DsparkError(f"{where}: {name} must be a positive integer (got {value!r})")
-    if not isinstance(spec.ignore_eos, bool):
-        raise DsparkError(f"{where}: ignore_eos must be true or false (got {spec.ignore_eos!r})")
+    for name in ("ignore_eos", "analyze"):
+        if not isinstance(getattr(spec, name), bool):
+            raise DsparkError(f"{where}: {name} must be true or false (got {getattr(spec, name)!r})")
 
 
 def _parse_spec(data: dict, where: str) -> SweepSpec:
-    data = {RENAMED.get(key, key): value for key, value in data.items()}
     known = {f.name for f in dataclasses.fields(SweepSpec)}
     unknown = sorted(set(data) - known)
     if unknown:
@@ -162,11 +166,8 @@ def command_overrides(flags: dict, set_items: list[str]) -> dict:
     """Spec overrides from the sweep command: each flag given, the repeatable policy flags as the
     search space's lists, and every `--set key=value` (a YAML value) last."""
     flags = dict(flags)
-    prompts = flags.pop("prompts", None)
-    if prompts and flags.get("dataset"):
-        raise DsparkError("pass one of --dataset or --prompts, not both")
-    flags["dataset"] = flags.get("dataset") or prompts
-    flags["ignore_eos"] = flags.get("ignore_eos") or None  # a switch left off keeps the spec's
+    for switch in ("ignore_eos", "analyze"):
+        flags[switch] = flags.get(switch) or None  # a switch left off keeps the spec's
     space = {name: flags.pop(name, None) for name in SEARCHABLE_FIELDS}
     overrides = flag_overrides(flags, space)
     if flags.get("task") or flags.get("dataset"):  # a prompt source given replaces the spec's
@@ -244,15 +245,7 @@ def load_spec(path: Path | None, overrides: dict) -> SweepSpec:
             raise DsparkError(f"{path}: not valid YAML ({first_line(err)})") from None
         if not isinstance(data, dict):
             raise DsparkError(f"{path}: a sweep spec must be a mapping")
-    for old in sorted(set(data) & set(RENAMED)):
-        deprecated(f"the key {old!r}", repr(RENAMED[old]), str(path))
-    if "seed" in data and "sampler_seed" not in data:
-        deprecated("'seed' alone (the sampler's seed)", "'sampler_seed' ('seed' now seeds the decodes)", str(path))
-        data["sampler_seed"] = data.pop("seed")
     for key, value in overrides.items():  # in order: a later override wins
-        if key in RENAMED:
-            deprecated(f"the key {key!r}", repr(RENAMED[key]), "--set")
-            key = RENAMED[key]
         if key.startswith("space."):
             data.setdefault("space", dict(DEFAULT_SPACE))[key.removeprefix("space.")] = value
         else:  # (a copy: a space given whole, such as DENSE_SPACE, is never changed in place)

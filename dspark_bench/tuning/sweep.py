@@ -20,6 +20,7 @@ from dspark_bench.prompts import encode, prompts_fingerprint
 from dspark_bench.results import (
     SCHEMA_VERSION,
     check_writable,
+    evaluation_of,
     new_run_id,
     provenance,
     read_json,
@@ -87,7 +88,7 @@ def finish_real(folder: Path, study: optuna.Study, spec: SweepSpec) -> pd.DataFr
     complete = trials[trials["state"] == "COMPLETE"] if "state" in trials else trials
     ranked = rank(complete, spec.objective[0], "objective_0") if "objective_0" in complete else complete
     states = trials["state"].value_counts().to_dict() if "state" in trials else {}
-    summary = {"engine": "real", "method": spec.method, "objective": list(spec.objective), "best_trials": best,
+    summary = {"evaluation": "real", "method": spec.method, "objective": list(spec.objective), "best_trials": best,
                "trial_states": states, "best": ranked.head(10).to_dict(orient="records")}
     write_json(folder / "summary.json", summary)
     return ranked
@@ -99,7 +100,7 @@ def result_title(folder: Path) -> str:
     summary = read_json(Path(folder) / "summary.json", "summary file")
     spec = read_json(Path(folder) / "run.json", "run file").get("spec", {})
     eos = " · EOS ignored" if spec.get("ignore_eos") else ""
-    if summary.get("engine") == "replay":
+    if evaluation_of(summary) == "replay":
         confirmed = len(summary.get("confirmed", []))
         return (f"{summary['policies_simulated']:,} policies searched by replay (simulated from one record, fixed "
                 f"gamma included); the best {confirmed} confirmed by timed runs{eos}")
@@ -123,12 +124,12 @@ def run_sweep(spec: SweepSpec, out: Path, storage: str | None = None, study_name
         say(origin)
     folder = start_folder(out, "sweep")
     if evaluation == "replay":
-        write_run_info(folder, "sweep", run_info(spec, prepared, {"engine": "replay"}))
+        write_run_info(folder, "sweep", run_info(spec, prepared, {"evaluation": "replay"}))
         return folder, replay_sweep(folder, spec, prepared, Path(out) / "records", progress, say)
     storage = storage or default_storage(folder)
     study_name = study_name or folder.name
     # The password of a database URL is not written into results; --resume asks for it.
-    write_run_info(folder, "sweep", run_info(spec, prepared, {"engine": "real", "storage": masked(storage),
+    write_run_info(folder, "sweep", run_info(spec, prepared, {"evaluation": "real", "storage": masked(storage),
                                                                "study": study_name}))
     if say:
         trials = grid_size(spec) if spec.method == "grid" else spec.trials
@@ -153,7 +154,7 @@ def continue_sweep(folder: Path, prepared: Prepared | None = None, workers: int 
     """Work on a real sweep's study until its budget is met; then write its summary."""
 
     info = read_json(Path(folder) / "run.json", "run file")
-    if info.get("engine") != "real":
+    if evaluation_of(info) != "real":
         raise DsparkError(f"{folder} is not a resumable sweep (only real grid/Optuna sweeps keep a study)")
     if storage is None and "***" in info["storage"]:
         raise DsparkError(f"{folder}'s study is in {info['storage']}; pass --storage with the password to resume")

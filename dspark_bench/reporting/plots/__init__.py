@@ -23,11 +23,11 @@ from dspark_bench.reporting.plots.base import (
 from dspark_bench.reporting.plots.batch import batch_sizes, signal_headroom
 from dspark_bench.reporting.plots.policies import heatmap_value, speedup_heatmap, threshold_curves
 from dspark_bench.reporting.plots.samples import (
-                                     calibration,
-                                     calibration_table,
                                      confidences_from_rounds,
                                      draft_lengths_from_positions,
                                      position_acceptance,
+                                     reliability,
+                                     reliability_table,
                                      roc_auc,
                                      round_trace,
                                      speedup_by_group,
@@ -41,9 +41,9 @@ from dspark_bench.reporting.plots.study import (
 )
 
 __all__ = [
-    "COLORS", "CURVE_METRICS", "THRESHOLD_SCHEDULES", "batch_sizes", "best_row", "calibration", "calibration_table", "complete",
+    "COLORS", "CURVE_METRICS", "THRESHOLD_SCHEDULES", "batch_sizes", "best_row", "complete",
     "confidences_from_record", "confidences_from_rounds", "domain_threshold_curves", "draft_lengths_from_positions",
     "heatmap_value",
-    "names_of", "optimization_history", "param_importances", "pareto_front", "position_acceptance", "roc_auc",
+    "names_of", "optimization_history", "param_importances", "pareto_front", "position_acceptance", "reliability", "reliability_table", "roc_auc",
     "round_trace", "short_run", "signal_headroom", "speedup_by_group", "speedup_heatmap", "stop_reasons", "threshold_curves",
 ]

@@ -54,7 +54,7 @@ def batch_sizes(rows: pd.DataFrame, title: str = ""):
 
 def signal_headroom(rows: pd.DataFrame, title: str = ""):
     """The share of the oracle's gain the best per-row rule captures against the AUC of the signal
-    it stops on (rows of replay/signal_headroom.py: one per signal, batch size and layout), at
+    it stops on (rows of analysis/signal_headroom.py: one per signal, batch size and layout), at
     batch size 1 and packed — padded, where the longest row sets every pass, per-row stopping has
     almost nothing to win (its table says so) — with the learned signal's own AUC marked."""
     fig, axes = _figure(7.5, 4.2)

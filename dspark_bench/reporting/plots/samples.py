@@ -1,4 +1,4 @@
-"""Figures over samples and rounds: per-position acceptance, confidence calibration, stop
+"""Figures over samples and rounds: per-position acceptance, signal reliability, stop
 reasons and draft lengths, speedup per group, and one prompt's rounds."""
 
 from __future__ import annotations
@@ -52,10 +52,10 @@ def _position_sums(rows: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     return drafted, accepted
 
 
-# --- confidence calibration --------------------------------------------------------------------
+# --- signal reliability (confidence against acceptance) ----------------------------------------------------------------
 
 
-def calibration_table(confidences: pd.DataFrame, bins: int = 10) -> pd.DataFrame:
+def reliability_table(confidences: pd.DataFrame, bins: int = 10) -> pd.DataFrame:
     """Per metric and confidence bin: tokens, mean confidence, observed acceptance."""
     edges = np.linspace(0, 1, bins + 1)
     table = confidences.assign(bin=np.clip(np.digitize(confidences["confidence"], edges) - 1, 0, bins - 1))
@@ -64,7 +64,7 @@ def calibration_table(confidences: pd.DataFrame, bins: int = 10) -> pd.DataFrame
             .reset_index())
 
 
-def calibration(confidences: pd.DataFrame, bins: int = 10, source: str = "", fit=None) -> Figure:
+def reliability(confidences: pd.DataFrame, bins: int = 10, source: str = "", fit=None) -> Figure:
     """Reliability diagram: observed acceptance of a drafted token against its confidence, per
     metric, with each metric's ROC AUC for predicting acceptance; token counts per bin below.
 
@@ -72,7 +72,7 @@ def calibration(confidences: pd.DataFrame, bins: int = 10, source: str = "", fit
     `fit`: an acceptance.AcceptanceFit: each metric's fitted curve (solid) and its held-out
     Brier score and ECE, beside the raw confidence's read as a probability.
     """
-    table = calibration_table(confidences, bins)
+    table = reliability_table(confidences, bins)
     fig, axes = _figure(7.5, 6.5, 2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 1.2]})
     top, bottom = axes[0, 0], axes[1, 0]
     top.plot([0, 1], [0, 1], ":", color="grey", lw=1, label="perfectly calibrated")

@@ -1,6 +1,7 @@
-"""The report's confidence-calibration data: drafted tokens with their confidence and verdict
-(from a replay record, with the learned signal held out by prompt, or from a trace), and the
-tables of how well each signal predicts acceptance."""
+"""The report's signal-reliability data: drafted tokens with their confidence and verdict (from a
+replay record, with the learned signal held out by prompt, or from a trace), and the tables of
+how well each signal predicts acceptance. ("Calibration" in this tool is the per-domain choice of
+a policy, tuning/calibrate.py; how well a confidence reads as a probability is its reliability.)"""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import pandas as pd
 
 from dspark_bench.decoding.goodput import load
 from dspark_bench.errors import DsparkError
+from dspark_bench.analysis.signal_quality import held_out
 from dspark_bench.replay import learned
 from dspark_bench.replay.record import resolve_record
 from dspark_bench.replay.simulate import Record, match_lengths
@@ -24,7 +26,7 @@ def acceptance_fit(inputs: Inputs):
     return None
 
 
-def calibration_data(inputs: Inputs) -> tuple[pd.DataFrame, str] | None:
+def reliability_data(inputs: Inputs) -> tuple[pd.DataFrame, str] | None:
     """(drafted tokens with metric, confidence, accepted; where they come from), or None where
     the runs have neither a replay record nor a trace."""
     for run_id, summary in inputs.summaries.items():
@@ -44,18 +46,18 @@ def calibration_data(inputs: Inputs) -> tuple[pd.DataFrame, str] | None:
 
 
 def learned_tokens(rec) -> pd.DataFrame:
-    """The learned signal's held-out probability at every drafted token (replay/learned.py), as
-    rows of the calibration table; none where the record cannot be held out (one prompt)."""
+    """The learned signal's held-out probability at every drafted token (analysis/signal_quality.py), as
+    rows of the reliability table; none where the record cannot be held out (one prompt)."""
     try:
         tokens = learned.drafted(rec)
-        probability = learned.held_out(tokens)["learned"]
+        probability = held_out(tokens)["learned"]
     except DsparkError:
         return pd.DataFrame()
     return pd.DataFrame({"metric": "learned", "confidence": probability, "accepted": tokens.accepted})
 
 
 def signals_table(inputs) -> str:
-    """The replay sweeps' held-out signal quality (summary.json `signals`) as Markdown."""
+    """The replay sweeps' held-out signal quality (analysis.json `signals`) as Markdown."""
     rows = [r for summary in inputs.summaries.values() for r in summary.get("signals") or []]
     if not rows:
         return ""
@@ -63,7 +65,7 @@ def signals_table(inputs) -> str:
     lines += [f"| {r['signal']} | {r['tokens']:,} | {r['auc']:.3f} | {r['brier']:.4f} | {r['ece']:.4f} |" for r in rows]
     return ("\n\nHeld out by prompt (GroupKFold, up to 5 folds): each raw metric made a probability by an isotonic fit on the other "
             "prompts, and `learned`, a logistic regression on every signal and the draft position "
-            "(replay/learned.py):\n\n" + "\n".join(lines))
+            "(analysis/signal_quality.py):\n\n" + "\n".join(lines))
 
 
 def fit_table(fit) -> str:

@@ -40,7 +40,7 @@ from dspark_bench.replay.acceptance import accepted_steps, roc_auc
 from dspark_bench.replay.batched import simulate_with_surface
 from dspark_bench.replay.cost import CostModel, CostSurface
 from dspark_bench.replay.learned import used_steps
-from dspark_bench.replay.oracle import oracle, perfect_record, perfect_stopping
+from dspark_bench.analysis.oracle import oracle, perfect_record, perfect_stopping
 from dspark_bench.replay.record import Record
 from dspark_bench.replay.simulate import match_lengths, simulate_grid
 
