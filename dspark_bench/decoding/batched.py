@@ -36,8 +36,6 @@ from dspark_bench.decoding.sampling import distribution, draw, make_generator, p
 from dspark_bench.decoding.schedule import forced
 from dspark_bench.decoding.types import Block, DecodeResult
 
-LAYOUTS = ("padded", "packed")  # packed is predicted by the cost model only (cost.py)
-
 
 @dataclass
 class Request:

@@ -39,8 +39,6 @@ import numpy as np
 from dspark_bench.decoding import goodput
 from dspark_bench.errors import DsparkError
 
-LAYOUTS = ("padded", "packed")
-
 
 def cost_tables(costs: dict[int, tuple[float, tuple[float, ...]]], batch_size: int) -> tuple[np.ndarray, np.ndarray]:
     """(t_draft[b], t_verify[b, k]) for b = 0 .. batch_size rows (a draining batch has fewer) from

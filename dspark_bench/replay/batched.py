@@ -106,10 +106,7 @@ def _walk_batched(fail, gamma_max, min_draft_len, discard_below, quorum, matches
         padded += most * t_draft[active] + t_verify[active, longest]
         for step in range(1, most + 1):
             packed += t_draft[drafting[step]]
-        k = min(tokens / active - 1.0, G)
-        low = int(k)
-        high = min(low + 1, G)
-        packed += t_verify[active, low] + (k - low) * (t_verify[active, high] - t_verify[active, low])
+        packed += packed_verify(t_verify[active], tokens, active)
         active -= leaving
 
 
