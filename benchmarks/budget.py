@@ -2,7 +2,7 @@
 best fixed γ, the best scheduled policy on a raw metric, the best on the learned signal, the budget
 schedule and the oracle — predicted padded and packed, measured padded with intervals where the
 sweep confirmed them — the learned signal's held-out quality beside the raw metrics', and the share
-of the oracle's gain the rules would capture with better signals (replay/signal_headroom.py).
+of the oracle's gain the rules would capture with better signals (analysis/signal_headroom.py).
 
     dspark-bench sweep --task code --limit 40 --batch-size 1 --batch-size 4 --batch-size 8 \\
         --batch-size 16 --batch-size 32 --batch-size 64 --confirm-top 1 --out results
@@ -43,6 +43,9 @@ def measured(part: pd.DataFrame) -> str:
 def main(folder: Path) -> None:
     table = pd.read_parquet(folder / "trials.parquet")
     summary = json.loads((folder / "summary.json").read_text())
+    # The analyses (headroom, signals, better signals): analysis.json (`dspark-bench analyze`), or an older summary's.
+    if (folder / "analysis.json").is_file():
+        summary.update(json.loads((folder / "analysis.json").read_text()))
     oracle = {(r["batch_size"], r["layout"]): r for r in summary["headroom"]}
     print(f"# {folder.name}: {summary.get('timing_health', {}).get('headline', '')}\n")
     for batch_size, group in table.groupby("batch_size", sort=True):
@@ -66,7 +69,7 @@ def main(folder: Path) -> None:
     print("| signal | tokens | AUC | Brier | ECE |\n|---|---|---|---|---|")
     for row in summary.get("signals") or []:
         print(f"| {row['signal']} | {row['tokens']:,} | {row['auc']:.3f} | {row['brier']:.4f} | {row['ece']:.4f} |")
-    if summary.get("signal_headroom"):  # how good a signal the rules would need (replay/signal_headroom.py)
+    if summary.get("signal_headroom"):  # how good a signal the rules would need (analysis/signal_headroom.py)
         header, body = pivot(summary["signal_headroom"])
         print("\nShare of the oracle's gain the best per-row rule captures, by signal (AUC in-sample, its cost left out):\n")
         print("| B | layout | oracle over fixed γ | " + " | ".join(header) + " |\n|---|---|---|" + "---|" * len(header))
