@@ -18,8 +18,8 @@ from pathlib import Path
 import pandas as pd
 
 from dspark_bench.objectives import rank
-from dspark_bench.replay.oracle import KINDS, captured_cell
-from dspark_bench.replay.signal_headroom import pivot
+from dspark_bench.analysis.oracle import KINDS, captured_cell
+from dspark_bench.analysis.signal_headroom import pivot
 
 COLUMNS = {"padded": "predicted_speedup", "packed": "predicted_speedup_packed"}
 
