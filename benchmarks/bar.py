@@ -9,10 +9,9 @@ so they share the machine's drift. Prints the table and the run folder it wrote.
 
 from __future__ import annotations
 
-import argparse
 import json
-from pathlib import Path
 
+import common  # benchmarks/ is on sys.path when run as a script
 import pandas as pd
 
 from dspark_bench.config import POLICY_FIELDS
@@ -21,12 +20,7 @@ from dspark_bench.results import describe_machine, environment
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("sweep", type=Path, help="a replay sweep's run folder")
-    parser.add_argument("--limit", type=int, default=40)
-    parser.add_argument("--repeats", type=int, default=1)
-    parser.add_argument("--out", type=Path, default=Path("results"))
-    args = parser.parse_args()
+    args = common.parser(__doc__, sweep=True, limit=40, repeats=1, out="results").parse_args()
     info = json.loads((args.sweep / "run.json").read_text())
     summary = json.loads((args.sweep / "summary.json").read_text())
     base = info["base_config"]

@@ -10,9 +10,9 @@ over prompts) and the ratio of our loop to `generate` with a bootstrap 95 % inte
 
 from __future__ import annotations
 
-import argparse
 import statistics
 
+import common  # benchmarks/ is on sys.path when run as a script
 import numpy as np
 
 from dspark_bench.config import DecodeConfig
@@ -25,11 +25,7 @@ from dspark_bench.tasks import load_task
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--task", default="code")
-    parser.add_argument("--limit", type=int, default=10)
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser = common.parser(__doc__, task="code", limit=10, max_new_tokens=128, repeats=3)
     parser.add_argument("--target")
     parser.add_argument("--draft")
     args = parser.parse_args()

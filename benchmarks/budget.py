@@ -12,9 +12,9 @@ of the oracle's gain the rules would capture with better signals (analysis/signa
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
+import common  # benchmarks/ is on sys.path when run as a script
 import pandas as pd
 
 from dspark_bench.objectives import rank
@@ -78,6 +78,4 @@ def main(folder: Path) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2 or not (Path(sys.argv[1]) / "summary.json").is_file():
-        sys.exit("usage: python benchmarks/budget.py SWEEP_FOLDER (a finished replay sweep's folder)")
-    main(Path(sys.argv[1]))
+    main(common.parser(__doc__, sweep=True).parse_args().sweep)

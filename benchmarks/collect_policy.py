@@ -6,8 +6,9 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
+
+import common  # benchmarks/ is on sys.path when run as a script
 
 WEIGHTS = Path(__file__).resolve().parent.parent / "dspark_bench" / "reference" / "weights"
 
@@ -34,7 +35,10 @@ def policy_row(out: Path, task: str) -> dict:
 
 
 if __name__ == "__main__":
-    out = Path(sys.argv[1] if len(sys.argv) > 1 else "results")
+    parser = common.parser(__doc__)
+    parser.add_argument("results", type=Path, nargs="?", default=Path("results"),
+                        help="the results folder of benchmarks/reference_pair.sh (default results)")
+    out = parser.parse_args().results
     rows = {task: policy_row(out, task) for task in ("code", "prose")}
     (WEIGHTS / "policy.json").write_text(json.dumps(rows, indent=2) + "\n")
     print(json.dumps(rows, indent=2))

@@ -14,11 +14,11 @@ leaves the sweep's run folder (`dspark-bench report` draws its batch-size figure
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from pathlib import Path
 
+import common  # benchmarks/ is on sys.path when run as a script
 import pandas as pd
 
 from dspark_bench.results import describe_machine, environment
@@ -27,15 +27,11 @@ from dspark_bench.tuning.sweep import run_sweep
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--task", default="code")
-    parser.add_argument("--limit", type=int, default=32)
-    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser = common.parser(__doc__, task="code", limit=32, max_new_tokens=128, out="results")
     parser.add_argument("--batch-size", type=int, action="append", dest="batch_sizes")
     parser.add_argument("--confirm-top", type=int, default=1)
     parser.add_argument("--quorum", type=float, action="append", dest="quorums",
                         help="batch_quorum values searched (default 0, 0.25, 0.5, 0.75; 0 = each row on its own)")
-    parser.add_argument("--out", type=Path, default=Path("results"))
     args = parser.parse_args()
     batch_sizes = args.batch_sizes or [1, 8, 32]
     # The task's own space (sweeps/<task>.yaml), with the padded layout's batch-level rule searched too.

@@ -14,9 +14,10 @@ not a test.
 
 from __future__ import annotations
 
-import argparse
 import time
 from pathlib import Path
+
+import common  # benchmarks/ is on sys.path when run as a script
 
 from dspark_bench.config import DecodeConfig
 from dspark_bench.harness.models import load_pair
@@ -61,11 +62,8 @@ def best_per_drafter(task: str, limit: int, drafters: list[str]) -> tuple[list[D
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--task", default="code")
-    parser.add_argument("--limit", type=int, default=40)
+    parser = common.parser(__doc__, task="code", limit=40, out="results/drafters")
     parser.add_argument("--drafter", nargs="+", default=["model", "heads", "lookup"])
-    parser.add_argument("--out", type=Path, default=Path("results/drafters"))
     args = parser.parse_args()
     chosen, replayed = best_per_drafter(args.task, args.limit, args.drafter)
     for row in replayed:

@@ -25,12 +25,11 @@ assisted generation against our engine on the policy `export --format hf` writes
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
-from pathlib import Path
 from types import SimpleNamespace
 
+import common  # benchmarks/ is on sys.path when run as a script
 import numpy as np
 import pandas as pd
 
@@ -53,15 +52,11 @@ def main() -> None:
     from dspark_bench.tuning.export import candidates
     from dspark_bench.tuning.spec import points, resolve_spec, task_spec
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--task", default="code")
-    parser.add_argument("--limit", type=int, default=40)
+    parser = common.parser(__doc__, task="code", limit=40, max_new_tokens=128, out="/tmp/goodput-bench")
     parser.add_argument("--heldout-task", default="mixed")
     parser.add_argument("--heldout", type=int, default=24)
-    parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--hf-prompts", type=int, default=20)
-    parser.add_argument("--out", type=Path, default=Path("/tmp/goodput-bench"))
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()

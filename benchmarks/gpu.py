@@ -24,31 +24,27 @@ CPU inductor compile of every input length would take minutes).
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import common  # benchmarks/ is on sys.path when run as a script
 import numpy as np
 import torch
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = common.parser(__doc__, task="code", limit=10, max_new_tokens=128, out="results/gpu")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--target")
     parser.add_argument("--draft")
-    parser.add_argument("--task", default="code")
-    parser.add_argument("--limit", type=int, default=10)
-    parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--gamma", type=int, default=8, help="deepest draft replayed and run")
     parser.add_argument("--batch-size", type=int, action="append", help="batch sizes above 1 (default 8)")
     parser.add_argument("--no-compile", action="store_true")
     parser.add_argument("--smoke", action="store_true")
-    parser.add_argument("--out", type=Path, default=Path("results/gpu"))
     args = parser.parse_args()
     if args.smoke:
         args.limit, args.max_new_tokens, args.gamma = min(args.limit, 2), min(args.max_new_tokens, 24), 4

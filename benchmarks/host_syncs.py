@@ -17,7 +17,6 @@ counted by watching those methods, as tests/test_device.py watches today's for s
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import io
 import statistics
@@ -27,6 +26,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+import common  # benchmarks/ is on sys.path when run as a script
 import numpy as np
 import torch
 
@@ -73,12 +73,8 @@ def main() -> None:
     from dspark_bench.prompts import encode
     from dspark_bench.tasks import load_task
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = common.parser(__doc__, task="code", limit=10, max_new_tokens=128, repeats=3)
     parser.add_argument("--before", default="06fb238")
-    parser.add_argument("--task", default="code")
-    parser.add_argument("--limit", type=int, default=10)
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     old, old_config = old_engine(args.before)
     pair = load_pair(device="cpu")

@@ -15,7 +15,6 @@ Run it on an otherwise idle machine: the hog is the only other process it means 
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import statistics
@@ -24,6 +23,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import common  # benchmarks/ is on sys.path when run as a script
 
 POLICIES = ["--schedule", "threshold", "--schedule", "fixed", "--threshold", "0.3", "--gamma-max", "4"]
 HOG = "import time\nend = time.time() + {seconds}\nwhile time.time() < end:\n    pass\n"
@@ -84,9 +85,8 @@ def sweep_once(busy: bool) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = common.parser(__doc__, limit=4)
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--limit", type=int, default=4)
     parser.add_argument("--no-sweep", action="store_true")
     args = parser.parse_args()
     rows = ["| condition | policy | median speedup | runs | spread (max − min) / median | timing health |",

@@ -20,8 +20,8 @@ The cost model's predicted-vs-measured speedup is in every replay sweep's summar
 
 from __future__ import annotations
 
-import argparse
 
+import common  # benchmarks/ is on sys.path when run as a script
 import numpy as np
 from simulate_speed import G as GAMMA  # benchmarks/ is on sys.path when run as a script
 from simulate_speed import grid, time_grid
@@ -90,9 +90,7 @@ def equality(pair, prompts: list[list[int]], rec: Record, tokens: int) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--task", default="code")
-    parser.add_argument("--limit", type=int, default=40)
+    parser = common.parser(__doc__, task="code", limit=40)
     parser.add_argument("--check-prompts", type=int, default=10)
     args = parser.parse_args()
     pair = load_pair(None, None)

@@ -14,6 +14,7 @@ import itertools
 import statistics
 import time
 
+import common  # benchmarks/ is on sys.path when run as a script
 import numpy as np
 import pandas as pd
 
@@ -57,6 +58,7 @@ def time_grid(rec: Record, configs: list[DecodeConfig]) -> tuple[float, float, p
 
 
 if __name__ == "__main__":
+    common.parser(__doc__).parse_args()
     rec, configs = synthetic_record(), grid()
     first, median, table = time_grid(rec, configs)
     print(f"first call (compile or cache load): {first:.2f} s")

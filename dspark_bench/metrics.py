@@ -1,4 +1,4 @@
-"""The metrics of DESIGN.md, computed from per-round records.
+"""The metrics of docs/policy-and-metrics.md, computed from per-round records.
 
 Totals add up over prompts; ratios are taken from the totals, so a run's acceptance_rate is
 sum(accepted) / sum(drafted) over all its rounds, not a mean of per-prompt ratios.

@@ -1,7 +1,7 @@
 """What a policy can be optimised for, and the one ranking that sweep, calibrate, report, plots
 and the notebook all use.
 
-An objective is a metric name of DESIGN.md with a direction. Under replay a speedup is not
+An objective is a metric name of docs/policy-and-metrics.md with a direction. Under replay a speedup is not
 measured but predicted by the cost model, in its own column (`predicted_speedup`); every other
 objective is counted exactly by replay and by real runs alike, in the column of its own name.
 """

@@ -1,7 +1,7 @@
 """The cost model: this machine's step costs, measured, and the speedup they predict.
 
 `t_draft` is one draft step and `t_verify(k)` one target pass over k + 1 new positions, each
-the median of interleaved timings with the caches at a realistic length (DESIGN.md). The cost
+the median of interleaved timings with the caches at a realistic length (docs/sweeps-and-replay.md). The cost
 surface holds one such model per batch size B, timed with B rows in the batched engine's own
 cache (`t_draft(B)`, `t_verify(B, k)`): what replay needs to predict a policy at any B. Each
 model also holds `t_learned`, what the learned signal adds to a draft step of its B rows (it runs
@@ -72,7 +72,7 @@ class CostModel:
         return {"model": self.t_draft + (self.t_learned if learned else 0.0), "heads": self.t_heads, "lookup": 0.0}[drafter]
 
     def predict(self, rounds: list[Round], tokens: int) -> float:
-        """DESIGN.md: N * t_verify(0) / sum over rounds of (s_r * t_draft + t_verify(L_r))."""
+        """docs/sweeps-and-replay.md: N * t_verify(0) / sum over rounds of (s_r * t_draft + t_verify(L_r))."""
         spent = sum(r.draft_forwards * self.t_draft + self.t_verify[r.drafted] for r in rounds)  # a draft model's
         return self.speedup(tokens, spent)
 

@@ -2,7 +2,7 @@
 
 Figures are built on the Agg canvas without pyplot, so they never pile up in pyplot's registry
 and work the same in a script, a test or a notebook (where `display(fig)` shows them). Axis
-labels are the metric names of DESIGN.md (`avg_draft_len`, `tokens_per_round`, `speedup`...).
+labels are the metric names of docs/policy-and-metrics.md (`avg_draft_len`, `tokens_per_round`, `speedup`...).
 
 Inputs are the tables of `dspark_bench.results`: `policies` = one row per configuration, trial
 or simulated policy (`results.load`), `samples` = one row per prompt × configuration, `rounds` =
