@@ -30,7 +30,7 @@ def main() -> None:
     parser.add_argument("--draft")
     args = parser.parse_args()
     pair = load_pair(args.target, args.draft)
-    config = DecodeConfig(max_new_tokens=args.max_new_tokens)
+    config = DecodeConfig.of(max_new_tokens=args.max_new_tokens)
     prompts = [encode(pair.tokenizer, p.text) for p in load_task(args.task, args.limit)]
     methods = {
         "ours (autoregressive_decode)": lambda ids: autoregressive_decode(pair.target, ids, config, pair.eos_ids),

@@ -38,12 +38,12 @@ def best_per_drafter(task: str, limit: int, drafters: list[str]) -> tuple[list[D
     pair = load_pair()
     prompts = load_task(task, limit)
     base = base_config(spec, get_task(task).max_new_tokens)
-    configs = [c for c in replay_space(spec, base) if c.schedule != "goodput"]
-    gamma = max(c.gamma_max for c in configs)
+    configs = [c for c in replay_space(spec, base) if c.stopping.schedule != "goodput"]
+    gamma = max(c.stopping.gamma_max for c in configs)
     ids = [encode(pair.tokenizer, p.text) for p in prompts]
     records, continuations, started = {}, None, time.perf_counter()
     for key, group in drafter_groups(configs).items():
-        records[key] = rec = record(pair, ids, base.max_new_tokens, gamma, base.topk, drafter=configs[group[0]],
+        records[key] = rec = record(pair, ids, base.verification.max_new_tokens, gamma, base.stopping.topk, drafter=key,
                                     continuations=continuations)
         continuations = [rec.continuation[p, :n].tolist() for p, n in enumerate(rec.lengths)]
         print(f"recorded {key} ({time.perf_counter() - started:.0f} s)", flush=True)
@@ -54,8 +54,8 @@ def best_per_drafter(task: str, limit: int, drafters: list[str]) -> tuple[list[D
     for key, group in drafter_groups(configs).items():
         table = rank(simulate_grid(records[key], [configs[i] for i in group], cost), "speedup", "predicted_speedup")
         top = table.iloc[0]
-        if key[0] not in best or top["predicted_speedup"] > best[key[0]][1]["predicted_speedup"]:
-            best[key[0]] = (configs[group[int(top["config_id"])]], top)
+        if key.drafter not in best or top["predicted_speedup"] > best[key.drafter][1]["predicted_speedup"]:
+            best[key.drafter] = (configs[group[int(top["config_id"])]], top)
     rows = [{"drafter": d, "policy": c.label(), "predicted_speedup": float(t["predicted_speedup"]),
              "tokens_per_round_replayed": float(t["tokens_per_round"])} for d, (c, t) in best.items()]
     return [c for c, _ in best.values()], rows

@@ -84,8 +84,8 @@ def main() -> None:
     say(f"acceptance fit on {args.heldout_task}: {json.dumps(held_model.acceptance.quality)}")
 
     spec, _ = resolve_spec(task_spec(args.task), {"task": args.task, "max_new_tokens": N})
-    base = DecodeConfig(max_new_tokens=N)
-    space = [c for c in points(spec, base) if c.gamma_max <= GAMMA]
+    base = DecodeConfig.of(max_new_tokens=N)
+    space = [c for c in points(spec, base) if c.stopping.gamma_max <= GAMMA]
     fixed = [base.replace(schedule="fixed", gamma_max=g, min_draft_len=0) for g in range(1, GAMMA + 1)]
     goodput = base.replace(schedule="goodput", gamma_max=GAMMA, min_draft_len=0, goodput_model=str(model_file))
     goodput_held = goodput.replace(goodput_model=str(held_file))
@@ -167,7 +167,7 @@ def measured_rows(summary: pd.DataFrame, policies: list, predicted: dict, names:
     rows = []
     for i, policy in enumerate(policies):
         s = summary[summary["config_id"] == i].iloc[0]
-        rows.append({"batch_size": policy.batch_size, "policy": names[policy], "speedup": float(s["speedup"]),
+        rows.append({"batch_size": policy.batching.batch_size, "policy": names[policy], "speedup": float(s["speedup"]),
                      "low": float(s["speedup_low"]), "high": float(s["speedup_high"]),
                      "predicted": predicted[policy], "tokens_per_round": float(s["tokens_per_round"]),
                      "avg_draft_len": float(s["avg_draft_len"]), "identical": float(s["identical_to_baseline"])})

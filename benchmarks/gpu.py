@@ -116,9 +116,9 @@ def bench_pair(pair, args, out: Path, say) -> tuple[list[dict], Path]:
     context = ids[0] + rec.continuation[0, : int(rec.lengths[0]) // 2].tolist()
     surface = measure_surface(pair, context, G, [1, *args.batch_size])
     spec, _ = resolve_spec(task_spec(args.task), {"task": args.task, "max_new_tokens": N})
-    base = DecodeConfig(max_new_tokens=N)
+    base = DecodeConfig.of(max_new_tokens=N)
     fixed = [base.replace(schedule="fixed", gamma_max=g, min_draft_len=0) for g in range(1, G + 1)]
-    space = [c for c in points(spec, base) if c.gamma_max <= G] + fixed
+    space = [c for c in points(spec, base) if c.stopping.gamma_max <= G] + fixed
     table = simulate_grid(rec, space, surface.at(1))
     pick = lambda rows: space[int(rows["predicted_speedup"].idxmax())]  # noqa: E731
     best, best_fixed = pick(table[table["schedule"] != "fixed"]), pick(table[table["schedule"] == "fixed"])
@@ -152,7 +152,7 @@ def bench_pair(pair, args, out: Path, say) -> tuple[list[dict], Path]:
 
 def measured(summary, config_id: int, config, decoder: str) -> dict:
     s = summary[summary["config_id"] == config_id].iloc[0]
-    return {"batch_size": config.batch_size, "decoder": decoder, "policy": config.label(),
+    return {"batch_size": config.batching.batch_size, "decoder": decoder, "policy": config.label(),
             "tokens_per_s": float(s["spec_tokens_per_s"]), "speedup": float(s["speedup"]),
             "low": float(s["speedup_low"]), "high": float(s["speedup_high"]),
             "tokens_per_round": float(s["tokens_per_round"]), "identical": float(s["identical_to_baseline"]),

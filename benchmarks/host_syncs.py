@@ -89,9 +89,9 @@ def main() -> None:
     for temperature in (0.0, 0.8):
         variants = {
             f"before ({args.before})": (old.speculative_decode, old_config.DecodeConfig(**policy, temperature=temperature)),
-            "after, early-stop": (engine.speculative_decode, DecodeConfig(**policy, temperature=temperature)),
+            "after, early-stop": (engine.speculative_decode, DecodeConfig.of(**policy, temperature=temperature)),
             "after, verify-side": (engine.speculative_decode,
-                                   DecodeConfig(**policy, temperature=temperature, draft_mode="verify-side")),
+                                   DecodeConfig.of(**policy, temperature=temperature, draft_mode="verify-side")),
         }
         syncs, rounds, tokens, seconds = ({name: [] for name in variants} for _ in range(4))
         for ids in prompts[:1]:  # warm-up

@@ -38,7 +38,7 @@ from dspark_bench.tasks import load_task
 
 
 def recording_cost(pair, prompts: list[list[int]], tokens: int) -> list[Record]:
-    config = DecodeConfig(max_new_tokens=tokens)
+    config = DecodeConfig.of(max_new_tokens=tokens)
     autoregressive_decode(pair.target, prompts[0], config, pair.eos_ids)  # warm-up
     plain, recorded, records = [], [], []
     for ids in prompts:

@@ -39,7 +39,7 @@ def synthetic_record(seed: int = 0) -> Record:
 def grid(tokens: int = N) -> list[DecodeConfig]:
     """The dense grid of issue 5, its valid points (min_draft_len <= gamma_max)."""
     thresholds = np.round(np.linspace(0.05, 0.95, 20), 3)
-    return [DecodeConfig(metric=m, threshold=float(t), gamma_max=g, min_draft_len=n, max_new_tokens=tokens)
+    return [DecodeConfig.of(metric=m, threshold=float(t), gamma_max=g, min_draft_len=n, max_new_tokens=tokens)
             for m, t, g, n in itertools.product(METRICS, thresholds, range(1, G + 1), range(0, 4)) if n <= g]
 
 

@@ -1,7 +1,9 @@
-"""Frozen configuration: the policy being tuned and how tokens are verified.
+"""Frozen configuration, one dataclass per concern: the stopping policy being tuned, the drafter
+with its own knobs, how tokens are verified, how requests are batched; DecodeConfig composes them.
 
-CLI flags, sweep files and Optuna trials only override fields of these dataclasses;
-unknown keys are errors, and every result stores the config it ran with (`to_dict`).
+CLI flags, sweep files and Optuna trials only override their knobs, named flat (`threshold`,
+`drafter`, `batch_size`: FIELDS says whose each is); unknown keys are errors, and every result
+stores the config it ran with (`to_dict`, flat, so run.json and result tables keep one shape).
 """
 
 from __future__ import annotations
@@ -13,7 +15,9 @@ from dataclasses import dataclass, field
 
 from dspark_bench.errors import DsparkError
 
-METRICS = ("top1", "entropy", "topk_mass", "margin")
+# The confidence metrics a policy may read (decoding/confidence.py): gini is Σ p², the complement of
+# the Gini impurity. The default search spaces (tuning/spec.py) name theirs and leave gini out.
+METRICS = ("top1", "entropy", "topk_mass", "margin", "gini")
 # A signal fitted on a replay record from the raw ones (decoding/learned_signal.py): a metric that
 # needs `signal_model`, drafting with the draft model.
 LEARNED = "learned"
@@ -42,11 +46,24 @@ DEFAULT_MAX_NEW_TOKENS = 128  # tokens per prompt when neither the flags nor the
 POLICY = {"policy": True, "searched": True}
 
 
-@dataclass(frozen=True)
-class DecodeConfig:
-    """One speculative-decoding policy plus its verification settings."""
+def _check_types(part) -> None:
+    """Each field holds its declared type (a YAML spec or --set can hand any value over)."""
+    for f in dataclasses.fields(part):
+        value = getattr(part, f.name)
+        if f.type == "int" and (not isinstance(value, int) or isinstance(value, bool)):
+            raise DsparkError(f"{f.name} must be an integer (got {value!r})")
+        if f.type == "float" and (not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value)):
+            raise DsparkError(f"{f.name} must be a finite number (got {value!r})")
+        if f.type == "bool" and not isinstance(value, bool):
+            raise DsparkError(f"{f.name} must be true or false (got {value!r})")
+        if f.type == "str" and not isinstance(value, str):
+            raise DsparkError(f"{f.name} must be a {'path' if f.name.endswith('_model') else 'name'} (got {value!r})")
 
-    # The policy: the knobs a sweep searches and a calibration file stores (POLICY_FIELDS).
+
+@dataclass(frozen=True)
+class StoppingPolicy:
+    """The stopping policy: the confidence the draft reads and when its round stops."""
+
     metric: str = field(default="top1", metadata=POLICY)  # confidence signal (confidence.METRICS)
     schedule: str = field(default="threshold", metadata=POLICY)  # stopping rule (schedule.SCHEDULES)
     threshold: float = field(default=0.5, metadata=POLICY)  # stop when confidence < threshold
@@ -57,102 +74,170 @@ class DecodeConfig:
     topk: int = field(default=5, metadata={"policy": True, "searched": False})  # k of "topk_mass"
     # Batch size B > 1, padded layout: once fewer than this share of a round's rows are still
     # drafting (and every row has drafted the positions its rule always keeps: min_draft_len,
-    # none under llama.cpp's), the round's draft stops for all of them, so a
-    # batch stops paying for the longest drafts of a confident few. 0: each row stops on its own.
+    # none under llama.cpp's), the round's draft stops for all of them, so a batch stops paying
+    # for the longest drafts of a confident few. 0: each row stops on its own.
     batch_quorum: float = field(default=0.0, metadata=POLICY)
     semantics: str = field(default="dspark", metadata=POLICY)  # the engine whose rule variant applies
-    # "goodput": the fitted acceptance curves and step costs it decides with (goodput.py): a
-    # sweep folder's goodput_model.json. The schedule has no threshold; this is its data.
+    # The fitted files two schedules and one metric decide with: "goodput"/"budget" read a sweep
+    # folder's goodput_model.json (goodput.py; they have no threshold, this is their data); metric
+    # "learned" reads its learned_signal.json (learned_signal.py).
     goodput_model: str = field(default="", metadata={"policy": True, "searched": False})
     # "budget": the layout it prices a pass in (LAYOUTS) — padded, as the batched engine runs, or
     # packed, as vLLM, SGLang and TensorRT-LLM run (then predicted only). One row: the same rule.
     budget_layout: str = field(default="padded", metadata={"policy": True, "searched": False})
-    # metric "learned": the fitted signal it reads (learned_signal.py): a sweep folder's learned_signal.json.
     signal_model: str = field(default="", metadata={"policy": True, "searched": False})
-    drafter: str = field(default="model", metadata=POLICY)  # DRAFTERS: what proposes the tokens
+
+    def __post_init__(self) -> None:
+        _check_types(self)
+        check_stopping(self)
+
+
+@dataclass(frozen=True)
+class Drafting:
+    """What proposes a round's tokens, with its own knobs: its identity, one replay record each."""
+
+    drafter: str = field(default="model", metadata=POLICY)  # DRAFTERS
     # "lookup": match the context's last n-gram, the longest of ngram_max..ngram_min that occurred before.
     ngram_min: int = field(default=1, metadata=POLICY)
     ngram_max: int = field(default=3, metadata=POLICY)
-    # Verification and generation: what every policy of a run shares.
+
+    def __post_init__(self) -> None:
+        _check_types(self)
+        if self.drafter not in DRAFTERS:
+            raise DsparkError(f"unknown drafter {self.drafter!r}; choose one of {', '.join(DRAFTERS)}")
+        if not 1 <= self.ngram_min <= self.ngram_max:
+            raise DsparkError(f"lookup needs 1 <= ngram_min <= ngram_max (got {self.ngram_min} and {self.ngram_max})")
+
+    def prefix(self) -> str:
+        """The drafter in a policy's label (the draft model, the default, goes unnamed)."""
+        if self.drafter == "lookup":
+            return f"lookup n{self.ngram_min}-{self.ngram_max} · "
+        return "heads · " if self.drafter == "heads" else ""
+
+
+@dataclass(frozen=True)
+class Verification:
+    """How drafted tokens are checked and how much is generated: what every policy of a run shares."""
+
     draft_mode: str = "early-stop"  # DRAFT_MODES: where the rule cuts the draft
     compiled: bool = False  # static KV cache + torch.compile'd steps, both sides (decoding/cached_lm.py); batch size 1
     temperature: float = 0.0  # 0 = greedy verification; > 0 = rejection sampling
     top_p: float = 1.0  # nucleus filter, applied identically to target and draft
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
     seed: int = 0  # seeds the sampling generator of each decode
-    # Requests decoded together. Not a policy knob (a request's rounds do not depend on it under
-    # greedy verification) but a sweep may search it: what a step costs, and so which policy
-    # wins, does.
-    batch_size: int = field(default=1, metadata={"policy": False, "searched": True})
 
     def __post_init__(self) -> None:
-        validate(self)
+        _check_types(self)
+        if self.draft_mode not in DRAFT_MODES:
+            raise DsparkError(f"unknown draft mode {self.draft_mode!r}; choose one of {', '.join(DRAFT_MODES)}")
+        if self.temperature < 0:
+            raise DsparkError(f"temperature must be >= 0 (got {self.temperature:g})")
+        if not 0.0 < self.top_p <= 1.0:
+            raise DsparkError(f"top_p must be in (0, 1] (got {self.top_p:g})")
+        if self.max_new_tokens < 1:
+            raise DsparkError(f"max_new_tokens must be at least 1 (got {self.max_new_tokens})")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
+
+@dataclass(frozen=True)
+class Batching:
+    """Requests decoded together (how a batch's round stops, batch_quorum and the budget schedule's
+    layout, is the stopping policy's)."""
+
+    # Not a policy knob (a request's rounds do not depend on it under greedy verification) but a
+    # sweep may search it: what a step costs, and so which policy wins, does.
+    batch_size: int = field(default=1, metadata={"policy": False, "searched": True})
+
+    def __post_init__(self) -> None:
+        _check_types(self)
+        if self.batch_size < 1:
+            raise DsparkError(f"batch_size must be at least 1 (got {self.batch_size})")
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """One run's configuration: the stopping policy, the drafter, verification and batching, each
+    its own frozen config. Stored flat (`to_dict`: knob -> value, as flags, sweep specs, run.json and
+    result tables name the knobs); `of(**knobs)` builds one from flat knobs."""
+
+    stopping: StoppingPolicy = field(default_factory=StoppingPolicy)
+    drafting: Drafting = field(default_factory=Drafting)
+    verification: Verification = field(default_factory=Verification)
+    batching: Batching = field(default_factory=Batching)
+
+    def __post_init__(self) -> None:
+        check_combination(self)
+
+    @classmethod
+    def of(cls, **knobs) -> "DecodeConfig":
+        return from_dict(knobs)
+
+    @property
+    def greedy(self) -> bool:
+        return self.verification.greedy
+
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """Flat knob -> value, every knob (FIELDS)."""
+        parts = {part: getattr(self, part) for part in PARTS}
+        return {name: getattr(parts[part], name) for name, part in FIELDS.items()}
 
     def replace(self, **changes) -> "DecodeConfig":
         return from_dict({**self.to_dict(), **changes})
 
-    def drafter_key(self) -> tuple[str, int, int]:
-        """What proposes the tokens, with its own knobs: one replay record per key."""
-        return self.drafter, self.ngram_min, self.ngram_max
-
     def label(self) -> str:
         """Short human name of the policy, for tables and legends."""
-        return self.drafter_prefix() + self.policy_label()
-
-    def drafter_prefix(self) -> str:
-        if self.drafter == "lookup":
-            return f"lookup n{self.ngram_min}-{self.ngram_max} · "
-        return "heads · " if self.drafter == "heads" else ""
+        return self.drafting.prefix() + self.policy_label()
 
     def policy_label(self) -> str:
-        if self.schedule == "fixed":
-            return f"fixed γ={self.gamma_max}" + self.batch_suffix()
-        if self.schedule == "goodput":
-            return f"{self.metric} goodput γ≤{self.gamma_max} min{self.min_draft_len}" + self.batch_suffix()
-        if self.schedule == "budget":
-            layout = " · packed" if self.budget_layout == "packed" else ""
-            return f"{self.metric} budget γ≤{self.gamma_max} min{self.min_draft_len}{layout}" + self.batch_suffix()
-        if self.schedule == "ramp":
-            knob = f"{self.threshold_start:g}→{self.threshold_end:g}"
-        else:
-            knob = f"{self.threshold:g}"
-        return f"{self.metric} {self.schedule} {knob} γ≤{self.gamma_max} min{self.min_draft_len}" + self.batch_suffix()
+        p = self.stopping
+        if p.schedule == "fixed":
+            return f"fixed γ={p.gamma_max}" + self.batch_suffix()
+        if p.schedule == "goodput":
+            return f"{p.metric} goodput γ≤{p.gamma_max} min{p.min_draft_len}" + self.batch_suffix()
+        if p.schedule == "budget":
+            layout = " · packed" if self.stopping.budget_layout == "packed" else ""
+            return f"{p.metric} budget γ≤{p.gamma_max} min{p.min_draft_len}{layout}" + self.batch_suffix()
+        knob = f"{p.threshold_start:g}→{p.threshold_end:g}" if p.schedule == "ramp" else f"{p.threshold:g}"
+        return f"{p.metric} {p.schedule} {knob} γ≤{p.gamma_max} min{p.min_draft_len}" + self.batch_suffix()
 
     def batch_suffix(self) -> str:
-        engine = {"dspark": "", "hf": " · HF rule", "llamacpp": " · llama.cpp rule"}[self.semantics]
-        quorum = f" quorum {self.batch_quorum:g}" if self.batch_quorum > 0 else ""
-        mode = " · verify-side" if self.draft_mode == "verify-side" else ""
-        mode += " · compiled" if self.compiled else ""
-        return engine + quorum + mode + (f" · B={self.batch_size}" if self.batch_size > 1 else "")
+        engine = {"dspark": "", "hf": " · HF rule", "llamacpp": " · llama.cpp rule"}[self.stopping.semantics]
+        quorum = f" quorum {self.stopping.batch_quorum:g}" if self.stopping.batch_quorum > 0 else ""
+        mode = " · verify-side" if self.verification.draft_mode == "verify-side" else ""
+        mode += " · compiled" if self.verification.compiled else ""
+        size = self.batching.batch_size
+        return engine + quorum + mode + (f" · B={size}" if size > 1 else "")
 
 
-# Every list of knobs derives from the declaration above: a policy's fields (as a calibration
-# file stores them) and the ones a sweep's search space may name.
-POLICY_FIELDS = tuple(f.name for f in dataclasses.fields(DecodeConfig) if f.metadata.get("policy"))
-SEARCHABLE_FIELDS = tuple(f.name for f in dataclasses.fields(DecodeConfig) if f.metadata.get("searched"))
+# The parts a DecodeConfig composes, and which part each flat knob belongs to (knob names are
+# unique across parts). Every list of knobs derives from these declarations: a policy's fields
+# (as a calibration file stores them) and the ones a sweep's search space may name.
+PARTS = {f.name: f.default_factory for f in dataclasses.fields(DecodeConfig)}
+FIELDS = {f.name: part for part, cls in PARTS.items() for f in dataclasses.fields(cls)}
+_FIELD_SPECS = [f for cls in PARTS.values() for f in dataclasses.fields(cls)]
+POLICY_FIELDS = tuple(f.name for f in _FIELD_SPECS if f.metadata.get("policy"))
+SEARCHABLE_FIELDS = tuple(f.name for f in _FIELD_SPECS if f.metadata.get("searched"))
 
 
 def with_defaults(values: dict) -> dict:
-    """A stored config with every field it lacks at its default: a run made before a field
+    """A stored config with every knob it lacks at its default: a run made before a knob
     existed (batch_size, say) ran with that default."""
-    defaults = {f.name: f.default for f in dataclasses.fields(DecodeConfig)}
-    return {**defaults, **values}
+    return {**DecodeConfig().to_dict(), **values}
 
 
 def from_dict(values: dict) -> DecodeConfig:
-    """Build a DecodeConfig from a mapping, refusing keys it does not know."""
-    known = {f.name for f in dataclasses.fields(DecodeConfig)}
-    unknown = sorted(set(values) - known)
+    """Build a DecodeConfig from flat knobs (any left out at their defaults), refusing knobs it
+    does not know."""
+    unknown = sorted(set(values) - set(FIELDS))
     if unknown:
-        raise DsparkError(f"unknown decode setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
-    return DecodeConfig(**values)
+        raise DsparkError(f"unknown decode setting(s) {', '.join(unknown)}; known: {', '.join(sorted(FIELDS))}")
+    split = {part: {} for part in PARTS}
+    for name, value in values.items():
+        split[FIELDS[name]][name] = value
+    return DecodeConfig(**{part: PARTS[part](**knobs) for part, knobs in split.items()})
 
 
 def _check_unit(name: str, value: float, metric: str) -> None:
@@ -162,104 +247,67 @@ def _check_unit(name: str, value: float, metric: str) -> None:
         raise DsparkError(f"{name} {value:g} is outside the {metric} metric's range [0, 1]")
 
 
-def _check_types(config: DecodeConfig) -> None:
-    for name in ("gamma_max", "min_draft_len", "topk", "max_new_tokens", "seed", "batch_size", "ngram_min",
-                 "ngram_max"):
-        value = getattr(config, name)
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise DsparkError(f"{name} must be an integer (got {value!r})")
-    for name in ("threshold", "threshold_start", "threshold_end", "temperature", "top_p", "batch_quorum"):
-        value = getattr(config, name)
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
-            raise DsparkError(f"{name} must be a finite number (got {value!r})")
+def check_stopping(policy: StoppingPolicy) -> None:
+    """The stopping policy on its own: known names, knobs in range."""
+    if policy.metric not in (*METRICS, LEARNED):
+        raise DsparkError(f"unknown confidence metric {policy.metric!r}; choose one of {', '.join((*METRICS, LEARNED))}")
+    if policy.metric == LEARNED and not policy.signal_model:
+        raise DsparkError("the learned metric needs its fitted signal: a replay sweep's folder, which holds "
+                          "learned_signal.json (run/decode --signal-model); a replay sweep adds learned policies itself")
+    if policy.schedule not in SCHEDULES:
+        raise DsparkError(f"unknown schedule {policy.schedule!r}; choose one of {', '.join(SCHEDULES)}")
+    if policy.semantics not in SEMANTICS:
+        raise DsparkError(f"unknown rule semantics {policy.semantics!r}; choose one of {', '.join(SEMANTICS)}")
+    if policy.schedule in COST_AWARE and not policy.goodput_model:
+        raise DsparkError(f"the {policy.schedule} schedule needs a goodput model: pass --goodput-model with a replay "
+                          "sweep's folder (it writes goodput_model.json)")
+    if policy.schedule == "budget" and policy.batch_quorum > 0:
+        raise DsparkError("the budget schedule decides for the whole batch itself: drop the batch quorum")
+    if policy.schedule == "budget" and policy.semantics != "dspark":
+        raise DsparkError("the budget schedule keeps its last token as goodput does: it has no engine rule variant "
+                          "(drop --semantics)")
+    if policy.gamma_max < 1:
+        raise DsparkError(f"gamma_max must be at least 1 (got {policy.gamma_max})")
+    if policy.min_draft_len < 0:
+        raise DsparkError(f"min_draft_len must be at least 0 (got {policy.min_draft_len})")
+    if policy.min_draft_len > policy.gamma_max:
+        raise DsparkError(f"min_draft_len ({policy.min_draft_len}) must not exceed gamma_max ({policy.gamma_max})")
+    for name in ("threshold", "threshold_start", "threshold_end"):
+        _check_unit(name, getattr(policy, name), policy.metric)
+    if policy.topk < 1:
+        raise DsparkError(f"topk must be at least 1 (got {policy.topk})")
+    if not 0.0 <= policy.batch_quorum <= 1.0:
+        raise DsparkError(f"batch_quorum {policy.batch_quorum:g} is a share of the batch's rows: it must be in [0, 1]")
+    if policy.budget_layout not in LAYOUTS:
+        raise DsparkError(f"unknown budget layout {policy.budget_layout!r}; choose one of {', '.join(LAYOUTS)}")
 
 
 def check_drafter(config: DecodeConfig) -> None:
-    if config.drafter not in DRAFTERS:
-        raise DsparkError(f"unknown drafter {config.drafter!r}; choose one of {', '.join(DRAFTERS)}")
-    if not 1 <= config.ngram_min <= config.ngram_max:
-        raise DsparkError(f"lookup needs 1 <= ngram_min <= ngram_max (got {config.ngram_min} and {config.ngram_max})")
-    if config.drafter == "model":
+    """What a drafter other than the draft model cannot be combined with."""
+    drafter = config.drafting.drafter
+    if drafter == "model":
         return
-    if config.batch_size > 1:
-        raise DsparkError(f"the {config.drafter} drafter runs at batch size 1 only (the batched engine drafts with a model)")
-    if config.compiled:
-        raise DsparkError(f"--compile works with the model drafter only, not {config.drafter}")
-    if config.schedule in COST_AWARE:
-        raise DsparkError(f"the {config.schedule} schedule decides with the draft model's acceptance fit and step cost, not the "
-                          f"{config.drafter} drafter's: use another schedule")
-    if config.drafter == "lookup" and config.draft_mode == "verify-side":
+    if config.batching.batch_size > 1:
+        raise DsparkError(f"the {drafter} drafter runs at batch size 1 only (the batched engine drafts with a model)")
+    if config.verification.compiled:
+        raise DsparkError(f"--compile works with the model drafter only, not {drafter}")
+    if config.stopping.schedule in COST_AWARE:
+        raise DsparkError(f"the {config.stopping.schedule} schedule decides with the draft model's acceptance fit and step "
+                          f"cost, not the {drafter} drafter's: use another schedule")
+    if config.stopping.metric == LEARNED:
+        raise DsparkError(f"the learned signal is fitted on the draft model's record, not the {drafter} drafter's")
+    if drafter == "lookup" and config.verification.draft_mode == "verify-side":
         raise DsparkError("the lookup drafter proposes on the host: its draft mode is early-stop")
 
 
-def check_learned(config: DecodeConfig) -> None:
-    if not isinstance(config.signal_model, str):
-        raise DsparkError(f"signal_model must be a path (got {config.signal_model!r})")
-    if config.metric != LEARNED:
-        return
-    if not config.signal_model:
-        raise DsparkError("the learned metric needs its fitted signal: a replay sweep's folder, which holds "
-                          "learned_signal.json (run/decode --signal-model); a replay sweep adds learned policies itself")
-    if config.drafter != "model":
-        raise DsparkError(f"the learned signal is fitted on the draft model's record, not the {config.drafter} drafter's")
-
-
-def check_budget(config: DecodeConfig) -> None:
-    if config.budget_layout not in LAYOUTS:
-        raise DsparkError(f"unknown budget layout {config.budget_layout!r}; choose one of {', '.join(LAYOUTS)}")
-    if config.schedule != "budget":
-        return
-    if config.batch_quorum > 0:
-        raise DsparkError("the budget schedule decides for the whole batch itself: drop the batch quorum")
-    if config.semantics != "dspark":
-        raise DsparkError("the budget schedule keeps its last token as goodput does: it has no engine rule variant "
-                          "(drop --semantics)")
-
-
-def validate(config: DecodeConfig) -> None:
-    _check_types(config)
-    if config.metric not in (*METRICS, LEARNED):
-        raise DsparkError(f"unknown confidence metric {config.metric!r}; choose one of {', '.join((*METRICS, LEARNED))}")
-    check_learned(config)
-    if config.schedule not in SCHEDULES:
-        raise DsparkError(f"unknown schedule {config.schedule!r}; choose one of {', '.join(SCHEDULES)}")
-    if config.semantics not in SEMANTICS:
-        raise DsparkError(f"unknown rule semantics {config.semantics!r}; choose one of {', '.join(SEMANTICS)}")
-    if config.draft_mode not in DRAFT_MODES:
-        raise DsparkError(f"unknown draft mode {config.draft_mode!r}; choose one of {', '.join(DRAFT_MODES)}")
-    if config.draft_mode == "verify-side" and config.batch_size > 1:
+def check_combination(config: DecodeConfig) -> None:
+    """The constraints between parts (each part checked its own knobs when it was built)."""
+    batched = config.batching.batch_size > 1
+    if config.verification.draft_mode == "verify-side" and batched:
         raise DsparkError("the verify-side draft mode runs at batch size 1 only (batched decoding drafts early-stop)")
     check_drafter(config)
-    if not isinstance(config.compiled, bool):
-        raise DsparkError(f"compiled must be true or false (got {config.compiled!r})")
-    if config.compiled and config.batch_size > 1:
+    if config.verification.compiled and batched:
         raise DsparkError("compiled decoding runs at batch size 1 only (the batched cache is not static)")
-    if config.schedule in COST_AWARE and not config.goodput_model:
-        raise DsparkError(f"the {config.schedule} schedule needs a goodput model: pass --goodput-model with a replay "
-                          "sweep's folder (it writes goodput_model.json)")
-    if not isinstance(config.goodput_model, str):
-        raise DsparkError(f"goodput_model must be a path (got {config.goodput_model!r})")
-    check_budget(config)
-    if config.gamma_max < 1:
-        raise DsparkError(f"gamma_max must be at least 1 (got {config.gamma_max})")
-    if config.min_draft_len < 0:
-        raise DsparkError(f"min_draft_len must be at least 0 (got {config.min_draft_len})")
-    if config.min_draft_len > config.gamma_max:
-        raise DsparkError(f"min_draft_len ({config.min_draft_len}) must not exceed gamma_max ({config.gamma_max})")
-    for name in ("threshold", "threshold_start", "threshold_end"):
-        _check_unit(name, getattr(config, name), config.metric)
-    if not 0.0 <= config.batch_quorum <= 1.0:
-        raise DsparkError(f"batch_quorum {config.batch_quorum:g} is a share of the batch's rows: it must be in [0, 1]")
-    if config.topk < 1:
-        raise DsparkError(f"topk must be at least 1 (got {config.topk})")
-    if config.temperature < 0:
-        raise DsparkError(f"temperature must be >= 0 (got {config.temperature:g})")
-    if not 0.0 < config.top_p <= 1.0:
-        raise DsparkError(f"top_p must be in (0, 1] (got {config.top_p:g})")
-    if config.batch_size < 1:
-        raise DsparkError(f"batch_size must be at least 1 (got {config.batch_size})")
-    if config.max_new_tokens < 1:
-        raise DsparkError(f"max_new_tokens must be at least 1 (got {config.max_new_tokens})")
 
 
 # The policy every field defaults to: the one place the defaults are written (flags, run configs
@@ -282,14 +330,14 @@ def expand(space: dict, base: DecodeConfig = DEFAULTS, strict: bool = True) -> l
     left out (a search space crosses every value with every other), and any other is an error.
     """
     names = list(space)
-    first_threshold = space["threshold"][0] if space.get("threshold") else base.threshold
+    first_threshold = space["threshold"][0] if space.get("threshold") else base.stopping.threshold
     out = []
     for combo in itertools.product(*(space[n] for n in names)):
         params = {**base.to_dict(), **dict(zip(names, combo))}
         if not strict and not _knobs_agree(params):
             continue
         if params["drafter"] != "lookup":
-            params.update(ngram_min=DEFAULTS.ngram_min, ngram_max=DEFAULTS.ngram_max)
+            params.update(ngram_min=DEFAULTS.drafting.ngram_min, ngram_max=DEFAULTS.drafting.ngram_max)
         if params["schedule"] in COST_AWARE:
             params.update(threshold=first_threshold, semantics="dspark" if params["semantics"] == "hf" else params["semantics"])
         else:

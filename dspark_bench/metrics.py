@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-# quorum: B > 1 only (config.batch_quorum); exhausted: the drafter had no more to propose (every
+# quorum: B > 1 only (config.stopping.batch_quorum); exhausted: the drafter had no more to propose (every
 # head used, or a lookup without a match or at its match's end); never for the model drafter.
 STOP_REASONS = ("threshold", "gamma_max", "eos", "budget", "quorum", "exhausted")
 TOTAL_COLUMNS = ("rounds", "drafted_total", "accepted_total", "emitted_total", "full_blocks")

@@ -69,13 +69,13 @@ def test_batched_greedy_rows_equal_each_prompt_alone(arch, batch_size, request, 
     eos = frozenset({1})
     checked = 0
     for config, alone in zip(GREEDY_POLICIES, decoded_alone(arch, target, draft, eos)):
-        metric, schedule = config.metric, config.schedule
+        metric, schedule = config.stopping.metric, config.stopping.schedule
         together = batched_speculative(target, draft, PROMPTS, config, batch_size, eos)
         for single, row in zip(alone, together):
             assert row.result.tokens == single.tokens, (metric, schedule)
             assert rounds_of(row.result) == rounds_of(single), (metric, schedule)
             checked += 1
-    plain = DecodeConfig(max_new_tokens=N)
+    plain = DecodeConfig.of(max_new_tokens=N)
     baseline = [autoregressive_decode(target, p, plain, eos).tokens for p in PROMPTS]
     assert [r.result.tokens for r in batched_autoregressive(target, PROMPTS, plain, batch_size, eos)] == baseline
     assert [r.result.tokens for r in together] == baseline  # the last policy's rows: the target's own text
@@ -84,7 +84,7 @@ def test_batched_greedy_rows_equal_each_prompt_alone(arch, batch_size, request, 
 
 def test_drained_batches_decode_the_same(llama_pair):
     target, draft = llama_pair
-    config = DecodeConfig(threshold=0.3, gamma_max=3, max_new_tokens=N)
+    config = DecodeConfig.of(threshold=0.3, gamma_max=3, max_new_tokens=N)
     refilled = batched_speculative(target, draft, PROMPTS, config, 4, refill=True)
     drained = batched_speculative(target, draft, PROMPTS, config, 4, refill=False)
     assert [r.result.tokens for r in refilled] == [r.result.tokens for r in drained]
@@ -95,7 +95,7 @@ def test_drained_batches_decode_the_same(llama_pair):
 
 def test_time_shares_add_up_to_the_run(llama_pair):
     target, draft = llama_pair
-    config = DecodeConfig(threshold=0.3, gamma_max=3, max_new_tokens=N)
+    config = DecodeConfig.of(threshold=0.3, gamma_max=3, max_new_tokens=N)
     requests = batched_speculative(target, draft, PROMPTS, config, 3)
     wall = max(r.finished for r in requests) - min(r.admitted for r in requests)
     shares = sum(r.time_s for r in requests)
@@ -107,9 +107,9 @@ def test_replay_predicts_every_row_of_a_batch(llama_pair):
     target, draft = llama_pair
     pair = SimpleNamespace(target=target, draft=draft, eos_ids=frozenset())
     rec = record(pair, PROMPTS, N, 5, topk=5)
-    for config in (DecodeConfig(metric="entropy", threshold=0.5, gamma_max=5, max_new_tokens=N),
-                   DecodeConfig(schedule="cumulative", threshold=0.2, gamma_max=4, min_draft_len=0, max_new_tokens=N),
-                   DecodeConfig(schedule="fixed", gamma_max=5, max_new_tokens=N)):
+    for config in (DecodeConfig.of(metric="entropy", threshold=0.5, gamma_max=5, max_new_tokens=N),
+                   DecodeConfig.of(schedule="cumulative", threshold=0.2, gamma_max=4, min_draft_len=0, max_new_tokens=N),
+                   DecodeConfig.of(schedule="fixed", gamma_max=5, max_new_tokens=N)):
         simulated = simulate(rec, config)
         for batch_size in (3, 8):
             rows = batched_speculative(target, draft, PROMPTS, config, batch_size)
@@ -133,7 +133,7 @@ def test_holes_are_compacted_away(llama_pair):
 
 def test_batched_sampling_equals_each_prompt_sampled_alone(llama_pair):
     target, draft = llama_pair
-    config = DecodeConfig(temperature=0.9, top_p=0.95, threshold=0.3, gamma_max=4, max_new_tokens=N)
+    config = DecodeConfig.of(temperature=0.9, top_p=0.95, threshold=0.3, gamma_max=4, max_new_tokens=N)
     alone = [speculative_decode(target, draft, p, config).tokens for p in PROMPTS]
     assert [r.result.tokens for r in batched_speculative(target, draft, PROMPTS, config, 3)] == alone
 
@@ -173,18 +173,18 @@ def test_batched_replay_charges_the_engine_s_own_steps(llama_pair, refill):
     target, draft = llama_pair
     pair = SimpleNamespace(target=target, draft=draft, eos_ids=frozenset({1}))
     rec = record(pair, PROMPTS, N, 5, topk=5, eos_ids=pair.eos_ids)
-    configs = [DecodeConfig(metric="entropy", threshold=0.5, gamma_max=5, max_new_tokens=N, batch_size=3),
-               DecodeConfig(schedule="cumulative", threshold=0.2, gamma_max=4, min_draft_len=0, max_new_tokens=N,
+    configs = [DecodeConfig.of(metric="entropy", threshold=0.5, gamma_max=5, max_new_tokens=N, batch_size=3),
+               DecodeConfig.of(schedule="cumulative", threshold=0.2, gamma_max=4, min_draft_len=0, max_new_tokens=N,
                             batch_size=3),
-               DecodeConfig(schedule="fixed", gamma_max=5, max_new_tokens=N, batch_size=3),
+               DecodeConfig.of(schedule="fixed", gamma_max=5, max_new_tokens=N, batch_size=3),
                # The batch-level rule: every row stops once fewer than half the rows still draft.
-               DecodeConfig(metric="top1", threshold=0.6, gamma_max=5, min_draft_len=1, batch_quorum=0.5,
+               DecodeConfig.of(metric="top1", threshold=0.6, gamma_max=5, min_draft_len=1, batch_quorum=0.5,
                             max_new_tokens=N, batch_size=3),
                # The engines' own rule variants and the goodput schedule.
-               DecodeConfig(metric="top1", threshold=0.6, gamma_max=5, min_draft_len=2, batch_quorum=0.5,
+               DecodeConfig.of(metric="top1", threshold=0.6, gamma_max=5, min_draft_len=2, batch_quorum=0.5,
                             semantics="llamacpp", max_new_tokens=N, batch_size=3),
-               DecodeConfig(threshold=0.5, gamma_max=4, semantics="hf", max_new_tokens=N, batch_size=3),
-               DecodeConfig(schedule="goodput", goodput_model=tiny.GOODPUT_MODEL, gamma_max=5, min_draft_len=0,
+               DecodeConfig.of(threshold=0.5, gamma_max=4, semantics="hf", max_new_tokens=N, batch_size=3),
+               DecodeConfig.of(schedule="goodput", goodput_model=tiny.GOODPUT_MODEL, gamma_max=5, min_draft_len=0,
                             max_new_tokens=N, batch_size=3)]
     # Each request pays its own batch-1 prefill (prompt but its last token) when it joins.
     alone = dataclasses.replace(SURFACE.at(1), t_prefill_target=1e-4, t_prefill_draft=3e-5)
@@ -228,13 +228,13 @@ def test_cost_surface_interpolates_between_batch_sizes():
 
 def test_the_quorum_rule_cuts_drafts_and_keeps_the_output(llama_pair):
     target, draft = llama_pair
-    config = DecodeConfig(metric="top1", threshold=0.6, gamma_max=5, min_draft_len=1, batch_quorum=0.75,
+    config = DecodeConfig.of(metric="top1", threshold=0.6, gamma_max=5, min_draft_len=1, batch_quorum=0.75,
                           max_new_tokens=N)
     alone = [speculative_decode(target, draft, p, config) for p in PROMPTS]
     rows = batched_speculative(target, draft, PROMPTS, config, 4)
     assert [r.result.tokens for r in rows] == [a.tokens for a in alone]  # lossless, as every policy
     cut = [r for row in rows for r in row.result.rounds if r.stop_reason == "quorum"]
-    assert cut and all(config.min_draft_len <= r.drafted < config.gamma_max for r in cut)
+    assert cut and all(config.stopping.min_draft_len <= r.drafted < config.stopping.gamma_max for r in cut)
     assert [rounds_of(r.result) for r in rows] != [rounds_of(a) for a in alone]  # the batch changed the rounds
     with pytest.raises(DsparkError, match="batch_quorum 1.5"):
         config.replace(batch_quorum=1.5)
@@ -250,7 +250,7 @@ def test_first_divergence():
 
 def test_the_cache_stays_as_wide_as_its_rows_need_while_prompts_come_and_go(llama_pair):
     target, draft = llama_pair
-    config = DecodeConfig(threshold=0.3, gamma_max=4, max_new_tokens=N)
+    config = DecodeConfig.of(threshold=0.3, gamma_max=4, max_new_tokens=N)
     prompts = PROMPTS * 3  # eighteen requests through two rows: many leave, many join
     for lms, step in (([BatchLM(target)], None), ([BatchLM(target), BatchLM(draft)], "speculative")):
         widths = []

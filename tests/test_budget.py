@@ -44,7 +44,7 @@ def chosen(*args) -> np.ndarray:
 
 
 def budget_policy(**fields) -> DecodeConfig:
-    return DecodeConfig(schedule="budget", max_new_tokens=N, goodput_model=str(MODEL), **fields)
+    return DecodeConfig.of(schedule="budget", max_new_tokens=N, goodput_model=str(MODEL), **fields)
 
 
 def surface_of_model() -> CostSurface:
@@ -144,12 +144,12 @@ BATCH_POLICIES = [dict(metric=m, gamma_max=g, min_draft_len=d, budget_layout=lay
 def test_the_walk_is_the_batched_engine_round_for_round(llama_pair, budget_record, fields):
     target, draft = llama_pair
     config = budget_policy(**fields)
-    rows = batched_speculative(target, draft, PROMPTS, config, config.batch_size, EOS)
-    greedy = [speculative_decode(target, draft, p, DecodeConfig(schedule="fixed", gamma_max=1, max_new_tokens=N), EOS)
+    rows = batched_speculative(target, draft, PROMPTS, config, config.batching.batch_size, EOS)
+    greedy = [speculative_decode(target, draft, p, DecodeConfig.of(schedule="fixed", gamma_max=1, max_new_tokens=N), EOS)
               for p in PROMPTS]
     assert [r.result.tokens for r in rows] == [g.tokens for g in greedy]  # the target's own output
     surface = surface_of_model()
-    t_draft, t_verify = surface.tables(config.batch_size)
+    t_draft, t_verify = surface.tables(config.batching.batch_size)
     predicted, drafted_at = walk_budget(budget_record, config, t_draft, t_verify, np.zeros(len(PROMPTS)))
     for p, row in enumerate(rows):
         j, engine_rounds = 0, []
@@ -208,7 +208,7 @@ def test_bad_budget_policies_fail_in_one_line(budget_record):
     with pytest.raises(DsparkError, match="no engine rule variant"):
         budget_policy(semantics="llamacpp")
     with pytest.raises(DsparkError, match="needs a goodput model"):
-        DecodeConfig(schedule="budget")
+        DecodeConfig.of(schedule="budget")
     with pytest.raises(DsparkError, match="unknown budget layout 'sparse'"):
         budget_policy(budget_layout="sparse")
     with pytest.raises(DsparkError, match="timed up to batch size 8, not 16"):
@@ -225,4 +225,4 @@ def test_no_engine_expresses_it_so_export_takes_the_nearest():
     for fmt in FORMATS:
         assert "a budget schedule" in " ".join(expressible(config, fmt)), fmt
     assert config.label() == "top1 budget γ≤5 min1 · packed · B=8"
-    assert budget_policy().replace(batch_size=1).budget_layout == "padded"
+    assert budget_policy().replace(batch_size=1).stopping.budget_layout == "padded"

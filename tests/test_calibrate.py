@@ -40,7 +40,7 @@ def synthetic_record(cut: float, prompts: int = 6, seed: int = 0) -> Record:
 
 
 def space(**overrides) -> list[DecodeConfig]:
-    return [DecodeConfig(threshold=t, gamma_max=g, min_draft_len=0, max_new_tokens=N, **overrides)
+    return [DecodeConfig.of(threshold=t, gamma_max=g, min_draft_len=0, max_new_tokens=N, **overrides)
             for t in THRESHOLDS for g in (4, G)]
 
 
@@ -49,9 +49,9 @@ def test_domains_whose_confidence_means_different_things_get_different_threshold
     configs = space()
     choice = lib.choose_from_records(records, configs, COST, "speedup")
     # Right exactly above the cut: stopping there keeps every right token and drafts no wrong one.
-    assert choice.best("easy").threshold == 0.3
-    assert choice.best("hard").threshold == 0.7
-    assert choice.best("easy").gamma_max == G  # long runs of right tokens: the larger cap wins
+    assert choice.best("easy").stopping.threshold == 0.3
+    assert choice.best("hard").stopping.threshold == 0.7
+    assert choice.best("easy").stopping.gamma_max == G  # long runs of right tokens: the larger cap wins
     # The global policy maximises the objective over both domains' prompts together; the domains'
     # totals summed equal one simulation of all prompts at once.
     together = Record(*(np.concatenate([records["easy"].__dict__[f], records["hard"].__dict__[f]])
@@ -78,7 +78,7 @@ def test_other_objectives_and_the_shift_summary():
     choice = lib.choose_from_records(records, space(), COST, "acceptance_rate")
     assert choice.column == "acceptance_rate"
     # Acceptance only rises with the threshold: the top of the grid wins for both.
-    assert choice.best("easy").threshold >= 0.3 and choice.best("hard").threshold >= 0.7
+    assert choice.best("easy").stopping.threshold >= 0.3 and choice.best("hard").stopping.threshold >= 0.7
     forwards = lib.choose_from_records(records, space(), COST, "draft_forwards_per_token")
     easy = forwards.tables["easy"]  # minimised, not maximised
     assert forwards.value(forwards.best_id("easy"), "easy") == easy["draft_forwards_per_token"].min()
@@ -95,7 +95,7 @@ def test_other_objectives_and_the_shift_summary():
 
 
 def valid_data() -> dict:
-    policy = DecodeConfig(threshold=0.4, gamma_max=4, max_new_tokens=12).to_dict()
+    policy = DecodeConfig.of(threshold=0.4, gamma_max=4, max_new_tokens=12).to_dict()
     return {"schema_version": lib.SCHEMA_VERSION, "created": "2024-01-01T00:00:00", "objective": "speedup",
             "models": {"target": "t", "draft": "d", "target_fingerprint": "aaa", "draft_fingerprint": "bbb"},
             "global": {"policy": policy},
@@ -110,19 +110,19 @@ def write(path: Path, data) -> Path:
 
 def test_policy_for_and_configs_for(tmp_path):
     calibration = lib.load_calibration(write(tmp_path / "c.yaml", valid_data()))
-    assert calibration.policy_for("code").threshold == 0.2 and calibration.policy_for("code").gamma_max == 6
+    assert calibration.policy_for("code").stopping.threshold == 0.2 and calibration.policy_for("code").stopping.gamma_max == 6
     assert calibration.policy_for("poetry") == calibration.global_policy
-    assert calibration.global_policy.threshold == 0.4
-    assert calibration.policy_for("code").max_new_tokens == 12  # verification settings: the global policy's
+    assert calibration.global_policy.stopping.threshold == 0.4
+    assert calibration.policy_for("code").verification.max_new_tokens == 12  # verification settings: the global policy's
     with pytest.raises(DsparkError, match="no domain 'poetry'"):
         calibration.policy_for("poetry", strict=True)
-    base = DecodeConfig(max_new_tokens=99, temperature=0.7, seed=3)
+    base = DecodeConfig.of(max_new_tokens=99, temperature=0.7, seed=3)
     tuned = calibration.policy_for("code", base=base)
-    assert (tuned.threshold, tuned.gamma_max, tuned.max_new_tokens, tuned.temperature) == (0.2, 6, 99, 0.7)
+    assert (tuned.stopping.threshold, tuned.stopping.gamma_max, tuned.verification.max_new_tokens, tuned.verification.temperature) == (0.2, 6, 99, 0.7)
     prompts = [Prompt("1", "x", "code"), Prompt("2", "y", "prose"), Prompt("3", "z", "code")]
     configs = calibration.configs_for(prompts)
-    assert [c.threshold for c in configs] == [0.2, 0.4, 0.2]
-    assert [(c.threshold, [p.id for p in ps]) for c, ps in calibration.groups(prompts)] == [(0.2, ["1", "3"]),
+    assert [c.stopping.threshold for c in configs] == [0.2, 0.4, 0.2]
+    assert [(c.stopping.threshold, [p.id for p in ps]) for c, ps in calibration.groups(prompts)] == [(0.2, ["1", "3"]),
                                                                                            (0.4, ["2"])]
     calibration.check_models({"target_fingerprint": "aaa", "draft_fingerprint": "bbb"})
     with pytest.raises(DsparkError, match="another draft model"):
@@ -202,7 +202,7 @@ def test_calibrate_cli_writes_a_file_the_decoder_loads(calibrated):
     calibration = lib.load_calibration(out)
     for domain, entry in data["domains"].items():
         policy = calibration.policy_for(domain)
-        assert policy.threshold == entry["policy"]["threshold"] and policy.max_new_tokens == 12
+        assert policy.stopping.threshold == entry["policy"]["threshold"] and policy.verification.max_new_tokens == 12
         assert entry["prompts"] == 2  # --limit 2 per category, from the spec
         assert 1.0 <= entry["tokens_per_round"] <= 5 and 0 <= entry["acceptance_rate"] <= 1
         assert entry["speedup_low"] <= entry["speedup"] <= entry["speedup_high"]
@@ -226,7 +226,7 @@ def test_calibrate_cli_with_sampling_searches_by_real_runs(saved_pair, dataset, 
     assert result.exit_code == 0, result.output
     data = yaml.safe_load(out.read_text())
     assert data["engine"] == "real" and data["cost_model"] is None
-    assert lib.load_calibration(out).policy_for("code").temperature == 0.7
+    assert lib.load_calibration(out).policy_for("code").verification.temperature == 0.7
     for entry in data["domains"].values():
         assert entry["speedup_low"] <= entry["speedup"] <= entry["speedup_high"]
         assert entry["search_speedup"] > 0 and entry["policy"]["threshold"] in (0.2, 0.6)
@@ -271,7 +271,7 @@ def test_outputs_are_never_overwritten_without_force(tmp_path):
         lib.write_calibration(bad, None, out, force=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["calibration.png"]
     lib.write_calibration(valid_data(), None, out, force=True)
-    assert lib.load_calibration(out).policy_for("code").threshold == 0.2
+    assert lib.load_calibration(out).policy_for("code").stopping.threshold == 0.2
     assert sorted(p.name for p in tmp_path.iterdir()) == ["calibration.png", "calibration.yaml"]
 
 
@@ -317,8 +317,8 @@ def test_what_a_step_costs_at_batch_size_b_changes_the_chosen_policy():
     batched = lib.choose_from_records(records, space(batch_size=8), surface)
     for domain in (None, "code", "prose"):
         one, eight = alone.best(domain), batched.best(domain)
-        assert eight.batch_size == 8 and one.batch_size == 1
-        assert (eight.threshold, -eight.gamma_max) > (one.threshold, -one.gamma_max), domain
+        assert eight.batching.batch_size == 8 and one.batching.batch_size == 1
+        assert (eight.stopping.threshold, -eight.stopping.gamma_max) > (one.stopping.threshold, -one.stopping.gamma_max), domain
     row = batched.global_table.set_index("config_id").loc[batched.best_id()]
     assert row["predicted_speedup"] == pytest.approx(row["predicted_baseline_time"] / row["predicted_time"])
 
@@ -344,9 +344,9 @@ def test_calibrate_writes_a_policy_per_domain_and_batch_size(calibrated_by_batch
     for entry in part["domains"].values():
         assert entry["speedup_low"] <= entry["speedup"] <= entry["speedup_high"] and entry["identical_to_baseline"] == 1.0
     calibration = lib.load_calibration(out)
-    assert calibration.for_batch_size(3).global_policy.batch_size == 3
-    assert calibration.for_batch_size(2).global_policy.batch_size == 1  # nearest, the smaller on a tie
-    assert calibration.for_batch_size(64).global_policy.batch_size == 3
+    assert calibration.for_batch_size(3).global_policy.batching.batch_size == 3
+    assert calibration.for_batch_size(2).global_policy.batching.batch_size == 1  # nearest, the smaller on a tie
+    assert calibration.for_batch_size(64).global_policy.batching.batch_size == 3
 
 
 def test_run_with_calibration_picks_the_run_s_batch_size(calibrated_by_batch, saved_pair, dataset, tmp_path):

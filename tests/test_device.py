@@ -37,8 +37,8 @@ def stray_reads(monkeypatch) -> list[str]:
 
 
 POLICIES = {
-    "threshold": DecodeConfig(threshold=0.6, gamma_max=5, min_draft_len=0, max_new_tokens=40),
-    "cumulative, HF's rule": DecodeConfig(schedule="cumulative", threshold=0.3, gamma_max=4, semantics="hf",
+    "threshold": DecodeConfig.of(threshold=0.6, gamma_max=5, min_draft_len=0, max_new_tokens=40),
+    "cumulative, HF's rule": DecodeConfig.of(schedule="cumulative", threshold=0.3, gamma_max=4, semantics="hf",
                                           max_new_tokens=40),
     "goodput": tiny.policy(schedule="goodput", metric="entropy", gamma_max=6, max_new_tokens=40),
 }
@@ -86,7 +86,7 @@ def test_stray_reads_are_seen(llama_pair, stray_reads):
 
     target, _ = llama_pair
     with host.counting() as count:
-        result = autoregressive_decode(target, [1, 2], DecodeConfig(max_new_tokens=5))
+        result = autoregressive_decode(target, [1, 2], DecodeConfig.of(max_new_tokens=5))
     assert count.fetches == len(result.tokens) and stray_reads == []
     float(torch.ones(()))
     assert stray_reads == ["__float__"]
@@ -128,7 +128,7 @@ def test_compiled_steps_decode_the_target_greedy(arch, request, monkeypatch):
     target, draft = request.getfixturevalue(arch)
     for prompt in ([3, 9, 27], [5, 1, 4, 1, 5, 9, 2, 6]):
         for mode in ("early-stop", "verify-side"):
-            config = DecodeConfig(threshold=0.5, gamma_max=4, max_new_tokens=30, draft_mode=mode)
+            config = DecodeConfig.of(threshold=0.5, gamma_max=4, max_new_tokens=30, draft_mode=mode)
             expected = autoregressive_decode(target, prompt, config).tokens
             compiled = config.replace(compiled=True)
             result = engine.speculative_decode(target, draft, prompt, compiled)
@@ -139,7 +139,7 @@ def test_compiled_steps_decode_the_target_greedy(arch, request, monkeypatch):
     with torch.inference_mode():
         assert cache.static_cache(target, 40) is held
     # A model drafting for itself holds two caches (one per role), which must not collide.
-    config = DecodeConfig(threshold=0.5, gamma_max=4, max_new_tokens=20, compiled=True)
+    config = DecodeConfig.of(threshold=0.5, gamma_max=4, max_new_tokens=20, compiled=True)
     itself = engine.speculative_decode(target, target, [3, 9, 27], config)
     assert itself.tokens == autoregressive_decode(target, [3, 9, 27], config).tokens
     assert all(r.accepted == r.drafted for r in itself.rounds) and set(cache._STATIC[target]) == {"target", "draft"}
@@ -147,9 +147,9 @@ def test_compiled_steps_decode_the_target_greedy(arch, request, monkeypatch):
 
 def test_compiled_and_verify_side_refuse_batches():
     with pytest.raises(Exception, match="batch size 1 only"):
-        DecodeConfig(compiled=True, batch_size=4)
+        DecodeConfig.of(compiled=True, batch_size=4)
     with pytest.raises(Exception, match="batch size 1 only"):
-        DecodeConfig(draft_mode="verify-side", batch_size=4)
+        DecodeConfig.of(draft_mode="verify-side", batch_size=4)
 
 
 def test_identical_share_and_first_divergence():
@@ -187,11 +187,11 @@ def test_the_device_rule_cuts_where_the_host_rule_stops(tmp_path):
     for config in spanning_policies(6, 40, str(path)):
         rule = DeviceRule(config, torch.device("cpu"))
         for _ in range(60):
-            n = config.gamma_max
+            n = config.stopping.gamma_max
             scores = torch.tensor(rng.uniform(0, 1, n), dtype=torch.float32)
             tokens = torch.tensor(rng.integers(0, 12, n))  # id 0 is EOS
             proposal = Proposal.start(config, n)
             proposal.walk(config, tokens.tolist(), scores.tolist(), frozenset({0}))
             assert int(rule.kept(scores, tokens, torch.tensor([0]))) == len(proposal.tokens), config.label()
-            seen.add((config.schedule, proposal.stop_reason))
+            seen.add((config.stopping.schedule, proposal.stop_reason))
     assert {("goodput", "threshold"), ("goodput", "gamma_max"), ("goodput", "eos")} <= seen

@@ -10,7 +10,7 @@ import tiny
 import torch
 from test_engine import SMALL_VOCAB, chi_square_p, exact_first_two, sampled_first_two
 
-from dspark_bench.config import DecodeConfig
+from dspark_bench.config import DecodeConfig, Drafting
 from dspark_bench.decoding import heads as heads_mod
 from dspark_bench.decoding import lookup
 from dspark_bench.decoding.autoregressive import autoregressive_decode
@@ -55,7 +55,7 @@ def test_greedy_output_equals_target_greedy(arch, drafter, mode):
     target = tiny.llama() if arch == "llama" else tiny.gpt2()
     heads = random_heads(target)
     for fields in GREEDY_POLICIES:
-        config = DecodeConfig(drafter=drafter, draft_mode=mode, max_new_tokens=30, ngram_min=1, ngram_max=2, **fields)
+        config = DecodeConfig.of(drafter=drafter, draft_mode=mode, max_new_tokens=30, ngram_min=1, ngram_max=2, **fields)
         for prompt in PROMPTS:
             spec = speculative_decode(target, drafter_of(drafter, target, heads), prompt, config, frozenset({0}))
             base = autoregressive_decode(target, prompt, config, frozenset({0}))
@@ -69,7 +69,7 @@ def test_greedy_output_equals_target_greedy(arch, drafter, mode):
 def sampling_setup(drafter: str):
     target = tiny.llama(vocab=SMALL_VOCAB, seed=3)
     heads = random_heads(target, count=3, seed=5, scale=1.0)
-    config = DecodeConfig(drafter=drafter, temperature=1.0, top_p=0.9, threshold=0.0, gamma_max=3, max_new_tokens=3,
+    config = DecodeConfig.of(drafter=drafter, temperature=1.0, top_p=0.9, threshold=0.0, gamma_max=3, max_new_tokens=3,
                           ngram_min=1, ngram_max=2)
     prompt = [2, 4, 2]  # lookup finds "2" and proposes what followed it
     return target, heads, prompt, config, exact_first_two(target, prompt, config)
@@ -105,7 +105,7 @@ def recorded_drafters():
     target = tiny.llama()
     heads = random_heads(target)
     pair = SimpleNamespace(target=target, draft=None, heads=heads, eos_ids=frozenset({0}))
-    records = {name: record(pair, PROMPTS, 30, 6, drafter=DecodeConfig(drafter=name, ngram_min=1, ngram_max=2))
+    records = {name: record(pair, PROMPTS, 30, 6, drafter=Drafting(drafter=name, ngram_min=1, ngram_max=2))
                for name in ("heads", "lookup")}
     return target, heads, records
 
@@ -139,11 +139,11 @@ def test_simulated_rounds_equal_the_engine(recorded_drafters, drafter):
 def test_replay_refuses_another_drafters_record(recorded_drafters):
     _, _, records = recorded_drafters
     with pytest.raises(DsparkError, match="lookup drafter's proposals"):
-        simulate(records["lookup"], DecodeConfig(drafter="heads", max_new_tokens=30))
+        simulate(records["lookup"], DecodeConfig.of(drafter="heads", max_new_tokens=30))
     with pytest.raises(DsparkError, match="n-grams of 1-2"):
-        simulate(records["lookup"], DecodeConfig(drafter="lookup", ngram_min=2, ngram_max=3, max_new_tokens=30))
+        simulate(records["lookup"], DecodeConfig.of(drafter="lookup", ngram_min=2, ngram_max=3, max_new_tokens=30))
     with pytest.raises(DsparkError, match="heads drafter's"):
-        simulate(records["heads"], DecodeConfig(max_new_tokens=30))
+        simulate(records["heads"], DecodeConfig.of(max_new_tokens=30))
 
 
 # --- prompt lookup ----------------------------------------------------------------------------
@@ -181,11 +181,11 @@ def test_lookup_runs_on_into_a_repeating_pattern_and_stops_without_a_match():
 
 
 def test_exhausted_drafter_ends_the_draft_and_respects_llamacpp_discard():
-    config = DecodeConfig(gamma_max=5)
+    config = DecodeConfig.of(gamma_max=5)
     proposal = Proposal.start(config, 10)
     proposal.cap(2)
     assert (proposal.limit, proposal.stop_reason, proposal.done) == (2, "exhausted", False)
-    proposal = Proposal.start(DecodeConfig(gamma_max=5, min_draft_len=3, semantics="llamacpp"), 10)
+    proposal = Proposal.start(DecodeConfig.of(gamma_max=5, min_draft_len=3, semantics="llamacpp"), 10)
     proposal.cap(2)  # shorter than llama.cpp's --draft-min: nothing is drafted
     assert (proposal.limit, proposal.done) == (0, True)
     proposal = Proposal.start(config, 10)
@@ -203,7 +203,7 @@ def test_exhausted_drafter_ends_the_draft_and_respects_llamacpp_discard():
 ])
 def test_config_refuses_bad_drafter_settings(changes, message):
     with pytest.raises(DsparkError, match=message):
-        DecodeConfig(**changes)
+        DecodeConfig.of(**changes)
 
 
 # --- heads: training, files ---------------------------------------------------------------------

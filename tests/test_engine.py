@@ -54,7 +54,7 @@ def test_greedy_output_equals_target_greedy(arch, metric, schedule, request):
 
 def test_eos_in_the_middle_of_a_draft(llama_pair):
     target, draft = llama_pair
-    config = DecodeConfig(threshold=0.0, gamma_max=6, max_new_tokens=40)
+    config = DecodeConfig.of(threshold=0.0, gamma_max=6, max_new_tokens=40)
     free = autoregressive_decode(target, PROMPTS[0], config).tokens
     eos = free[9]
     stop = free.index(eos)
@@ -72,18 +72,18 @@ def test_rounds_respect_bounds_and_add_up(llama_pair):
         result = engine.speculative_decode(target, draft, PROMPTS[2], config)
         produced = 0
         for r in result.rounds:
-            budget = config.max_new_tokens - produced - 1
-            assert r.drafted <= min(config.gamma_max, budget)
-            if config.semantics == "llamacpp":  # min_draft_len discards shorter drafts instead
-                assert r.drafted == 0 or r.drafted >= config.min_draft_len
+            budget = config.verification.max_new_tokens - produced - 1
+            assert r.drafted <= min(config.stopping.gamma_max, budget)
+            if config.stopping.semantics == "llamacpp":  # min_draft_len discards shorter drafts instead
+                assert r.drafted == 0 or r.drafted >= config.stopping.min_draft_len
             elif r.stop_reason != "eos":
-                assert r.drafted >= min(config.min_draft_len, budget)
+                assert r.drafted >= min(config.stopping.min_draft_len, budget)
             assert 0 <= r.accepted <= r.drafted
             assert r.emitted == r.accepted + 1
             assert r.draft_forwards >= r.drafted
             assert len(r.confidences) >= r.drafted
             produced += r.emitted
-        assert produced == len(result.tokens) == config.max_new_tokens
+        assert produced == len(result.tokens) == config.verification.max_new_tokens
         row = sample_row(result, config)
         if row["drafted_total"]:  # (llama.cpp's rule may discard every draft: 0 / 0 acceptance)
             assert row["accepted_per_round"] == pytest.approx(row["avg_draft_len"] * row["acceptance_rate"])
@@ -93,7 +93,7 @@ def test_rounds_respect_bounds_and_add_up(llama_pair):
 
 def test_draft_equal_to_target_accepts_everything(llama_pair):
     target, _ = llama_pair
-    config = DecodeConfig(schedule="fixed", gamma_max=4, max_new_tokens=27)
+    config = DecodeConfig.of(schedule="fixed", gamma_max=4, max_new_tokens=27)
     result = engine.speculative_decode(target, target, PROMPTS[0], config)
     row = sample_row(result, config)
     assert row["acceptance_rate"] == 1.0 and row["block_acceptance_rate"] == 1.0
@@ -103,7 +103,7 @@ def test_draft_equal_to_target_accepts_everything(llama_pair):
 
 
 def test_seed_worked_example():
-    config = DecodeConfig(gamma_max=5, threshold=0.7, min_draft_len=1)
+    config = DecodeConfig.of(gamma_max=5, threshold=0.7, min_draft_len=1)
     assert draft_length(config, [0.9, 0.85, 0.65, 0.99]) == (2, "threshold")
     assert draft_length(config.replace(min_draft_len=3), [0.9, 0.85, 0.65, 0.99, 0.1]) == (4, "threshold")
     assert draft_length(config, [0.9] * 8) == (5, "gamma_max")
@@ -115,7 +115,7 @@ def test_seed_worked_example():
 
 
 def test_ramp_rises_linearly():
-    config = DecodeConfig(schedule="ramp", threshold_start=0.2, threshold_end=0.6, gamma_max=5)
+    config = DecodeConfig.of(schedule="ramp", threshold_start=0.2, threshold_end=0.6, gamma_max=5)
     assert [round(threshold_at(config, k), 6) for k in range(1, 6)] == [0.2, 0.3, 0.4, 0.5, 0.6]
     assert draft_length(config.replace(min_draft_len=0), [0.9, 0.35, 0.2]) == (2, "threshold")
 
@@ -133,12 +133,12 @@ def test_ramp_rises_linearly():
 )
 def test_config_refuses_bad_values(changes, message):
     with pytest.raises(DsparkError, match=message):
-        DecodeConfig(**changes)
+        DecodeConfig.of(**changes)
 
 
 def test_hf_generate_peer_agrees_with_baseline(llama_pair):
     target, _ = llama_pair
-    config = DecodeConfig(max_new_tokens=20)
+    config = DecodeConfig.of(max_new_tokens=20)
     plain = autoregressive_decode(target, PROMPTS[0], config)
     peer = hf_generate(target, PROMPTS[0], config)
     assert peer.tokens == plain.tokens and peer.target_forwards == plain.target_forwards - 1  # + 1 from the prefill
@@ -189,10 +189,10 @@ def make_sampling_setup(kind: str):
     draft = tiny.llama(layers=1, vocab=SMALL_VOCAB, seed=4)  # independent: q differs from p
     if kind == "two-drafted":
         # Three new tokens let one round draft both of the first two (gamma_max 3, budget 2).
-        config = DecodeConfig(temperature=1.0, top_p=0.9, threshold=0.0, gamma_max=3, max_new_tokens=3)
+        config = DecodeConfig.of(temperature=1.0, top_p=0.9, threshold=0.0, gamma_max=3, max_new_tokens=3)
     else:
         # One drafted token: whenever it is accepted, the second token is the target's bonus.
-        config = DecodeConfig(temperature=0.7, threshold=0.0, gamma_max=1, max_new_tokens=2)
+        config = DecodeConfig.of(temperature=0.7, threshold=0.0, gamma_max=1, max_new_tokens=2)
     prompt = [2, 4]
     return target, draft, prompt, config, exact_first_two(target, prompt, config)
 

@@ -23,7 +23,7 @@ from dspark_bench.tuning.engine_files import FILES, llamacpp_flags, parse, trtll
 from dspark_bench.tuning.engine_versions import LLAMACPP_CURRENT, LLAMACPP_LEGACY, llamacpp_version, version_for
 
 runner = CliRunner()
-POLICY = DecodeConfig(semantics="llamacpp", threshold=0.3, gamma_max=6, min_draft_len=1, max_new_tokens=32)
+POLICY = DecodeConfig.of(semantics="llamacpp", threshold=0.3, gamma_max=6, min_draft_len=1, max_new_tokens=32)
 
 
 def llama_server_or_skip() -> Path:
@@ -70,7 +70,7 @@ def test_llamacpp_builds_map_to_the_flag_names_of_their_time():
                        "--spec-draft-n-min", "1", "--spec-draft-p-min", "0.3"]
     assert llamacpp_flags(POLICY, "d.gguf", LLAMACPP_LEGACY) == [
         "--model-draft", "d.gguf", "--draft-max", "6", "--draft-min", "1", "--draft-p-min", "0.3"]
-    fixed = llamacpp_flags(DecodeConfig(schedule="fixed", gamma_max=4, min_draft_len=2), "d", LLAMACPP_CURRENT)
+    fixed = llamacpp_flags(DecodeConfig.of(schedule="fixed", gamma_max=4, min_draft_len=2), "d", LLAMACPP_CURRENT)
     assert fixed[-4:] == ["--spec-draft-n-min", "0", "--spec-draft-p-min", "0"]  # a fixed length: no p-min, no discard
 
 
@@ -105,7 +105,7 @@ def test_trtllm_and_vllm_tables_pass_their_engines_validators(tmp_path):
 
     from dspark_bench.tuning.engine_files import render
 
-    choices = [SimpleNamespace(batch_size=b, exported=DecodeConfig(schedule="fixed", gamma_max=k))
+    choices = [SimpleNamespace(batch_size=b, exported=DecodeConfig.of(schedule="fixed", gamma_max=k))
                for b, k in ((1, 5), (4, 4), (16, 2), (32, 3))]
     text = render("trtllm", choices, {}, version_for("trtllm"), "draft")[FILES["trtllm"]]
     config = yaml.safe_load(text)["speculative_config"]
@@ -201,11 +201,11 @@ def test_hf_files_load_onto_the_assistant_as_the_docs_say_and_run(tmp_path):
         os.chdir(cwd)
         draft.generation_config = saved
     generated = scope["out"][0, inputs["input_ids"].shape[1]:].tolist()
-    reference = autoregressive_decode(target, inputs["input_ids"][0].tolist(), DecodeConfig(max_new_tokens=32),
+    reference = autoregressive_decode(target, inputs["input_ids"][0].tolist(), DecodeConfig.of(max_new_tokens=32),
                                       pair.eos_ids).tokens
     assert generated == reference
     # HF read the keys from the assistant: its rounds are those of the policy `--decoder hf` runs.
-    policy = DecodeConfig(semantics="hf", threshold=assistant["assistant_confidence_threshold"], min_draft_len=0,
+    policy = DecodeConfig.of(semantics="hf", threshold=assistant["assistant_confidence_threshold"], min_draft_len=0,
                           gamma_max=assistant["num_assistant_tokens"], max_new_tokens=32)
     expected = hf_assisted_decode(target, draft, inputs["input_ids"][0].tolist(), policy, pair.eos_ids).rounds
     assert [(r.drafted, r.accepted) for r in rounds] == [(r.drafted, r.accepted) for r in expected]

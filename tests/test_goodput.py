@@ -18,7 +18,7 @@ from dspark_bench.replay.simulate import Record, match_lengths
 
 
 def test_the_seed_example_under_each_engine_s_rule():
-    ours = DecodeConfig(gamma_max=5, threshold=0.7, min_draft_len=1)
+    ours = DecodeConfig.of(gamma_max=5, threshold=0.7, min_draft_len=1)
     confidences = [0.9, 0.85, 0.65, 0.99]
     assert draft_length(ours, confidences) == (2, "threshold")  # the failing token is dropped
     assert draft_length(ours.replace(semantics="hf"), confidences) == (3, "threshold")  # HF keeps it
@@ -35,7 +35,7 @@ def test_the_seed_example_under_each_engine_s_rule():
 
 
 def test_goodput_goes_on_while_one_more_token_raises_expected_tokens_per_second():
-    config = DecodeConfig(schedule="goodput", goodput_model=tiny.GOODPUT_MODEL, gamma_max=5, min_draft_len=0)
+    config = DecodeConfig.of(schedule="goodput", goodput_model=tiny.GOODPUT_MODEL, gamma_max=5, min_draft_len=0)
     rule = goodput.rule_for(config)  # acceptance 0.05 + 0.9 c; t_draft 0.3; t_verify(k) = 1 + 0.1 k
     assert (rule.t_draft, rule.t_verify[:3]) == (0.3, (1.0, 1.1, 1.2))
     # By hand: after 0.95 (α .905) E = 1.905: 1.905 / 1.4 < (1.905 + .905²) / 1.8, go on; after 0.9
@@ -54,13 +54,13 @@ def test_goodput_goes_on_while_one_more_token_raises_expected_tokens_per_second(
 
 def test_a_goodput_policy_needs_a_readable_model(tmp_path):
     with pytest.raises(DsparkError, match="needs a goodput model"):
-        DecodeConfig(schedule="goodput")
+        DecodeConfig.of(schedule="goodput")
     broken = tmp_path / "goodput_model.json"
     broken.write_text("{not json")
     with pytest.raises(DsparkError, match="unreadable"):
-        goodput.rule_for(DecodeConfig(schedule="goodput", goodput_model=str(tmp_path)))
+        goodput.rule_for(DecodeConfig.of(schedule="goodput", goodput_model=str(tmp_path)))
     with pytest.raises(DsparkError, match="no goodput model"):
-        goodput.rule_for(DecodeConfig(schedule="goodput", goodput_model=str(tmp_path / "missing.json")))
+        goodput.rule_for(DecodeConfig.of(schedule="goodput", goodput_model=str(tmp_path / "missing.json")))
 
 
 def synthetic_record(curve, P: int = 24, n: int = 200, g: int = 4, seed: int = 0) -> Record:
@@ -149,9 +149,9 @@ def test_hf_assisted_generation_runs_the_exported_policy_round_for_round():
     prompts, _, _ = load_prompts("code", None, limit=2)
     ids = [encode(pair.tokenizer, p.text) for p in prompts]
     rec = record(SimpleNamespace(target=pair.target, draft=pair.draft, eos_ids=pair.eos_ids), ids, 40, 6)
-    policies = [DecodeConfig(semantics="hf", threshold=0.3, gamma_max=6, min_draft_len=0, max_new_tokens=40),
-                DecodeConfig(semantics="hf", threshold=0.7, gamma_max=3, min_draft_len=0, max_new_tokens=40),
-                DecodeConfig(schedule="fixed", gamma_max=4, max_new_tokens=40)]
+    policies = [DecodeConfig.of(semantics="hf", threshold=0.3, gamma_max=6, min_draft_len=0, max_new_tokens=40),
+                DecodeConfig.of(semantics="hf", threshold=0.7, gamma_max=3, min_draft_len=0, max_new_tokens=40),
+                DecodeConfig.of(schedule="fixed", gamma_max=4, max_new_tokens=40)]
     for config in policies:
         replayed = simulate(rec, config)
         for p, prompt in enumerate(ids):

@@ -141,12 +141,12 @@ def learned_policies(path: str, batch_size: int = 1):
     from tiny import GOODPUT_MODEL
 
     common = {"metric": "learned", "signal_model": path, "max_new_tokens": N, "batch_size": batch_size}
-    return [DecodeConfig(**common, threshold=0.5, gamma_max=G),
-            DecodeConfig(**common, threshold=0.7, gamma_max=4, min_draft_len=0, semantics="hf"),
-            DecodeConfig(**common, threshold=0.6, gamma_max=G, min_draft_len=2, semantics="llamacpp"),
-            DecodeConfig(**common, schedule="cumulative", threshold=0.3, gamma_max=G),
-            DecodeConfig(**common, schedule="ramp", threshold_start=0.3, threshold_end=0.8, gamma_max=G),
-            DecodeConfig(**common, schedule="goodput", goodput_model=GOODPUT_MODEL, gamma_max=G, min_draft_len=0)]
+    return [DecodeConfig.of(**common, threshold=0.5, gamma_max=G),
+            DecodeConfig.of(**common, threshold=0.7, gamma_max=4, min_draft_len=0, semantics="hf"),
+            DecodeConfig.of(**common, threshold=0.6, gamma_max=G, min_draft_len=2, semantics="llamacpp"),
+            DecodeConfig.of(**common, schedule="cumulative", threshold=0.3, gamma_max=G),
+            DecodeConfig.of(**common, schedule="ramp", threshold_start=0.3, threshold_end=0.8, gamma_max=G),
+            DecodeConfig.of(**common, schedule="goodput", goodput_model=GOODPUT_MODEL, gamma_max=G, min_draft_len=0)]
 
 
 def round_tuples(rounds) -> list[tuple]:
@@ -193,9 +193,9 @@ def test_a_learned_policy_without_its_signal_is_one_line(tmp_path):
     from dspark_bench.decoding import learned_signal
 
     with pytest.raises(DsparkError, match="needs its fitted signal"):
-        DecodeConfig(metric="learned")
+        DecodeConfig.of(metric="learned")
     with pytest.raises(DsparkError, match="fitted on the draft model's record"):
-        DecodeConfig(metric="learned", signal_model="x.json", drafter="lookup")
+        DecodeConfig.of(metric="learned", signal_model="x.json", drafter="lookup")
     broken = tmp_path / learned.FILE
     broken.write_text('{"features": ["top1"], "mean": [0], "scale": [0], "coef": [1], "intercept": 0}')
     with pytest.raises(DsparkError, match="unreadable"):
@@ -227,7 +227,7 @@ def test_the_fit_is_read_again_when_rewritten_and_checked_against_the_models(lea
     copy.write_text(json.dumps({**fitted, "intercept": fitted["intercept"] + 1.0}))
     os.utime(copy, ns=(1, 1))  # a rewrite, whatever the clock's resolution
     assert learned_signal.load(str(copy)).intercept == pytest.approx(first.intercept + 1.0)
-    config = SimpleNamespace(metric="learned", signal_model=str(copy))
+    config = SimpleNamespace(stopping=SimpleNamespace(metric="learned", signal_model=str(copy)))
     fingerprints = (fitted["models"]["target_fingerprint"], fitted["models"]["draft_fingerprint"])
     check_learned_models(SimpleNamespace(device=torch.device("cpu"), fingerprints=fingerprints), [config])
     with pytest.raises(DsparkError, match="fitted on other models"):
@@ -252,7 +252,7 @@ def test_the_context_features_decide_alike_in_the_engines_and_replay(learned_rec
                    "coef": [weights.get(name, 0.0) for name in fitted["features"]], "intercept": -2.0}
     (tmp_path / learned.FILE).write_text(json.dumps(only_lookup))
     rec = learned.with_learned(rec, LearnedSignal.from_dict(only_lookup))
-    config = DecodeConfig(metric="learned", signal_model=str(tmp_path), threshold=0.5, gamma_max=G, max_new_tokens=N,
+    config = DecodeConfig.of(metric="learned", signal_model=str(tmp_path), threshold=0.5, gamma_max=G, max_new_tokens=N,
                           min_draft_len=0)
     replayed = simulate(rec, config)
     drafted = [r.drafted for rounds in replayed for r in rounds]
@@ -297,8 +297,8 @@ def test_replay_charges_the_learned_signals_draft_steps(learned_record):
     plain = CostModel(0.001, verify, 10)
     charged = CostModel(0.001, verify, 10, t_learned=0.0004)
     assert CostModel.from_dict(charged.to_dict()) == charged
-    configs = [DecodeConfig(metric="learned", signal_model=path, threshold=0.5, gamma_max=G, max_new_tokens=N),
-               DecodeConfig(threshold=0.5, gamma_max=G, max_new_tokens=N)]
+    configs = [DecodeConfig.of(metric="learned", signal_model=path, threshold=0.5, gamma_max=G, max_new_tokens=N),
+               DecodeConfig.of(threshold=0.5, gamma_max=G, max_new_tokens=N)]
     before, after = simulate_grid(rec, configs, plain), simulate_grid(rec, configs, charged)
     np.testing.assert_allclose(after.predicted_time - before.predicted_time,
                                [after.draft_forwards[0] * 0.0004, 0.0])  # the raw metric's steps pay nothing more

@@ -60,9 +60,9 @@ def test_the_oracle_bounds_every_policy_and_perfect_stopping_every_rule():
     rec = small_record(7, P=6, n=40, g=6)
     cost = CostModel(t_draft=0.05, t_verify=[1.0 + 0.05 * k for k in range(7)], context_tokens=10)
     bound = oracle(rec, cost, 6)["predicted_speedup"]
-    rules = [DecodeConfig(threshold=t, gamma_max=g, min_draft_len=m, max_new_tokens=40)
+    rules = [DecodeConfig.of(threshold=t, gamma_max=g, min_draft_len=m, max_new_tokens=40)
              for t, g, m in itertools.product((0.1, 0.5, 0.9), (1, 3, 6), (0, 1))]
-    rules += [DecodeConfig(schedule="fixed", gamma_max=g, max_new_tokens=40) for g in range(1, 7)]
+    rules += [DecodeConfig.of(schedule="fixed", gamma_max=g, max_new_tokens=40) for g in range(1, 7)]
     table = simulate_grid(rec, rules, cost)
     perfect = perfect_stopping(rec, range(1, 7), [1], cost)
     assert table["predicted_speedup"].max() <= perfect["predicted_speedup"].max() <= bound + 1e-12
@@ -85,9 +85,9 @@ def test_perfect_stopping_bounds_every_rule_at_larger_batch_sizes_in_both_layout
                            context_tokens=10, batch_size=b, t_prefill_target=0.01, t_prefill_draft=0.002)
               for b in (1, 4)}
     surface = CostSurface(models)
-    rules = [DecodeConfig(threshold=t, gamma_max=g, batch_size=b, max_new_tokens=40)
+    rules = [DecodeConfig.of(threshold=t, gamma_max=g, batch_size=b, max_new_tokens=40)
              for t, g, b in itertools.product((0.1, 0.5, 0.9), (2, 4, 6), (1, 4))]
-    rules += [DecodeConfig(schedule="fixed", gamma_max=g, batch_size=b, max_new_tokens=40)
+    rules += [DecodeConfig.of(schedule="fixed", gamma_max=g, batch_size=b, max_new_tokens=40)
               for g, b in itertools.product(range(1, 7), (1, 4))]
     table = simulate_with_surface(rec, rules, surface)
     perfect = perfect_stopping(rec, range(1, 7), [1, 4], surface.at(1), surface)
@@ -150,7 +150,7 @@ def test_better_signals_rank_better_and_a_perfect_one_reaches_perfect_stopping()
     # The best fixed γ is fixed γ's own best over 1..γ_max at that B, whatever the signal.
     from dspark_bench.replay.batched import simulate_with_surface
 
-    fixed = simulate_with_surface(rec, [DecodeConfig(schedule="fixed", gamma_max=g, batch_size=4, max_new_tokens=40)
+    fixed = simulate_with_surface(rec, [DecodeConfig.of(schedule="fixed", gamma_max=g, batch_size=4, max_new_tokens=40)
                                         for g in range(1, 7)], surface)
     packed = table[(table["batch_size"] == 4) & (table["layout"] == "packed")]["best_fixed_speedup"]
     assert (packed == fixed["predicted_speedup_packed"].max()).all()
@@ -200,7 +200,7 @@ def test_the_unsharpened_signal_is_replayed_as_the_rules_on_it_would_be():
     cost = CostModel(t_draft=0.05, t_verify=[1.0 + 0.05 * k for k in range(7)], context_tokens=10)
     (row,) = signal_headroom(rec, cost, gamma_max=6, betas=(0.0,)).to_dict(orient="records")
     direct = simulate_grid(rec, rule_policies([1], 6, 40), cost)  # the same rules on the record's own top1
-    rules = [c.schedule != "fixed" for c in rule_policies([1], 6, 40)]
+    rules = [c.stopping.schedule != "fixed" for c in rule_policies([1], 6, 40)]
     assert row["best_rule_speedup"] == direct["predicted_speedup"][rules].max()
     assert row["oracle_speedup"] == pytest.approx(oracle(rec, cost, 6)["predicted_speedup"])
 

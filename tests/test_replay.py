@@ -23,8 +23,8 @@ N, G = 24, 6
 
 def policies() -> list[DecodeConfig]:
     return spanning_policies(G, N, tiny.GOODPUT_MODEL) + [
-        DecodeConfig(metric="margin", threshold=0.2, gamma_max=G, min_draft_len=G, max_new_tokens=N),
-        DecodeConfig(schedule="cumulative", threshold=0.1, gamma_max=G, max_new_tokens=N)]
+        DecodeConfig.of(metric="margin", threshold=0.2, gamma_max=G, min_draft_len=G, max_new_tokens=N),
+        DecodeConfig.of(schedule="cumulative", threshold=0.1, gamma_max=G, max_new_tokens=N)]
 
 
 @pytest.fixture(scope="module", params=["plain", "eos"])
@@ -32,7 +32,7 @@ def recorded(request, llama_pair):
     target, draft = llama_pair
     eos = frozenset()
     if request.param == "eos":  # a token the target emits mid-sequence, so EOS ends some prompts early
-        eos = frozenset({autoregressive_decode(target, PROMPTS[0], DecodeConfig(max_new_tokens=N)).tokens[10]})
+        eos = frozenset({autoregressive_decode(target, PROMPTS[0], DecodeConfig.of(max_new_tokens=N)).tokens[10]})
     pair = SimpleNamespace(target=target, draft=draft, eos_ids=eos)
     return pair, record(pair, PROMPTS, N, G, topk=5)
 
@@ -56,7 +56,7 @@ def test_simulated_rounds_equal_the_engine(recorded, draft_mode):
                 if draft_mode == "early-stop":
                     assert mine.draft_forwards == theirs.draft_forwards
                 else:  # every step to the round's limit: gamma_max, the budget, or none (llama.cpp's rule)
-                    limit = min(config.gamma_max, N - j - 1)
+                    limit = min(config.stopping.gamma_max, N - j - 1)
                     assert theirs.draft_forwards == (0 if limit < discards_below(config) else limit)
                 assert mine.confidences == pytest.approx(theirs.confidences[: len(mine.confidences)], abs=1e-5)
                 compared += 1
@@ -140,11 +140,11 @@ def test_record_round_trips_and_refuses_other_models_or_prompts(recorded, tmp_pa
 def test_replay_refuses_what_it_cannot_replay(recorded):
     _, rec = recorded
     with pytest.raises(DsparkError, match="greedy"):
-        simulate(rec, DecodeConfig(temperature=0.7, max_new_tokens=N))
+        simulate(rec, DecodeConfig.of(temperature=0.7, max_new_tokens=N))
     with pytest.raises(DsparkError, match="exceeds the record"):
-        simulate_grid(rec, [DecodeConfig(gamma_max=G + 1, max_new_tokens=N)])
+        simulate_grid(rec, [DecodeConfig.of(gamma_max=G + 1, max_new_tokens=N)])
     short = CostModel(t_draft=0.001, t_verify=[0.01] * 3, context_tokens=10)
     with pytest.raises(DsparkError, match="up to 2 tokens, not gamma_max 4"):
-        simulate_grid(rec, [DecodeConfig(gamma_max=4, max_new_tokens=N)], short)
+        simulate_grid(rec, [DecodeConfig.of(gamma_max=4, max_new_tokens=N)], short)
     with pytest.raises(DsparkError, match="no policies"):
         simulate_grid(rec, [])

@@ -64,7 +64,7 @@ def eos_pair(max_new_tokens: int) -> tuple[ModelPair, list[int], int]:
     target = tiny.llama(seed=3)
     tokenizer = tiny.tokenizer()
     ids = encode(tokenizer, "def add(a, b):", "none")
-    free = autoregressive_decode(target, ids, DecodeConfig(max_new_tokens=max_new_tokens)).tokens
+    free = autoregressive_decode(target, ids, DecodeConfig.of(max_new_tokens=max_new_tokens)).tokens
     target.generation_config.eos_token_id = free[5]
     pair = ModelPair(target, tiny.noisy_copy(target, 0.03), tokenizer, "t", "d", torch.device("cpu"), torch.float32)
     return pair, free, free.index(free[5]) + 1
@@ -74,7 +74,7 @@ def eos_pair(max_new_tokens: int) -> tuple[ModelPair, list[int], int]:
 def test_ignore_eos_generates_exactly_max_new_tokens(temperature):
     pair, free, eos_stop = eos_pair(24)
     prompts = [Prompt("p0", "def add(a, b):")]
-    config = DecodeConfig(max_new_tokens=24, temperature=temperature, seed=2)
+    config = DecodeConfig.of(max_new_tokens=24, temperature=temperature, seed=2)
     timed = RunnerSettings(repeats=1, warmup=0, chat_template="none", ignore_eos=True)
     rows = run(pair, prompts, [config], timed).samples.iloc[0]
     assert rows["new_tokens"] == 24 and rows["baseline_new_tokens"] == 24

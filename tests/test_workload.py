@@ -29,28 +29,28 @@ def test_a_run_and_a_sweep_share_the_workload_field_for_field():
 def test_run_defaults_are_the_policy_defaults():
     config = RunConfig(task="code")
     (policy,) = config.decode_configs()
-    assert policy.replace(max_new_tokens=DEFAULTS.max_new_tokens) == DEFAULTS
+    assert policy.replace(max_new_tokens=DEFAULTS.verification.max_new_tokens) == DEFAULTS
 
 
 def test_expand_crosses_the_space_in_its_own_order_without_duplicates():
     space = {"gamma_max": [2, 4], "threshold": [0.3, 0.5, 0.3]}
-    got = [(c.gamma_max, c.threshold) for c in expand(space)]
+    got = [(c.stopping.gamma_max, c.stopping.threshold) for c in expand(space)]
     assert got == [(2, 0.3), (2, 0.5), (4, 0.3), (4, 0.5)]
 
 
 def test_expand_resets_knobs_a_policy_does_not_read():
     space = {"drafter": ["model", "lookup"], "ngram_max": [2, 4]}
-    got = [(c.drafter, c.ngram_max) for c in expand(space, DEFAULTS.replace(ngram_min=2))]
-    assert got == [("model", DEFAULTS.ngram_max), ("lookup", 2), ("lookup", 4)]
+    got = [(c.drafting.drafter, c.drafting.ngram_max) for c in expand(space, DEFAULTS.replace(ngram_min=2))]
+    assert got == [("model", DEFAULTS.drafting.ngram_max), ("lookup", 2), ("lookup", 4)]
     goodput = DEFAULTS.replace(goodput_model="fit.json")
     got = expand({"schedule": ["goodput", "threshold"], "threshold": [0.2, 0.7], "semantics": ["hf"]}, goodput)
-    assert [(c.schedule, c.threshold, c.semantics, c.goodput_model) for c in got] == [
+    assert [(c.stopping.schedule, c.stopping.threshold, c.stopping.semantics, c.stopping.goodput_model) for c in got] == [
         ("goodput", 0.2, "dspark", "fit.json"), ("threshold", 0.2, "hf", ""), ("threshold", 0.7, "hf", "")]
 
 
 def test_expand_strict_refuses_what_a_search_space_leaves_out():
     space = {"min_draft_len": [0, 3], "gamma_max": [2, 4]}
-    assert [(c.min_draft_len, c.gamma_max) for c in expand(space, strict=False)] == [(0, 2), (0, 4), (3, 4)]
+    assert [(c.stopping.min_draft_len, c.stopping.gamma_max) for c in expand(space, strict=False)] == [(0, 2), (0, 4), (3, 4)]
     with pytest.raises(DsparkError, match="must not exceed"):
         expand(space)
     with pytest.raises(DsparkError, match="search space: threshold 1.5 is outside"):
@@ -59,8 +59,8 @@ def test_expand_strict_refuses_what_a_search_space_leaves_out():
 
 def test_a_sweep_spec_and_a_run_expand_alike():
     spec = load_spec(None, {"task": "code", "space": {"metric": ["top1", "margin"], "gamma_max": [3, 5]}})
-    run = RunConfig(task="code", metric=("top1", "margin"), gamma_max=(3, 5), threshold=(DEFAULTS.threshold,))
-    base = DecodeConfig(max_new_tokens=64)
+    run = RunConfig(task="code", metric=("top1", "margin"), gamma_max=(3, 5), threshold=(DEFAULTS.stopping.threshold,))
+    base = DecodeConfig.of(max_new_tokens=64)
     assert points(spec, base) == [c for c in run.decode_configs(64)]
 
 
@@ -93,3 +93,28 @@ def test_a_sweep_refuses_workload_settings_it_cannot_honour():
         load_spec(None, {"task": "code", "threads": 0})
     with pytest.raises(DsparkError, match="--threads must be a whole number"):
         RunConfig(task="code", threads=0).use_threads()
+
+
+def test_the_config_is_one_frozen_config_per_concern_stored_flat():
+    from dspark_bench.config import FIELDS, PARTS, Batching, Drafting, StoppingPolicy, Verification, from_dict
+
+    assert len(dataclasses.fields(DecodeConfig)) <= 10
+    assert PARTS == {"stopping": StoppingPolicy, "drafting": Drafting, "verification": Verification, "batching": Batching}
+    config = DecodeConfig.of(threshold=0.3, drafter="lookup", ngram_max=4, temperature=0.5, batch_size=1)
+    assert (config.stopping.threshold, config.drafting, config.verification.temperature) == (
+        0.3, Drafting("lookup", 1, 4), 0.5)
+    # Stored flat, every knob once, in the shape run.json and result tables always had; read back equal.
+    flat = config.to_dict()
+    assert list(flat) == list(FIELDS) and len(flat) == 23 and from_dict(flat) == config
+    assert config.replace(gamma_max=3).stopping.gamma_max == 3 and config.replace(gamma_max=3).drafting == config.drafting
+    # The drafter's identity is its part: one replay record per Drafting, whatever the policy.
+    assert config.replace(threshold=0.9, gamma_max=2).drafting == config.drafting
+    # Each part refuses its own bad knobs; DecodeConfig what crosses them; unknown knobs are errors.
+    for knobs, message in ((dict(gamma_max=0), "gamma_max must be at least 1"), (dict(top_p=0.0), "top_p"),
+                           (dict(ngram_min=3, ngram_max=2), "ngram_min <= ngram_max"),
+                           (dict(batch_size=0), "batch_size must be at least 1"),
+                           (dict(drafter="lookup", batch_size=2), "batch size 1 only"),
+                           (dict(compiled="yes"), "compiled must be true or false"),
+                           (dict(gamm_max=3), "unknown decode setting")):
+        with pytest.raises(DsparkError, match=message):
+            DecodeConfig.of(**knobs)

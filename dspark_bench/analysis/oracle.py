@@ -92,7 +92,7 @@ def perfect_record(rec: Record) -> Record:
 
 def perfect_policies(gammas, batch_sizes, max_new_tokens: int, drafter: str = "model") -> list[DecodeConfig]:
     """Perfect stopping at each gamma_max and batch size (threshold 0.5 on the 0/1 signal)."""
-    return [DecodeConfig(metric="top1", schedule="threshold", threshold=0.5, min_draft_len=0, gamma_max=g,
+    return [DecodeConfig.of(metric="top1", schedule="threshold", threshold=0.5, min_draft_len=0, gamma_max=g,
                          batch_size=b, max_new_tokens=max_new_tokens, drafter=drafter)
             for b in batch_sizes for g in gammas]
 

@@ -76,22 +76,22 @@ def signal_auc(rec: Record, signal: str = SLOT) -> float:
 def rule_policies(batch_sizes, gamma_max: int, max_new_tokens: int) -> list[DecodeConfig]:
     """The per-row rules on the signal: threshold and cumulative, every threshold, γ_max and
     min_draft_len 0–1, at each batch size; and fixed γ."""
-    base = DecodeConfig(metric=SLOT, max_new_tokens=max_new_tokens)
+    base = DecodeConfig.of(metric=SLOT, max_new_tokens=max_new_tokens)
     gammas, sizes = list(range(1, gamma_max + 1)), sorted(batch_sizes)
     rules = expand({"schedule": ["threshold", "cumulative"], "threshold": list(THRESHOLDS), "gamma_max": gammas,
                     "min_draft_len": [0, 1], "batch_size": sizes}, base)
     fixed = expand({"gamma_max": gammas, "batch_size": sizes}, base.replace(schedule="fixed"))
-    return [c for c in rules if c.min_draft_len <= c.gamma_max] + fixed
+    return [c for c in rules if c.stopping.min_draft_len <= c.stopping.gamma_max] + fixed
 
 
 def replayed(rec: Record, configs: list[DecodeConfig], cost: CostModel, surface: CostSurface | None) -> pd.DataFrame:
     """Every policy's predicted speedups, priced as the sweep's headroom prices them: on the surface
     (padded and packed, each request's prefill) where it spans B > 1, else by the batch-1 cost model."""
-    if max(c.batch_size for c in configs) > 1:
+    if max(c.batching.batch_size for c in configs) > 1:
         table = simulate_with_surface(rec, configs, surface)
     else:
         table = simulate_grid(rec, configs, cost)
-    return table.assign(batch_size=[c.batch_size for c in configs], schedule=[c.schedule for c in configs],
+    return table.assign(batch_size=[c.batching.batch_size for c in configs], schedule=[c.stopping.schedule for c in configs],
                         config_label=[c.label() for c in configs])
 
 

@@ -14,7 +14,7 @@ Target = Annotated[Optional[str], typer.Option(help="Target model: Hugging Face 
 Draft = Annotated[Optional[str], typer.Option(help="Draft model sharing the target's vocabulary (default: reference pair).")]
 Device = Annotated[str, typer.Option(help="auto | cpu | cuda | mps")]
 Dtype = Annotated[str, typer.Option(help="auto (fp32 on CPU, bf16 on CUDA) | float32 | bfloat16 | float16")]
-Metrics = Annotated[list[str], typer.Option("--metric", help="Confidence metric: top1 | entropy | topk_mass | margin | learned (--signal-model) (repeatable).")]
+Metrics = Annotated[list[str], typer.Option("--metric", help="Confidence metric: top1 | entropy | topk_mass | margin | gini | learned (--signal-model) (repeatable).")]
 Schedules = Annotated[list[str], typer.Option("--schedule", help="threshold | ramp | cumulative | fixed | goodput | budget (repeatable; goodput and budget need --goodput-model; budget decides for the whole batch, see --budget-layout).")]
 DraftModes = Annotated[list[str], typer.Option("--draft-mode", help="Where the rule cuts a draft: early-stop (the draft loop stops; one host sync per draft step) | verify-side (draft gamma_max, cut on the device; one sync per round). Repeatable: both run side by side. Batch size 1.")]
 Compile = Annotated[bool, typer.Option("--compile", help="Static KV cache and torch.compile'd draft/verify steps (CUDA graphs on a GPU), both sides. Batch size 1; pays on a GPU, not on a CPU (see README).")]

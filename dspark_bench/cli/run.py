@@ -62,12 +62,15 @@ def run(
     chat_template: ChatTemplate = "auto",
     metric: Metrics = None, schedule: Schedules = None, threshold: Thresholds = None,
     gamma_max: GammaMaxes = None, min_draft_len: MinDraftLens = None, semantics: SemanticsOption = None,
-    goodput_model: GoodputModel = None, budget_layout: BudgetLayout = DEFAULTS.budget_layout, signal_model: SignalModel = None, draft_mode: DraftModes = None, compiled: Compile = DEFAULTS.compiled,
-    drafter: Drafters = None, ngram_min: NgramMin = DEFAULTS.ngram_min, ngram_max: NgramMax = DEFAULTS.ngram_max,
-    heads: HeadsPath = None, threshold_start: ThresholdStart = DEFAULTS.threshold_start,
-    threshold_end: ThresholdEnd = DEFAULTS.threshold_end, topk: TopK = DEFAULTS.topk,
-    temperature: Temperature = DEFAULTS.temperature, top_p: TopP = DEFAULTS.top_p, max_new_tokens: MaxNewTokens = None,
-    seed: Seed = DEFAULTS.seed, batch_size: BatchSizes = None, batching: Batching = "refill",
+    goodput_model: GoodputModel = None, budget_layout: BudgetLayout = DEFAULTS.stopping.budget_layout,
+    signal_model: SignalModel = None, draft_mode: DraftModes = None, compiled: Compile = DEFAULTS.verification.compiled,
+    drafter: Drafters = None, ngram_min: NgramMin = DEFAULTS.drafting.ngram_min,
+    ngram_max: NgramMax = DEFAULTS.drafting.ngram_max,
+    heads: HeadsPath = None, threshold_start: ThresholdStart = DEFAULTS.stopping.threshold_start,
+    threshold_end: ThresholdEnd = DEFAULTS.stopping.threshold_end, topk: TopK = DEFAULTS.stopping.topk,
+    temperature: Temperature = DEFAULTS.verification.temperature, top_p: TopP = DEFAULTS.verification.top_p,
+    max_new_tokens: MaxNewTokens = None,
+    seed: Seed = DEFAULTS.verification.seed, batch_size: BatchSizes = None, batching: Batching = "refill",
     decoder: Annotated[str, typer.Option(help="The speculative side: ours | hf (HF assisted generation, HF's rule: --semantics hf, top1, --min-draft-len 0) | llamacpp (llama-server with the flags export writes, beside ours and replay).")] = "ours",
     repeats: Repeats = 1,
     trace: Annotated[bool, typer.Option(help="Also write rounds.parquet, the per-round trace.")] = False,
@@ -104,18 +107,25 @@ def run(
                     temperature=temperature, top_p=top_p, topk=topk, max_new_tokens=max_new_tokens, seed=seed,
                     ignore_eos=ignore_eos, repeats=repeats, trace=trace, batching=batching, threads=threads,
                     **{name: tuple(values) for name, values in grid.items() if values},  # unset: the defaults
-                    batch_sizes=tuple(batch_size or (DEFAULTS.batch_size,)),
+                    batch_sizes=tuple(batch_size or (DEFAULTS.batching.batch_size,)),
                     goodput_model=str(goodput_model) if goodput_model else "", budget_layout=budget_layout,
                     signal_model=str(signal_model) if signal_model else "", threshold_start=threshold_start,
                     threshold_end=threshold_end, ngram_min=ngram_min, ngram_max=ngram_max, compiled=compiled,
                     calibration=str(calibration) if calibration else None, decoder=decoder)
-                if decoder == "llamacpp":
-                    from dspark_bench.engines import llamacpp_run  # loaded when the command runs, not for --help
-
-                    folder, table, _ = llamacpp_run.execute_llamacpp(run_config, out, progress, say, llama_server, port)
-                else:
-                    folder, table = lib.execute(run_config, out, progress, say)
+                folder, table = execute(run_config, out, progress, say, llama_server, port)
         print_summary(folder, table)
+
+
+def execute(run_config, out: Path, progress, say, llama_server: Path | None, port: int | None):
+    """Our engine's run, or (--decoder llamacpp) llama-server's beside ours and replay."""
+    if run_config.decoder == "llamacpp":
+        from dspark_bench.engines import llamacpp_run  # loaded when the command runs, not for --help
+
+        folder, table, _ = llamacpp_run.execute_llamacpp(run_config, out, progress, say, llama_server, port)
+        return folder, table
+    from dspark_bench.harness import run as lib  # loaded when the command runs, not for --help
+
+    return lib.execute(run_config, out, progress, say)
 
 
 def refuse_other_flags(ctx: typer.Context) -> None:

@@ -22,11 +22,11 @@ from dspark_bench.decoding.types import DecodeResult, Round
 def autoregressive_decode(
     target: torch.nn.Module, prompt_ids: list[int], config: DecodeConfig, eos_ids: frozenset[int] = frozenset()
 ) -> DecodeResult:
-    target_lm = CachedLM(target, config.compiled, len(prompt_ids) + config.max_new_tokens)
+    target_lm = CachedLM(target, config.verification.compiled, len(prompt_ids) + config.verification.max_new_tokens)
     target_lm.prefill(prompt_ids[:-1])
     generator = make_generator(config, target_lm.device)
     result, pending = DecodeResult(tokens=[]), prompt_ids[-1:]
-    while len(result.tokens) < config.max_new_tokens:
+    while len(result.tokens) < config.verification.max_new_tokens:
         logits = target_lm.forward(pending)[-1]
         result.target_forwards += 1
         probs = None if config.greedy else distribution(logits, config)  # greedy needs only argmax
@@ -49,9 +49,9 @@ def hf_generate(
     """`model.generate`, plain or assisted by a draft: a peer, not the baseline."""
     device = next(target.parameters()).device
     ids = torch.tensor([prompt_ids], device=device)
-    kwargs = dict(max_new_tokens=config.max_new_tokens, do_sample=not config.greedy, min_new_tokens=0)
+    kwargs = dict(max_new_tokens=config.verification.max_new_tokens, do_sample=not config.greedy, min_new_tokens=0)
     if not config.greedy:
-        kwargs.update(temperature=config.temperature, top_p=config.top_p, top_k=0)
+        kwargs.update(temperature=config.verification.temperature, top_p=config.verification.top_p, top_k=0)
     if assistant is not None:
         kwargs["assistant_model"] = assistant
     # Assisted generation verifies several tokens per target pass: count the passes themselves.
@@ -74,8 +74,8 @@ def hf_generate(
 def hf_assistant_settings(config: DecodeConfig) -> dict:
     """The assistant's generation-config knobs that run `config` under HF's own rule (what
     `export --format hf` writes). A fixed schedule is a threshold of 0 (HF then never stops early)."""
-    return {"num_assistant_tokens": config.gamma_max, "num_assistant_tokens_schedule": "constant",
-            "assistant_confidence_threshold": 0.0 if config.schedule == "fixed" else config.threshold}
+    return {"num_assistant_tokens": config.stopping.gamma_max, "num_assistant_tokens_schedule": "constant",
+            "assistant_confidence_threshold": 0.0 if config.stopping.schedule == "fixed" else config.stopping.threshold}
 
 
 @contextlib.contextmanager

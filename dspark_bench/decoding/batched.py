@@ -50,7 +50,7 @@ class Request:
 
     def done(self, config: DecodeConfig, eos_ids: frozenset[int]) -> bool:
         tokens = self.result.tokens
-        return len(tokens) >= config.max_new_tokens or bool(tokens and tokens[-1] in eos_ids)
+        return len(tokens) >= config.verification.max_new_tokens or bool(tokens and tokens[-1] in eos_ids)
 
     @property
     def latency_per_token(self) -> float:
@@ -78,7 +78,7 @@ def serving(prompts: list[list[int]], config: DecodeConfig, batch_size: int, lms
     (the config's seed) unless `seeds` gives one per prompt."""
     device = lms[0].device
     waiting = deque(range(len(prompts)))
-    seeds = seeds if seeds is not None else [config.seed] * len(prompts)
+    seeds = seeds if seeds is not None else [config.verification.seed] * len(prompts)
     requests = [Request(list(p), make_generator(config, device, seed), index, seq=list(p))
                 for index, (p, seed) in enumerate(zip(prompts, seeds))]
     active: list[int] = []  # request index of each batch row, in row order
@@ -140,11 +140,11 @@ class SpeculativeStep:
 
     def __init__(self, target: BatchLM, draft: BatchLM, config: DecodeConfig, eos_ids: frozenset[int]):
         self.target, self.draft, self.config, self.eos_ids = target, draft, config, eos_ids
-        self.budget = budget.rule_for(config) if config.schedule == "budget" else None
+        self.budget = budget.rule_for(config) if config.stopping.schedule == "budget" else None
 
     def __call__(self, requests: list[Request]) -> None:
         config = self.config
-        proposals = [Proposal.start(config, config.max_new_tokens - len(r.result.tokens) - 1, batched=True)
+        proposals = [Proposal.start(config, config.verification.max_new_tokens - len(r.result.tokens) - 1, batched=True)
                      for r in requests]
         self.draft_loop(requests, proposals)
         feeds = [r.seq[self.target.lengths[i] :] + p.tokens for i, (r, p) in enumerate(zip(requests, proposals))]
@@ -191,7 +191,7 @@ class SpeculativeStep:
                  for i in range(len(requests))])
             read, tokens = fetch(confidence.draft_signals(config, probs), tokens)
             # Each row's step in its own draft: every token a drafting row considered, it took.
-            contexts = [r.seq + p.tokens for r, p in zip(requests, proposals)] if config.metric == "learned" else None
+            contexts = [r.seq + p.tokens for r, p in zip(requests, proposals)] if config.stopping.metric == "learned" else None
             scores = confidence.host_scores(config, read, contexts, tokens, [len(p.tokens) for p in proposals])
             for i in range(len(requests)):
                 feeds[i] = []
@@ -216,10 +216,10 @@ class SpeculativeStep:
                 feeds[i] = []  # its last token is fed next round
 
     def apply_quorum(self, proposals: list[Proposal], feeds: list[list[int]], steps: int) -> None:
-        """config.batch_quorum: stop every row once too few are still drafting (replay/batched.py
+        """config.stopping.batch_quorum: stop every row once too few are still drafting (replay/batched.py
         replays the same rule)."""
         drafting = [i for i, p in enumerate(proposals) if not p.done]
-        quorum = self.config.batch_quorum * len(proposals)
+        quorum = self.config.stopping.batch_quorum * len(proposals)
         if drafting and steps >= forced(self.config) and len(drafting) < quorum:
             for i in drafting:
                 proposals[i].stop_reason = "quorum"

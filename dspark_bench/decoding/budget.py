@@ -161,7 +161,8 @@ class BudgetRule:
 
 def rule_for(config) -> BudgetRule:
     """The rule a budget policy decides with at its batch size (cached)."""
-    return _rule(config.goodput_model, config.metric, config.batch_size, config.budget_layout, config.min_draft_len)
+    p = config.stopping
+    return _rule(p.goodput_model, p.metric, config.batching.batch_size, p.budget_layout, p.min_draft_len)
 
 
 @functools.lru_cache(maxsize=64)
@@ -173,7 +174,7 @@ def alone(config) -> goodput.GoodputRule:
     """What the budget schedule is with one row: goodput's rule on the cost tables at b = 1 (the
     batch-1 engine and batch-1 replay decide with it). The tables are the timings' monotone
     envelope, so where a measured t_verify(k) dips this decides otherwise than goodput itself."""
-    return _alone(config.goodput_model, config.metric)
+    return _alone(config.stopping.goodput_model, config.stopping.metric)
 
 
 @functools.lru_cache(maxsize=64)
@@ -185,4 +186,4 @@ def _alone(path: str, metric: str) -> goodput.GoodputRule:
 
 def row_rule(config) -> goodput.GoodputRule:
     """The per-row rule of a goodput or budget policy: what decides a row drafting alone."""
-    return alone(config) if config.schedule == "budget" else goodput.rule_for(config)
+    return alone(config) if config.stopping.schedule == "budget" else goodput.rule_for(config)

@@ -24,6 +24,12 @@ def entropy(probs: torch.Tensor, topk: int = 5) -> torch.Tensor:
     return (1.0 - h / math.log(probs.shape[-1])).clamp(0.0, 1.0)
 
 
+def gini(probs: torch.Tensor, topk: int = 5) -> torch.Tensor:
+    # Σ p², the complement of the Gini impurity 1 − Σ p²: 1 for a one-hot distribution, 1/V for a
+    # uniform one. Like entropy, a pass over the whole vocabulary on the device (no top-k gives it).
+    return (probs * probs).sum(dim=-1).clamp(0.0, 1.0)
+
+
 def topk_mass(probs: torch.Tensor, topk: int = 5) -> torch.Tensor:
     k = min(topk, probs.shape[-1])
     return probs.topk(k, dim=-1).values.sum(dim=-1).clamp(0.0, 1.0)
@@ -45,25 +51,28 @@ def llamacpp_top1(probs: torch.Tensor, topk: int = 5) -> torch.Tensor:
     return top[..., 0] / top.sum(dim=-1)
 
 
+# The metrics every replay record holds, however old (replay/record.py requires them on loading).
 METRICS = {"top1": top1, "entropy": entropy, "topk_mass": topk_mass, "margin": margin}
-# What drafters compute and records hold: the metrics, and the engines' own variants of them.
-SIGNALS = {**METRICS, "llamacpp_top1": llamacpp_top1}
+# What drafters compute and records hold: the metrics, those added since (gini: an older record
+# lacks it and is recorded again, tuning/replay_sweep.py), and the engines' own variants of them.
+# The metrics a user picks are config.METRICS: these but llamacpp_top1.
+SIGNALS = {**METRICS, "gini": gini, "llamacpp_top1": llamacpp_top1}
 
 
 def signal_of(config) -> str:
     """The signal `config`'s rule compares with its threshold: its metric, except that under
     llama.cpp's rule top1 is llama.cpp's own (so a tuned threshold is its --spec-draft-p-min).
     Goodput is our schedule whatever the rule: it reads its metric's fitted curve."""
-    engine_own = config.semantics == "llamacpp" and config.metric == "top1" and config.schedule not in ("goodput", "budget")
-    return "llamacpp_top1" if engine_own else config.metric
+    engine_own = config.stopping.semantics == "llamacpp" and config.stopping.metric == "top1" and config.stopping.schedule not in ("goodput", "budget")
+    return "llamacpp_top1" if engine_own else config.stopping.metric
 
 
 def score(config, probs: torch.Tensor) -> torch.Tensor:
     """The confidence `config`'s rule reads from the drafter's distribution `probs` (not the
     learned signal's: it reads the drafted tokens too, `draft_signals` and `host_scores`)."""
-    if config.metric == "learned":
+    if config.stopping.metric == "learned":
         raise ValueError("the learned signal is scored on the host (draft_signals, host_scores)")
-    return SIGNALS[signal_of(config)](probs, config.topk)
+    return SIGNALS[signal_of(config)](probs, config.stopping.topk)
 
 
 def top_count(topk: int, vocab: int) -> int:
@@ -76,8 +85,8 @@ def draft_signals(config, probs: torch.Tensor) -> torch.Tensor:
     confidence, or for the learned signal the probabilities of the draft's most likely tokens
     (one top-k on the device; the host derives the signals it reads from them,
     learned_signal.raw_signals)."""
-    if config.metric == "learned":
-        signal = learned_signal.load(config.signal_model)
+    if config.stopping.metric == "learned":
+        signal = learned_signal.load(config.stopping.signal_model)
         return probs.topk(top_count(signal.topk, probs.shape[-1]), dim=-1).values
     return score(config, probs)[..., None]
 
@@ -87,9 +96,9 @@ def host_scores(config, read: list, contexts: list | None, tokens: list[int], st
     confidence itself, or the learned signal of the raw signals and of what the lookup says of
     each row's drafted `tokens[i]` after `contexts[i]` (its sequence and its draft so far), at
     0-based draft `steps[i]`. In float64 on the CPU, as replay computes it from the record."""
-    if config.metric != "learned":
+    if config.stopping.metric != "learned":
         return [row[0] for row in read]
-    return learned_scores(learned_signal.load(config.signal_model), read, contexts, tokens, steps)
+    return learned_scores(learned_signal.load(config.stopping.signal_model), read, contexts, tokens, steps)
 
 
 def learned_scores(signal, read: list, contexts: list, tokens: list[int], steps: list[int]) -> list[float]:
@@ -101,9 +110,9 @@ def learned_scores(signal, read: list, contexts: list, tokens: list[int], steps:
 
 def all_metrics(probs: torch.Tensor, topk: int = 5) -> dict[str, torch.Tensor]:
     """Every signal at once (replay records them all): one top-k serves four of them, each the
-    very value its own function gives."""
+    very value its own function gives (entropy and gini, full-vocabulary passes, are their own)."""
     V = probs.shape[-1]
     top = probs.topk(top_count(topk, V), dim=-1).values
     return {"top1": top[..., 0], "entropy": entropy(probs),
             "topk_mass": top[..., : min(topk, V)].sum(dim=-1).clamp(0.0, 1.0), "margin": top[..., 0] - top[..., 1],
-            "llamacpp_top1": top[..., 0] / top[..., : min(LLAMACPP_TOPK, V)].sum(dim=-1)}
+            "gini": gini(probs), "llamacpp_top1": top[..., 0] / top[..., : min(LLAMACPP_TOPK, V)].sum(dim=-1)}

@@ -40,7 +40,7 @@ class ModelDrafter:
 
     def __init__(self, model: torch.nn.Module, prompt_ids: list[int], config: DecodeConfig, capacity: int):
         self.config = config
-        self.lm = CachedLM(model, config.compiled, capacity, role="draft")
+        self.lm = CachedLM(model, config.verification.compiled, capacity, role="draft")
         self.lm.prefill(prompt_ids[:-1])
 
     def propose(self, recent, seq, proposal: Proposal, generator, eos_ids, rule, eos_tensor) -> Block:
@@ -68,7 +68,7 @@ class HeadsDrafter:
         self.round_forwards = int(n > 0)  # no pass in a round that may draft nothing
         if n <= 0:
             block = empty_block(device)
-            if config.draft_mode == "verify-side":  # the round's read expects the device's cut
+            if config.verification.draft_mode == "verify-side":  # the round's read expects the device's cut
                 block.kept = rule.kept(block.scores, block.tokens, eos_tensor)
             return block
         logits = self.heads(self.hidden, n)  # [n, vocab]
@@ -76,7 +76,7 @@ class HeadsDrafter:
         scores = confidence.score(config, q)
         tokens = pick(logits, q, config, generator)  # head i's token is drawn from head i's q alone
         probs = None if config.greedy else q
-        if config.draft_mode == "verify-side":
+        if config.verification.draft_mode == "verify-side":
             return Block(tokens, probs, scores, rule.kept(scores, tokens, eos_tensor))
         host_tokens, host_scores = fetch(tokens, scores)  # the segment's one read; the rule cuts it here
         proposal.walk(config, host_tokens, host_scores, eos_ids)
@@ -100,9 +100,9 @@ class LookupDrafter:
 
     def propose(self, recent, seq, proposal: Proposal, generator, eos_ids, rule, eos_tensor) -> Block:
         config, device = self.config, recent.device
-        tokens, votes = lookup.continuation(seq, config.ngram_min, config.ngram_max, proposal.limit)
+        tokens, votes = lookup.continuation(seq, config.drafting.ngram_min, config.drafting.ngram_max, proposal.limit)
         proposal.cap(len(tokens))
-        scores = lookup.scores(votes, self.vocab, config.topk)[confidence.signal_of(config)]
+        scores = lookup.scores(votes, self.vocab, config.stopping.topk)[confidence.signal_of(config)]
         proposal.walk(config, tokens, scores.tolist(), eos_ids)
         kept = proposal.tokens
         block_tokens = torch.tensor(kept, dtype=torch.long, device=device)
@@ -123,13 +123,13 @@ def empty_block(device: torch.device) -> Block:
 
 
 def start_drafter(draft, target_lm: CachedLM, prompt_ids: list[int], config: DecodeConfig, capacity: int):
-    """The drafter config.drafter names, ready to propose after the prompt (`draft`: the draft
+    """The drafter config.drafting.drafter names, ready to propose after the prompt (`draft`: the draft
     model, or the target's Heads; unused by lookup)."""
-    if config.drafter == "model":
+    if config.drafting.drafter == "model":
         if not isinstance(draft, torch.nn.Module) or isinstance(draft, Heads):
             raise DsparkError("the model drafter needs a draft model")
         return ModelDrafter(draft, prompt_ids, config, capacity)
-    if config.drafter == "heads":
+    if config.drafting.drafter == "heads":
         if not isinstance(draft, Heads):
             raise DsparkError("the heads drafter needs the target's heads (dspark_bench.decoding.heads.load)")
         return HeadsDrafter(draft, target_lm, config)
@@ -138,7 +138,7 @@ def start_drafter(draft, target_lm: CachedLM, prompt_ids: list[int], config: Dec
 
 def draft_block(draft_lm: CachedLM, pending: torch.Tensor, config: DecodeConfig, proposal: Proposal, generator,
                 eos_ids: frozenset[int], rule: DeviceRule | None, eos_tensor: torch.Tensor, seq: list[int]) -> Block:
-    """The round's draft under config.draft_mode.
+    """The round's draft under config.verification.draft_mode.
 
     "early-stop": after each draft forward the host learns the token and its confidence (one
     sync) and applies the rule (`Proposal`) to decide whether to run the next forward.
@@ -151,16 +151,16 @@ def draft_block(draft_lm: CachedLM, pending: torch.Tensor, config: DecodeConfig,
     `seq`: the sequence so far, on the host (the learned signal's context)."""
     tokens, probs, signals, scores = [], [], [], []
     for _ in range(proposal.limit):
-        if config.draft_mode == "early-stop" and proposal.done:
+        if config.verification.draft_mode == "early-stop" and proposal.done:
             break
         logits = draft_lm.forward(pending)[-1]
         q = distribution(logits, config)
         signals.append(confidence.draft_signals(config, q))
         token = pick(logits, q, config, generator)
         pending = token.view(1)
-        if config.draft_mode == "early-stop":
+        if config.verification.draft_mode == "early-stop":
             read, token_id = fetch(signals[-1], token)  # the loop must know now whether to go on
-            context = [seq + proposal.tokens] if config.metric == "learned" else None
+            context = [seq + proposal.tokens] if config.stopping.metric == "learned" else None
             score, = confidence.host_scores(config, [read], context, [token_id], [len(scores)])
             scores.append(score)
             if not proposal.consider(config, score):
@@ -171,7 +171,7 @@ def draft_block(draft_lm: CachedLM, pending: torch.Tensor, config: DecodeConfig,
     device = draft_lm.device
     tokens = torch.stack(tokens) if tokens else torch.zeros(0, dtype=torch.long, device=device)
     probs = torch.stack(probs) if probs and not config.greedy else None
-    if config.draft_mode == "verify-side":
+    if config.verification.draft_mode == "verify-side":
         scores = device_scores(config, signals, tokens, seq, device)
         return Block(tokens, probs, scores, rule.kept(scores, tokens, eos_tensor))
     kept = len(proposal.tokens)  # llama.cpp's discard may have emptied the draft
@@ -185,7 +185,7 @@ def device_scores(config: DecodeConfig, signals: list[torch.Tensor], tokens: tor
     computed on the host from the block's tokens (one read) and copied back."""
     if not signals:
         return torch.zeros(0, device=device)
-    if config.metric != "learned":
+    if config.stopping.metric != "learned":
         return torch.stack(signals)[:, 0]
     read, drafted = fetch(torch.stack(signals), tokens)
     scores = confidence.host_scores(config, read, [seq + drafted[:k] for k in range(len(drafted))], drafted,

@@ -37,25 +37,25 @@ def speculative_decode(
     config: DecodeConfig,
     eos_ids: frozenset[int] = frozenset(),
 ) -> DecodeResult:
-    """`draft`: what config.drafter drafts with — the draft model, the target's heads, or
+    """`draft`: what config.drafting.drafter drafts with — the draft model, the target's heads, or
     nothing (lookup); drafters.py."""
-    capacity = len(prompt_ids) + config.max_new_tokens + config.gamma_max + 1
-    target_lm = CachedLM(target, config.compiled, capacity, hidden=config.drafter == "heads")
+    capacity = len(prompt_ids) + config.verification.max_new_tokens + config.stopping.gamma_max + 1
+    target_lm = CachedLM(target, config.verification.compiled, capacity, hidden=config.drafting.drafter == "heads")
     target_lm.prefill(prompt_ids[:-1])
     drafter = start_drafter(draft, target_lm, prompt_ids, config, capacity)
     generator = make_generator(config, target_lm.device)
     # What the device needs from the host is copied once, here: on CUDA a copy from the host
     # waits for the work queued before it, like a read. After this, tokens stay on the device.
-    if config.draft_mode == "verify-side" and target_lm.device.type == "mps":
+    if config.verification.draft_mode == "verify-side" and target_lm.device.type == "mps":
         raise DsparkError("the verify-side draft mode decides in float64, which MPS lacks: use early-stop there")
-    rule = DeviceRule(config, target_lm.device) if config.draft_mode == "verify-side" else None
+    rule = DeviceRule(config, target_lm.device) if config.verification.draft_mode == "verify-side" else None
     eos_tensor = torch.tensor(sorted(eos_ids), dtype=torch.long, device=target_lm.device)
     keep_recent = recent_tokens(config)
     recent = torch.tensor(prompt_ids[-keep_recent:], dtype=torch.long, device=target_lm.device)  # seq's tail, on the device
     seq, result = list(prompt_ids), DecodeResult(tokens=[])
-    while len(result.tokens) < config.max_new_tokens:
+    while len(result.tokens) < config.verification.max_new_tokens:
         # Leave room for the target's own token at the end of the round.
-        proposal = Proposal.start(config, config.max_new_tokens - len(result.tokens) - 1)
+        proposal = Proposal.start(config, config.verification.max_new_tokens - len(result.tokens) - 1)
         block = drafter.propose(recent, seq, proposal, generator, eos_ids, rule, eos_tensor)
         logits = target_lm.forward(torch.cat([unseen(recent, seq, target_lm), block.tokens]),
                                    keep=len(block.tokens) + 1)
@@ -94,14 +94,14 @@ def recent_tokens(config: DecodeConfig) -> int:
     """How much of the sequence's tail a model may not have seen: its last token; the draft's own
     last token after a draft that ran to its limit, all accepted; and one more per round that
     drafted nothing (the budget's last round; under llama.cpp's rule at most min_draft_len)."""
-    return config.gamma_max + 4
+    return config.stopping.gamma_max + 4
 
 
 def read_round(proposal: Proposal, block: Block, accepted: torch.Tensor, target_token: torch.Tensor,
                config: DecodeConfig, eos_ids: frozenset[int]) -> tuple[int, int]:
     """The round's one host sync: the accepted count and the target's token; in verify-side mode
     the draft too, which the host's own rule (`Proposal`) then walks for the round's record."""
-    if config.draft_mode == "early-stop":
+    if config.verification.draft_mode == "early-stop":
         return tuple(fetch(accepted, target_token))
     accepted, target_token, kept, tokens, scores = fetch(accepted, target_token, block.kept, block.tokens,
                                                          block.scores)

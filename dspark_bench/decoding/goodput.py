@@ -175,7 +175,7 @@ def load(path: str) -> GoodputModel:
 
 def rule_for(config) -> GoodputRule:
     """The rule a goodput policy decides with (cached: the engine asks once per drafted token)."""
-    return _rule(config.goodput_model, config.metric, config.batch_size)
+    return _rule(config.stopping.goodput_model, config.stopping.metric, config.batching.batch_size)
 
 
 @functools.lru_cache(maxsize=64)

@@ -13,7 +13,7 @@ for x out of c in all, after a match of m tokens (the n-gram and the tokens draf
     q(x) = c(x) / (c + 1/m),   the rest, (1/m) / (c + 1/m), spread over the unvoted tokens,
 so it rises with the share of occurrences that continued the same way and with the match's
 length: one occurrence of a 1-gram gives top-1 0.5, of a 3-gram 0.75; four agreeing 3-gram
-occurrences 0.92. Every confidence metric (top1, margin, entropy, top-k mass) reads it.
+occurrences 0.92. Every confidence metric (top1, margin, entropy, top-k mass, gini) reads it.
 The drafter itself is deterministic: sampling verifies its token as drawn from a point mass
 (q = one-hot), which the rejection rule keeps lossless (accept x with probability p(x), else
 draw from p without x).

@@ -36,12 +36,12 @@ class Proposal:
 
     @classmethod
     def start(cls, config: DecodeConfig, budget: int, batched: bool = False) -> "Proposal":
-        limit = min(config.gamma_max, budget)
+        limit = min(config.stopping.gamma_max, budget)
         if limit < discards_below(config):
             limit = 0  # llama.cpp does not draft when the budget allows less than --spec-draft-n-min
-        reason = "gamma_max" if limit == config.gamma_max else "budget"
+        reason = "gamma_max" if limit == config.stopping.gamma_max else "budget"
         return cls([], [], [], reason, 0, limit, done=limit <= 0, discard_below=discards_below(config),
-                   batch_decides=batched and config.schedule == "budget")
+                   batch_decides=batched and config.stopping.schedule == "budget")
 
     def cap(self, available: int) -> None:
         """The drafter can propose only `available` tokens this round (heads: its k; lookup: as
@@ -60,7 +60,7 @@ class Proposal:
         self.cumulative *= score
         self.confidences.append(score)
         position = len(self.tokens) + 1
-        if config.schedule in COST_AWARE:
+        if config.stopping.schedule in COST_AWARE:
             rule = row_rule(config)
             self.alpha = alpha = rule.curve(score)
             self.survival *= alpha
@@ -108,6 +108,6 @@ class Proposal:
 def draft_length(config: DecodeConfig, confidences: list[float], budget: int | None = None) -> tuple[int, str]:
     """Drive the schedule with given confidences: (drafted length, stop reason). A helper for
     tests and worked examples (the seed's: 0.9, 0.85, 0.65 at threshold 0.7 drafts 2)."""
-    proposal = Proposal.start(config, config.gamma_max if budget is None else budget)
+    proposal = Proposal.start(config, config.stopping.gamma_max if budget is None else budget)
     proposal.walk(config, [0] * len(confidences), confidences, frozenset())
     return len(proposal.tokens), proposal.stop_reason

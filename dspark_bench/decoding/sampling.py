@@ -19,9 +19,9 @@ def distribution(logits: torch.Tensor, config: DecodeConfig) -> torch.Tensor:
     """
     if config.greedy:
         return torch.softmax(logits.float(), dim=-1)
-    probs = torch.softmax(logits.float() / config.temperature, dim=-1)
-    if config.top_p < 1.0:
-        probs = top_p_filter(probs, config.top_p)
+    probs = torch.softmax(logits.float() / config.verification.temperature, dim=-1)
+    if config.verification.top_p < 1.0:
+        probs = top_p_filter(probs, config.verification.top_p)
     return probs
 
 
@@ -38,7 +38,7 @@ def make_generator(config: DecodeConfig, device: torch.device | str, seed: int |
     """The sampling generator of one decode, seeded by `seed` (default: the config's)."""
     if config.greedy:
         return None
-    return torch.Generator(device=device).manual_seed(config.seed if seed is None else seed)
+    return torch.Generator(device=device).manual_seed(config.verification.seed if seed is None else seed)
 
 
 def pick(logits: torch.Tensor, probs: torch.Tensor | None, config: DecodeConfig, generator) -> torch.Tensor:

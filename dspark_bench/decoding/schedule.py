@@ -5,7 +5,7 @@ confidence c_i. `keeps` says whether that token passes. Under our semantics the 
 the rule is DROPPED (the seed's example: confidences 0.9, 0.85, 0.65 at threshold 0.7 give a
 draft of length 2), positions <= min_draft_len are always kept, and position gamma_max is the last.
 
-The engines people deploy mean other things by the same knobs (config.semantics), and each is
+The engines people deploy mean other things by the same knobs (config.stopping.semantics), and each is
 replayed and run exactly:
   "hf"        HF assisted generation KEEPS the failing token, then stops (0.9, 0.85, 0.65 → 3);
   "llamacpp"  llama.cpp drops it, keeps no position unconditionally, and DISCARDS a draft shorter
@@ -28,29 +28,30 @@ from dspark_bench.decoding.exact import running
 
 def threshold_at(config: DecodeConfig, position: int) -> float:
     """The confidence a token at this draft position must reach to be kept."""
-    if config.schedule == "fixed":
+    if config.stopping.schedule == "fixed":
         return 0.0
-    if config.schedule == "ramp":
-        if config.gamma_max == 1:
-            return config.threshold_start
-        frac = (position - 1) / (config.gamma_max - 1)
-        return config.threshold_start + frac * (config.threshold_end - config.threshold_start)
-    return config.threshold  # "threshold" and "cumulative"
+    if config.stopping.schedule == "ramp":
+        if config.stopping.gamma_max == 1:
+            return config.stopping.threshold_start
+        frac = (position - 1) / (config.stopping.gamma_max - 1)
+        start, end = config.stopping.threshold_start, config.stopping.threshold_end
+        return start + frac * (end - start)
+    return config.stopping.threshold  # "threshold" and "cumulative"
 
 
 def keeps_failing(config: DecodeConfig) -> bool:
     """Whether the token that fails the rule stays in the draft (which then stops)."""
-    return config.semantics == "hf" or config.schedule in COST_AWARE
+    return config.stopping.semantics == "hf" or config.stopping.schedule in COST_AWARE
 
 
 def forced(config: DecodeConfig) -> int:
     """Draft positions kept whatever their confidence (none under llama.cpp's rule)."""
-    return 0 if config.semantics == "llamacpp" else config.min_draft_len
+    return 0 if config.stopping.semantics == "llamacpp" else config.stopping.min_draft_len
 
 
 def discards_below(config: DecodeConfig) -> int:
     """A draft shorter than this is thrown away before verification (llama.cpp's --spec-draft-n-min)."""
-    return config.min_draft_len if config.semantics == "llamacpp" else 0
+    return config.stopping.min_draft_len if config.stopping.semantics == "llamacpp" else 0
 
 
 def keeps(config: DecodeConfig, position: int, confidence: float, cumulative: float) -> bool:
@@ -61,7 +62,7 @@ def keeps(config: DecodeConfig, position: int, confidence: float, cumulative: fl
     """
     if position <= forced(config):
         return True
-    signal = cumulative if config.schedule == "cumulative" else confidence
+    signal = cumulative if config.stopping.schedule == "cumulative" else confidence
     return signal >= threshold_at(config, position)
 
 
@@ -74,12 +75,12 @@ class DeviceRule:
 
     def __init__(self, config: DecodeConfig, device: torch.device):
         self.config = config
-        gamma = config.gamma_max
+        gamma = config.stopping.gamma_max
         thresholds = [threshold_at(config, k) for k in range(1, gamma + 1)]
         self.thresholds = torch.tensor(thresholds, dtype=torch.float64, device=device)
         self.position = torch.arange(1, gamma + 1, device=device)
         self.goodput = None
-        if config.schedule in COST_AWARE:  # budget alone is goodput's rule (budget.py)
+        if config.stopping.schedule in COST_AWARE:  # budget alone is goodput's rule (budget.py)
             self.goodput = row_rule(config).on_device(device, gamma)
 
     def kept(self, scores: torch.Tensor, tokens: torch.Tensor, eos: torch.Tensor) -> torch.Tensor:
@@ -89,7 +90,7 @@ class DeviceRule:
             passes = self.goodput.continues(scores)
         else:
             signal = scores.double()
-            if config.schedule == "cumulative":
+            if config.stopping.schedule == "cumulative":
                 signal = running(signal, torch.mul)
             passes = signal >= self.thresholds[:n]
         passes = passes | (self.position[:n] <= forced(config))
@@ -105,23 +106,23 @@ class DeviceRule:
 def expressible(config: DecodeConfig, fmt: str) -> list[str]:
     """Why `fmt` cannot run `config` exactly (empty: it can)."""
     why = []
-    if config.batch_quorum > 0:
+    if config.stopping.batch_quorum > 0:
         why.append("a batch quorum")
     if fmt in ("vllm", "sglang", "trtllm"):
-        if config.schedule != "fixed":
-            why.append(f"a {config.schedule} schedule (it drafts a fixed length)")
+        if config.stopping.schedule != "fixed":
+            why.append(f"a {config.stopping.schedule} schedule (it drafts a fixed length)")
         return why
-    if config.schedule == "fixed":
+    if config.stopping.schedule == "fixed":
         return why
-    if config.schedule != "threshold":
-        why.append(f"a {config.schedule} schedule (it has one threshold)")
-    if config.metric != "top1":
-        why.append(f"the {config.metric} metric (its threshold is on the top-1 probability)")
+    if config.stopping.schedule != "threshold":
+        why.append(f"a {config.stopping.schedule} schedule (it has one threshold)")
+    if config.stopping.metric != "top1":
+        why.append(f"the {config.stopping.metric} metric (its threshold is on the top-1 probability)")
     if fmt == "hf":
-        if config.semantics != "hf":
+        if config.stopping.semantics != "hf":
             why.append("our rule (HF keeps the token that fails the threshold)")
-        if config.min_draft_len > 0:
+        if config.stopping.min_draft_len > 0:
             why.append("a minimum draft length")
-    elif config.semantics != "llamacpp":
+    elif config.stopping.semantics != "llamacpp":
         why.append("our rule (llama.cpp drops a failing token and discards drafts below --spec-draft-n-min)")
     return why

@@ -50,9 +50,9 @@ def check_policy(configs: list[DecodeConfig]) -> DecodeConfig:
         raise DsparkError(f"--decoder llamacpp runs one policy; this run has {len(configs)} (one --threshold, "
                           "--gamma-max, --min-draft-len each)")
     config = configs[0]
-    if config.drafter != "model":
-        raise DsparkError(f"--decoder llamacpp drafts with the draft model, not {config.drafter}")
-    if config.batch_size != 1:
+    if config.drafting.drafter != "model":
+        raise DsparkError(f"--decoder llamacpp drafts with the draft model, not {config.drafting.drafter}")
+    if config.batching.batch_size != 1:
         raise DsparkError("--decoder llamacpp runs at batch size 1 (one server slot)")
     if not config.greedy:
         raise DsparkError("--decoder llamacpp compares greedy outputs: drop --temperature")
@@ -104,7 +104,7 @@ def execute_llamacpp(config: RunConfig, out: Path, progress=None, say=None, serv
     target_file = cached_gguf(pair.target, pair.tokenizer, pair.fingerprints[0], gguf_dtype)
     draft_file = cached_gguf(pair.draft, pair.tokenizer, pair.fingerprints[1], gguf_dtype)
     flags = llamacpp_flags(policy, str(draft_file), version)
-    context = max(len(ids) for ids in prompt_ids) + policy.max_new_tokens + policy.gamma_max + 8
+    context = max(len(ids) for ids in prompt_ids) + policy.verification.max_new_tokens + policy.stopping.gamma_max + 8
     threads = config.threads or None
     with stopped_on_sigterm(), ExitStack() as servers:
         plain = servers.enter_context(LlamaServer(binary, target_file, [], threads, context, port, "llama-server (plain)"))
@@ -130,7 +130,7 @@ def served(plain: LlamaServer, spec: LlamaServer, prompts, prompt_ids, policy: D
            progress=None) -> pd.DataFrame:
     """Each prompt on both servers, interleaved (A B, then B A); one row per prompt, medians of the times."""
     for server in (plain, spec):  # warm-up: the first request pays for allocations
-        server.complete(prompt_ids[0], policy.max_new_tokens)
+        server.complete(prompt_ids[0], policy.verification.max_new_tokens)
     rows = []
     for p, (prompt, ids) in enumerate(zip(prompts, prompt_ids)):
         answers = {"plain": [], "spec": []}
@@ -138,7 +138,7 @@ def served(plain: LlamaServer, spec: LlamaServer, prompts, prompt_ids, policy: D
             order = ("plain", "spec") if (repeat + p) % 2 == 0 else ("spec", "plain")
             for side in order:
                 server = plain if side == "plain" else spec
-                answers[side].append(server.complete(ids, policy.max_new_tokens))
+                answers[side].append(server.complete(ids, policy.verification.max_new_tokens))
         rows.append(prompt_row(prompt, answers))
         if progress:
             progress()
@@ -173,8 +173,8 @@ def side_by_side(pair, prompt_ids, policy: DecodeConfig, eos, rows: pd.DataFrame
                  tokenized: list[bool], progress=None) -> pd.DataFrame:
     """Per prompt and overall: llama.cpp's acceptance and rounds beside replay's, and who matches the target."""
     targets = [autoregressive_decode(pair.target, ids, policy, eos).tokens for ids in prompt_ids]
-    rec = record(pair, prompt_ids, policy.max_new_tokens, policy.gamma_max, eos_ids=eos, continuations=targets,
-                 progress=progress)
+    rec = record(pair, prompt_ids, policy.verification.max_new_tokens, policy.stopping.gamma_max, eos_ids=eos,
+                 continuations=targets, progress=progress)
     predicted = simulate(rec, policy)
     rows["identical_to_target"] = [list(t) == list(g) for t, g in zip(rows["tokens"], targets)]
     rows["plain_identical_to_target"] = [list(t) == list(g) for t, g in zip(rows["plain_tokens"], targets)]

@@ -46,7 +46,7 @@ class Calibration:
 
     @property
     def batch_size(self) -> int:
-        return self.global_policy.batch_size
+        return self.global_policy.batching.batch_size
 
     def for_batch_size(self, batch_size: int) -> "Calibration":
         """The calibration made at the batch size nearest `batch_size` (the smaller on a tie):
@@ -70,7 +70,7 @@ class Calibration:
             policy = self.global_policy
         if base is None:
             return policy
-        return base.replace(**{name: getattr(policy, name) for name in POLICY_FIELDS})
+        return base.replace(**{name: policy.to_dict()[name] for name in POLICY_FIELDS})
 
     def configs_for(self, prompts: list[Prompt], strict: bool = False,
                     base: DecodeConfig | None = None) -> list[DecodeConfig]:
@@ -130,11 +130,12 @@ def parse_calibration(data: object, where: str = "calibration") -> Calibration:
         if not isinstance(part, dict) or "global" not in part or "domains" not in part:
             raise DsparkError(f"{here}: must be a mapping with global and domains")
         policy, policies = _policies(part["global"], part["domains"], here)
-        if str(policy.batch_size) != str(size):
-            raise DsparkError(f"{here}: its global policy has batch_size {policy.batch_size}")
-        if policy.batch_size == global_policy.batch_size or policy.batch_size in by_batch_size:
-            raise DsparkError(f"{here}: batch size {policy.batch_size} is calibrated twice")
-        by_batch_size[policy.batch_size] = Calibration(policy, policies, models, str(data.get("objective", "speedup")))
+        batch_size = policy.batching.batch_size
+        if str(batch_size) != str(size):
+            raise DsparkError(f"{here}: its global policy has batch_size {batch_size}")
+        if batch_size == global_policy.batching.batch_size or batch_size in by_batch_size:
+            raise DsparkError(f"{here}: batch size {batch_size} is calibrated twice")
+        by_batch_size[batch_size] = Calibration(policy, policies, models, str(data.get("objective", "speedup")))
     return Calibration(global_policy, domains, models, str(data.get("objective", "speedup")), data=data,
                        by_batch_size=by_batch_size)
 

@@ -53,16 +53,17 @@ class ModelPair:
         return heads.load(path, self.target)
 
     def drafter_for(self, config) -> object:
-        """What `config.drafter` drafts with (engine.speculative_decode's `draft`)."""
-        return {"model": lambda: self.draft, "heads": lambda: self.heads, "lookup": lambda: None}[config.drafter]()
+        """What `config.drafting.drafter` drafts with (engine.speculative_decode's `draft`)."""
+        return {"model": lambda: self.draft, "heads": lambda: self.heads, "lookup": lambda: None}[config.drafting.drafter]()
 
-    def drafter_fingerprint(self, config) -> str:
-        """Identifies what drafts: the draft model, the heads' weights, or lookup and its knobs."""
-        if config.drafter == "model":
+    def drafter_fingerprint(self, drafting) -> str:
+        """Identifies what drafts (a config.Drafting): the draft model, the heads' weights, or
+        lookup and its knobs."""
+        if drafting.drafter == "model":
             return self.fingerprints[1]
-        if config.drafter == "heads":
+        if drafting.drafter == "heads":
             return "heads:" + model_fingerprint(self.heads, with_config=False)
-        return f"lookup:{config.ngram_min}-{config.ngram_max}"
+        return f"lookup:{drafting.ngram_min}-{drafting.ngram_max}"
 
     @property
     def eos_ids(self) -> frozenset[int]:

@@ -25,7 +25,7 @@ PROBE_TOKENS = 16
 def seconds_per_token(pair, prompt_ids: list[int]) -> float:
     """The target's plain decoding time per token here: median of three short decodes."""
 
-    config = DecodeConfig(max_new_tokens=PROBE_TOKENS)
+    config = DecodeConfig.of(max_new_tokens=PROBE_TOKENS)
     times = []
     for _ in range(3):
         synchronize(pair.device)

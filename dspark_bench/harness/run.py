@@ -34,29 +34,29 @@ class RunConfig(Workload):
     policies it decodes."""
 
     # --- the policy grid: every combination of these lists runs (config.expand) ...
-    metric: tuple[str, ...] = (DEFAULTS.metric,)
-    schedule: tuple[str, ...] = (DEFAULTS.schedule,)
-    threshold: tuple[float, ...] = (DEFAULTS.threshold,)
-    gamma_max: tuple[int, ...] = (DEFAULTS.gamma_max,)
-    min_draft_len: tuple[int, ...] = (DEFAULTS.min_draft_len,)
-    semantics: tuple[str, ...] = (DEFAULTS.semantics,)  # whose rule: ours, HF's (keeps the failing token), llama.cpp's
+    metric: tuple[str, ...] = (DEFAULTS.stopping.metric,)
+    schedule: tuple[str, ...] = (DEFAULTS.stopping.schedule,)
+    threshold: tuple[float, ...] = (DEFAULTS.stopping.threshold,)
+    gamma_max: tuple[int, ...] = (DEFAULTS.stopping.gamma_max,)
+    min_draft_len: tuple[int, ...] = (DEFAULTS.stopping.min_draft_len,)
+    semantics: tuple[str, ...] = (DEFAULTS.stopping.semantics,)  # whose rule: ours, HF's (keeps the failing token), llama.cpp's
     # where the rule cuts drafts ("early-stop" and/or "verify-side", each a policy of its own here)
-    draft_mode: tuple[str, ...] = (DEFAULTS.draft_mode,)
+    draft_mode: tuple[str, ...] = (DEFAULTS.verification.draft_mode,)
     # what drafts (drafters.py): the draft model, the target's heads, prompt lookup; each a policy
     # of its own here. Lookup matches n-grams of ngram_max down to ngram_min tokens.
-    drafter: tuple[str, ...] = (DEFAULTS.drafter,)
+    drafter: tuple[str, ...] = (DEFAULTS.drafting.drafter,)
     # --- ... each at every batch size (requests decoded together; B > 1 through the batched
     # engine, padded layout, refilled or drained as `batching` says)
-    batch_sizes: tuple[int, ...] = (DEFAULTS.batch_size,)
+    batch_sizes: tuple[int, ...] = (DEFAULTS.batching.batch_size,)
     # --- the grid's other knobs, one value each
-    goodput_model: str = DEFAULTS.goodput_model  # the goodput schedule's model: a replay sweep's folder or its goodput_model.json
-    budget_layout: str = DEFAULTS.budget_layout  # budget schedule: the layout it prices passes in (the engine runs padded)
-    signal_model: str = DEFAULTS.signal_model  # metric learned: its fitted signal, a replay sweep's folder or its learned_signal.json
-    threshold_start: float = DEFAULTS.threshold_start  # ramp schedule: threshold at draft position 1 ...
-    threshold_end: float = DEFAULTS.threshold_end  # ... rising to this at gamma_max
-    ngram_min: int = DEFAULTS.ngram_min
-    ngram_max: int = DEFAULTS.ngram_max
-    compiled: bool = DEFAULTS.compiled  # compiled steps with a static cache (batch size 1)
+    goodput_model: str = DEFAULTS.stopping.goodput_model  # the goodput schedule's model: a replay sweep's folder or its goodput_model.json
+    budget_layout: str = DEFAULTS.stopping.budget_layout  # budget schedule: the layout it prices passes in (the engine runs padded)
+    signal_model: str = DEFAULTS.stopping.signal_model  # metric learned: its fitted signal, a replay sweep's folder or its learned_signal.json
+    threshold_start: float = DEFAULTS.stopping.threshold_start  # ramp schedule: threshold at draft position 1 ...
+    threshold_end: float = DEFAULTS.stopping.threshold_end  # ... rising to this at gamma_max
+    ngram_min: int = DEFAULTS.drafting.ngram_min
+    ngram_max: int = DEFAULTS.drafting.ngram_max
+    compiled: bool = DEFAULTS.verification.compiled  # compiled steps with a static cache (batch size 1)
     # ... unless `policies` lists whole DecodeConfig dicts (a re-run of a run whose policies
     # were not a grid: a calibration's, a benchmark's chosen few)
     policies: tuple[dict, ...] | None = None
@@ -85,7 +85,7 @@ class RunConfig(Workload):
             return [from_dict({**policy, "batch_size": b, "max_new_tokens": policy.get("max_new_tokens", tokens),
                                **({"compiled": True} if self.compiled else {})})
                     for policy in self.policies for b in sizes(policy)]
-        base = DecodeConfig(threshold_start=self.threshold_start, threshold_end=self.threshold_end, topk=self.topk,
+        base = DecodeConfig.of(threshold_start=self.threshold_start, threshold_end=self.threshold_end, topk=self.topk,
                             temperature=self.temperature, top_p=self.top_p, max_new_tokens=tokens, seed=self.seed,
                             goodput_model=self.goodput_model, budget_layout=self.budget_layout,
                             signal_model=self.signal_model, compiled=self.compiled, ngram_min=self.ngram_min,
@@ -122,9 +122,10 @@ def check(config: RunConfig) -> None:
     if config.policies is not None and not config.policies:
         raise DsparkError("the run lists no policy to decode")
     configs = config.decode_configs()  # every policy of the grid is valid (one clear line if not)
-    if config.decoder == "hf" and any(c.compiled or c.draft_mode != "early-stop" for c in configs):
+    if config.decoder == "hf" and any(c.verification.compiled or c.verification.draft_mode != "early-stop"
+                                      for c in configs):
         raise DsparkError("--decoder hf runs HF's own generate loop: drop --compile and --draft-mode")
-    if config.decoder == "hf" and any(c.drafter != "model" for c in configs):
+    if config.decoder == "hf" and any(c.drafting.drafter != "model" for c in configs):
         raise DsparkError("--decoder hf runs HF's assisted generation with the draft model: drop --drafter")
     if config.decoder == "hf":
         for c in configs:
@@ -133,11 +134,11 @@ def check(config: RunConfig) -> None:
                                   f"{'; '.join(expressible(c, 'hf'))}); use --metric top1 --min-draft-len 0 "
                                   "--semantics hf, or --schedule fixed")
     for c in configs:  # the model exists, reads, and has the metric: before any model loads
-        if c.schedule in COST_AWARE:
+        if c.stopping.schedule in COST_AWARE:
             row_rule(c)
-        if c.schedule == "budget":
+        if c.stopping.schedule == "budget":
             budget.rule_for(c)  # and times the policy's batch size
-    for signal_model in {c.signal_model for c in configs if c.metric == LEARNED}:
+    for signal_model in {c.stopping.signal_model for c in configs if c.stopping.metric == LEARNED}:
         learned_signal.load(signal_model)  # a missing or broken file fails here, before any model loads
 
 
@@ -233,9 +234,9 @@ def plan_run(config: RunConfig) -> Planned:
     if config.calibration is not None:
         configs, assignment = calibrated_configs(config.calibration, prompts, configs)
     pair = load_pair(config.target, config.draft, config.device, config.dtype, config.heads,
-                     drafters={c.drafter for c in configs})
+                     drafters={c.drafting.drafter for c in configs})
     check_learned_models(pair, configs)
-    if any(c.drafter == "heads" for c in configs):
+    if any(c.drafting.drafter == "heads" for c in configs):
         pair.heads  # noqa: B018 — load (and check) the heads before anything runs
     if config.calibration is not None:
         load_calibration(config.calibration).check_models(pair.describe())
@@ -244,7 +245,7 @@ def plan_run(config: RunConfig) -> Planned:
 
 def check_learned_models(pair, configs: list[DecodeConfig]) -> None:
     """A learned signal decodes only with the models it was fitted on, and in float64 (not on MPS)."""
-    files = {c.signal_model for c in configs if c.metric == LEARNED}
+    files = {c.stopping.signal_model for c in configs if c.stopping.metric == LEARNED}
     if files and pair.device.type == "mps":
         raise DsparkError("the learned metric computes in float64, which MPS lacks: use --device cpu, or another metric")
     for path in files:
@@ -263,7 +264,7 @@ def calibrated_configs(path, prompts: list[Prompt], bases: list[DecodeConfig]) -
     configs: list[DecodeConfig] = []
     assignment: list[list[int]] = [[] for _ in prompts]
     for base in bases:
-        per_prompt = calibration.for_batch_size(base.batch_size).configs_for(prompts, base=base)
+        per_prompt = calibration.for_batch_size(base.batching.batch_size).configs_for(prompts, base=base)
         for assigned, config in zip(assignment, per_prompt):
             if config not in configs:
                 configs.append(config)
@@ -314,6 +315,6 @@ def decode_once(text: str, config: DecodeConfig, target: str | None = None, draf
 
     if calibration is not None:
         config = load_calibration(calibration).policy_for(domain or "", strict=domain is not None, base=config)
-    pair = load_pair(target, draft, device, dtype, heads, drafters={config.drafter})
+    pair = load_pair(target, draft, device, dtype, heads, drafters={config.drafting.drafter})
     ids = encode(pair.tokenizer, text, chat_template)
     return pair, config, speculative_decode(pair.target, pair.drafter_for(config), ids, config, pair.eos_ids)

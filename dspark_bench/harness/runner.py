@@ -81,7 +81,7 @@ def sample_row(result: DecodeResult, config: DecodeConfig) -> dict:
     accepted = np.array([r.accepted for r in result.rounds], dtype=np.int64)
     emitted = np.array([r.emitted for r in result.rounds], dtype=np.int64)
     totals = round_totals(drafted, accepted, emitted, [r.stop_reason for r in result.rounds])
-    position_drafted, position_accepted = position_acceptance(drafted, accepted, config.gamma_max)
+    position_drafted, position_accepted = position_acceptance(drafted, accepted, config.stopping.gamma_max)
     new_tokens = len(result.tokens)
     return {
         **totals,
@@ -137,11 +137,11 @@ def warm_up(pair: ModelPair, prompts: list[Prompt], configs: list[DecodeConfig],
     if not prompts:
         return
     ids = encode(pair.tokenizer, prompts[0].text, settings.chat_template)
-    short = configs[0].replace(max_new_tokens=min(16, configs[0].max_new_tokens))
+    short = configs[0].replace(max_new_tokens=min(16, configs[0].verification.max_new_tokens))
     for _ in range(settings.warmup):
         measure(pair, ids, short, repeats=1, eos=settings.eos_ids(pair), decode=settings.speculative())
-    if any(c.compiled for c in configs):
-        warm_compiled_steps(pair, prompts, [c for c in configs if c.compiled], settings)
+    if any(c.verification.compiled for c in configs):
+        warm_compiled_steps(pair, prompts, [c for c in configs if c.verification.compiled], settings)
 
 
 def warm_compiled_steps(pair: ModelPair, prompts: list[Prompt], configs: list[DecodeConfig],
@@ -151,8 +151,8 @@ def warm_compiled_steps(pair: ModelPair, prompts: list[Prompt], configs: list[De
     long as the run's longest decode, then one whole decode — before any clock runs."""
 
     longest_prompt = max(len(encode(pair.tokenizer, p.text, settings.chat_template)) for p in prompts)
-    capacity = longest_prompt + max(c.max_new_tokens + c.gamma_max + 1 for c in configs)
-    shapes = decode_shapes(max(c.gamma_max for c in configs))
+    capacity = longest_prompt + max(c.verification.max_new_tokens + c.stopping.gamma_max + 1 for c in configs)
+    shapes = decode_shapes(max(c.stopping.gamma_max for c in configs))
     warm_compiled(pair.target, shapes["target"], capacity)
     warm_compiled(pair.draft, shapes["draft"], capacity, role="draft")
     ids = encode(pair.tokenizer, prompts[0].text, settings.chat_template)
@@ -169,13 +169,13 @@ def iter_samples(
     Every prompt runs every config, unless `assignment` gives each prompt its configs' indexes
     (per-domain calibrated policies).
     """
-    single = [c for c in configs if c.batch_size == 1]
+    single = [c for c in configs if c.batching.batch_size == 1]
     if single:
         warm_up(pair, prompts, single, settings)
     measured = 0
     for index, prompt in enumerate(prompts):
         for config_id, config in enumerate(configs):
-            if config.batch_size > 1 or (assignment is not None and config_id not in assignment[index]):
+            if config.batching.batch_size > 1 or (assignment is not None and config_id not in assignment[index]):
                 continue
             history: list[tuple[str, str]] = []
             for turn, text in enumerate(conversation(prompt, settings)):
@@ -199,7 +199,7 @@ def measure_batched(pair: ModelPair, prompt_ids: list[list[int]], config: Decode
     steps first alternates by repeat): (baseline requests, speculative requests, per-prompt
     median time shares of each side)."""
 
-    eos, refill, B = settings.eos_ids(pair), settings.batching == "refill", config.batch_size
+    eos, refill, B = settings.eos_ids(pair), settings.batching == "refill", config.batching.batch_size
     base_times, spec_times = [], []
     for repeat in range(settings.repeats):
         decoders = [autoregressive_serving(pair.target, prompt_ids, config, B, eos, refill),
@@ -217,14 +217,14 @@ def iter_batched(pair: ModelPair, prompts: list[Prompt], configs: list[DecodeCon
     both sides on the same batches; a row's times are its shares of the batched runs' wall time."""
     warmed = set()
     for config_id, config in enumerate(configs):
-        if config.batch_size == 1:
+        if config.batching.batch_size == 1:
             continue
         chosen = [p for i, p in enumerate(prompts) if assignment is None or config_id in assignment[i]]
         ids = [encode(pair.tokenizer, p.text, settings.chat_template) for p in chosen]
-        if config.batch_size not in warmed and ids and settings.warmup > 0:
-            short = config.replace(max_new_tokens=min(16, config.max_new_tokens))
-            measure_batched(pair, ids[: config.batch_size], short, dataclasses.replace(settings, repeats=1))
-            warmed.add(config.batch_size)
+        if config.batching.batch_size not in warmed and ids and settings.warmup > 0:
+            short = config.replace(max_new_tokens=min(16, config.verification.max_new_tokens))
+            measure_batched(pair, ids[: config.batching.batch_size], short, dataclasses.replace(settings, repeats=1))
+            warmed.add(config.batching.batch_size)
         if not ids:
             continue
         baselines, specs, base_times, spec_times = measure_batched(pair, ids, config, settings, offset=config_id)
@@ -328,10 +328,10 @@ def say_plan(pair: ModelPair, prompts: list[Prompt], configs: list[DecodeConfig]
     if not prompts:
         return None
     per_token = seconds_per_token(pair, encode(pair.tokenizer, prompts[0].text, settings.chat_template))
-    tokens = max(c.max_new_tokens for c in configs)
+    tokens = max(c.verification.max_new_tokens for c in configs)
     plan, seconds = run_plan(per_token, len(prompts), planned_samples(prompts, configs, settings, assignment),
                              len(configs), tokens, settings.repeats)
-    if any(c.compiled for c in configs):
+    if any(c.verification.compiled for c in configs):
         say(plan + ", after compiling every step it feeds (not in the estimate)")
         return None  # compiling is not in the estimate: nothing to hold the wall time to
     say(plan)

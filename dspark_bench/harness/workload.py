@@ -36,11 +36,11 @@ class Workload:
     turns: str = "first"  # multi-turn prompts: "first" turn, or "all" on the model's own answers
     chat_template: str = "auto"  # auto: the tokenizer's chat template where it has one | none
     # --- verification and lengths
-    temperature: float = DEFAULTS.temperature  # 0: greedy; > 0: lossless rejection sampling
-    top_p: float = DEFAULTS.top_p  # nucleus filter, target and draft alike
-    topk: int = DEFAULTS.topk  # k of the topk_mass metric
+    temperature: float = DEFAULTS.verification.temperature  # 0: greedy; > 0: lossless rejection sampling
+    top_p: float = DEFAULTS.verification.top_p  # nucleus filter, target and draft alike
+    topk: int = DEFAULTS.stopping.topk  # k of the topk_mass metric
     max_new_tokens: int | None = None  # None: the task's own, else DEFAULT_MAX_NEW_TOKENS
-    seed: int = DEFAULTS.seed  # seeds each decode's sampling generator
+    seed: int = DEFAULTS.verification.seed  # seeds each decode's sampling generator
     ignore_eos: bool = False  # timing only: every sequence exactly max_new_tokens long
     # --- timing
     repeats: int = 1  # timed baseline/speculative pairs per prompt and policy (medians kept)

@@ -194,7 +194,7 @@ def predict_batched(rec: Record, configs: list[DecodeConfig], surface: CostSurfa
                     refill: bool = True) -> pd.DataFrame:
     """Per policy, at its own batch_size: predicted seconds and speedup, padded and packed, and
     the batched baseline's predicted seconds."""
-    deepest = max(c.gamma_max for c in configs)
+    deepest = max(c.stopping.gamma_max for c in configs)
     if min(len(m.t_verify) for m in surface.models.values()) <= deepest:
         raise DsparkError(f"the cost surface times drafts shorter than gamma_max {deepest}; measure it again")
     matches, eos = match_lengths(rec).astype(np.int64), eos_positions(rec).astype(np.int64)
@@ -202,7 +202,7 @@ def predict_batched(rec: Record, configs: list[DecodeConfig], surface: CostSurfa
     signals, signal_of = _signals(rec, configs)
     thresholds = _thresholds(configs, rec.gamma_record)
     # A learned policy's draft steps cost what its signal adds too (CostModel.t_learned).
-    tables = {(b, learned): surface.tables(b, learned) for b, learned in {(c.batch_size, c.metric == "learned") for c in configs}}
+    tables = {(b, learned): surface.tables(b, learned) for b, learned in {(c.batching.batch_size, c.stopping.metric == "learned") for c in configs}}
     # Each request's prefill (its prompt but the last token), batch 1, as the batched engine does.
     alone = surface.at(min(surface.models))
     prompt = np.maximum(np.asarray(rec.info.get("prompt_tokens", [1] * len(lengths)), dtype=np.float64) - 1, 0)
@@ -215,20 +215,20 @@ def predict_batched(rec: Record, configs: list[DecodeConfig], surface: CostSurfa
     order = sorted(range(len(configs)), key=lambda c: (signal_of[c], forced_steps[c], keep[c], tuple(thresholds[c])))
     for c in order:
         config = configs[c]
-        draft, verify = tables[(config.batch_size, config.metric == "learned")]
-        if config.schedule == "budget":  # its rows decide together: a walk of its own
+        draft, verify = tables[(config.batching.batch_size, config.stopping.metric == "learned")]
+        if config.stopping.schedule == "budget":  # its rows decide together: a walk of its own
             rows.append({"config_id": c, **walk_budget(rec, config, draft, verify, prefill_spec, refill, matches, eos)[0],
-                         "predicted_baseline_time": baseline[config.batch_size]})
+                         "predicted_baseline_time": baseline[config.batching.batch_size]})
             continue
         key = (signal_of[c], forced_steps[c], keep[c], tuple(thresholds[c]))
         if key != last_key:  # policies that stop at the same draft steps share one failure table
             _first_failures(signals[signal_of[c]], thresholds[c], forced_steps[c], keep[c], eos, fail)
             last_key = key
-        padded, packed = _walk_batched(fail, config.gamma_max, forced_steps[c], discard_below[c], config.batch_quorum, matches,
-                                       lengths, rec.max_new_tokens, config.batch_size, refill, draft, verify,
+        padded, packed = _walk_batched(fail, config.stopping.gamma_max, forced_steps[c], discard_below[c], config.stopping.batch_quorum, matches,
+                                       lengths, rec.max_new_tokens, config.batching.batch_size, refill, draft, verify,
                                        prefill_spec)
         rows.append({"config_id": c, "predicted_time": padded, "predicted_time_packed": packed,
-                     "predicted_baseline_time": baseline[config.batch_size]})
+                     "predicted_baseline_time": baseline[config.batching.batch_size]})
     table = pd.DataFrame(rows).sort_values("config_id").reset_index(drop=True)
     table["predicted_speedup"] = table["predicted_baseline_time"] / table["predicted_time"]
     table["predicted_speedup_packed"] = table["predicted_baseline_time"] / table["predicted_time_packed"]
@@ -245,8 +245,8 @@ def walk_budget(rec: Record, config: DecodeConfig, draft: np.ndarray, verify: np
     matches = match_lengths(rec).astype(np.int64) if matches is None else matches
     eos = eos_positions(rec).astype(np.int64) if eos is None else eos
     drafted_at, counts = np.full(matches.shape, -1, dtype=np.int64), np.zeros(5, dtype=np.int64)
-    padded, packed = _walk_budget(alpha, eos, matches, rec.lengths.astype(np.int64), rec.max_new_tokens, config.gamma_max,
-                                  config.min_draft_len, config.batch_size, refill, rule.packed, rule.t_draft, rule.t_verify,
+    padded, packed = _walk_budget(alpha, eos, matches, rec.lengths.astype(np.int64), rec.max_new_tokens, config.stopping.gamma_max,
+                                  config.stopping.min_draft_len, config.batching.batch_size, refill, rule.packed, rule.t_draft, rule.t_verify,
                                   draft, verify, prefill, drafted_at, counts)
     totals = dict(zip(TOTALS, counts.tolist()))
     return {"predicted_time": padded, "predicted_time_packed": packed, **totals}, drafted_at

@@ -70,7 +70,8 @@ def drafted(rec) -> Tokens:
     signals = inputs(rec)
     # The very transforms the signal applies in the engine (learned_signal.features), and the position one-hot.
     columns = [value[used] for value in learned_signal.features(signals)]
-    raw = {m: rec.confidences[m][used].astype(np.float64) for m in SHOWN}
+    # A record made before a signal existed (gini) lacks it: the comparison shows those it holds.
+    raw = {m: rec.confidences[m][used].astype(np.float64) for m in SHOWN if m in rec.confidences}
     columns += [np.broadcast_to(k == g, (P, N, G))[used].astype(np.float64) for g in range(G)]
     return Tokens(np.stack(columns, axis=1), learned_signal.feature_names(G), accepted_steps(matches, G)[used],
                   np.broadcast_to(np.arange(P)[:, None, None], used.shape)[used], raw)

@@ -9,6 +9,7 @@ and prompts' fingerprints and how it was made) and refused for other models or p
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +18,7 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
-from dspark_bench.config import DecodeConfig
+from dspark_bench.config import DecodeConfig, Drafting
 from dspark_bench.decoding import confidence, lookup
 from dspark_bench.decoding.autoregressive import autoregressive_decode
 from dspark_bench.decoding.cached_lm import _forward_kwargs
@@ -183,7 +184,7 @@ def lookup_continuations(sequence: list[int], prompt_len: int, positions: int, s
     return tokens, scores, available
 
 
-def drafter_proposals(pair, drafter: DecodeConfig, sequence: list[int], prompt_len: int, positions: int, steps: int,
+def drafter_proposals(pair, drafter: Drafting, sequence: list[int], prompt_len: int, positions: int, steps: int,
                       topk: int):
     """(tokens [j, k], scores per metric, available [j]) of `drafter.drafter` at every position."""
     if drafter.drafter == "heads":
@@ -214,15 +215,15 @@ def context_features(sequence: list[int], prompt_len: int, tokens: np.ndarray) -
 
 def record(pair, prompt_ids: list[list[int]], max_new_tokens: int, gamma_record: int, topk: int = 5,
            info: dict | None = None, progress=None, eos_ids: frozenset[int] | None = None,
-           drafter: DecodeConfig | None = None, continuations: list[list[int]] | None = None) -> Record:
+           drafter: Drafting | None = None, continuations: list[list[int]] | None = None) -> Record:
     """Record the target's greedy continuation and the drafter's proposals for every prompt.
 
     `eos_ids` end a sequence (default: the pair's; empty when a run ignores EOS); `drafter`: a
     config naming the drafter and its knobs (default: the draft model); `continuations`: the
     target's greedy continuations, where another record of the same prompts has them already."""
     eos_ids = pair.eos_ids if eos_ids is None else frozenset(eos_ids)
-    config = DecodeConfig(max_new_tokens=max_new_tokens)
-    drafter = drafter or config
+    config = DecodeConfig.of(max_new_tokens=max_new_tokens)
+    drafter = drafter or Drafting()
     P, N, G = len(prompt_ids), max_new_tokens, gamma_record
     continuation = np.full((P, N), -1, dtype=np.int64)
     lengths = np.zeros(P, dtype=np.int64)
@@ -243,5 +244,5 @@ def record(pair, prompt_ids: list[list[int]], max_new_tokens: int, gamma_record:
             progress()
     meta = {"max_new_tokens": N, "gamma_record": G, "topk": topk, **provenance(), **(info or {}),
             "prompt_tokens": [len(ids) for ids in prompt_ids],  # what each prefill costs, at batch size B
-            "drafter": {"drafter": drafter.drafter, "ngram_min": drafter.ngram_min, "ngram_max": drafter.ngram_max}}
+            "drafter": dataclasses.asdict(drafter)}
     return Record(continuation, lengths, rollout, scores, tuple(sorted(eos_ids)), meta, available)

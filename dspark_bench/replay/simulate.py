@@ -24,7 +24,7 @@ import numba
 import numpy as np
 import pandas as pd
 
-from dspark_bench.config import COST_AWARE, METRICS, SCHEDULES, SEMANTICS, DecodeConfig
+from dspark_bench.config import COST_AWARE, FIELDS, METRICS, SCHEDULES, SEMANTICS, DecodeConfig
 from dspark_bench.decoding.confidence import signal_of
 from dspark_bench.decoding.budget import row_rule
 from dspark_bench.decoding.goodput import decisions
@@ -61,40 +61,40 @@ def eos_positions(rec: Record) -> np.ndarray:
 
 def check_replayable(rec: Record, config: DecodeConfig) -> None:
     drafter = rec.drafter
-    if config.drafter != drafter["drafter"]:
-        raise DsparkError(f"the record holds the {drafter['drafter']} drafter's proposals, not the {config.drafter} "
+    if config.drafting.drafter != drafter["drafter"]:
+        raise DsparkError(f"the record holds the {drafter['drafter']} drafter's proposals, not the {config.drafting.drafter} "
                           "drafter's; record it")
-    if config.drafter == "lookup" and (config.ngram_min, config.ngram_max) != (drafter["ngram_min"], drafter["ngram_max"]):
+    if config.drafting.drafter == "lookup" and (config.drafting.ngram_min, config.drafting.ngram_max) != (drafter["ngram_min"], drafter["ngram_max"]):
         raise DsparkError(f"the record's lookup matched n-grams of {drafter['ngram_min']}-{drafter['ngram_max']} "
-                          f"tokens, not {config.ngram_min}-{config.ngram_max}; record it")
+                          f"tokens, not {config.drafting.ngram_min}-{config.drafting.ngram_max}; record it")
     if not config.greedy:
         raise DsparkError("replay needs greedy verification; sampling always runs the real decoder")
-    if config.max_new_tokens != rec.max_new_tokens:
-        raise DsparkError(f"max_new_tokens {config.max_new_tokens} differs from the record's {rec.max_new_tokens}")
-    if config.gamma_max > rec.gamma_record:
-        raise DsparkError(f"gamma_max {config.gamma_max} exceeds the record's {rec.gamma_record}; record deeper")
-    if config.metric == "learned" and "learned" not in rec.confidences:
+    if config.verification.max_new_tokens != rec.max_new_tokens:
+        raise DsparkError(f"max_new_tokens {config.verification.max_new_tokens} differs from the record's {rec.max_new_tokens}")
+    if config.stopping.gamma_max > rec.gamma_record:
+        raise DsparkError(f"gamma_max {config.stopping.gamma_max} exceeds the record's {rec.gamma_record}; record deeper")
+    if config.stopping.metric == "learned" and "learned" not in rec.confidences:
         raise DsparkError("the record holds no learned signal: replay.learned.with_learned adds the fitted one "
                           "(a replay sweep does)")
     if signal_of(config) not in rec.confidences:
         raise DsparkError(f"the record predates {signal_of(config)} (llama.cpp's own top1, which its rule reads): "
                           "run the sweep again, which records it")
-    if config.metric == "topk_mass" and config.topk != rec.info["topk"]:
-        raise DsparkError(f"the record has topk_mass for k={rec.info['topk']}, not k={config.topk}")
+    if config.stopping.metric == "topk_mass" and config.stopping.topk != rec.info["topk"]:
+        raise DsparkError(f"the record has topk_mass for k={rec.info['topk']}, not k={config.stopping.topk}")
 
 
 def policy_signal(rec: Record, config: DecodeConfig) -> np.ndarray:
     """[P, N, G] float64: what the schedule compares with `_thresholds` at every rollout step.
     float64: the engine multiplies Python floats of the float32 values the record stores."""
-    if config.schedule in COST_AWARE:  # 1 where the draft goes on after step k (goodput.py; budget alone)
+    if config.stopping.schedule in COST_AWARE:  # 1 where the draft goes on after step k (goodput.py; budget alone)
         return decisions(rec.confidences[signal_of(config)], row_rule(config))
     values = rec.confidences[signal_of(config)].astype(np.float64)
-    return np.cumprod(values, axis=2) if config.schedule == "cumulative" else values
+    return np.cumprod(values, axis=2) if config.stopping.schedule == "cumulative" else values
 
 
 def position_thresholds(config: DecodeConfig, G: int) -> list[float]:
     # goodput's signal is its decision (0 or 1): 0.5 separates them.
-    return [0.5 if config.schedule in COST_AWARE else threshold_at(config, k) for k in range(1, G + 1)]
+    return [0.5 if config.stopping.schedule in COST_AWARE else threshold_at(config, k) for k in range(1, G + 1)]
 
 
 def first_failures(rec: Record, config: DecodeConfig) -> np.ndarray:
@@ -110,8 +110,8 @@ def round_plan(rec: Record, config: DecodeConfig):
     stop reason code, vectorised over positions (proposal.Proposal's rule: dropped or kept failing
     token, EOS, limit, what the drafter had (`Proposal.cap`), llama.cpp's discard)."""
     P, N, _ = rec.rollout.shape
-    budget = config.max_new_tokens - np.arange(N) - 1
-    limit = np.minimum(config.gamma_max, budget)
+    budget = config.verification.max_new_tokens - np.arange(N) - 1
+    limit = np.minimum(config.stopping.gamma_max, budget)
     limit = np.where(limit < discards_below(config), 0, limit)[None, :].repeat(P, axis=0)
     exhausted = rec.available < limit
     limit = np.where(exhausted, np.where(rec.available >= discards_below(config), rec.available, 0), limit)
@@ -126,7 +126,7 @@ def round_plan(rec: Record, config: DecodeConfig):
         by_eos = ~by_threshold & (eos <= limit)
         drafted = np.where(by_threshold, fail - 1, np.where(by_eos, eos, limit))
         forwards = np.where(by_threshold, fail, drafted)
-    reason = np.where(by_threshold, 0, np.where(by_eos, 2, np.where(exhausted, 5, np.where(limit == config.gamma_max, 1, 3))))
+    reason = np.where(by_threshold, 0, np.where(by_eos, 2, np.where(exhausted, 5, np.where(limit == config.stopping.gamma_max, 1, 3))))
     drafted = np.where(drafted < discards_below(config), 0, drafted)
     return drafted, forwards, reason, limit
 
@@ -134,7 +134,7 @@ def round_plan(rec: Record, config: DecodeConfig):
 def simulate(rec: Record, config: DecodeConfig) -> list[list[Round]]:
     """The engine's rounds for every prompt, from the record alone (greedy only)."""
     check_replayable(rec, config)
-    if config.schedule == "budget" and config.batch_size > 1:
+    if config.stopping.schedule == "budget" and config.batching.batch_size > 1:
         raise DsparkError("the budget schedule's rounds depend on the whole batch: replay.batched.walk_budget walks them")
     drafted, forwards, reason, limit = round_plan(rec, config)
     per_round = round_forwards(config)
@@ -161,7 +161,7 @@ def simulate(rec: Record, config: DecodeConfig) -> list[list[Round]]:
 def round_forwards(config: DecodeConfig) -> int:
     """Draft forwards a round that may draft costs when not one per considered proposal (-1):
     the heads' one pass, or none for lookup (drafters.py)."""
-    return {"model": -1, "heads": 1, "lookup": 0}[config.drafter]
+    return {"model": -1, "heads": 1, "lookup": 0}[config.drafting.drafter]
 
 
 def spanning_policies(gamma: int, max_new_tokens: int, goodput_model: str = "") -> list[DecodeConfig]:
@@ -175,15 +175,15 @@ def spanning_policies(gamma: int, max_new_tokens: int, goodput_model: str = "") 
         gamma_max = (1, min(4, gamma), gamma)[i % 3]
         min_draft_len = (0, 1, gamma_max)[(i // 3) % 3]
         threshold = (0.1, 0.3, 0.6, 0.9)[i % 4]
-        out.append(DecodeConfig(metric=metric, schedule=schedule, threshold=threshold, threshold_start=threshold / 3,
+        out.append(DecodeConfig.of(metric=metric, schedule=schedule, threshold=threshold, threshold_start=threshold / 3,
                                 threshold_end=threshold, gamma_max=gamma_max, min_draft_len=min_draft_len,
                                 max_new_tokens=max_new_tokens, semantics=SEMANTICS[(i // 2) % len(SEMANTICS)],
                                 goodput_model=goodput_model if schedule == "goodput" else ""))
     if goodput_model:  # the budget schedule, alone goodput's rule; it has no engine rule variant
-        out += [DecodeConfig(metric=metric, schedule="budget", gamma_max=(gamma, min(4, gamma))[i % 2], min_draft_len=i % 2,
+        out += [DecodeConfig.of(metric=metric, schedule="budget", gamma_max=(gamma, min(4, gamma))[i % 2], min_draft_len=i % 2,
                              max_new_tokens=max_new_tokens, goodput_model=goodput_model) for i, metric in enumerate(METRICS)]
-    return out + [DecodeConfig(threshold=0.0, gamma_max=gamma, max_new_tokens=max_new_tokens),
-                  DecodeConfig(threshold=1.0, gamma_max=min(5, gamma), max_new_tokens=max_new_tokens)]
+    return out + [DecodeConfig.of(threshold=0.0, gamma_max=gamma, max_new_tokens=max_new_tokens),
+                  DecodeConfig.of(threshold=1.0, gamma_max=min(5, gamma), max_new_tokens=max_new_tokens)]
 
 
 # --- simulation of a whole grid at once -------------------------------------------------------
@@ -273,9 +273,9 @@ def _walk_grid(signals, signal_of, thresholds, forced, keep, discard_below, gamm
 def signal_kind(config: DecodeConfig) -> tuple:
     """Policies of one kind compare the same signal: the metric's, its running product
     ("cumulative"), or goodput's decisions (which depend on its model and batch size too)."""
-    if config.schedule in COST_AWARE:
-        return signal_of(config), config.schedule, config.goodput_model, config.batch_size
-    return signal_of(config), config.schedule == "cumulative"
+    if config.stopping.schedule in COST_AWARE:
+        return signal_of(config), config.stopping.schedule, config.stopping.goodput_model, config.batching.batch_size
+    return signal_of(config), config.stopping.schedule == "cumulative"
 
 
 def _signals(rec: Record, configs: list[DecodeConfig]) -> tuple[np.ndarray, np.ndarray]:
@@ -292,7 +292,8 @@ def _thresholds(configs: list[DecodeConfig], G: int) -> np.ndarray:
     rows: dict = {}
     out = np.empty((len(configs), G))
     for c, config in enumerate(configs):
-        key = (config.schedule, config.threshold, config.threshold_start, config.threshold_end, config.gamma_max)
+        p = config.stopping
+        key = (p.schedule, p.threshold, p.threshold_start, p.threshold_end, p.gamma_max)
         if key not in rows:
             rows[key] = position_thresholds(config, G)
         out[c] = rows[key]
@@ -313,8 +314,8 @@ def simulate_grid(rec: Record, configs: list[DecodeConfig], cost: "CostModel | N
     for config in configs:
         check_replayable(rec, config)
     G = rec.gamma_record
-    deepest = max(c.gamma_max for c in configs)
-    if cost is not None and any(c.draft_mode != "early-stop" for c in configs):
+    deepest = max(c.stopping.gamma_max for c in configs)
+    if cost is not None and any(c.verification.draft_mode != "early-stop" for c in configs):
         # Its rounds are early-stop's (test_replay), but each costs gamma_max draft steps and a
         # full-length verify, which this walk does not price.
         raise DsparkError("replay prices the early-stop draft mode only; run verify-side policies to time them")
@@ -329,7 +330,7 @@ def simulate_grid(rec: Record, configs: list[DecodeConfig], cost: "CostModel | N
     _, group_of = np.unique(keys, axis=0, return_inverse=True)
     order = np.argsort(group_of.ravel(), kind="stable")
     groups = np.flatnonzero(np.diff(group_of.ravel()[order], prepend=-1, append=-2))
-    gamma_max = np.array([c.gamma_max for c in configs], dtype=np.int64)
+    gamma_max = np.array([c.stopping.gamma_max for c in configs], dtype=np.int64)
     verify_cost = np.asarray(cost.t_verify if cost else np.zeros(G + 1), dtype=np.float64)
     counts, verify = np.zeros((len(configs), 5), dtype=np.int64), np.zeros(len(configs))
     arrays = (signals, signal_of[order], thresholds[order], forced_steps[order], keep[order], discard_below[order],
@@ -354,14 +355,15 @@ def _grid_table(configs: list[DecodeConfig], counts: np.ndarray, verify: np.ndar
     tokens = int(rec.lengths.sum())
     totals = {"rounds": counts[:, 0], "drafted_total": counts[:, 1], "accepted_total": counts[:, 2],
               "emitted_total": np.full(len(configs), tokens), "full_blocks": counts[:, 3]}
+    knobs = [c.to_dict() for c in configs]
     table = pd.DataFrame({
         "config_id": np.arange(len(configs)), "config_label": [c.label() for c in configs],
-        **{name: [getattr(c, name) for c in configs] for name in DecodeConfig.__dataclass_fields__},
+        **{name: [k[name] for k in knobs] for name in FIELDS},
         **totals, **rates(totals),
         "draft_forwards": counts[:, 4], "new_tokens": tokens, "draft_forwards_per_token": counts[:, 4] / max(tokens, 1),
     })
     if cost is not None:  # in cost-model seconds; plain decoding takes tokens × t_verify(0)
-        step = np.array([cost.draft_step(c.drafter, c.metric == "learned") for c in configs])
+        step = np.array([cost.draft_step(c.drafting.drafter, c.stopping.metric == "learned") for c in configs])
         table["predicted_time"] = counts[:, 4] * step + verify
         table["predicted_speedup"] = cost.speedup(tokens, table["predicted_time"])
     return table

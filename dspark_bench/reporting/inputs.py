@@ -3,14 +3,13 @@ and which of their rows is "best" (by the runs' own objective, through objective
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
 from dspark_bench.analysis.analyze import FILE as ANALYSIS_FILE
-from dspark_bench.config import DecodeConfig
+from dspark_bench.config import FIELDS
 from dspark_bench.errors import DsparkError
 from dspark_bench.objectives import ranking_column
 from dspark_bench.reporting import plots
@@ -19,7 +18,7 @@ from dspark_bench.results import load, load_table, read_json
 
 SUMMARY_METRICS = ("tokens_per_round", "acceptance_rate", "avg_draft_len", "block_acceptance_rate",
                    "accepted_per_round")
-KNOBS = tuple(f.name for f in dataclasses.fields(DecodeConfig))
+KNOBS = tuple(FIELDS)
 
 
 # --- inputs ------------------------------------------------------------------------------------

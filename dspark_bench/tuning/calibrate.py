@@ -149,14 +149,14 @@ def record_domains(pair, domains: dict[str, list[Prompt]], base: DecodeConfig, g
         ids = [encode(pair.tokenizer, p.text) for p in prompts]
         info = {"models": models, "prompts_fingerprint": prompts_fingerprint(prompts), "domain": domain,
                 "prompt_ids": [p.id for p in prompts]}
-        records[domain] = rec = record(pair, ids, base.max_new_tokens, gamma, base.topk, info,
-                                       progress=stage_steps(progress, f"recording {domain}", len(ids)), drafter=base)
+        records[domain] = rec = record(pair, ids, base.verification.max_new_tokens, gamma, base.stopping.topk, info,
+                                       progress=stage_steps(progress, f"recording {domain}", len(ids)), drafter=base.drafting)
         if first_context is None:
             # Timed with the cache at a realistic length: a prompt plus half its output.
             first_context = ids[0] + rec.continuation[0, : int(rec.lengths[0]) // 2].tolist()
     if progress:
         progress("timing the cost model", 0, 1)
-    return records, measure_surface(pair, first_context, gamma, batch_sizes, drafters=(base.drafter,))
+    return records, measure_surface(pair, first_context, gamma, batch_sizes, drafters=(base.drafting.drafter,))
 
 
 def measure_domains(pair, domains: dict[str, list[Prompt]], chosen: dict[str, DecodeConfig],
@@ -207,7 +207,7 @@ def calibration_data(choice: Choice, chosen: dict[str, DecodeConfig], global_pol
                                               "device", "dtype")},
         "objective": choice.objective,
         "engine": engine,
-        "max_new_tokens": global_policy.max_new_tokens,
+        "max_new_tokens": global_policy.verification.max_new_tokens,
         "cost_model": cost.to_dict() if cost is not None else None,
         "global": {"policy": policy_dict(global_policy), "label": global_policy.label(),
                    search: round(choice.value(global_id), 4),
@@ -230,7 +230,8 @@ def calibration_data(choice: Choice, chosen: dict[str, DecodeConfig], global_pol
             "gain": round(measured["speedup"] / global_measured["speedup"], 4),
             search: round(choice.value(config_id, domain), 4),
             f"global_{search}": round(choice.value(global_id, domain), 4),
-            "shift": {"threshold": round(config.threshold, 6), "global_threshold": round(global_policy.threshold, 6)},
+            "shift": {"threshold": round(config.stopping.threshold, 6),
+                      "global_threshold": round(global_policy.stopping.threshold, 6)},
         }
         if records is not None:
             entry["shift"]["confidence_top1"] = confidence_quantiles(records[domain])
@@ -253,7 +254,7 @@ def calibrate_domains(spec: SweepSpec, out: Path, tasks: list[str] | None = None
     engine = evaluation_for(spec)
     base = base_config(spec, _max_new_tokens(spec, tasks or ([spec.task] if spec.task and not spec.dataset else None)))
     configs = points(spec, base)
-    drafters = dict.fromkeys(c.drafter_key() for c in configs)
+    drafters = dict.fromkeys(c.drafting for c in configs)
     if len(drafters) > 1:
         raise DsparkError("a calibration chooses one drafter's policies: give one drafter (and one n-gram range) "
                           "— compare drafters with `dspark-bench sweep --drafter ...` first")
@@ -262,16 +263,16 @@ def calibrate_domains(spec: SweepSpec, out: Path, tasks: list[str] | None = None
     if not domains or empty:
         raise DsparkError(f"no prompts for domain(s) {', '.join(empty)}" if empty else "no domains to calibrate")
     pair = pair or load_pair(spec.target, spec.draft, spec.device, spec.dtype, spec.heads,
-                             drafters={c.drafter for c in configs})
-    batch_sizes = sorted({c.batch_size for c in configs})
+                             drafters={c.drafting.drafter for c in configs})
+    batch_sizes = sorted({c.batching.batch_size for c in configs})
     records, surface = None, None
     if engine == "replay":
         needs_draft_model(pair)
-        records, surface = record_domains(pair, domains, configs[0], max(c.gamma_max for c in configs), progress,
+        records, surface = record_domains(pair, domains, configs[0], max(c.stopping.gamma_max for c in configs), progress,
                                           batch_sizes)
     # One calibration per batch size: which policy wins depends on what a step costs at B. The
     # file's own global/domains are the smallest B's; the others go under by_batch_size.
-    parts = [calibrate_at(pair, domains, [c for c in configs if c.batch_size == b], spec, records, surface,
+    parts = [calibrate_at(pair, domains, [c for c in configs if c.batching.batch_size == b], spec, records, surface,
                           engine, progress) for b in batch_sizes]
     out, figure_path = check_output(out, force)
     data, choice = parts[0]
@@ -283,7 +284,7 @@ def calibrate_domains(spec: SweepSpec, out: Path, tasks: list[str] | None = None
     ylabel = {"predicted_speedup": "predicted speedup (replay + cost model)"}.get(choice.column, choice.column)
     if len(parts) > 1:
         ylabel += f", batch size {batch_sizes[0]}"
-    figure = plots.domain_threshold_curves(threshold_curves(choice), ylabel, choice.best().threshold)
+    figure = plots.domain_threshold_curves(threshold_curves(choice), ylabel, choice.best().stopping.threshold)
     write_calibration(data, figure, out, force)
     return Calibrated(out, figure_path, data, choice)
 
@@ -291,7 +292,7 @@ def calibrate_domains(spec: SweepSpec, out: Path, tasks: list[str] | None = None
 def calibrate_at(pair, domains: dict[str, list[Prompt]], configs: list[DecodeConfig], spec: SweepSpec, records,
                  surface, engine: str, progress: StageProgress | None = None) -> tuple[dict, Choice]:
     """Choose and confirm the policies of one batch size: (the calibration's content, the choice)."""
-    objective, batch_size = spec.objective[0], configs[0].batch_size
+    objective, batch_size = spec.objective[0], configs[0].batching.batch_size
     if engine == "replay":
         cost = surface if batch_size > 1 else surface.at(1)
         choice = choose_from_records(records, configs, cost, objective)

@@ -102,5 +102,5 @@ def choose_from_samples(samples: dict[str, pd.DataFrame], configs: list[DecodeCo
 
 
 def configs_frame(configs: list[DecodeConfig]) -> pd.DataFrame:
-    return pd.DataFrame([{"config_id": i, "config_label": c.label(), **{f: getattr(c, f) for f in POLICY_FIELDS}}
+    return pd.DataFrame([{"config_id": i, "config_label": c.label(), **{f: c.to_dict()[f] for f in POLICY_FIELDS}}
                          for i, c in enumerate(configs)])

@@ -45,12 +45,12 @@ NOTES = {
 
 def llamacpp_flags(policy: DecodeConfig, draft: str, version: EngineVersion) -> list[str]:
     """llama-server's speculative flags for `policy` in `version`'s names (after the target's -m)."""
-    p_min = 0.0 if policy.schedule == "fixed" else policy.threshold
-    minimum = 0 if policy.schedule == "fixed" else policy.min_draft_len  # llama.cpp discards shorter drafts
+    p_min = 0.0 if policy.stopping.schedule == "fixed" else policy.stopping.threshold
+    minimum = 0 if policy.stopping.schedule == "fixed" else policy.stopping.min_draft_len  # llama.cpp discards shorter drafts
     if version.name == "legacy":
-        return ["--model-draft", draft, "--draft-max", str(policy.gamma_max), "--draft-min", str(minimum),
+        return ["--model-draft", draft, "--draft-max", str(policy.stopping.gamma_max), "--draft-min", str(minimum),
                 "--draft-p-min", f"{p_min:g}"]
-    return ["--spec-type", "draft-simple", "--spec-draft-model", draft, "--spec-draft-n-max", str(policy.gamma_max),
+    return ["--spec-type", "draft-simple", "--spec-draft-model", draft, "--spec-draft-n-max", str(policy.stopping.gamma_max),
             "--spec-draft-n-min", str(minimum), "--spec-draft-p-min", f"{p_min:g}"]
 
 
@@ -80,9 +80,9 @@ def render(fmt: str, choices: list, models: dict, version: EngineVersion, draft_
 
 
 def hf_generate_kwargs(policy: DecodeConfig) -> dict:
-    values = {"max_new_tokens": policy.max_new_tokens, "do_sample": not policy.greedy}
+    values = {"max_new_tokens": policy.verification.max_new_tokens, "do_sample": not policy.greedy}
     if not policy.greedy:
-        values.update(temperature=policy.temperature, top_p=policy.top_p, top_k=0)
+        values.update(temperature=policy.verification.temperature, top_p=policy.verification.top_p, top_k=0)
     return values
 
 
@@ -100,21 +100,21 @@ def render_llamacpp(choices, version, draft, models) -> str:
 def render_vllm(choices, version, draft, models) -> str:
     if version.name == "legacy":  # one length for every batch size: batch size 1's
         return json.dumps({"method": "draft_model", "model": draft,
-                           "num_speculative_tokens": choices[0].exported.gamma_max}, indent=2) + "\n"
-    values = {"method": "draft_model", "model": draft, "num_speculative_tokens": max(c.exported.gamma_max for c in choices)}
+                           "num_speculative_tokens": choices[0].exported.stopping.gamma_max}, indent=2) + "\n"
+    values = {"method": "draft_model", "model": draft, "num_speculative_tokens": max(c.exported.stopping.gamma_max for c in choices)}
     if len(choices) > 1:  # [[lowest batch size, highest, length], ...] from batch size 1 up
         starts = [1] + [c.batch_size for c in choices[1:]]
         ends = [b - 1 for b in starts[1:]] + [VLLM_LAST_BATCH]
         values["num_speculative_tokens_per_batch_size"] = [
-            [lo, hi, c.exported.gamma_max] for lo, hi, c in zip(starts, ends, choices)]
+            [lo, hi, c.exported.stopping.gamma_max] for lo, hi, c in zip(starts, ends, choices)]
     return json.dumps(values, indent=2) + "\n"
 
 
 def sglang_arguments(policy: DecodeConfig, draft: str) -> dict:
     """SGLang's ServerArgs fields for `policy` (Engine(**these); the YAML has them dashed)."""
     return {"speculative_algorithm": "STANDALONE", "speculative_draft_model_path": draft,
-            "speculative_num_steps": policy.gamma_max, "speculative_eagle_topk": 1,
-            "speculative_num_draft_tokens": policy.gamma_max + 1}
+            "speculative_num_steps": policy.stopping.gamma_max, "speculative_eagle_topk": 1,
+            "speculative_num_draft_tokens": policy.stopping.gamma_max + 1}
 
 
 def render_sglang(choices, version, draft, models) -> str:
@@ -129,12 +129,12 @@ def render_sglang(choices, version, draft, models) -> str:
 
 def render_trtllm(choices, version, draft, models) -> str:
     config = {"decoding_type": "DraftTarget" if version.name == "legacy" else "Draft_Target",
-              "speculative_model": draft, "max_draft_len": choices[0].exported.gamma_max}
+              "speculative_model": draft, "max_draft_len": choices[0].exported.stopping.gamma_max}
     head = f"# {version.covers}\n# trtllm-serve TARGET --extra_llm_api_options trtllm_speculative.yaml\n"
     if len(choices) > 1 and version.name == "legacy":  # lower bounds: each measured B on up
-        config["draft_len_schedule"] = {1 if i == 0 else c.batch_size: c.exported.gamma_max for i, c in enumerate(choices)}
+        config["draft_len_schedule"] = {1 if i == 0 else c.batch_size: c.exported.stopping.gamma_max for i, c in enumerate(choices)}
     elif len(choices) > 1:
-        schedule = trtllm_schedule({c.batch_size: c.exported.gamma_max for c in choices})
+        schedule = trtllm_schedule({c.batch_size: c.exported.stopping.gamma_max for c in choices})
         config["draft_len_schedule"] = schedule
         largest = max(schedule)
         head += (f"# draft_len_schedule keys are inclusive upper bounds: a batch size takes the length of the "

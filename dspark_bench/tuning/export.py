@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 
 from dspark_bench import objectives
-from dspark_bench.config import DecodeConfig, expand, from_dict, with_defaults
+from dspark_bench.config import FIELDS, DecodeConfig, expand, from_dict, with_defaults
 from dspark_bench.decoding import learned_signal
 from dspark_bench.decoding.learned_signal import FILE as LEARNED_FILE
 from dspark_bench.decoding.schedule import expressible
@@ -77,7 +77,7 @@ class RunPolicies:
         learned signal where a best policy reads it (only then: an older sweep's fit, or a record
         made before the signal's context features, fails in one line only where it is needed)."""
         rec = Record.load(self.record)
-        if any(c.metric == "learned" for c, _, _ in self.best.values()) and (self.folder / LEARNED_FILE).is_file():
+        if any(c.stopping.metric == "learned" for c, _, _ in self.best.values()) and (self.folder / LEARNED_FILE).is_file():
             rec = with_learned(rec, learned_signal.load(str(self.folder / LEARNED_FILE)))
         return rec
 
@@ -88,7 +88,7 @@ class RunPolicies:
 
 
 def policy_of(row: pd.Series, folder: Path) -> DecodeConfig:
-    fields = DecodeConfig.__dataclass_fields__
+    fields = FIELDS
     values = with_defaults({k: (v.item() if hasattr(v, "item") else v) for k, v in row.items() if k in fields})
     if values["goodput_model"] and not Path(values["goodput_model"]).exists() and (folder / "goodput_model.json").is_file():
         values["goodput_model"] = str(folder / "goodput_model.json")  # the sweep moved, or runs from elsewhere
@@ -108,7 +108,7 @@ def load_run(folder: Path) -> RunPolicies:
         table = pd.read_parquet(folder / "trials.parquet")
     elif (folder / "samples.parquet").is_file():
         samples = pd.read_parquet(folder / "samples.parquet")
-        fields = [c for c in DecodeConfig.__dataclass_fields__ if c in samples]
+        fields = [c for c in FIELDS if c in samples]
         policies = samples.groupby("config_id", sort=True)[fields].first().reset_index()
         measured = summarize(samples)
         if "speedup" not in measured:
@@ -148,7 +148,7 @@ def replayed(run: RunPolicies, configs: list[DecodeConfig]) -> np.ndarray:
 
     rec = run.rec
     configs = [c.replace(max_new_tokens=rec.max_new_tokens) for c in configs]
-    if any(c.gamma_max > rec.gamma_record for c in configs):
+    if any(c.stopping.gamma_max > rec.gamma_record for c in configs):
         raise DsparkError(f"the run's record is {rec.gamma_record} tokens deep; it cannot replay a longer draft")
     if run.cost["kind"] == "cost_surface.json":
         surface = CostSurface.from_dict({k: v for k, v in run.cost.items() if k != "kind"})
@@ -176,7 +176,7 @@ def choose(run: RunPolicies, fmt: str) -> list[Choice]:
     for batch_size in sizes:
         tuned, speedup, _ = run.best[batch_size]
         reasons = expressible(tuned, fmt)
-        replayable = run.record is not None and run.cost is not None and tuned.gamma_max <= run.depth
+        replayable = run.record is not None and run.cost is not None and tuned.stopping.gamma_max <= run.depth
         if not reasons:
             tuned_speedup = replayed(run, [tuned])[0] if replayable else speedup
             out.append(Choice(batch_size, tuned, float(tuned_speedup), tuned, float(tuned_speedup), []))
@@ -198,9 +198,9 @@ def cap_schedule(run: RunPolicies, fmt: str, choices: list[Choice]) -> list[Choi
     size 1's (and replayed as capped)."""
     if fmt != "trtllm" or len(choices) < 2:
         return choices
-    ceiling = choices[0].exported.gamma_max
+    ceiling = choices[0].exported.stopping.gamma_max
     for c in choices[1:]:
-        if c.exported.gamma_max > ceiling:
+        if c.exported.stopping.gamma_max > ceiling:
             c.exported = c.exported.replace(gamma_max=ceiling)
             c.exported_speedup = float(replayed(run, [c.exported])[0]) if run.record and run.cost else None
             c.reasons = c.reasons + [f"a draft longer than at the smallest batch size (capped at {ceiling})"]

@@ -21,14 +21,14 @@ def goodput_points(configs: list[DecodeConfig], model_file: Path) -> list[Decode
     """The goodput schedule at every metric, gamma_max and batch size of the space: it has no
     threshold to search, so it joins every replay sweep, as fixed gamma does — for the draft
     model (its acceptance fit is the draft model's record's)."""
-    configs = [c for c in configs if c.drafter == "model"]
+    configs = [c for c in configs if c.drafting.drafter == "model"]
     if not configs:
         return []
     base = configs[0].replace(schedule="goodput", min_draft_len=0, semantics="dspark", batch_quorum=0.0,
                               goodput_model=str(Path(model_file).resolve()))
-    return expand({"batch_size": sorted({c.batch_size for c in configs}),
-                   "metric": list(dict.fromkeys(c.metric for c in configs)),
-                   "gamma_max": sorted({c.gamma_max for c in configs})}, base)
+    return expand({"batch_size": sorted({c.batching.batch_size for c in configs}),
+                   "metric": list(dict.fromkeys(c.stopping.metric for c in configs)),
+                   "gamma_max": sorted({c.stopping.gamma_max for c in configs})}, base)
 
 
 def budget_points(configs: list[DecodeConfig], model_file: Path) -> list[DecodeConfig]:
@@ -37,7 +37,7 @@ def budget_points(configs: list[DecodeConfig], model_file: Path) -> list[DecodeC
     the cost table)."""
     return list(dict.fromkeys(c.replace(schedule="budget", budget_layout=layout)
                               for c in goodput_points(configs, model_file) for layout in LAYOUTS
-                              if c.batch_size > 1 or layout == "padded"))
+                              if c.batching.batch_size > 1 or layout == "padded"))
 
 
 def write_goodput_model(folder: Path, rec, record_dir: Path, surface) -> Path:
@@ -63,7 +63,7 @@ def write_learned_signal(folder: Path, rec, record_dir: Path):
 def learned_points(configs: list[DecodeConfig], signal_file: Path) -> list[DecodeConfig]:
     """Every scheduled policy of the draft model on the space's first metric, with the learned
     signal in its place (the goodput ones included: it reads the signal as its own curve)."""
-    first = next((c.metric for c in configs if c.schedule != "fixed"), None)
+    first = next((c.stopping.metric for c in configs if c.stopping.schedule != "fixed"), None)
     path = str(Path(signal_file).resolve())
     return [c.replace(metric=LEARNED, signal_model=path) for c in configs
-            if c.metric == first and c.schedule != "fixed" and c.drafter == "model"]
+            if c.stopping.metric == first and c.stopping.schedule != "fixed" and c.drafting.drafter == "model"]

@@ -17,7 +17,7 @@ import pandas as pd
 
 from dspark_bench.analysis.analyze import FILE as ANALYSIS_FILE
 from dspark_bench.analysis.analyze import Studied, analyze
-from dspark_bench.config import COST_AWARE, DEFAULTS, LEARNED, DecodeConfig, expand
+from dspark_bench.config import COST_AWARE, DEFAULTS, LEARNED, DecodeConfig, Drafting, expand
 from dspark_bench.decoding.confidence import SIGNALS
 from dspark_bench.decoding.learned_signal import CONTEXT
 from dspark_bench.decoding.learned_signal import FILE as LEARNED_FILE
@@ -47,7 +47,7 @@ from dspark_bench.tuning.spec import SweepSpec, base_config, points
 if TYPE_CHECKING:
     from dspark_bench.harness.runner import StageProgress
 
-MODEL = DEFAULTS.drafter_key()  # the draft model: the drafter whose record the fits and analyses read
+MODEL = DEFAULTS.drafting  # the draft model: the drafter whose record the fits and analyses read
 
 
 @dataclass
@@ -64,7 +64,7 @@ def prepare(spec: SweepSpec) -> Prepared:
                                                 spec.category_field, spec.limit)
     base = base_config(spec, task_tokens)
     configs = points(spec, base)  # a threshold outside its range fails here, before models load
-    pair = load_pair(spec.target, spec.draft, spec.device, spec.dtype, spec.heads, drafters={c.drafter for c in configs})
+    pair = load_pair(spec.target, spec.draft, spec.device, spec.dtype, spec.heads, drafters={c.drafting.drafter for c in configs})
     return Prepared(pair, prompts, base, source)
 
 
@@ -81,30 +81,30 @@ def needs_draft_model(pair) -> None:
 def replay_space(spec: SweepSpec, base: DecodeConfig) -> list[DecodeConfig]:
     """The space's points plus every fixed gamma among them: classic decoding, the baseline to beat."""
     configs = points(spec, base)
-    drafters = dict.fromkeys(c.drafter_key() for c in configs)
-    classic = [c for d, lo, hi in drafters
-               for c in expand({"batch_size": sorted({c.batch_size for c in configs}),
-                                "gamma_max": sorted({c.gamma_max for c in configs})},
-                               base.replace(schedule="fixed", min_draft_len=0, drafter=d, ngram_min=lo, ngram_max=hi))]
+    drafters = dict.fromkeys(c.drafting for c in configs)
+    classic = [c for d in drafters
+               for c in expand({"batch_size": sorted({c.batching.batch_size for c in configs}),
+                                "gamma_max": sorted({c.stopping.gamma_max for c in configs})},
+                               base.replace(schedule="fixed", min_draft_len=0, **dataclasses.asdict(d)))]
     return configs + [c for c in classic if c not in configs]
 
 
-def drafter_groups(configs: list[DecodeConfig]) -> dict[tuple, list[int]]:
+def drafter_groups(configs: list[DecodeConfig]) -> dict[Drafting, list[int]]:
     """The indexes of the policies each drafter (with its knobs) proposes for: one record each."""
-    groups: dict[tuple, list[int]] = {}
+    groups: dict[Drafting, list[int]] = {}
     for i, c in enumerate(configs):
-        groups.setdefault(c.drafter_key(), []).append(i)
+        groups.setdefault(c.drafting, []).append(i)
     return groups
 
 
 def load_or_record(spec: SweepSpec, prepared: Prepared, gamma: int, ids: list[list[int]], record_dir: Path,
-                   progress: StageProgress | None = None, drafter: DecodeConfig | None = None,
+                   progress: StageProgress | None = None, drafter: Drafting | None = None,
                    continuations: list[list[int]] | None = None):
     """The replay record of these models and prompts (and `drafter`, default the draft model):
     from the cache, else recorded and cached."""
 
     pair, prompts, base = prepared.pair, prepared.prompts, prepared.base
-    drafter = drafter or base
+    drafter = drafter or base.drafting
     models = {**pair.describe(), "drafter_fingerprint": pair.drafter_fingerprint(drafter)}
     fingerprint = prompts_fingerprint(prompts)
     stale = False
@@ -118,7 +118,7 @@ def load_or_record(spec: SweepSpec, prepared: Prepared, gamma: int, ids: list[li
             "categories": [p.category for p in prompts]}
     eos_ids = spec.runner_settings().eos_ids(pair)
     stage = "recording" if drafter.drafter == "model" else f"recording ({drafter.drafter})"
-    rec = record(pair, ids, base.max_new_tokens, gamma, base.topk, info, eos_ids=eos_ids,
+    rec = record(pair, ids, base.verification.max_new_tokens, gamma, base.stopping.topk, info, eos_ids=eos_ids,
                  progress=stage_steps(progress, stage, len(ids)), drafter=drafter, continuations=continuations)
     try:
         write_folder(record_dir, rec.save, replace=stale)
@@ -127,14 +127,15 @@ def load_or_record(spec: SweepSpec, prepared: Prepared, gamma: int, ids: list[li
     return rec
 
 
-def record_key(spec: SweepSpec, prepared: Prepared, gamma: int, drafter: DecodeConfig | None = None) -> str:
+def record_key(spec: SweepSpec, prepared: Prepared, gamma: int, drafter: Drafting | None = None) -> str:
     """A record's cache key: the models (the drafter's), the prompts and every setting that
     changes what it holds."""
 
     models, base = prepared.pair.describe(), prepared.base
-    drafted = prepared.pair.drafter_fingerprint(drafter or base).replace(":", "-")
+    drafted = prepared.pair.drafter_fingerprint(drafter or base.drafting).replace(":", "-")
     return (f"{models['target_fingerprint']}-{drafted}-{prompts_fingerprint(prepared.prompts)}"
-            f"-n{base.max_new_tokens}-g{gamma}-k{base.topk}-{models['dtype']}" + ("-noeos" if spec.ignore_eos else "")
+            f"-n{base.verification.max_new_tokens}-g{gamma}-k{base.stopping.topk}-{models['dtype']}"
+            + ("-noeos" if spec.ignore_eos else "")
             + ("-notemplate" if spec.chat_template == "none" else ""))
 
 
@@ -146,9 +147,8 @@ def replay_sweep(folder: Path, spec: SweepSpec, prepared: Prepared, records_root
     probe, started = LoadProbe(), time.perf_counter()
     probe.sample("start")
     configs = replay_space(spec, prepared.base)
-    gamma = max(c.gamma_max for c in configs)
-    record_dirs = {key: records_root / record_key(spec, prepared, gamma, configs[group[0]])
-                   for key, group in drafter_groups(configs).items()}
+    gamma = max(c.stopping.gamma_max for c in configs)
+    record_dirs = {key: records_root / record_key(spec, prepared, gamma, key) for key in drafter_groups(configs)}
     ids = [encode(prepared.pair.tokenizer, p.text, spec.chat_template) for p in prepared.prompts]
     estimate = None if say is None else say_replay_plan(
         spec, prepared, ids[0], configs, all((d / "record.json").is_file() for d in record_dirs.values()), say)
@@ -179,11 +179,11 @@ def record_all(spec: SweepSpec, prepared: Prepared, gamma: int, ids: list[list[i
                record_dirs: dict, progress: StageProgress | None) -> dict:
     """One record per drafter: the target's continuation is the same, what each proposes is not."""
     records: dict = {}
-    for key, group in drafter_groups(configs).items():
+    for key in drafter_groups(configs):
         known = next(iter(records.values()), None)  # the target's continuations, decoded once
         continuations = None if known is None else [known.continuation[p, : n].tolist()
                                                      for p, n in enumerate(known.lengths)]
-        records[key] = load_or_record(spec, prepared, gamma, ids, record_dirs[key], progress, configs[group[0]],
+        records[key] = load_or_record(spec, prepared, gamma, ids, record_dirs[key], progress, key,
                                       continuations)
     return records
 
@@ -209,9 +209,9 @@ def time_prices(folder: Path, pair, first_ids: list[int], records: dict, configs
     context = first_ids + rec.continuation[0, : int(rec.lengths[0]) // 2].tolist()
     if progress:
         progress("timing the cost model", 0, 1)
-    batch_sizes = sorted({c.batch_size for c in configs})
+    batch_sizes = sorted({c.batching.batch_size for c in configs})
     timing = time.perf_counter()
-    surface, checks = timed_surface(pair, context, gamma, batch_sizes, drafters={key[0] for key in records})
+    surface, checks = timed_surface(pair, context, gamma, batch_sizes, drafters={key.drafter for key in records})
     prices = Prices(surface, surface.at(1), checks, time.perf_counter() - timing, batch_sizes != [1])
     write_json(folder / "cost_model.json", prices.cost.to_dict())
     if prices.batched:
@@ -256,13 +256,13 @@ def say_replay_plan(spec: SweepSpec, prepared: Prepared, first_ids: list[int], c
     """Say the plan; returns its estimate in seconds (the recording and confirming it covers)."""
 
     # Confirmed: the best scheduled few + the best learned, goodput and budget + the best fixed γ, at each batch size.
-    sizes = {c.batch_size for c in configs}
-    scheduled = sum(c.schedule != "fixed" for c in configs) // len(sizes)
+    sizes = {c.batching.batch_size for c in configs}
+    scheduled = sum(c.stopping.schedule != "fixed" for c in configs) // len(sizes)
     goodput = goodput_points(configs, Path("goodput_model.json"))  # goodput, budget and learned join after recording
     goodput += budget_points(configs, Path("goodput_model.json"))
     policies = len(configs) + len(goodput) + len(learned_points(configs + goodput, Path(LEARNED_FILE)))
     per_token, confirmed = seconds_per_token(prepared.pair, first_ids), (min(spec.confirm_top, scheduled) + 4) * len(sizes)  # + learned (at most), goodput, budget, fixed γ
-    line, seconds = replay_plan(per_token, len(prepared.prompts), prepared.base.max_new_tokens, policies,
+    line, seconds = replay_plan(per_token, len(prepared.prompts), prepared.base.verification.max_new_tokens, policies,
                                 confirmed, spec.repeats, recorded=recorded)
     say(line + (" — an upper bound: a batched run takes less than a batch-1 one" if max(sizes) > 1 else ""))
     return seconds

@@ -255,13 +255,13 @@ def load_spec(path: Path | None, overrides: dict) -> SweepSpec:
 
 def base_config(spec: SweepSpec, task_tokens: int | None) -> DecodeConfig:
     """The policy every point of the space starts from: the workload's verification and lengths."""
-    return DecodeConfig(max_new_tokens=spec.tokens(task_tokens), temperature=spec.temperature, top_p=spec.top_p,
+    return DecodeConfig.of(max_new_tokens=spec.tokens(task_tokens), temperature=spec.temperature, top_p=spec.top_p,
                         topk=spec.topk, seed=spec.seed)
 
 
 def points(spec: SweepSpec, base: DecodeConfig | None = None) -> list[DecodeConfig]:
     """Every valid configuration of the space (config.expand; invalid combinations are never run)."""
-    return expand(spec.space, base or DecodeConfig(max_new_tokens=spec.tokens(None), topk=spec.topk), strict=False)
+    return expand(spec.space, base or DecodeConfig.of(max_new_tokens=spec.tokens(None), topk=spec.topk), strict=False)
 
 
 def evaluation_for(spec: SweepSpec) -> str:

@@ -134,7 +134,7 @@ def run_sweep(spec: SweepSpec, out: Path, storage: str | None = None, study_name
     if say:
         trials = grid_size(spec) if spec.method == "grid" else spec.trials
         per_token = seconds_per_token(prepared.pair, encode(prepared.pair.tokenizer, prepared.prompts[0].text, spec.chat_template))
-        say(real_sweep_plan(per_token, len(prepared.prompts), prepared.base.max_new_tokens,
+        say(real_sweep_plan(per_token, len(prepared.prompts), prepared.base.verification.max_new_tokens,
                             -(-trials // workers), spec.repeats) + (f" with {workers} workers" if workers > 1 else ""))
     return folder, continue_sweep(folder, prepared, workers, progress, storage=storage)
 

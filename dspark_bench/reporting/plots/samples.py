@@ -135,7 +135,7 @@ def stop_reasons(samples: pd.DataFrame, draft_lengths: pd.Series | None = None, 
     draft_lengths = draft_lengths if draft_lengths is not None else draft_lengths_from_positions(samples)
     fig, axes = _figure(10, 3.8, 1, 2)
     counts = {r: int(samples[f"stop_{r}"].sum()) if f"stop_{r}" in samples else 0 for r in STOP_REASONS}
-    # "quorum" exists only at batch size B > 1 (config.batch_quorum), "exhausted" only for the heads
+    # "quorum" exists only at batch size B > 1 (config.stopping.batch_quorum), "exhausted" only for the heads
     # and lookup drafters: shown where they happened.
     reasons = [r for r in STOP_REASONS if r not in ("quorum", "exhausted") or counts[r]]
     counts = [counts[r] for r in reasons]
