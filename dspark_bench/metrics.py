@@ -122,7 +122,8 @@ def summarize(samples: pd.DataFrame, by: list[str] | None = None) -> pd.DataFram
         for name in ("batch_size", "layout", "batching"):  # constant within a config
             if name in group and group[name].notna().any():
                 row[name] = group[name].dropna().iloc[0]
-        row["prompts"] = len(group)
+        # Several timed passes of one prompt (a precision target's) are one prompt.
+        row["prompts"] = len(group) if "pass" not in group else int((group["pass"].fillna(0) == 0).sum())
         row.update(rates(totals))
         row["new_tokens"] = int(group["new_tokens"].sum())
         if "draft_forwards" in group:

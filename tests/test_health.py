@@ -103,17 +103,6 @@ def confirmed(*rows):
     return pd.DataFrame([dict(zip(columns, row)) for row in rows])
 
 
-def test_identical_rounds_must_measure_alike():
-    # The run: entropy threshold 0.05 γ≤8 and fixed γ=8 replay to identical rounds.
-    table = confirmed(("entropy 0.05", 1, 0.968, 3.879, 3.9, 0.7, 2.639), ("fixed γ=8", 1, 0.968, 3.879, 3.9, 0.7, 1.520),
-                      ("top1 goodput", 1, 0.339, 2.404, 1.8, 0.8, 1.756))
-    check = health.identical_rounds(table)
-    assert check.verdict == "unreliable" and check.numbers["largest_ratio"] == pytest.approx(2.639 / 1.520)
-    alike = confirmed(("a", 1, 0.968, 3.879, 3.9, 0.7, 1.50), ("b", 1, 0.968, 3.879, 3.9, 0.7, 1.55))
-    assert health.identical_rounds(alike).verdict == "ok"
-    assert health.identical_rounds(table.iloc[[0, 2]]) is None  # nothing to compare
-
-
 def test_measured_far_from_predicted_is_flagged():
     table = confirmed(("entropy 0.05", 1, 0.968, 3.879, 3.9, 0.7, 2.639), ("fixed", 1, 1.78, 3.0, 3.0, 0.7, 1.73))
     check = health.measured_over_predicted(table)

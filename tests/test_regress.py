@@ -293,3 +293,17 @@ def test_regress_at_another_batch_size_still_catches_a_worse_decoder(baseline, w
     assert result.exit_code == 1 and "Verdict: FAIL" in result.output
     refused = invoke("regress", "--baseline", baseline / "summary.json", "--update", "--batch-size", "2")
     assert refused.exit_code == 2 and "drop --update" in one_error_line(refused)
+
+
+def test_speed_is_compared_paired_per_prompt_where_both_runs_have_samples(baseline):
+    import dataclasses
+
+    record = lib.load_baseline(baseline / "summary.json")
+    assert record.samples is not None and record.samples["prompt_id"].nunique() == 3
+    # The summaries say nothing moved; the samples (the same prompts, each 1.6× slower) say it did.
+    slower = dataclasses.replace(record, samples=record.samples.assign(spec_time_s=record.samples["spec_time_s"] * 1.6))
+    rows = [r for r in lib.compare(record, slower).rows if r.metric == "speedup"]
+    assert [r.verdict for r in rows] == ["flag", "flag"]
+    assert all(r.change.startswith("×0.625 [") and r.change.endswith("paired over 3 prompts") for r in rows)
+    unchanged = [r for r in lib.compare(record, record).rows if r.metric == "speedup"]
+    assert all(r.verdict == "pass" and r.change.startswith("×1.000 [1.000, 1.000]") for r in unchanged)

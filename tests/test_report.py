@@ -253,7 +253,9 @@ def test_report_of_a_traced_run(results):
     assert "Timing health: " in summary and f"| {plots.short_run(folder.name)} | {verdict} |" in summary
     figures = figures_written(folder / "report.md")
     assert figures == [f"plots/{n}.png" for n in ("threshold_curves", "speedup_heatmap", "position_acceptance",
-                                                   "reliability", "stop_reasons", "best_vs_classic", "round_trace")]
+                                                   "reliability", "stop_reasons", "best_vs_classic", "round_trace",
+                                                   "paired_ratios")]
+    assert "11. Paired on the same prompts" in text and "Headline: " in text  # the run timed a fixed γ beside others
     for figure in figures:
         assert (folder / figure).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # No sweep: no Optuna views; the report says so and draws nothing for them.

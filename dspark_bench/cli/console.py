@@ -144,7 +144,7 @@ def render_rounds(tokenizer, result, markers: bool = False) -> Text:
 def print_best(table, folder, title: str = "best configurations") -> None:
     columns = [c for c in ("config_label", "predicted_speedup", "speedup", "speedup_low", "speedup_high",
                            "tokens_per_round", "acceptance_rate", "avg_draft_len", "block_acceptance_rate",
-                           "identical_to_baseline", "state") if c in table]
+                           "identical_to_baseline", "same_as", "state") if c in table]
     summary = read_summary(folder)
     if summary.get("predictions_trusted") is False:
         title += " · predicted speedups untrustworthy (the cost table never passed its timing checks)"
@@ -152,17 +152,41 @@ def print_best(table, folder, title: str = "best configurations") -> None:
     for name in columns:
         view.add_column(name.replace("_", " "), justify="left" if name in ("config_label", "state") else "right")
     for row in table.head(10).to_dict(orient="records"):
-        view.add_row(*[f"{row[c]:.3f}" if isinstance(row[c], float) else str(row[c]) for c in columns])
+        view.add_row(*["" if row[c] is None or row[c] != row[c] else f"{row[c]:.3f}" if isinstance(row[c], float)
+                       else str(row[c]) for c in columns])  # None or NaN: an empty cell
     out_console.print(view)
     analysis = Path(folder) / "analysis.json"
     if analysis.is_file():
         print_analysis(json.loads(analysis.read_text()))
+    print_headline(summary)
     print_health(summary)
     out_console.print(f"run folder: {folder}")
     if summary.get("evaluation") == "replay" and not analysis.is_file():
         out_console.print(f"more: dspark-bench analyze {folder} (what any stopping rule could win here, how well "
                           f"each signal predicts acceptance); dspark-bench report {folder}", style="dim",
                           highlight=False, soft_wrap=True)
+
+
+def print_headline(summary: dict) -> None:
+    """The paired verdict of the best scheduled policy against the best fixed γ (and what a
+    precision target's passes did): a run's or a sweep's first answer."""
+    if summary.get("headline"):
+        out_console.print(f"scheduled vs best fixed γ, paired on the same prompts: {summary['headline']['sentence']}",
+                          style="bold", highlight=False, soft_wrap=True)
+    if summary.get("precision"):
+        out_console.print(summary["precision"]["sentence"], highlight=False, soft_wrap=True)
+
+
+def print_verdicts(summary: dict) -> None:
+    """Each policy against the best fixed γ at its batch size, paired on the same prompts."""
+    rows = [[v["candidate"], v["reference"], f"{v['ratio']:.3f} [{v['low']:.3f}, {v['high']:.3f}]", v["verdict"],
+             f"±{v['half_width']:.1%}"] for v in summary.get("verdicts", [])]
+    title = ("paired on the same prompts: the reference's seconds per token over the policy's (> 1: the policy "
+             "is faster), 95 % interval")
+    if rows:
+        print_small_table(title, ("policy", "against", "ratio", "verdict", "detectable"), rows,
+                          left=("policy", "against", "verdict"))
+    print_headline(summary)
 
 
 def print_analysis(analysis: dict) -> None:

@@ -54,4 +54,6 @@ SpecDevice = Annotated[Optional[str], typer.Option("--device", help="auto | cpu 
 SpecDtype = Annotated[Optional[str], typer.Option("--dtype", help="auto | float32 | bfloat16 | float16 (default: the spec's)")]
 SpecSplit = Annotated[Optional[str], typer.Option("--split", help="Dataset split (hub datasets) (default: the spec's).")]
 Evaluation = Annotated[Optional[str], typer.Option(help="How policies are evaluated: replay (greedy: record once, simulate all, confirm the best) | real (a timed run each) | auto.")]
+Precision = Annotated[Optional[float], typer.Option(help="Repeat the headline comparison (best scheduled policy vs best fixed γ, paired on the same prompts) until its 95 % interval is within ± this (e.g. 0.03), or --precision-budget runs out (default: one pass).")]
+PrecisionBudget = Annotated[Optional[float], typer.Option("--precision-budget", help="Seconds of further passes --precision may spend (default 600).")]
 Repeats = Annotated[int, typer.Option(help="Timed baseline/speculative pairs per prompt (medians kept); the side that runs first alternates.")]

@@ -8,7 +8,15 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from dspark_bench.cli.console import cli_errors, out_console, print_health, read_summary, reporting, summary_table
+from dspark_bench.cli.console import (
+    cli_errors,
+    out_console,
+    print_health,
+    print_verdicts,
+    read_summary,
+    reporting,
+    summary_table,
+)
 from dspark_bench.cli.options import (
     Batching,
     BatchSizes,
@@ -34,6 +42,8 @@ from dspark_bench.cli.options import (
     NgramMax,
     NgramMin,
     PromptField,
+    Precision,
+    PrecisionBudget,
     Repeats,
     Schedules,
     Seed,
@@ -72,7 +82,7 @@ def run(
     max_new_tokens: MaxNewTokens = None,
     seed: Seed = DEFAULTS.verification.seed, batch_size: BatchSizes = None, batching: Batching = "refill",
     decoder: Annotated[str, typer.Option(help="The speculative side: ours | hf (HF assisted generation, HF's rule: --semantics hf, top1, --min-draft-len 0) | llamacpp (llama-server with the flags export writes, beside ours and replay).")] = "ours",
-    repeats: Repeats = 1,
+    repeats: Repeats = 1, precision: Precision = None, precision_budget: PrecisionBudget = None,
     trace: Annotated[bool, typer.Option(help="Also write rounds.parquet, the per-round trace.")] = False,
     ignore_eos: IgnoreEos = False,
     device: Device = "auto", dtype: Dtype = "auto", threads: Threads = None,
@@ -106,6 +116,7 @@ def run(
                     category_field=category_field, limit=limit, turns=turns, chat_template=chat_template,
                     temperature=temperature, top_p=top_p, topk=topk, max_new_tokens=max_new_tokens, seed=seed,
                     ignore_eos=ignore_eos, repeats=repeats, trace=trace, batching=batching, threads=threads,
+                    precision=precision or 0.0, precision_budget_s=600.0 if precision_budget is None else precision_budget,
                     **{name: tuple(values) for name, values in grid.items() if values},  # unset: the defaults
                     batch_sizes=tuple(batch_size or (DEFAULTS.batching.batch_size,)),
                     goodput_model=str(goodput_model) if goodput_model else "", budget_layout=budget_layout,
@@ -150,7 +161,9 @@ def print_summary(folder: Path, table) -> None:
     out_console.print(summary_table(table, title))
     if samples["category"].nunique() > 1:
         out_console.print(summary_table(summarize(samples, by=["category"]), "by category"))
-    print_health(read_summary(folder))
+    summary = read_summary(folder)
+    print_verdicts(summary)
+    print_health(summary)
     print_llamacpp(folder)
     out_console.print(f"run folder: {folder}")
 

@@ -44,6 +44,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from dspark_bench.paired import compare
 from dspark_bench.replay.cost import CostSurface, measure_surface, relative_iqr
 
 VERDICTS = ("ok", "noisy", "unreliable")
@@ -201,19 +202,33 @@ class LoadProbe:
 # --- what measured and predicted numbers say about each other ---------------------------------------------
 
 
-def identical_rounds(confirmed: pd.DataFrame) -> Check | None:
-    """Confirmed policies whose replayed rounds are the same (equal predicted time and round
-    counts) do the same work: their measured speedups should agree."""
-    keys = [c for c in ("batch_size", "predicted_speedup", "tokens_per_round", "avg_draft_len", "acceptance_rate")
-            if c in confirmed]
-    if "speedup" not in confirmed or "predicted_speedup" not in keys:
+WORK = ["rounds", "drafted_total", "accepted_total", "draft_forwards"]  # a sample's work, as its rounds sum it
+
+
+def identical_rounds(samples: pd.DataFrame) -> Check | None:
+    """Policies of one run whose rounds were the same on every prompt did the same work: paired on
+    those prompts, their seconds per token should agree. A sweep's confirmation times such
+    policies once (tuning/confirm.py); a run of several policies may still hold some."""
+    if "spec_time_s" not in samples or not set(WORK) <= set(samples) or samples["config_id"].nunique() < 2:
         return None
-    ratios = [float(g["speedup"].max() / g["speedup"].min()) for _, g in confirmed.groupby(keys) if len(g) > 1]
-    if not ratios:
+    by_config = {cid: g for cid, g in samples.groupby("config_id", sort=True)}
+    groups: dict[tuple, list[int]] = {}
+    for cid, group in by_config.items():
+        learned = bool((group["metric"] == "learned").any()) if "metric" in group else False
+        key = (learned, tuple(group.get("batch_size", pd.Series([1])).unique()),
+               tuple(map(tuple, group.sort_values(["prompt_id", "turn"])[WORK].to_numpy().tolist())))
+        groups.setdefault(key, []).append(cid)
+    verdicts = [compare(by_config[cid], by_config[ids[0]]) for ids in groups.values() if len(ids) > 1 for cid in ids[1:]]
+    if not verdicts:
         return None
-    ratio = max(ratios)
-    return Check("identical_rounds", grade(ratio, 1.10, 1.25), {"largest_ratio": ratio, "groups": len(ratios)},
-                 f"policies with identical rounds measured {ratio:.2f}× apart")
+    # The farthest apart; one whose interval holds 1 is as alike as this run can tell.
+    worst_pair = max(verdicts, key=lambda v: max(v.ratio, 1 / v.ratio) if not v.low <= 1 <= v.high else 1.0)
+    off = max(worst_pair.ratio, 1 / worst_pair.ratio)
+    verdict = "ok" if worst_pair.low <= 1 <= worst_pair.high else grade(off, 1.10, 1.25)
+    return Check("identical_rounds", verdict,
+                 {"largest_ratio": off, "low": worst_pair.low, "high": worst_pair.high, "pairs": len(verdicts)},
+                 f"policies with identical rounds measured {off:.2f}× apart, paired on the same prompts "
+                 f"[{worst_pair.low:.2f}, {worst_pair.high:.2f}]")
 
 
 def measured_over_predicted(confirmed: pd.DataFrame) -> Check | None:

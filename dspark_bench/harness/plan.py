@@ -73,6 +73,13 @@ def replay_plan(per_token: float, prompts: int, tokens: int, policies: int, conf
             f"total ≈ {duration(record + confirm_s)} (target {per_token * 1e3:.1f} ms/token here)"), record + confirm_s
 
 
+def precision_plan(target: float, budget_s: float) -> str:
+    """The plan's line for a precision target (harness/verdicts.py sharpens the headline pair)."""
+    return (f"then: the best scheduled policy and the best fixed γ again, pass after pass, until their paired "
+            f"interval is within ±{target:.1%} — at most {duration(budget_s)} more (--precision-budget); the "
+            f"estimate of how many passes follows the second")
+
+
 def real_sweep_plan(per_token: float, prompts: int, tokens: int, trials: int, repeats: int) -> str:
     seconds = timed_pairs_seconds(per_token, prompts * trials, tokens, repeats)
     return (f"plan: {trials} trials × {prompts} prompts × {repeats} timed pair{'s' * (repeats != 1)} × {tokens} "

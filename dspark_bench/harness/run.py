@@ -293,7 +293,8 @@ def execute(config: RunConfig, out: Path, progress=None, say=None, planned: Plan
     planned = planned or plan_run(config)
     step = stage_steps(progress, "decoding", planned.samples)
     return run_to_folder(planned.pair, planned.prompts, planned.configs, out, config.settings(), planned.source,
-                         progress=step, assignment=planned.assignment, say=say, run_config=config.to_dict())
+                         progress=step, assignment=planned.assignment, say=say, run_config=config.to_dict(),
+                         precision=(config.precision, config.precision_budget_s))
 
 
 def rerun_from(run_file: Path, out: Path, progress=None, say=None):

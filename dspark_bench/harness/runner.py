@@ -12,6 +12,7 @@ alternating by repeat; a prompt's time is its share of its side's own steps.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import statistics
 import time
 from dataclasses import dataclass
@@ -29,9 +30,10 @@ from dspark_bench.decoding.cached_lm import decode_shapes, warm_compiled
 from dspark_bench.decoding.engine import speculative_decode
 from dspark_bench.decoding.host import synchronize
 from dspark_bench.decoding.types import DecodeResult
-from dspark_bench.harness.health import LoadProbe, baseline_drift, health, wall_over_estimate
+from dspark_bench.harness.health import LoadProbe, baseline_drift, health, identical_rounds, wall_over_estimate
 from dspark_bench.harness.models import ModelPair
-from dspark_bench.harness.plan import run_plan, seconds_per_token
+from dspark_bench.harness.plan import precision_plan, run_plan, seconds_per_token
+from dspark_bench.harness.verdicts import judge, with_schedules
 from dspark_bench.metrics import position_acceptance, rates, round_totals, speedup_ratio, summarize
 from dspark_bench.prompts import Prompt, encode, prompts_fingerprint
 from dspark_bench.results import check_writable, write_run
@@ -313,6 +315,15 @@ def run(
     return RunOutput(samples, pd.DataFrame(trace_rows) if settings.trace else None)
 
 
+def another_pass(pair: ModelPair, prompts: list[Prompt], configs: list[DecodeConfig], settings: RunnerSettings,
+                 pair_ids: tuple[int, int], number: int) -> pd.DataFrame:
+    """One more interleaved pass of two policies (config_ids into `configs`) over the prompts,
+    numbered `number` (column `pass`); no warm-up: the models are warm."""
+    ids = np.array(pair_ids)
+    output = run(pair, prompts, [configs[i] for i in pair_ids], dataclasses.replace(settings, warmup=0))
+    return output.samples.assign(config_id=ids[output.samples["config_id"].to_numpy()], **{"pass": number})
+
+
 def planned_samples(prompts: list[Prompt], configs: list[DecodeConfig], settings: RunnerSettings,
                     assignment: list[list[int]] | None = None) -> int:
     """How many (prompt, turn, config) measurements a run makes."""
@@ -349,19 +360,26 @@ def run_to_folder(
     assignment: list[list[int]] | None = None,
     say: Callable[[str], None] | None = None,
     run_config: dict | None = None,
+    precision: tuple[float, float] = (0.0, 600.0),
 ) -> tuple[Path, pd.DataFrame]:
     """`run`, then write the run folder; returns it and the per-config summary table.
 
-    With `say`, the plan and its estimated duration are said before decoding starts."""
+    With `say`, the plan and its estimated duration are said before decoding starts. Each policy
+    is compared with the best fixed γ on the same prompts (harness/verdicts.py); `precision`
+    (target, seconds) sharpens the headline pair's interval, pass after pass."""
     check_writable(out)
     estimate = say_plan(pair, prompts, configs, settings, assignment, say) if say else None
+    if say and precision[0] > 0:
+        say(precision_plan(*precision))
     probe, started = LoadProbe(), time.perf_counter()
     probe.sample("start")
     output = run(pair, prompts, configs, settings, progress, assignment)
     wall = time.perf_counter() - started
     probe.sample("decoded")
-    table = summarize(output.samples)
-    by_category = summarize(output.samples, by=["category"])
+    samples, paired = judge(output.samples, with_schedules(summarize(output.samples), configs),
+                            functools.partial(another_pass, pair, prompts, configs, settings), *precision, say)
+    table = summarize(samples)
+    by_category = summarize(samples, by=["category"])
     run_info = {
         "config": run_config,  # the whole RunConfig: `run --config run.json` runs it again
         "configs": [c.to_dict() for c in configs],
@@ -370,8 +388,10 @@ def run_to_folder(
         "models": pair.describe(),
         "prompts": {"count": len(prompts), "fingerprint": prompts_fingerprint(prompts), **(source or {})},
     }
-    timing_health = health([*probe.checks(), baseline_drift(output.samples), wall_over_estimate(wall, estimate)])
+    timing_health = health([*probe.checks(), baseline_drift(samples), identical_rounds(samples),
+                            wall_over_estimate(wall, estimate)])
     summary = {"configs": table.to_dict(orient="records"), "by_category": by_category.to_dict(orient="records"),
-               "timing_health": timing_health}
-    folder = write_run(out, "run", run_info, summary, {"samples": output.samples, "rounds": output.rounds})
+               "timing_health": timing_health, **paired}
+    folder = write_run(out, "run", run_info, summary, {"samples": samples, "rounds": output.rounds})
     return folder, table
+

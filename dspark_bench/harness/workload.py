@@ -49,6 +49,11 @@ class Workload:
     # B > 1: rows that finish are replaced from the waiting prompts ("refill", continuous
     # batching), or the batch empties before the next starts ("drain")
     batching: str = "refill"
+    # The headline comparison (the best scheduled policy against the best fixed γ, paired on the
+    # same prompts) timed again, pass after pass, until its 95 % interval is within ±precision
+    # (0: one pass), or until precision_budget_s seconds of further passes are spent.
+    precision: float = 0.0
+    precision_budget_s: float = 600.0
     # torch's CPU threads for the job (None: torch's own choice). On a machine another process keeps
     # busy, fewer threads than cores stop torch's threads fighting it (timing health says when).
     threads: int | None = None
@@ -70,6 +75,12 @@ class Workload:
             raise DsparkError(f"--chat-template must be auto or none (got {self.chat_template!r})")
         if self.repeats < 1:
             raise DsparkError(f"--repeats must be at least 1 (got {self.repeats})")
+        for name in ("precision", "precision_budget_s"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value < float("inf"):
+                raise DsparkError(f"--{name.replace('_s', '').replace('_', '-')} must be a number >= 0 (got {value!r})")
+        if self.precision >= 1:
+            raise DsparkError(f"--precision is a relative half-width, e.g. 0.03 for ±3 % (got {self.precision:g})")
         if self.batching not in ("refill", "drain"):
             raise DsparkError(f"--batching must be refill or drain (got {self.batching!r})")
 

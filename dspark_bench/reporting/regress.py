@@ -23,6 +23,7 @@ from pathlib import Path
 
 from dspark_bench.config import with_defaults
 from dspark_bench.errors import DsparkError
+from dspark_bench.paired import compare_speedups
 from dspark_bench.reporting.stored_runs import (
     BASELINE_FILES,
     DETERMINISTIC_METRICS,
@@ -122,13 +123,34 @@ def metric_row(label: str, metric: str, old, new, tolerance: float) -> Row:
     return Row(label, metric, old, new, change, "pass" if same else "fail")
 
 
-def speed_row(label: str, old, new, speed_tolerance: float, strict_speed: bool) -> Row:
-    """Speedup as a ratio current / baseline; too slow is flagged (failed when strict)."""
+def speed_row(label: str, old, new, speed_tolerance: float, strict_speed: bool, paired_change=None) -> Row:
+    """Speedup as a ratio current / baseline — paired on the prompts both runs timed where their
+    samples are at hand (`paired_change`, a paired.Verdict), else of the two summaries; too slow
+    is flagged (failed when strict)."""
     old, new = _number(old), _number(new)
     ratio = new / old if old and not math.isnan(old) else float("nan")
+    change = f"×{ratio:.3f}"
+    if paired_change is not None:
+        ratio = paired_change.ratio
+        change = (f"×{ratio:.3f} [{paired_change.low:.3f}, {paired_change.high:.3f}] paired over "
+                  f"{paired_change.prompts} prompts")
     slow = not ratio >= 1.0 - speed_tolerance  # NaN counts as slow: nothing sound to compare
     verdict = ("fail" if strict_speed else "flag") if slow else "pass"
-    return Row(label, "speedup", old, new, f"×{ratio:.3f}", verdict)
+    return Row(label, "speedup", old, new, change, verdict)
+
+
+def paired_speed(baseline: RunRecord, current: RunRecord, config_id: int, new_id: int):
+    """The current speedup over the baseline's, paired per prompt (None without both runs' samples)."""
+    if baseline.samples is None or current.samples is None:
+        return None
+    old = baseline.samples[baseline.samples["config_id"] == config_id]
+    new = current.samples[current.samples["config_id"] == new_id]
+    if old.empty or new.empty or "spec_time_s" not in old or "spec_time_s" not in new:
+        return None
+    try:
+        return compare_speedups(new, old)
+    except DsparkError:  # no prompt in common: the summaries' ratio
+        return None
 
 
 def fingerprint_row(label: str, old: str | None, new: str | None) -> Row:
@@ -181,7 +203,8 @@ def compare(
         if outputs_deterministic(baseline.run, old_configs[config_id]):
             rows.append(fingerprint_row(label, baseline.outputs.get(config_id), current.outputs.get(new_id)))
         if sizes[0] == sizes[1]:
-            rows.append(speed_row(label, old["speedup"], new["speedup"], speed_tolerance, strict_speed))
+            rows.append(speed_row(label, old["speedup"], new["speedup"], speed_tolerance, strict_speed,
+                                  paired_speed(baseline, current, config_id, new_id)))
         else:
             rows.append(Row(label, "speedup", old["speedup"], new["speedup"],
                             f"B={sizes[1]} against B={sizes[0]}: not compared", "n/a"))

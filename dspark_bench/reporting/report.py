@@ -76,7 +76,23 @@ def make_figures(inputs: Inputs, by: str | None = None) -> list[FigureItem]:
     _attempt(items, "round_trace", "8. Round trace of one prompt", lambda: _trace(inputs, best, classic))
     _attempt(items, "batch_sizes", "9. Speedup and tokens/s against batch size", lambda: _batch_sizes(inputs))
     _attempt(items, "signal_headroom", "10. How good a signal the rules would need", lambda: _signal_headroom(inputs))
+    _attempt(items, "paired_ratios", "11. Paired on the same prompts: each policy against the best fixed γ",
+             lambda: _paired(inputs))
     return items
+
+
+def _paired(inputs):
+    found = [(run_id, s["verdicts"]) for run_id, s in inputs.summaries.items() if s.get("verdicts")]
+    if not found:
+        raise Skip("no paired verdicts (a run or sweep that timed a fixed γ beside other policies)")
+    run_id, verdicts = found[0]
+    headline = inputs.summaries[run_id].get("headline")
+    return plots.paired_ratios(verdicts, f"paired on the same prompts ({plots.short_run(run_id)})"), (
+        "Each policy against the best fixed γ at its batch size, on the same prompts and passes: the reference's "
+        "seconds per generated token over the policy's (> 1: the policy is faster). Dots are single prompts, the bar "
+        "the ratio over all of them with its 95 % bootstrap interval (prompts, then passes within them); prompt "
+        "difficulty cancels in the pair, so it decides what two overlapping speedup intervals cannot."
+        + (f" Headline: {headline['sentence']}." if headline else ""))
 
 
 def _signal_headroom(inputs):

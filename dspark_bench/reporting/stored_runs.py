@@ -38,6 +38,7 @@ SUMMARY_KEYS = ("config_id", "config_label", *DETERMINISTIC_METRICS, "speedup")
 RUN_KEYS = {"configs": (), "settings": (), "models": ("target", "draft", "target_fingerprint", "draft_fingerprint",
                                                       "device", "dtype"), "prompts": ("count", "fingerprint")}
 SAMPLE_COLUMNS = ("prompt_id", "turn", "config_id", "output_ids")
+TIMING_COLUMNS = ("baseline_time_s", "baseline_new_tokens", "spec_time_s", "new_tokens")
 # Settings that change what is generated; repeats, warm-up and tracing only change timing.
 OUTPUT_SETTINGS = ("chat_template", "turns", "ignore_eos")
 
@@ -58,6 +59,7 @@ class RunRecord:
     run: dict  # run.json
     summary: dict  # summary.json
     outputs: dict[int, str]  # config_id -> fingerprint of the generated ids
+    samples: pd.DataFrame | None = None  # samples.parquet: per prompt times, for paired speed checks
 
     @property
     def configs(self) -> dict[int, dict]:
@@ -114,7 +116,12 @@ def _check_summary_keys(summary: dict, path: Path, what: str) -> None:
 def _read_samples(path: Path, what: str) -> pd.DataFrame:
     if not path.is_file():
         raise DsparkError(f"{what} {str(path)!r} does not exist (it holds the generated ids compared)")
-    return read_parquet(path, what, columns=list(SAMPLE_COLUMNS))
+    samples = read_parquet(path, what)
+    missing = [c for c in SAMPLE_COLUMNS if c not in samples]
+    if missing:
+        raise DsparkError(f"{what} {str(path)!r} lacks column(s) {', '.join(missing)}")
+    # The timings too where the run kept them: speed is compared per prompt (paired) with them.
+    return samples[[c for c in (*SAMPLE_COLUMNS, *TIMING_COLUMNS) if c in samples]]
 
 
 def load_record(folder: Path, what: str = "run", summary_file: Path | None = None) -> RunRecord:
@@ -130,7 +137,7 @@ def load_record(folder: Path, what: str = "run", summary_file: Path | None = Non
     _check_run_keys(run, run_file, f"{what} run file")
     samples = _read_samples(folder / "samples.parquet", f"{what} samples")
     outputs = {int(config_id): outputs_fingerprint(group) for config_id, group in samples.groupby("config_id")}
-    return RunRecord(folder, run, summary, outputs)
+    return RunRecord(folder, run, summary, outputs, samples)
 
 
 def load_baseline(path: Path) -> RunRecord:

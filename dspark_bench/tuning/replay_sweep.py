@@ -17,7 +17,7 @@ import pandas as pd
 
 from dspark_bench.analysis.analyze import FILE as ANALYSIS_FILE
 from dspark_bench.analysis.analyze import Studied, analyze
-from dspark_bench.config import COST_AWARE, DEFAULTS, LEARNED, DecodeConfig, Drafting, expand
+from dspark_bench.config import DEFAULTS, DecodeConfig, Drafting, expand
 from dspark_bench.decoding.confidence import SIGNALS
 from dspark_bench.decoding.learned_signal import CONTEXT
 from dspark_bench.decoding.learned_signal import FILE as LEARNED_FILE
@@ -25,22 +25,21 @@ from dspark_bench.errors import DsparkError
 from dspark_bench.harness.health import (
     LoadProbe,
     health,
-    identical_rounds,
     measured_over_predicted,
     timed_surface,
     wall_over_estimate,
     worst,
 )
 from dspark_bench.harness.models import load_pair
-from dspark_bench.harness.plan import replay_plan, seconds_per_token
-from dspark_bench.harness.runner import run, stage_steps
-from dspark_bench.metrics import summarize
+from dspark_bench.harness.plan import precision_plan, replay_plan, seconds_per_token
+from dspark_bench.harness.runner import stage_steps
 from dspark_bench.objectives import OBJECTIVES, rank
 from dspark_bench.prompts import encode, prompts_fingerprint
 from dspark_bench.replay.batched import simulate_with_surface
 from dspark_bench.replay.simulate import Record, record, simulate_grid
 from dspark_bench.results import write_folder, write_json, write_parquet
 from dspark_bench.tasks import load_prompts
+from dspark_bench.tuning.confirm import confirm
 from dspark_bench.tuning.joined import budget_points, goodput_points, learned_points, write_goodput_model, write_learned_signal
 from dspark_bench.tuning.spec import SweepSpec, base_config, points
 
@@ -160,15 +159,16 @@ def replay_sweep(folder: Path, spec: SweepSpec, prepared: Prepared, records_root
     table = simulate_all(folder, configs, records, prices, progress)
     # An unreliable cost table still ranks (rounds are exact), but its picks are confirmed harder.
     cost_unreliable = worst(c.verdict for c in prices.checks) == "unreliable"
-    table, samples = confirm(table, configs, spec, prepared, progress, repeats=spec.repeats * (2 if cost_unreliable else 1))
+    table, samples, paired = confirm(table, configs, records, spec, prepared, progress,
+                                     repeats=spec.repeats * (2 if cost_unreliable else 1), say=say)
     probe.sample("confirmed")
     write_parquet(folder / "trials.parquet", table)
     write_parquet(folder / "samples.parquet", samples)
     confirmed = table[table["source"] == "confirmed"]
-    checks = prices.checks + [*probe.checks(), identical_rounds(confirmed), measured_over_predicted(confirmed),
+    checks = prices.checks + [*probe.checks(), measured_over_predicted(confirmed),
                               wall_over_estimate(time.perf_counter() - started - prices.timing_s, estimate)]
     record_dir = record_dirs.get(MODEL, next(iter(record_dirs.values())))
-    best = write_replay_summary(folder, table, spec, prices.cost, record_dir, health(checks), not cost_unreliable)
+    best = write_replay_summary(folder, table, spec, prices.cost, record_dir, health(checks), not cost_unreliable, paired)
     if spec.analyze and MODEL in records:
         studied = Studied(table, records[MODEL], prices.cost, prices.surface if prices.batched else None)
         write_json(folder / ANALYSIS_FILE, analyze(studied, progress))
@@ -265,48 +265,14 @@ def say_replay_plan(spec: SweepSpec, prepared: Prepared, first_ids: list[int], c
     line, seconds = replay_plan(per_token, len(prepared.prompts), prepared.base.verification.max_new_tokens, policies,
                                 confirmed, spec.repeats, recorded=recorded)
     say(line + (" — an upper bound: a batched run takes less than a batch-1 one" if max(sizes) > 1 else ""))
+    if spec.precision > 0:
+        say(precision_plan(spec.precision, spec.precision_budget_s))
     return seconds
 
 
-def chosen_kinds(ranked: pd.DataFrame, top: int) -> list[pd.DataFrame]:
-    """What `confirm` times of one batch size's policies, ranked best first."""
-    per_row = ranked[~ranked["schedule"].isin(["fixed", *COST_AWARE])]
-    best = per_row.head(top)
-    learned = per_row[per_row["metric"] == LEARNED].head(0 if (best["metric"] == LEARNED).any() else 1)
-    # The budget at B = 1 too: it is goodput's rule on the cost table's monotone envelope, which a
-    # noisy table's own dips can make decide otherwise than goodput.
-    return [best, learned, *(ranked[ranked["schedule"] == kind].head(1) for kind in ("goodput", "budget", "fixed"))]
-
-
-def confirm(table: pd.DataFrame, configs: list[DecodeConfig], spec: SweepSpec, prepared: Prepared,
-            progress: StageProgress | None = None, repeats: int | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Time the best `confirm_top` threshold-style policies, the best on the learned signal, the best goodput, the
-    best budget and the best fixed gamma (by the replay's ranking), `repeats` interleaved pairs each (default: the spec's); their measured columns
-    join the table, their samples are returned."""
-
-    objective = OBJECTIVES[spec.objective[0]]
-    ranked = rank(table, objective.name, objective.column("replay"))
-    # Per batch size (which policy wins depends on what a step costs at B) and drafter: the best
-    # threshold-style policies (and the best on the learned signal, if none of those is), the best goodput,
-    # the best budget and the best fixed γ: each kind the headroom compares.
-    chosen = pd.concat([part for _, by_batch in ranked.groupby(["batch_size", "drafter"], sort=True)
-                        for part in chosen_kinds(by_batch, spec.confirm_top)])
-    ids = chosen["config_id"].to_numpy()
-    settings = dataclasses.replace(spec.runner_settings(), repeats=repeats or spec.repeats)
-    output = run(prepared.pair, prepared.prompts, [configs[i] for i in ids], settings,
-                 progress=stage_steps(progress, f"confirming the best {len(ids)}", len(prepared.prompts) * len(ids)))
-    measured = summarize(output.samples)
-    measured["config_id"] = ids[measured["config_id"].to_numpy()]
-    keep = ["config_id", "speedup", "speedup_low", "speedup_high", "baseline_tokens_per_s", "spec_tokens_per_s",
-            "baseline_mean_new_tokens", "spec_mean_new_tokens", "identical_to_baseline"]
-    keep += [c for c in ("spec_latency_per_token_s", "baseline_latency_per_token_s", "layout") if c in measured]
-    table = table.merge(measured[keep], on="config_id", how="left")
-    table.loc[table["speedup"].notna(), "source"] = "confirmed"
-    return table, output.samples.assign(config_id=ids[output.samples["config_id"].to_numpy()])
-
-
 def write_replay_summary(folder: Path, table: pd.DataFrame, spec: SweepSpec, cost, record_dir: Path,
-                         timing_health: dict | None = None, predictions_trusted: bool = True) -> pd.DataFrame:
+                         timing_health: dict | None = None, predictions_trusted: bool = True,
+                         paired: dict | None = None) -> pd.DataFrame:
     """summary.json of a replay sweep; returns the confirmed policies, best first."""
     objective = OBJECTIVES[spec.objective[0]]
     confirmed = rank(table[table["source"] == "confirmed"], objective.name, objective.column("real"))
@@ -322,6 +288,9 @@ def write_replay_summary(folder: Path, table: pd.DataFrame, spec: SweepSpec, cos
         # False: the cost table never passed its checks, so predicted speedups are not to be trusted
         # (the ranking by them is still exact in its rounds; the measured speedups say what won).
         "predictions_trusted": predictions_trusted,
+        # Each confirmed policy against the best fixed γ on the same prompts (harness/verdicts.py);
+        # the headline is the best scheduled one's, the sweep's first answer.
+        **(paired or {}),
     }
     if (table["batch_size"] > 1).any():
         summary["by_batch_size"] = by_batch_size(table, confirmed, objective)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
 from dspark_bench.reporting.plots.base import _figure
@@ -76,4 +77,32 @@ def signal_headroom(rows: pd.DataFrame, title: str = ""):
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="upper left", ncols=2)
     ax.set_title(title or "how good a signal the rules would need", fontsize=10)
+    return fig
+
+
+def paired_ratios(verdicts: list[dict], title: str = ""):
+    """Each policy against the best fixed γ on the same prompts (harness/verdicts.py): every
+    prompt's own ratio as a dot, the ratio over all prompts with its 95 % interval as a bar, 1 (no
+    difference) as a line. > 1: the policy is faster."""
+    shown = [v for v in verdicts if v.get("per_prompt")]
+    fig, axes = _figure(7.5, 1.4 + 0.7 * max(len(shown), 1))
+    ax = axes[0, 0]
+    for y, v in enumerate(shown):
+        dots = np.asarray(v["per_prompt"], float)
+        jitter = np.random.default_rng(y).uniform(-0.18, 0.18, len(dots))
+        ax.scatter(dots, y + jitter, s=10, color="grey", alpha=0.45, lw=0)
+        color = {"faster": "C2", "slower": "C3"}.get(v["verdict"], "C0")
+        ax.errorbar(v["ratio"], y, xerr=[[v["ratio"] - v["low"]], [v["high"] - v["ratio"]]], fmt="o", color=color,
+                    capsize=4, ms=6, lw=2)
+        ax.annotate(f"{v['ratio'] - 1:+.1%} [{v['low'] - 1:+.1%}, {v['high'] - 1:+.1%}] {v['verdict']}", (v["ratio"], y),
+                    xytext=(0, -14), textcoords="offset points", fontsize=7, color=color, ha="center")
+    ax.axvline(1.0, color="black", lw=1)
+    values = [x for v in shown for x in (*v["per_prompt"], v["low"], v["high"]) if np.isfinite(x)] + [1.0]
+    pad = 0.08 * (max(values) - min(values) or 0.1)
+    ax.set_xlim(min(values) - pad, max(values) + pad)
+    ax.set_ylim(len(shown) - 0.4, -0.6)
+    ax.set_yticks(range(len(shown)), [f"{v['candidate']}\nvs {v['reference']}" for v in shown], fontsize=7)
+    ax.set_xlabel("reference s/token ÷ policy s/token: each prompt (dots), all prompts (95 % interval)", fontsize=8)
+    ax.grid(alpha=0.3, axis="x")
+    ax.set_title(title or "paired on the same prompts", fontsize=10)
     return fig
