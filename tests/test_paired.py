@@ -127,8 +127,8 @@ def fake_passes(base: pd.DataFrame, noise: float, calls: list):
 
 def test_a_precision_target_is_reached_by_more_passes_or_said_otherwise():
     calls: list[int] = []
-    base = timings(1.05, prompts=10, noise=0.0)
-    samples, state = verdicts.sharpen(noisy(base, 0, 0.08), (1, 0), fake_passes(base, 0.08, calls), 0.03, 600)
+    base = timings(1.05, prompts=20, noise=0.0)
+    samples, state = verdicts.sharpen(noisy(base, 0, 0.06), (1, 0), fake_passes(base, 0.06, calls), 0.03, 600)
     assert state.ended == "reached" and state.half_width <= 0.03 and state.passes == len(calls) + 1 > 1
     assert samples["pass"].nunique() == state.passes and "reached" in state.sentence()
     assert state.estimate_s is not None  # said after the second pass
