@@ -144,7 +144,7 @@ def render_rounds(tokenizer, result, markers: bool = False) -> Text:
 def print_best(table, folder, title: str = "best configurations") -> None:
     columns = [c for c in ("config_label", "predicted_speedup", "speedup", "speedup_low", "speedup_high",
                            "tokens_per_round", "acceptance_rate", "avg_draft_len", "block_acceptance_rate",
-                           "identical_to_baseline", "same_as", "state") if c in table]
+                           "identical_to_baseline", "same_as", "state") if c in table and table[c].notna().any()]
     summary = read_summary(folder)
     if summary.get("predictions_trusted") is False:
         title += " · predicted speedups untrustworthy (the cost table never passed its timing checks)"
