@@ -215,7 +215,8 @@ def identical_rounds(samples: pd.DataFrame) -> Check | None:
     groups: dict[tuple, list[int]] = {}
     for cid, group in by_config.items():
         learned = bool((group["metric"] == "learned").any()) if "metric" in group else False
-        key = (learned, tuple(group.get("batch_size", pd.Series([1])).unique()),
+        batch = tuple(group["batch_size"].unique()) if "batch_size" in group else (1,)
+        key = (learned, batch,
                tuple(map(tuple, group.sort_values(["prompt_id", "turn"])[WORK].to_numpy().tolist())))
         groups.setdefault(key, []).append(cid)
     verdicts = [compare(by_config[cid], by_config[ids[0]]) for ids in groups.values() if len(ids) > 1 for cid in ids[1:]]

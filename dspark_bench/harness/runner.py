@@ -376,9 +376,11 @@ def run_to_folder(
     output = run(pair, prompts, configs, settings, progress, assignment)
     wall = time.perf_counter() - started
     probe.sample("decoded")
-    samples, paired = judge(output.samples, with_schedules(summarize(output.samples), configs),
+    table = summarize(output.samples)
+    samples, paired = judge(output.samples, with_schedules(table, configs),
                             functools.partial(another_pass, pair, prompts, configs, settings), *precision, say)
-    table = summarize(samples)
+    if "precision" in paired:  # the headline pair's further passes join its measurements
+        table = summarize(samples)
     by_category = summarize(samples, by=["category"])
     run_info = {
         "config": run_config,  # the whole RunConfig: `run --config run.json` runs it again

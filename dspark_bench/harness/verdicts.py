@@ -25,7 +25,7 @@ AnotherPass = Callable[[tuple[int, int], int], "pd.DataFrame"]
 import numpy as np
 import pandas as pd
 
-from dspark_bench.paired import Verdict, aligned, compare, t_quantile
+from dspark_bench.paired import Verdict, aligned, compare, t_factor
 
 Z95 = 1.96  # one prompt: no t to take
 
@@ -93,8 +93,7 @@ def passes_needed(samples: pd.DataFrame, candidate: int, reference: int, target:
     """Passes in all that would bring the interval to ±target at this noise; None where the
     prompts' own differences keep it wider whatever the passes (more prompts are needed)."""
     between, within, prompts, passes = spread(samples, candidate, reference)
-    # The half-width compare() reports: t × √(variance of the mean), with its n/(n-1) correction.
-    z = t_quantile(prompts - 1) * math.sqrt(prompts / (prompts - 1)) if prompts > 1 else Z95
+    z = t_factor(prompts) if prompts > 1 else Z95  # as compare() widens its interval
     if within is None:
         return None if z * math.sqrt(between / prompts) >= target else passes + 1
     room = (target / z) ** 2 * prompts - between

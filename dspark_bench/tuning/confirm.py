@@ -78,7 +78,7 @@ def confirm(table: pd.DataFrame, configs: list[DecodeConfig], records: dict, spe
     chosen = pd.concat([part for _, by_batch in ranked.groupby(["batch_size", "drafter"], sort=True)
                         for part in chosen_kinds(by_batch, spec.confirm_top)])
     shared = same_work([int(i) for i in chosen["config_id"]], configs, records)
-    timed = np.array(sorted(set(shared.values()), key=list(shared.values()).index))
+    timed = np.array(list(dict.fromkeys(shared.values())))  # each kind of work once, in the chosen order
     settings = dataclasses.replace(spec.runner_settings(), repeats=repeats or spec.repeats)
     output = run(prepared.pair, prepared.prompts, [configs[i] for i in timed], settings,
                  progress=stage_steps(progress, f"confirming the best {len(shared)}" + (
