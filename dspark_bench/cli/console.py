@@ -142,12 +142,16 @@ def render_rounds(tokenizer, result, markers: bool = False) -> Text:
 
 
 def print_best(table, folder, title: str = "best configurations") -> None:
-    columns = [c for c in ("config_label", "predicted_speedup", "speedup", "speedup_low", "speedup_high",
+    columns = [c for c in ("config_label", "predicted_speedup", "predicted_speedup_ours", "speedup", "speedup_low", "speedup_high",
                            "tokens_per_round", "acceptance_rate", "avg_draft_len", "block_acceptance_rate",
                            "identical_to_baseline", "same_as", "state") if c in table and table[c].notna().any()]
     summary = read_summary(folder)
     if summary.get("predictions_trusted") is False:
         title += " · predicted speedups untrustworthy (the cost table never passed its timing checks)"
+    if summary.get("prices"):  # whose costs every predicted_speedup used (replay/cost_file.py)
+        title += f" · predicted on {summary['prices']['label']}'s prices"
+        if summary["prices"]["engine"] != "ours":
+            title += " (predicted speedup ours: on our engine's, which confirms)"
     view = Table(title=title, title_justify="left")
     for name in columns:
         view.add_column(name.replace("_", " "), justify="left" if name in ("config_label", "state") else "right")

@@ -27,19 +27,25 @@ def export(
 
     with cli_errors():
         written, choices, text, version = lib.export(run, fmt, out, engine_version)
-    table = Table(title=f"what deploying on {fmt} costs (speedups replayed on the run's record and cost model)")
+    priced = choices[0].prices or "the run's cost model"
+    table = Table(title=f"what deploying on {fmt} costs (speedups replayed on the run's record, priced on {priced})")
     for column in ("batch size", "tuned policy", "speedup", f"{fmt} runs", "speedup ", "kept"):
         table.add_column(column, justify="right" if "speedup" in column or column in ("batch size", "kept") else "left")
     for c in choices:
         kept = c.exported_speedup / c.tuned_speedup if c.exported_speedup and c.tuned_speedup else float("nan")
         table.add_row(str(c.batch_size), c.tuned.label(), f"{c.tuned_speedup:.3f}",
-                      "the same policy" if not c.reasons else c.exported.label(),
+                      "plain decoding" if c.plain else "the same policy" if not c.reasons else c.exported.label(),
                       f"{c.exported_speedup:.3f}" if c.exported_speedup is not None else "n/a", f"{kept:.1%}")
     out_console.print(table)
+    say = lambda line: out_console.print(line, highlight=False, soft_wrap=True, markup=False)  # noqa: E731
     for c in choices:
         if c.reasons:
             out_console.print(f"B={c.batch_size}: {fmt} cannot express {'; '.join(c.reasons)}", highlight=False)
-    say = lambda line: out_console.print(line, highlight=False, soft_wrap=True, markup=False)  # noqa: E731
+        if c.over_defaults is not None:
+            name = {"llamacpp": "llama.cpp"}.get(fmt, fmt)
+            say(f"B={c.batch_size}: predicted {c.over_defaults:.3f}× {name}'s own default policy (fixed γ = 3)")
+        if c.plain:
+            say(f"B={c.batch_size}: writes plain decoding: {c.plain}")
     say(f"written for: {version.covers}")
     say(f"note: {lib.NOTES[fmt]}")
     say(text.rstrip())

@@ -81,7 +81,7 @@ def run(
     temperature: Temperature = DEFAULTS.verification.temperature, top_p: TopP = DEFAULTS.verification.top_p,
     max_new_tokens: MaxNewTokens = None,
     seed: Seed = DEFAULTS.verification.seed, batch_size: BatchSizes = None, batching: Batching = "refill",
-    decoder: Annotated[str, typer.Option(help="The speculative side: ours | hf (HF assisted generation, HF's rule: --semantics hf, top1, --min-draft-len 0) | llamacpp (llama-server with the flags export writes, beside ours and replay).")] = "ours",
+    decoder: Annotated[str, typer.Option(help="The speculative side: ours | hf (HF assisted generation, HF's rule: --semantics hf, top1, --min-draft-len 0) | llamacpp (llama-server with the flags export writes, one server per policy, beside ours and replay priced on llama.cpp's measured costs and on ours; llama.cpp's rule unless --semantics says otherwise; GGUF --target/--draft go to llama-server as they are).")] = "ours",
     repeats: Repeats = 1, precision: Precision = None, precision_budget: PrecisionBudget = None,
     trace: Annotated[bool, typer.Option(help="Also write rounds.parquet, the per-round trace.")] = False,
     ignore_eos: IgnoreEos = False,
@@ -102,6 +102,8 @@ def run(
     with cli_errors():
         grid = {"metric": metric, "schedule": schedule, "threshold": threshold, "gamma_max": gamma_max,
                 "min_draft_len": min_draft_len, "semantics": semantics, "draft_mode": draft_mode, "drafter": drafter}
+        if decoder == "llamacpp" and not semantics and calibration is None:
+            grid["semantics"] = ["llamacpp"]  # what llama.cpp can run: its own rule (schedule.py)
         if calibration is not None and any(grid.values()):
             raise DsparkError("--calibration chooses the policy; drop --metric/--schedule/--threshold/--gamma-max/"
                               "--min-draft-len/--semantics/--draft-mode/--drafter")
@@ -165,30 +167,85 @@ def print_summary(folder: Path, table) -> None:
     print_verdicts(summary)
     print_health(summary)
     print_llamacpp(folder)
+    print_priced(folder)
     out_console.print(f"run folder: {folder}")
 
 
+def print_priced(folder: Path) -> None:
+    """`--decoder hf`: each policy's measured speedup beside replay's, priced on HF's own costs and on ours."""
+    from dspark_bench.results import read_json  # loaded when the command runs, not for --help
+
+    if not (folder / "priced.json").is_file():
+        return
+    info = read_json(folder / "priced.json", "priced predictions")
+    table = Table(title=f"{info['engine']}: measured vs replay priced on its own costs and on our engine's")
+    for column in ("policy", "measured [95% CI]", f"predicted, {info['engine']} prices", "error",
+                   "predicted, our prices", "error "):
+        table.add_column(column, justify="left" if column == "policy" else "right")
+    for row in info["rows"]:
+        table.add_row(row["policy"], f"{row['speedup']:.3f} [{row['speedup_low']:.3f}, {row['speedup_high']:.3f}]",
+                      f"{row['predicted_engine']:.3f}", f"{row['error_engine']:+.1%}", f"{row['predicted_ours']:.3f}",
+                      f"{row['error_ours']:+.1%}")
+    out_console.print(table)
+    fitted = info.get("fitted_on") or {}
+    out_console.print(f"{info['engine']}'s prices: {info['prices']}; fitted on {' and '.join(fitted.get('policies', ['?']))} over "
+                      f"{len(fitted.get('prompts', []))} prompts the run does not decode", highlight=False,
+                      soft_wrap=True, markup=False)
+
+
 def print_llamacpp(folder: Path) -> None:
-    """A llama.cpp run's side-by-side table: llama.cpp, ours and replay on the same pair and prompts."""
+    """A llama.cpp run: each policy measured in llama.cpp beside replay's predictions priced on
+    llama.cpp's costs and on ours; with one policy, its decoders side by side and per prompt."""
     from dspark_bench.results import read_json  # loaded when the command runs, not for --help
 
     if not (folder / "llamacpp.json").is_file():
         return
     info = read_json(folder / "llamacpp.json", "llama.cpp result")
-    table = Table(title=f"llama.cpp b{info['build']['build_number']} beside our engine and replay "
-                        f"({info['prompts']} prompts, greedy; {info['tokenized_identically']}/{info['prompts']} "
-                        "tokenized identically by llama.cpp)")
+    prices = info["prices"]
+    fitted = prices.get("fitted_on") or {}
+    table = Table(title=f"llama.cpp b{info['build']['build_number']}: measured (generation phase) vs replay priced on "
+                        f"{prices['label']}'s costs and on ours ({info['prompts']} prompts, greedy; "
+                        f"{info['tokenized_identically']}/{info['prompts']} tokenized identically by llama.cpp)")
+    for column in ("policy", "llama.cpp measured [95% CI]", "predicted, llama.cpp prices", "error",
+                   "predicted, our prices", "error ", "acceptance (replay)", "= target"):
+        table.add_column(column, justify="left" if column == "policy" else "right")
+    for row in info["summary"]:
+        table.add_row(row["policy"], f"{row['llamacpp_speedup']:.3f} [{row['llamacpp_speedup_low']:.3f}, "
+                      f"{row['llamacpp_speedup_high']:.3f}]", f"{row['predicted_llamacpp']:.3f}",
+                      f"{row['error_llamacpp']:+.1%}", f"{row['predicted_ours']:.3f}", f"{row['error_ours']:+.1%}",
+                      f"{row['acceptance_rate']:.3f} ({row['replay_acceptance_rate']:.3f})", row["identical"])
+    out_console.print(table)
+    out_console.print(f"llama.cpp's prices: {prices['llamacpp']}; its server costs fitted on "
+                      f"{' and '.join(fitted.get('policies', ['?']))} "
+                      f"over prompts {', '.join(map(str, fitted.get('prompts', [])))} (none of them above)",
+                      highlight=False, soft_wrap=True, markup=False)
+    judged = prices.get("timing_health") or {}
+    if judged.get("verdict", "ok") != "ok":  # the engine's own costs were measured on a busy machine
+        out_console.print(f"llama.cpp's prices: {judged['headline']}", style="yellow", highlight=False, soft_wrap=True)
+    if info["gguf"].get("given"):
+        out_console.print("llama.cpp decoded your GGUF files as they are; our side, their de-quantized copy: the "
+                          "'= target' column and the acceptance beside replay's say how far the two part",
+                          highlight=False, soft_wrap=True)
+    if len(info["policies"]) == 1:
+        print_llamacpp_decoders(info)
+        print_llamacpp_prompts(folder)
+    for policy in info["policies"]:
+        out_console.print(f"llama-server flags ({policy['policy']}): {' '.join(policy['flags'])}", highlight=False,
+                          soft_wrap=True, markup=False)
+
+
+def print_llamacpp_decoders(info: dict) -> None:
+    """One policy's decoders side by side: llama.cpp, ours, replay."""
+    table = Table(title="llama.cpp beside our engine and replay (llama.cpp: generation phase)")
     for column in ("decoder", "speedup [95% CI]", "acceptance", "tokens/round", "avg draft len", "= target"):
         table.add_column(column, justify="left" if column == "decoder" else "right")
     number = lambda v, f=".3f": "—" if v is None or v != v else format(v, f)  # noqa: E731 (NaN: not measured)
-    for row in info["table"]:
+    for row in info["policies"][0]["table"]:
         interval = "—" if row["speedup"] != row["speedup"] else (
             f"{row['speedup']:.3f} [{row['speedup_low']:.3f}, {row['speedup_high']:.3f}]")
         table.add_row(row["decoder"], interval, number(row["acceptance_rate"]), number(row["tokens_per_round"]),
                       number(row["avg_draft_len"], ".2f"), row["identical"] or "—")
     out_console.print(table)
-    print_llamacpp_prompts(folder)
-    out_console.print(f"llama-server flags: {' '.join(info['flags'])}", highlight=False, soft_wrap=True, markup=False)
 
 
 def print_llamacpp_prompts(folder: Path) -> None:

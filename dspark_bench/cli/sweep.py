@@ -56,6 +56,7 @@ def sweep(
     max_new_tokens: MaxNewTokens = None, temperature: Annotated[Optional[float], typer.Option(help="0 = greedy.")] = None,
     ignore_eos: IgnoreEos = False,
     analyze: Annotated[bool, typer.Option("--analyze", help="Replay: also study the record (the oracle's headroom, each signal's held-out quality, how good a signal would have to be) into analysis.json; `dspark-bench analyze` does it later.")] = False,
+    prices: Annotated[Optional[str], typer.Option(help="Replay: whose costs price each round: ours (timed here) | llamacpp (llama.cpp's, measured by `run --decoder llamacpp`, cached) | a cost-model file (docs/engines-and-export.md#cost-model-files).")] = None,
     metric: Metrics = None, schedule: Schedules = None, threshold: Thresholds = None,
     gamma_max: GammaMaxes = None, min_draft_len: MinDraftLens = None, batch_size: BatchSizes = None,
     drafter: Drafters = None, heads: HeadsPath = None,
@@ -78,6 +79,7 @@ def sweep(
                  "objective": objective, "confirm_top": confirm_top, "repeats": repeats,
                  "precision": precision, "precision_budget_s": precision_budget,
                  "max_new_tokens": max_new_tokens, "temperature": temperature, "ignore_eos": ignore_eos, "analyze": analyze,
+                 "prices": prices,
                  "metric": metric, "schedule": schedule, "threshold": threshold, "gamma_max": gamma_max,
                  "min_draft_len": min_draft_len, "batch_size": batch_size, "drafter": drafter}
         with reporting("sweep") as (progress, say):

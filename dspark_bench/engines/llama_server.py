@@ -6,7 +6,8 @@ DSPARK_LLAMA_SERVER, or PATH. A server listens on 127.0.0.1 only, is started wit
 flags it is given, and is stopped on every way out of its `with` block (an error, Ctrl-C,
 SIGTERM), so a failed run leaves no server behind. Requests go through the standard library
 (no client package): `/completion` with token ids (so both engines decode the same prompt),
-`/tokenize`, `/metrics`.
+`/tokenize`, `/metrics`. `served` sends each prompt to a plain and a speculative server taking
+turns, as a run and the fit of llama.cpp's costs do.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import re
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import tempfile
 import time
@@ -25,6 +27,10 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
+
+from dspark_bench.config import DecodeConfig
 from dspark_bench.errors import DsparkError
 from dspark_bench.results import cache_dir
 
@@ -209,3 +215,52 @@ class LlamaServer:
         response["wall_s"] = wall
         response["counters"] = {k: after[k] - before.get(k, 0.0) for k in after if k.endswith("_total")}
         return response
+
+
+# --- both servers on the same prompts ----------------------------------------------------------
+
+
+def served(plain: LlamaServer, spec: LlamaServer, prompts, prompt_ids, policy: DecodeConfig, repeats: int,
+           progress=None) -> pd.DataFrame:
+    """Each prompt on both servers, interleaved (A B, then B A); one row per prompt, medians of the times."""
+    for server in (plain, spec):  # warm-up: the first request pays for allocations
+        server.complete(prompt_ids[0], policy.verification.max_new_tokens)
+    rows = []
+    for p, (prompt, ids) in enumerate(zip(prompts, prompt_ids)):
+        answers = {"plain": [], "spec": []}
+        for repeat in range(max(repeats, 1)):
+            order = ("plain", "spec") if (repeat + p) % 2 == 0 else ("spec", "plain")
+            for side in order:
+                server = plain if side == "plain" else spec
+                answers[side].append(server.complete(ids, policy.verification.max_new_tokens))
+        rows.append(prompt_row(prompt, answers))
+        if progress:
+            progress()
+    return pd.DataFrame(rows)
+
+
+def prompt_row(prompt, answers: dict) -> dict:
+    """What both servers did on one prompt (the counts from the last answer: greedy repeats agree)."""
+    spec, plain = answers["spec"][-1], answers["plain"][-1]
+    timings, counters = spec["timings"], spec["counters"]
+    drafted, accepted = int(timings.get("draft_n", 0)), int(timings.get("draft_n_accepted", 0))
+    tokens, plain_tokens = list(spec["tokens"]), list(plain["tokens"])
+    # Rounds: the target's decode calls (the prompt's, which emits the first token, each verification,
+    # each plain step); the draft model's calls are not among them. So tokens = rounds + accepted, as ours.
+    if "n_decode_total" not in counters:
+        raise DsparkError("llama-server's /metrics has no n_decode_total counter: this build cannot be compared")
+    rounds = int(counters["n_decode_total"])
+    return {
+        "prompt_id": prompt.id, "category": prompt.category, "new_tokens": len(tokens),
+        "baseline_new_tokens": len(plain_tokens), "drafted_total": drafted, "accepted_total": accepted,
+        "emitted_total": len(tokens), "rounds": rounds, "full_blocks": np.nan,
+        "verifications": int(counters.get("spec_decode_num_drafts_total", 0)),
+        "spec_time_s": statistics.median(a["wall_s"] for a in answers["spec"]),
+        "baseline_time_s": statistics.median(a["wall_s"] for a in answers["plain"]),
+        # The generation phase alone (llama-server's own timings): what replay prices.
+        "spec_gen_s": statistics.median(a["timings"]["predicted_ms"] for a in answers["spec"]) / 1000,
+        "baseline_gen_s": statistics.median(a["timings"]["predicted_ms"] for a in answers["plain"]) / 1000,
+        "spec_predicted_per_second": statistics.median(a["timings"]["predicted_per_second"] for a in answers["spec"]),
+        "baseline_predicted_per_second": statistics.median(a["timings"]["predicted_per_second"] for a in answers["plain"]),
+        "tokens": tokens, "plain_tokens": plain_tokens,
+    }

@@ -1,26 +1,34 @@
-"""`run --decoder llamacpp`: one policy on llama.cpp and on our engine, side by side, on one pair.
+"""`run --decoder llamacpp`: each policy on llama.cpp and on our engine, side by side, on one pair,
+with replay's prediction of it priced on llama.cpp's costs and on ours.
 
-The policy is turned into llama-server flags by the function `export --format llamacpp` writes
-with (for the build that runs), so what is measured here is what an export deploys. Four
-decoders run the same prompts as the same token ids:
+Each policy is turned into llama-server flags by the function `export --format llamacpp` writes
+with (for the build that runs), so what is measured here is what an export deploys. On the same
+prompts as the same token ids:
 
 - llama.cpp speculative (the exported flags) against llama.cpp plain (the target alone), the two
-  servers taking turns request by request, as our runner interleaves (A B, then B A);
-- our engine against our baseline (harness.runner, the usual run folder);
-- replay's prediction of the policy under llama.cpp's rule, on a record of these prompts.
+  servers taking turns request by request, as our runner interleaves (A B, then B A); one
+  speculative server per policy, one plain server throughout;
+- our engine against our baseline (harness.runner, the usual run folder), every policy;
+- replay's prediction of each policy under llama.cpp's rule, on a record of these prompts, priced
+  on llama.cpp's own costs (engines/llamacpp_prices.py: measured with llama-bench, the server's
+  overheads fitted on other prompts) and on our engine's (replay/cost.py).
 
-What llama.cpp did comes from each response's `timings` (`draft_n`, `draft_n_accepted`,
-predicted tokens per second) and the change of the server's counters over the request
-(verification steps and plain decode calls: its rounds). Every llama.cpp output is compared with
-the target's own greedy output (our baseline). Results go into the run folder as
-`llamacpp.parquet` (one row per prompt) and `llamacpp.json`.
+What llama.cpp did comes from each response's `timings` (`draft_n`, `draft_n_accepted`, the
+generation phase's `predicted_ms`) and the change of the server's counters over the request
+(verification steps and plain decode calls: its rounds). Its speedup is over the generation
+phase (what replay prices; the wall-clock one is kept beside it). Every llama.cpp output is
+compared with the target's own greedy output (our baseline). Results go into the run folder as
+`llamacpp.parquet` (one row per prompt and policy) and `llamacpp.json`.
+
+Where --target and --draft are GGUF files, llama-server gets exactly those files (any
+architecture, any quantization) while our side decodes their de-quantized copy: the table then
+shows how far the two engines' outputs and acceptance part.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import signal
-import statistics
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
@@ -30,37 +38,38 @@ import pandas as pd
 from dspark_bench.config import DecodeConfig
 from dspark_bench.decoding.autoregressive import autoregressive_decode
 from dspark_bench.decoding.schedule import expressible
-from dspark_bench.engines.llama_server import LlamaServer, build_info, check_port_free, find_server
+from dspark_bench.engines.llama_server import LlamaServer, build_info, check_port_free, find_server, served
+from dspark_bench.engines.llamacpp_prices import llamacpp_prices
 from dspark_bench.errors import DsparkError
 from dspark_bench.harness.gguf import cached_gguf
+from dspark_bench.harness.gguf_read import is_gguf
+from dspark_bench.harness.priced import fit_prompts as spare_prompts
 from dspark_bench.harness.run import RunConfig, execute, plan_run
 from dspark_bench.harness.runner import stage_steps
 from dspark_bench.metrics import rates, summarize
 from dspark_bench.prompts import encode
+from dspark_bench.replay.cost import measure_cost
 from dspark_bench.replay.record import record
-from dspark_bench.replay.simulate import simulate
+from dspark_bench.replay.simulate import simulate, simulate_grid
 from dspark_bench.results import check_writable, write_json, write_parquet
 from dspark_bench.tuning.engine_files import llamacpp_flags
 from dspark_bench.tuning.engine_versions import LLAMACPP_CURRENT, llamacpp_version
 
 
-def check_policy(configs: list[DecodeConfig]) -> DecodeConfig:
-    """The one greedy, batch-1, draft-model policy llama.cpp can run exactly."""
-    if len(configs) != 1:
-        raise DsparkError(f"--decoder llamacpp runs one policy; this run has {len(configs)} (one --threshold, "
-                          "--gamma-max, --min-draft-len each)")
-    config = configs[0]
-    if config.drafting.drafter != "model":
-        raise DsparkError(f"--decoder llamacpp drafts with the draft model, not {config.drafting.drafter}")
-    if config.batching.batch_size != 1:
-        raise DsparkError("--decoder llamacpp runs at batch size 1 (one server slot)")
-    if not config.greedy:
-        raise DsparkError("--decoder llamacpp compares greedy outputs: drop --temperature")
-    reasons = expressible(config, "llamacpp")
-    if reasons:
-        raise DsparkError(f"llama.cpp cannot run {config.label()}: it needs {'; '.join(reasons)} "
-                          "(use --semantics llamacpp --metric top1 --schedule threshold, or --schedule fixed)")
-    return config
+def check_policies(configs: list[DecodeConfig]) -> list[DecodeConfig]:
+    """The greedy, batch-1, draft-model policies llama.cpp can run exactly (each, or one line why not)."""
+    for config in configs:
+        if config.drafting.drafter != "model":
+            raise DsparkError(f"--decoder llamacpp drafts with the draft model, not {config.drafting.drafter}")
+        if config.batching.batch_size != 1:
+            raise DsparkError("--decoder llamacpp runs at batch size 1 (one server slot)")
+        if not config.greedy:
+            raise DsparkError("--decoder llamacpp compares greedy outputs: drop --temperature")
+        reasons = expressible(config, "llamacpp")
+        if reasons:
+            raise DsparkError(f"llama.cpp cannot run {config.label()}: it needs {'; '.join(reasons)} "
+                              "(use --semantics llamacpp --metric top1 --schedule threshold, or --schedule fixed)")
+    return configs
 
 
 @contextmanager
@@ -78,8 +87,8 @@ def stopped_on_sigterm():
 
 def execute_llamacpp(config: RunConfig, out: Path, progress=None, say=None, server: str | None = None,
                      port: int | None = None, gguf_dtype: str = "f32") -> tuple[Path, pd.DataFrame, pd.DataFrame]:
-    """Run `config`'s one policy on llama.cpp and on our engine; returns (run folder, our table, the
-    side-by-side table)."""
+    """Run `config`'s policies on llama.cpp and on our engine, and price each under llama.cpp's and
+    our engine's costs; returns (run folder, our table, one row per policy side by side)."""
     if config.ignore_eos:
         raise DsparkError("--decoder llamacpp cannot ignore EOS as ours does (llama-server bans the token instead, "
                           "so the outputs part there); drop --ignore-eos")
@@ -92,89 +101,110 @@ def execute_llamacpp(config: RunConfig, out: Path, progress=None, say=None, serv
     # one refuses the current flags at start, and that line is what the user sees.
     version = llamacpp_version(f"b{build['build_number']}") if build["build_number"] else LLAMACPP_CURRENT
     planned = plan_run(config)
-    policy = check_policy(planned.configs)
+    policies = check_policies(planned.configs)
     pair, settings = planned.pair, config.settings()
     eos = settings.eos_ids(pair)
     if len(eos) > 1:
         raise DsparkError(f"the target stops at {len(eos)} EOS ids; a GGUF file names one, so llama.cpp would stop "
                           "elsewhere: --decoder llamacpp needs a pair with one")
     prompt_ids = [encode(pair.tokenizer, p.text, settings.chat_template) for p in planned.prompts]
-    if say:
-        say(f"llama.cpp b{build['build_number']} ({binary}); converting the pair to GGUF ({gguf_dtype}, cached)")
-    target_file = cached_gguf(pair.target, pair.tokenizer, pair.fingerprints[0], gguf_dtype)
-    draft_file = cached_gguf(pair.draft, pair.tokenizer, pair.fingerprints[1], gguf_dtype)
-    flags = llamacpp_flags(policy, str(draft_file), version)
-    context = max(len(ids) for ids in prompt_ids) + policy.verification.max_new_tokens + policy.stopping.gamma_max + 8
-    threads = config.threads or None
+    target_file, draft_file, given = gguf_files(config, pair, gguf_dtype, build, binary, say)
+    max_new, gamma = policies[0].verification.max_new_tokens, max(p.stopping.gamma_max for p in policies)
+    fit_prompts = spare_prompts(config, planned.prompts)
+    fit_ids = [encode(pair.tokenizer, p.text, settings.chat_template) for p in fit_prompts]
+    prices = llamacpp_prices(pair, fit_prompts, fit_ids, eos, max_new, gamma, binary, version, target_file, draft_file,
+                             config.threads or None, say, progress)
+    context = max(len(ids) for ids in prompt_ids) + max_new + gamma + 8
+    threads, measured = config.threads or None, []
     with stopped_on_sigterm(), ExitStack() as servers:
         plain = servers.enter_context(LlamaServer(binary, target_file, [], threads, context, port, "llama-server (plain)"))
-        spec = servers.enter_context(LlamaServer(binary, target_file, flags, threads, context,
-                                                 None if port is None else port + 1, "llama-server (speculative)"))
         tokenized = [plain.tokenize(pair.tokenizer.decode(ids)) == ids for ids in prompt_ids]
-        rows = served(plain, spec, planned.prompts, prompt_ids, policy, settings.repeats,
-                      stage_steps(progress, "llama.cpp", len(prompt_ids)))
+        for policy in policies:
+            flags = llamacpp_flags(policy, str(draft_file), version)
+            with LlamaServer(binary, target_file, flags, threads, context, None if port is None else port + 1,
+                             "llama-server (speculative)") as spec:
+                rows = served(plain, spec, planned.prompts, prompt_ids, policy, settings.repeats,
+                              stage_steps(progress, f"llama.cpp {policy.label()}", len(prompt_ids)))
+            measured.append((policy, flags, spec.argv, rows))
+        plain_argv = plain.argv
     # Our side is an ordinary run (its folder, its health checks); llamacpp.json marks it.
     folder, ours = execute(dataclasses.replace(config, decoder="ours"), out, progress, say, planned)
-    table = side_by_side(pair, prompt_ids, policy, eos, rows, ours.iloc[0], tokenized,
-                         stage_steps(progress, "replay record", len(prompt_ids)))
-    info = {"build": build, "binary": str(binary), "engine_version": version.name, "flags": flags,
-            "argv": {"plain": plain.argv, "speculative": spec.argv}, "gguf": {"target": str(target_file),
-            "draft": str(draft_file), "dtype": gguf_dtype}, "tokenized_identically": int(sum(tokenized)),
-            "prompts": len(prompt_ids), "policy": policy.to_dict(), "table": table.to_dict(orient="records")}
-    write_parquet(folder / "llamacpp.parquet", rows)  # beside our run's own files; llamacpp.json marks the folder
+    targets = [autoregressive_decode(pair.target, ids, policies[0], eos).tokens for ids in prompt_ids]
+    rec = record(pair, prompt_ids, max_new, gamma, eos_ids=eos, continuations=targets,
+                 progress=stage_steps(progress, "replay record", len(prompt_ids)))
+    our_prices = measure_cost(pair, prompt_ids[0] + targets[0][: len(targets[0]) // 2], gamma)
+    tables, per_prompt, summary = [], [], []
+    for i, (policy, flags, argv, rows) in enumerate(measured):
+        mine = ours[ours["config_label"] == policy.label()].iloc[0]
+        table = side_by_side(rec, policy, targets, rows, mine, tokenized)
+        tables.append({"policy": policy.label(), "flags": flags, "argv": argv, "table": table.to_dict(orient="records")})
+        summary.append(policy_row(rec, policy, rows, mine, prices, our_prices))
+        per_prompt.append(rows.assign(config_id=i, config_label=policy.label()))
+    summary = pd.DataFrame(summary)
+    info = {"build": build, "binary": str(binary), "engine_version": version.name, "argv": {"plain": plain_argv},
+            "gguf": {"target": str(target_file), "draft": str(draft_file), "dtype": "as given" if given else gguf_dtype,
+                     "given": given},
+            "tokenized_identically": int(sum(tokenized)), "prompts": len(prompt_ids),
+            "prices": {"llamacpp": prices.source, "label": prices.label, "timing_health": prices.timing_health,
+                       "fitted_on": prices.fitted_on and {
+                k: v for k, v in prices.fitted_on.items() if k in ("policies", "prompts")},
+                "ours": our_prices.to_dict()},
+            "policies": tables, "summary": summary.to_dict(orient="records")}
+    write_parquet(folder / "llamacpp.parquet", pd.concat(per_prompt, ignore_index=True))  # beside our run's own files
     write_json(folder / "llamacpp.json", info)
-    return folder, ours, table
+    return folder, ours, summary
 
 
-def served(plain: LlamaServer, spec: LlamaServer, prompts, prompt_ids, policy: DecodeConfig, repeats: int,
-           progress=None) -> pd.DataFrame:
-    """Each prompt on both servers, interleaved (A B, then B A); one row per prompt, medians of the times."""
-    for server in (plain, spec):  # warm-up: the first request pays for allocations
-        server.complete(prompt_ids[0], policy.verification.max_new_tokens)
-    rows = []
-    for p, (prompt, ids) in enumerate(zip(prompts, prompt_ids)):
-        answers = {"plain": [], "spec": []}
-        for repeat in range(max(repeats, 1)):
-            order = ("plain", "spec") if (repeat + p) % 2 == 0 else ("spec", "plain")
-            for side in order:
-                server = plain if side == "plain" else spec
-                answers[side].append(server.complete(ids, policy.verification.max_new_tokens))
-        rows.append(prompt_row(prompt, answers))
-        if progress:
-            progress()
-    return pd.DataFrame(rows)
+def gguf_files(config: RunConfig, pair, dtype: str, build: dict, binary, say) -> tuple[Path, Path, bool]:
+    """The GGUF files llama-server loads: the user's own, exactly as given, where --target and
+    --draft are GGUF files (whatever their architecture and quantization; our side decodes their
+    de-quantized copy); else the pair written as GGUF (`dtype`, cached)."""
+    given = [is_gguf(str(name or "")) for name in (config.target, config.draft)]
+    if all(given):
+        files = [Path(str(name)).expanduser().resolve() for name in (config.target, config.draft)]
+        if say:
+            say(f"llama.cpp b{build['build_number']} ({binary}) on your GGUF files as they are: {files[0].name}, "
+                f"{files[1].name}; our side decodes their de-quantized copy")
+        return files[0], files[1], True
+    if any(given):
+        raise DsparkError("--decoder llamacpp hands GGUF files to llama-server as they are: give both --target and "
+                          "--draft as GGUF files, or neither")
+    if say:
+        say(f"llama.cpp b{build['build_number']} ({binary}); converting the pair to GGUF ({dtype}, cached)")
+    return (cached_gguf(pair.target, pair.tokenizer, pair.fingerprints[0], dtype),
+            cached_gguf(pair.draft, pair.tokenizer, pair.fingerprints[1], dtype), False)
 
 
-def prompt_row(prompt, answers: dict) -> dict:
-    """What both servers did on one prompt (the counts from the last answer: greedy repeats agree)."""
-    spec, plain = answers["spec"][-1], answers["plain"][-1]
-    timings, counters = spec["timings"], spec["counters"]
-    drafted, accepted = int(timings.get("draft_n", 0)), int(timings.get("draft_n_accepted", 0))
-    tokens, plain_tokens = list(spec["tokens"]), list(plain["tokens"])
-    # Rounds: the target's decode calls (the prompt's, which emits the first token, each verification,
-    # each plain step); the draft model's calls are not among them. So tokens = rounds + accepted, as ours.
-    if "n_decode_total" not in counters:
-        raise DsparkError("llama-server's /metrics has no n_decode_total counter: this build cannot be compared")
-    rounds = int(counters["n_decode_total"])
-    return {
-        "prompt_id": prompt.id, "category": prompt.category, "new_tokens": len(tokens),
-        "baseline_new_tokens": len(plain_tokens), "drafted_total": drafted, "accepted_total": accepted,
-        "emitted_total": len(tokens), "rounds": rounds, "full_blocks": np.nan,
-        "verifications": int(counters.get("spec_decode_num_drafts_total", 0)),
-        "spec_time_s": statistics.median(a["wall_s"] for a in answers["spec"]),
-        "baseline_time_s": statistics.median(a["wall_s"] for a in answers["plain"]),
-        "spec_predicted_per_second": statistics.median(a["timings"]["predicted_per_second"] for a in answers["spec"]),
-        "baseline_predicted_per_second": statistics.median(a["timings"]["predicted_per_second"] for a in answers["plain"]),
-        "tokens": tokens, "plain_tokens": plain_tokens,
-    }
+def generation_speedup(rows: pd.DataFrame, label: str) -> pd.Series:
+    """llama.cpp's measured speedup over its generation phase (each response's own
+    `timings.predicted_ms`, what replay prices: prefill is the same target pass on both sides),
+    with its interval over prompts; the wall-clock one beside it."""
+    gen = summarize(rows.assign(config_id=0, config_label=label, spec_time_s=rows["spec_gen_s"],
+                                baseline_time_s=rows["baseline_gen_s"])).iloc[0]
+    wall = summarize(rows.assign(config_id=0, config_label=label)).iloc[0]
+    return pd.concat([gen, pd.Series({"wall_speedup": wall["speedup"], "wall_speedup_low": wall["speedup_low"],
+                                      "wall_speedup_high": wall["speedup_high"]})])
 
 
-def side_by_side(pair, prompt_ids, policy: DecodeConfig, eos, rows: pd.DataFrame, ours: pd.Series,
-                 tokenized: list[bool], progress=None) -> pd.DataFrame:
-    """Per prompt and overall: llama.cpp's acceptance and rounds beside replay's, and who matches the target."""
-    targets = [autoregressive_decode(pair.target, ids, policy, eos).tokens for ids in prompt_ids]
-    rec = record(pair, prompt_ids, policy.verification.max_new_tokens, policy.stopping.gamma_max, eos_ids=eos,
-                 continuations=targets, progress=progress)
+def policy_row(rec, policy: DecodeConfig, rows: pd.DataFrame, ours: pd.Series, prices, our_prices) -> dict:
+    """One policy: llama.cpp measured beside replay priced on llama.cpp's costs and on ours."""
+    llama = generation_speedup(rows, policy.label())
+    on_llama = float(simulate_grid(rec, [policy], prices.surface.at(1))["predicted_speedup"].iloc[0])
+    on_ours = float(simulate_grid(rec, [policy], our_prices)["predicted_speedup"].iloc[0])
+    return {"policy": policy.label(), "llamacpp_speedup": llama["speedup"], "llamacpp_speedup_low": llama["speedup_low"],
+            "llamacpp_speedup_high": llama["speedup_high"], "llamacpp_wall_speedup": llama["wall_speedup"],
+            "predicted_llamacpp": on_llama, "predicted_ours": on_ours,
+            "error_llamacpp": on_llama / llama["speedup"] - 1, "error_ours": on_ours / llama["speedup"] - 1,
+            "acceptance_rate": llama["acceptance_rate"],
+            "replay_acceptance_rate": rows["replay_accepted"].sum() / max(rows["replay_drafted"].sum(), 1),
+            "ours_speedup": ours["speedup"], "ours_speedup_low": ours["speedup_low"],
+            "ours_speedup_high": ours["speedup_high"],
+            "identical": f"{int(rows['identical_to_target'].sum())}/{len(rows)}"}
+
+
+def side_by_side(rec, policy: DecodeConfig, targets, rows: pd.DataFrame, ours: pd.Series,
+                 tokenized: list[bool]) -> pd.DataFrame:
+    """One policy, per prompt and overall: llama.cpp's acceptance and rounds beside replay's, and who matches the target."""
     predicted = simulate(rec, policy)
     rows["identical_to_target"] = [list(t) == list(g) for t, g in zip(rows["tokens"], targets)]
     rows["plain_identical_to_target"] = [list(t) == list(g) for t, g in zip(rows["plain_tokens"], targets)]
@@ -185,7 +215,7 @@ def side_by_side(pair, prompt_ids, policy: DecodeConfig, eos, rows: pd.DataFrame
     rows["replay_tokens"] = [sum(r.emitted for r in rounds) for rounds in predicted]
     rows["acceptance_rate"] = rows["accepted_total"] / rows["drafted_total"].replace(0, np.nan)
     rows["replay_acceptance_rate"] = rows["replay_accepted"] / rows["replay_drafted"].replace(0, np.nan)
-    llama = summarize(rows.assign(config_id=0, config_label=policy.label())).iloc[0]
+    llama = generation_speedup(rows, policy.label())
     replayed = rates({"rounds": rows["replay_rounds"].sum(), "drafted_total": rows["replay_drafted"].sum(),
                       "accepted_total": rows["replay_accepted"].sum(), "emitted_total": rows["replay_tokens"].sum(),
                       "full_blocks": 0})

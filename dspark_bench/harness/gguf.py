@@ -25,7 +25,9 @@ from dspark_bench.errors import DsparkError
 from dspark_bench.results import cache_dir
 
 ARCHITECTURES = ("llama",)  # what this writer encodes; others need llama.cpp's converter
-TYPES = {"f32": (np.float32, "ALL_F32"), "f16": (np.float16, "MOSTLY_F16")}
+# q8_0: llama.cpp's 8-bit blocks (32 weights and one f16 scale), quantized by the gguf package's own
+# reference code; a llama.cpp user's quantized file, for the tests that hand such files to llama.cpp.
+TYPES = {"f32": (np.float32, "ALL_F32"), "f16": (np.float16, "MOSTLY_F16"), "q8_0": (np.float32, "MOSTLY_Q8_0")}
 
 
 def cache_home() -> Path:
@@ -156,7 +158,11 @@ def write_gguf(model: torch.nn.Module, tokenizer, path: Path, dtype: str = "f32"
     writer.add_add_bos_token(adds_bos)
     writer.add_add_eos_token(False)
     for name, weight in tensors(model, np_dtype).items():
-        writer.add_tensor(name, np.ascontiguousarray(weight))
+        if dtype == "q8_0" and weight.ndim == 2 and weight.shape[1] % 32 == 0:  # whole blocks only; the rest f32
+            kind = gguf.GGMLQuantizationType.Q8_0
+            writer.add_tensor(name, gguf.quants.quantize(weight, kind), raw_dtype=kind)
+        else:
+            writer.add_tensor(name, np.ascontiguousarray(weight))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -232,11 +232,12 @@ def identical_rounds(samples: pd.DataFrame) -> Check | None:
                  f"[{worst_pair.low:.2f}, {worst_pair.high:.2f}]")
 
 
-def measured_over_predicted(confirmed: pd.DataFrame) -> Check | None:
-    """The confirmed policy whose measured speedup is farthest from its prediction, either way."""
-    if "speedup" not in confirmed or "predicted_speedup" not in confirmed or confirmed.empty:
+def measured_over_predicted(confirmed: pd.DataFrame, column: str = "predicted_speedup") -> Check | None:
+    """The confirmed policy whose measured speedup is farthest from its prediction (`column`: the
+    one priced on the engine that measured it), either way."""
+    if "speedup" not in confirmed or column not in confirmed or confirmed.empty:
         return None
-    ratios = (confirmed["speedup"] / confirmed["predicted_speedup"]).to_numpy(float)
+    ratios = (confirmed["speedup"] / confirmed[column]).to_numpy(float)
     offs = np.where(ratios > 0, np.maximum(ratios, 1 / np.where(ratios > 0, ratios, 1)), np.inf)
     far = int(np.argmax(offs))
     label = confirmed["config_label"].iloc[far] if "config_label" in confirmed else f"policy {far}"

@@ -21,6 +21,7 @@ from dspark_bench.decoding.schedule import expressible
 from dspark_bench.errors import DsparkError
 from dspark_bench.harness.calibration_file import load_calibration
 from dspark_bench.harness.models import load_pair
+from dspark_bench.harness.priced import priced_hf
 from dspark_bench.harness.runner import RunnerSettings, planned_samples, run_to_folder, stage_steps
 from dspark_bench.harness.workload import Workload
 from dspark_bench.prompts import Prompt, encode, prompts_fingerprint
@@ -292,9 +293,12 @@ def execute(config: RunConfig, out: Path, progress=None, say=None, planned: Plan
     check_writable(out)  # before models load
     planned = planned or plan_run(config)
     step = stage_steps(progress, "decoding", planned.samples)
-    return run_to_folder(planned.pair, planned.prompts, planned.configs, out, config.settings(), planned.source,
-                         progress=step, assignment=planned.assignment, say=say, run_config=config.to_dict(),
-                         precision=(config.precision, config.precision_budget_s))
+    folder, table = run_to_folder(planned.pair, planned.prompts, planned.configs, out, config.settings(), planned.source,
+                                  progress=step, assignment=planned.assignment, say=say, run_config=config.to_dict(),
+                                  precision=(config.precision, config.precision_budget_s))
+    if config.decoder == "hf" and all(c.greedy for c in planned.configs) and config.calibration is None:
+        priced_hf(planned, folder, config.settings(), progress, say)  # replay priced on HF's own costs, beside ours
+    return folder, table
 
 
 def rerun_from(run_file: Path, out: Path, progress=None, say=None):

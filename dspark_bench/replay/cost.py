@@ -54,6 +54,13 @@ class CostModel:
     # the lookup's agreement of every row and the fit, on the host (`learned_clock`). A learned
     # policy's draft step costs t_draft + t_learned (0 in cost models older than it).
     t_learned: float = 0.0
+    # A serving engine's costs past its passes (docs/engines-and-export.md#cost-model-files):
+    # `t_round`, what each speculative round adds beyond its draft steps and its verify pass
+    # (sampling every verified position, acceptance, cache edits, scheduling); `t_plain`, plain
+    # decoding's seconds per token where that is more than one 1-token pass (its own sampling and
+    # scheduling). Our engine's timings leave both at 0: a plain step is t_verify(0).
+    t_round: float = 0.0
+    t_plain: float = 0.0
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -63,7 +70,12 @@ class CostModel:
         return cls(float(data["t_draft"]), [float(t) for t in data["t_verify"]], int(data["context_tokens"]),
                    int(data.get("batch_size", 1)), float(data.get("t_prefill_target", 0.0)),
                    float(data.get("t_prefill_draft", 0.0)), float(data.get("t_heads", 0.0)), float(data.get("spread", 0.0)),
-                   float(data.get("t_learned", 0.0)))
+                   float(data.get("t_learned", 0.0)), float(data.get("t_round", 0.0)), float(data.get("t_plain", 0.0)))
+
+    @property
+    def plain_step(self) -> float:
+        """Plain decoding's seconds per token: t_plain where measured, else one 1-token pass."""
+        return self.t_plain or self.t_verify[0]
 
     def draft_step(self, drafter: str, learned: bool = False) -> float:
         """What one of `drafter`'s draft forwards costs (Round.draft_forwards counts them): a draft
@@ -72,15 +84,15 @@ class CostModel:
         return {"model": self.t_draft + (self.t_learned if learned else 0.0), "heads": self.t_heads, "lookup": 0.0}[drafter]
 
     def predict(self, rounds: list[Round], tokens: int) -> float:
-        """docs/sweeps-and-replay.md: N * t_verify(0) / sum over rounds of (s_r * t_draft + t_verify(L_r))."""
-        spent = sum(r.draft_forwards * self.t_draft + self.t_verify[r.drafted] for r in rounds)  # a draft model's
+        """docs/sweeps-and-replay.md: N * t_plain / sum over rounds of (s_r * t_draft + t_verify(L_r) + t_round)."""
+        spent = sum(r.draft_forwards * self.t_draft + self.t_verify[r.drafted] + self.t_round for r in rounds)  # a draft model's
         return self.speedup(tokens, spent)
 
     def speedup(self, tokens, predicted_time):
         """The predicted speedup of `tokens` generated in `predicted_time` cost-model seconds
-        (numbers or arrays): plain decoding's seconds per token, t_verify(0), over the policy's
+        (numbers or arrays): plain decoding's seconds per token (`plain_step`) over the policy's
         own, predicted_time / tokens; the same per-token ratio as a measured speedup."""
-        return tokens * self.t_verify[0] / predicted_time
+        return tokens * self.plain_step / predicted_time
 
 
 @torch.inference_mode()

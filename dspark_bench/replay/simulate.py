@@ -362,9 +362,9 @@ def _grid_table(configs: list[DecodeConfig], counts: np.ndarray, verify: np.ndar
         **totals, **rates(totals),
         "draft_forwards": counts[:, 4], "new_tokens": tokens, "draft_forwards_per_token": counts[:, 4] / max(tokens, 1),
     })
-    if cost is not None:  # in cost-model seconds; plain decoding takes tokens × t_verify(0)
+    if cost is not None:  # in cost-model seconds; plain decoding takes tokens × its plain step
         step = np.array([cost.draft_step(c.drafting.drafter, c.stopping.metric == "learned") for c in configs])
-        table["predicted_time"] = counts[:, 4] * step + verify
+        table["predicted_time"] = counts[:, 4] * step + verify + counts[:, 0] * cost.t_round
         table["predicted_speedup"] = cost.speedup(tokens, table["predicted_time"])
     return table
 

@@ -12,6 +12,8 @@ from dspark_bench.analysis.analyze import FILE as ANALYSIS_FILE
 from dspark_bench.config import FIELDS
 from dspark_bench.errors import DsparkError
 from dspark_bench.objectives import ranking_column
+from dspark_bench.replay import cost_file
+from dspark_bench.replay.cost import CostModel
 from dspark_bench.reporting import plots
 from dspark_bench.reporting.batch_sizes import has_batch_sizes
 from dspark_bench.results import load, load_table, read_json
@@ -122,3 +124,25 @@ def samples_of(inputs: Inputs, row: pd.Series | None) -> pd.DataFrame:
         return inputs.samples.iloc[:0]
     s = inputs.samples
     return s[(s["run_id"] == row["run_id"]) & (s["config_label"] == row["config_label"])]
+
+
+def engine_costs(folder: Path) -> dict:
+    """{whose costs: batch-1 CostModel} a folder priced with: a sweep's prices.json (and
+    prices_ours.json beside an engine's), a llama.cpp run's llama.cpp and our costs."""
+    found = {}
+    for name in ("prices.json", "prices_ours.json"):
+        if (folder / name).is_file():
+            prices = cost_file.load(folder / name)
+            found[prices.label] = prices.surface.at(min(prices.surface.models))
+    if (folder / "llamacpp.json").is_file():
+        info = read_json(folder / "llamacpp.json", "llama.cpp result")
+        if info.get("prices", {}).get("llamacpp") and Path(info["prices"]["llamacpp"]).is_file():
+            prices = cost_file.load(info["prices"]["llamacpp"])
+            found[prices.label] = prices.surface.at(1)
+            found["our engine"] = CostModel.from_dict(info["prices"]["ours"])
+    if (folder / "priced.json").is_file():  # run --decoder hf
+        info = read_json(folder / "priced.json", "priced predictions")
+        if Path(info["prices"]).is_file():
+            found[info["engine"]] = cost_file.load(info["prices"]).surface.at(1)
+            found["our engine"] = CostModel.from_dict(info["ours"])
+    return found

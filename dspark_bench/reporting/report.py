@@ -24,8 +24,8 @@ from dspark_bench.errors import DsparkError, first_line
 from dspark_bench.objectives import OBJECTIVES
 from dspark_bench.reporting import plots
 from dspark_bench.reporting.batch_sizes import batch_blocks, batch_rows
+from dspark_bench.reporting.inputs import Inputs, best_and_classic, engine_costs, load_inputs, run_objective, samples_of
 from dspark_bench.reporting.reliability import acceptance_fit, fit_table, reliability_data, signals_table
-from dspark_bench.reporting.inputs import Inputs, best_and_classic, load_inputs, run_objective, samples_of
 from dspark_bench.reporting.text import summary_blocks, to_html, to_markdown
 from dspark_bench.results import check_writable, describe_machine, evaluation_of, provenance, write_bytes, write_text
 
@@ -78,7 +78,19 @@ def make_figures(inputs: Inputs, by: str | None = None) -> list[FigureItem]:
     _attempt(items, "signal_headroom", "10. How good a signal the rules would need", lambda: _signal_headroom(inputs))
     _attempt(items, "paired_ratios", "11. Paired on the same prompts: each policy against the best fixed γ",
              lambda: _paired(inputs))
+    _attempt(items, "engine_costs", "12. What a round costs in each engine", lambda: _engine_costs(inputs))
     return items
+
+
+def _engine_costs(inputs):
+    found = {label: cost for folder in inputs.folders for label, cost in engine_costs(folder).items()}
+    if len(found) < 2:
+        raise Skip("one engine's costs only (a llama.cpp run, or a sweep with --prices, prices two)")
+    return plots.verify_curves(found, "what a round costs in each engine, relative to its own plain step"), (
+        "Each engine's cost model (replay/cost_file.py): a verify pass over k drafted tokens (plus the engine's fixed "
+        "cost per round) and one draft step, each over that engine's own plain decoding step, and in milliseconds. "
+        "A policy's worth follows these ratios, not the engine's speed: where verifying even one drafted token costs "
+        "much more than a plain step, short drafts lose and the best policy differs from engine to engine.")
 
 
 def _paired(inputs):

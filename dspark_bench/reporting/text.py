@@ -242,20 +242,30 @@ def cost_model_blocks(inputs: Inputs) -> list[tuple]:
         if "source" not in policies:
             continue
         rows = policies[(policies["run_id"] == run_id) & (policies["source"] == "confirmed")]
-        lines = [[r["config_label"], _fmt(r["predicted_speedup"], 2), _speedup_cell(r),
-                  _fmt(r["speedup"] / r["predicted_speedup"], 2)] for _, r in rows.iterrows()]
+        # Priced on an engine's costs (sweep --prices): our engine confirmed, so it is judged on its own.
+        column = "predicted_speedup_ours" if "predicted_speedup_ours" in rows and rows["predicted_speedup_ours"].notna().any() \
+            else "predicted_speedup"
+        lines = [[r["config_label"], _fmt(r["predicted_speedup"], 2), _fmt(r[column], 2), _speedup_cell(r),
+                  _fmt(r["speedup"] / r[column], 2)] for _, r in rows.iterrows()]
         accuracy = summary.get("cost_model_accuracy") or {}
         cost = summary.get("cost_model") or {}
         text = (f"{summary.get('policies_simulated', len(rows))} policies simulated from one record; the best "
                 f"{len(rows)} confirmed by timed runs. Measured / predicted speedup, median "
                 f"{_fmt(accuracy.get('measured_over_predicted_median'), 2)}; mean absolute error "
                 f"{_fmt(accuracy.get('mean_abs_error'), 3)}.")
+        prices = (summary.get("prices") or {}).get("label", "our engine")
+        text += f" predicted_speedup is priced on {prices}'s costs" + (
+            "; measured on our engine, so judged against predicted_speedup_ours (our engine's costs)."
+            if column != "predicted_speedup" else ".")
         if cost:
             verify = ", ".join(f"{t * 1e3:.2f}" for t in cost.get("t_verify", []))
-            text += f" Cost model: t_draft {cost['t_draft'] * 1e3:.2f} ms, t_verify(k = 0..) {verify} ms."
+            text += f" Cost model: t_draft {cost['t_draft'] * 1e3:.2f} ms, t_verify(k = 0..) {verify} ms"
+            text += (f", t_round {cost['t_round'] * 1e3:.2f} ms, plain step {cost['t_plain'] * 1e3:.2f} ms."
+                     if cost.get("t_plain") else ".")
         where = f" ({plots.short_run(run_id)})" if len(inputs.summaries) > 1 else ""
         blocks += [("h3", f"Cost model accuracy{where}"), ("p", text),
-                   ("table", ["configuration", "predicted_speedup", "speedup [95% CI]", "measured / predicted"], lines)]
+                   ("table", ["configuration", "predicted_speedup", "predicted on our engine", "speedup [95% CI]",
+                              "measured / predicted"], lines)]
     return blocks
 
 

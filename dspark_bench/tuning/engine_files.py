@@ -92,6 +92,9 @@ def render_hf(choices, version, draft, models) -> str:
 
 def render_llamacpp(choices, version, draft, models) -> str:
     target = models.get("target_gguf") or "TARGET.gguf"
+    if getattr(choices[0], "plain", ""):  # no speculative policy wins on llama.cpp's prices: no flags
+        return (f"# {version.covers}\n# plain decoding: {choices[0].plain}\n"
+                f"# llama-server -m {shlex.quote(target)} $(grep -v '^#' llama_cpp_flags.txt)\n")
     line = shlex.join(llamacpp_flags(choices[0].exported, draft, version))
     return (f"# {version.covers}\n"
             f"# llama-server -m {shlex.quote(target)} $(grep -v '^#' llama_cpp_flags.txt)\n{line}\n")
@@ -156,9 +159,24 @@ def about(fmt: str, version: EngineVersion, choices: list, models: dict) -> str:
         "sglang": ["python -m sglang.launch_server --model-path TARGET --config sglang_config.yaml"],
         "trtllm": ["trtllm-serve TARGET --extra_llm_api_options trtllm_speculative.yaml"],
     }[fmt]
-    policies = "\n".join(f"- B = {c.batch_size}: {c.exported.label()}" for c in choices)
+    policies = "\n".join(f"- B = {c.batch_size}: " + ("plain decoding (no speculative flags)" if getattr(c, "plain", "")
+                                                     else c.exported.label()) for c in choices)
     return (f"# {FILES[fmt]}\n\nTargets: {version.covers}.\n\nEncodes: {version.source}.\n\nPolicies:\n{policies}\n\n"
-            f"Note: {NOTES[fmt]}\n\nLoad it:\n\n```\n" + "\n".join(load) + "\n```\n")
+            + "".join(priced_note(c) for c in choices)
+            + f"Note: {NOTES[fmt]}\n\nLoad it:\n\n```\n" + "\n".join(load) + "\n```\n")
+
+
+def priced_note(choice) -> str:
+    """What the predictions were priced on, the gain over the engine's defaults, and why plain decoding."""
+    if not getattr(choice, "prices", "") or choice.exported_speedup is None:
+        return ""
+    what = "plain decoding" if choice.plain else f"predicted {choice.exported_speedup:.3f}× over plain decoding"
+    text = f"B = {choice.batch_size}: priced on {choice.prices}'s measured costs: {what}"
+    if choice.over_defaults is not None:
+        text += (f", predicted {choice.over_defaults:.3f}× llama.cpp's own defaults (fixed γ = 3: --spec-draft-n-max 3, "
+                 "n-min 0, p-min 0)")
+    text += ".\n\n"
+    return text + (f"Why plain decoding: {choice.plain}.\n\n" if choice.plain else "")
 
 
 # --- reading a file back ---------------------------------------------------------------------------
@@ -173,6 +191,8 @@ def parse(fmt: str, text: str) -> dict:
         return {1: (gen.num_assistant_tokens, gen.assistant_confidence_threshold, 0, "hf")}
     if fmt == "llamacpp":
         words = shlex.split("\n".join(line for line in text.splitlines() if not line.startswith("#")))
+        if not words:  # plain decoding: no policy wins on the engine's prices (export.priced_choice)
+            return {1: (0, 0.0, 0, "plain")}
         flags = dict(zip(words[::2], words[1::2]))
         names = ("--spec-draft-n-max", "--spec-draft-p-min", "--spec-draft-n-min") if "--spec-type" in flags else (
             "--draft-max", "--draft-p-min", "--draft-min")

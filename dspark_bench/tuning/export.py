@@ -36,6 +36,7 @@ from dspark_bench.decoding.schedule import expressible
 from dspark_bench.errors import DsparkError
 from dspark_bench.harness.gguf import converted
 from dspark_bench.metrics import summarize
+from dspark_bench.replay import cost_file
 from dspark_bench.replay.batched import predict_batched
 from dspark_bench.replay.cost import CostModel, CostSurface
 from dspark_bench.replay.learned import with_learned
@@ -70,6 +71,7 @@ class RunPolicies:
     best: dict[int, tuple[DecodeConfig, float, str]]  # B -> (policy, its speedup, measured | predicted)
     record: Path | None  # replay record, where the run has one
     cost: dict | None  # cost_model.json / cost_surface.json contents
+    prices: str = ""  # whose costs those are (a sweep's summary "prices"; older sweeps: ours)
 
     @functools.cached_property
     def rec(self):
@@ -140,16 +142,20 @@ def load_run(folder: Path) -> RunPolicies:
         if (folder / name).is_file():
             cost = {"kind": name, **read_json(folder / name, "cost file")}
             break
-    return RunPolicies(folder, info, best, record, cost)
+    prices = (summary.get("prices") or {}).get("label", "our engine") if cost else ""
+    return RunPolicies(folder, info, best, record, cost, prices)
 
 
-def replayed(run: RunPolicies, configs: list[DecodeConfig]) -> np.ndarray:
-    """Predicted speedups of `configs` on the run's record and cost model (at each one's B)."""
+def replayed(run: RunPolicies, configs: list[DecodeConfig], prices: CostModel | None = None) -> np.ndarray:
+    """Predicted speedups of `configs` on the run's record and cost model (at each one's B), or
+    priced on `prices` (an engine's batch-1 costs)."""
 
     rec = run.rec
     configs = [c.replace(max_new_tokens=rec.max_new_tokens) for c in configs]
     if any(c.stopping.gamma_max > rec.gamma_record for c in configs):
         raise DsparkError(f"the run's record is {rec.gamma_record} tokens deep; it cannot replay a longer draft")
+    if prices is not None:
+        return simulate_grid(rec, configs, prices)["predicted_speedup"].to_numpy()
     if run.cost["kind"] == "cost_surface.json":
         surface = CostSurface.from_dict({k: v for k, v in run.cost.items() if k != "kind"})
         return predict_batched(rec, configs, surface)["predicted_speedup"].to_numpy()
@@ -165,6 +171,52 @@ class Choice:
     exported: DecodeConfig
     exported_speedup: float | None
     reasons: list[str]  # why the tuned policy was not exported as it is
+    prices: str = ""  # whose costs priced the predicted speedups ("" : as the run measured)
+    plain: str = ""  # why plain decoding is written instead (no speculative policy is predicted to win)
+    over_defaults: float | None = None  # predicted speedup over the engine's own default policy
+
+
+# The engines' own default policy, where speculation is on but not tuned: llama.cpp b11434's
+# common.h (common_params_speculative_draft: n_max 3, n_min 0, p_min 0), i.e. fixed γ = 3.
+DEFAULTS_OF = {"llamacpp": DecodeConfig.of(schedule="fixed", gamma_max=3, min_draft_len=0, semantics="llamacpp")}
+
+
+def engine_prices(run: RunPolicies, fmt: str):
+    """The measured costs of `fmt`'s engine for the run's models, where a run measured them
+    (`run --decoder llamacpp`), else None: the run's own prices. (A cost_file.CostFile.)"""
+    if fmt != "llamacpp" or run.record is None:
+        return None
+    prices = cost_file.cached(fmt, run.info.get("models", {}))
+    return prices if prices is not None and len(prices.surface.at(1).t_verify) > run.depth else None
+
+
+def break_even(cost: CostModel) -> tuple[float, int]:
+    """The acceptance rate each drafted token would need for a fixed γ to match plain decoding
+    under `cost` (tokens a round emits, (1 − α^(γ+1)) / (1 − α), over what it costs), at the γ
+    that needs least; and that γ."""
+    def speedup(alpha: float, gamma: int) -> float:
+        tokens = sum(alpha ** i for i in range(gamma + 1))
+        return tokens * cost.plain_step / (gamma * cost.t_draft + cost.t_verify[gamma] + cost.t_round)
+
+    best = (1.0, 1)
+    for gamma in range(1, len(cost.t_verify)):
+        low, high = 0.0, 1.0
+        for _ in range(50):  # bisection: the speedup rises with alpha
+            middle = (low + high) / 2
+            low, high = (middle, high) if speedup(middle, gamma) < 1 else (low, middle)
+        best = min(best, (high, gamma))
+    return best
+
+
+def plain_because(cost: CostModel, label: str, best: float, acceptance: float) -> str:
+    """Why plain decoding is exported: the measured draft/verify costs and the break-even acceptance."""
+    alpha, gamma = break_even(cost)
+    return (f"no speculative policy is predicted to beat plain decoding on {label}'s prices (the best, "
+            f"{best:.3f}×). A draft step costs {cost.t_draft / cost.plain_step:.2f}× a plain decoding step there "
+            f"(t_draft {cost.t_draft * 1e3:.2f} ms, plain {cost.plain_step * 1e3:.2f} ms, verify(1) "
+            f"{cost.t_verify[1] * 1e3:.2f} ms, {cost.t_round * 1e3:.2f} ms per round): a fixed γ = {gamma} breaks even "
+            f"only where each drafted token is accepted with probability {alpha:.2f}; this pair's first drafted token "
+            f"is accepted with {acceptance:.2f}")
 
 
 def choose(run: RunPolicies, fmt: str) -> list[Choice]:
@@ -172,6 +224,9 @@ def choose(run: RunPolicies, fmt: str) -> list[Choice]:
     if fmt not in FORMATS:
         raise DsparkError(f"unknown export format {fmt!r}; choose one of {', '.join(FORMATS)}")
     sizes = sorted(run.best) if fmt in ("vllm", "trtllm") else sorted(run.best)[:1]  # per-B tables: those two
+    engine = engine_prices(run, fmt)
+    if engine is not None:
+        return [priced_choice(run, fmt, engine)]
     out = []
     for batch_size in sizes:
         tuned, speedup, _ = run.best[batch_size]
@@ -179,7 +234,8 @@ def choose(run: RunPolicies, fmt: str) -> list[Choice]:
         replayable = run.record is not None and run.cost is not None and tuned.stopping.gamma_max <= run.depth
         if not reasons:
             tuned_speedup = replayed(run, [tuned])[0] if replayable else speedup
-            out.append(Choice(batch_size, tuned, float(tuned_speedup), tuned, float(tuned_speedup), []))
+            out.append(Choice(batch_size, tuned, float(tuned_speedup), tuned, float(tuned_speedup), [],
+                              run.prices if replayable else ""))
             continue
         if not replayable:
             raise DsparkError(f"{fmt} cannot run the best policy ({tuned.label()}): it needs "
@@ -188,8 +244,28 @@ def choose(run: RunPolicies, fmt: str) -> list[Choice]:
         pool = candidates(fmt, tuned, list(range(1, run.depth + 1)))
         speedups = replayed(run, [tuned] + pool)
         best = int(np.argmax(speedups[1:]))
-        out.append(Choice(batch_size, tuned, float(speedups[0]), pool[best], float(speedups[1 + best]), reasons))
+        out.append(Choice(batch_size, tuned, float(speedups[0]), pool[best], float(speedups[1 + best]), reasons,
+                          run.prices))
     return cap_schedule(run, fmt, out)
+
+
+def priced_choice(run: RunPolicies, fmt: str, engine) -> Choice:
+    """Batch size 1 on the engine's own measured prices (cost_file.CostFile `engine`): the best of
+    every policy the engine expresses, or plain decoding where none is predicted to beat it."""
+    tuned, _, _ = run.best[min(run.best)]
+    cost = engine.surface.at(1)
+    pool = candidates(fmt, tuned, list(range(1, run.depth + 1)))
+    speedups = replayed(run, [tuned] + pool + [DEFAULTS_OF[fmt]], cost)
+    best = int(np.argmax(speedups[1:-1]))
+    choice = Choice(1, tuned, float(speedups[0]), pool[best], float(speedups[1 + best]), expressible(tuned, fmt),
+                    engine.label, over_defaults=float(speedups[1 + best] / speedups[-1]))
+    if choice.exported_speedup <= 1.0:  # plain decoding: 1× by definition, and why
+        rec = run.rec
+        one = DecodeConfig.of(schedule="fixed", gamma_max=1, min_draft_len=0, max_new_tokens=rec.max_new_tokens)
+        acceptance = simulate_grid(rec, [one])["acceptance_rate"].iloc[0]  # of a first drafted token
+        choice.plain = plain_because(cost, engine.label, choice.exported_speedup, float(acceptance))
+        choice.exported_speedup, choice.over_defaults = 1.0, float(1.0 / speedups[-1])
+    return choice
 
 
 def cap_schedule(run: RunPolicies, fmt: str, choices: list[Choice]) -> list[Choice]:

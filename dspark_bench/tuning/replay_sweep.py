@@ -35,17 +35,26 @@ from dspark_bench.harness.plan import precision_plan, replay_plan, seconds_per_t
 from dspark_bench.harness.runner import stage_steps
 from dspark_bench.objectives import OBJECTIVES, rank
 from dspark_bench.prompts import encode, prompts_fingerprint
+from dspark_bench.replay import cost_file
 from dspark_bench.replay.batched import simulate_with_surface
 from dspark_bench.replay.simulate import Record, record, simulate_grid
 from dspark_bench.results import write_folder, write_json, write_parquet
 from dspark_bench.tasks import load_prompts
 from dspark_bench.tuning.confirm import confirm
-from dspark_bench.tuning.joined import budget_points, goodput_points, learned_points, write_goodput_model, write_learned_signal
+from dspark_bench.tuning.joined import (
+    budget_points,
+    goodput_points,
+    learned_points,
+    write_goodput_model,
+    write_learned_signal,
+)
 from dspark_bench.tuning.spec import SweepSpec, base_config, points
 
 if TYPE_CHECKING:
     from dspark_bench.harness.runner import StageProgress
 
+PRICES_FILE = "prices.json"  # the cost-model file every prediction of the sweep was priced with
+OURS_FILE = "prices_ours.json"  # beside it, where that is an engine's: our engine's, which confirms
 MODEL = DEFAULTS.drafting  # the draft model: the drafter whose record the fits and analyses read
 
 
@@ -153,10 +162,12 @@ def replay_sweep(folder: Path, spec: SweepSpec, prepared: Prepared, records_root
         spec, prepared, ids[0], configs, all((d / "record.json").is_file() for d in record_dirs.values()), say)
     records = record_all(spec, prepared, gamma, ids, configs, record_dirs, progress)
     probe.sample("recorded")
-    prices = time_prices(folder, prepared.pair, ids[0], records, configs, gamma, progress)
+    prices = time_prices(folder, prepared.pair, ids[0], records, configs, gamma, progress, spec.prices)
     probe.sample("cost model timed")
     configs, records = join_fitted(folder, configs, records, record_dirs, prices.surface)
     table = simulate_all(folder, configs, records, prices, progress)
+    # Our engine confirms: its measurements are judged against the prediction priced on its costs.
+    measured_column = "predicted_speedup_ours" if prices.engine else "predicted_speedup"
     # An unreliable cost table still ranks (rounds are exact), but its picks are confirmed harder.
     cost_unreliable = worst(c.verdict for c in prices.checks) == "unreliable"
     table, samples, paired = confirm(table, configs, records, spec, prepared, progress,
@@ -165,10 +176,11 @@ def replay_sweep(folder: Path, spec: SweepSpec, prepared: Prepared, records_root
     write_parquet(folder / "trials.parquet", table)
     write_parquet(folder / "samples.parquet", samples)
     confirmed = table[table["source"] == "confirmed"]
-    checks = prices.checks + [*probe.checks(), measured_over_predicted(confirmed),
+    checks = prices.checks + [*probe.checks(), measured_over_predicted(confirmed, measured_column),
                               wall_over_estimate(time.perf_counter() - started - prices.timing_s, estimate)]
     record_dir = record_dirs.get(MODEL, next(iter(record_dirs.values())))
-    best = write_replay_summary(folder, table, spec, prices.cost, record_dir, health(checks), not cost_unreliable, paired)
+    best = write_replay_summary(folder, table, spec, prices.cost, record_dir, health(checks), not cost_unreliable,
+                                {**(paired or {}), "prices": prices.described(folder)})
     if spec.analyze and MODEL in records:
         studied = Studied(table, records[MODEL], prices.cost, prices.surface if prices.batched else None)
         write_json(folder / ANALYSIS_FILE, analyze(studied, progress))
@@ -190,20 +202,32 @@ def record_all(spec: SweepSpec, prepared: Prepared, gamma: int, ids: list[list[i
 
 @dataclass
 class Prices:
-    """What a round costs here, as replay prices it: the cost surface (per batch size) timed on
-    this machine, its batch-1 cost model, the checks of those timings and how long they took."""
+    """What a round costs, as replay prices it: the cost surface (per batch size) and its batch-1
+    cost model, those of the engine `--prices` names (`engine`, a cost_file.CostFile) or else
+    ours timed on this machine; ours always (`ours`), with the checks of its timings and how long
+    they took: our engine confirms the best policies."""
 
     surface: object
     cost: object
     checks: list
     timing_s: float
     batched: bool  # any batch size > 1: policies are priced on the surface, both layouts
+    ours: object = None  # our engine's timed surface (when `engine` prices the ranking)
+    engine: object = None  # the cost-model file that prices the ranking; None: ours
+
+    def described(self, folder: Path) -> dict:
+        """summary.json's "prices": whose costs every prediction used, and the file."""
+        label = self.engine.label if self.engine else "our engine"
+        return {"label": label, "engine": self.engine.engine["name"] if self.engine else "ours",
+                "file": str(folder / PRICES_FILE), "source": self.engine.source if self.engine else "timed here"}
 
 
 def time_prices(folder: Path, pair, first_ids: list[int], records: dict, configs: list[DecodeConfig], gamma: int,
-                progress: StageProgress | None) -> Prices:
-    """Time the cost surface (re-timed while its checks fail: replay ranks thousands of policies
-    with it) and write the cost model (and surface at B > 1) into the sweep folder."""
+                progress: StageProgress | None, spec_prices: str = "ours") -> Prices:
+    """Time our cost surface (re-timed while its checks fail: replay ranks thousands of policies
+    with it), take the engine's prices `spec_prices` names instead where it names one, and write
+    the prices used into the sweep folder (prices.json, the cost-model file; cost_model.json,
+    and cost_surface.json at B > 1)."""
     rec = next(iter(records.values()))
     # The cost model is timed with the cache at a realistic length: a prompt plus half its output.
     context = first_ids + rec.continuation[0, : int(rec.lengths[0]) // 2].tolist()
@@ -212,11 +236,33 @@ def time_prices(folder: Path, pair, first_ids: list[int], records: dict, configs
     batch_sizes = sorted({c.batching.batch_size for c in configs})
     timing = time.perf_counter()
     surface, checks = timed_surface(pair, context, gamma, batch_sizes, drafters={key.drafter for key in records})
-    prices = Prices(surface, surface.at(1), checks, time.perf_counter() - timing, batch_sizes != [1])
+    timing = time.perf_counter() - timing
+    engine = cost_file.resolve(spec_prices, pair.describe())
+    if engine is None:
+        prices = Prices(surface, surface.at(1), checks, timing, batch_sizes != [1])
+        cost_file.ours(surface, pair).save(folder / PRICES_FILE)
+    else:
+        check_covers(engine, batch_sizes, gamma)
+        prices = Prices(engine.surface, engine.surface.at(min(engine.surface.models)), checks, timing,
+                        batch_sizes != [1], surface, engine)
+        engine.save(folder / PRICES_FILE)
+        cost_file.ours(surface, pair).save(folder / OURS_FILE)  # what predicted_speedup_ours priced with
     write_json(folder / "cost_model.json", prices.cost.to_dict())
     if prices.batched:
-        write_json(folder / "cost_surface.json", surface.to_dict())
+        write_json(folder / "cost_surface.json", prices.surface.to_dict())
     return prices
+
+
+def check_covers(engine, batch_sizes: list[int], gamma: int) -> None:
+    """An engine's cost model prices every batch size and draft length the space holds."""
+    missing = sorted(set(batch_sizes) - set(engine.surface.models))
+    if missing:
+        raise DsparkError(f"{engine.where}prices batch sizes {', '.join(map(str, sorted(engine.surface.models)))}, "
+                          f"not {', '.join(map(str, missing))}: measure those, or sweep the ones it has")
+    short = min(len(m.t_verify) for m in engine.surface.models.values()) - 1
+    if short < gamma:
+        raise DsparkError(f"{engine.where}prices drafts of up to {short} tokens, not gamma_max {gamma}: measure "
+                          "deeper, or sweep shorter drafts")
 
 
 def join_fitted(folder: Path, configs: list[DecodeConfig], records: dict, record_dirs: dict,
@@ -245,10 +291,17 @@ def simulate_all(folder: Path, configs: list[DecodeConfig], records: dict, price
     parts = []
     for key, group in drafter_groups(configs).items():
         chosen = [configs[i] for i in group]
-        part = (simulate_with_surface(records[key], chosen, prices.surface) if prices.batched
-                else simulate_grid(records[key], chosen, prices.cost))
+        part = priced(records[key], chosen, prices.surface, prices.cost, prices.batched)
+        if prices.engine:  # what our engine, which confirms, is predicted to measure
+            part["predicted_speedup_ours"] = priced(records[key], chosen, prices.ours, prices.ours.at(1),
+                                                    prices.batched)["predicted_speedup"].to_numpy()
         parts.append(part.assign(config_id=np.array(group)))
     return pd.concat(parts, ignore_index=True).sort_values("config_id", ignore_index=True).assign(source="replay")
+
+
+def priced(rec, configs: list[DecodeConfig], surface, cost, batched: bool) -> pd.DataFrame:
+    """The policies replayed on `rec`, priced on `surface` (at B > 1, both layouts) or `cost`."""
+    return simulate_with_surface(rec, configs, surface) if batched else simulate_grid(rec, configs, cost)
 
 
 def say_replay_plan(spec: SweepSpec, prepared: Prepared, first_ids: list[int], configs: list[DecodeConfig],
@@ -276,9 +329,10 @@ def write_replay_summary(folder: Path, table: pd.DataFrame, spec: SweepSpec, cos
     """summary.json of a replay sweep; returns the confirmed policies, best first."""
     objective = OBJECTIVES[spec.objective[0]]
     confirmed = rank(table[table["source"] == "confirmed"], objective.name, objective.column("real"))
+    column = "predicted_speedup_ours" if "predicted_speedup_ours" in confirmed else "predicted_speedup"
     summary = {
         "evaluation": "replay", "objective": list(spec.objective), "policies_simulated": len(table),
-        "record": str(record_dir), "cost_model": cost.to_dict(), "cost_model_accuracy": accuracy(confirmed),
+        "record": str(record_dir), "cost_model": cost.to_dict(), "cost_model_accuracy": accuracy(confirmed, column),
         "best": confirmed[confirmed["schedule"] != "fixed"].head(1).to_dict(orient="records"),
         "classic": confirmed[confirmed["schedule"] == "fixed"].to_dict(orient="records"),
         "goodput": confirmed[confirmed["schedule"] == "goodput"].to_dict(orient="records"),
@@ -309,11 +363,11 @@ def by_drafter(confirmed: pd.DataFrame) -> list[dict]:
     return best[[c for c in columns if c in best]].to_dict(orient="records")
 
 
-def accuracy(confirmed: pd.DataFrame) -> dict:
-    """How far the cost model's predicted speedup is from the measured one."""
-    ratio = confirmed["speedup"] / confirmed["predicted_speedup"]
+def accuracy(confirmed: pd.DataFrame, column: str = "predicted_speedup") -> dict:
+    """How far the predicted speedup (`column`: priced on the engine that measured) is from the measured one."""
+    ratio = confirmed["speedup"] / confirmed[column]
     return {"measured_over_predicted_median": float(ratio.median()),
-            "mean_abs_error": float((confirmed["speedup"] - confirmed["predicted_speedup"]).abs().mean())}
+            "mean_abs_error": float((confirmed["speedup"] - confirmed[column]).abs().mean()), "priced_by": column}
 
 
 def by_batch_size(table: pd.DataFrame, confirmed: pd.DataFrame, objective) -> list[dict]:
@@ -333,7 +387,8 @@ def by_batch_size(table: pd.DataFrame, confirmed: pd.DataFrame, objective) -> li
         row["measured"] = measured[["config_label", "schedule", "speedup", "speedup_low", "speedup_high",
                                     "predicted_speedup", "baseline_tokens_per_s", "spec_tokens_per_s"]
                                    ].to_dict(orient="records")
-        row["cost_model_accuracy"] = accuracy(measured) if len(measured) else None
+        row["cost_model_accuracy"] = (accuracy(measured, "predicted_speedup_ours" if "predicted_speedup_ours" in measured
+                                               else "predicted_speedup") if len(measured) else None)
         rows.append(row)
     return rows
 

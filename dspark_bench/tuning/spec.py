@@ -62,6 +62,10 @@ class SweepSpec(Workload):
     # held-out quality, how good a signal would have to be) into analysis.json. A research
     # question, not "which policy": `dspark-bench analyze SWEEP` runs them later as well.
     analyze: bool = False
+    # Whose costs replay prices rounds with (replay/cost_file.py): "ours" (timed here, on our
+    # engine), "llamacpp" (llama.cpp's, measured by `run --decoder llamacpp` and cached), or a
+    # cost-model file's path (a GPU engine's, docs/engines-and-export.md#cost-model-files).
+    prices: str = "ours"
 
 
 # Spec keys an earlier version wrote: the old name -> the new one. Only a stored spec (a sweep
@@ -124,6 +128,8 @@ def _check_types(spec: SweepSpec, where: str) -> None:
     for name in ("ignore_eos", "analyze"):
         if not isinstance(getattr(spec, name), bool):
             raise DsparkError(f"{where}: {name} must be true or false (got {getattr(spec, name)!r})")
+    if not isinstance(spec.prices, str) or not spec.prices:
+        raise DsparkError(f"{where}: prices must be ours, llamacpp or a cost-model file's path (got {spec.prices!r})")
 
 
 def _parse_spec(data: dict, where: str) -> SweepSpec:

@@ -21,6 +21,7 @@ from dspark_bench.reporting.plots.base import (
                                      short_run,
 )
 from dspark_bench.reporting.plots.batch import batch_sizes, paired_ratios, signal_headroom
+from dspark_bench.reporting.plots.prices import verify_curves
 from dspark_bench.reporting.plots.policies import heatmap_value, speedup_heatmap, threshold_curves
 from dspark_bench.reporting.plots.samples import (
                                      confidences_from_rounds,

@@ -1,0 +1,170 @@
+"""llama.cpp's own prices: a cost-model file (replay/cost_file.py) measured with llama.cpp's tools.
+
+A speculative round in llama-server (b11434) is: the draft model's decodes of one token each
+(`common_speculative_draft`: one for the last sampled token, one per drafted token but the last
+kept), one target pass over the round's k + 1 tokens, and the same k + 1 tokens passed through
+the draft again (`common_speculative_process` mirrors every target batch into the draft's
+context), then sampling each verified position and the cache edits. So:
+
+- t_verify(k) = target pass over k + 1 tokens + draft pass over k + 1 tokens, each the median of
+  `llama-bench -p k+1 -n 0 -d DEPTH -o json` at the deployment's context depth (with its thread
+  flags). Not assumed linear or monotone in k: each k is its own measurement (llama.cpp issue
+  #5625: one model's pp8 runs at twice pp9's throughput).
+- t_draft = the draft's pass over one token at that depth (`llama-bench -p 1`).
+- t_plain and t_round: what the server adds (sampling every verified and drafted position, cache
+  edits, the slot's bookkeeping). Fitted on fixed γ = 5 and 7 runs (FIT_GAMMAS) of both servers
+  on prompts set apart for fitting (the task's last ones), from llama-server's own `timings`
+  (`predicted_ms`, the generation phase): t_plain = plain seconds per generated token; t_round =
+  what the speculative side took beyond replay's passes for the same prompts, per round (the
+  median over prompts and both policies: replay/cost_file.py's fit_overheads). A prediction is a test only on policies, prompts and runs other than those, and
+  the file's `fitted_on` names them.
+
+Files are cached by the build, the two GGUF files, the depth and the threads.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import shutil
+import statistics
+import subprocess
+from pathlib import Path
+
+import numpy as np
+
+from dspark_bench.config import DecodeConfig
+from dspark_bench.engines.llama_server import LlamaServer, build_info, served  # a run's own interleaved requests
+from dspark_bench.errors import DsparkError
+from dspark_bench.harness.health import Check, LoadProbe, cost_dispersion, grade, health
+from dspark_bench.harness.priced import FIT_GAMMAS  # the fixed γ an engine's own costs are fitted on
+from dspark_bench.harness.runner import stage_steps
+from dspark_bench.replay.cost import CostModel, CostSurface, relative_iqr
+from dspark_bench.replay.cost_file import CostFile, cache_home, fit_overheads, machine, now
+from dspark_bench.replay.cost_file import load as load_file
+from dspark_bench.replay.record import record
+from dspark_bench.tuning.engine_files import llamacpp_flags
+
+REPETITIONS = 5  # llama-bench -r, in each of INVOCATIONS runs (a pass takes milliseconds: many are cheap)
+INVOCATIONS = 6
+
+
+def find_bench(server: Path) -> Path:
+    """llama-bench beside the server binary (the build script builds both), else on PATH."""
+    beside = Path(server).parent / "llama-bench"
+    if beside.is_file():
+        return beside
+    found = shutil.which("llama-bench")
+    if found:
+        return Path(found)
+    raise DsparkError(f"no llama-bench beside {server} or on PATH: rebuild with `bash tools/build-llama-server.sh` "
+                      "(it builds llama-bench with the server)")
+
+
+def bench(binary: Path, model: Path, sizes: list[int], depth: int, threads: int | None) -> dict[int, list[float]]:
+    """Seconds of a pass over n tokens at `depth` for each n of `sizes`: llama-bench's own samples,
+    from INVOCATIONS runs that each take the sizes in another order after an untimed one (on a
+    shared machine a run's first tests and its drift would otherwise fall on the same k each time)."""
+    samples: dict[int, list[float]] = {n: [] for n in sizes}
+    for invocation in range(INVOCATIONS):
+        order = random.Random(invocation).sample(sizes, len(sizes))
+        argv = [str(binary), "-m", str(model), "-p", ",".join(map(str, [sizes[0]] + order)), "-n", "0", "-d", str(depth),
+                "-r", str(REPETITIONS), "-o", "json"] + (["-t", str(threads)] if threads else [])
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=900)
+        except (OSError, subprocess.TimeoutExpired) as error:
+            raise DsparkError(f"llama-bench did not run: {error}") from None
+        if done.returncode != 0:
+            lines = [line for line in done.stderr.splitlines() if line.strip()]
+            raise DsparkError(f"llama-bench failed on {model.name} (exit {done.returncode}): "
+                              f"{(lines or ['no output'])[-1][:200]}")
+        try:
+            tests = json.loads(done.stdout)
+        except json.JSONDecodeError:
+            raise DsparkError(f"llama-bench wrote no JSON for {model.name}: {done.stdout[:120]!r}") from None
+        for test in tests[1:]:  # the first: untimed warm-up
+            samples[int(test["n_prompt"])] += [ns / 1e9 for ns in test["samples_ns"]]
+    return samples
+
+
+def pass_costs(binary: Path, target: Path, draft: Path, depth: int, gamma: int, threads: int | None) -> tuple[CostModel, dict]:
+    """t_draft and t_verify(k), k = 0 .. gamma, from llama-bench (module docstring); and the raw medians."""
+    sizes = list(range(1, gamma + 2))
+    target_s, draft_s = bench(binary, target, sizes, depth, threads), bench(binary, draft, sizes, depth, threads)
+    median = {role: {n: statistics.median(s) for n, s in samples.items()}
+              for role, samples in (("target", target_s), ("draft", draft_s))}
+    verify = [median["target"][k + 1] + median["draft"][k + 1] for k in range(gamma + 1)]
+    spread = max(relative_iqr(s) for samples in (target_s, draft_s) for s in samples.values())
+    return CostModel(median["draft"][1], verify, depth, spread=spread), median
+
+
+def fit_dispersion(per_prompt: list[dict]) -> Check:
+    """How far the fit prompts' plain seconds per token disagree: the same step on every prompt, so
+    a wide spread is the machine, not the prompts."""
+    spread = relative_iqr([r["plain_per_token_s"] for r in per_prompt])
+    return Check("fit_dispersion", grade(spread, 0.10, 0.25), {"relative_iqr": spread},
+                 f"llama-server's plain seconds per token disagreed by {spread:.0%} (IQR / median) across the fit prompts")
+
+
+def file_key(path: Path) -> str:
+    stat = Path(path).stat()
+    return hashlib.sha256(f"{Path(path).resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:12]
+
+
+def cache_path(build: dict, target: Path, draft: Path, depth: int, threads: int | None, max_new_tokens: int) -> Path:
+    return (cache_home() / f"llamacpp-b{build['build_number']}-{file_key(target)}-"
+            f"{file_key(draft)}-d{depth}-t{threads or 0}-n{max_new_tokens}.json")
+
+
+def llamacpp_prices(pair, fit_prompts, fit_ids: list[list[int]], eos, max_new_tokens: int, gamma: int,
+                    binary: Path, version, target: Path, draft: Path, threads: int | None,
+                    say=None, progress=None) -> CostFile:
+    """llama.cpp's cost-model file for this pair (GGUF files `target`, `draft`), cached; measured
+    with llama-bench and fitted on `fit_prompts` where it is not cached yet. `progress(stage, done,
+    total)` follows the fit runs."""
+    depth = int(np.mean([len(ids) for ids in fit_ids])) + max_new_tokens // 2  # a realistic cache: mid-answer
+    build = build_info(binary)
+    where = cache_path(build, target, draft, depth, threads, max_new_tokens)
+    if where.is_file():
+        prices = load_file(where)
+        if len(prices.surface.at(1).t_verify) > gamma:
+            return prices
+    if say:
+        say(f"measuring llama.cpp's prices: llama-bench at depth {depth}, then {len(fit_ids)} fit prompts on both "
+            f"servers at fixed γ={' and '.join(map(str, FIT_GAMMAS))}")
+    gamma = max(gamma, *FIT_GAMMAS)
+    probe = LoadProbe()  # a busy machine while measuring is said, as for our own timings
+    probe.sample("before llama-bench")
+    passes, medians = pass_costs(find_bench(binary), target, draft, depth, gamma, threads)
+    probe.sample("after llama-bench")
+    policies = [DecodeConfig.of(schedule="fixed", gamma_max=g, min_draft_len=0, semantics="llamacpp",
+                                max_new_tokens=max_new_tokens) for g in FIT_GAMMAS]
+    context = max(len(ids) for ids in fit_ids) + max_new_tokens + gamma + 8
+    runs, steps = [], stage_steps(progress, "llama.cpp prices (fit)", len(fit_ids) * len(policies))
+    with LlamaServer(binary, target, [], threads, context, None, "llama-server (plain, fit)") as plain:
+        for policy in policies:
+            with LlamaServer(binary, target, llamacpp_flags(policy, str(draft), version), threads, context, None,
+                             "llama-server (fixed γ, fit)") as spec:
+                rows = served(plain, spec, fit_prompts, fit_ids, policy, 1, steps)
+            runs.append((policy, rows.rename(columns={"spec_gen_s": "spec_s", "baseline_gen_s": "baseline_s"})))
+    probe.sample("after the fit runs")
+    rec = record(pair, fit_ids, max_new_tokens, gamma, eos_ids=eos)
+    model, per_run = fit_overheads(passes, rec, runs)
+    described = pair.describe()
+    prices = CostFile(
+        CostSurface({1: model}), {"name": "llamacpp", "version": f"b{build['build_number']}", "build": build},
+        {"target": str(target), "draft": str(draft), "target_fingerprint": described["target_fingerprint"],
+         "draft_fingerprint": described["draft_fingerprint"]},
+        "t_verify(k): llama-bench -p k+1 -n 0 -d DEPTH, target + draft (the server passes every target batch "
+        "through the draft too); t_draft: the draft's -p 1; medians of "
+        f"{REPETITIONS * INVOCATIONS} repetitions over {INVOCATIONS} runs, sizes shuffled. t_plain, t_round: fitted on llama-server's timings.predicted_ms of "
+        f"fixed γ={' and '.join(map(str, FIT_GAMMAS))} and plain runs: the median per round of what each took beyond "
+        "replay's passes (fitted_on)",
+        {**machine(), "threads": threads or "llama.cpp's default"}, now(),
+        {"policies": [p.label() for p in policies], "prompts": [p.id for p in fit_prompts], "runs": per_run,
+         "llama_bench_medians_s": {role: {str(n): s for n, s in m.items()} for role, m in medians.items()}},
+        timing_health=health([*probe.checks(), cost_dispersion(CostSurface({1: passes})), fit_dispersion(per_run)]))
+    prices.save(where)
+    prices.source = str(where)
+    return prices

@@ -1,0 +1,252 @@
+"""Cost-model files: what one engine's rounds cost, with where the numbers came from.
+
+Replay prices every round with a cost model (cost.py). Whose prices those are decides what a
+prediction is worth: our PyTorch engine's timings predict our engine, not llama.cpp or vLLM. A
+cost-model file holds one engine's step costs per batch size and its provenance (engine, version,
+build, machine, the models, how it was measured); a sweep and `export` price with any such file
+(`--prices`). The format is documented in docs/engines-and-export.md#cost-model-files; version 1:
+
+    {"format": "dspark-bench cost model", "format_version": 1,
+     "engine": {"name": "llamacpp", "version": "b11434", "build": {...}},
+     "machine": {...}, "models": {"target": ..., "draft": ..., "target_fingerprint": ..., ...},
+     "method": "how each number was measured", "measured": "2026-12-03T16:00:00Z",
+     "fitted_on": {...},                       # optional: the runs a fitted term came from
+     "batch_sizes": {"1": {"t_draft": s, "t_verify": [s, ...], "t_round": s, "t_plain": s,
+                           "context_tokens": n, ...}}}
+
+A file with a wrong shape, a negative, missing or non-finite entry, or for other models is
+refused in one line, before anything is priced with it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import math
+import os
+import platform
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dspark_bench.errors import DsparkError
+from dspark_bench.replay.cost import CostModel, CostSurface
+from dspark_bench.results import cache_dir, write_json
+
+FORMAT = "dspark-bench cost model"
+FORMAT_VERSION = 1
+REQUIRED = ("t_draft", "t_verify", "context_tokens")
+# Every number a batch size's entry may hold (CostModel's fields), each a non-negative finite number.
+SECONDS = ("t_draft", "t_round", "t_plain", "t_prefill_target", "t_prefill_draft", "t_heads", "t_learned")
+ENGINE_NAMES = {"ours": "our engine (PyTorch)", "llamacpp": "llama.cpp", "hf": "HF assisted generation",
+                "vllm": "vLLM", "sglang": "SGLang", "trtllm": "TensorRT-LLM"}
+
+
+@dataclass
+class CostFile:
+    """One engine's cost surface and where it came from."""
+
+    surface: CostSurface
+    engine: dict  # name (ENGINE_NAMES' keys, or another engine's name), version, build
+    models: dict  # target, draft, and their fingerprints where known
+    method: str
+    machine: dict = field(default_factory=dict)
+    measured: str = ""
+    fitted_on: dict | None = None
+    source: str = ""  # the file it was read from, if any
+    timing_health: dict | None = None  # harness.health's verdict on the timings behind it, where judged
+
+    @property
+    def label(self) -> str:
+        """Whose prices these are, as every prediction names them: "llama.cpp b11434"."""
+        name = ENGINE_NAMES.get(self.engine.get("name", ""), self.engine.get("name", "?"))
+        version = self.engine.get("version")
+        return f"{name} {version}" if version else name
+
+    def to_dict(self) -> dict:
+        return {"format": FORMAT, "format_version": FORMAT_VERSION, "engine": self.engine, "machine": self.machine,
+                "models": self.models, "method": self.method, "measured": self.measured,
+                **({"fitted_on": self.fitted_on} if self.fitted_on else {}),
+                **({"timing_health": self.timing_health} if self.timing_health else {}), **self.surface.to_dict()}
+
+    def save(self, path: Path) -> Path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        write_json(Path(path), self.to_dict())
+        return Path(path)
+
+    def check_models(self, models: dict) -> None:
+        """Refuse prices measured for other models than `models` (a pair's describe()): by
+        fingerprint where the file has them, else by name."""
+        for role in ("target", "draft"):
+            mine, theirs = self.models.get(f"{role}_fingerprint"), models.get(f"{role}_fingerprint")
+            if mine and theirs and mine != theirs:
+                raise DsparkError(f"{self.where}was measured for another {role} ({self.models.get(role)}, "
+                                  f"fingerprint {mine}), not {models.get(role)} ({theirs}): measure it for this pair")
+            if not mine and self.models.get(role) and models.get(role) and self.models[role] != models[role]:
+                raise DsparkError(f"{self.where}was measured for {role} {self.models[role]!r}, not {models[role]!r}: "
+                                  "measure it for this pair")
+
+    @property
+    def where(self) -> str:
+        return f"cost model {self.source} " if self.source else "the cost model "
+
+
+def load(path: str | Path) -> CostFile:
+    """A cost-model file, checked (one line for anything wrong with it)."""
+    path = Path(path)
+    if not path.is_file():
+        raise DsparkError(f"cost model {str(path)!r} is not a file")
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise DsparkError(f"cost model {path} is not JSON: {error}") from None
+    return from_dict(data, str(path))
+
+
+def from_dict(data, source: str = "") -> CostFile:
+    where = f"cost model {source}" if source else "the cost model"
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise DsparkError(f"{where} is not a dspark-bench cost model (its \"format\" is not {FORMAT!r})")
+    if data.get("format_version") != FORMAT_VERSION:
+        raise DsparkError(f"{where} has format_version {data.get('format_version')!r}; this dspark-bench reads "
+                          f"{FORMAT_VERSION}")
+    for key, kind in (("engine", dict), ("models", dict), ("method", str), ("batch_sizes", dict)):
+        if not isinstance(data.get(key), kind) or not data[key]:
+            raise DsparkError(f"{where} has no {key!r} ({kind.__name__}): every cost model says where it came from")
+    if not data["engine"].get("name"):
+        raise DsparkError(f"{where} names no engine (\"engine\": {{\"name\": ...}})")
+    models = {int_key(b, where): check_entry(entry, f"{where}, batch size {b}")
+              for b, entry in data["batch_sizes"].items()}
+    if len(models) > 1 and any(m.t_round or m.t_plain for m in models.values()):
+        raise DsparkError(f"{where} has t_round or t_plain with several batch sizes: replay prices those at batch "
+                          "size 1 only; fold them into t_verify and t_draft")
+    return CostFile(CostSurface(models), data["engine"], data["models"], data["method"], data.get("machine") or {},
+                    str(data.get("measured", "")), data.get("fitted_on"), source, data.get("timing_health"))
+
+
+def int_key(key: str, where: str) -> int:
+    try:
+        batch_size = int(key)
+    except ValueError:
+        batch_size = 0
+    if batch_size < 1:
+        raise DsparkError(f"{where}: batch size {key!r} is not a positive whole number")
+    return batch_size
+
+
+def check_entry(entry, where: str) -> CostModel:
+    """One batch size's costs: present, finite, non-negative; at least one verify length past 0."""
+    if not isinstance(entry, dict):
+        raise DsparkError(f"{where} is not an object of costs")
+    missing = [key for key in REQUIRED if key not in entry]
+    if missing:
+        raise DsparkError(f"{where} lacks {', '.join(missing)}")
+    verify = entry["t_verify"]
+    if not isinstance(verify, list) or len(verify) < 2:
+        raise DsparkError(f"{where}: t_verify must list the seconds of a verify pass for k = 0, 1, ... drafted "
+                          "tokens (at least k = 0 and 1)")
+    for name, value in [*((f"t_verify[{k}]", v) for k, v in enumerate(verify)),
+                        *((key, entry[key]) for key in SECONDS if key in entry)]:
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value < 0:
+            raise DsparkError(f"{where}: {name} is {value!r}, not a non-negative number of seconds")
+    if any(v <= 0 for v in verify) or entry["t_draft"] <= 0:
+        raise DsparkError(f"{where}: t_draft and every t_verify must be more than 0 seconds")
+    if not isinstance(entry["context_tokens"], int) or entry["context_tokens"] < 0:
+        raise DsparkError(f"{where}: context_tokens is {entry['context_tokens']!r}, not a token count")
+    return CostModel.from_dict(entry)
+
+
+def fit_overheads(passes: CostModel, rec, runs) -> tuple[CostModel, list[dict]]:
+    """What an engine adds to its passes, from timed runs on the record's prompts: `passes` with
+    t_plain and t_round filled in, and one row per prompt and policy.
+
+    `runs`: (policy, rows) pairs, rows one per prompt in the record's order with the engine's
+    speculative and plain seconds (`spec_s`, `baseline_s`) for its tokens (`new_tokens`,
+    `baseline_new_tokens`). t_plain is the plain side's median seconds per token; t_round the
+    median over every prompt and policy of what the speculative run took beyond replay's passes
+    (t_draft and t_verify over the policy's replayed rounds), per round. A median: one prompt
+    timed while the machine hiccupped moves a least-squares fit, not the median. (A cost per
+    draft step on top was tried on llama.cpp and dropped: fitted on γ 5 and 7 it extrapolated to
+    half the overhead γ = 1 measures; what llama-server adds per round is flat in γ, 2.2–3.2 ms
+    for γ 1–8 on this machine with one thread.)"""
+    from dspark_bench.replay.simulate import simulate  # simulate imports this module's cost model
+
+    per_run = []
+    for policy, rows in runs:
+        for p, (row, rounds) in enumerate(zip(rows.itertuples(), simulate(rec, policy))):
+            tokens = int(rec.lengths[p])
+            spent = sum(r.draft_forwards * passes.t_draft + passes.t_verify[r.drafted] for r in rounds)
+            spec_s = row.spec_s / row.new_tokens * tokens  # the speculative side's seconds for replay's tokens
+            per_run.append({"policy": policy.label(), "prompt_id": row.prompt_id, "tokens": tokens,
+                            "rounds": len(rounds), "spec_s": spec_s, "passes_s": spent,
+                            "round_overhead_s": (spec_s - spent) / len(rounds),
+                            "plain_per_token_s": row.baseline_s / row.baseline_new_tokens})
+    t_round = max(statistics.median(r["round_overhead_s"] for r in per_run), 0.0)
+    t_plain = statistics.median(r["plain_per_token_s"] for r in per_run)
+    return dataclasses.replace(passes, t_round=t_round, t_plain=t_plain), per_run
+
+
+def machine() -> dict:
+    """This machine, as a cost model's provenance names it."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        names = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                 if line.startswith("model name")]
+        cpu = names[0] if names else cpu
+    except OSError:
+        pass
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {"host": platform.node(), "system": platform.platform(terse=True), "cpu": cpu, "cores": cores}
+
+
+def now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def ours(surface: CostSurface, pair, method: str = "") -> CostFile:
+    """Our engine's timed surface (cost.measure_surface) as a cost-model file."""
+    import torch  # only for its version string
+
+    device = str(pair.device)
+    gpu = torch.cuda.get_device_name(pair.device) if device.startswith("cuda") else None
+    described = pair.describe()
+    models = {key: described[key] for key in ("target", "draft", "target_fingerprint", "draft_fingerprint", "dtype")
+              if key in described}
+    return CostFile(surface, {"name": "ours", "version": f"torch {torch.__version__}", "build": {"device": device}},
+                    models, method or "interleaved medians of timed forwards with the caches at a realistic "
+                    "length (replay/cost.py: measure_surface)", {**machine(), **({"gpu": gpu} if gpu else {})}, now())
+
+
+def cache_home() -> Path:
+    """Where measured engines' cost models are kept (DSPARK_PRICES_HOME, else ~/.cache/dspark-bench/prices)."""
+    return cache_dir("prices", "DSPARK_PRICES_HOME")
+
+
+def cached(engine: str, models: dict) -> CostFile | None:
+    """The newest cached cost model of `engine` measured for these models (a pair's describe()), if any."""
+    found = []
+    for path in cache_home().glob(f"{engine}-*.json"):
+        try:
+            prices = load(path)
+        except DsparkError:
+            continue  # a damaged cache entry is measured again, not trusted
+        if all(prices.models.get(key) == models.get(key) for key in ("target_fingerprint", "draft_fingerprint")):
+            found.append((prices.measured, str(path), prices))
+    return max(found, key=lambda f: f[:2])[2] if found else None
+
+
+def resolve(choice: str, models: dict) -> CostFile | None:
+    """`--prices`: None for "ours" (the sweep times our engine), a measured engine's cached file
+    ("llamacpp"), or a cost-model file's path; checked against the pair's models."""
+    if choice in ("", "ours"):
+        return None
+    if choice in ENGINE_NAMES:
+        prices = cached(choice, models)
+        if prices is None:
+            raise DsparkError(f"no {ENGINE_NAMES[choice]} cost model for this pair yet: `dspark-bench run --decoder "
+                              f"{choice} ...` measures one (cached in {cache_home()}), or pass --prices FILE")
+    else:
+        prices = load(choice)
+    prices.check_models(models)
+    return prices

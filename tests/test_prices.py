@@ -1,0 +1,197 @@
+"""Cost-model files (replay/cost_file.py): the format and its one-line refusals, rounds priced
+with an engine's per-round and plain-decoding costs, a sweep ranked on an engine's prices, and
+an export that writes plain decoding where no speculative policy wins on those prices."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from test_sweep import base_args, only_folder
+from typer.testing import CliRunner
+
+from dspark_bench.cli import app
+from dspark_bench.config import DecodeConfig
+from dspark_bench.errors import DsparkError
+from dspark_bench.replay import cost_file
+from dspark_bench.replay.cost import CostModel, CostSurface
+from dspark_bench.replay.simulate import Record, simulate, simulate_grid
+from dspark_bench.tuning.engine_files import parse
+from dspark_bench.tuning.export import break_even
+
+runner = CliRunner()
+MODELS = {"target": "t", "draft": "d", "target_fingerprint": "aaaa", "draft_fingerprint": "bbbb"}
+
+
+def engine_costs(**changes) -> CostModel:
+    values = {"t_draft": 0.002, "t_verify": [0.010, 0.011, 0.0115, 0.012, 0.013, 0.0135, 0.014, 0.015, 0.016],
+              "context_tokens": 100, "t_round": 0.001, "t_plain": 0.0105, **changes}
+    return CostModel.from_dict(values)
+
+
+def engine_file(models=MODELS, **changes) -> cost_file.CostFile:
+    return cost_file.CostFile(CostSurface({1: engine_costs(**changes)}), {"name": "llamacpp", "version": "b11434"},
+                              dict(models), "made up for a test", cost_file.machine(), cost_file.now())
+
+
+def test_a_cost_model_file_round_trips_with_its_provenance(tmp_path):
+    path = engine_file().save(tmp_path / "prices.json")
+    loaded = cost_file.load(path)
+    assert loaded.to_dict() == engine_file().to_dict() | {"measured": loaded.measured, "machine": loaded.machine}
+    assert loaded.label == "llama.cpp b11434" and loaded.surface.at(1).t_round == 0.001
+    assert json.loads(path.read_text())["format_version"] == cost_file.FORMAT_VERSION
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda d: d.pop("format"), "is not a dspark-bench cost model"),
+    (lambda d: d.update(format_version=2), "has format_version 2"),
+    (lambda d: d.pop("method"), "has no 'method'"),
+    (lambda d: d["engine"].pop("name"), "names no engine"),
+    (lambda d: d["batch_sizes"]["1"].pop("t_verify"), "lacks t_verify"),
+    (lambda d: d["batch_sizes"]["1"].update(t_verify=[0.01]), "at least k = 0 and 1"),
+    (lambda d: d["batch_sizes"]["1"].update(t_round=-0.001), "t_round is -0.001"),
+    (lambda d: d["batch_sizes"]["1"]["t_verify"].__setitem__(3, float("nan")), r"t_verify\[3\] is nan"),
+    (lambda d: d["batch_sizes"]["1"].update(t_draft="fast"), "t_draft is 'fast'"),
+    (lambda d: d["batch_sizes"].update({"0": d["batch_sizes"]["1"]}), "batch size '0'"),
+    (lambda d: d["batch_sizes"].update({"8": d["batch_sizes"]["1"]}), "fold them into t_verify"),
+])
+def test_a_bad_cost_model_file_is_refused_in_one_line(tmp_path, change, message):
+    data = engine_file().to_dict()
+    change(data)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(DsparkError, match=message) as error:
+        cost_file.load(path)
+    assert "\n" not in str(error.value)
+
+
+def test_a_cost_model_for_other_models_is_refused():
+    with pytest.raises(DsparkError, match="was measured for another draft"):
+        engine_file().check_models({**MODELS, "draft_fingerprint": "cccc"})
+    named = engine_file({"target": "org/big", "draft": "org/small"})
+    named.check_models({"target": "org/big", "draft": "org/small", "target_fingerprint": "x"})
+    with pytest.raises(DsparkError, match="was measured for target 'org/big', not 'org/other'"):
+        named.check_models({"target": "org/other", "draft": "org/small"})
+    with pytest.raises(DsparkError, match="is not a file"):
+        cost_file.resolve("/nowhere/prices.json", MODELS)
+    with pytest.raises(DsparkError, match="no llama.cpp cost model for this pair yet"):
+        cost_file.resolve("llamacpp", {**MODELS, "target_fingerprint": "none-measured"})
+
+
+def synthetic_record(prompts: int = 6, tokens: int = 40, gamma: int = 8, seed: int = 0) -> Record:
+    """A record whose draft agrees with the continuation at random, top1 a noisy cue of agreement."""
+    rng = np.random.default_rng(seed)
+    continuation = rng.integers(3, 50, size=(prompts, tokens))
+    agree = rng.random((prompts, tokens, gamma)) < 0.7
+    ahead = np.full((prompts, tokens, gamma), -1)
+    for k in range(gamma):
+        ahead[:, : tokens - k, k] = continuation[:, k:]
+    rollout = np.where(agree & (ahead >= 0), ahead, 1)
+    top1 = np.clip(np.where(agree, 0.8, 0.3) + rng.normal(0, 0.15, agree.shape), 0.01, 1).astype(np.float32)
+    confidences = {name: top1 for name in ("top1", "llamacpp_top1", "entropy", "margin", "topk_mass", "gini")}
+    info = {"topk": 5, "max_new_tokens": tokens, "gamma_record": gamma}
+    return Record(continuation, np.full(prompts, tokens), rollout, confidences, frozenset(), info,
+                  np.full((prompts, tokens), gamma))
+
+
+def test_round_and_plain_costs_price_every_round():
+    """predicted = N · t_plain / Σ (s · t_draft + t_verify(L) + t_round), from the rounds themselves;
+    a cost model without them prices as before (plain = t_verify(0), no round cost)."""
+    rec = synthetic_record()
+    policies = [DecodeConfig.of(schedule="fixed", gamma_max=g, min_draft_len=0, max_new_tokens=40, semantics="llamacpp")
+                for g in (1, 3, 6)] + [DecodeConfig.of(threshold=0.5, gamma_max=8, min_draft_len=0, max_new_tokens=40,
+                                                       semantics="llamacpp")]
+    for cost in (engine_costs(), engine_costs(t_round=0.0, t_plain=0.0)):
+        table = simulate_grid(rec, policies, cost)
+        for config, predicted in zip(policies, table["predicted_speedup"]):
+            rounds = [r for prompt in simulate(rec, config) for r in prompt]
+            spent = sum(r.draft_forwards * cost.t_draft + cost.t_verify[r.drafted] + cost.t_round for r in rounds)
+            plain = cost.t_plain or cost.t_verify[0]
+            assert predicted == pytest.approx(rec.lengths.sum() * plain / spent, rel=1e-12)
+            assert predicted == pytest.approx(cost.predict(rounds, int(rec.lengths.sum())), rel=1e-12)
+    # A round's fixed cost favours fewer, longer rounds: it can change which γ wins.
+    cheap, dear = (simulate_grid(rec, policies[:3], engine_costs(t_round=r)) for r in (0.0, 0.02))
+    assert cheap["predicted_speedup"].idxmax() != dear["predicted_speedup"].idxmax()
+
+
+def test_break_even_acceptance_matches_the_fixed_gamma_it_names():
+    cost = engine_costs()
+    alpha, gamma = break_even(cost)
+    tokens = sum(alpha ** i for i in range(gamma + 1))
+    assert tokens * cost.t_plain / (gamma * cost.t_draft + cost.t_verify[gamma] + cost.t_round) == pytest.approx(1, abs=1e-6)
+    for other in range(1, len(cost.t_verify)):  # every other γ needs more
+        tokens = sum(alpha ** i for i in range(other + 1))
+        assert tokens * cost.t_plain <= (other * cost.t_draft + cost.t_verify[other] + cost.t_round) * (1 + 1e-6)
+
+
+def test_sweep_ranks_on_an_engines_prices_and_export_writes_plain_decoding_where_none_wins(
+        saved_pair, prompts_file, tmp_path, monkeypatch):
+    """Priced on a file: every prediction is that file's (re-replayed exactly), our engine's own
+    prediction sits beside it for the confirmation, and the summary says whose prices. An engine
+    on whose prices no policy beats plain decoding gets plain decoding from export, with why."""
+    prices_home = tmp_path / "prices"  # its own: the made-up prices must not reach other tests' exports
+    monkeypatch.setenv("DSPARK_PRICES_HOME", str(prices_home))
+    ours_out = tmp_path / "ours"
+    result = runner.invoke(app, base_args(saved_pair, prompts_file, ours_out) + ["--confirm-top", "1"])
+    assert result.exit_code == 0, result.output
+    ours = cost_file.load(only_folder(ours_out) / "prices.json")  # our engine's, with this pair's fingerprints
+    assert ours.engine["name"] == "ours" and "predicted on our engine's prices" in result.output
+    # A slow draft: speculation loses everywhere on these prices.
+    slow = cost_file.CostFile(CostSurface({1: CostModel(0.05, [0.01] * 5, 20, t_round=0.002, t_plain=0.0101)}),
+                              {"name": "llamacpp", "version": "b11434"}, ours.models, "made up for a test")
+    slow.save(prices_home / "llamacpp-test.json")
+    assert parse("llamacpp", "# plain\n") == {1: (0, 0.0, 0, "plain")}
+    out = tmp_path / "engine"
+    result = runner.invoke(app, base_args(saved_pair, prompts_file, out) + ["--confirm-top", "1", "--prices", "llamacpp"])
+    assert result.exit_code == 0, result.output
+    assert "predicted on llama.cpp b11434's prices" in result.output
+    folder = only_folder(out)
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["prices"]["label"] == "llama.cpp b11434" and summary["cost_model_accuracy"]["priced_by"] == "predicted_speedup_ours"
+    assert cost_file.load(folder / "prices.json").to_dict()["batch_sizes"] == slow.to_dict()["batch_sizes"]
+    table = pd.read_parquet(folder / "trials.parquet")
+    rec = Record.load(Path(summary["record"]))
+    from dspark_bench.tuning.export import policy_of
+
+    plain = table[table["metric"] != "learned"].head(12)
+    configs = [policy_of(row, folder) for _, row in plain.iterrows()]
+    assert np.allclose(simulate_grid(rec, configs, slow.surface.at(1))["predicted_speedup"], plain["predicted_speedup"])
+    ours_here = cost_file.load(folder / "prices_ours.json").surface.at(1)
+    assert np.allclose(simulate_grid(rec, configs, ours_here)["predicted_speedup"], plain["predicted_speedup_ours"])
+    assert (table["predicted_speedup"] < 1).all()
+    exported = runner.invoke(app, ["export", str(folder), "--format", "llamacpp", "--out", str(tmp_path / "x")])
+    assert exported.exit_code == 0, exported.output
+    flags = (tmp_path / "x" / "llama_cpp_flags.txt").read_text()
+    assert not [line for line in flags.splitlines() if line.strip() and not line.startswith("#")]  # no speculative flags
+    about = (tmp_path / "x" / "llamacpp.md").read_text()
+    assert "plain decoding (no speculative flags)" in about and "breaks even only where each drafted token" in about
+    assert "writes plain decoding" in exported.output and "llama.cpp's own default policy" in exported.output
+    # A file for a batch size the sweep does not have is refused before anything is replayed.
+    refused = runner.invoke(app, base_args(saved_pair, prompts_file, tmp_path / "b8") + [
+        "--prices", str(prices_home / "llamacpp-test.json"), "--batch-size", "1", "--batch-size", "8"])
+    assert refused.exit_code == 1 and "not 8" in refused.output
+
+
+def test_hf_runs_are_priced_on_hfs_own_costs_fitted_on_other_prompts(tmp_path, prices_home):
+    """`run --decoder hf`: each policy's measured speedup beside replay priced on HF assisted
+    generation's own costs (fitted on fixed γ 5 and 7 over prompts the run does not decode) and
+    on ours; the prediction is replay's rounds priced exactly on that file."""
+    out = tmp_path / "r"
+    result = runner.invoke(app, ["run", "--task", "code", "--limit", "2", "--max-new-tokens", "16", "--decoder", "hf",
+                                 "--semantics", "hf", "--min-draft-len", "0", "--schedule", "fixed", "--gamma-max", "2",
+                                 "--gamma-max", "4", "--device", "cpu", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "HF assisted generation" in result.output and "predicted, our prices" in result.output
+    (folder,) = out.iterdir()
+    priced = json.loads((folder / "priced.json").read_text())
+    prices = cost_file.load(priced["prices"])
+    assert Path(prices.source).parent == prices_home and prices.engine["name"] == "hf"
+    assert prices.fitted_on["policies"] == ["fixed γ=5 · HF rule", "fixed γ=7 · HF rule"]
+    ran = set(pd.read_parquet(folder / "samples.parquet")["prompt_id"])
+    assert not ran & set(prices.fitted_on["prompts"])
+    assert [row["policy"] for row in priced["rows"]] == ["fixed γ=2 · HF rule", "fixed γ=4 · HF rule"]
+    for row in priced["rows"]:
+        assert row["predicted_engine"] > 0 and row["error_engine"] == pytest.approx(row["predicted_engine"] / row["speedup"] - 1)
+    cost = prices.surface.at(1)
+    assert cost.t_plain > 0 and cost.t_round >= 0 and len(cost.t_verify) == 8  # k = 0 .. 7, the deeper fit γ
