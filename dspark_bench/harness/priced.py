@@ -100,7 +100,12 @@ def priced_hf(planned, folder, settings, progress=None, say=None) -> list[dict]:
     own costs and on our engine's; into the run folder's priced.json. Returns its rows."""
     pair, configs = planned.pair, planned.configs
     max_new, gamma = configs[0].verification.max_new_tokens, max(c.stopping.gamma_max for c in configs)
-    spare = fit_prompts(planned.config, planned.prompts)
+    try:
+        spare = fit_prompts(planned.config, planned.prompts)
+    except DsparkError as why:  # the run itself stands; only its engine-priced predictions are missing
+        if say:
+            say(f"not priced on HF's own costs: {why}")
+        return []
     if say:
         say(f"pricing on HF's own costs: fitted on {len(spare)} other prompts at fixed γ "
             f"{' and '.join(map(str, FIT_GAMMAS))} (cached)")
