@@ -195,3 +195,15 @@ def test_hf_runs_are_priced_on_hfs_own_costs_fitted_on_other_prompts(tmp_path, p
         assert row["predicted_engine"] > 0 and row["error_engine"] == pytest.approx(row["predicted_engine"] / row["speedup"] - 1)
     cost = prices.surface.at(1)
     assert cost.t_plain > 0 and cost.t_round >= 0 and len(cost.t_verify) == 8  # k = 0 .. 7, the deeper fit γ
+
+
+def test_an_hf_run_of_every_prompt_stands_and_says_it_is_not_priced(saved_pair, prompts_file, tmp_path):
+    """No prompt is left to fit HF's costs on: the run is written as ever, and says so in one line."""
+    target, draft = saved_pair
+    result = runner.invoke(app, ["run", "--target", target, "--draft", draft, "--dataset", str(prompts_file),
+                                 "--max-new-tokens", "8", "--decoder", "hf", "--semantics", "hf", "--min-draft-len", "0",
+                                 "--device", "cpu", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert "not priced on HF's own costs" in result.output and "run fewer (--limit)" in result.output
+    (folder,) = tmp_path.iterdir()
+    assert (folder / "samples.parquet").is_file() and not (folder / "priced.json").exists()
