@@ -88,7 +88,7 @@ def hf_prices(pair, spare, settings, max_new_tokens: int, gamma: int, progress=N
         "t_draft, t_verify(k): the models' forwards timed as our engine runs them (replay/cost.py measure_cost), "
         "which HF's loop calls too; t_plain (our baseline) and t_round: fitted "
         f"on fixed γ={' and '.join(map(str, FIT_GAMMAS))} HF assisted runs against our baseline (fitted_on)",
-        {**cost_file.machine(), "threads": torch.get_num_threads()},
+        cost_file.machine(),  # torch_threads among its keys
         cost_file.now(), {"policies": [p.label() for p in policies], "prompts": [p.id for p in spare], "runs": per_run})
     prices.save(where)
     prices.source = str(where)

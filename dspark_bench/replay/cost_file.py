@@ -24,15 +24,13 @@ import dataclasses
 import datetime
 import json
 import math
-import os
-import platform
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from dspark_bench.errors import DsparkError
 from dspark_bench.replay.cost import CostModel, CostSurface
-from dspark_bench.results import cache_dir, write_json
+from dspark_bench.results import cache_dir, machine, write_json  # machine: what every result names
 
 FORMAT = "dspark-bench cost model"
 FORMAT_VERSION = 1
@@ -187,19 +185,6 @@ def fit_overheads(passes: CostModel, rec, runs) -> tuple[CostModel, list[dict]]:
     return dataclasses.replace(passes, t_round=t_round, t_plain=t_plain), per_run
 
 
-def machine() -> dict:
-    """This machine, as a cost model's provenance names it."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        names = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                 if line.startswith("model name")]
-        cpu = names[0] if names else cpu
-    except OSError:
-        pass
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return {"host": platform.node(), "system": platform.platform(terse=True), "cpu": cpu, "cores": cores}
-
-
 def now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -209,13 +194,12 @@ def ours(surface: CostSurface, pair, method: str = "") -> CostFile:
     import torch  # only for its version string
 
     device = str(pair.device)
-    gpu = torch.cuda.get_device_name(pair.device) if device.startswith("cuda") else None
     described = pair.describe()
     models = {key: described[key] for key in ("target", "draft", "target_fingerprint", "draft_fingerprint", "dtype")
               if key in described}
     return CostFile(surface, {"name": "ours", "version": f"torch {torch.__version__}", "build": {"device": device}},
                     models, method or "interleaved medians of timed forwards with the caches at a realistic "
-                    "length (replay/cost.py: measure_surface)", {**machine(), **({"gpu": gpu} if gpu else {})}, now())
+                    "length (replay/cost.py: measure_surface)", machine(), now())
 
 
 def cache_home() -> Path:
