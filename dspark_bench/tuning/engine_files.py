@@ -92,7 +92,7 @@ def render_hf(choices, version, draft, models) -> str:
 
 def render_llamacpp(choices, version, draft, models) -> str:
     target = models.get("target_gguf") or "TARGET.gguf"
-    if choices[0].plain:  # no speculative policy wins on llama.cpp's prices: no flags
+    if getattr(choices[0], "plain", ""):  # (getattr: callers may pass choice-like objects without it) plain decoding: no flags
         return (f"# {version.covers}\n# plain decoding: {choices[0].plain}\n"
                 f"# llama-server -m {shlex.quote(target)} $(grep -v '^#' llama_cpp_flags.txt)\n")
     line = shlex.join(llamacpp_flags(choices[0].exported, draft, version))
@@ -159,7 +159,7 @@ def about(fmt: str, version: EngineVersion, choices: list, models: dict) -> str:
         "sglang": ["python -m sglang.launch_server --model-path TARGET --config sglang_config.yaml"],
         "trtllm": ["trtllm-serve TARGET --extra_llm_api_options trtllm_speculative.yaml"],
     }[fmt]
-    policies = "\n".join(f"- B = {c.batch_size}: " + ("plain decoding (no speculative flags)" if c.plain
+    policies = "\n".join(f"- B = {c.batch_size}: " + ("plain decoding (no speculative flags)" if getattr(c, "plain", "")
                                                      else c.exported.label()) for c in choices)
     return (f"# {FILES[fmt]}\n\nTargets: {version.covers}.\n\nEncodes: {version.source}.\n\nPolicies:\n{policies}\n\n"
             + "".join(priced_note(c) for c in choices)
@@ -168,7 +168,7 @@ def about(fmt: str, version: EngineVersion, choices: list, models: dict) -> str:
 
 def priced_note(choice) -> str:
     """What the predictions were priced on, the gain over the engine's defaults, and why plain decoding."""
-    if not choice.prices or choice.exported_speedup is None:
+    if not getattr(choice, "prices", "") or choice.exported_speedup is None:
         return ""
     what = "plain decoding" if choice.plain else f"predicted {choice.exported_speedup:.3f}× over plain decoding"
     text = f"B = {choice.batch_size}: priced on {choice.prices}'s measured costs: {what}"
