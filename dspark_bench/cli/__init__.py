@@ -13,6 +13,7 @@ import typer
 from dspark_bench.cli.analyze import analyze
 from dspark_bench.cli.calibrate import calibrate
 from dspark_bench.cli.console import quiet_libraries
+from dspark_bench.cli.continuations import continuations_app
 from dspark_bench.cli.decode import decode
 from dspark_bench.cli.export import export
 from dspark_bench.cli.models import models_app
@@ -28,6 +29,7 @@ for command in (run, decode, sweep, analyze, report, calibrate, regress, export)
     app.command()(command)
 app.add_typer(tasks_app, name="tasks")
 app.add_typer(models_app, name="models")
+app.add_typer(continuations_app, name="continuations")
 
 
 @app.callback()

@@ -42,12 +42,14 @@ def calibrate(
     temperature: Annotated[Optional[float], typer.Option(help="0 = greedy (replay); > 0 = rejection sampling (real runs).")] = None,
     metric: Metrics = None, threshold: Thresholds = None, gamma_max: GammaMaxes = None, min_draft_len: MinDraftLens = None,
     batch_size: BatchSizes = None,
+    continuations: Annotated[Optional[list[Path]], typer.Option("--continuations", help="Replay: the target's greedy continuations from the engine that serves it (`dspark-bench continuations write`; repeatable, e.g. one file per task), recorded from instead of decoding the target here.")] = None,
 ):
     """Find the best policy per domain and the best global one, confirm both with timed runs,
     and write a calibration file (plus a threshold-curve figure) that run/decode can load.
 
     Example: dspark-bench calibrate --tasks code,prose,structured --spec sweeps/default.yaml --out calibration.yaml
     Example: dspark-bench calibrate --tasks code,prose --batch-size 1 --batch-size 8 --batch-size 32 (a policy per domain and batch size)
+    Example: dspark-bench calibrate --tasks code,prose --continuations code.jsonl --continuations prose.jsonl
     """
     from dspark_bench.tuning import calibrate as lib  # loaded when the command runs, not for --help
 
@@ -56,7 +58,8 @@ def calibrate(
                  "target": target, "draft": draft, "device": device, "dtype": dtype, "evaluation": evaluation,
                  "objective": objective, "repeats": repeats, "max_new_tokens": max_new_tokens,
                  "temperature": temperature, "metric": metric, "threshold": threshold, "gamma_max": gamma_max,
-                 "min_draft_len": min_draft_len, "batch_size": batch_size}
+                 "min_draft_len": min_draft_len, "batch_size": batch_size,
+                 "continuations": [str(path) for path in continuations] if continuations else None}
         with reporting("calibrating") as (progress, _):
             result = lib.calibrate_command(tasks, dataset, spec, flags, out, force, progress)
         out_console.print(calibration_table(result.data))

@@ -57,6 +57,8 @@ def sweep(
     ignore_eos: IgnoreEos = False,
     analyze: Annotated[bool, typer.Option("--analyze", help="Replay: also study the record (the oracle's headroom, each signal's held-out quality, how good a signal would have to be) into analysis.json; `dspark-bench analyze` does it later.")] = False,
     prices: Annotated[Optional[str], typer.Option(help="Replay: whose costs price each round: ours (timed here) | llamacpp (llama.cpp's, measured by `run --decoder llamacpp`, cached) | a cost-model file (docs/engines-and-export.md#cost-model-files).")] = None,
+    continuations: Annotated[Optional[Path], typer.Option(help="Replay: the target's greedy continuations from the engine that serves it (a continuations file: `dspark-bench continuations`), recorded from instead of decoding the target here.")] = None,
+    shard: Annotated[Optional[str], typer.Option(help="With --continuations: record only shard I/N of the prompts (I of N machines) and stop; the sweep without --shard assembles every shard's parts.")] = None,
     metric: Metrics = None, schedule: Schedules = None, threshold: Thresholds = None,
     gamma_max: GammaMaxes = None, min_draft_len: MinDraftLens = None, batch_size: BatchSizes = None,
     drafter: Drafters = None, heads: HeadsPath = None,
@@ -68,6 +70,7 @@ def sweep(
 
     Example: dspark-bench sweep --task code --spec sweeps/code.yaml --limit 10
     Example: dspark-bench sweep --task code --drafter model --drafter heads --drafter lookup
+    Example: dspark-bench sweep --task code --continuations continuations.jsonl
     """
     from dspark_bench.tuning import spec as specs  # loaded when the command runs, not for --help
     from dspark_bench.tuning import sweep as lib  # loaded when the command runs, not for --help
@@ -79,10 +82,16 @@ def sweep(
                  "objective": objective, "confirm_top": confirm_top, "repeats": repeats,
                  "precision": precision, "precision_budget_s": precision_budget,
                  "max_new_tokens": max_new_tokens, "temperature": temperature, "ignore_eos": ignore_eos, "analyze": analyze,
-                 "prices": prices,
+                 "prices": prices, "continuations": None if continuations is None else str(continuations),
                  "metric": metric, "schedule": schedule, "threshold": threshold, "gamma_max": gamma_max,
                  "min_draft_len": min_draft_len, "batch_size": batch_size, "drafter": drafter}
         with reporting("sweep") as (progress, say):
+            if shard is not None:
+                chosen, _ = specs.resolve_spec(spec, specs.command_overrides(flags, set_ or []))
+                parts = lib.record_shard(chosen, out / "records", lib.parse_shard(shard), progress, say)
+                say(f"shard {shard} recorded into {', '.join(str(p) for p in parts) or 'records already whole'}; "
+                    "the sweep without --shard assembles every shard's parts")
+                return
             if resume is not None:
                 folder, table = resume, lib.continue_sweep(resume, workers=workers, worker_only=worker_only,
                                                            progress=progress, storage=storage)

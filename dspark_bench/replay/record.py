@@ -115,34 +115,82 @@ def resolve_record(folder: Path, recorded: str) -> Path | None:
 
 @torch.inference_mode()
 def draft_rollouts(draft: torch.nn.Module, sequence: list[int], prompt_len: int, positions: int, steps: int,
-                   topk: int, batch: int = 64):
-    """The draft's greedy rollout of `steps` tokens from every position, batched.
+                   topk: int, rows: int = 128):
+    """The draft's greedy rollout of `steps` tokens from every position j (context
+    sequence[:prompt_len + j]), all positions at once.
 
-    Row j's context is sequence[:prompt_len + j]; rows are left-padded to one length so a
-    batch of positions runs together (they are independent).
+    The rollouts are independent and their contexts are prefixes of one sequence, so one
+    forward over the sequence gives every position's first proposal and the KV cache they all
+    share; each further step feeds one token per position (`rows` positions per pass) under a
+    mask that lets position j's token see its own context and its own earlier proposals only —
+    a tree of rollouts over one prefix, each exactly what decoding it alone computes.
     """
     device = next(draft.parameters()).device
-    cache_name, _ = _forward_kwargs(draft)
+    cache_name, can_keep = _forward_kwargs(draft)
     tokens = np.zeros((positions, steps), dtype=np.int64)
     scores = {m: np.zeros((positions, steps), dtype=np.float32) for m in confidence.SIGNALS}
-    for start in range(0, positions, batch):
-        rows = [sequence[: prompt_len + j] for j in range(start, min(start + batch, positions))]
-        width = max(map(len, rows))
-        ids = torch.tensor([[0] * (width - len(r)) + r for r in rows], device=device)
-        mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=device)
-        position_ids = (mask.cumsum(-1) - 1).clamp_min(0)
-        cache = {cache_name: DynamicCache(), "use_cache": True}
+    if positions == 0 or steps == 0:
+        return tokens, scores
+    prefix = prompt_len + positions - 1  # the longest context a rollout starts from
+    cache = DynamicCache()
+    keep = {"logits_to_keep": positions} if can_keep else {}  # the LM head over the positions read only
+    out = draft(input_ids=torch.tensor([sequence[:prefix]], device=device), **keep,
+                **{cache_name: cache, "use_cache": True})
+    first = out.logits[0, -positions:]  # position j's first proposal: after sequence[:prompt_len + j]
+    for start in range(0, positions, rows):
+        js = torch.arange(start, min(start + rows, positions), device=device)
+        logits = first[start : start + len(js)]
         for step in range(steps):
-            out = draft(input_ids=ids, attention_mask=mask, position_ids=position_ids, **cache)
-            probs = torch.softmax(out.logits[:, -1].float(), dim=-1)
-            choice = out.logits[:, -1].argmax(dim=-1)
-            tokens[start : start + len(rows), step] = choice.cpu().numpy()
-            for name, values in confidence.all_metrics(probs, topk).items():
-                scores[name][start : start + len(rows), step] = values.cpu().numpy()
-            ids = choice[:, None]
-            mask = torch.cat([mask, torch.ones_like(ids)], dim=1)
-            position_ids = position_ids[:, -1:] + 1
+            choice = logits.argmax(dim=-1)
+            tokens[start : start + len(js), step] = choice.cpu().numpy()
+            for name, values in confidence.all_metrics(torch.softmax(logits.float(), dim=-1), topk).items():
+                scores[name][start : start + len(js), step] = values.cpu().numpy()
+            if step + 1 < steps:  # feed each position its proposal, at the position it takes
+                mask = tree_mask(prompt_len + js, prefix, step + 1, logits.dtype)
+                out = draft(input_ids=choice[None], position_ids=(prompt_len + js + step)[None], attention_mask=mask,
+                            **{cache_name: cache, "use_cache": True})
+                logits = out.logits[0]
+        # The next positions' rollouts start from the shared prefix again (a negative crop removes
+        # that many tokens, in transformers 4.x and 5.x alike: cached_lm.CachedLM.rollback).
+        if steps > 1:
+            cache.crop(-(steps - 1) * len(js))
+    check_rollout(draft, sequence, prompt_len, positions, tokens, scores["top1"])
     return tokens, scores
+
+
+def tree_mask(context: torch.Tensor, prefix: int, step: int, dtype: torch.dtype) -> torch.Tensor:
+    """The additive attention mask [1, 1, R, prefix + step·R] of rollout step `step` for R rows:
+    row r sees the shared prefix up to its own context length context[r], and the token it fed
+    at each earlier step (block b's column r), nothing else."""
+    R = len(context)
+    keys = torch.arange(prefix, device=context.device)
+    sees = torch.cat([keys[None, :] < context[:, None],
+                      torch.eye(R, dtype=torch.bool, device=context.device).repeat(1, step)], dim=1)
+    mask = torch.zeros(sees.shape, dtype=dtype, device=context.device)
+    return mask.masked_fill_(~sees, torch.finfo(dtype).min)[None, None]
+
+
+def check_rollout(draft, sequence: list[int], prompt_len: int, positions: int, tokens: np.ndarray,
+                  top1: np.ndarray, tolerance: float = 1e-2) -> None:
+    """Decode the first and the last position's rollout alone and compare: a model that
+    ignores a custom attention mask would see other positions' tokens, and its record would be
+    wrong. Agreement up to the first different token, where the two must be a near-tie."""
+    steps = tokens.shape[1]
+    cache_name, can_keep = _forward_kwargs(draft)
+    keep = {"logits_to_keep": 1} if can_keep else {}
+    device = next(draft.parameters()).device
+    for j in sorted({0, positions - 1}):
+        cache, ids = DynamicCache(), torch.tensor([sequence[: prompt_len + j]], device=device)
+        for k in range(steps):
+            logits = draft(input_ids=ids, **keep, **{cache_name: cache, "use_cache": True}).logits[0, -1]
+            probs = torch.softmax(logits.float(), dim=-1)
+            if abs(float(probs.max()) - float(top1[j, k])) > tolerance:
+                raise DsparkError(f"the draft's batched rollout at position {j} differs from decoding it alone "
+                                  f"(confidence {float(top1[j, k]):.4f} vs {float(probs.max()):.4f} at step {k + 1}): "
+                                  "this model does not honour a custom 4D attention mask")
+            if int(logits.argmax()) != tokens[j, k]:
+                break  # a near-tie decided the other way: the rest of the rollout follows another token
+            ids = logits.argmax()[None, None]
 
 
 @torch.inference_mode()
@@ -213,6 +261,47 @@ def context_features(sequence: list[int], prompt_len: int, tokens: np.ndarray) -
     return {name: values[:, :, i] for i, name in enumerate(CONTEXT)}
 
 
+@dataclass
+class PromptRecord:
+    """One prompt's share of a record: the target's continuation and the drafter's proposals at
+    each of its positions (tokens [j, k], scores per signal, available [j])."""
+
+    generated: list[int]
+    tokens: np.ndarray
+    scores: dict[str, np.ndarray]
+    available: np.ndarray
+
+
+def record_prompt(pair, drafter: Drafting, ids: list[int], generated: list[int], gamma_record: int,
+                  topk: int) -> PromptRecord:
+    tokens, scores, available = drafter_proposals(pair, drafter, ids + generated, len(ids), len(generated),
+                                                  gamma_record, topk)
+    return PromptRecord(list(generated), tokens, scores, available)
+
+
+def assemble(parts, prompt_ids: list[list[int]], max_new_tokens: int, gamma_record: int, topk: int,
+             eos_ids: frozenset[int], drafter: Drafting, info: dict | None = None) -> Record:
+    """A Record from every prompt's PromptRecord (an iterable, in the prompts' order)."""
+    P, N, G = len(prompt_ids), max_new_tokens, gamma_record
+    continuation = np.full((P, N), -1, dtype=np.int64)
+    lengths = np.zeros(P, dtype=np.int64)
+    rollout = np.full((P, N, G), -1, dtype=np.int64)
+    scores = {m: np.zeros((P, N, G), dtype=np.float32) for m in confidence.SIGNALS}
+    available = np.zeros((P, N), dtype=np.int64)
+    for p, part in enumerate(parts):
+        n = len(part.generated)
+        continuation[p, :n] = part.generated
+        lengths[p] = n
+        rollout[p, :n] = part.tokens
+        available[p, :n] = part.available
+        for name, values in part.scores.items():
+            scores.setdefault(name, np.zeros((P, N, G), dtype=np.float32))[p, :n] = values
+    meta = {"max_new_tokens": N, "gamma_record": G, "topk": topk, **provenance(), **(info or {}),
+            "prompt_tokens": [len(ids) for ids in prompt_ids],  # what each prefill costs, at batch size B
+            "drafter": dataclasses.asdict(drafter)}
+    return Record(continuation, lengths, rollout, scores, tuple(sorted(eos_ids)), meta, available)
+
+
 def record(pair, prompt_ids: list[list[int]], max_new_tokens: int, gamma_record: int, topk: int = 5,
            info: dict | None = None, progress=None, eos_ids: frozenset[int] | None = None,
            drafter: Drafting | None = None, continuations: list[list[int]] | None = None) -> Record:
@@ -220,29 +309,18 @@ def record(pair, prompt_ids: list[list[int]], max_new_tokens: int, gamma_record:
 
     `eos_ids` end a sequence (default: the pair's; empty when a run ignores EOS); `drafter`: a
     config naming the drafter and its knobs (default: the draft model); `continuations`: the
-    target's greedy continuations, where another record of the same prompts has them already."""
+    target's greedy continuations, where another record of the same prompts, or an engine's
+    continuations file (replay/continuations.py), has them already."""
     eos_ids = pair.eos_ids if eos_ids is None else frozenset(eos_ids)
     config = DecodeConfig.of(max_new_tokens=max_new_tokens)
     drafter = drafter or Drafting()
-    P, N, G = len(prompt_ids), max_new_tokens, gamma_record
-    continuation = np.full((P, N), -1, dtype=np.int64)
-    lengths = np.zeros(P, dtype=np.int64)
-    rollout = np.full((P, N, G), -1, dtype=np.int64)
-    scores = {m: np.zeros((P, N, G), dtype=np.float32) for m in confidence.SIGNALS}
-    available = np.zeros((P, N), dtype=np.int64)
-    for p, ids in enumerate(prompt_ids):
-        generated = (continuations[p] if continuations is not None
-                     else autoregressive_decode(pair.target, ids, config, eos_ids).tokens)
-        continuation[p, : len(generated)] = generated
-        lengths[p] = len(generated)
-        tokens, values, had = drafter_proposals(pair, drafter, ids + generated, len(ids), len(generated), G, topk)
-        rollout[p, : len(generated)] = tokens
-        available[p, : len(generated)] = had
-        for name in values:
-            scores.setdefault(name, np.zeros((P, N, G), dtype=np.float32))[p, : len(generated)] = values[name]
-        if progress:
-            progress()
-    meta = {"max_new_tokens": N, "gamma_record": G, "topk": topk, **provenance(), **(info or {}),
-            "prompt_tokens": [len(ids) for ids in prompt_ids],  # what each prefill costs, at batch size B
-            "drafter": dataclasses.asdict(drafter)}
-    return Record(continuation, lengths, rollout, scores, tuple(sorted(eos_ids)), meta, available)
+
+    def parts():
+        for p, ids in enumerate(prompt_ids):
+            generated = (continuations[p] if continuations is not None
+                         else autoregressive_decode(pair.target, ids, config, eos_ids).tokens)
+            yield record_prompt(pair, drafter, ids, generated, gamma_record, topk)
+            if progress:
+                progress()
+
+    return assemble(parts(), prompt_ids, max_new_tokens, gamma_record, topk, eos_ids, drafter, info)

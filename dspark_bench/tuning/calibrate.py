@@ -42,6 +42,7 @@ from dspark_bench.metrics import summarize
 from dspark_bench.objectives import rank
 from dspark_bench.prompts import Prompt, encode, prompts_fingerprint
 from dspark_bench.replay.cost import measure_surface
+from dspark_bench.replay.continuations import Continuations, open_for
 from dspark_bench.replay.simulate import record
 from dspark_bench.reporting import plots
 from dspark_bench.results import environment
@@ -140,17 +141,21 @@ class Calibrated:
 
 
 def record_domains(pair, domains: dict[str, list[Prompt]], base: DecodeConfig, gamma: int,
-                   progress: StageProgress | None = None, batch_sizes=(1,)) -> tuple[dict, object]:
+                   progress: StageProgress | None = None, batch_sizes=(1,),
+                   source: Continuations | None = None) -> tuple[dict, object]:
     """A replay record per domain (of `base`'s drafter), and one cost surface at `batch_sizes`
-    (timed on the first domain's first prompt)."""
+    (timed on the first domain's first prompt); the target's continuations from `source` (an
+    engine's continuations files, checked) where given, else decoded here."""
 
     models, records, first_context = pair.describe(), {}, None
     for domain, prompts in domains.items():
         ids = [encode(pair.tokenizer, p.text) for p in prompts]
         info = {"models": models, "prompts_fingerprint": prompts_fingerprint(prompts), "domain": domain,
-                "prompt_ids": [p.id for p in prompts]}
+                "prompt_ids": [p.id for p in prompts], **({"continuations": source.describe()} if source else {})}
+        given = [source.continuation(p.id) for p in prompts] if source else None
         records[domain] = rec = record(pair, ids, base.verification.max_new_tokens, gamma, base.stopping.topk, info,
-                                       progress=stage_steps(progress, f"recording {domain}", len(ids)), drafter=base.drafting)
+                                       progress=stage_steps(progress, f"recording {domain}", len(ids)),
+                                       drafter=base.drafting, continuations=given)
         if first_context is None:
             # Timed with the cache at a realistic length: a prompt plus half its output.
             first_context = ids[0] + rec.continuation[0, : int(rec.lengths[0]) // 2].tolist()
@@ -265,11 +270,14 @@ def calibrate_domains(spec: SweepSpec, out: Path, tasks: list[str] | None = None
     pair = pair or load_pair(spec.target, spec.draft, spec.device, spec.dtype, spec.heads,
                              drafters={c.drafting.drafter for c in configs})
     batch_sizes = sorted({c.batching.batch_size for c in configs})
+    if spec.continuations is not None and engine != "replay":
+        raise DsparkError("--continuations feeds replay's records: a real calibration decodes every policy here")
     records, surface = None, None
     if engine == "replay":
         needs_draft_model(pair)
+        source = None if spec.continuations is None else domain_continuations(spec, pair, domains, base)
         records, surface = record_domains(pair, domains, configs[0], max(c.stopping.gamma_max for c in configs), progress,
-                                          batch_sizes)
+                                          batch_sizes, source)
     # One calibration per batch size: which policy wins depends on what a step costs at B. The
     # file's own global/domains are the smallest B's; the others go under by_batch_size.
     parts = [calibrate_at(pair, domains, [c for c in configs if c.batching.batch_size == b], spec, records, surface,
@@ -287,6 +295,14 @@ def calibrate_domains(spec: SweepSpec, out: Path, tasks: list[str] | None = None
     figure = plots.domain_threshold_curves(threshold_curves(choice), ylabel, choice.best().stopping.threshold)
     write_calibration(data, figure, out, force)
     return Calibrated(out, figure_path, data, choice)
+
+
+def domain_continuations(spec: SweepSpec, pair, domains: dict[str, list[Prompt]], base: DecodeConfig) -> Continuations:
+    """The spec's continuations files, checked against every domain's prompts before any is recorded."""
+    prompts = [p for chosen in domains.values() for p in chosen]
+    ids = [encode(pair.tokenizer, p.text) for p in prompts]
+    vocab = pair.target.get_output_embeddings().weight.shape[0]
+    return open_for(spec.continuations, prompts, ids, base.verification.max_new_tokens, pair.eos_ids, vocab)
 
 
 def calibrate_at(pair, domains: dict[str, list[Prompt]], configs: list[DecodeConfig], spec: SweepSpec, records,

@@ -66,6 +66,10 @@ class SweepSpec(Workload):
     # engine), "llamacpp" (llama.cpp's, measured by `run --decoder llamacpp` and cached), or a
     # cost-model file's path (a GPU engine's, docs/engines-and-export.md#cost-model-files).
     prices: str = "ours"
+    # Replay: the target's greedy continuations from the engine that serves it, a continuations
+    # file (replay/continuations.py) or several (one per task, say), instead of decoding the
+    # target here; None: decoded here.
+    continuations: str | list[str] | None = None
 
 
 # Spec keys an earlier version wrote: the old name -> the new one. Only a stored spec (a sweep
@@ -130,6 +134,11 @@ def _check_types(spec: SweepSpec, where: str) -> None:
             raise DsparkError(f"{where}: {name} must be true or false (got {getattr(spec, name)!r})")
     if not isinstance(spec.prices, str) or not spec.prices:
         raise DsparkError(f"{where}: prices must be ours, llamacpp or a cost-model file's path (got {spec.prices!r})")
+    given = [spec.continuations] if isinstance(spec.continuations, str) else spec.continuations
+    if given is not None and (not isinstance(given, list) or not given
+                              or not all(isinstance(p, str) and p for p in given)):
+        raise DsparkError(f"{where}: continuations must be a continuations file's path, or a list of them "
+                          f"(got {spec.continuations!r})")
 
 
 def _parse_spec(data: dict, where: str) -> SweepSpec:

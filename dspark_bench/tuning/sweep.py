@@ -45,7 +45,8 @@ if TYPE_CHECKING:
     from dspark_bench.harness.runner import StageProgress
 
 
-from dspark_bench.tuning.replay_sweep import Prepared, needs_draft_model, prepare, replay_sweep
+from dspark_bench.replay.record_parts import parse_shard  # noqa: F401 (the CLI's --shard)
+from dspark_bench.tuning.replay_sweep import Prepared, needs_draft_model, prepare, record_shard, replay_sweep  # noqa: F401
 
 # --- the whole sweep: prepare, run (real or replay), summarise ----------------------------------
 
@@ -117,7 +118,10 @@ def run_sweep(spec: SweepSpec, out: Path, storage: str | None = None, study_name
     if workers < 1:
         raise DsparkError(f"--workers must be at least 1 (got {workers})")
     evaluation = evaluation_for(spec)
-    prepared = prepare(spec)  # prompts read and models loaded: bad input has failed by now
+    if spec.continuations is not None and evaluation != "replay":
+        raise DsparkError("--continuations feeds replay's record: a real sweep decodes every policy here "
+                          "(drop --evaluation real, or --continuations)")
+    prepared = prepare(spec, say)  # prompts read, models loaded, files checked: bad input has failed by now
     if evaluation == "replay":
         needs_draft_model(prepared.pair)
     if say and origin:
