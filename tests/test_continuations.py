@@ -20,7 +20,8 @@ from dspark_bench.harness.workload import Workload
 from dspark_bench.replay import record_parts
 from dspark_bench.replay.record import draft_rollouts, record
 from dspark_bench.replay.simulate import simulate, spanning_policies
-from dspark_bench.tuning.replay_sweep import load_or_record, prepare, record_plan
+from dspark_bench.tuning.records import load_or_record
+from dspark_bench.tuning.replay_sweep import prepare, record_plan
 from dspark_bench.tuning.spec import parse_spec
 
 MAX_NEW = 12
@@ -258,3 +259,30 @@ def test_llama_server_writes_continuations_a_sweep_records_from(tmp_path, monkey
     for p, line in enumerate(lines):
         assert ids[p] == line["prompt_token_ids"]
         assert rec.continuation[p, : rec.lengths[p]].tolist() == line["token_ids"]
+
+
+def test_shards_on_the_command_line_leave_parts_the_sweep_assembles_without_recording(workload, ours_file, tmp_path,
+                                                                                     monkeypatch):
+    common = ["sweep", "--dataset", workload.dataset, "--target", workload.target, "--draft", workload.draft,
+              "--device", "cpu", "--max-new-tokens", MAX_NEW, "--evaluation", "replay", "--gamma-max", 2,
+              "--gamma-max", 4, "--threshold", 0.3, "--threshold", 0.6, "--out", tmp_path / "out"]
+    alone = invoke(*common, "--shard", "1/2")
+    assert alone.exit_code == 1 and "--shard splits recording from an engine's continuations" in one_error_line(alone)
+    assert invoke(*common, "--continuations", ours_file, "--shard", "0/2").exit_code == 1
+    for shard in ("1/2", "2/2"):
+        result = invoke(*common, "--continuations", ours_file, "--shard", shard)
+        assert result.exit_code == 0, result.output
+    (parts,) = (tmp_path / "out" / "records").glob("*.parts")
+    assert len(list(parts.glob("*.npz"))) == 3
+    assert not list((tmp_path / "out").glob("*sweep*"))  # a shard writes no sweep folder
+
+    spec = sweep_spec(workload, ours_file)
+    prepared = prepare(spec)
+    _, gamma, dirs, ids = record_plan(spec, prepared, tmp_path / "out" / "records")
+    (record_dir,) = dirs.values()
+    assert parts.name == record_dir.name + ".parts"  # the very folder the sweep reads
+    monkeypatch.setattr(record_parts, "record_prompt", lambda *a: pytest.fail("a prompt was recorded again"))
+    assembled = load_or_record(spec, prepared, gamma, ids, record_dir)
+    monkeypatch.undo()
+    here = record(prepared.pair, ids, MAX_NEW, gamma, spec.topk, eos_ids=spec.runner_settings().eos_ids(prepared.pair))
+    assert_same_record(assembled, here)

@@ -26,8 +26,10 @@ from dspark_bench.cli.options import (
     Threads,
 )
 
-continuations_app = typer.Typer(help="The target's continuations from the engine that serves it, for "
-                                     "`sweep --continuations`.", no_args_is_help=True)
+continuations_app = typer.Typer(
+    help="The target's continuations from the engine that serves it, for `sweep --continuations`.\n\n"
+         "Example: dspark-bench continuations write --task code --limit 20 --engine llamacpp --out c.jsonl",
+    no_args_is_help=True)
 
 
 def workload(**fields):

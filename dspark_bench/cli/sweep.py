@@ -58,7 +58,7 @@ def sweep(
     analyze: Annotated[bool, typer.Option("--analyze", help="Replay: also study the record (the oracle's headroom, each signal's held-out quality, how good a signal would have to be) into analysis.json; `dspark-bench analyze` does it later.")] = False,
     prices: Annotated[Optional[str], typer.Option(help="Replay: whose costs price each round: ours (timed here) | llamacpp (llama.cpp's, measured by `run --decoder llamacpp`, cached) | a cost-model file (docs/engines-and-export.md#cost-model-files).")] = None,
     continuations: Annotated[Optional[Path], typer.Option(help="Replay: the target's greedy continuations from the engine that serves it (a continuations file: `dspark-bench continuations`), recorded from instead of decoding the target here.")] = None,
-    shard: Annotated[Optional[str], typer.Option(help="With --continuations: record only shard I/N of the prompts (I of N machines) and stop; the sweep without --shard assembles every shard's parts.")] = None,
+    shard: Annotated[Optional[str], typer.Option(help="With --continuations: record only shard I/N of the prompts (machine I of N) and stop; the sweep without --shard assembles every shard's parts. 1/1: record every prompt, and stop.")] = None,
     metric: Metrics = None, schedule: Schedules = None, threshold: Thresholds = None,
     gamma_max: GammaMaxes = None, min_draft_len: MinDraftLens = None, batch_size: BatchSizes = None,
     drafter: Drafters = None, heads: HeadsPath = None,
@@ -88,9 +88,11 @@ def sweep(
         with reporting("sweep") as (progress, say):
             if shard is not None:
                 chosen, _ = specs.resolve_spec(spec, specs.command_overrides(flags, set_ or []))
-                parts = lib.record_shard(chosen, out / "records", lib.parse_shard(shard), progress, say)
-                say(f"shard {shard} recorded into {', '.join(str(p) for p in parts) or 'records already whole'}; "
-                    "the sweep without --shard assembles every shard's parts")
+                index, count = lib.parse_shard(shard)
+                written = lib.record_shard(chosen, out / "records", (index, count), progress, say)
+                where = ", ".join(str(p) for p in written) or "nothing: the records are whole already"
+                say(f"shard {index}/{count} recorded into {where}" + (
+                    "; the sweep without --shard assembles every shard's parts" if count > 1 else ""))
                 return
             if resume is not None:
                 folder, table = resume, lib.continue_sweep(resume, workers=workers, worker_only=worker_only,

@@ -7,7 +7,6 @@ shared with the real (grid / Optuna) sweeps of sweep.py."""
 from __future__ import annotations
 
 import dataclasses
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,9 +17,7 @@ import pandas as pd
 
 from dspark_bench.analysis.analyze import FILE as ANALYSIS_FILE
 from dspark_bench.analysis.analyze import Studied, analyze
-from dspark_bench.config import DEFAULTS, DecodeConfig, Drafting, expand
-from dspark_bench.decoding.confidence import SIGNALS
-from dspark_bench.decoding.learned_signal import CONTEXT
+from dspark_bench.config import DEFAULTS, DecodeConfig, expand
 from dspark_bench.decoding.learned_signal import FILE as LEARNED_FILE
 from dspark_bench.errors import DsparkError
 from dspark_bench.harness.health import (
@@ -33,14 +30,12 @@ from dspark_bench.harness.health import (
 )
 from dspark_bench.harness.models import load_pair
 from dspark_bench.harness.plan import precision_plan, replay_plan, seconds_per_token
-from dspark_bench.harness.runner import stage_steps
 from dspark_bench.objectives import OBJECTIVES, rank
-from dspark_bench.prompts import encode, prompts_fingerprint
-from dspark_bench.replay import continuations, cost_file, record_parts
-from dspark_bench.replay.continuations import Continuations
+from dspark_bench.prompts import encode
+from dspark_bench.replay import cost_file
 from dspark_bench.replay.batched import simulate_with_surface
-from dspark_bench.replay.simulate import Record, record, simulate_grid
-from dspark_bench.results import write_folder, write_json, write_parquet
+from dspark_bench.replay.simulate import simulate_grid
+from dspark_bench.results import write_json, write_parquet
 from dspark_bench.tasks import load_prompts
 from dspark_bench.tuning.confirm import confirm
 from dspark_bench.tuning.joined import (
@@ -50,6 +45,7 @@ from dspark_bench.tuning.joined import (
     write_goodput_model,
     write_learned_signal,
 )
+from dspark_bench.tuning.records import Prepared, drafter_groups, open_continuations, record_all, record_key
 from dspark_bench.tuning.spec import SweepSpec, base_config, points
 
 if TYPE_CHECKING:
@@ -58,15 +54,6 @@ if TYPE_CHECKING:
 PRICES_FILE = "prices.json"  # the cost-model file every prediction of the sweep was priced with
 OURS_FILE = "prices_ours.json"  # beside it, where that is an engine's: our engine's, which confirms
 MODEL = DEFAULTS.drafting  # the draft model: the drafter whose record the fits and analyses read
-
-
-@dataclass
-class Prepared:
-    pair: object
-    prompts: list
-    base: DecodeConfig
-    source: dict
-    continuations: Continuations | None = None  # the target's, from an engine's file (checked)
 
 
 def prepare(spec: SweepSpec, say: Callable[[str], None] | None = None) -> Prepared:
@@ -78,22 +65,8 @@ def prepare(spec: SweepSpec, say: Callable[[str], None] | None = None) -> Prepar
     pair = load_pair(spec.target, spec.draft, spec.device, spec.dtype, spec.heads, drafters={c.drafting.drafter for c in configs})
     prepared = Prepared(pair, prompts, base, source)
     if spec.continuations is not None:  # checked before any folder or record is written
-        prepared.continuations = open_continuations(spec, prepared, prompts, say)
+        prepared.continuations = open_continuations(spec, pair, prompts, base, say)
     return prepared
-
-
-def open_continuations(spec: SweepSpec, prepared: Prepared, prompts: list, say=None) -> Continuations:
-    """The spec's continuations file, checked against `prompts` as this pair encodes them."""
-    if spec.temperature > 0:
-        raise DsparkError("--continuations holds the target's greedy continuations: replay records greedy "
-                          "decoding only (drop --temperature)")
-    pair = prepared.pair
-    ids = [encode(pair.tokenizer, p.text, spec.chat_template) for p in prompts]
-    vocab = pair.target.get_output_embeddings().weight.shape[0]
-    return continuations.open_for(spec.continuations, prompts, ids, prepared.base.verification.max_new_tokens,
-                                  spec.runner_settings().eos_ids(pair), vocab, say)
-
-
 
 
 def needs_draft_model(pair) -> None:
@@ -113,83 +86,6 @@ def replay_space(spec: SweepSpec, base: DecodeConfig) -> list[DecodeConfig]:
                                 "gamma_max": sorted({c.stopping.gamma_max for c in configs})},
                                base.replace(schedule="fixed", min_draft_len=0, **dataclasses.asdict(d)))]
     return configs + [c for c in classic if c not in configs]
-
-
-def drafter_groups(configs: list[DecodeConfig]) -> dict[Drafting, list[int]]:
-    """The indexes of the policies each drafter (with its knobs) proposes for: one record each."""
-    groups: dict[Drafting, list[int]] = {}
-    for i, c in enumerate(configs):
-        groups.setdefault(c.drafting, []).append(i)
-    return groups
-
-
-def load_or_record(spec: SweepSpec, prepared: Prepared, gamma: int, ids: list[list[int]], record_dir: Path,
-                   progress: StageProgress | None = None, drafter: Drafting | None = None,
-                   continuations: list[list[int]] | None = None):
-    """The replay record of these models and prompts (and `drafter`, default the draft model):
-    from the cache, else recorded and cached; from the engine's continuations file where the
-    spec names one (a prompt at a time into a parts folder, resumable: record_parts)."""
-
-    pair, prompts, base = prepared.pair, prepared.prompts, prepared.base
-    drafter = drafter or base.drafting
-    models = {**pair.describe(), "drafter_fingerprint": pair.drafter_fingerprint(drafter)}
-    fingerprint = prompts_fingerprint(prompts)
-    stale = False
-    if (record_dir / "record.json").is_file():
-        rec = Record.load(record_dir)
-        rec.check_matches(models, fingerprint)
-        if set(SIGNALS) | (set(CONTEXT) if drafter.drafter == "model" else set()) <= set(rec.confidences):
-            return rec
-        stale = True  # recorded before a signal records now hold (llama.cpp's own top1, the context features)
-    info = {"models": models, "prompts_fingerprint": fingerprint, "prompt_ids": [p.id for p in prompts],
-            "categories": [p.category for p in prompts]}
-    eos_ids = spec.runner_settings().eos_ids(pair)
-    stage = "recording" if drafter.drafter == "model" else f"recording ({drafter.drafter})"
-    if prepared.continuations is not None:
-        rec = record_from_file(prepared, ids, gamma, drafter, parts_folder(record_dir), info, eos_ids, progress, stage)
-    else:
-        rec = record(pair, ids, base.verification.max_new_tokens, gamma, base.stopping.topk, info, eos_ids=eos_ids,
-                     progress=stage_steps(progress, stage, len(ids)), drafter=drafter, continuations=continuations)
-    try:
-        write_folder(record_dir, rec.save, replace=stale)
-    except OSError:  # another sweep stored the same record meanwhile: keep theirs
-        pass
-    shutil.rmtree(parts_folder(record_dir), ignore_errors=True)  # the record holds them now
-    return rec
-
-
-def parts_folder(record_dir: Path) -> Path:
-    """Where a record from a continuations file keeps its finished prompts until it is whole."""
-    return record_dir.with_name(record_dir.name + ".parts")
-
-
-def record_from_file(prepared: Prepared, ids: list[list[int]], gamma: int, drafter: Drafting, parts: Path,
-                     info: dict, eos_ids: frozenset[int], progress: StageProgress | None, stage: str,
-                     shard: tuple[int, int] = (1, 1)) -> Record | None:
-    """Record the drafter's proposals on the continuations file's target tokens, a prompt at a
-    time into `parts` (what a killed run made is kept); the whole record once every part is
-    there (a shard, i/n but 1/1, makes its parts only: the sweep assembles them)."""
-    source, base, prompts = prepared.continuations, prepared.base, prepared.prompts
-    todo = len(record_parts.shard_indexes(len(ids), shard))
-    record_parts.record_parts(prepared.pair, drafter, ids, lambda p: source.continuation(prompts[p].id), parts, gamma,
-                              base.stopping.topk, shard, stage_steps(progress, f"{stage} from {source.engine}", todo))
-    if shard != (1, 1):
-        return None
-    return record_parts.assemble_parts(parts, ids, base.verification.max_new_tokens, gamma, base.stopping.topk,
-                                       eos_ids, drafter, {**info, "continuations": source.describe()})
-
-
-def record_key(spec: SweepSpec, prepared: Prepared, gamma: int, drafter: Drafting | None = None) -> str:
-    """A record's cache key: the models (the drafter's), the prompts and every setting that
-    changes what it holds."""
-
-    models, base = prepared.pair.describe(), prepared.base
-    drafted = prepared.pair.drafter_fingerprint(drafter or base.drafting).replace(":", "-")
-    return (f"{models['target_fingerprint']}-{drafted}-{prompts_fingerprint(prepared.prompts)}"
-            f"-n{base.verification.max_new_tokens}-g{gamma}-k{base.stopping.topk}-{models['dtype']}"
-            + ("-noeos" if spec.ignore_eos else "")
-            + ("-notemplate" if spec.chat_template == "none" else "")
-            + (f"-c{prepared.continuations.fingerprint}" if prepared.continuations is not None else ""))
 
 
 def replay_sweep(folder: Path, spec: SweepSpec, prepared: Prepared, records_root: Path,
@@ -237,41 +133,6 @@ def record_plan(spec: SweepSpec, prepared: Prepared, records_root: Path):
     record_dirs = {key: records_root / record_key(spec, prepared, gamma, key) for key in drafter_groups(configs)}
     ids = [encode(prepared.pair.tokenizer, p.text, spec.chat_template) for p in prepared.prompts]
     return configs, gamma, record_dirs, ids
-
-
-def record_shard(spec: SweepSpec, records_root: Path, shard: tuple[int, int], progress: StageProgress | None = None,
-                 say: Callable[[str], None] | None = None) -> list[Path]:
-    """One shard of a replay sweep's records from a continuations file: its prompts' parts, into
-    the parts folders the sweep itself reads (another machine runs the other shards; copied
-    together, or on one shared folder, the sweep finds them and records nothing again)."""
-    if spec.continuations is None:
-        raise DsparkError("--shard splits recording from an engine's continuations: give --continuations FILE")
-    prepared = prepare(spec, say)
-    needs_draft_model(prepared.pair)
-    configs, gamma, record_dirs, ids = record_plan(spec, prepared, records_root)
-    folders = []
-    for drafter, record_dir in record_dirs.items():
-        if (record_dir / "record.json").is_file():
-            continue  # already whole
-        stage = "recording" if drafter.drafter == "model" else f"recording ({drafter.drafter})"
-        models = {**prepared.pair.describe(), "drafter_fingerprint": prepared.pair.drafter_fingerprint(drafter)}
-        record_from_file(prepared, ids, gamma, drafter, parts_folder(record_dir), {"models": models},
-                         spec.runner_settings().eos_ids(prepared.pair), progress, stage, shard)
-        folders.append(parts_folder(record_dir))
-    return folders
-
-
-def record_all(spec: SweepSpec, prepared: Prepared, gamma: int, ids: list[list[int]], configs: list[DecodeConfig],
-               record_dirs: dict, progress: StageProgress | None) -> dict:
-    """One record per drafter: the target's continuation is the same, what each proposes is not."""
-    records: dict = {}
-    for key in drafter_groups(configs):
-        known = next(iter(records.values()), None)  # the target's continuations, decoded once
-        continuations = None if known is None or prepared.continuations is not None else [
-            known.continuation[p, : n].tolist() for p, n in enumerate(known.lengths)]
-        records[key] = load_or_record(spec, prepared, gamma, ids, record_dirs[key], progress, key,
-                                      continuations)
-    return records
 
 
 @dataclass

@@ -46,7 +46,8 @@ if TYPE_CHECKING:
 
 
 from dspark_bench.replay.record_parts import parse_shard  # noqa: F401 (the CLI's --shard)
-from dspark_bench.tuning.replay_sweep import Prepared, needs_draft_model, prepare, record_shard, replay_sweep  # noqa: F401
+from dspark_bench.tuning.records import load_or_record, parts_folder, record_from_file
+from dspark_bench.tuning.replay_sweep import Prepared, needs_draft_model, prepare, record_plan, replay_sweep
 
 # --- the whole sweep: prepare, run (real or replay), summarise ----------------------------------
 
@@ -150,6 +151,34 @@ def check_unchanged(folder: Path, info: dict, prepared: Prepared) -> None:
     for key in ("target_fingerprint", "draft_fingerprint"):
         if models[key] != info["models"][key]:
             raise DsparkError(f"the {key.split('_')[0]} model of {folder} changed since the sweep started; start a new sweep")
+
+
+def record_shard(spec: SweepSpec, records_root: Path, shard: tuple[int, int], progress: StageProgress | None = None,
+                 say: Callable[[str], None] | None = None) -> list[Path]:
+    """One shard of a replay sweep's records from a continuations file (`sweep --shard I/N`): its
+    prompts' parts, into the parts folders the sweep itself reads (other machines run the other
+    shards; copied together, or on one shared folder, the sweep finds them and records nothing
+    again). Shard 1/1 is every prompt: the records themselves, whole, and nothing else (no
+    simulation). Returns the folders written."""
+    if spec.continuations is None:
+        raise DsparkError("--shard splits recording from an engine's continuations: give --continuations FILE")
+    prepared = prepare(spec, say)
+    needs_draft_model(prepared.pair)
+    _, gamma, record_dirs, ids = record_plan(spec, prepared, records_root)
+    folders = []
+    for drafter, record_dir in record_dirs.items():
+        if (record_dir / "record.json").is_file():
+            continue  # already whole
+        if shard == (1, 1):
+            load_or_record(spec, prepared, gamma, ids, record_dir, progress, drafter)
+            folders.append(record_dir)
+            continue
+        stage = "recording" if drafter.drafter == "model" else f"recording ({drafter.drafter})"
+        models = {**prepared.pair.describe(), "drafter_fingerprint": prepared.pair.drafter_fingerprint(drafter)}
+        record_from_file(prepared, ids, gamma, drafter, parts_folder(record_dir), {"models": models},
+                         spec.runner_settings().eos_ids(prepared.pair), progress, stage, shard)
+        folders.append(parts_folder(record_dir))
+    return folders
 
 
 def continue_sweep(folder: Path, prepared: Prepared | None = None, workers: int = 1,
