@@ -251,7 +251,8 @@ def say_replay_plan(spec: SweepSpec, prepared: Prepared, first_ids: list[int], c
     policies = len(configs) + len(goodput) + len(learned_points(configs + goodput, Path(LEARNED_FILE)))
     per_token, confirmed = seconds_per_token(prepared.pair, first_ids), (min(spec.confirm_top, scheduled) + 4) * len(sizes)  # + learned (at most), goodput, budget, fixed γ
     line, seconds = replay_plan(per_token, len(prepared.prompts), prepared.base.verification.max_new_tokens, policies,
-                                confirmed, spec.repeats, recorded=recorded)
+                                confirmed, spec.repeats, recorded=recorded,
+                                from_file=prepared.continuations is not None)
     say(line + (" — an upper bound: a batched run takes less than a batch-1 one" if max(sizes) > 1 else ""))
     if spec.precision > 0:
         say(precision_plan(spec.precision, spec.precision_budget_s))
