@@ -286,3 +286,16 @@ def test_shards_on_the_command_line_leave_parts_the_sweep_assembles_without_reco
     monkeypatch.undo()
     here = record(prepared.pair, ids, MAX_NEW, gamma, spec.topk, eos_ids=spec.runner_settings().eos_ids(prepared.pair))
     assert_same_record(assembled, here)
+
+
+def test_a_sweep_from_a_continuations_file_runs_end_to_end_and_says_so(workload, ours_file, tmp_path):
+    result = invoke("sweep", "--dataset", workload.dataset, "--target", workload.target, "--draft", workload.draft,
+                    "--device", "cpu", "--max-new-tokens", MAX_NEW, "--gamma-max", 2, "--gamma-max", 4,
+                    "--threshold", 0.3, "--confirm-top", 1, "--continuations", ours_file, "--out", tmp_path)
+    assert result.exit_code == 0, result.output
+    assert "the target's continuations: dspark-bench" in result.output and "from the continuations file" in result.output
+    (folder,) = tmp_path.glob("*-sweep-*")
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["continuations"]["files"] == [str(ours_file)] and summary["confirmed"]
+    record_info = json.loads((Path(summary["record"]) / "record.json").read_text())
+    assert record_info["continuations"]["sha256"] == summary["continuations"]["sha256"]

@@ -118,7 +118,9 @@ def replay_sweep(folder: Path, spec: SweepSpec, prepared: Prepared, records_root
                               wall_over_estimate(time.perf_counter() - started - prices.timing_s, estimate)]
     record_dir = record_dirs.get(MODEL, next(iter(record_dirs.values())))
     best = write_replay_summary(folder, table, spec, prices.cost, record_dir, health(checks), not cost_unreliable,
-                                {**(paired or {}), "prices": prices.described(folder)})
+                                {**(paired or {}), "prices": prices.described(folder),
+                                 # where the target's continuations came from: an engine's file, else decoded here
+                                 "continuations": prepared.continuations.describe() if prepared.continuations else None})
     if spec.analyze and MODEL in records:
         studied = Studied(table, records[MODEL], prices.cost, prices.surface if prices.batched else None)
         write_json(folder / ANALYSIS_FILE, analyze(studied, progress))
