@@ -321,3 +321,20 @@ def test_llamacpp_runs_several_policies_on_the_users_gguf_files_priced_on_its_ow
     ran = set(pd.read_parquet(folder / "llamacpp.parquet")["prompt_id"])
     assert prices.fitted_on["prompts"] and not ran & set(prices.fitted_on["prompts"])  # out of sample
     assert len(prices.surface.at(1).t_verify) == 8 and prices.surface.at(1).t_plain > 0  # k = 0 .. 7, the deeper fit γ
+
+
+def test_a_prompt_llama_cpp_stopped_for_a_full_context_is_marked():
+    """llama-server caps its context at the model's trained length and stops a prompt there
+    ("truncated"): the side-by-side row says so, where the two engines decode different lengths."""
+    from types import SimpleNamespace
+
+    from dspark_bench.engines.llama_server import prompt_row
+
+    def answer(tokens, truncated):
+        return {"tokens": tokens, "truncated": truncated, "wall_s": 1.0, "counters": {"n_decode_total": 3.0},
+                "timings": {"draft_n": 2, "draft_n_accepted": 1, "predicted_ms": 10.0, "predicted_per_second": 1.0}}
+
+    prompt = SimpleNamespace(id="p", category="code")
+    full = prompt_row(prompt, {"spec": [answer([1, 2, 3], True)], "plain": [answer([1, 2, 3], True)]})
+    whole = prompt_row(prompt, {"spec": [answer([1, 2, 3], False)], "plain": [answer([1, 2, 3], False)]})
+    assert full["context_full"] and not whole["context_full"]

@@ -263,4 +263,7 @@ def prompt_row(prompt, answers: dict) -> dict:
         "spec_predicted_per_second": statistics.median(a["timings"]["predicted_per_second"] for a in answers["spec"]),
         "baseline_predicted_per_second": statistics.median(a["timings"]["predicted_per_second"] for a in answers["plain"]),
         "tokens": tokens, "plain_tokens": plain_tokens,
+        # llama.cpp stopped it short because its context was full (it caps the context at the
+        # model's trained length): the two engines then decode different lengths.
+        "context_full": bool(spec.get("truncated") or plain.get("truncated")),
     }

@@ -141,7 +141,11 @@ def execute_llamacpp(config: RunConfig, out: Path, progress=None, say=None, serv
         summary.append(policy_row(rec, policy, rows, mine, prices, our_prices))
         per_prompt.append(rows.assign(config_id=i, config_label=policy.label()))
     summary = pd.DataFrame(summary)
-    info = {"build": build, "binary": str(binary), "engine_version": version.name, "argv": {"plain": plain_argv},
+    full = sorted({p for _, _, _, rows in measured for p in rows.loc[rows["context_full"], "prompt_id"]})
+    if full and say:
+        say(f"llama.cpp stopped {len(full)} prompt(s) short of {max_new} tokens (first: {full[0]}): its context is "
+            "capped at the target's trained length; use fewer --max-new-tokens or shorter prompts to compare like for like")
+    info = {"build": build, "context_full": full, "binary": str(binary), "engine_version": version.name, "argv": {"plain": plain_argv},
             "gguf": {"target": str(target_file), "draft": str(draft_file), "dtype": "as given" if given else gguf_dtype,
                      "given": given},
             "tokenized_identically": int(sum(tokenized)), "prompts": len(prompt_ids),
