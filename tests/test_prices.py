@@ -207,3 +207,22 @@ def test_an_hf_run_of_every_prompt_stands_and_says_it_is_not_priced(saved_pair, 
     assert "not priced on HF's own costs" in result.output and "run fewer (--limit)" in result.output
     (folder,) = tmp_path.iterdir()
     assert (folder / "samples.parquet").is_file() and not (folder / "priced.json").exists()
+
+
+def test_llama_bench_passes_are_scaled_to_the_servers_plain_step_only_where_theirs_is_slower():
+    """llama-bench ran a one-token target pass slower than llama-server's whole plain step: every
+    pass is priced on the server's scale; a plain step slower than the pass scales nothing."""
+    from dspark_bench.engines.llamacpp_prices import scaled, server_scale
+
+    passes = CostModel(0.2e-3, [3.66e-3, 7.24e-3, 8.05e-3], 140)
+
+    def runs(per_token):
+        rows = pd.DataFrame({"baseline_s": [per_token * 100, per_token * 120], "baseline_new_tokens": [100, 120]})
+        return [(None, rows)]
+
+    scale = server_scale(passes, runs(3.18e-3))
+    assert abs(scale - 3.18 / 3.46) < 1e-9
+    model = scaled(passes, scale)
+    assert abs(model.t_verify[0] - model.t_draft - 3.18e-3) < 1e-12  # a one-token target pass: the server's step
+    assert model.t_verify[2] / model.t_verify[1] == passes.t_verify[2] / passes.t_verify[1]  # the curve's shape kept
+    assert server_scale(passes, runs(4.0e-3)) == 1.0

@@ -16,14 +16,17 @@ context), then sampling each verified position and the cache edits. So:
   on prompts set apart for fitting (the task's last ones), from llama-server's own `timings`
   (`predicted_ms`, the generation phase): t_plain = plain seconds per generated token; t_round =
   what the speculative side took beyond replay's passes for the same prompts, per round (the
-  median over prompts and both policies: replay/cost_file.py's fit_overheads). A prediction is a test only on policies, prompts and runs other than those, and
-  the file's `fitted_on` names them.
+  median over prompts and both policies: replay/cost_file.py's fit_overheads). Before that fit,
+  llama-bench's passes are scaled to the server's where llama-bench runs them slower
+  (server_scale). A prediction is a test only on policies, prompts and runs other than those,
+  and the file's `fitted_on` names them.
 
 Files are cached by the build, the two GGUF files, the depth and the threads.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import random
@@ -41,7 +44,7 @@ from dspark_bench.harness.health import Check, LoadProbe, cost_dispersion, grade
 from dspark_bench.harness.priced import FIT_GAMMAS  # the fixed γ an engine's own costs are fitted on
 from dspark_bench.harness.runner import stage_steps
 from dspark_bench.replay.cost import CostModel, CostSurface, relative_iqr
-from dspark_bench.replay.cost_file import CostFile, cache_home, fit_overheads, machine, now
+from dspark_bench.replay.cost_file import CostFile, cache_home, fit_overheads, machine, now, plain_seconds_per_token
 from dspark_bench.replay.cost_file import load as load_file
 from dspark_bench.replay.record import record
 from dspark_bench.tuning.engine_files import llamacpp_flags
@@ -112,9 +115,31 @@ def file_key(path: Path) -> str:
     return hashlib.sha256(f"{Path(path).resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:12]
 
 
+# Bumped when the way a file is fitted changes, so a cached file of the old way is measured again.
+FIT_VERSION = 2  # 2: the passes scaled to the server's (server_scale)
+
+
 def cache_path(build: dict, target: Path, draft: Path, depth: int, threads: int | None, max_new_tokens: int) -> Path:
     return (cache_home() / f"llamacpp-b{build['build_number']}-{file_key(target)}-"
-            f"{file_key(draft)}-d{depth}-t{threads or 0}-n{max_new_tokens}.json")
+            f"{file_key(draft)}-d{depth}-t{threads or 0}-n{max_new_tokens}-f{FIT_VERSION}.json")
+
+
+def server_scale(passes: CostModel, runs) -> float:
+    """What llama-bench's passes are scaled by to be the server's: llama-server's plain step
+    (its whole step, sampling included, from the fit runs' plain side) over llama-bench's
+    one-token target pass (t_verify(0) less the draft's mirrored one-token pass), where
+    llama-bench's is the slower; else 1, since a plain step that costs more than the pass may be
+    the server's own overhead, which t_plain and t_round carry. On this machine (b11434, one
+    thread) llama-bench ran the one-token pass 8 % slower than the server's whole plain step
+    (3.46 against 3.18 ms): unscaled, every pass is priced 8 % high and the per-round cost fitted
+    on γ 5 and 7 comes out at half of it (0.92 against 1.83 ms), so short rounds, which pay it
+    most often, are priced too low."""
+    one_token = passes.t_verify[0] - passes.t_draft
+    return min(1.0, plain_seconds_per_token(runs) / one_token) if one_token > 0 else 1.0
+
+
+def scaled(passes: CostModel, scale: float) -> CostModel:
+    return dataclasses.replace(passes, t_draft=passes.t_draft * scale, t_verify=[t * scale for t in passes.t_verify])
 
 
 def llamacpp_prices(pair, fit_prompts, fit_ids: list[list[int]], eos, max_new_tokens: int, gamma: int,
@@ -150,7 +175,8 @@ def llamacpp_prices(pair, fit_prompts, fit_ids: list[list[int]], eos, max_new_to
             runs.append((policy, rows.rename(columns={"spec_gen_s": "spec_s", "baseline_gen_s": "baseline_s"})))
     probe.sample("after the fit runs")
     rec = record(pair, fit_ids, max_new_tokens, gamma, eos_ids=eos)
-    model, per_run = fit_overheads(passes, rec, runs)
+    scale = server_scale(passes, runs)
+    model, per_run = fit_overheads(scaled(passes, scale), rec, runs)
     described = pair.describe()
     prices = CostFile(
         CostSurface({1: model}), {"name": "llamacpp", "version": f"b{build['build_number']}", "build": build},
@@ -160,9 +186,11 @@ def llamacpp_prices(pair, fit_prompts, fit_ids: list[list[int]], eos, max_new_to
         "through the draft too); t_draft: the draft's -p 1; medians of "
         f"{REPETITIONS * INVOCATIONS} repetitions over {INVOCATIONS} runs, sizes shuffled. t_plain, t_round: fitted on llama-server's timings.predicted_ms of "
         f"fixed γ={' and '.join(map(str, FIT_GAMMAS))} and plain runs: the median per round of what each took beyond "
-        "replay's passes (fitted_on)",
+        f"replay's passes (fitted_on); every pass scaled by {scale:.3f}, the server's plain step over llama-bench's "
+        "one-token target pass where llama-bench's is the slower (server_scale)",
         {**machine(), "threads": threads or "llama.cpp's default"}, now(),
         {"policies": [p.label() for p in policies], "prompts": [p.id for p in fit_prompts], "runs": per_run,
+         "pass_scale": scale,
          "llama_bench_medians_s": {role: {str(n): s for n, s in m.items()} for role, m in medians.items()}},
         timing_health=health([*probe.checks(), cost_dispersion(CostSurface({1: passes})), fit_dispersion(per_run)]))
     prices.save(where)

@@ -181,8 +181,12 @@ def fit_overheads(passes: CostModel, rec, runs) -> tuple[CostModel, list[dict]]:
                             "round_overhead_s": (spec_s - spent) / len(rounds),
                             "plain_per_token_s": row.baseline_s / row.baseline_new_tokens})
     t_round = max(statistics.median(r["round_overhead_s"] for r in per_run), 0.0)
-    t_plain = statistics.median(r["plain_per_token_s"] for r in per_run)
-    return dataclasses.replace(passes, t_round=t_round, t_plain=t_plain), per_run
+    return dataclasses.replace(passes, t_round=t_round, t_plain=plain_seconds_per_token(runs)), per_run
+
+
+def plain_seconds_per_token(runs) -> float:
+    """The engine's plain decoding, seconds per token: the median over the runs' prompts."""
+    return statistics.median(row.baseline_s / row.baseline_new_tokens for _, rows in runs for row in rows.itertuples())
 
 
 def now() -> str:
