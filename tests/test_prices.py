@@ -167,6 +167,11 @@ def test_sweep_ranks_on_an_engines_prices_and_export_writes_plain_decoding_where
     about = (tmp_path / "x" / "llamacpp.md").read_text()
     assert "plain decoding (no speculative flags)" in about and "breaks even only where each drafted token" in about
     assert "writes plain decoding" in exported.output and "llama.cpp's own default policy" in exported.output
+    # The sweep's own prices.json is llama.cpp's: copied to a machine without the cache, the same export.
+    monkeypatch.setenv("DSPARK_PRICES_HOME", str(tmp_path / "empty"))
+    elsewhere = runner.invoke(app, ["export", str(folder), "--format", "llamacpp", "--out", str(tmp_path / "y")])
+    assert elsewhere.exit_code == 0 and "writes plain decoding" in elsewhere.output
+    assert (tmp_path / "y" / "llama_cpp_flags.txt").read_text() == flags
     # A file for a batch size the sweep does not have is refused before anything is replayed.
     refused = runner.invoke(app, base_args(saved_pair, prompts_file, tmp_path / "b8") + [
         "--prices", str(prices_home / "llamacpp-test.json"), "--batch-size", "1", "--batch-size", "8"])

@@ -182,11 +182,16 @@ DEFAULTS_OF = {"llamacpp": DecodeConfig.of(schedule="fixed", gamma_max=3, min_dr
 
 
 def engine_prices(run: RunPolicies, fmt: str):
-    """The measured costs of `fmt`'s engine for the run's models, where a run measured them
-    (`run --decoder llamacpp`), else None: the run's own prices. (A cost_file.CostFile.)"""
+    """The measured costs of `fmt`'s engine for the run's models: those the sweep itself was
+    priced with where they are that engine's (its prices.json: the same on any machine the folder
+    is copied to), else where a run measured them here (`run --decoder llamacpp`, cached), else
+    None: the run's own prices. (A cost_file.CostFile.)"""
     if fmt != "llamacpp" or run.record is None:
         return None
-    prices = cost_file.cached(fmt, run.info.get("models", {}))
+    own = run.folder / "prices.json"  # replay_sweep.PRICES_FILE
+    prices = cost_file.load(own) if own.is_file() else None
+    if prices is None or prices.engine.get("name") != fmt:
+        prices = cost_file.cached(fmt, run.info.get("models", {}))
     return prices if prices is not None and len(prices.surface.at(1).t_verify) > run.depth else None
 
 
