@@ -299,3 +299,21 @@ def test_a_sweep_from_a_continuations_file_runs_end_to_end_and_says_so(workload,
     assert summary["continuations"]["files"] == [str(ours_file)] and summary["confirmed"]
     record_info = json.loads((Path(summary["record"]) / "record.json").read_text())
     assert record_info["continuations"]["sha256"] == summary["continuations"]["sha256"]
+
+
+def test_a_damaged_part_and_a_failed_write_end_in_one_line_and_leave_nothing(tmp_path):
+    from dspark_bench.replay.continuations import header, line, write
+
+    part = tmp_path / "0000000.npz"
+    part.write_bytes(b"PK\x03\x04 cut short")  # a part copied half-way
+    with pytest.raises(DsparkError, match="is unreadable"):
+        record_parts.load_part(part)
+
+    def lines():
+        yield line("a", [1, 2], [3, 4], "length")
+        raise DsparkError("llama-server stopped prompt 'b' after 3 tokens: its context is full")
+
+    out = tmp_path / "c.jsonl"
+    with pytest.raises(DsparkError, match="context is full"):
+        write(out, header({"name": "test"}, "m", 2, False), lines())
+    assert list(tmp_path.glob("c.jsonl*")) == []

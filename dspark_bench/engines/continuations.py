@@ -14,7 +14,6 @@ calibration to record from (`--continuations FILE`) instead of decoding the targ
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,12 +60,8 @@ def write_prompts(workload: Workload, out: Path) -> Path:
     """One JSON line per prompt: {"id", "prompt_token_ids"}, what an engine elsewhere is to continue."""
     check_writable(out.parent if out.parent != Path("") else Path("."))
     work = encoded(workload)
-    partial = out.with_name(out.name + ".partial")
-    with partial.open("w") as sink:
-        for prompt, ids in zip(work.prompts, work.ids):
-            sink.write(json.dumps({"id": prompt.id, "prompt_token_ids": ids}) + "\n")
-    partial.replace(out)
-    return out
+    lines = ({"id": prompt.id, "prompt_token_ids": ids} for prompt, ids in zip(work.prompts, work.ids))
+    return files.write_lines(out, lines)
 
 
 def write_continuations(workload: Workload, engine: str, out: Path, progress=None, say=None,

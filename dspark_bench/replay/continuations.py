@@ -21,6 +21,7 @@ with the same EOS handling. Anything else is refused in one line.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,16 +45,24 @@ def line(prompt_id: str, prompt_ids: list[int], token_ids: list[int], finish_rea
 
 
 def write(path: Path, head: dict, lines) -> Path:
-    """Write a continuations file from its header and an iterable of lines (line()), streamed;
-    into a temporary file renamed at the end, so a failure leaves no half-written file."""
+    """Write a continuations file from its header and an iterable of lines (line()), streamed."""
+    return write_lines(path, itertools.chain([head], lines))
+
+
+def write_lines(path: Path, lines) -> Path:
+    """JSON Lines into a temporary file renamed at the end: a failure (a refused prompt, Ctrl-C)
+    leaves no half-written file behind."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(path.name + ".partial")
-    with partial.open("w") as sink:
-        sink.write(json.dumps(head) + "\n")
-        for entry in lines:
-            sink.write(json.dumps(entry) + "\n")
-    partial.replace(path)
+    try:
+        with partial.open("w") as sink:
+            for entry in lines:
+                sink.write(json.dumps(entry) + "\n")
+        partial.replace(path)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
     return path
 
 
@@ -108,7 +117,7 @@ def cut(tokens: list[int], max_new_tokens: int, eos_ids: frozenset[int]) -> list
 
 
 def open_for(paths, prompts: list, prompt_ids: list[list[int]], max_new_tokens: int, eos_ids: frozenset[int],
-             vocab_size: int, say=None) -> Continuations:
+             vocab_size: int, say=None, ignore_eos: bool = False) -> Continuations:
     """The continuations file at `paths` (one path, or several: one per task, say), checked line by
     line against the prompts a record needs (Prompt objects and their token ids as encoded
     here); one line saying what is wrong otherwise."""
@@ -116,7 +125,7 @@ def open_for(paths, prompts: list, prompt_ids: list[list[int]], max_new_tokens: 
     needed = {p.id: ids for p, ids in zip(prompts, prompt_ids)}
     offsets, digest, heads = {}, hashlib.sha256(), []
     for which, path in enumerate(paths):
-        heads.append(read_file(path, which, needed, offsets, digest, max_new_tokens, eos_ids, vocab_size))
+        heads.append(read_file(path, which, needed, offsets, digest, max_new_tokens, eos_ids, vocab_size, ignore_eos))
     missing = [pid for pid in needed if pid not in offsets]
     if missing:
         where = f"continuations file {paths[0].name}" if len(paths) == 1 else "the continuations files"
@@ -130,7 +139,7 @@ def open_for(paths, prompts: list, prompt_ids: list[list[int]], max_new_tokens: 
 
 
 def read_file(path: Path, which: int, needed: dict, offsets: dict, digest, max_new_tokens: int,
-              eos_ids: frozenset[int], vocab_size: int) -> dict:
+              eos_ids: frozenset[int], vocab_size: int, ignore_eos: bool) -> dict:
     """Check one file's header and lines, noting where each prompt's line is; its header."""
     if not path.is_file():
         raise DsparkError(f"continuations file {str(path)!r} does not exist")
@@ -139,7 +148,7 @@ def read_file(path: Path, which: int, needed: dict, offsets: dict, digest, max_n
         first = source.readline()
         head = parse(first, where, 1)
         digest.update(first)  # the headers and the needed prompts' lines: what the record depends on
-        check_header(head, where, max_new_tokens, bool(eos_ids))
+        check_header(head, where, max_new_tokens, ignore_eos)
         number, offset = 1, source.tell()
         for raw in iter(source.readline, b""):
             number += 1
@@ -166,7 +175,7 @@ def parse(raw: bytes, where: str, number: int) -> dict:
     return entry
 
 
-def check_header(head: dict, where: str, max_new_tokens: int, stops_at_eos: bool) -> None:
+def check_header(head: dict, where: str, max_new_tokens: int, ignore_eos: bool) -> None:
     if head.get("format") != FORMAT:
         raise DsparkError(f"{where} is not a continuations file (its first line's format is "
                           f"{head.get('format')!r}, not {FORMAT!r})")
@@ -182,9 +191,9 @@ def check_header(head: dict, where: str, max_new_tokens: int, stops_at_eos: bool
     made = head["max_new_tokens"]
     if not isinstance(made, int) or isinstance(made, bool) or made < max_new_tokens:
         raise DsparkError(f"{where} was generated with max_new_tokens {made!r}; the record needs {max_new_tokens}")
-    if bool(head["ignore_eos"]) == stops_at_eos:
+    if bool(head["ignore_eos"]) != ignore_eos:
         said = "ignored" if head["ignore_eos"] else "stopped at"
-        raise DsparkError(f"{where}: the engine {said} EOS; this record {'stops at' if stops_at_eos else 'ignores'} "
+        raise DsparkError(f"{where}: the engine {said} EOS; this record {'ignores' if ignore_eos else 'stops at'} "
                           "it (--ignore-eos must match)")
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import re
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -47,8 +48,12 @@ def save_part(path: Path, part: PromptRecord) -> None:
               "available": np.asarray(part.available)}
     arrays.update({f"score_{name}": values for name, values in part.scores.items()})
     partial = path.with_name(f".{path.stem}.{os.getpid()}.partial.npz")
-    np.savez(partial, **arrays)
-    partial.replace(path)  # atomic: a part is whole or absent
+    try:
+        np.savez(partial, **arrays)
+        partial.replace(path)  # atomic: a part is whole or absent
+    except FileNotFoundError:  # the folder went: another process assembled the record meanwhile
+        raise DsparkError(f"{str(path.parent)!r} was removed while this shard recorded: the record is whole "
+                          "already (another process assembled it)") from None
 
 
 def load_part(path: Path) -> PromptRecord:
@@ -56,7 +61,7 @@ def load_part(path: Path) -> PromptRecord:
         with np.load(path) as arrays:
             scores = {name[len("score_"):]: arrays[name] for name in arrays.files if name.startswith("score_")}
             return PromptRecord(arrays["generated"].tolist(), arrays["tokens"], scores, arrays["available"])
-    except (OSError, KeyError, ValueError) as err:
+    except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile) as err:
         raise DsparkError(f"record part {str(path)!r} is unreadable ({err}): delete it and record again") from None
 
 

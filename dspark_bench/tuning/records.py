@@ -49,7 +49,7 @@ def open_continuations(spec: SweepSpec, pair, prompts: list, base: DecodeConfig,
     ids = [encode(pair.tokenizer, p.text, spec.chat_template) for p in prompts]
     vocab = pair.target.get_output_embeddings().weight.shape[0]
     return open_for(spec.continuations, prompts, ids, base.verification.max_new_tokens,
-                    spec.runner_settings().eos_ids(pair), vocab, say)
+                    spec.runner_settings().eos_ids(pair), vocab, say, ignore_eos=spec.ignore_eos)
 
 
 def parts_folder(record_dir: Path) -> Path:
