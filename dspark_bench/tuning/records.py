@@ -65,7 +65,7 @@ def record_from_file(prepared: Prepared, ids: list[list[int]], gamma: int, draft
     there (a shard, i/n but 1/1, makes its parts only: the sweep assembles them)."""
     source, base, prompts = prepared.continuations, prepared.base, prepared.prompts
     todo = record_parts.shard_indexes(len(ids), shard)
-    kept = len(todo) - len(set(todo) & set(record_parts.missing_parts(parts, len(ids))))
+    kept = sum(record_parts.part_path(parts, p).is_file() for p in todo)
     label = f"{stage} from {source.engine}" + (f" ({kept} of {len(todo)} prompts kept from before)" if kept else "")
     record_parts.record_parts(prepared.pair, drafter, ids, lambda p: source.continuation(prompts[p].id), parts, gamma,
                               base.stopping.topk, shard, stage_steps(progress, label, len(todo)))
@@ -85,10 +85,11 @@ def drafter_groups(configs: list[DecodeConfig]) -> dict[Drafting, list[int]]:
 
 def load_or_record(spec: SweepSpec, prepared: Prepared, gamma: int, ids: list[list[int]], record_dir: Path,
                    progress: StageProgress | None = None, drafter: Drafting | None = None,
-                   continuations: list[list[int]] | None = None):
+                   continuations: list[list[int]] | None = None, shard: tuple[int, int] = (1, 1)):
     """The replay record of these models and prompts (and `drafter`, default the draft model):
     from the cache, else recorded and cached; from the engine's continuations file where the
-    spec names one (a prompt at a time into a parts folder, resumable: record_parts)."""
+    spec names one (a prompt at a time into a parts folder, resumable: record_parts; a `shard`
+    but 1/1 makes its parts only and returns None)."""
 
     pair, prompts, base = prepared.pair, prepared.prompts, prepared.base
     drafter = drafter or base.drafting
@@ -106,7 +107,10 @@ def load_or_record(spec: SweepSpec, prepared: Prepared, gamma: int, ids: list[li
     eos_ids = spec.runner_settings().eos_ids(pair)
     stage = "recording" if drafter.drafter == "model" else f"recording ({drafter.drafter})"
     if prepared.continuations is not None:
-        rec = record_from_file(prepared, ids, gamma, drafter, parts_folder(record_dir), info, eos_ids, progress, stage)
+        rec = record_from_file(prepared, ids, gamma, drafter, parts_folder(record_dir), info, eos_ids, progress, stage,
+                               shard)
+        if rec is None:
+            return None  # this shard's parts only: the sweep without --shard assembles them
     else:
         rec = record(pair, ids, base.verification.max_new_tokens, gamma, base.stopping.topk, info, eos_ids=eos_ids,
                      progress=stage_steps(progress, stage, len(ids)), drafter=drafter, continuations=continuations)

@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 
 
 from dspark_bench.replay.record_parts import parse_shard  # noqa: F401 (the CLI's --shard)
-from dspark_bench.tuning.records import load_or_record, parts_folder, record_from_file
+from dspark_bench.tuning.records import load_or_record, parts_folder
 from dspark_bench.tuning.replay_sweep import Prepared, needs_draft_model, prepare, record_plan, replay_sweep
 
 # --- the whole sweep: prepare, run (real or replay), summarise ----------------------------------
@@ -169,15 +169,8 @@ def record_shard(spec: SweepSpec, records_root: Path, shard: tuple[int, int], pr
     for drafter, record_dir in record_dirs.items():
         if (record_dir / "record.json").is_file():
             continue  # already whole
-        if shard == (1, 1):
-            load_or_record(spec, prepared, gamma, ids, record_dir, progress, drafter)
-            folders.append(record_dir)
-            continue
-        stage = "recording" if drafter.drafter == "model" else f"recording ({drafter.drafter})"
-        models = {**prepared.pair.describe(), "drafter_fingerprint": prepared.pair.drafter_fingerprint(drafter)}
-        record_from_file(prepared, ids, gamma, drafter, parts_folder(record_dir), {"models": models},
-                         spec.runner_settings().eos_ids(prepared.pair), progress, stage, shard)
-        folders.append(parts_folder(record_dir))
+        whole = load_or_record(spec, prepared, gamma, ids, record_dir, progress, drafter, shard=shard)
+        folders.append(record_dir if whole is not None else parts_folder(record_dir))
     return folders
 
 
