@@ -321,6 +321,11 @@ def test_llamacpp_runs_several_policies_on_the_users_gguf_files_priced_on_its_ow
     ran = set(pd.read_parquet(folder / "llamacpp.parquet")["prompt_id"])
     assert prices.fitted_on["prompts"] and not ran & set(prices.fitted_on["prompts"])  # out of sample
     assert len(prices.surface.at(1).t_verify) == 8 and prices.surface.at(1).t_plain > 0  # k = 0 .. 7, the deeper fit γ
+    # What an empty draft adds, fitted on a run of p-min 1 (every draft empty) on the same prompts.
+    assert "top1 threshold 1 γ≤1 min0 · llama.cpp rule" in prices.fitted_on["policies"]
+    assert prices.surface.at(1).t_round_empty is not None and prices.surface.at(1).t_round_empty >= 0
+    empty_runs = [r for r in prices.fitted_on["runs"] if r["policy"].startswith("top1 threshold 1 ")]
+    assert empty_runs and all(2 * r["empty_rounds"] > r["rounds"] for r in empty_runs)
 
 
 def test_a_prompt_llama_cpp_stopped_for_a_full_context_is_marked():

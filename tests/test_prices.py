@@ -40,6 +40,8 @@ def test_a_cost_model_file_round_trips_with_its_provenance(tmp_path):
     loaded = cost_file.load(path)
     assert loaded.to_dict() == engine_file().to_dict() | {"measured": loaded.measured, "machine": loaded.machine}
     assert loaded.label == "llama.cpp b11434" and loaded.surface.at(1).t_round == 0.001
+    emptied = cost_file.load(engine_file(t_round_empty=0.0004).save(tmp_path / "empty.json")).surface.at(1)
+    assert emptied.t_round_empty == 0.0004 and emptied.round_costs()[:2] == [0.0104, 0.012]
     assert json.loads(path.read_text())["format_version"] == cost_file.FORMAT_VERSION
 
 
@@ -51,6 +53,7 @@ def test_a_cost_model_file_round_trips_with_its_provenance(tmp_path):
     (lambda d: d["batch_sizes"]["1"].pop("t_verify"), "lacks t_verify"),
     (lambda d: d["batch_sizes"]["1"].update(t_verify=[0.01]), "at least k = 0 and 1"),
     (lambda d: d["batch_sizes"]["1"].update(t_round=-0.001), "t_round is -0.001"),
+    (lambda d: d["batch_sizes"]["1"].update(t_round_empty=-0.001), "t_round_empty is -0.001"),
     (lambda d: d["batch_sizes"]["1"]["t_verify"].__setitem__(3, float("nan")), r"t_verify\[3\] is nan"),
     (lambda d: d["batch_sizes"]["1"].update(t_draft="fast"), "t_draft is 'fast'"),
     (lambda d: d["batch_sizes"].update({"0": d["batch_sizes"]["1"]}), "batch size '0'"),
@@ -96,23 +99,56 @@ def synthetic_record(prompts: int = 6, tokens: int = 40, gamma: int = 8, seed: i
 
 
 def test_round_and_plain_costs_price_every_round():
-    """predicted = N · t_plain / Σ (s · t_draft + t_verify(L) + t_round), from the rounds themselves;
-    a cost model without them prices as before (plain = t_verify(0), no round cost)."""
+    """predicted = N · t_plain / Σ (s · t_draft + t_verify(L) + t_round), from the rounds themselves,
+    t_round_empty in place of t_round where a draft came back empty; a cost model without it
+    charges t_round there, one without any prices as before (plain = t_verify(0), no round cost)."""
     rec = synthetic_record()
     policies = [DecodeConfig.of(schedule="fixed", gamma_max=g, min_draft_len=0, max_new_tokens=40, semantics="llamacpp")
                 for g in (1, 3, 6)] + [DecodeConfig.of(threshold=0.5, gamma_max=8, min_draft_len=0, max_new_tokens=40,
                                                        semantics="llamacpp")]
-    for cost in (engine_costs(), engine_costs(t_round=0.0, t_plain=0.0)):
+    assert sum(r.drafted == 0 for prompt in simulate(rec, policies[-1]) for r in prompt) > 20  # empty drafts to price
+    for cost in (engine_costs(), engine_costs(t_round_empty=0.0002), engine_costs(t_round=0.0, t_plain=0.0)):
         table = simulate_grid(rec, policies, cost)
+        empty = cost.t_round if cost.t_round_empty is None else cost.t_round_empty
         for config, predicted in zip(policies, table["predicted_speedup"]):
             rounds = [r for prompt in simulate(rec, config) for r in prompt]
-            spent = sum(r.draft_forwards * cost.t_draft + cost.t_verify[r.drafted] + cost.t_round for r in rounds)
+            spent = sum(r.draft_forwards * cost.t_draft + cost.t_verify[r.drafted] + (cost.t_round if r.drafted else empty)
+                        for r in rounds)
             plain = cost.t_plain or cost.t_verify[0]
             assert predicted == pytest.approx(rec.lengths.sum() * plain / spent, rel=1e-12)
             assert predicted == pytest.approx(cost.predict(rounds, int(rec.lengths.sum())), rel=1e-12)
+    # Cheaper empty rounds raise the threshold policy's prediction; the fixed γ's barely (only a
+    # prompt's last round, with no room left, drafts nothing).
+    same, cheaper = (simulate_grid(rec, policies, engine_costs(t_round_empty=e))["predicted_speedup"] for e in (None, 0.0))
+    assert cheaper.iloc[-1] > same.iloc[-1] * 1.01 and np.allclose(cheaper.iloc[:3], same.iloc[:3], rtol=5e-3)
     # A round's fixed cost favours fewer, longer rounds: it can change which γ wins.
     cheap, dear = (simulate_grid(rec, policies[:3], engine_costs(t_round=r)) for r in (0.0, 0.02))
     assert cheap["predicted_speedup"].idxmax() != dear["predicted_speedup"].idxmax()
+
+
+def test_the_fit_finds_what_an_engine_adds_per_drafting_and_per_empty_round():
+    """Timings made from known overheads (2 ms per drafting round, 0.5 ms per empty one) over
+    replay's own rounds: fit_overheads gives both back, t_round from the fixed γ runs and
+    t_round_empty from the run whose drafts are all empty (llama.cpp's p-min 1 fit run)."""
+    rec = synthetic_record()
+    passes = CostModel(0.002, [0.010, 0.011, 0.0115, 0.012, 0.013, 0.0135, 0.014, 0.015, 0.016], 100)
+    policies = [DecodeConfig.of(schedule="fixed", gamma_max=g, min_draft_len=0, max_new_tokens=40, semantics="llamacpp")
+                for g in (5, 7)] + [DecodeConfig.of(threshold=1.0, gamma_max=1, min_draft_len=0, max_new_tokens=40,
+                                                    semantics="llamacpp")]
+    runs = []
+    for policy in policies:
+        rows = []
+        for p, rounds in enumerate(simulate(rec, policy)):
+            spec = sum(r.draft_forwards * passes.t_draft + passes.t_verify[r.drafted] + (0.002 if r.drafted else 0.0005)
+                       for r in rounds)
+            rows.append({"prompt_id": f"p{p}", "spec_s": spec, "new_tokens": int(rec.lengths[p]),
+                         "baseline_s": 0.0105 * 40, "baseline_new_tokens": 40})
+        runs.append((policy, pd.DataFrame(rows)))
+    model, per_run = cost_file.fit_overheads(passes, rec, runs)
+    assert model.t_round == pytest.approx(0.002, rel=0.02) and model.t_round_empty == pytest.approx(0.0005, rel=1e-6)
+    assert model.t_plain == pytest.approx(0.0105) and len(per_run) == 3 * 6
+    alone, _ = cost_file.fit_overheads(passes, rec, runs[:2])  # no empty run: empty rounds cost t_round
+    assert alone.t_round_empty is None and alone.round_costs()[0] == passes.t_verify[0] + alone.t_round
 
 
 def test_break_even_acceptance_matches_the_fixed_gamma_it_names():

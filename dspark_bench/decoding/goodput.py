@@ -154,7 +154,7 @@ class GoodputModel:
     def build(cls, acceptance: AcceptanceFit, surface) -> "GoodputModel":
         """From a record's fit and a cost surface (cost.CostSurface)."""
         # A round's fixed cost (an engine's, cost.CostModel.t_round) goes with its one verify pass.
-        return cls(acceptance, {b: (m.t_draft, tuple(v + m.t_round for v in m.t_verify)) for b, m in surface.models.items()})
+        return cls(acceptance, {b: (m.t_draft, tuple(m.round_costs())) for b, m in surface.models.items()})
 
 
 def model_path(path: str | Path) -> Path:

@@ -16,7 +16,12 @@ context), then sampling each verified position and the cache edits. So:
   on prompts set apart for fitting (the task's last ones), from llama-server's own `timings`
   (`predicted_ms`, the generation phase): t_plain = plain seconds per generated token; t_round =
   what the speculative side took beyond replay's passes for the same prompts, per round (the
-  median over prompts and both policies: replay/cost_file.py's fit_overheads). Before that fit,
+  median over prompts and both policies: replay/cost_file.py's fit_overheads).
+- t_round_empty: what a round adds whose draft came back empty (p-min stopped it before its first
+  token). The server then takes a plain step, the sampled token alone (server-context.cpp: no
+  verification, no checkpoint), so it adds far less than t_round: on this machine pricing such
+  rounds at t_round put every threshold policy 5-8 % low. Fitted the same way on a run of p-min 1
+  (EMPTY_FIT: every draft empty, a policy nobody deploys) on the same prompts. Before the fit,
   llama-bench's passes are scaled to the server's where llama-bench runs them slower
   (server_scale). A prediction is a test only on policies, prompts and runs other than those,
   and the file's `fitted_on` names them.
@@ -49,6 +54,8 @@ from dspark_bench.replay.cost_file import load as load_file
 from dspark_bench.replay.record import record
 from dspark_bench.tuning.engine_files import llamacpp_flags
 
+# The fit's empty-draft run: p-min 1 stops every draft at its first token (t_round_empty).
+EMPTY_FIT = dict(schedule="threshold", metric="top1", threshold=1.0, gamma_max=1)
 REPETITIONS = 5  # llama-bench -r, in each of INVOCATIONS runs (a pass takes milliseconds: many are cheap)
 INVOCATIONS = 6
 
@@ -103,11 +110,17 @@ def pass_costs(binary: Path, target: Path, draft: Path, depth: int, gamma: int, 
 
 
 def fit_dispersion(per_prompt: list[dict]) -> Check:
-    """How far the fit prompts' plain seconds per token disagree: the same step on every prompt, so
-    a wide spread is the machine, not the prompts."""
-    spread = relative_iqr([r["plain_per_token_s"] for r in per_prompt])
-    return Check("fit_dispersion", grade(spread, 0.10, 0.25), {"relative_iqr": spread},
-                 f"llama-server's plain seconds per token disagreed by {spread:.0%} (IQR / median) across the fit prompts")
+    """How far the plain server's seconds per token for one prompt disagree between the fit runs
+    (each fit policy serves every fit prompt on the plain server too: the same request, timed
+    again minutes later), the median over prompts. Prompts differ in length and so in step cost;
+    a repeat of the same prompt does not, so a wide spread here is the machine."""
+    by_prompt: dict[str, list[float]] = {}
+    for row in per_prompt:
+        by_prompt.setdefault(row["prompt_id"], []).append(row["plain_per_token_s"])
+    spread = statistics.median((max(v) - min(v)) / statistics.median(v) for v in by_prompt.values())
+    return Check("fit_dispersion", grade(spread, 0.10, 0.25), {"relative_range": spread},
+                 f"llama-server's plain seconds per token for the same prompt moved by {spread:.0%} (range / median, "
+                 "the median over the fit prompts) between the fit runs")
 
 
 def file_key(path: Path) -> str:
@@ -116,7 +129,7 @@ def file_key(path: Path) -> str:
 
 
 # Bumped when the way a file is fitted changes, so a cached file of the old way is measured again.
-FIT_VERSION = 2  # 2: the passes scaled to the server's (server_scale)
+FIT_VERSION = 3  # 2: the passes scaled to the server's (server_scale); 3: t_round_empty
 
 
 def cache_path(build: dict, target: Path, draft: Path, depth: int, threads: int | None, max_new_tokens: int) -> Path:
@@ -157,20 +170,20 @@ def llamacpp_prices(pair, fit_prompts, fit_ids: list[list[int]], eos, max_new_to
             return prices
     if say:
         say(f"measuring llama.cpp's prices: llama-bench at depth {depth}, then {len(fit_ids)} fit prompts on both "
-            f"servers at fixed γ={' and '.join(map(str, FIT_GAMMAS))}")
+            f"servers at fixed γ={' and '.join(map(str, FIT_GAMMAS))} and p-min 1 (every draft empty)")
     gamma = max(gamma, *FIT_GAMMAS)
     probe = LoadProbe()  # a busy machine while measuring is said, as for our own timings
     probe.sample("before llama-bench")
     passes, medians = pass_costs(find_bench(binary), target, draft, depth, gamma, threads)
     probe.sample("after llama-bench")
-    policies = [DecodeConfig.of(schedule="fixed", gamma_max=g, min_draft_len=0, semantics="llamacpp",
-                                max_new_tokens=max_new_tokens) for g in FIT_GAMMAS]
+    policies = [DecodeConfig.of(**knobs, min_draft_len=0, semantics="llamacpp", max_new_tokens=max_new_tokens)
+                for knobs in [*(dict(schedule="fixed", gamma_max=g) for g in FIT_GAMMAS), EMPTY_FIT]]
     context = max(len(ids) for ids in fit_ids) + max_new_tokens + gamma + 8
     runs, steps = [], stage_steps(progress, "llama.cpp prices (fit)", len(fit_ids) * len(policies))
     with LlamaServer(binary, target, [], threads, context, None, "llama-server (plain, fit)") as plain:
         for policy in policies:
             with LlamaServer(binary, target, llamacpp_flags(policy, str(draft), version), threads, context, None,
-                             "llama-server (fixed γ, fit)") as spec:
+                             "llama-server (speculative, fit)") as spec:
                 rows = served(plain, spec, fit_prompts, fit_ids, policy, 1, steps)
             runs.append((policy, rows.rename(columns={"spec_gen_s": "spec_s", "baseline_gen_s": "baseline_s"})))
     probe.sample("after the fit runs")
@@ -186,7 +199,7 @@ def llamacpp_prices(pair, fit_prompts, fit_ids: list[list[int]], eos, max_new_to
         "through the draft too); t_draft: the draft's -p 1; medians of "
         f"{REPETITIONS * INVOCATIONS} repetitions over {INVOCATIONS} runs, sizes shuffled. t_plain, t_round: fitted on llama-server's timings.predicted_ms of "
         f"fixed γ={' and '.join(map(str, FIT_GAMMAS))} and plain runs: the median per round of what each took beyond "
-        f"replay's passes (fitted_on); every pass scaled by {scale:.3f}, the server's plain step over llama-bench's "
+        f"replay's passes (fitted_on); t_round_empty: the same per empty round of a p-min 1 run; every pass scaled by {scale:.3f}, the server's plain step over llama-bench's "
         "one-token target pass where llama-bench's is the slower (server_scale)",
         {**machine(), "threads": threads or "llama.cpp's default"}, now(),
         {"policies": [p.label() for p in policies], "prompts": [p.id for p in fit_prompts], "runs": per_run,

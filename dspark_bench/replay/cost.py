@@ -61,6 +61,11 @@ class CostModel:
     # scheduling). Our engine's timings leave both at 0: a plain step is t_verify(0).
     t_round: float = 0.0
     t_plain: float = 0.0
+    # What a round whose draft came back empty adds (llama.cpp's p-min can stop a draft before its
+    # first token): llama-server then takes a plain step (the sampled token alone, sampled once,
+    # no verification or checkpoint: server-context.cpp, `if (!draft.empty())`), so it costs less
+    # than t_round. None: the same as t_round (engines whose drafts are never empty).
+    t_round_empty: float | None = None
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -70,7 +75,8 @@ class CostModel:
         return cls(float(data["t_draft"]), [float(t) for t in data["t_verify"]], int(data["context_tokens"]),
                    int(data.get("batch_size", 1)), float(data.get("t_prefill_target", 0.0)),
                    float(data.get("t_prefill_draft", 0.0)), float(data.get("t_heads", 0.0)), float(data.get("spread", 0.0)),
-                   float(data.get("t_learned", 0.0)), float(data.get("t_round", 0.0)), float(data.get("t_plain", 0.0)))
+                   float(data.get("t_learned", 0.0)), float(data.get("t_round", 0.0)), float(data.get("t_plain", 0.0)),
+                   None if data.get("t_round_empty") is None else float(data["t_round_empty"]))
 
     @property
     def plain_step(self) -> float:
@@ -83,9 +89,17 @@ class CostModel:
         (its search on the host is not priced)."""
         return {"model": self.t_draft + (self.t_learned if learned else 0.0), "heads": self.t_heads, "lookup": 0.0}[drafter]
 
+    def round_costs(self) -> list[float]:
+        """Index k: one round's cost past its draft steps, a draft of k tokens: t_verify(k) and
+        what the engine adds per round (t_round; t_round_empty where k = 0)."""
+        empty = self.t_round if self.t_round_empty is None else self.t_round_empty
+        return [t + (self.t_round if k else empty) for k, t in enumerate(self.t_verify)]
+
     def predict(self, rounds: list[Round], tokens: int) -> float:
-        """docs/sweeps-and-replay.md: N * t_plain / sum over rounds of (s_r * t_draft + t_verify(L_r) + t_round)."""
-        spent = sum(r.draft_forwards * self.t_draft + self.t_verify[r.drafted] + self.t_round for r in rounds)  # a draft model's
+        """docs/sweeps-and-replay.md: N * t_plain / sum over rounds of (s_r * t_draft + t_verify(L_r) + t_round),
+        t_round_empty in place of t_round where L_r = 0."""
+        costs = self.round_costs()
+        spent = sum(r.draft_forwards * self.t_draft + costs[r.drafted] for r in rounds)  # a draft model's
         return self.speedup(tokens, spent)
 
     def speedup(self, tokens, predicted_time):

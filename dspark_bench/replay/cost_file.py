@@ -12,6 +12,7 @@ build, machine, the models, how it was measured); a sweep and `export` price wit
      "method": "how each number was measured", "measured": "2026-12-03T16:00:00Z",
      "fitted_on": {...},                       # optional: the runs a fitted term came from
      "batch_sizes": {"1": {"t_draft": s, "t_verify": [s, ...], "t_round": s, "t_plain": s,
+                           "t_round_empty": s,          # optional: a round whose draft came back empty
                            "context_tokens": n, ...}}}
 
 A file with a wrong shape, a negative, missing or non-finite entry, or for other models is
@@ -36,7 +37,7 @@ FORMAT = "dspark-bench cost model"
 FORMAT_VERSION = 1
 REQUIRED = ("t_draft", "t_verify", "context_tokens")
 # Every number a batch size's entry may hold (CostModel's fields), each a non-negative finite number.
-SECONDS = ("t_draft", "t_round", "t_plain", "t_prefill_target", "t_prefill_draft", "t_heads", "t_learned")
+SECONDS = ("t_draft", "t_round", "t_round_empty", "t_plain", "t_prefill_target", "t_prefill_draft", "t_heads", "t_learned")
 ENGINE_NAMES = {"ours": "our engine (PyTorch)", "llamacpp": "llama.cpp", "hf": "HF assisted generation",
                 "vllm": "vLLM", "sglang": "SGLang", "trtllm": "TensorRT-LLM"}
 
@@ -116,7 +117,7 @@ def from_dict(data, source: str = "") -> CostFile:
         raise DsparkError(f"{where} names no engine (\"engine\": {{\"name\": ...}})")
     models = {int_key(b, where): check_entry(entry, f"{where}, batch size {b}")
               for b, entry in data["batch_sizes"].items()}
-    if len(models) > 1 and any(m.t_round or m.t_plain for m in models.values()):
+    if len(models) > 1 and any(m.t_round or m.t_round_empty or m.t_plain for m in models.values()):
         raise DsparkError(f"{where} has t_round or t_plain with several batch sizes: replay prices those at batch "
                           "size 1 only; fold them into t_verify and t_draft")
     return CostFile(CostSurface(models), data["engine"], data["models"], data["method"], data.get("machine") or {},
@@ -145,7 +146,7 @@ def check_entry(entry, where: str) -> CostModel:
         raise DsparkError(f"{where}: t_verify must list the seconds of a verify pass for k = 0, 1, ... drafted "
                           "tokens (at least k = 0 and 1)")
     for name, value in [*((f"t_verify[{k}]", v) for k, v in enumerate(verify)),
-                        *((key, entry[key]) for key in SECONDS if key in entry)]:
+                        *((key, entry[key]) for key in SECONDS if entry.get(key) is not None)]:
         if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value < 0:
             raise DsparkError(f"{where}: {name} is {value!r}, not a non-negative number of seconds")
     if any(v <= 0 for v in verify) or entry["t_draft"] <= 0:
@@ -157,17 +158,19 @@ def check_entry(entry, where: str) -> CostModel:
 
 def fit_overheads(passes: CostModel, rec, runs) -> tuple[CostModel, list[dict]]:
     """What an engine adds to its passes, from timed runs on the record's prompts: `passes` with
-    t_plain and t_round filled in, and one row per prompt and policy.
+    t_plain, t_round and (where a run's drafts came back empty) t_round_empty filled in, and one
+    row per prompt and policy.
 
     `runs`: (policy, rows) pairs, rows one per prompt in the record's order with the engine's
     speculative and plain seconds (`spec_s`, `baseline_s`) for its tokens (`new_tokens`,
-    `baseline_new_tokens`). t_plain is the plain side's median seconds per token; t_round the
-    median over every prompt and policy of what the speculative run took beyond replay's passes
-    (t_draft and t_verify over the policy's replayed rounds), per round. A median: one prompt
+    `baseline_new_tokens`). t_plain is the plain side's median seconds per token. t_round: the
+    median over the prompts of the drafting policies of what the speculative run took beyond
+    replay's passes (t_draft and t_verify over the policy's replayed rounds), per round.
+    t_round_empty: the same over the runs whose rounds are mostly empty drafts (llama.cpp's p-min
+    1 fit run), per empty round, their few drafting rounds charged t_round. Medians: one prompt
     timed while the machine hiccupped moves a least-squares fit, not the median. (A cost per
     draft step on top was tried on llama.cpp and dropped: fitted on γ 5 and 7 it extrapolated to
-    half the overhead γ = 1 measures; what llama-server adds per round is flat in γ, 2.2–3.2 ms
-    for γ 1–8 on this machine with one thread.)"""
+    half the overhead γ = 1 measures; what llama-server adds per drafting round is flat in γ.)"""
     from dspark_bench.replay.simulate import simulate  # simulate imports this module's cost model
 
     per_run = []
@@ -177,11 +180,17 @@ def fit_overheads(passes: CostModel, rec, runs) -> tuple[CostModel, list[dict]]:
             spent = sum(r.draft_forwards * passes.t_draft + passes.t_verify[r.drafted] for r in rounds)
             spec_s = row.spec_s / row.new_tokens * tokens  # the speculative side's seconds for replay's tokens
             per_run.append({"policy": policy.label(), "prompt_id": row.prompt_id, "tokens": tokens,
-                            "rounds": len(rounds), "spec_s": spec_s, "passes_s": spent,
-                            "round_overhead_s": (spec_s - spent) / len(rounds),
+                            "rounds": len(rounds), "empty_rounds": sum(r.drafted == 0 for r in rounds),
+                            "spec_s": spec_s, "passes_s": spent, "round_overhead_s": (spec_s - spent) / len(rounds),
                             "plain_per_token_s": row.baseline_s / row.baseline_new_tokens})
-    t_round = max(statistics.median(r["round_overhead_s"] for r in per_run), 0.0)
-    return dataclasses.replace(passes, t_round=t_round, t_plain=plain_seconds_per_token(runs)), per_run
+    empty = [r for r in per_run if 2 * r["empty_rounds"] > r["rounds"]]
+    drafting = [r for r in per_run if r not in empty]
+    t_round = max(statistics.median(r["round_overhead_s"] for r in drafting), 0.0)
+    t_round_empty = max(statistics.median(
+        (r["spec_s"] - r["passes_s"] - (r["rounds"] - r["empty_rounds"]) * t_round) / r["empty_rounds"] for r in empty),
+        0.0) if empty else None
+    return dataclasses.replace(passes, t_round=t_round, t_round_empty=t_round_empty,
+                               t_plain=plain_seconds_per_token(runs)), per_run
 
 
 def plain_seconds_per_token(runs) -> float:

@@ -331,7 +331,7 @@ def simulate_grid(rec: Record, configs: list[DecodeConfig], cost: "CostModel | N
     order = np.argsort(group_of.ravel(), kind="stable")
     groups = np.flatnonzero(np.diff(group_of.ravel()[order], prepend=-1, append=-2))
     gamma_max = np.array([c.stopping.gamma_max for c in configs], dtype=np.int64)
-    verify_cost = np.asarray(cost.t_verify if cost else np.zeros(G + 1), dtype=np.float64)
+    verify_cost = np.asarray(cost.round_costs() if cost else np.zeros(G + 1), dtype=np.float64)  # t_round in
     counts, verify = np.zeros((len(configs), 5), dtype=np.int64), np.zeros(len(configs))
     arrays = (signals, signal_of[order], thresholds[order], forced_steps[order], keep[order], discard_below[order],
               gamma_max[order])
@@ -364,7 +364,7 @@ def _grid_table(configs: list[DecodeConfig], counts: np.ndarray, verify: np.ndar
     })
     if cost is not None:  # in cost-model seconds; plain decoding takes tokens × its plain step
         step = np.array([cost.draft_step(c.drafting.drafter, c.stopping.metric == "learned") for c in configs])
-        table["predicted_time"] = counts[:, 4] * step + verify + counts[:, 0] * cost.t_round
+        table["predicted_time"] = counts[:, 4] * step + verify  # verify: each round's round_costs()
         table["predicted_speedup"] = cost.speedup(tokens, table["predicted_time"])
     return table
 

@@ -260,8 +260,10 @@ def cost_model_blocks(inputs: Inputs) -> list[tuple]:
         if cost:
             verify = ", ".join(f"{t * 1e3:.2f}" for t in cost.get("t_verify", []))
             text += f" Cost model: t_draft {cost['t_draft'] * 1e3:.2f} ms, t_verify(k = 0..) {verify} ms"
-            text += (f", t_round {cost['t_round'] * 1e3:.2f} ms, plain step {cost['t_plain'] * 1e3:.2f} ms."
-                     if cost.get("t_plain") else ".")
+            empty = cost.get("t_round_empty")
+            text += (f", t_round {cost['t_round'] * 1e3:.2f} ms"
+                     + (f" ({empty * 1e3:.2f} ms where the draft came back empty)" if empty is not None else "")
+                     + f", plain step {cost['t_plain'] * 1e3:.2f} ms." if cost.get("t_plain") else ".")
         where = f" ({plots.short_run(run_id)})" if len(inputs.summaries) > 1 else ""
         blocks += [("h3", f"Cost model accuracy{where}"), ("p", text),
                    ("table", ["configuration", "predicted_speedup", "predicted on our engine", "speedup [95% CI]",

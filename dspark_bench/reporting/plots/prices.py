@@ -18,7 +18,7 @@ def verify_curves(models: dict, title: str = ""):
     for i, (label, cost) in enumerate(models.items()):
         color = f"C{i}"
         k = np.arange(len(cost.t_verify))
-        verify = np.asarray(cost.t_verify) + cost.t_round
+        verify = np.asarray(cost.round_costs())
         plain = cost.plain_step
         relative.plot(k, verify / plain, "-o", color=color, ms=4,
                       label=f"{label}: verify(k) + round ÷ plain step ({plain * 1e3:.2f} ms)")
