@@ -149,6 +149,11 @@ def test_the_fit_finds_what_an_engine_adds_per_drafting_and_per_empty_round():
     assert model.t_plain == pytest.approx(0.0105) and len(per_run) == 3 * 6
     alone, _ = cost_file.fit_overheads(passes, rec, runs[:2])  # no empty run: empty rounds cost t_round
     assert alone.t_round_empty is None and alone.round_costs()[0] == passes.t_verify[0] + alone.t_round
+    # A slow stretch of the machine under a whole fit run slows both of its sides: the fit reads
+    # each pair's ratio, so it finds the same costs (absolute seconds would put 30 % of a round in t_round).
+    slow = runs[1][1].assign(spec_s=runs[1][1]["spec_s"] * 1.3, baseline_s=runs[1][1]["baseline_s"] * 1.3)
+    drifted, _ = cost_file.fit_overheads(passes, rec, [runs[0], (runs[1][0], slow), runs[2]])
+    assert drifted.t_round == pytest.approx(model.t_round, rel=0.02) and drifted.t_plain == pytest.approx(0.0105)
 
 
 def test_break_even_acceptance_matches_the_fixed_gamma_it_names():

@@ -129,7 +129,7 @@ def file_key(path: Path) -> str:
 
 
 # Bumped when the way a file is fitted changes, so a cached file of the old way is measured again.
-FIT_VERSION = 3  # 2: the passes scaled to the server's (server_scale); 3: t_round_empty
+FIT_VERSION = 3  # 2: the passes scaled to the server's (server_scale); 3: t_round_empty, paired ratios
 
 
 def cache_path(build: dict, target: Path, draft: Path, depth: int, threads: int | None, max_new_tokens: int) -> Path:

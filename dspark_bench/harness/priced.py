@@ -37,6 +37,7 @@ from dspark_bench.tasks import load_prompts
 
 FIT_GAMMAS = (5, 7)  # the fixed γ an engine's own costs are fitted on (neither among those a comparison usually lists)
 FIT_PROMPTS = 5
+HF_FIT_VERSION = 2  # in the cache key, so a file fitted the old way is fitted again (2: paired ratios)
 FILE = "priced.json"  # a run folder's predictions priced on the measuring engine's costs and on ours
 
 
@@ -57,7 +58,7 @@ def hf_cache_key(pair, settings, max_new_tokens: int) -> str:
     described = pair.describe()
     key = json.dumps([described["target_fingerprint"], described["draft_fingerprint"], described["dtype"],
                       str(pair.device), transformers.__version__, torch.__version__, torch.get_num_threads(),
-                      settings.chat_template, max_new_tokens])
+                      settings.chat_template, max_new_tokens, HF_FIT_VERSION])
     return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 

@@ -165,7 +165,10 @@ def fit_overheads(passes: CostModel, rec, runs) -> tuple[CostModel, list[dict]]:
     speculative and plain seconds (`spec_s`, `baseline_s`) for its tokens (`new_tokens`,
     `baseline_new_tokens`). t_plain is the plain side's median seconds per token. t_round: the
     median over the prompts of the drafting policies of what the speculative run took beyond
-    replay's passes (t_draft and t_verify over the policy's replayed rounds), per round.
+    replay's passes (t_draft and t_verify over the policy's replayed rounds), per round, the
+    speculative run's seconds taken as its paired ratio to the plain side times t_plain (what a
+    prediction is: a ratio to plain decoding; on this machine that took HF's three threshold
+    policies from +8.7..+12.1 % to +1.1..+3.7 % on one measurement).
     t_round_empty: the same over the runs whose rounds are mostly empty drafts (llama.cpp's p-min
     1 fit run), per empty round, their few drafting rounds charged t_round. Medians: one prompt
     timed while the machine hiccupped moves a least-squares fit, not the median. (A cost per
@@ -173,24 +176,27 @@ def fit_overheads(passes: CostModel, rec, runs) -> tuple[CostModel, list[dict]]:
     half the overhead γ = 1 measures; what llama-server adds per drafting round is flat in γ.)"""
     from dspark_bench.replay.simulate import simulate  # simulate imports this module's cost model
 
-    per_run = []
+    per_run, t_plain = [], plain_seconds_per_token(runs)
     for policy, rows in runs:
         for p, (row, rounds) in enumerate(zip(rows.itertuples(), simulate(rec, policy))):
             tokens = int(rec.lengths[p])
             spent = sum(r.draft_forwards * passes.t_draft + passes.t_verify[r.drafted] for r in rounds)
-            spec_s = row.spec_s / row.new_tokens * tokens  # the speculative side's seconds for replay's tokens
+            plain = row.baseline_s / row.baseline_new_tokens
+            # The speculative side's seconds for replay's tokens at the fit's median plain speed:
+            # its paired ratio to the plain side (the two take turns, so a slow minute slows both)
+            # times t_plain. Absolute seconds would carry each pair's minute of drift into t_round.
+            spec_s = row.spec_s / row.new_tokens / plain * t_plain * tokens
             per_run.append({"policy": policy.label(), "prompt_id": row.prompt_id, "tokens": tokens,
                             "rounds": len(rounds), "empty_rounds": sum(r.drafted == 0 for r in rounds),
                             "spec_s": spec_s, "passes_s": spent, "round_overhead_s": (spec_s - spent) / len(rounds),
-                            "plain_per_token_s": row.baseline_s / row.baseline_new_tokens})
+                            "plain_per_token_s": plain})
     empty = [r for r in per_run if 2 * r["empty_rounds"] > r["rounds"]]
     drafting = [r for r in per_run if r not in empty]
     t_round = max(statistics.median(r["round_overhead_s"] for r in drafting), 0.0)
     t_round_empty = max(statistics.median(
         (r["spec_s"] - r["passes_s"] - (r["rounds"] - r["empty_rounds"]) * t_round) / r["empty_rounds"] for r in empty),
         0.0) if empty else None
-    return dataclasses.replace(passes, t_round=t_round, t_round_empty=t_round_empty,
-                               t_plain=plain_seconds_per_token(runs)), per_run
+    return dataclasses.replace(passes, t_round=t_round, t_round_empty=t_round_empty, t_plain=t_plain), per_run
 
 
 def plain_seconds_per_token(runs) -> float:
