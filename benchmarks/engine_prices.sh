@@ -31,9 +31,11 @@ dspark-bench sweep "${common[@]}" --prices llamacpp --metric top1 --schedule thr
     --gamma-max 5 --gamma-max 6 --gamma-max 8 --min-draft-len 0 --min-draft-len 1 --min-draft-len 2 --confirm-top 1 \
     --out "$out/sweep" | tee "$out/logs/sweep.txt"
 dspark-bench export "$(newest "$out/sweep" sweep)" --format llamacpp --out "$out/export" | tee "$out/logs/export.txt"
-# The sweep's three best llama.cpp policies on this pair (its trials.parquet, ranked on llama.cpp's prices).
+# The sweep's three best llama.cpp policies on this pair (its trials.parquet, ranked on llama.cpp's
+# prices; top1 threshold under llama.cpp's rule). They depend on the prices measured: read them from
+# trials.parquet and put them here (2026-12-04: 0.3, 0.35 and 0.55, γ≤8, n-min 2).
 dspark-bench run "${common[@]}" --decoder llamacpp --semantics llamacpp --metric top1 --schedule threshold \
-    --threshold 0.3 --threshold 0.35 --threshold 0.4 --gamma-max 8 --min-draft-len 0 --out "$out/scheduled" \
+    --threshold 0.3 --threshold 0.35 --threshold 0.55 --gamma-max 8 --min-draft-len 2 --out "$out/scheduled" \
     | tee "$out/logs/scheduled.txt"
 dspark-bench run "${common[@]}" --decoder hf --semantics hf --min-draft-len 0 --threshold 0.2 --threshold 0.4 \
     --threshold 0.6 --gamma-max 6 --out "$out/hf" | tee "$out/logs/hf.txt"

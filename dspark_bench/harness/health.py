@@ -48,8 +48,8 @@ from dspark_bench.paired import compare
 from dspark_bench.replay.cost import CostSurface, measure_surface, relative_iqr
 
 VERDICTS = ("ok", "noisy", "unreliable")
-ADVICE = ("another process was likely running — re-run on an idle machine, or with --threads 1 "
-          "(torch's threads then do not fight it for the cores)")
+ADVICE = ("another process was likely running, or a shared machine's own speed moved — re-run on an idle "
+          "machine, or with --threads 1 (torch's threads then do not fight it for the cores)")
 RETRIES = 3  # cost-table timings tried before one that still fails is used (and said)
 
 
