@@ -118,7 +118,7 @@ def from_dict(data, source: str = "") -> CostFile:
     models = {int_key(b, where): check_entry(entry, f"{where}, batch size {b}")
               for b, entry in data["batch_sizes"].items()}
     if len(models) > 1 and any(m.t_round or m.t_round_empty or m.t_plain for m in models.values()):
-        raise DsparkError(f"{where} has t_round or t_plain with several batch sizes: replay prices those at batch "
+        raise DsparkError(f"{where} has t_round, t_round_empty or t_plain with several batch sizes: replay prices those at batch "
                           "size 1 only; fold them into t_verify and t_draft")
     return CostFile(CostSurface(models), data["engine"], data["models"], data["method"], data.get("machine") or {},
                     str(data.get("measured", "")), data.get("fitted_on"), source, data.get("timing_health"))
@@ -167,8 +167,7 @@ def fit_overheads(passes: CostModel, rec, runs) -> tuple[CostModel, list[dict]]:
     median over the prompts of the drafting policies of what the speculative run took beyond
     replay's passes (t_draft and t_verify over the policy's replayed rounds), per round, the
     speculative run's seconds taken as its paired ratio to the plain side times t_plain (what a
-    prediction is: a ratio to plain decoding; on this machine that took HF's three threshold
-    policies from +8.7..+12.1 % to +1.1..+3.7 % on one measurement).
+    prediction is: a ratio to plain decoding, which a slow stretch under one fit run leaves alone).
     t_round_empty: the same over the runs whose rounds are mostly empty drafts (llama.cpp's p-min
     1 fit run), per empty round, their few drafting rounds charged t_round. Medians: one prompt
     timed while the machine hiccupped moves a least-squares fit, not the median. (A cost per
@@ -190,8 +189,9 @@ def fit_overheads(passes: CostModel, rec, runs) -> tuple[CostModel, list[dict]]:
                             "rounds": len(rounds), "empty_rounds": sum(r.drafted == 0 for r in rounds),
                             "spec_s": spec_s, "passes_s": spent, "round_overhead_s": (spec_s - spent) / len(rounds),
                             "plain_per_token_s": plain})
-    empty = [r for r in per_run if 2 * r["empty_rounds"] > r["rounds"]]
-    drafting = [r for r in per_run if r not in empty]
+    empty, drafting = [], []  # runs of mostly empty drafts (llama.cpp's p-min 1 fit run), the rest
+    for r in per_run:
+        (empty if 2 * r["empty_rounds"] > r["rounds"] else drafting).append(r)
     t_round = max(statistics.median(r["round_overhead_s"] for r in drafting), 0.0)
     t_round_empty = max(statistics.median(
         (r["spec_s"] - r["passes_s"] - (r["rounds"] - r["empty_rounds"]) * t_round) / r["empty_rounds"] for r in empty),
