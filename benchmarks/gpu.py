@@ -1,251 +1,141 @@
-"""The GPU benchmark (issue 14): one command for any CUDA machine, and CI's smoke run on a CPU.
+"""The GPU run (issue 47): one command on a CUDA machine proves the decoder there, prices a realistic pair and measures how close our step comes to the memory-bandwidth bound.
 
-For the shipped pair, and a hub pair given by --target/--draft when its weights load here:
-1. Record the task's first --limit prompts and time the step costs; replay the task's sweep
-   space and every fixed gamma: the best policy and the best fixed gamma (a quick replay sweep).
-2. One run folder, every row interleaved with the autoregressive baseline (per-prompt bootstrap
-   intervals): fixed gamma and the best policy, early-stop and verify-side draft modes, eager and
-   compiled (static cache + torch.compile; CUDA graphs on a GPU; the compiled rows' baseline is
-   compiled too), and both at each --batch-size above 1 (batched engine, early-stop, eager).
-3. HF assisted generation against our engine on the best policy HF can express (HF's rule).
-4. Our autoregressive baseline against `model.generate`.
-5. The draft loop alone: tokens/s with a host sync per step (the early-stop loop reading each
-   token and confidence) and with none (decisions left on the device), eager and compiled.
-Prints one markdown table and leaves the run folder and results.json under --out.
+Stages, each written to stages.json under --out as it ends, so a cut run resumes where it stopped
+(--resume FILE: a stages.json from an earlier try; its finished stages are not run again):
+  machine      the device, and its measured device-to-device copy bandwidth
+  correctness  the shipped pair in fp32: greedy output identical to the target's own for every
+               (metric, schedule) the tests cover, batch 1 (both draft modes) and batched; bf16's
+               divergence as the run reports it; sampling lossless (chi-square, and a broken rule caught)
+  syncs        host syncs per round: host.fetch's count and CUDA's own sync debug mode
+  prices       a --size pair with random weights built on the device: the plain step against the
+               bandwidth bound, t_verify(k) for k = 0..gamma at B = 1, 8, 32, the draft step, the
+               round's overhead; written as cost-model files that name the device
+  replay       the shipped pair's code record replayed on those prices, beside the shipped pair's
+               own prices on this device and (--cpu-prices) on a CPU: the best policy and best fixed γ
+  compiled     the --size pair's plain step compiled (torch.compile, CUDA graphs) against the bound
+  speed        (only when named) the shipped pair's decoders timed: benchmarks/gpu_speed.py
+Prints one table (also gpu-table.md) and exits 1 if a stage failed or a check did not hold.
 
-    bash benchmarks/gpu.sh [--device auto] [--dtype auto] [--target T --draft D] [--task code]
-                           [--limit 10] [--max-new-tokens 128] [--batch-size 8 ...] [--no-compile]
-                           [--out results/gpu] [--smoke]
-
---smoke (CI, any CPU): 2 prompts × 24 tokens, gamma up to 4, batch size 2, and the compiled rows
-through dynamo's "eager" backend (tracing, guards and the static cache, no code generation: a
-CPU inductor compile of every input length would take minutes).
+    bash benchmarks/gpu.sh --out results/gpu                          # every stage but speed (about 6 min on an H200)
+    bash benchmarks/gpu.sh --out results/gpu --resume results/gpu/stages.json   # finish a cut run
+    bash benchmarks/gpu.sh --stages speed --limit 10                  # the shipped pair's decoders timed
+    bash benchmarks/gpu.sh --device cpu --smoke                       # the dry run on a CPU (tests/test_gpu_bench.py)
 """
 
 from __future__ import annotations
 
 import json
-import statistics
 import time
+import traceback
 from pathlib import Path
-from types import SimpleNamespace
 
 import common  # benchmarks/ is on sys.path when run as a script
-import numpy as np
+import gpu_report
+import gpu_stages
 import torch
 
+DEFAULT_STAGES = ("machine", "correctness", "syncs", "prices", "replay", "compiled")
+ALL_STAGES = (*DEFAULT_STAGES, "speed")
+INPUTS = Path(__file__).resolve().parent / "gpu_inputs"  # what a device run reads: made on a CPU, committed
+CPU_PRICES = INPUTS / "cpu-prices-shipped-pair.json"
 
-def main() -> None:
+
+def arguments():
     parser = common.parser(__doc__, task="code", limit=10, max_new_tokens=128, out="results/gpu")
-    parser.add_argument("--device", default="auto")
-    parser.add_argument("--dtype", default="auto")
-    parser.add_argument("--target")
+    parser.add_argument("--device", default="auto", help="cuda, cpu or auto (default)")
+    parser.add_argument("--stages", default=",".join(DEFAULT_STAGES), help=f"comma-separated, of {', '.join(ALL_STAGES)}")
+    parser.add_argument("--size", default="llama-8b-1b", help="the priced pair's shapes (benchmarks/gpu_shapes.json)")
+    parser.add_argument("--price-dtype", default="bfloat16", help="the priced pair's dtype (default bfloat16)")
+    parser.add_argument("--context", type=int, default=512, help="cache length the priced pair is timed at")
+    parser.add_argument("--gamma", type=int, default=8, help="deepest draft priced, recorded and replayed")
+    parser.add_argument("--batch-size", type=int, action="append", help="batch sizes priced above 1 (default 8, 32)")
+    parser.add_argument("--cpu-prices", type=Path, default=CPU_PRICES if CPU_PRICES.is_file() else None,
+                        help="the shipped pair's cost model measured on a CPU, replayed beside the device's")
+    parser.add_argument("--prompts", type=Path, help="a JSONL file of prompts ({\"id\", \"text\"} each line) in "
+                        "place of --task's: the same prompts on every machine (a task's code prompts are read from "
+                        "the machine's installed packages)")
+    parser.add_argument("--resume", type=Path, help="a stages.json from an earlier try: its finished stages stand")
+    parser.add_argument("--budget-s", type=float, default=450.0, help="start no stage after this many seconds")
+    parser.add_argument("--dtype", default="auto", help="the speed stage's dtype for the shipped pair")
+    parser.add_argument("--target", help="the speed stage: a hub pair beside the shipped one")
     parser.add_argument("--draft")
-    parser.add_argument("--gamma", type=int, default=8, help="deepest draft replayed and run")
-    parser.add_argument("--batch-size", type=int, action="append", help="batch sizes above 1 (default 8)")
-    parser.add_argument("--no-compile", action="store_true")
-    parser.add_argument("--smoke", action="store_true")
+    parser.add_argument("--no-compile", action="store_true", help="the speed stage: eager rows only")
+    parser.add_argument("--smoke", action="store_true", help="tiny shapes and counts: the CPU dry run")
     args = parser.parse_args()
+    args.stages = [s.strip() for s in args.stages.split(",") if s.strip()]
+    unknown = [s for s in args.stages if s not in ALL_STAGES]
+    if unknown:
+        parser.error(f"unknown stage {unknown[0]!r}; choose from {', '.join(ALL_STAGES)}")
+    for flag, path in (("--resume", args.resume), ("--prompts", args.prompts), ("--cpu-prices", args.cpu_prices)):
+        if path and not path.is_file():
+            parser.error(f"{flag} {path}: no such file")
     if args.smoke:
-        args.limit, args.max_new_tokens, args.gamma = min(args.limit, 2), min(args.max_new_tokens, 24), 4
-        args.batch_size = args.batch_size or [2]
-        from dspark_bench.decoding import cached_lm as cache
+        shrink(args)
+    args.batch_size = sorted({b for b in (args.batch_size or [8, 32]) if b > 1})
+    return args
 
-        cache.COMPILE_OPTIONS["backend"] = "eager"
-    args.batch_size = [b for b in (args.batch_size or [8]) if b > 1]
+
+def shrink(args) -> None:
+    """The dry run: tiny shapes and counts, the compiled step through dynamo's "eager" backend
+    (tracing, guards and the static cache, no code generation)."""
+    from dspark_bench.decoding import cached_lm
+
+    args.size, args.price_dtype, args.context = "tiny", "float32", 48
+    args.limit, args.max_new_tokens, args.gamma = min(args.limit, 2), min(args.max_new_tokens, 24), 4
+    args.batch_size = args.batch_size or [2]
+    cached_lm.COMPILE_OPTIONS["backend"] = "eager"
+
+
+def main() -> int:
+    args = arguments()
     args.out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
 
     def say(line: str) -> None:
         print(f"[{time.perf_counter() - start:6.0f} s] {line}", flush=True)
 
-    from dspark_bench.errors import DsparkError
-    from dspark_bench.harness.models import load_pair
-    from dspark_bench.results import describe_machine, environment
-
-    pairs = [("shipped pair", None, None)] + ([(f"{args.target} + {args.draft}", args.target, args.draft)]
-                                              if args.target or args.draft else [])
-    rows, results = [], {"machine": describe_machine(environment()), "args": {k: str(v) for k, v in vars(args).items()}}
-    for name, target, draft in pairs:
-        try:
-            pair = load_pair(target, draft, args.device, args.dtype)
-        except DsparkError as err:  # a hub pair this machine cannot download: said, not fatal
-            say(f"{name}: skipped ({err})")
-            results[name] = {"skipped": str(err)}
+    state = json.loads(args.resume.read_text()) if args.resume else {}
+    context = gpu_stages.Context(args, say, state)
+    for stage in args.stages:
+        if state.get(stage, {}).get("done"):
+            say(f"{stage}: done in an earlier try")
             continue
-        say(f"{name}: {pair.target_name} + {pair.draft_name} on {pair.device} ({pair.dtype})")
-        pair_rows, folder = bench_pair(pair, args, args.out / name.replace(" ", "_").replace("/", "_"), say)
-        rows += [{"pair": name, **row} for row in pair_rows]
-        results[name] = {"run_folder": str(folder), "rows": pair_rows}
-    (args.out / "results.json").write_text(json.dumps(results, indent=1, default=str))
-    print(f"\n{args.limit} {args.task} prompts × {args.max_new_tokens} new tokens · {results['machine']} · "
-          f"{time.perf_counter() - start:.0f} s\n")
-    print("| pair | B | decoder | policy | tokens/s | speedup vs our autoregressive [95 % CI] | tokens/round | identical |")
-    print("|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        print(f"| {r['pair']} | {r['batch_size']} | {r['decoder']} | {r['policy']} | {fmt(r.get('tokens_per_s'), 1)} | "
-              f"{fmt(r.get('speedup'))} {interval(r)} | {fmt(r.get('tokens_per_round'), 2)} | {fmt(r.get('identical'), 2)} |")
-    print(f"\nresults: {args.out}")
+        if time.perf_counter() - start > args.budget_s:
+            say(f"{stage}: not started, past --budget-s {args.budget_s:.0f}: rerun with --resume")
+            state[stage] = {"done": False, "skipped": "out of time"}
+            continue
+        state[stage] = run_stage(stage, context, say)
+        save(args.out / "stages.json", state)
+    table = gpu_report.table(state, args)
+    (args.out / "gpu-table.md").write_text(table)
+    print("\n" + table)
+    failed = [s for s in args.stages if not state.get(s, {}).get("done") or state[s].get("holds") is False]
+    say(f"stages failed or not holding: {', '.join(failed)}" if failed else "every stage done and holding")
+    return 1 if failed else 0
 
 
-def fmt(value, digits: int = 3) -> str:
-    return "—" if value is None or (isinstance(value, float) and np.isnan(value)) else f"{value:.{digits}f}"
+def run_stage(stage: str, context, say) -> dict:
+    """One stage: its result with done, seconds and (where it checks something) holds; a stage
+    that raises is recorded with its error and the run goes on to the next."""
+    say(f"{stage}: starting")
+    began = time.perf_counter()
+    try:
+        result = getattr(gpu_stages, stage)(context)
+        result.update(done=True)
+    except Exception as error:  # recorded in stages.json and the table, and the exit status says so
+        result = {"done": False, "error": f"{type(error).__name__}: {error}",
+                  "traceback": traceback.format_exc()[-4000:]}
+        say(f"{stage}: FAILED: {result['error']}")
+    result["seconds"] = round(time.perf_counter() - began, 1)
+    say(f"{stage}: {'done' if result['done'] else 'failed'} in {result['seconds']:.0f} s")
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return result
 
 
-def interval(row: dict) -> str:
-    return f"[{row['low']:.3f}, {row['high']:.3f}]" if row.get("low") is not None else ""
-
-
-def bench_pair(pair, args, out: Path, say) -> tuple[list[dict], Path]:
-    from dspark_bench.config import DecodeConfig
-    from dspark_bench.harness.runner import RunnerSettings, run, run_to_folder
-    from dspark_bench.metrics import summarize
-    from dspark_bench.prompts import encode
-    from dspark_bench.replay.cost import measure_surface
-    from dspark_bench.replay.simulate import record, simulate_grid
-    from dspark_bench.tasks import load_prompts
-    from dspark_bench.tuning.export import candidates
-    from dspark_bench.tuning.spec import points, resolve_spec, task_spec
-
-    prompts, source, _ = load_prompts(args.task, None, limit=args.limit)
-    ids = [encode(pair.tokenizer, p.text) for p in prompts]
-    N, G = args.max_new_tokens, args.gamma
-    say(f"recording {len(prompts)} prompts × {N} tokens (rollouts {G} deep) and timing steps at B = 1, "
-        f"{', '.join(map(str, args.batch_size))}")
-    rec = record(SimpleNamespace(target=pair.target, draft=pair.draft, eos_ids=pair.eos_ids), ids, N, G)
-    context = ids[0] + rec.continuation[0, : int(rec.lengths[0]) // 2].tolist()
-    surface = measure_surface(pair, context, G, [1, *args.batch_size])
-    spec, _ = resolve_spec(task_spec(args.task), {"task": args.task, "max_new_tokens": N})
-    base = DecodeConfig.of(max_new_tokens=N)
-    fixed = [base.replace(schedule="fixed", gamma_max=g, min_draft_len=0) for g in range(1, G + 1)]
-    space = [c for c in points(spec, base) if c.stopping.gamma_max <= G] + fixed
-    table = simulate_grid(rec, space, surface.at(1))
-    pick = lambda rows: space[int(rows["predicted_speedup"].idxmax())]  # noqa: E731
-    best, best_fixed = pick(table[table["schedule"] != "fixed"]), pick(table[table["schedule"] == "fixed"])
-    say(f"replayed {len(space):,} policies: best {best.label()}, best fixed {best_fixed.label()}")
-
-    compiled = [False] if args.no_compile else [False, True]
-    at_one = [p.replace(draft_mode=m, compiled=c) for p in (best_fixed, best)
-              for c in compiled for m in ("early-stop", "verify-side")]
-    batched = [p.replace(batch_size=b) for b in args.batch_size for p in (best_fixed, best)]
-    say(f"one run: {len(at_one)} policies at B = 1 and {len(batched)} batched, each against the baseline")
-    folder, summary = run_to_folder(pair, prompts, at_one + batched, out, RunnerSettings(), source, say=say)
-    rows = [measured(summary, i, c, "ours") for i, c in enumerate(at_one + batched)]
-
-    pool = candidates("hf", base, list(range(1, G + 1)))
-    hf_policy = pool[int(simulate_grid(rec, pool, surface.at(1))["predicted_speedup"].idxmax())]
-    say(f"HF assisted generation vs our engine on {hf_policy.label()}")
-    for engine in ("ours", "hf"):
-        out_engine = run(pair, prompts, [hf_policy], RunnerSettings(decoder=engine))
-        rows.append(measured(summarize(out_engine.samples), 0, hf_policy,
-                             "HF assisted generation" if engine == "hf" else "ours"))
-
-    if pair.device.type == "cuda":
-        say("host syncs per round as CUDA itself sees them")
-        rows += cuda_sync_rows(pair, ids[0], best)
-    say("our autoregressive baseline vs model.generate")
-    rows += baseline_rows(pair, ids, base)
-    say("the draft loop alone: a host sync per step vs none")
-    rows += draft_loop_rows(pair, ids[0], 64 if not args.smoke else 8, compiled)
-    return rows, folder
-
-
-def measured(summary, config_id: int, config, decoder: str) -> dict:
-    s = summary[summary["config_id"] == config_id].iloc[0]
-    return {"batch_size": config.batching.batch_size, "decoder": decoder, "policy": config.label(),
-            "tokens_per_s": float(s["spec_tokens_per_s"]), "speedup": float(s["speedup"]),
-            "low": float(s["speedup_low"]), "high": float(s["speedup_high"]),
-            "tokens_per_round": float(s["tokens_per_round"]), "identical": float(s["identical_to_baseline"]),
-            "baseline_tokens_per_s": float(s["baseline_tokens_per_s"])}
-
-
-def baseline_rows(pair, ids: list[list[int]], config) -> list[dict]:
-    """Our loop and `model.generate`, interleaved per prompt: tokens/s and generate's speed relative to ours."""
-    from dspark_bench.decoding.autoregressive import autoregressive_decode, hf_generate
-    from dspark_bench.harness.runner import timed
-    from dspark_bench.metrics import bootstrap_ratio
-
-    methods = {"ours": lambda p: autoregressive_decode(pair.target, p, config, pair.eos_ids),
-               "model.generate": lambda p: hf_generate(pair.target, p, config, pair.eos_ids)}
-    for fn in methods.values():
-        fn(ids[0])  # warm-up
-    seconds = {name: [] for name in methods}
-    tokens = {name: [] for name in methods}
-    for p in ids:
-        for name, fn in methods.items():
-            result, t = timed(lambda: fn(p), pair.device)
-            seconds[name].append(t)
-            tokens[name].append(len(result.tokens))
-    rate = {name: sum(tokens[name]) / sum(seconds[name]) for name in methods}
-    # generate's speed relative to ours: our seconds per token over its seconds per token
-    ratio, low, high = bootstrap_ratio(np.array(seconds["ours"]) / np.array(tokens["ours"]),
-                                       np.array(seconds["model.generate"]) / np.array(tokens["model.generate"]))
-    return [{"batch_size": 1, "decoder": "autoregressive: ours", "policy": "—", "tokens_per_s": rate["ours"],
-             "speedup": 1.0},
-            {"batch_size": 1, "decoder": "autoregressive: model.generate", "policy": "—",
-             "tokens_per_s": rate["model.generate"], "speedup": float(ratio), "low": float(low), "high": float(high)}]
-
-
-def cuda_sync_rows(pair, ids: list[int], policy) -> list[dict]:
-    """Every synchronising CUDA call of one decode, counted by CUDA's own sync debug mode (which
-    also sees what host.fetch cannot: a blocking copy from the host, an implicit sync in a kernel)."""
-    import warnings
-
-    from dspark_bench.decoding.engine import speculative_decode
-
-    rows = []
-    for mode in ("early-stop", "verify-side"):
-        config = policy.replace(draft_mode=mode)
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                result = speculative_decode(pair.target, pair.draft, ids, config, pair.eos_ids)
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-        rows.append({"batch_size": 1, "decoder": f"CUDA-observed syncs, {mode}",
-                     "policy": f"{len(caught) / len(result.rounds):.2f} per round ({config.label()})"})
-    return rows
-
-
-@torch.inference_mode()
-def draft_loop_rows(pair, ids: list[int], steps: int, compiled: list[bool], repeats: int = 5) -> list[dict]:
-    """Draft forwards + confidence + token choice, `steps` in a row, with and without reading
-    each step's token and confidence on the host (what the early-stop loop must do)."""
-    from dspark_bench.config import DecodeConfig
-    from dspark_bench.decoding import confidence
-    from dspark_bench.decoding.cached_lm import CachedLM
-    from dspark_bench.decoding.host import fetch, synchronize
-    from dspark_bench.decoding.sampling import distribution, pick
-
-    config = DecodeConfig()
-
-    def loop(sync: bool, on: bool) -> float:
-        lm = CachedLM(pair.draft, on, len(ids) + steps + 1)
-        lm.prefill(ids[:-1])
-        pending = ids[-1:]
-        synchronize(pair.device)
-        start = time.perf_counter()
-        for _ in range(steps):
-            q = distribution(lm.forward(pending)[-1], config)
-            score, token = confidence.METRICS["top1"](q), pick(q, q, config, None)
-            if sync:
-                fetch(score, token)
-            pending = token.view(1)
-        synchronize(pair.device)
-        return steps / (time.perf_counter() - start)
-
-    variants = [(sync, on) for on in compiled for sync in (True, False)]
-    for variant in variants:
-        loop(*variant)  # warm-up (and compile)
-    rates = {v: [] for v in variants}
-    for _ in range(repeats):  # interleaved, medians
-        for variant in variants:
-            rates[variant].append(loop(*variant))
-    return [{"batch_size": 1, "decoder": f"draft loop, {'host sync per step' if sync else 'decisions on the device'}"
-             + (", compiled" if on else ""), "policy": f"{steps} steps", "tokens_per_s": statistics.median(rates[(sync, on)])}
-            for sync, on in variants]
+def save(path: Path, state: dict) -> None:
+    path.write_text(json.dumps(state, indent=1, default=str))
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

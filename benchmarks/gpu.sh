@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The GPU benchmark (benchmarks/gpu.py): one command for any CUDA machine, from the repository
-# root or anywhere. CI runs it as a smoke test: bash benchmarks/gpu.sh --device cpu --smoke
+# The GPU run (benchmarks/gpu.py): one command for any CUDA machine, from the repository root or
+# anywhere; the package need not be installed (the repository root goes on PYTHONPATH).
+# CI runs its dry run: bash benchmarks/gpu.sh --device cpu --smoke
 set -euo pipefail
 cd "$(dirname "$0")/.."
-exec python benchmarks/gpu.py "$@"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+exec "${PYTHON:-python3}" benchmarks/gpu.py "$@"

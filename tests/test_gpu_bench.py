@@ -1,4 +1,4 @@
-"""benchmarks/gpu.sh --device cpu --smoke: the GPU benchmark's whole code path, on CI's CPU."""
+"""benchmarks/gpu.sh --device cpu --smoke: the GPU run's every stage, with tiny shapes, on CI's CPU."""
 
 from __future__ import annotations
 
@@ -8,27 +8,118 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+import pytest
+import torch
+
+from dspark_bench.replay import cost_file
 
 ROOT = Path(__file__).resolve().parents[1]
+STAGES = ("machine", "correctness", "syncs", "prices", "replay", "compiled", "speed")
 
 
-def test_gpu_benchmark_smoke_run(tmp_path):
+def gpu_sh(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     env_python = Path(sys.executable).parent
-    result = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu.sh"), "--device", "cpu", "--smoke", "--out",
-                             str(tmp_path)], capture_output=True, text=True, timeout=900,
-                            env={"PATH": f"{env_python}:/usr/bin:/bin", "HOME": str(tmp_path)})
-    assert result.returncode == 0, result.stderr[-3000:]
-    table = [line for line in result.stdout.splitlines() if line.startswith("| shipped pair |")]
-    decoders = {line.split(" | ")[2] for line in table}
+    return subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu.sh"), "--device", "cpu", "--smoke", "--out",
+                           str(tmp_path), *args], capture_output=True, text=True, timeout=900,
+                          env={"PATH": f"{env_python}:/usr/bin:/bin", "HOME": str(tmp_path)})
+
+
+@pytest.fixture(scope="module")
+def dry_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("gpu")
+    result = gpu_sh(out, "--stages", ",".join(STAGES), "--prompts",
+                    str(ROOT / "benchmarks" / "gpu_inputs" / "code-prompts.jsonl"))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return out, result.stdout, json.loads((out / "stages.json").read_text())
+
+
+def test_every_stage_is_done_and_its_checks_hold(dry_run):
+    _, stdout, stages = dry_run
+    assert [s for s in STAGES if not stages[s]["done"]] == []
+    greedy, sampling = stages["correctness"]["greedy"], stages["correctness"]["sampling"]
+    assert greedy["identical"] and greedy["differ"] == [] and greedy["accepted_tokens"] > 0
+    assert greedy["policies"] == 30  # every metric × schedule
+    assert sampling["p_value"] > 0.001 and sampling["broken_rule_p_value"] < 1e-4
+    bf16 = stages["correctness"]["bf16"]["rows"]  # reported, not required: bf16 may part after a near-tie
+    assert len(bf16) == 2 and all(0.0 <= r["identical_share"] <= 1.0 for r in bf16)
+    assert "every stage done and holding" in stdout
+
+
+def test_syncs_per_round(dry_run):
+    rows = dry_run[2]["syncs"]["rows"]
+    assert {r["draft_mode"] for r in rows} == {"early-stop", "verify-side"}
+    for r in rows:  # verify-side waits once per round; early-stop once per draft step besides
+        if r["draft_mode"] == "verify-side":
+            assert r["fetches_per_round"] == 1.0
+        else:
+            assert r["fetches_per_round"] > 1.0
+        assert r["cuda_syncs_per_round"] is None  # no CUDA here: not counted, not invented
+
+
+def test_prices_are_cost_model_files_that_load(dry_run):
+    out, _, stages = dry_run
+    prices = stages["prices"]
+    with_round = cost_file.load(out / "cost-model-cpu-tiny.json")
+    surface = cost_file.load(out / "cost-surface-cpu-tiny.json")
+    assert sorted(surface.surface.models) == [1, 2] and list(with_round.surface.models) == [1]
+    assert len(with_round.surface.at(1).t_verify) == 5  # k = 0 .. gamma 4
+    assert with_round.surface.at(1).t_round == prices["rounds"]["t_round"] > 0
+    assert with_round.models["shapes"] == "benchmarks/gpu_shapes.json#tiny"
+    assert prices["bandwidth_bound_s"] > 0 and prices["eager_step"]["seconds"] > prices["bandwidth_bound_s"]
+
+
+def test_replay_picks_on_each_price(dry_run):
+    out, _, stages = dry_run
+    picks = stages["replay"]["picks"]
+    assert {p["prices"] for p in picks} == {"shipped pair, cpu", "shipped pair, CPU", "tiny, cpu"}
+    assert {p["pick"] for p in picks} == {"best policy", "best fixed γ"}
+    assert all(p["policy"].startswith("fixed") == (p["pick"] == "best fixed γ") for p in picks)
+    cost_file.load(out / "cost-model-cpu-shipped-pair.json")
+    assert stages["compiled"]["ratio_compiled"] > 0
+
+
+def test_speed_stage_rows(dry_run):
+    _, stdout, stages = dry_run
+    rows = stages["speed"]["rows"]
+    decoders = {r["decoder"] for r in rows}
     assert decoders == {"ours", "HF assisted generation", "autoregressive: ours", "autoregressive: model.generate",
                         "draft loop, host sync per step", "draft loop, decisions on the device",
                         "draft loop, host sync per step, compiled", "draft loop, decisions on the device, compiled"}
-    policies = [line.split(" | ")[3] for line in table if line.split(" | ")[2] == "ours"]
+    policies = [r["policy"] for r in rows if r["decoder"] == "ours"]
     assert sum("verify-side" in p for p in policies) == 4 and sum("compiled" in p for p in policies) == 4
-    assert any("B=2" in p for p in policies)
-    results = json.loads((tmp_path / "results.json").read_text())
-    rows = results["shipped pair"]["rows"]
     assert all(r["identical"] == 1.0 for r in rows if "identical" in r)  # greedy fp32: token for token
-    samples = pd.read_parquet(Path(results["shipped pair"]["run_folder"]) / "samples.parquet")
+    samples = pd.read_parquet(Path(stages["speed"]["run_folder"]) / "samples.parquet")
     assert set(samples["draft_mode"]) == {"early-stop", "verify-side"} and samples["compiled"].any()
-    assert samples["identical_share"].eq(1.0).all()
+    assert "## speed" in stdout
+
+
+def test_a_cut_run_resumes_without_redoing_its_stages(dry_run, tmp_path):
+    out, _, _ = dry_run
+    result = gpu_sh(tmp_path, "--stages", "machine,prices", "--resume", str(out / "stages.json"))
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.count("done in an earlier try") == 2
+    assert "plain step, eager" in (tmp_path / "gpu-table.md").read_text()
+
+
+def test_bad_arguments_end_in_one_line(tmp_path):
+    result = gpu_sh(tmp_path, "--stages", "machine,warp")
+    assert result.returncode == 2 and "unknown stage 'warp'" in result.stderr
+    result = gpu_sh(tmp_path, "--resume", str(tmp_path / "missing.json"))
+    assert result.returncode == 2 and "no such file" in result.stderr
+
+
+def test_step_bytes_count_what_a_step_reads():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import gpu_prices
+
+    entry = gpu_prices.shapes("tiny")
+    target = gpu_prices.build_model(entry["target"], torch.device("cpu"), torch.float32)
+    draft = gpu_prices.build_model(entry["draft"], torch.device("cpu"), torch.float32)
+    t, d = entry["target"], entry["draft"]
+    # The untied target reads every weight but its input embedding; the tied draft reads its embedding as its head.
+    params = sum(p.numel() for p in target.parameters())
+    assert gpu_prices.step_bytes(target, 0)["weight_bytes"] == 4 * (params - t["vocab_size"] * t["hidden_size"])
+    assert gpu_prices.step_bytes(draft, 0)["weight_bytes"] == 4 * sum(p.numel() for p in draft.parameters())
+    kv = gpu_prices.step_bytes(target, 100)["kv_bytes"]
+    assert kv == 4 * 2 * t["num_hidden_layers"] * t["num_key_value_heads"] * t["head_dim"] * 100
+    assert next(target.parameters()).dtype == torch.float32 and d["tie_word_embeddings"]

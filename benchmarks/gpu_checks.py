@@ -1,0 +1,172 @@
+"""The GPU run's correctness and sync stages (benchmarks/gpu.py): what must hold on CUDA exactly as
+it holds in the tests on a CPU.
+
+- greedy, fp32: every (metric, schedule) the tests cover, decoded speculatively at batch 1 in
+  both draft modes and in the batched engine, gives the target's own greedy tokens;
+- bf16: the run's own divergence report (identical share, first divergence) over a few prompts;
+- sampling: the first two sampled tokens of a tiny pair built on the device follow the target's
+  exact joint distribution (chi-square), and a broken rule (resampling from p on rejection) fails
+  the same test, so the test has the power to see a wrong rule;
+- host syncs per round: `host.fetch`'s own count, and every synchronising call CUDA's sync debug
+  mode sees (a blocking copy, an implicit sync in a kernel), early-stop and verify-side.
+"""
+
+from __future__ import annotations
+
+import itertools
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+# A goodput model (acceptance curves and step costs) that makes the cost-aware schedules both draft
+# on and stop: the tests' own (tests/tiny.py); any valid model serves, the output must not change.
+GOODPUT_MODEL = str(ROOT / "tests" / "data" / "goodput_model.json")
+
+
+def greedy_policies(max_new_tokens: int):
+    """One policy per (metric, schedule), the knobs varied as tests/test_batched.py varies them."""
+    from dspark_bench.config import METRICS, SCHEDULES, SEMANTICS, DecodeConfig
+
+    for i, (metric, schedule) in enumerate(itertools.product(METRICS, SCHEDULES)):
+        semantics = "dspark" if schedule == "budget" else SEMANTICS[i % len(SEMANTICS)]
+        yield DecodeConfig.of(metric=metric, schedule=schedule, threshold=0.4, threshold_start=0.2, threshold_end=0.6,
+                              gamma_max=4, min_draft_len=i % 3, max_new_tokens=max_new_tokens, semantics=semantics,
+                              goodput_model=GOODPUT_MODEL if schedule in ("goodput", "budget") else "")
+
+
+def greedy_identity(pair, ids: list[list[int]], max_new_tokens: int, batch_size: int) -> dict:
+    """Speculative greedy output against the target's own, token for token: every policy at batch 1
+    (early-stop and verify-side) and, for the schedules that decide per row, batched."""
+    from dspark_bench.decoding.autoregressive import autoregressive_decode
+    from dspark_bench.decoding.batched import batched_speculative
+    from dspark_bench.decoding.engine import speculative_decode
+
+    eos = pair.eos_ids
+    policies = list(greedy_policies(max_new_tokens))
+    expected = [autoregressive_decode(pair.target, p, policies[0], eos).tokens for p in ids]
+    checked, differ, accepted, rejected = 0, [], 0, 0
+    for config in policies:
+        for mode in ("early-stop", "verify-side"):
+            policy = config.replace(draft_mode=mode)
+            for p, prompt in enumerate(ids):
+                result = speculative_decode(pair.target, pair.draft, prompt, policy, eos)
+                checked += 1
+                accepted += sum(r.accepted for r in result.rounds)
+                rejected += sum(r.accepted < r.drafted for r in result.rounds)
+                if result.tokens != expected[p]:
+                    differ.append(f"{policy.label()} · prompt {p}")
+        if config.stopping.schedule != "budget":  # budget decides for the whole batch: its own test
+            for p, request in enumerate(batched_speculative(pair.target, pair.draft, ids, config, batch_size, eos)):
+                checked += 1
+                if request.result.tokens != expected[p]:
+                    differ.append(f"{config.label()} · B={batch_size} · prompt {p}")
+    # Both paths must be exercised, or equality would prove little.
+    return {"decodes": checked, "policies": len(policies), "prompts": len(ids), "batch_size": batch_size,
+            "identical": not differ and accepted > 0 and rejected > 0, "differ": differ[:20],
+            "accepted_tokens": accepted, "rejected_rounds": rejected}
+
+
+def bf16_divergence(prompts, device: str, say, max_new_tokens: int) -> dict:
+    """The run's own divergence report for the shipped pair in bf16 (what `run --dtype bfloat16` prints)."""
+    from dspark_bench.config import DecodeConfig
+    from dspark_bench.harness.models import load_pair
+    from dspark_bench.harness.runner import RunnerSettings, run
+    from dspark_bench.metrics import summarize
+
+    pair = load_pair(None, None, device, "bfloat16")
+    policies = [DecodeConfig.of(schedule="fixed", gamma_max=4, min_draft_len=0, max_new_tokens=max_new_tokens),
+                DecodeConfig.of(metric="top1", threshold=0.3, gamma_max=6, max_new_tokens=max_new_tokens)]
+    out = run(pair, prompts, policies, RunnerSettings(warmup=1))
+    rows = []
+    for _, s in summarize(out.samples).iterrows():
+        rows.append({"policy": policies[int(s["config_id"])].label(), "identical_to_baseline": float(s["identical_to_baseline"]),
+                     "first_divergence_min": s.get("first_divergence_min"),
+                     "identical_share": float(s.get("identical_share", float("nan")))})
+    say("bf16: " + ", ".join(f"{r['policy']}: {r['identical_to_baseline']:.2f} identical" for r in rows))
+    return {"dtype": "bfloat16", "prompts": len(prompts), "rows": rows}
+
+
+def sampling_chi_square(device: torch.device, samples: int) -> dict:
+    """The first two sampled tokens of a tiny pair (vocabulary 6, independent draft) against the
+    target's exact joint distribution; and the same test on a broken rule, which must fail it."""
+    import sys
+
+    from scipy.stats import chisquare
+
+    from dspark_bench.decoding import engine
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    import tiny  # the tests' tiny pair builder (CPU), moved to the device below
+
+    from dspark_bench.config import DecodeConfig
+    from dspark_bench.decoding.sampling import distribution
+
+    vocab = 6
+    target, draft = tiny.llama(vocab=vocab, seed=3).to(device), tiny.llama(layers=1, vocab=vocab, seed=4).to(device)
+    config = DecodeConfig.of(temperature=1.0, top_p=0.9, threshold=0.0, gamma_max=3, max_new_tokens=3)
+    prompt = [2, 4]
+    with torch.inference_mode():
+        first = distribution(target(torch.tensor([prompt], device=device)).logits[0, -1], config)
+        joint = torch.stack([first[x] * distribution(target(torch.tensor([prompt + [x]], device=device)).logits[0, -1],
+                                                     config) for x in range(vocab)])
+    exact = joint.flatten().double().cpu().numpy()
+
+    def counts(n: int) -> np.ndarray:
+        c = np.zeros(vocab * vocab)
+        for seed in range(n):
+            tokens = engine.speculative_decode(target, draft, prompt, config.replace(seed=seed)).tokens
+            c[tokens[0] * vocab + tokens[1]] += 1
+        return c
+
+    def p_value(c: np.ndarray) -> float:
+        expected = exact / exact.sum() * c.sum()
+        keep = expected >= 5  # pool rare cells so the approximation holds
+        observed, expect = np.append(c[keep], c[~keep].sum()), np.append(expected[keep], expected[~keep].sum())
+        if expect[-1] == 0:
+            if observed[-1] > 0:
+                return 0.0  # tokens outside the target's top-p set
+            observed, expect = observed[:-1], expect[:-1]
+        return float(chisquare(observed, expect).pvalue)
+
+    lossless = p_value(counts(samples))
+    original = engine.residual_distribution
+    engine.residual_distribution = lambda p, q: p  # the classic bug: on rejection, draw from p
+    try:
+        broken = p_value(counts(samples))
+    finally:
+        engine.residual_distribution = original
+    return {"samples": samples, "p_value": lossless, "broken_rule_p_value": broken,
+            "lossless": lossless > 0.001 and broken < 1e-4}
+
+
+def sync_counts(pair, ids: list[int], policies) -> list[dict]:
+    """Per round: host.fetch's reads, and on CUDA every synchronising call its sync debug mode sees."""
+    from dspark_bench.decoding.engine import speculative_decode
+    from dspark_bench.decoding.host import counting
+
+    rows = []
+    for config in policies:
+        for mode in ("early-stop", "verify-side"):
+            policy = config.replace(draft_mode=mode)
+            speculative_decode(pair.target, pair.draft, ids, policy, pair.eos_ids)  # warm: first-use syncs aside
+            cuda = pair.device.type == "cuda"
+            if cuda:
+                torch.cuda.set_sync_debug_mode("warn")
+            try:
+                with warnings.catch_warnings(record=True) as caught, counting() as count:
+                    warnings.simplefilter("always")
+                    result = speculative_decode(pair.target, pair.draft, ids, policy, pair.eos_ids)
+            finally:
+                if cuda:
+                    torch.cuda.set_sync_debug_mode("default")
+            rounds = len(result.rounds)
+            seen = [str(w.message) for w in caught if "synchroniz" in str(w.message).lower()]
+            rows.append({"policy": policy.label(), "draft_mode": mode, "rounds": rounds,
+                         "fetches_per_round": count.fetches / rounds,
+                         "cuda_syncs_per_round": len(seen) / rounds if cuda else None,
+                         "drafted_per_round": sum(r.drafted for r in result.rounds) / rounds,
+                         "sync_kinds": sorted({s.split(".")[0][:120] for s in seen})[:5]})
+    return rows

@@ -1,0 +1,115 @@
+"""The GPU run's table (benchmarks/gpu.py): one markdown page from stages.json, every stage's
+numbers or why it has none."""
+
+from __future__ import annotations
+
+import math
+
+
+def table(state: dict, args) -> str:
+    parts = [f"# GPU run · {args.size} priced · {args.task} record {args.limit} × {args.max_new_tokens}\n"]
+    for stage, write in (("machine", machine), ("correctness", correctness), ("syncs", syncs), ("prices", prices),
+                         ("compiled", compiled), ("replay", replay), ("speed", speed)):
+        if stage not in state:
+            continue
+        result = state[stage]
+        if not result.get("done"):
+            why = result.get("error") or result.get("skipped") or "not finished"
+            parts.append(f"## {stage}\n\nnot done: {why}\n")
+            continue
+        parts.append(write(result))
+    return "\n".join(parts)
+
+
+def ms(seconds) -> str:
+    return "—" if seconds is None or (isinstance(seconds, float) and math.isnan(seconds)) else f"{seconds * 1e3:.3f}"
+
+
+def machine(r: dict) -> str:
+    gpu = r["machine"].get("gpu") or {}
+    return (f"## machine\n\n{gpu.get('name') or r['machine'].get('cpu')} · torch {r['torch']} · transformers "
+            f"{r['transformers']} · CUDA {r['cuda']} · device-to-device copy "
+            f"{r['copy_bandwidth_bytes_per_s'] / 1e12:.3f} TB/s (bytes read + written, {r['copy_megabytes']} MiB)\n")
+
+
+def correctness(r: dict) -> str:
+    g, s = r["greedy"], r["sampling"]
+    lines = ["## correctness\n",
+             f"- greedy, fp32, shipped pair: {g['decodes']} decodes ({g['policies']} policies: every metric × "
+             f"schedule; early-stop and verify-side at B = 1, batched at B = {g['batch_size']}; {g['prompts']} "
+             f"prompts): **{'identical' if g['identical'] else 'DIFFERENT'}** to the target's own "
+             f"({g['accepted_tokens']} tokens accepted, {g['rejected_rounds']} rounds with a rejection)"
+             + (f"; differ: {'; '.join(g['differ'])}" if g["differ"] else ""),
+             f"- sampling (T = 1, top-p 0.9, first two tokens, {s['samples']} samples): chi-square p = "
+             f"{s['p_value']:.3f}; a broken rule (resampling from p) p = {s['broken_rule_p_value']:.2g}: "
+             f"**{'lossless' if s['lossless'] else 'NOT SHOWN LOSSLESS'}**",
+             f"- bf16, shipped pair, {r['bf16']['prompts']} prompts (the run's own report):"]
+    for row in r["bf16"]["rows"]:
+        first = row["first_divergence_min"]
+        parted = "none parted" if first is None or first != first else f"the earliest parted at token {first}"
+        lines.append(f"  - {row['policy']}: {row['identical_to_baseline']:.2f} of outputs identical ({parted}), "
+                     f"{row['identical_share']:.3f} of positions equal")
+    return "\n".join(lines) + "\n"
+
+
+def syncs(r: dict) -> str:
+    lines = ["## host syncs per round (shipped pair, fp32)\n",
+             "| policy | draft mode | rounds | drafted/round | host.fetch reads/round | CUDA-observed syncs/round |",
+             "|---|---|---|---|---|---|"]
+    for row in r["rows"]:
+        cuda = "—" if row["cuda_syncs_per_round"] is None else f"{row['cuda_syncs_per_round']:.2f}"
+        lines.append(f"| {row['policy']} | {row['draft_mode']} | {row['rounds']} | {row['drafted_per_round']:.2f} | "
+                     f"{row['fetches_per_round']:.2f} | {cuda} |")
+    return "\n".join(lines) + "\n"
+
+
+def prices(r: dict) -> str:
+    batch = r["surface"]["batch_sizes"]
+    sizes = sorted(batch, key=int)
+    gamma = len(batch["1"]["t_verify"]) - 1
+    lines = [f"## prices: {r['size']} ({r['dtype']}, random weights, context {r['context_tokens']})\n",
+             f"- plain step, eager: {ms(r['eager_step']['seconds'])} ms; bandwidth bound "
+             f"{ms(r['bandwidth_bound_s'])} ms ({r['bytes'] / 1e9:.2f} GB read: weights {r['weight_bytes'] / 1e9:.2f}, "
+             f"KV {r['kv_bytes'] / 1e6:.1f} MB): **{r['eager_step']['seconds'] / r['bandwidth_bound_s']:.2f}×** the bound",
+             f"- round overhead t_round (B = 1): {ms(r['rounds']['t_round'])} ms; per γ: "
+             + ", ".join(f"γ={g} {ms(v['overhead_s'])} ms" for g, v in r["rounds"]["per_gamma"].items()),
+             f"- files: {', '.join(r['files'])}\n",
+             "t_verify(k), ms (one target pass over k + 1 new positions), and the draft step:\n",
+             "| B | t_draft | " + " | ".join(f"k={k}" for k in range(gamma + 1)) + " | spread |",
+             "|---|---|" + "---|" * (gamma + 1) + "---|"]
+    for b in sizes:
+        m = batch[b]
+        lines.append(f"| {b} | {ms(m['t_draft'])} | " + " | ".join(ms(t) for t in m["t_verify"])
+                     + f" | {m.get('spread', 0):.3f} |")
+    return "\n".join(lines) + "\n"
+
+
+def compiled(r: dict) -> str:
+    c, e = r["compiled_step"], r["eager_step"]
+    return (f"## plain step against the bandwidth bound\n\n| step | ms | × bound |\n|---|---|---|\n"
+            f"| bound | {ms(r['bandwidth_bound_s'])} | 1.00 |\n| eager | {ms(e['seconds'])} | {r['ratio_eager']:.2f} |\n"
+            f"| compiled (CUDA graphs on CUDA; compile and capture {c['warm_s']:.0f} s) | {ms(c['seconds'])} | "
+            f"**{r['ratio_compiled']:.2f}** |\n")
+
+
+def replay(r: dict) -> str:
+    lines = [f"## the shipped pair's record replayed on each device's prices ({r['prompts']} prompts × "
+             f"{r['max_new_tokens']}, {r['policies']:,} policies)\n",
+             "| prices | pick | policy | predicted speedup | tokens/round |", "|---|---|---|---|---|"]
+    for p in r["picks"]:
+        lines.append(f"| {p['prices']} | {p['pick']} | {p['policy']} | {p['predicted_speedup']:.3f} | "
+                     f"{p['tokens_per_round']:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def speed(r: dict) -> str:
+    lines = ["## speed: the shipped pair's decoders\n",
+             "| B | decoder | policy | tokens/s | speedup [95 % CI] | tokens/round | identical |",
+             "|---|---|---|---|---|---|---|"]
+    for row in r["rows"]:
+        interval = f" [{row['low']:.3f}, {row['high']:.3f}]" if row.get("low") is not None else ""
+        speedup = "—" if row.get("speedup") is None else f"{row['speedup']:.3f}"
+        tps = "—" if row.get("tokens_per_s") is None else f"{row['tokens_per_s']:.1f}"
+        lines.append(f"| {row['batch_size']} | {row['decoder']} | {row['policy']} | {tps} | {speedup}{interval} | "
+                     f"{row.get('tokens_per_round', '—')} | {row.get('identical', '—')} |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,186 @@
+"""The GPU run's stages (benchmarks/gpu.py): each takes the run's Context and returns a JSON-able
+dict; `holds` is False where a check failed. Models are built once and shared by later stages."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import random
+from pathlib import Path
+from types import SimpleNamespace
+
+import gpu_checks
+import gpu_prices
+import torch
+
+
+class Context:
+    """What the stages share: the arguments, the device, earlier stages' results, loaded models."""
+
+    def __init__(self, args, say, state: dict):
+        from dspark_bench.harness.models import resolve_device
+
+        self.args, self.say, self.state = args, say, state
+        self.device = resolve_device(args.device)
+
+    @functools.cached_property
+    def shipped(self):
+        """The shipped pair in fp32: exact greedy identity is an fp32 property."""
+        from dspark_bench.harness.models import load_pair
+
+        return load_pair(None, None, str(self.device), "float32")
+
+    @functools.cached_property
+    def priced(self):
+        """The --size pair with random weights, built on the device."""
+        self.say(f"building the {self.args.size} pair ({self.args.price_dtype}) on {self.device}")
+        return gpu_prices.build_pair(self.args.size, self.device, self.args.price_dtype)
+
+    def prompts(self, limit: int):
+        """The first `limit` prompts (--prompts, else --task's) and their ids for the shipped pair."""
+        from dspark_bench.prompts import Prompt, encode
+        from dspark_bench.tasks import load_prompts
+
+        if self.args.prompts:
+            lines = [json.loads(line) for line in self.args.prompts.read_text().splitlines() if line.strip()]
+            prompts = [Prompt(str(d["id"]), d["text"], d.get("category", "default")) for d in lines[:limit]]
+        else:
+            prompts, _, _ = load_prompts(self.args.task, None, limit=limit)
+        return prompts, [encode(self.shipped.tokenizer, p.text) for p in prompts]
+
+    @property
+    def priced_context(self) -> list[int]:
+        """A context of --context random token ids (random weights: any ids are as good as text)."""
+        vocab = self.priced.target.config.vocab_size
+        rng = random.Random(0)
+        return [rng.randrange(vocab) for _ in range(self.args.context)]
+
+
+def machine(ctx: Context) -> dict:
+    import transformers
+
+    from dspark_bench.results import machine as machine_info
+
+    megabytes = 2048 if ctx.device.type == "cuda" else 64
+    bandwidth = gpu_prices.copy_bandwidth(ctx.device, megabytes)
+    info = machine_info()
+    ctx.say(f"{(info.get('gpu') or {}).get('name') or info.get('cpu')}: copy bandwidth {bandwidth / 1e12:.2f} TB/s")
+    return {"machine": info, "device": str(ctx.device), "torch": str(torch.__version__),
+            "transformers": transformers.__version__, "cuda": torch.version.cuda,
+            "copy_bandwidth_bytes_per_s": bandwidth, "copy_megabytes": megabytes}
+
+
+def correctness(ctx: Context) -> dict:
+    smoke = ctx.args.smoke
+    prompts, ids = ctx.prompts(2 if smoke else 3)
+    greedy = gpu_checks.greedy_identity(ctx.shipped, ids, 12 if smoke else 32, 2 if smoke else 3)
+    ctx.say(f"greedy fp32: {greedy['decodes']} decodes, identical: {greedy['identical']}")
+    bf16 = gpu_checks.bf16_divergence(prompts[:2] if smoke else ctx.prompts(8)[0], str(ctx.device), ctx.say,
+                                      8 if smoke else 64)
+    sampling = gpu_checks.sampling_chi_square(ctx.device, 1000 if smoke else 2000)
+    ctx.say(f"sampling: p = {sampling['p_value']:.3f}, a broken rule p = {sampling['broken_rule_p_value']:.2g}")
+    return {"greedy": greedy, "bf16": bf16, "sampling": sampling,
+            "holds": greedy["identical"] and sampling["lossless"]}
+
+
+def syncs(ctx: Context) -> dict:
+    from dspark_bench.config import DecodeConfig
+
+    _, ids = ctx.prompts(1)
+    tokens = 16 if ctx.args.smoke else 64
+    policies = [DecodeConfig.of(schedule="fixed", gamma_max=4, min_draft_len=0, max_new_tokens=tokens),
+                DecodeConfig.of(metric="top1", threshold=0.3, gamma_max=6, min_draft_len=0, max_new_tokens=tokens)]
+    rows = gpu_checks.sync_counts(ctx.shipped, ids[0], policies)
+    for r in rows:
+        ctx.say(f"{r['policy']}: {r['fetches_per_round']:.2f} reads, {r['cuda_syncs_per_round']} CUDA syncs per round")
+    return {"rows": rows}
+
+
+def prices(ctx: Context) -> dict:
+    from dspark_bench.replay.cost import measure_surface
+    from dspark_bench.results import machine as machine_info
+
+    pair, context, args = ctx.priced, ctx.priced_context, ctx.args
+    bandwidth = ctx.state.get("machine", {}).get("copy_bandwidth_bytes_per_s") or gpu_prices.copy_bandwidth(
+        ctx.device, 64)
+    needed = gpu_prices.step_bytes(pair.target, len(context))
+    eager = gpu_prices.plain_step(pair.target, context, False, 10 if args.smoke else 50)
+    bound = needed["bytes"] / bandwidth
+    ctx.say(f"plain step eager {eager['seconds'] * 1e3:.2f} ms, bound {bound * 1e3:.2f} ms "
+            f"({eager['seconds'] / bound:.2f}×)")
+    surface = measure_surface(pair, context, args.gamma, [1, *args.batch_size])
+    ctx.say("t_verify(k) at B = 1, ms: " + ", ".join(f"{t * 1e3:.2f}" for t in surface.at(1).t_verify))
+    rounds = gpu_prices.round_overheads(pair, context, surface.at(1), sorted({1, 2, args.gamma // 2, args.gamma}),
+                                        (8, 24) if args.smoke else (8, 40), 2 if args.smoke else 3)
+    ctx.say(f"round overhead t_round {rounds['t_round'] * 1e3:.2f} ms")
+    slug = device_slug(ctx)
+    files = gpu_prices.cost_files(surface, rounds["t_round"], pair, args.size, machine_info(), args.out, slug)
+    return {"size": args.size, "dtype": args.price_dtype, "context_tokens": len(context), **needed,
+            "bandwidth_bound_s": bound, "eager_step": eager, "surface": surface.to_dict(), "rounds": rounds,
+            "files": files}
+
+
+def device_slug(ctx: Context) -> str:
+    """The device in a file name: "h200" for an NVIDIA H200, else "cuda" or "cpu"."""
+    if ctx.device.type != "cuda":
+        return ctx.device.type
+    name = torch.cuda.get_device_name(ctx.device).lower()
+    return next((word for word in name.replace("-", " ").split() if word[0] in "abhlv" and word[1:].isdigit()), "cuda")
+
+
+def replay(ctx: Context) -> dict:
+    from dspark_bench.config import DecodeConfig
+    from dspark_bench.replay import cost_file
+    from dspark_bench.replay.cost import CostModel, measure_surface
+    from dspark_bench.replay.simulate import record
+    from dspark_bench.tuning.spec import points, resolve_spec, task_spec
+
+    args, pair = ctx.args, ctx.shipped
+    _, ids = ctx.prompts(args.limit)
+    N, G = args.max_new_tokens, args.gamma
+    ctx.say(f"recording the shipped pair: {len(ids)} {args.task} prompts × {N} tokens, rollouts {G} deep")
+    rec = record(SimpleNamespace(target=pair.target, draft=pair.draft, eos_ids=pair.eos_ids), ids, N, G)
+    context = ids[0] + rec.continuation[0, : int(rec.lengths[0]) // 2].tolist()
+    surface = measure_surface(pair, context, G, [1])
+    mine = cost_file.ours(surface, pair).save(args.out / f"cost-model-{device_slug(ctx)}-shipped-pair.json")
+    named = {f"shipped pair, {device_slug(ctx)}": surface.at(1)}
+    if args.cpu_prices:
+        named["shipped pair, CPU"] = cost_file.load(args.cpu_prices).surface.at(1)
+    if "prices" in ctx.state and ctx.state["prices"].get("done"):
+        at_one = ctx.state["prices"]["surface"]["batch_sizes"]["1"]
+        named[f"{args.size}, {device_slug(ctx)}"] = dataclasses.replace(
+            CostModel.from_dict(at_one), t_round=ctx.state["prices"]["rounds"]["t_round"])
+    spec, _ = resolve_spec(task_spec(args.task), {"task": args.task, "max_new_tokens": N})
+    base = DecodeConfig.of(max_new_tokens=N)
+    fixed = [base.replace(schedule="fixed", gamma_max=g, min_draft_len=0) for g in range(1, G + 1)]
+    deepest = min(len(m.t_verify) - 1 for m in named.values())
+    space = [c for c in points(spec, base) if c.stopping.gamma_max <= min(G, deepest)] + fixed[:deepest]
+    picks = gpu_prices.replay_picks(rec, space, named)
+    for p in picks:
+        ctx.say(f"{p['prices']}: {p['pick']} {p['policy']} {p['predicted_speedup']:.3f}×")
+    return {"prompts": len(ids), "max_new_tokens": N, "gamma": G, "policies": len(space), "file": mine.name,
+            "prices": {name: m.to_dict() for name, m in named.items()}, "picks": picks}
+
+
+def compiled(ctx: Context) -> dict:
+    pair, context, args = ctx.priced, ctx.priced_context, ctx.args
+    step = gpu_prices.plain_step(pair.target, context, True, 10 if args.smoke else 100)
+    eager = gpu_prices.plain_step(pair.target, context, False, 10 if args.smoke else 50)  # beside it, same minute
+    bandwidth = ctx.state.get("machine", {}).get("copy_bandwidth_bytes_per_s") or gpu_prices.copy_bandwidth(
+        ctx.device, 64)
+    bound = gpu_prices.step_bytes(pair.target, len(context))["bytes"] / bandwidth
+    ctx.say(f"plain step compiled {step['seconds'] * 1e3:.2f} ms (compile {step['warm_s']:.0f} s), eager "
+            f"{eager['seconds'] * 1e3:.2f} ms, bound {bound * 1e3:.2f} ms: {step['seconds'] / bound:.2f}×")
+    return {"compiled_step": step, "eager_step": eager, "bandwidth_bound_s": bound,
+            "ratio_compiled": step["seconds"] / bound, "ratio_eager": eager["seconds"] / bound}
+
+
+def speed(ctx: Context) -> dict:
+    import gpu_speed
+
+    from dspark_bench.harness.models import load_pair
+
+    pair = load_pair(None, None, str(ctx.device), ctx.args.dtype)
+    rows, folder = gpu_speed.bench_pair(pair, ctx.args, Path(ctx.args.out) / "speed", ctx.say)
+    return {"rows": [{"pair": "shipped pair", **row} for row in rows], "run_folder": str(folder)}
