@@ -73,6 +73,13 @@ def prices(r: dict) -> str:
              f"KV {r['kv_bytes'] / 1e6:.1f} MB): **{r['eager_step']['seconds'] / r['bandwidth_bound_s']:.2f}×** the bound",
              f"- round overhead t_round (B = 1): {ms(r['rounds']['t_round'])} ms; per γ: "
              + ", ".join(f"γ={g} {ms(v['overhead_s'])} ms" for g, v in r["rounds"]["per_gamma"].items()),
+             f"- the surface's 1-token pass against the plain step: {ms(r['surface']['batch_sizes']['1']['t_verify'][0])} "
+             f"against {ms(r['eager_step']['seconds'])} ms: "
+             + ("agree" if r.get("surface_agrees_with_step") else "**DISAGREE**: these prices do not price our step"),
+             "- timed with the learned signal's host work between the passes (how measure_cost timed before the "
+             "H200 run): t_draft " + ms(r["learned_interleaved"]["t_draft"]) + " ms, t_verify "
+             + ", ".join(ms(t) for t in r["learned_interleaved"]["t_verify"]) + " ms"
+             if "learned_interleaved" in r else "- (no timing with the learned clock between the passes)",
              f"- files: {', '.join(r['files'])}\n",
              "t_verify(k), ms (one target pass over k + 1 new positions), and the draft step:\n",
              "| B | t_draft | " + " | ".join(f"k={k}" for k in range(gamma + 1)) + " | spread |",

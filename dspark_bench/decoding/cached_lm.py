@@ -81,10 +81,24 @@ class CachedLM:
     def rollback(self, length: int) -> None:
         """Forget every cached token from position `length` on."""
         if length < self.length:
-            # A negative argument removes that many tokens, in transformers 4.x and 5.x alike
-            # (a static cache only moves its length back; the stale slots are overwritten next).
-            self.cache.crop(length - self.length)
+            if self.compiled:
+                move_back(self.cache, self.length - length)
+            else:
+                # A negative argument removes that many tokens, in transformers 4.x and 5.x alike.
+                self.cache.crop(length - self.length)
             self.length = length
+
+
+def move_back(cache: StaticCache, tokens: int) -> None:
+    """Roll a static cache back by `tokens`: each layer's length moves back in place (its address
+    is a CUDA graph's input); the stale slots are overwritten next. What `StaticLayer.crop` does
+    where it exists: the static layers of transformers 5.17 have none (found on the H200 run,
+    docs/gpu.md), so this does not call it."""
+    for layer in cache.layers:
+        if isinstance(layer.cumulative_length, torch.Tensor):
+            layer.cumulative_length.sub_(tokens)
+        else:
+            layer.cumulative_length -= tokens
 
 
 # One static cache per (model, role) and one compiled forward per model, reused by every decode:
