@@ -195,35 +195,3 @@ def replay_picks(rec, space, prices: dict) -> list[dict]:
                          "tokens_per_round": float(table.loc[i, "tokens_per_round"])})
     return rows
 
-
-@torch.inference_mode()
-def learned_interleaved(pair, context: list[int], gamma: int, repeats: int = 15) -> dict:
-    """The batch-1 passes timed as measure_cost timed them before the H200 run: the learned
-    signal's host work (cost.learned_clock) between the clocked passes. Kept to show what that did
-    on a GPU (docs/gpu.md); measure_cost now times that work after the passes."""
-    from dspark_bench.decoding.cached_lm import CachedLM
-    from dspark_bench.decoding.host import synchronize
-    from dspark_bench.replay.cost import learned_clock
-
-    target, draft = CachedLM(pair.target), CachedLM(pair.draft)
-    target.prefill(context)
-    draft.prefill(context)
-    filler = context[-gamma - 1 :] * (gamma + 1)
-
-    def clock(lm, tokens):
-        synchronize(pair.device)
-        start = time.perf_counter()
-        lm.forward(tokens, keep=len(tokens))
-        synchronize(pair.device)
-        lm.rollback(len(context))
-        return time.perf_counter() - start
-
-    learned_step = learned_clock(pair, context, 1, lambda: clock(draft, filler[:1]))
-    samples = {k: [] for k in range(-1, gamma + 1)}
-    for _ in range(repeats + 2):
-        samples[-1].append(clock(draft, filler[:1]))
-        learned_step()
-        for k in range(gamma + 1):
-            samples[k].append(clock(target, filler[: k + 1]))
-    median = {k: statistics.median(v[2:]) for k, v in samples.items()}
-    return {"t_draft": median[-1], "t_verify": [median[k] for k in range(gamma + 1)]}

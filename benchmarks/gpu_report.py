@@ -21,6 +21,13 @@ def table(state: dict, args) -> str:
     return "\n".join(parts)
 
 
+def section(title: str, header: list[str], rows: list[list]) -> str:
+    """A markdown section: its title, then one table."""
+    lines = [f"## {title}\n", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
 def ms(seconds) -> str:
     return "—" if seconds is None or (isinstance(seconds, float) and math.isnan(seconds)) else f"{seconds * 1e3:.3f}"
 
@@ -53,14 +60,11 @@ def correctness(r: dict) -> str:
 
 
 def syncs(r: dict) -> str:
-    lines = ["## host syncs per round (shipped pair, fp32)\n",
-             "| policy | draft mode | rounds | drafted/round | host.fetch reads/round | CUDA-observed syncs/round |",
-             "|---|---|---|---|---|---|"]
-    for row in r["rows"]:
-        cuda = "—" if row["cuda_syncs_per_round"] is None else f"{row['cuda_syncs_per_round']:.2f}"
-        lines.append(f"| {row['policy']} | {row['draft_mode']} | {row['rounds']} | {row['drafted_per_round']:.2f} | "
-                     f"{row['fetches_per_round']:.2f} | {cuda} |")
-    return "\n".join(lines) + "\n"
+    rows = [[row["policy"], row["draft_mode"], row["rounds"], f"{row['drafted_per_round']:.2f}",
+             f"{row['fetches_per_round']:.2f}",
+             "—" if row["cuda_syncs_per_round"] is None else f"{row['cuda_syncs_per_round']:.2f}"] for row in r["rows"]]
+    return section("host syncs per round (shipped pair, fp32)", ["policy", "draft mode", "rounds", "drafted/round",
+                   "host.fetch reads/round", "CUDA-observed syncs/round"], rows)
 
 
 def prices(r: dict) -> str:
@@ -71,15 +75,11 @@ def prices(r: dict) -> str:
              f"- plain step, eager: {ms(r['eager_step']['seconds'])} ms; bandwidth bound "
              f"{ms(r['bandwidth_bound_s'])} ms ({r['bytes'] / 1e9:.2f} GB read: weights {r['weight_bytes'] / 1e9:.2f}, "
              f"KV {r['kv_bytes'] / 1e6:.1f} MB): **{r['eager_step']['seconds'] / r['bandwidth_bound_s']:.2f}×** the bound",
-             f"- round overhead t_round (B = 1): {ms(r['rounds']['t_round'])} ms; per γ: "
+             f"- round overhead t_round (B = 1, the median over γ, never below 0): {ms(r['rounds']['t_round'])} ms; per γ: "
              + ", ".join(f"γ={g} {ms(v['overhead_s'])} ms" for g, v in r["rounds"]["per_gamma"].items()),
              f"- the surface's 1-token pass against the plain step: {ms(r['surface']['batch_sizes']['1']['t_verify'][0])} "
              f"against {ms(r['eager_step']['seconds'])} ms: "
              + ("agree" if r.get("surface_agrees_with_step") else "**DISAGREE**: these prices do not price our step"),
-             "- timed with the learned signal's host work between the passes (how measure_cost timed before the "
-             "H200 run): t_draft " + ms(r["learned_interleaved"]["t_draft"]) + " ms, t_verify "
-             + ", ".join(ms(t) for t in r["learned_interleaved"]["t_verify"]) + " ms"
-             if "learned_interleaved" in r else "- (no timing with the learned clock between the passes)",
              f"- files: {', '.join(r['files'])}\n",
              "t_verify(k), ms (one target pass over k + 1 new positions), and the draft step:\n",
              "| B | t_draft | " + " | ".join(f"k={k}" for k in range(gamma + 1)) + " | spread |",
@@ -100,23 +100,20 @@ def compiled(r: dict) -> str:
 
 
 def replay(r: dict) -> str:
-    lines = [f"## the shipped pair's record replayed on each device's prices ({r['prompts']} prompts × "
-             f"{r['max_new_tokens']}, {r['policies']:,} policies)\n",
-             "| prices | pick | policy | predicted speedup | tokens/round |", "|---|---|---|---|---|"]
-    for p in r["picks"]:
-        lines.append(f"| {p['prices']} | {p['pick']} | {p['policy']} | {p['predicted_speedup']:.3f} | "
-                     f"{p['tokens_per_round']:.2f} |")
-    return "\n".join(lines) + "\n"
+    rows = [[p["prices"], p["pick"], p["policy"], f"{p['predicted_speedup']:.3f}", f"{p['tokens_per_round']:.2f}"]
+            for p in r["picks"]]
+    return section(f"the shipped pair's record replayed on each device's prices ({r['prompts']} prompts × "
+                   f"{r['max_new_tokens']}, {r['policies']:,} policies)",
+                   ["prices", "pick", "policy", "predicted speedup", "tokens/round"], rows)
 
 
 def speed(r: dict) -> str:
-    lines = ["## speed: the shipped pair's decoders\n",
-             "| B | decoder | policy | tokens/s | speedup [95 % CI] | tokens/round | identical |",
-             "|---|---|---|---|---|---|---|"]
+    rows = []
     for row in r["rows"]:
         interval = f" [{row['low']:.3f}, {row['high']:.3f}]" if row.get("low") is not None else ""
         speedup = "—" if row.get("speedup") is None else f"{row['speedup']:.3f}"
         tps = "—" if row.get("tokens_per_s") is None else f"{row['tokens_per_s']:.1f}"
-        lines.append(f"| {row['batch_size']} | {row['decoder']} | {row['policy']} | {tps} | {speedup}{interval} | "
-                     f"{row.get('tokens_per_round', '—')} | {row.get('identical', '—')} |")
-    return "\n".join(lines) + "\n"
+        rows.append([row["batch_size"], row["decoder"], row["policy"], tps, speedup + interval,
+                     row.get("tokens_per_round", "—"), row.get("identical", "—")])
+    return section("speed: the shipped pair's decoders",
+                   ["B", "decoder", "policy", "tokens/s", "speedup [95 % CI]", "tokens/round", "identical"], rows)

@@ -145,6 +145,24 @@ def test_compiled_steps_decode_the_target_greedy(arch, request, monkeypatch):
     assert all(r.accepted == r.drafted for r in itself.rounds) and set(cache._STATIC[target]) == {"target", "draft"}
 
 
+def test_compiled_rollback_needs_no_crop_of_the_static_layers(llama_pair, monkeypatch):
+    """transformers 5.17 (the H200's) has static cache layers without `crop`: the compiled
+    decode broke there on its first rollback. The rollback moves each layer's length itself."""
+    from transformers.cache_utils import StaticLayer
+
+    from dspark_bench.decoding import cached_lm as cache
+    from dspark_bench.decoding.autoregressive import autoregressive_decode
+
+    monkeypatch.setitem(cache.COMPILE_OPTIONS, "backend", "eager")
+    if hasattr(StaticLayer, "crop"):
+        monkeypatch.delattr(StaticLayer, "crop")
+    target, draft = llama_pair
+    config = DecodeConfig.of(threshold=0.5, gamma_max=4, max_new_tokens=30, compiled=True)
+    result = engine.speculative_decode(target, draft, [5, 1, 4, 1, 5, 9, 2, 6], config)
+    assert any(r.accepted < r.drafted for r in result.rounds)  # rollbacks happened
+    assert result.tokens == autoregressive_decode(target, [5, 1, 4, 1, 5, 9, 2, 6], config.replace(compiled=False)).tokens
+
+
 def test_compiled_and_verify_side_refuse_batches():
     with pytest.raises(Exception, match="batch size 1 only"):
         DecodeConfig.of(compiled=True, batch_size=4)

@@ -132,15 +132,15 @@ def measure_cost(pair, context: list[int], gamma: int, repeats: int = 15, drafte
     if heads_step:
         samples[-2] = []
     learned_step = learned_clock(pair, context, 1, lambda: clock(draft, filler[:1])) if "model" in drafters else None
+    learned = []
     for _ in range(repeats + 2):  # the first two passes warm up
         samples[-1].append(clock(draft, filler[:1]))
         if heads_step:
             samples[-2].append(heads_step())
+        if learned_step:
+            learned.append(learned_step())
         for k in range(gamma + 1):
             samples[k].append(clock(target, filler[: k + 1]))
-    # The learned signal's host work is timed after the passes, not between them: on a GPU it
-    # slowed every pass timed after it by about 1.6× (docs/gpu.md, the H200 run).
-    learned = [learned_step() for _ in range(repeats + 2)] if learned_step else []
     median = {k: statistics.median(v[2:]) for k, v in samples.items()}
     return CostModel(median[-1], [median[k] for k in range(gamma + 1)], len(context), t_heads=median.get(-2, 0.0),
                      spread=worst_spread(v[2:] for v in samples.values()),
@@ -258,11 +258,13 @@ def measure_surface(pair, context: list[int], gamma: int, batch_sizes, repeats: 
 
         samples = {k: [] for k in range(-1, gamma + 1)}
         learned_step = learned_clock(pair, context, b, lambda: clock(draft, filler[:1])) if "model" in drafters else None
+        learned = []
         for _ in range(repeats + 1):  # the first pass warms up
             samples[-1].append(clock(draft, filler[:1]))
+            if learned_step:
+                learned.append(learned_step())
             for k in range(gamma + 1):
                 samples[k].append(clock(target, filler[: k + 1]))
-        learned = [learned_step() for _ in range(repeats + 1)] if learned_step else []  # after: see measure_cost
         median = {k: statistics.median(v[1:]) for k, v in samples.items()}
         models[b] = CostModel(median[-1], [median[k] for k in range(gamma + 1)], len(context), b,
                               spread=worst_spread(v[1:] for v in samples.values()),
