@@ -3,6 +3,7 @@ with an engine's per-round and plain-decoding costs, a sweep ranked on an engine
 an export that writes plain decoding where no speculative policy wins on those prices."""
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -177,7 +178,7 @@ def test_sweep_ranks_on_an_engines_prices_and_export_writes_plain_decoding_where
     result = runner.invoke(app, base_args(saved_pair, prompts_file, ours_out) + ["--confirm-top", "1"])
     assert result.exit_code == 0, result.output
     ours = cost_file.load(only_folder(ours_out) / "prices.json")  # our engine's, with this pair's fingerprints
-    assert ours.engine["name"] == "ours" and "predicted on our engine's prices" in result.output
+    assert ours.engine["name"] == "ours" and "predicted on our engine's prices" in " ".join(result.output.split())
     # A slow draft: speculation loses everywhere on these prices.
     slow = cost_file.CostFile(CostSurface({1: CostModel(0.05, [0.01] * 5, 20, t_round=0.002, t_plain=0.0101)}),
                               {"name": "llamacpp", "version": "b11434"}, ours.models, "made up for a test")
@@ -186,7 +187,7 @@ def test_sweep_ranks_on_an_engines_prices_and_export_writes_plain_decoding_where
     out = tmp_path / "engine"
     result = runner.invoke(app, base_args(saved_pair, prompts_file, out) + ["--confirm-top", "1", "--prices", "llamacpp"])
     assert result.exit_code == 0, result.output
-    assert "predicted on llama.cpp b11434's prices" in result.output
+    assert "predicted on llama.cpp b11434's prices" in " ".join(result.output.split())
     folder = only_folder(out)
     summary = json.loads((folder / "summary.json").read_text())
     assert summary["prices"]["label"] == "llama.cpp b11434" and summary["cost_model_accuracy"]["priced_by"] == "predicted_speedup_ours"
@@ -272,3 +273,98 @@ def test_llama_bench_passes_are_scaled_to_the_servers_plain_step_only_where_thei
     assert abs(model.t_verify[0] - model.t_draft - 3.18e-3) < 1e-12  # a one-token target pass: the server's step
     assert model.t_verify[2] / model.t_verify[1] == passes.t_verify[2] / passes.t_verify[1]  # the curve's shape kept
     assert server_scale(passes, runs(4.0e-3)) == 1.0
+
+
+def bad_prices(tmp_path: Path, case: str) -> str:
+    """A --prices value of each kind a user can get wrong; files written into tmp_path."""
+    path = tmp_path / f"{case}.json"
+    data = engine_file().to_dict()
+    if case == "missing":
+        return str(tmp_path / "nowhere.json")
+    if case == "not an engine":
+        return "tensorrt"
+    if case == "an engine we do not measure":
+        return "vllm"
+    if case == "cut":
+        path.write_text(json.dumps(data)[:100])
+    elif case == "not a cost model":
+        path.write_text(json.dumps({"batch_sizes": {}}))
+    elif case == "negative":
+        data["batch_sizes"]["1"]["t_draft"] = -0.1
+        path.write_text(json.dumps(data))
+    elif case == "NaN":
+        data["batch_sizes"]["1"]["t_verify"][2] = float("nan")
+        path.write_text(json.dumps(data))
+    elif case == "another format version":
+        data["format_version"] = 9
+        path.write_text(json.dumps(data))
+    else:  # "other models": a good file, measured for other fingerprints
+        path.write_text(json.dumps(data))
+    return str(path)
+
+
+@pytest.mark.parametrize("case, message", [
+    ("missing", "choose ours, llamacpp, hf or a cost-model file's path"),
+    ("not an engine", "--prices 'tensorrt': choose ours, llamacpp"),
+    ("an engine we do not measure", "does not measure vLLM's costs itself"),
+    ("cut", "is not JSON"),
+    ("not a cost model", "is not a dspark-bench cost model"),
+    ("negative", "t_draft is -0.1"),
+    ("NaN", r"t_verify\[2\] is nan"),
+    ("another format version", "has format_version 9"),
+    ("other models", "was measured for another target"),
+])
+def test_a_bad_prices_argument_ends_the_sweep_before_any_work(saved_pair, prompts_file, tmp_path, case, message):
+    """Refused in one line before a record or a cost model is timed, with nothing written."""
+    import re
+    import time
+
+    from cli_helpers import one_error_line
+
+    out = tmp_path / "out"
+    started = time.perf_counter()
+    result = runner.invoke(app, base_args(saved_pair, prompts_file, out) + ["--prices", bad_prices(tmp_path, case)])
+    assert result.exit_code == 1 and re.search(message, one_error_line(result)), result.output
+    assert time.perf_counter() - started < 5
+    assert not out.exists() or not any(out.iterdir())
+
+
+def test_resume_of_a_folder_that_is_no_real_sweep_says_so(tmp_path):
+    from cli_helpers import one_error_line
+
+    for kind, extra in (("run", {}), ("sweep", {"evaluation": "replay"})):
+        folder = tmp_path / kind
+        folder.mkdir()
+        (folder / "run.json").write_text(json.dumps({"kind": kind, "run_id": kind, **extra}))
+        result = runner.invoke(app, ["sweep", "--resume", str(folder)])
+        assert result.exit_code == 1 and "not a resumable sweep" in one_error_line(result)
+
+
+def test_a_precision_budget_of_nothing_is_refused(saved_pair, prompts_file, tmp_path):
+    from cli_helpers import one_error_line
+
+    result = runner.invoke(app, base_args(saved_pair, prompts_file, tmp_path) + ["--precision", "0.03",
+                                                                                  "--precision-budget", "0"])
+    assert result.exit_code == 1 and "--precision-budget must be a positive" in one_error_line(result)
+
+
+def test_the_sweeps_table_fits_100_columns_with_its_labels_on_one_line(saved_pair, prompts_file, tmp_path):
+    from rich.console import Console
+
+    from dspark_bench.cli.console import narrow_table, read_summary
+
+    result = runner.invoke(app, base_args(saved_pair, prompts_file, tmp_path) + [
+        "--confirm-top", "3", "--drafter", "model", "--drafter", "lookup"])
+    assert result.exit_code == 0, result.output
+    folder = only_folder(tmp_path)
+    table = pd.read_parquet(folder / "trials.parquet")
+    table["config_label"] = table["config_label"] + " · B=8"  # a batched sweep's labels, as long as they get
+    screen = Console(width=100, record=True, file=open(os.devnull, "w"))
+    screen.print(narrow_table(table, "a title long enough to wrap " * 5, read_summary(folder)))
+    lines = screen.export_text().splitlines()
+    assert max(len(line.rstrip()) for line in lines) <= 100
+    for label in table["config_label"].head(10):
+        assert any(label in line for line in lines), label  # whole, on one line
+    assert sum("[" in line and "]" in line for line in lines) >= 3  # measured, with its interval, on the line
+    said = " ".join(result.output.split())  # the title wraps at the table's width
+    assert "predicted on our engine's prices" in said and "measured [95 % CI]" in said

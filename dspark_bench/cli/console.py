@@ -141,23 +141,15 @@ def render_rounds(tokenizer, result, markers: bool = False) -> Text:
     return text
 
 
-def print_best(table, folder, title: str = "best configurations") -> None:
-    columns = [c for c in ("config_label", "predicted_speedup", "predicted_speedup_ours", "speedup", "speedup_low", "speedup_high",
-                           "tokens_per_round", "acceptance_rate", "avg_draft_len", "block_acceptance_rate",
-                           "identical_to_baseline", "same_as", "state") if c in table and table[c].notna().any()]
+def print_best(table, folder, title: str = "best configurations", wide: bool = False) -> None:
+    """The sweep's best policies: a table that fits 100 columns, policy labels on one line
+    (`wide`: every column the sweep has), then its analyses, headline and health."""
     summary = read_summary(folder)
     if summary.get("predictions_trusted") is False:
         title += " · predicted speedups untrustworthy (the cost table never passed its timing checks)"
-    if summary.get("prices"):  # whose costs every predicted_speedup used (replay/cost_file.py)
-        title += f" · predicted on {summary['prices']['label']}'s prices"
-        if summary["prices"]["engine"] != "ours":
-            title += " (predicted speedup ours: on our engine's, which confirms)"
-    view = Table(title=title, title_justify="left")
-    for name in columns:
-        view.add_column(name.replace("_", " "), justify="left" if name in ("config_label", "state") else "right")
-    for row in table.head(10).to_dict(orient="records"):
-        view.add_row(*["" if row[c] is None or row[c] != row[c] else f"{row[c]:.3f}" if isinstance(row[c], float)
-                       else str(row[c]) for c in columns])  # None or NaN: an empty cell
+    if summary.get("prices") and summary["prices"]["engine"] != "ours":  # whose costs every prediction used
+        title += " · measured on our engine, which confirms"
+    view = wide_table(table, title) if wide else narrow_table(table, title, summary)
     out_console.print(view)
     analysis = Path(folder) / "analysis.json"
     if analysis.is_file():
@@ -169,6 +161,53 @@ def print_best(table, folder, title: str = "best configurations") -> None:
         out_console.print(f"more: dspark-bench analyze {folder} (what any stopping rule could win here, how well "
                           f"each signal predicts acceptance); dspark-bench report {folder}", style="dim",
                           highlight=False, soft_wrap=True)
+
+
+def cell(value, digits: int = 3) -> str:
+    """A number as a table shows it; None or NaN: an empty cell."""
+    if value is None or value != value:
+        return ""
+    return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
+
+
+def narrow_table(table, title: str, summary: dict) -> Table:
+    """policy · predicted · measured [95 % CI] · tokens per round · acceptance · draft length:
+    under 100 columns, the labels unwrapped (no rules between columns, one space apart; headers
+    of one line, which rich measures right). Whose prices predicted is the title's last words."""
+    from rich import box
+
+    prices = summary.get("prices") or {"engine": "ours"}
+    whose = "our engine" if prices["engine"] == "ours" else prices["label"]
+    rows = table.head(10).to_dict(orient="records")
+    view = Table(title=f"{title} · predicted on {whose}'s prices", title_justify="left", box=box.SIMPLE_HEAD,
+                 show_edge=False, padding=0)  # the box's own space between columns, no edges
+    for i, header in enumerate(("policy", "predicted", "measured [95 % CI]", "tok/rnd", "accept", "draft")):
+        view.add_column(header, justify="left" if i == 0 else "right", no_wrap=i == 0)
+    for row in rows:
+        view.add_row(str(row["config_label"]), cell(row.get("predicted_speedup")), measured_cell(row),
+                     cell(row.get("tokens_per_round"), 2), cell(row.get("acceptance_rate"), 2),
+                     cell(row.get("avg_draft_len"), 2))
+    return view
+
+
+def measured_cell(row: dict) -> str:
+    """A confirmed policy's measured speedup and its 95 % interval; empty where it was not run."""
+    measured = cell(row.get("speedup"))
+    if measured and row.get("speedup_low") is not None and row["speedup_low"] == row["speedup_low"]:
+        measured += f" [{row['speedup_low']:.2f}, {row['speedup_high']:.2f}]"
+    return measured
+
+def wide_table(table, title: str) -> Table:
+    """Every column the sweep's table has (`--wide`)."""
+    columns = [c for c in ("config_label", "predicted_speedup", "predicted_speedup_ours", "speedup", "speedup_low",
+                           "speedup_high", "tokens_per_round", "acceptance_rate", "avg_draft_len", "block_acceptance_rate",
+                           "identical_to_baseline", "same_as", "state") if c in table and table[c].notna().any()]
+    view = Table(title=title, title_justify="left")
+    for name in columns:
+        view.add_column(name.replace("_", " "), justify="left" if name in ("config_label", "state") else "right")
+    for row in table.head(10).to_dict(orient="records"):
+        view.add_row(*[cell(row[c]) for c in columns])
+    return view
 
 
 def print_headline(summary: dict) -> None:

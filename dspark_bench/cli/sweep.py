@@ -64,6 +64,7 @@ def sweep(
     drafter: Drafters = None, heads: HeadsPath = None,
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override any spec field: key=value (YAML value), e.g. space.threshold=[0.2,0.4].")] = None,
     out: Annotated[Path, typer.Option(help="Folder that receives the run folder.")] = Path("results"),
+    wide: Annotated[bool, typer.Option("--wide", help="Print every column of the best policies' table, not the six that fit 100 columns.")] = False,
     worker_only: Annotated[bool, typer.Option(hidden=True)] = False,
 ):
     """Search the policy's knobs over a task: replay (exact, greedy), grid or Optuna; resumable.
@@ -101,4 +102,4 @@ def sweep(
                 chosen, origin = specs.resolve_spec(spec, specs.command_overrides(flags, set_ or []))
                 folder, table = lib.run_sweep(chosen, out, storage, study, workers, progress, say, origin)
         if table is not None:  # a worker-only process leaves the table to the sweep's own process
-            print_best(table, folder, lib.result_title(folder))
+            print_best(table, folder, lib.result_title(folder), wide)

@@ -79,6 +79,8 @@ class Workload:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value < float("inf"):
                 raise DsparkError(f"--{name.replace('_s', '').replace('_', '-')} must be a number >= 0 (got {value!r})")
+        if not self.precision_budget_s > 0:  # a budget of nothing would let --precision run no pass and say it ran
+            raise DsparkError(f"--precision-budget must be a positive number of seconds (got {self.precision_budget_s:g})")
         if self.precision >= 1:
             raise DsparkError(f"--precision is a relative half-width, e.g. 0.03 for ±3 % (got {self.precision:g})")
         if self.batching not in ("refill", "drain"):

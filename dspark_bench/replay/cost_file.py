@@ -239,6 +239,24 @@ def cached(engine: str, models: dict) -> CostFile | None:
     return max(found, key=lambda f: f[:2])[2] if found else None
 
 
+MEASURED = ("llamacpp", "hf")  # the engines whose costs dspark-bench measures and caches itself
+
+
+def check_choice(choice: str) -> None:
+    """`--prices`, read before any model loads or anything is recorded: ours, an engine dspark-bench
+    measures (looked up in the cache once the models load: `resolve`), or a cost-model file, whose
+    format is checked now. Anything else ends here, in one line with the choices."""
+    if choice in ("", "ours", *MEASURED):
+        return
+    if choice in ENGINE_NAMES:
+        raise DsparkError(f"--prices {choice}: dspark-bench does not measure {ENGINE_NAMES[choice]}'s costs itself; "
+                          "pass its cost-model file (docs/engines-and-export.md#cost-model-files), ours or llamacpp")
+    if not Path(choice).exists():
+        raise DsparkError(f"--prices {choice!r}: choose ours, llamacpp, hf or a cost-model file's path (there is no "
+                          f"file {choice!r})")
+    load(choice)
+
+
 def resolve(choice: str, models: dict) -> CostFile | None:
     """`--prices`: None for "ours" (the sweep times our engine), a measured engine's cached file
     ("llamacpp"), or a cost-model file's path; checked against the pair's models."""

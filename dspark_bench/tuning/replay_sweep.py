@@ -58,11 +58,13 @@ MODEL = DEFAULTS.drafting  # the draft model: the drafter whose record the fits 
 
 def prepare(spec: SweepSpec, say: Callable[[str], None] | None = None) -> Prepared:
     spec.use_threads()
+    cost_file.check_choice(spec.prices)  # a bad --prices ends before anything loads
     prompts, source, task_tokens = load_prompts(spec.task, spec.dataset, spec.split, spec.prompt_field,
                                                 spec.category_field, spec.limit)
     base = base_config(spec, task_tokens)
     configs = points(spec, base)  # a threshold outside its range fails here, before models load
     pair = load_pair(spec.target, spec.draft, spec.device, spec.dtype, spec.heads, drafters={c.drafting.drafter for c in configs})
+    cost_file.resolve(spec.prices, pair.describe())  # prices for other models, or none cached: before any record
     prepared = Prepared(pair, prompts, base, source)
     if spec.continuations is not None:  # checked before any folder or record is written
         prepared.continuations = open_continuations(spec, pair, prompts, base, say)

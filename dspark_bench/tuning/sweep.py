@@ -180,8 +180,10 @@ def continue_sweep(folder: Path, prepared: Prepared | None = None, workers: int 
     """Work on a real sweep's study until its budget is met; then write its summary."""
 
     info = read_json(Path(folder) / "run.json", "run file")
-    if evaluation_of(info) != "real":
-        raise DsparkError(f"{folder} is not a resumable sweep (only real grid/Optuna sweeps keep a study)")
+    if info.get("kind") != "sweep" or evaluation_of(info) != "real" or "storage" not in info:
+        what = f"a {info.get('kind', 'run')} folder" if info.get("kind") != "sweep" else "a replay sweep's folder"
+        raise DsparkError(f"--resume {folder}: {what}, not a resumable sweep (only real grid/Optuna sweeps keep a "
+                          "study to continue)")
     if storage is None and "***" in info["storage"]:
         raise DsparkError(f"{folder}'s study is in {info['storage']}; pass --storage with the password to resume")
     info["storage"] = storage or info["storage"]
