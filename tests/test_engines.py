@@ -343,3 +343,30 @@ def test_a_prompt_llama_cpp_stopped_for_a_full_context_is_marked():
     full = prompt_row(prompt, {"spec": [answer([1, 2, 3], True)], "plain": [answer([1, 2, 3], True)]})
     whole = prompt_row(prompt, {"spec": [answer([1, 2, 3], False)], "plain": [answer([1, 2, 3], False)]})
     assert full["context_full"] and not whole["context_full"]
+
+
+def test_a_sweep_priced_by_llamacpp_measures_its_prices_itself_and_reuses_or_deepens_them(tmp_path, prices_home):
+    """From an empty cache `sweep --prices llamacpp` measures llama.cpp's prices (saying what it
+    will run first), caches them, re-uses them, and measures them again deeper for a deeper space."""
+    llama_server_or_skip()
+    from dspark_bench.replay import cost_file
+
+    for old in prices_home.glob("llamacpp-*.json"):  # an empty cache, whatever ran before in this session
+        old.unlink()
+    args = ["sweep", "--task", "code", "--limit", "2", "--max-new-tokens", "12", "--metric", "top1", "--threshold",
+            "0.3", "--min-draft-len", "0", "--confirm-top", "1", "--prices", "llamacpp", "--device", "cpu"]
+
+    def sweep(*more):
+        result = runner.invoke(app, args + list(more) + ["--out", str(tmp_path / f"s{len(list(tmp_path.iterdir()))}")])
+        assert result.exit_code == 0, result.output
+        return " ".join(result.output.split())
+
+    said = sweep("--gamma-max", "3")
+    assert "measuring llama.cpp's prices (cached after): llama-bench passes of 1 to 8 tokens" in said
+    assert "predicted on llama.cpp b11434's prices" in said
+    (cached,) = prices_home.glob("llamacpp-*.json")
+    assert len(cost_file.load(cached).surface.at(1).t_verify) == 8  # k = 0 .. 7: the fit's deeper γ
+    assert "(cached; depth" in sweep("--gamma-max", "2")
+    assert "not 9: measuring them again, deeper" in sweep("--gamma-max", "9")
+    (deeper,) = prices_home.glob("llamacpp-*.json")
+    assert deeper == cached and len(cost_file.load(deeper).surface.at(1).t_verify) == 10

@@ -100,6 +100,14 @@ def sweep(
                                                            progress=progress, storage=storage)
             else:
                 chosen, origin = specs.resolve_spec(spec, specs.command_overrides(flags, set_ or []))
-                folder, table = lib.run_sweep(chosen, out, storage, study, workers, progress, say, origin)
+                folder, table = lib.run_sweep(chosen, out, storage, study, workers, progress, say, origin,
+                                              measurers=price_measurers())
         if table is not None:  # a worker-only process leaves the table to the sweep's own process
             print_best(table, folder, lib.result_title(folder), wide)
+
+
+def price_measurers() -> dict:
+    """The engines whose prices a sweep measures itself where none are cached (--prices llamacpp)."""
+    from dspark_bench.engines.llamacpp_run import sweep_prices
+
+    return {"llamacpp": sweep_prices}

@@ -132,9 +132,11 @@ def file_key(path: Path) -> str:
 FIT_VERSION = 3  # 2: the passes scaled to the server's (server_scale); 3: t_round_empty, paired ratios
 
 
-def cache_path(build: dict, target: Path, draft: Path, depth: int, threads: int | None, max_new_tokens: int) -> Path:
+def cache_path(build: dict, target: Path, draft: Path, depth: int, threads: int | None) -> Path:
+    """Keyed by what changes the prices: the build, the two model files, the cache depth and the
+    threads (and how a file is fitted); not by the tokens a run decodes, which only set the depth."""
     return (cache_home() / f"llamacpp-b{build['build_number']}-{file_key(target)}-"
-            f"{file_key(draft)}-d{depth}-t{threads or 0}-n{max_new_tokens}-f{FIT_VERSION}.json")
+            f"{file_key(draft)}-d{depth}-t{threads or 0}-f{FIT_VERSION}.json")
 
 
 def server_scale(passes: CostModel, runs) -> float:
@@ -163,15 +165,24 @@ def llamacpp_prices(pair, fit_prompts, fit_ids: list[list[int]], eos, max_new_to
     total)` follows the fit runs."""
     depth = int(np.mean([len(ids) for ids in fit_ids])) + max_new_tokens // 2  # a realistic cache: mid-answer
     build = build_info(binary)
-    where = cache_path(build, target, draft, depth, threads, max_new_tokens)
+    where = cache_path(build, target, draft, depth, threads)
     if where.is_file():
         prices = load_file(where)
         if len(prices.surface.at(1).t_verify) > gamma:
+            if say:
+                say(f"llama.cpp's prices: {where} (cached; depth {depth}, drafts up to "
+                    f"{len(prices.surface.at(1).t_verify) - 1})")
             return prices
-    if say:
-        say(f"measuring llama.cpp's prices: llama-bench at depth {depth}, then {len(fit_ids)} fit prompts on both "
-            f"servers at fixed γ={' and '.join(map(str, FIT_GAMMAS))} and p-min 1 (every draft empty)")
+        if say:
+            say(f"llama.cpp's prices cached in {where} price drafts of up to {len(prices.surface.at(1).t_verify) - 1} "
+                f"tokens, not {gamma}: measuring them again, deeper")
     gamma = max(gamma, *FIT_GAMMAS)
+    if say:
+        say(f"measuring llama.cpp's prices (cached after): llama-bench passes of 1 to {gamma + 1} tokens at depth "
+            f"{depth}, {INVOCATIONS} runs × {REPETITIONS}, target and draft; then {len(fit_ids)} fit prompts × "
+            f"{len(FIT_GAMMAS) + 1} policies (fixed γ={' and '.join(map(str, FIT_GAMMAS))}, p-min 1) on the "
+            f"speculative and the plain server, {max_new_tokens} tokens each ({2 * len(fit_ids) * (len(FIT_GAMMAS) + 1)} "
+            "requests), and a replay record of the fit prompts: a few minutes on a CPU")
     probe = LoadProbe()  # a busy machine while measuring is said, as for our own timings
     probe.sample("before llama-bench")
     passes, medians = pass_costs(find_bench(binary), target, draft, depth, gamma, threads)

@@ -238,3 +238,27 @@ def side_by_side(rec, policy: DecodeConfig, targets, rows: pd.DataFrame, ours: p
              replayed["tokens_per_round"], replayed["avg_draft_len"], ""),
     ])
 
+
+
+def sweep_prices(spec, pair, prompts, gamma: int, max_new_tokens: int, say=None, progress=None):
+    """`sweep --prices llamacpp`: llama.cpp's cost model of this pair, from the cache where one was
+    measured at this sweep's depth, build, threads and γ, else measured now as `run --decoder
+    llamacpp` measures it (llama-bench, then the fit runs of both servers on the source's spare
+    prompts), with its plan said first. The server and llama-bench are found as `run` finds them."""
+    if spec.ignore_eos:
+        raise DsparkError("--prices llamacpp fits llama-server's costs, which cannot ignore EOS as ours does "
+                          "(llama-server bans the token instead): drop --ignore-eos")
+    binary = find_server(None)
+    build = build_info(binary)
+    version = llamacpp_version(f"b{build['build_number']}") if build["build_number"] else LLAMACPP_CURRENT
+    eos = spec.runner_settings().eos_ids(pair)
+    if len(eos) > 1:
+        raise DsparkError(f"the target stops at {len(eos)} EOS ids; a GGUF file names one, so llama.cpp would stop "
+                          "elsewhere: --prices llamacpp needs a pair with one")
+    target_file, draft_file, _ = gguf_files(spec, pair, "f32", build, binary, say)
+    fit = spare_prompts(spec, prompts)
+    fit_ids = [encode(pair.tokenizer, p.text, spec.chat_template) for p in fit]
+    prices = llamacpp_prices(pair, fit, fit_ids, eos, max_new_tokens, gamma, binary, version, target_file, draft_file,
+                             spec.threads or None, say, progress)
+    prices.check_models(pair.describe())
+    return prices

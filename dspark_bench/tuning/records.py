@@ -39,6 +39,7 @@ class Prepared:
     base: DecodeConfig
     source: dict
     continuations: Continuations | None = None  # the target's, from an engine's file (checked)
+    prices: object = None  # the engine's cost model --prices names (a cost_file.CostFile); None: ours, timed here
 
 
 def open_continuations(spec: SweepSpec, pair, prompts: list, base: DecodeConfig, say=None) -> Continuations:

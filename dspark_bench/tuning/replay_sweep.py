@@ -46,7 +46,7 @@ from dspark_bench.tuning.joined import (
     write_learned_signal,
 )
 from dspark_bench.tuning.records import Prepared, drafter_groups, open_continuations, record_all, record_key
-from dspark_bench.tuning.spec import SweepSpec, base_config, points
+from dspark_bench.tuning.spec import SweepSpec, base_config, evaluation_for, points
 
 if TYPE_CHECKING:
     from dspark_bench.harness.runner import StageProgress
@@ -56,7 +56,14 @@ OURS_FILE = "prices_ours.json"  # beside it, where that is an engine's: our engi
 MODEL = DEFAULTS.drafting  # the draft model: the drafter whose record the fits and analyses read
 
 
-def prepare(spec: SweepSpec, say: Callable[[str], None] | None = None) -> Prepared:
+# An engine's prices measured where the cache has none for this sweep (`sweep --prices llamacpp`):
+# the command line passes the engine layer's measurer, which tuning may not import.
+# Called as measure(spec, pair, prompts, gamma, max_new_tokens, say, progress) -> cost_file.CostFile.
+PriceMeasurers = dict[str, Callable]
+
+
+def prepare(spec: SweepSpec, say: Callable[[str], None] | None = None, measurers: PriceMeasurers | None = None,
+            progress: StageProgress | None = None) -> Prepared:
     spec.use_threads()
     cost_file.check_choice(spec.prices)  # a bad --prices ends before anything loads
     prompts, source, task_tokens = load_prompts(spec.task, spec.dataset, spec.split, spec.prompt_field,
@@ -64,11 +71,23 @@ def prepare(spec: SweepSpec, say: Callable[[str], None] | None = None) -> Prepar
     base = base_config(spec, task_tokens)
     configs = points(spec, base)  # a threshold outside its range fails here, before models load
     pair = load_pair(spec.target, spec.draft, spec.device, spec.dtype, spec.heads, drafters={c.drafting.drafter for c in configs})
-    cost_file.resolve(spec.prices, pair.describe())  # prices for other models, or none cached: before any record
     prepared = Prepared(pair, prompts, base, source)
+    prepared.prices = engine_prices(spec, prepared, measurers or {}, say, progress)
     if spec.continuations is not None:  # checked before any folder or record is written
         prepared.continuations = open_continuations(spec, pair, prompts, base, say)
     return prepared
+
+
+def engine_prices(spec: SweepSpec, prepared: Prepared, measurers: PriceMeasurers, say, progress):
+    """The cost model --prices names, before any record: a file's or a cached one, checked against
+    the pair; measured now where a measurer for that engine is given (it caches what it measures)."""
+    if evaluation_for(spec) != "replay":
+        return None  # a real sweep times every policy on our engine: no prices rank it
+    if spec.prices in measurers:
+        gamma = max(c.stopping.gamma_max for c in replay_space(spec, prepared.base))
+        return measurers[spec.prices](spec, prepared.pair, prepared.prompts, gamma,
+                                      prepared.base.verification.max_new_tokens, say, progress)
+    return cost_file.resolve(spec.prices, prepared.pair.describe())
 
 
 def needs_draft_model(pair) -> None:
@@ -102,7 +121,7 @@ def replay_sweep(folder: Path, spec: SweepSpec, prepared: Prepared, records_root
         spec, prepared, ids[0], configs, all((d / "record.json").is_file() for d in record_dirs.values()), say)
     records = record_all(spec, prepared, gamma, ids, configs, record_dirs, progress)
     probe.sample("recorded")
-    prices = time_prices(folder, prepared.pair, ids[0], records, configs, gamma, progress, spec.prices)
+    prices = time_prices(folder, prepared.pair, ids[0], records, configs, gamma, progress, prepared.prices)
     probe.sample("cost model timed")
     configs, records = join_fitted(folder, configs, records, record_dirs, prices.surface)
     table = simulate_all(folder, configs, records, prices, progress)
@@ -162,9 +181,9 @@ class Prices:
 
 
 def time_prices(folder: Path, pair, first_ids: list[int], records: dict, configs: list[DecodeConfig], gamma: int,
-                progress: StageProgress | None, spec_prices: str = "ours") -> Prices:
+                progress: StageProgress | None, engine=None) -> Prices:
     """Time our cost surface (re-timed while its checks fail: replay ranks thousands of policies
-    with it), take the engine's prices `spec_prices` names instead where it names one, and write
+    with it), take the engine's prices (`engine`, a cost_file.CostFile) instead where given, and write
     the prices used into the sweep folder (prices.json, the cost-model file; cost_model.json,
     and cost_surface.json at B > 1)."""
     rec = next(iter(records.values()))
@@ -176,7 +195,6 @@ def time_prices(folder: Path, pair, first_ids: list[int], records: dict, configs
     timing = time.perf_counter()
     surface, checks = timed_surface(pair, context, gamma, batch_sizes, drafters={key.drafter for key in records})
     timing = time.perf_counter() - timing
-    engine = cost_file.resolve(spec_prices, pair.describe())
     if engine is None:
         prices = Prices(surface, surface.at(1), checks, timing, batch_sizes != [1])
         cost_file.ours(surface, pair).save(folder / PRICES_FILE)

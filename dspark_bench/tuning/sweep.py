@@ -47,7 +47,14 @@ if TYPE_CHECKING:
 
 from dspark_bench.replay.record_parts import parse_shard  # noqa: F401 (the CLI's --shard)
 from dspark_bench.tuning.records import load_or_record, parts_folder
-from dspark_bench.tuning.replay_sweep import Prepared, needs_draft_model, prepare, record_plan, replay_sweep
+from dspark_bench.tuning.replay_sweep import (
+    Prepared,
+    PriceMeasurers,
+    needs_draft_model,
+    prepare,
+    record_plan,
+    replay_sweep,
+)
 
 # --- the whole sweep: prepare, run (real or replay), summarise ----------------------------------
 
@@ -112,17 +119,20 @@ def result_title(folder: Path) -> str:
 
 def run_sweep(spec: SweepSpec, out: Path, storage: str | None = None, study_name: str | None = None,
               workers: int = 1, progress: StageProgress | None = None,
-              say: Callable[[str], None] | None = None, origin: str | None = None) -> tuple[Path, pd.DataFrame]:
+              say: Callable[[str], None] | None = None, origin: str | None = None,
+              measurers: PriceMeasurers | None = None) -> tuple[Path, pd.DataFrame]:
     """A new sweep: real (grid / Optuna, in a study) or replay; returns its folder and best table.
 
-    With `say`, the plan and its estimated duration are said before any decoding."""
+    With `say`, the plan and its estimated duration are said before any decoding; `measurers`:
+    what measures an engine's prices --prices names where none are cached (replay_sweep.prepare)."""
     if workers < 1:
         raise DsparkError(f"--workers must be at least 1 (got {workers})")
     evaluation = evaluation_for(spec)
     if spec.continuations is not None and evaluation != "replay":
         raise DsparkError("--continuations feeds replay's record: a real sweep decodes every policy here "
                           "(drop --evaluation real, or --continuations)")
-    prepared = prepare(spec, say)  # prompts read, models loaded, files checked: bad input has failed by now
+    check_writable(out)  # before any model loads or prices are measured
+    prepared = prepare(spec, say, measurers, progress)  # prompts read, models loaded, files checked, prices found
     if evaluation == "replay":
         needs_draft_model(prepared.pair)
     if say and origin:
