@@ -364,6 +364,16 @@ def test_a_sweep_priced_by_llamacpp_measures_its_prices_itself_and_reuses_or_dee
     said = sweep("--gamma-max", "3")
     assert "measuring llama.cpp's prices (cached after): llama-bench passes of 1 to 8 tokens" in said
     assert "predicted on llama.cpp b11434's prices" in said
+    # Confirmed in llama.cpp: its best policy there and its defaults, each against a plain server.
+    (folder,) = [f for f in (tmp_path / "s0").iterdir() if f.name != "records"]
+    verdict = json.loads((folder / "summary.json").read_text())["engine_verdict"]
+    assert verdict["engine"] == "llama.cpp b11434" and verdict["sentence"].startswith("in llama.cpp b11434 here, ")
+    assert verdict["sentence"] in said and "confirmed in llama.cpp b11434" in said
+    policies = [r["policy"] for r in verdict["rows"]]
+    assert len(policies) == 2 and "fixed γ=3 · llama.cpp rule" in policies  # the best there, and the defaults
+    assert all(r["measured"] > 0 and r["measured_low"] <= r["measured"] <= r["measured_high"] for r in verdict["rows"])
+    assert verdict["wins"] in ("plain", "speculative", "neither")
+    assert (verdict["wins"] == "plain") == (verdict["best"]["measured_high"] < 1)
     (cached,) = prices_home.glob("llamacpp-*.json")
     assert len(cost_file.load(cached).surface.at(1).t_verify) == 8  # k = 0 .. 7: the fit's deeper γ
     assert "(cached; depth" in sweep("--gamma-max", "2")

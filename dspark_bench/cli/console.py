@@ -149,6 +149,7 @@ def print_best(table, folder, title: str = "best configurations", wide: bool = F
         title += " · predicted speedups untrustworthy (the cost table never passed its timing checks)"
     if summary.get("prices") and summary["prices"]["engine"] != "ours":  # whose costs every prediction used
         title += " · measured on our engine, which confirms"
+    print_engine_verdict(summary)
     view = wide_table(table, title) if wide else narrow_table(table, title, summary)
     out_console.print(view)
     analysis = Path(folder) / "analysis.json"
@@ -210,12 +211,28 @@ def wide_table(table, title: str) -> Table:
     return view
 
 
+def print_engine_verdict(summary: dict) -> None:
+    """A sweep priced on a serving engine's costs and confirmed in it: its policies measured there
+    and its verdict, before anything of ours (they are what deploys)."""
+    verdict = summary.get("engine_verdict")
+    if not verdict:
+        return
+    rows = [[r["policy"], cell(r["predicted"]), f"{r['measured']:.3f} [{r['measured_low']:.2f}, "
+             f"{r['measured_high']:.2f}]", cell(r["acceptance_rate"], 2)] for r in verdict["rows"]]
+    print_small_table(f"confirmed in {verdict['engine']}: {verdict['measured_in']}",
+                      ("policy", "predicted", "measured [95 % CI]", "accept"), rows, left=("policy",))
+    out_console.print(verdict["sentence"], style="bold", highlight=False, soft_wrap=True)
+
+
 def print_headline(summary: dict) -> None:
     """The paired verdict of the best scheduled policy against the best fixed γ (and what a
     precision target's passes did): a run's or a sweep's first answer."""
+    verdict = summary.get("engine_verdict")
     if summary.get("headline"):
-        out_console.print(f"scheduled vs best fixed γ, paired on the same prompts: {summary['headline']['sentence']}",
-                          style="bold", highlight=False, soft_wrap=True)
+        mine = "on our engine, " if verdict else ""
+        out_console.print(f"{mine}scheduled vs best fixed γ, paired on the same prompts: "
+                          f"{summary['headline']['sentence']}", style="dim" if verdict else "bold", highlight=False,
+                          soft_wrap=True)
     if summary.get("precision"):
         out_console.print(summary["precision"]["sentence"], highlight=False, soft_wrap=True)
 

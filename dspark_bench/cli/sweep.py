@@ -101,13 +101,15 @@ def sweep(
             else:
                 chosen, origin = specs.resolve_spec(spec, specs.command_overrides(flags, set_ or []))
                 folder, table = lib.run_sweep(chosen, out, storage, study, workers, progress, say, origin,
-                                              measurers=price_measurers())
+                                              engines=engine_tools())
         if table is not None:  # a worker-only process leaves the table to the sweep's own process
             print_best(table, folder, lib.result_title(folder), wide)
 
 
-def price_measurers() -> dict:
-    """The engines whose prices a sweep measures itself where none are cached (--prices llamacpp)."""
+def engine_tools():
+    """The engines a sweep priced on their costs measures and confirms in (--prices llamacpp)."""
+    from dspark_bench.engines.llamacpp_confirm import confirm_in_llamacpp
     from dspark_bench.engines.llamacpp_run import sweep_prices
+    from dspark_bench.tuning.replay_sweep import EngineTools
 
-    return {"llamacpp": sweep_prices}
+    return EngineTools(measure={"llamacpp": sweep_prices}, confirm={"llamacpp": confirm_in_llamacpp})

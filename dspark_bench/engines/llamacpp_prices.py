@@ -178,11 +178,9 @@ def llamacpp_prices(pair, fit_prompts, fit_ids: list[list[int]], eos, max_new_to
                 f"tokens, not {gamma}: measuring them again, deeper")
     gamma = max(gamma, *FIT_GAMMAS)
     if say:
-        say(f"measuring llama.cpp's prices (cached after): llama-bench passes of 1 to {gamma + 1} tokens at depth "
-            f"{depth}, {INVOCATIONS} runs × {REPETITIONS}, target and draft; then {len(fit_ids)} fit prompts × "
-            f"{len(FIT_GAMMAS) + 1} policies (fixed γ={' and '.join(map(str, FIT_GAMMAS))}, p-min 1) on the "
-            f"speculative and the plain server, {max_new_tokens} tokens each ({2 * len(fit_ids) * (len(FIT_GAMMAS) + 1)} "
-            "requests), and a replay record of the fit prompts: a few minutes on a CPU")
+        say(f"measuring llama.cpp's prices (cached after): llama-bench passes of 1 to {gamma + 1} tokens at depth {depth}, "
+            f"then {2 * len(fit_ids) * (len(FIT_GAMMAS) + 1)} fit requests ({len(fit_ids)} prompts × fixed "
+            f"γ={', '.join(map(str, FIT_GAMMAS))} and p-min 1 × both servers, {max_new_tokens} tokens)")
     probe = LoadProbe()  # a busy machine while measuring is said, as for our own timings
     probe.sample("before llama-bench")
     passes, medians = pass_costs(find_bench(binary), target, draft, depth, gamma, threads)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
@@ -56,13 +56,19 @@ OURS_FILE = "prices_ours.json"  # beside it, where that is an engine's: our engi
 MODEL = DEFAULTS.drafting  # the draft model: the drafter whose record the fits and analyses read
 
 
-# An engine's prices measured where the cache has none for this sweep (`sweep --prices llamacpp`):
-# the command line passes the engine layer's measurer, which tuning may not import.
-# Called as measure(spec, pair, prompts, gamma, max_new_tokens, say, progress) -> cost_file.CostFile.
-PriceMeasurers = dict[str, Callable]
+@dataclass
+class EngineTools:
+    """What the engine layer lends a sweep priced on a serving engine's costs (`sweep --prices
+    llamacpp`; the command line passes them: tuning may not import engines), per engine name:
+    `measure(spec, pair, prompts, gamma, max_new_tokens, say, progress)`, its cost_file.CostFile
+    where none is cached; `confirm(spec, prepared, record, prices, gamma, folder, say, progress)`,
+    the best policies run in that engine and its verdict (a dict with a `sentence`)."""
+
+    measure: dict[str, Callable] = field(default_factory=dict)
+    confirm: dict[str, Callable] = field(default_factory=dict)
 
 
-def prepare(spec: SweepSpec, say: Callable[[str], None] | None = None, measurers: PriceMeasurers | None = None,
+def prepare(spec: SweepSpec, say: Callable[[str], None] | None = None, engines: EngineTools | None = None,
             progress: StageProgress | None = None) -> Prepared:
     spec.use_threads()
     cost_file.check_choice(spec.prices)  # a bad --prices ends before anything loads
@@ -72,13 +78,13 @@ def prepare(spec: SweepSpec, say: Callable[[str], None] | None = None, measurers
     configs = points(spec, base)  # a threshold outside its range fails here, before models load
     pair = load_pair(spec.target, spec.draft, spec.device, spec.dtype, spec.heads, drafters={c.drafting.drafter for c in configs})
     prepared = Prepared(pair, prompts, base, source)
-    prepared.prices = engine_prices(spec, prepared, measurers or {}, say, progress)
+    prepared.prices = engine_prices(spec, prepared, (engines or EngineTools()).measure, say, progress)
     if spec.continuations is not None:  # checked before any folder or record is written
         prepared.continuations = open_continuations(spec, pair, prompts, base, say)
     return prepared
 
 
-def engine_prices(spec: SweepSpec, prepared: Prepared, measurers: PriceMeasurers, say, progress):
+def engine_prices(spec: SweepSpec, prepared: Prepared, measurers: dict[str, Callable], say, progress):
     """The cost model --prices names, before any record: a file's or a cached one, checked against
     the pair; measured now where a measurer for that engine is given (it caches what it measures)."""
     if evaluation_for(spec) != "replay":
@@ -88,6 +94,19 @@ def engine_prices(spec: SweepSpec, prepared: Prepared, measurers: PriceMeasurers
         return measurers[spec.prices](spec, prepared.pair, prepared.prompts, gamma,
                                       prepared.base.verification.max_new_tokens, say, progress)
     return cost_file.resolve(spec.prices, prepared.pair.describe())
+
+
+def engine_verdict(spec: SweepSpec, prepared: Prepared, records: dict, prices, gamma: int, folder: Path,
+                   engines: EngineTools, say, progress) -> dict | None:
+    """The deployment engine's own verdict where the sweep is priced on an engine that can run
+    its policies (llama.cpp): measured there, not on ours. None for our own prices."""
+    name = prices.engine.engine.get("name") if prices.engine is not None else None
+    if name not in engines.confirm or MODEL not in records:
+        return None
+    verdict = engines.confirm[name](spec, prepared, records[MODEL], prices.engine, gamma, folder, say, progress)
+    if say:
+        say(verdict["sentence"])
+    return verdict
 
 
 def needs_draft_model(pair) -> None:
@@ -110,9 +129,11 @@ def replay_space(spec: SweepSpec, base: DecodeConfig) -> list[DecodeConfig]:
 
 
 def replay_sweep(folder: Path, spec: SweepSpec, prepared: Prepared, records_root: Path,
-                 progress: StageProgress | None = None, say: Callable[[str], None] | None = None) -> pd.DataFrame:
+                 progress: StageProgress | None = None, say: Callable[[str], None] | None = None,
+                 engines: EngineTools | None = None) -> pd.DataFrame:
     """Record once, price, simulate the whole space, confirm the best few with real timed runs and
-    summarise; the analyses (analysis/) too where the spec asks for them."""
+    summarise; the analyses (analysis/) too where the spec asks for them. Priced on an engine that
+    `engines` can run, that engine confirms too, and its verdict leads the summary."""
 
     probe, started = LoadProbe(), time.perf_counter()
     probe.sample("start")
@@ -132,6 +153,7 @@ def replay_sweep(folder: Path, spec: SweepSpec, prepared: Prepared, records_root
     table, samples, paired = confirm(table, configs, records, spec, prepared, progress,
                                      repeats=spec.repeats * (2 if cost_unreliable else 1), say=say)
     probe.sample("confirmed")
+    verdict = engine_verdict(spec, prepared, records, prices, gamma, folder, engines or EngineTools(), say, progress)
     write_parquet(folder / "trials.parquet", table)
     write_parquet(folder / "samples.parquet", samples)
     confirmed = table[table["source"] == "confirmed"]
@@ -139,7 +161,7 @@ def replay_sweep(folder: Path, spec: SweepSpec, prepared: Prepared, records_root
                               wall_over_estimate(time.perf_counter() - started - prices.timing_s, estimate)]
     record_dir = record_dirs.get(MODEL, next(iter(record_dirs.values())))
     best = write_replay_summary(folder, table, spec, prices.cost, record_dir, health(checks), not cost_unreliable,
-                                {**(paired or {}), "prices": prices.described(folder),
+                                {**(paired or {}), "prices": prices.described(folder), "engine_verdict": verdict,
                                  # where the target's continuations came from: an engine's file, else decoded here
                                  "continuations": prepared.continuations.describe() if prepared.continuations else None})
     if spec.analyze and MODEL in records:

@@ -49,7 +49,7 @@ from dspark_bench.replay.record_parts import parse_shard  # noqa: F401 (the CLI'
 from dspark_bench.tuning.records import load_or_record, parts_folder
 from dspark_bench.tuning.replay_sweep import (
     Prepared,
-    PriceMeasurers,
+    EngineTools,
     needs_draft_model,
     prepare,
     record_plan,
@@ -120,11 +120,11 @@ def result_title(folder: Path) -> str:
 def run_sweep(spec: SweepSpec, out: Path, storage: str | None = None, study_name: str | None = None,
               workers: int = 1, progress: StageProgress | None = None,
               say: Callable[[str], None] | None = None, origin: str | None = None,
-              measurers: PriceMeasurers | None = None) -> tuple[Path, pd.DataFrame]:
+              engines: EngineTools | None = None) -> tuple[Path, pd.DataFrame]:
     """A new sweep: real (grid / Optuna, in a study) or replay; returns its folder and best table.
 
-    With `say`, the plan and its estimated duration are said before any decoding; `measurers`:
-    what measures an engine's prices --prices names where none are cached (replay_sweep.prepare)."""
+    With `say`, the plan and its estimated duration are said before any decoding; `engines`: what
+    measures the prices of an engine --prices names and confirms in it (replay_sweep.EngineTools)."""
     if workers < 1:
         raise DsparkError(f"--workers must be at least 1 (got {workers})")
     evaluation = evaluation_for(spec)
@@ -132,7 +132,7 @@ def run_sweep(spec: SweepSpec, out: Path, storage: str | None = None, study_name
         raise DsparkError("--continuations feeds replay's record: a real sweep decodes every policy here "
                           "(drop --evaluation real, or --continuations)")
     check_writable(out)  # before any model loads or prices are measured
-    prepared = prepare(spec, say, measurers, progress)  # prompts read, models loaded, files checked, prices found
+    prepared = prepare(spec, say, engines, progress)  # prompts read, models loaded, files checked, prices found
     if evaluation == "replay":
         needs_draft_model(prepared.pair)
     if say and origin:
@@ -140,7 +140,7 @@ def run_sweep(spec: SweepSpec, out: Path, storage: str | None = None, study_name
     folder = start_folder(out, "sweep")
     if evaluation == "replay":
         write_run_info(folder, "sweep", run_info(spec, prepared, {"evaluation": "replay"}))
-        return folder, replay_sweep(folder, spec, prepared, Path(out) / "records", progress, say)
+        return folder, replay_sweep(folder, spec, prepared, Path(out) / "records", progress, say, engines)
     storage = storage or default_storage(folder)
     study_name = study_name or folder.name
     # The password of a database URL is not written into results; --resume asks for it.
