@@ -101,15 +101,24 @@ def sweep(
             else:
                 chosen, origin = specs.resolve_spec(spec, specs.command_overrides(flags, set_ or []))
                 folder, table = lib.run_sweep(chosen, out, storage, study, workers, progress, say, origin,
-                                              engines=engine_tools())
+                                              engines=engine_tools(prices, say))
         if table is not None:  # a worker-only process leaves the table to the sweep's own process
             print_best(table, folder, lib.result_title(folder), wide)
 
 
-def engine_tools():
-    """The engines a sweep priced on their costs measures and confirms in (--prices llamacpp)."""
-    from dspark_bench.engines.llamacpp_confirm import confirm_in_llamacpp
-    from dspark_bench.engines.llamacpp_run import sweep_prices
-    from dspark_bench.tuning.replay_sweep import EngineTools
+def engine_tools(prices: str | None, say):
+    """The engines a sweep priced on their costs measures and confirms in (--prices llamacpp, or a
+    llama.cpp cost-model file): confirmed in llama-server where one is built here, else said."""
+    from dspark_bench.engines.llama_server import find_server  # engines load only when a sweep runs, not for --help
+    from dspark_bench.engines.llamacpp_confirm import confirm_in_llamacpp  # the same
+    from dspark_bench.engines.llamacpp_run import sweep_prices  # the same
+    from dspark_bench.errors import DsparkError  # with the engines: only when a sweep runs
+    from dspark_bench.tuning.replay_sweep import EngineTools  # the same: tuning loads when the command runs
 
+    try:
+        find_server(None)
+    except DsparkError as error:  # ranked on llama.cpp's prices still; confirmed on ours alone, as said
+        if prices not in (None, "", "ours"):
+            say(f"no llama-server here ({error}): a sweep priced on llama.cpp's costs is confirmed on our engine only")
+        return EngineTools(measure={"llamacpp": sweep_prices})
     return EngineTools(measure={"llamacpp": sweep_prices}, confirm={"llamacpp": confirm_in_llamacpp})

@@ -104,7 +104,8 @@ def judge(rows: list[dict], measured: list[pd.DataFrame], chosen: list[DecodeCon
     shown = f"{top['measured']:.2f}× [{top['measured_low']:.2f}, {top['measured_high']:.2f}]"
     alpha, gamma = break_even(prices.surface.at(1))
     even = (f"; speculation breaks even on these prices only where each drafted token is accepted with "
-            f"probability {alpha:.2f} or more (fixed γ={gamma})")
+            f"probability {alpha:.2f} or more (fixed γ={gamma})" if alpha < 1 else
+            "; on these prices no acceptance rate lets speculation break even")
     if top["measured_high"] < 1:
         sentence = f"in {label} here, plain decoding wins: the best policy measured {shown} ({top['policy']}){even}"
         wins = "plain"

@@ -48,6 +48,7 @@ from dspark_bench.harness.run import RunConfig, execute, plan_run
 from dspark_bench.harness.runner import stage_steps
 from dspark_bench.metrics import rates, summarize
 from dspark_bench.prompts import encode
+from dspark_bench.replay import cost_file
 from dspark_bench.replay.cost import measure_cost
 from dspark_bench.replay.record import record
 from dspark_bench.replay.simulate import simulate, simulate_grid
@@ -256,7 +257,17 @@ def sweep_prices(spec, pair, prompts, gamma: int, max_new_tokens: int, say=None,
         raise DsparkError(f"the target stops at {len(eos)} EOS ids; a GGUF file names one, so llama.cpp would stop "
                           "elsewhere: --prices llamacpp needs a pair with one")
     target_file, draft_file, _ = gguf_files(spec, pair, "f32", build, binary, say)
-    fit = spare_prompts(spec, prompts)
+    try:
+        fit = spare_prompts(spec, prompts)
+    except DsparkError:  # every prompt is in the sweep: none left to fit on; a file cached for the pair may do
+        cached = cost_file.cached("llamacpp", pair.describe())
+        if cached is None or len(cached.surface.at(1).t_verify) <= gamma:
+            raise
+        if say:
+            say(f"llama.cpp's prices: {cached.source} (cached for this pair at depth "
+                f"{cached.surface.at(1).context_tokens}; every prompt is in the sweep, none is left to measure "
+                "them again at this one)")
+        return cached
     fit_ids = [encode(pair.tokenizer, p.text, spec.chat_template) for p in fit]
     prices = llamacpp_prices(pair, fit, fit_ids, eos, max_new_tokens, gamma, binary, version, target_file, draft_file,
                              spec.threads or None, say, progress)
