@@ -374,6 +374,8 @@ def test_a_sweep_priced_by_llamacpp_measures_its_prices_itself_and_reuses_or_dee
     assert all(r["measured"] > 0 and r["measured_low"] <= r["measured"] <= r["measured_high"] for r in verdict["rows"])
     assert verdict["wins"] in ("plain", "speculative", "neither")
     assert (verdict["wins"] == "plain") == (verdict["best"]["measured_high"] < 1)
+    exported = runner.invoke(app, ["export", str(folder), "--format", "llamacpp", "--out", str(tmp_path / "x")])
+    assert exported.exit_code == 0 and f"measured by the sweep: {verdict['sentence']}" in " ".join(exported.output.split())
     (cached,) = prices_home.glob("llamacpp-*.json")
     assert len(cost_file.load(cached).surface.at(1).t_verify) == 8  # k = 0 .. 7: the fit's deeper γ
     assert "(cached; depth" in sweep("--gamma-max", "2")
