@@ -103,10 +103,7 @@ def engine_verdict(spec: SweepSpec, prepared: Prepared, records: dict, prices, g
     name = prices.engine.engine.get("name") if prices.engine is not None else None
     if name not in engines.confirm or MODEL not in records:
         return None
-    verdict = engines.confirm[name](spec, prepared, records[MODEL], prices.engine, gamma, folder, say, progress)
-    if say:
-        say(verdict["sentence"])
-    return verdict
+    return engines.confirm[name](spec, prepared, records[MODEL], prices.engine, gamma, folder, say, progress)
 
 
 def needs_draft_model(pair) -> None:
