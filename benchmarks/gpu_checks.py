@@ -94,12 +94,11 @@ def sampling_chi_square(device: torch.device, samples: int) -> dict:
     target's exact joint distribution; and the same test on a broken rule, which must fail it."""
     import sys
 
-    from scipy.stats import chisquare
-
     from dspark_bench.decoding import engine
 
     sys.path.insert(0, str(ROOT / "tests"))
     import tiny  # the tests' tiny pair builder (CPU), moved to the device below
+    from test_engine import chi_square_p  # the tests' own chi-square, rare cells pooled
 
     from dspark_bench.config import DecodeConfig
     from dspark_bench.decoding.sampling import distribution
@@ -121,21 +120,11 @@ def sampling_chi_square(device: torch.device, samples: int) -> dict:
             c[tokens[0] * vocab + tokens[1]] += 1
         return c
 
-    def p_value(c: np.ndarray) -> float:
-        expected = exact / exact.sum() * c.sum()
-        keep = expected >= 5  # pool rare cells so the approximation holds
-        observed, expect = np.append(c[keep], c[~keep].sum()), np.append(expected[keep], expected[~keep].sum())
-        if expect[-1] == 0:
-            if observed[-1] > 0:
-                return 0.0  # tokens outside the target's top-p set
-            observed, expect = observed[:-1], expect[:-1]
-        return float(chisquare(observed, expect).pvalue)
-
-    lossless = p_value(counts(samples))
+    lossless = chi_square_p(counts(samples), exact)
     original = engine.residual_distribution
     engine.residual_distribution = lambda p, q: p  # the classic bug: on rejection, draw from p
     try:
-        broken = p_value(counts(samples))
+        broken = chi_square_p(counts(samples), exact)
     finally:
         engine.residual_distribution = original
     return {"samples": samples, "p_value": lossless, "broken_rule_p_value": broken,

@@ -50,6 +50,12 @@ class Context:
         return prompts, [encode(self.shipped.tokenizer, p.text) for p in prompts]
 
     @property
+    def bandwidth(self) -> float:
+        """The device's copy bandwidth: the machine stage's, else measured now (a smaller copy)."""
+        measured = self.state.get("machine", {}).get("copy_bandwidth_bytes_per_s")
+        return measured or gpu_prices.copy_bandwidth(self.device, 64)
+
+    @property
     def priced_context(self) -> list[int]:
         """A context of --context random token ids (random weights: any ids are as good as text)."""
         vocab = self.priced.target.config.vocab_size
@@ -102,8 +108,7 @@ def prices(ctx: Context) -> dict:
     from dspark_bench.results import machine as machine_info
 
     pair, context, args = ctx.priced, ctx.priced_context, ctx.args
-    bandwidth = ctx.state.get("machine", {}).get("copy_bandwidth_bytes_per_s") or gpu_prices.copy_bandwidth(
-        ctx.device, 64)
+    bandwidth = ctx.bandwidth
     needed = gpu_prices.step_bytes(pair.target, len(context))
     eager = gpu_prices.plain_step(pair.target, context, False, 10 if args.smoke else 50)
     bound = needed["bytes"] / bandwidth
@@ -173,9 +178,7 @@ def compiled(ctx: Context) -> dict:
     pair, context, args = ctx.priced, ctx.priced_context, ctx.args
     step = gpu_prices.plain_step(pair.target, context, True, 10 if args.smoke else 100)
     eager = gpu_prices.plain_step(pair.target, context, False, 10 if args.smoke else 50)  # beside it, same minute
-    bandwidth = ctx.state.get("machine", {}).get("copy_bandwidth_bytes_per_s") or gpu_prices.copy_bandwidth(
-        ctx.device, 64)
-    bound = gpu_prices.step_bytes(pair.target, len(context))["bytes"] / bandwidth
+    bound = gpu_prices.step_bytes(pair.target, len(context))["bytes"] / ctx.bandwidth
     ctx.say(f"plain step compiled {step['seconds'] * 1e3:.2f} ms (compile {step['warm_s']:.0f} s), eager "
             f"{eager['seconds'] * 1e3:.2f} ms, bound {bound * 1e3:.2f} ms: {step['seconds'] / bound:.2f}×")
     return {"compiled_step": step, "eager_step": eager, "bandwidth_bound_s": bound,

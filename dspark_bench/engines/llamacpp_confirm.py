@@ -16,15 +16,14 @@ from __future__ import annotations
 import pandas as pd
 
 from dspark_bench.config import DecodeConfig
-from dspark_bench.engines.llama_server import LlamaServer, build_info, find_server, served
-from dspark_bench.engines.llamacpp_run import generation_speedup, gguf_files
+from dspark_bench.engines.llama_server import LlamaServer, served
+from dspark_bench.engines.llamacpp_run import found_build, generation_speedup, gguf_files
 from dspark_bench.harness.runner import stage_steps
 from dspark_bench.metrics import bootstrap_ratio
 from dspark_bench.prompts import encode
 from dspark_bench.replay.simulate import simulate_grid
 from dspark_bench.results import write_json
 from dspark_bench.tuning.engine_files import llamacpp_flags
-from dspark_bench.tuning.engine_versions import LLAMACPP_CURRENT, llamacpp_version
 from dspark_bench.tuning.export import break_even, candidates
 
 FILE = "llamacpp_confirm.json"
@@ -56,9 +55,7 @@ def picks(rec, base: DecodeConfig, prices, gamma: int, count: int) -> tuple[list
 def confirm_in_llamacpp(spec, prepared, rec, prices, gamma: int, folder, say=None, progress=None) -> dict:
     """The sweep's best llama.cpp policies and its defaults measured in llama-server against plain
     decoding; their rows, the verdict and its sentence (also FILE in the sweep's folder)."""
-    binary = find_server(None)
-    build = build_info(binary)
-    version = llamacpp_version(f"b{build['build_number']}") if build["build_number"] else LLAMACPP_CURRENT
+    binary, build, version = found_build()
     pair, label = prepared.pair, prices.label
     chosen, predicted = picks(rec, prepared.base, prices, gamma, max(spec.confirm_top, 1))
     ids = [encode(pair.tokenizer, p.text, spec.chat_template) for p in prepared.prompts]

@@ -57,6 +57,20 @@ from dspark_bench.tuning.engine_files import llamacpp_flags
 from dspark_bench.tuning.engine_versions import LLAMACPP_CURRENT, llamacpp_version
 
 
+def build_version(build: dict):
+    """The llama.cpp version whose flags a build takes. A build without its number (built outside
+    git: "build 0") is taken to be current: an older one refuses the current flags at start, and
+    that line is what the user sees."""
+    return llamacpp_version(f"b{build['build_number']}") if build["build_number"] else LLAMACPP_CURRENT
+
+
+def found_build(server: str | None = None) -> tuple[Path, dict, object]:
+    """llama-server (`server`, else the one built here), its build and the version of its flags."""
+    binary = find_server(server)
+    build = build_info(binary)
+    return binary, build, build_version(build)
+
+
 def check_policies(configs: list[DecodeConfig]) -> list[DecodeConfig]:
     """The greedy, batch-1, draft-model policies llama.cpp can run exactly (each, or one line why not)."""
     for config in configs:
@@ -98,9 +112,7 @@ def execute_llamacpp(config: RunConfig, out: Path, progress=None, say=None, serv
     for taken in (() if port is None else (port, port + 1)):
         check_port_free(taken)
     build = build_info(binary)
-    # A build without its number (built outside git: "build 0") is taken to be current: an older
-    # one refuses the current flags at start, and that line is what the user sees.
-    version = llamacpp_version(f"b{build['build_number']}") if build["build_number"] else LLAMACPP_CURRENT
+    version = build_version(build)
     planned = plan_run(config)
     policies = check_policies(planned.configs)
     pair, settings = planned.pair, config.settings()
@@ -249,9 +261,7 @@ def sweep_prices(spec, pair, prompts, gamma: int, max_new_tokens: int, say=None,
     if spec.ignore_eos:
         raise DsparkError("--prices llamacpp fits llama-server's costs, which cannot ignore EOS as ours does "
                           "(llama-server bans the token instead): drop --ignore-eos")
-    binary = find_server(None)
-    build = build_info(binary)
-    version = llamacpp_version(f"b{build['build_number']}") if build["build_number"] else LLAMACPP_CURRENT
+    binary, build, version = found_build()
     eos = spec.runner_settings().eos_ids(pair)
     if len(eos) > 1:
         raise DsparkError(f"the target stops at {len(eos)} EOS ids; a GGUF file names one, so llama.cpp would stop "
