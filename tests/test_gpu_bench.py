@@ -63,7 +63,10 @@ def test_prices_are_cost_model_files_that_load(dry_run):
     surface = cost_file.load(out / "cost-surface-cpu-tiny.json")
     assert sorted(surface.surface.models) == [1, 2] and list(with_round.surface.models) == [1]
     assert len(with_round.surface.at(1).t_verify) == 5  # k = 0 .. gamma 4
-    assert with_round.surface.at(1).t_round == prices["rounds"]["t_round"] > 0
+    # t_round is a fitted overhead clamped at 0 (the H200 fitted it negative too), so it is the
+    # file's agreement with the stage that is checked, not its sign on a shared CPU
+    assert with_round.surface.at(1).t_round == prices["rounds"]["t_round"] >= 0
+    assert prices["rounds"]["per_gamma"]  # fitted from fixed-gamma decodes, one row per gamma
     assert with_round.models["shapes"] == "benchmarks/gpu_shapes.json#tiny"
     assert prices["bandwidth_bound_s"] > 0 and prices["eager_step"]["seconds"] > prices["bandwidth_bound_s"]
 
