@@ -13,6 +13,7 @@ import itertools
 import math
 from dataclasses import dataclass, field
 
+from dspark_bench import schedules
 from dspark_bench.errors import DsparkError
 
 # The confidence metrics a policy may read (decoding/confidence.py): gini is Σ p², the complement of
@@ -21,9 +22,7 @@ METRICS = ("top1", "entropy", "topk_mass", "margin", "gini")
 # A signal fitted on a replay record from the raw ones (decoding/learned_signal.py): a metric that
 # needs `signal_model`, drafting with the draft model.
 LEARNED = "learned"
-SCHEDULES = ("threshold", "ramp", "cumulative", "fixed", "goodput", "budget")
-# The schedules that decide with a goodput model (decoding/goodput.py, decoding/budget.py).
-COST_AWARE = ("goodput", "budget")
+SCHEDULES = tuple(schedules.SCHEDULES)  # the stopping rules, one object each (schedules.py)
 # The batch layouts the budget schedule prices a pass in (decoding/budget.py, replay/cost.py).
 LAYOUTS = ("padded", "packed")
 # How an engine applies the rule (schedule.py): ours drops the token that fails it and always
@@ -42,53 +41,84 @@ DRAFTERS = ("model", "heads", "lookup")
 
 DEFAULT_MAX_NEW_TOKENS = 128  # tokens per prompt when neither the flags nor the task say
 
-# Field metadata marking a policy knob (one a sweep may search); the lists below derive from it.
-POLICY = {"policy": True, "searched": True}
+
+def knob(default, help: str, *, choices: tuple = (), at_least=None, searched: bool = False, policy: bool = True,
+         repeats: bool = False, flag: str | None = None, noun: str | None = None, panel: str | None = None):
+    """A knob declared once: its default, its help (the CLI option's), the values it may take
+    (`choices`, or a lower bound `at_least`: checked in one place, check_declared), whether a
+    sweep may search it, whether it belongs to a policy (a calibration file stores those), and
+    whether `run` takes several values of it (a grid axis). cli/declared.py makes every
+    command's option from this; `flag` names an option whose name is not the field's, `panel`
+    the --help group of a setting outside DecodeConfig (whose parts name their own)."""
+    # A registry (a dict, e.g. schedules.SCHEDULES) stays live: a schedule added to it is a choice.
+    meta = {"help": help, "choices": choices if isinstance(choices, dict) else tuple(choices), "at_least": at_least, "searched": searched, "policy": policy,
+            "repeats": repeats, "flag": flag, "noun": noun, "panel": panel}
+    return field(default=default, metadata=meta)
 
 
-def _check_types(part) -> None:
-    """Each field holds its declared type (a YAML spec or --set can hand any value over)."""
+def check_declared(part) -> None:
+    """Each field holds its declared type (a YAML spec or --set can hand any value over), one of
+    its choices, and no less than its lower bound."""
     for f in dataclasses.fields(part):
-        value = getattr(part, f.name)
-        if f.type == "int" and (not isinstance(value, int) or isinstance(value, bool)):
+        value, kind = getattr(part, f.name), f.type.removesuffix(" | None")
+        if value is None and kind != f.type:
+            continue
+        if kind == "int" and (not isinstance(value, int) or isinstance(value, bool)):
             raise DsparkError(f"{f.name} must be an integer (got {value!r})")
-        if f.type == "float" and (not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value)):
+        if kind == "float" and (not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value)):
             raise DsparkError(f"{f.name} must be a finite number (got {value!r})")
-        if f.type == "bool" and not isinstance(value, bool):
+        if kind == "bool" and not isinstance(value, bool):
             raise DsparkError(f"{f.name} must be true or false (got {value!r})")
-        if f.type == "str" and not isinstance(value, str):
+        if kind == "str" and not isinstance(value, str):
             raise DsparkError(f"{f.name} must be a {'path' if f.name.endswith('_model') else 'name'} (got {value!r})")
+        choices, at_least = f.metadata.get("choices"), f.metadata.get("at_least")
+        if choices and value not in choices:
+            noun = f.metadata.get("noun") or f.name.replace("_", " ")
+            raise DsparkError(f"unknown {noun} {value!r}; choose one of {', '.join(choices)}")
+        if at_least is not None and value < at_least:
+            raise DsparkError(f"{f.name} must be at least {at_least:g} (got {value:g})")
 
 
 @dataclass(frozen=True)
 class StoppingPolicy:
     """The stopping policy: the confidence the draft reads and when its round stops."""
 
-    metric: str = field(default="top1", metadata=POLICY)  # confidence signal (confidence.METRICS)
-    schedule: str = field(default="threshold", metadata=POLICY)  # stopping rule (schedule.SCHEDULES)
-    threshold: float = field(default=0.5, metadata=POLICY)  # stop when confidence < threshold
-    threshold_start: float = field(default=0.3, metadata=POLICY)  # "ramp": threshold at position 1 ...
-    threshold_end: float = field(default=0.8, metadata=POLICY)  # ... rising linearly to this at gamma_max
-    gamma_max: int = field(default=5, metadata=POLICY)  # never draft more than this many tokens per round
-    min_draft_len: int = field(default=1, metadata=POLICY)  # always draft at least this many
-    topk: int = field(default=5, metadata={"policy": True, "searched": False})  # k of "topk_mass"
+    metric: str = knob("top1", "Confidence signal the draft reads (learned: --signal-model).", choices=(*METRICS, LEARNED),
+                       searched=True, repeats=True, noun="confidence metric")
+    schedule: str = knob("threshold", "Stopping rule (goodput and budget need --goodput-model; budget decides for the "
+                         "whole batch, see --budget-layout).", choices=schedules.SCHEDULES, searched=True, repeats=True)
+    threshold: float = knob(0.5, "Stop drafting below this confidence.", searched=True, repeats=True)
+    threshold_start: float = knob(0.3, "Ramp schedule: the threshold at draft position 1 ...", searched=True)
+    threshold_end: float = knob(0.8, "... rising linearly to this at gamma_max.", searched=True)
+    gamma_max: int = knob(5, "Most draft tokens per round.", at_least=1, searched=True, repeats=True)
+    min_draft_len: int = knob(1, "Fewest draft tokens per round (llama.cpp's rule: a shorter draft is discarded).",
+                              at_least=0, searched=True, repeats=True)
+    topk: int = knob(5, "k of the topk_mass metric.", at_least=1)
     # Batch size B > 1, padded layout: once fewer than this share of a round's rows are still
     # drafting (and every row has drafted the positions its rule always keeps: min_draft_len,
     # none under llama.cpp's), the round's draft stops for all of them, so a batch stops paying
     # for the longest drafts of a confident few. 0: each row stops on its own.
-    batch_quorum: float = field(default=0.0, metadata=POLICY)
-    semantics: str = field(default="dspark", metadata=POLICY)  # the engine whose rule variant applies
+    batch_quorum: float = knob(0.0, "B > 1: stop every row's draft once fewer than this share of the rows still "
+                               "draft (0: each row on its own).", searched=True)
+    # How an engine applies the rule (schedule.py): SEMANTICS.
+    semantics: str = knob("dspark", "Whose rule: dspark (drops the failing token) | hf (keeps it) | llamacpp (drops "
+                          "it; a draft shorter than --min-draft-len is discarded).", choices=SEMANTICS, searched=True,
+                          repeats=True, noun="rule semantics")
     # The fitted files two schedules and one metric decide with: "goodput"/"budget" read a sweep
     # folder's goodput_model.json (goodput.py; they have no threshold, this is their data); metric
     # "learned" reads its learned_signal.json (learned_signal.py).
-    goodput_model: str = field(default="", metadata={"policy": True, "searched": False})
-    # "budget": the layout it prices a pass in (LAYOUTS) — padded, as the batched engine runs, or
+    goodput_model: str = knob("", "The goodput and budget schedules' acceptance fit and step costs: a replay sweep's "
+                              "folder (or its goodput_model.json).")
+    # "budget": the layout it prices a pass in (LAYOUTS) — padded, as the batched decoder runs, or
     # packed, as vLLM, SGLang and TensorRT-LLM run (then predicted only). One row: the same rule.
-    budget_layout: str = field(default="padded", metadata={"policy": True, "searched": False})
-    signal_model: str = field(default="", metadata={"policy": True, "searched": False})
+    budget_layout: str = knob("padded", "Budget schedule: price each pass as the padded layout does (its longest "
+                              "row; what this decoder runs) or the packed one (its total tokens; vLLM, SGLang, "
+                              "TensorRT-LLM).", choices=LAYOUTS, noun="budget layout")
+    signal_model: str = knob("", "Metric learned: the fitted signal, a replay sweep's folder (or its "
+                             "learned_signal.json).")
 
     def __post_init__(self) -> None:
-        _check_types(self)
+        check_declared(self)
         check_stopping(self)
 
 
@@ -96,15 +126,15 @@ class StoppingPolicy:
 class Drafting:
     """What proposes a round's tokens, with its own knobs: its identity, one replay record each."""
 
-    drafter: str = field(default="model", metadata=POLICY)  # DRAFTERS
+    drafter: str = knob("model", "What drafts: model (the draft model) | heads (multi-token heads on the target; "
+                        "--heads) | lookup (prompt lookup: n-gram matching, no model).", choices=DRAFTERS,
+                        searched=True, repeats=True)
     # "lookup": match the context's last n-gram, the longest of ngram_max..ngram_min that occurred before.
-    ngram_min: int = field(default=1, metadata=POLICY)
-    ngram_max: int = field(default=3, metadata=POLICY)
+    ngram_min: int = knob(1, "Lookup drafter: the shortest n-gram matched.", searched=True)
+    ngram_max: int = knob(3, "Lookup drafter: the longest n-gram matched (tried first).", searched=True)
 
     def __post_init__(self) -> None:
-        _check_types(self)
-        if self.drafter not in DRAFTERS:
-            raise DsparkError(f"unknown drafter {self.drafter!r}; choose one of {', '.join(DRAFTERS)}")
+        check_declared(self)
         if not 1 <= self.ngram_min <= self.ngram_max:
             raise DsparkError(f"lookup needs 1 <= ngram_min <= ngram_max (got {self.ngram_min} and {self.ngram_max})")
 
@@ -119,23 +149,24 @@ class Drafting:
 class Verification:
     """How drafted tokens are checked and how much is generated: what every policy of a run shares."""
 
-    draft_mode: str = "early-stop"  # DRAFT_MODES: where the rule cuts the draft
-    compiled: bool = False  # static KV cache + torch.compile'd steps, both sides (decoding/cached_lm.py); batch size 1
-    temperature: float = 0.0  # 0 = greedy verification; > 0 = rejection sampling
-    top_p: float = 1.0  # nucleus filter, applied identically to target and draft
-    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
-    seed: int = 0  # seeds the sampling generator of each decode
+    draft_mode: str = knob("early-stop", "Where the rule cuts a draft: early-stop (the draft loop stops; one host "
+                           "sync per draft step) | verify-side (draft gamma_max, cut on the device; one sync per "
+                           "round). Batch size 1.", choices=DRAFT_MODES, policy=False, repeats=True, noun="draft mode")
+    compiled: bool = knob(False, "Static KV cache and torch.compile'd draft/verify steps (CUDA graphs on a GPU), both "
+                          "sides. Batch size 1; pays on a GPU, not on a CPU (see README).", policy=False,
+                          flag="--compile")
+    temperature: float = knob(0.0, "0 = greedy verification; > 0 = lossless rejection sampling.", policy=False)
+    top_p: float = knob(1.0, "Nucleus filter, applied to target and draft alike.", policy=False)
+    max_new_tokens: int = knob(DEFAULT_MAX_NEW_TOKENS, "Tokens to generate per prompt (default: the task's, else "
+                               f"{DEFAULT_MAX_NEW_TOKENS}).", at_least=1, policy=False)
+    seed: int = knob(0, "Sampling seed (seeds each decode's generator).", policy=False)
 
     def __post_init__(self) -> None:
-        _check_types(self)
-        if self.draft_mode not in DRAFT_MODES:
-            raise DsparkError(f"unknown draft mode {self.draft_mode!r}; choose one of {', '.join(DRAFT_MODES)}")
+        check_declared(self)
         if self.temperature < 0:
             raise DsparkError(f"temperature must be >= 0 (got {self.temperature:g})")
         if not 0.0 < self.top_p <= 1.0:
             raise DsparkError(f"top_p must be in (0, 1] (got {self.top_p:g})")
-        if self.max_new_tokens < 1:
-            raise DsparkError(f"max_new_tokens must be at least 1 (got {self.max_new_tokens})")
 
     @property
     def greedy(self) -> bool:
@@ -149,12 +180,11 @@ class Batching:
 
     # Not a policy knob (a request's rounds do not depend on it under greedy verification) but a
     # sweep may search it: what a step costs, and so which policy wins, does.
-    batch_size: int = field(default=1, metadata={"policy": False, "searched": True})
+    batch_size: int = knob(1, "Requests decoded together. B > 1: the batched decoder, padded layout, both sides on "
+                           "the same batches.", at_least=1, policy=False, searched=True, repeats=True)
 
     def __post_init__(self) -> None:
-        _check_types(self)
-        if self.batch_size < 1:
-            raise DsparkError(f"batch_size must be at least 1 (got {self.batch_size})")
+        check_declared(self)
 
 
 @dataclass(frozen=True)
@@ -192,16 +222,7 @@ class DecodeConfig:
         return self.drafting.prefix() + self.policy_label()
 
     def policy_label(self) -> str:
-        p = self.stopping
-        if p.schedule == "fixed":
-            return f"fixed γ={p.gamma_max}" + self.batch_suffix()
-        if p.schedule == "goodput":
-            return f"{p.metric} goodput γ≤{p.gamma_max} min{p.min_draft_len}" + self.batch_suffix()
-        if p.schedule == "budget":
-            layout = " · packed" if self.stopping.budget_layout == "packed" else ""
-            return f"{p.metric} budget γ≤{p.gamma_max} min{p.min_draft_len}{layout}" + self.batch_suffix()
-        knob = f"{p.threshold_start:g}→{p.threshold_end:g}" if p.schedule == "ramp" else f"{p.threshold:g}"
-        return f"{p.metric} {p.schedule} {knob} γ≤{p.gamma_max} min{p.min_draft_len}" + self.batch_suffix()
+        return schedules.of(self).label(self.stopping) + self.batch_suffix()
 
     def batch_suffix(self) -> str:
         engine = {"dspark": "", "hf": " · HF rule", "llamacpp": " · llama.cpp rule"}[self.stopping.semantics]
@@ -218,8 +239,15 @@ class DecodeConfig:
 PARTS = {f.name: f.default_factory for f in dataclasses.fields(DecodeConfig)}
 FIELDS = {f.name: part for part, cls in PARTS.items() for f in dataclasses.fields(cls)}
 _FIELD_SPECS = [f for cls in PARTS.values() for f in dataclasses.fields(cls)]
+KNOBS = {f.name: f for f in _FIELD_SPECS}  # every knob's declaration (knob()), by its flat name
 POLICY_FIELDS = tuple(f.name for f in _FIELD_SPECS if f.metadata.get("policy"))
 SEARCHABLE_FIELDS = tuple(f.name for f in _FIELD_SPECS if f.metadata.get("searched"))
+
+
+def same_as(name: str, **changes):
+    """A field elsewhere (a workload's) that is this knob: its declaration, `changes` aside."""
+    declared = KNOBS[name]
+    return field(default=changes.get("default", declared.default), metadata=declared.metadata)
 
 
 def with_defaults(values: dict) -> dict:
@@ -248,38 +276,25 @@ def _check_unit(name: str, value: float, metric: str) -> None:
 
 
 def check_stopping(policy: StoppingPolicy) -> None:
-    """The stopping policy on its own: known names, knobs in range."""
-    if policy.metric not in (*METRICS, LEARNED):
-        raise DsparkError(f"unknown confidence metric {policy.metric!r}; choose one of {', '.join((*METRICS, LEARNED))}")
+    """The stopping policy's constraints between its knobs (each knob's own range: check_declared)."""
     if policy.metric == LEARNED and not policy.signal_model:
         raise DsparkError("the learned metric needs its fitted signal: a replay sweep's folder, which holds "
                           "learned_signal.json (run/decode --signal-model); a replay sweep adds learned policies itself")
-    if policy.schedule not in SCHEDULES:
-        raise DsparkError(f"unknown schedule {policy.schedule!r}; choose one of {', '.join(SCHEDULES)}")
-    if policy.semantics not in SEMANTICS:
-        raise DsparkError(f"unknown rule semantics {policy.semantics!r}; choose one of {', '.join(SEMANTICS)}")
-    if policy.schedule in COST_AWARE and not policy.goodput_model:
+    schedule = schedules.of(policy)
+    if schedule.cost_aware and not policy.goodput_model:
         raise DsparkError(f"the {policy.schedule} schedule needs a goodput model: pass --goodput-model with a replay "
                           "sweep's folder (it writes goodput_model.json)")
-    if policy.schedule == "budget" and policy.batch_quorum > 0:
+    if schedule.whole_batch and policy.batch_quorum > 0:
         raise DsparkError("the budget schedule decides for the whole batch itself: drop the batch quorum")
-    if policy.schedule == "budget" and policy.semantics != "dspark":
+    if schedule.whole_batch and policy.semantics != "dspark":
         raise DsparkError("the budget schedule keeps its last token as goodput does: it has no engine rule variant "
                           "(drop --semantics)")
-    if policy.gamma_max < 1:
-        raise DsparkError(f"gamma_max must be at least 1 (got {policy.gamma_max})")
-    if policy.min_draft_len < 0:
-        raise DsparkError(f"min_draft_len must be at least 0 (got {policy.min_draft_len})")
     if policy.min_draft_len > policy.gamma_max:
         raise DsparkError(f"min_draft_len ({policy.min_draft_len}) must not exceed gamma_max ({policy.gamma_max})")
     for name in ("threshold", "threshold_start", "threshold_end"):
         _check_unit(name, getattr(policy, name), policy.metric)
-    if policy.topk < 1:
-        raise DsparkError(f"topk must be at least 1 (got {policy.topk})")
     if not 0.0 <= policy.batch_quorum <= 1.0:
         raise DsparkError(f"batch_quorum {policy.batch_quorum:g} is a share of the batch's rows: it must be in [0, 1]")
-    if policy.budget_layout not in LAYOUTS:
-        raise DsparkError(f"unknown budget layout {policy.budget_layout!r}; choose one of {', '.join(LAYOUTS)}")
 
 
 def check_drafter(config: DecodeConfig) -> None:
@@ -291,7 +306,7 @@ def check_drafter(config: DecodeConfig) -> None:
         raise DsparkError(f"the {drafter} drafter runs at batch size 1 only (the batched engine drafts with a model)")
     if config.verification.compiled:
         raise DsparkError(f"--compile works with the model drafter only, not {drafter}")
-    if config.stopping.schedule in COST_AWARE:
+    if schedules.of(config).cost_aware:
         raise DsparkError(f"the {config.stopping.schedule} schedule decides with the draft model's acceptance fit and step "
                           f"cost, not the {drafter} drafter's: use another schedule")
     if config.stopping.metric == LEARNED:
@@ -338,11 +353,12 @@ def expand(space: dict, base: DecodeConfig = DEFAULTS, strict: bool = True) -> l
             continue
         if params["drafter"] != "lookup":
             params.update(ngram_min=DEFAULTS.drafting.ngram_min, ngram_max=DEFAULTS.drafting.ngram_max)
-        if params["schedule"] in COST_AWARE:
+        schedule = schedules.named(params["schedule"])
+        if schedule.cost_aware:
             params.update(threshold=first_threshold, semantics="dspark" if params["semantics"] == "hf" else params["semantics"])
         else:
             params["goodput_model"] = ""
-        if params["schedule"] != "budget" or params["batch_size"] == 1:
+        if not schedule.whole_batch or params["batch_size"] == 1:
             params["budget_layout"] = "padded"  # one row: both layouts are one rule
         if params["metric"] != LEARNED:
             params["signal_model"] = ""  # only the learned metric reads it
@@ -358,4 +374,5 @@ def _knobs_agree(params: dict) -> bool:
     return (params["min_draft_len"] <= params["gamma_max"] and params["ngram_min"] <= params["ngram_max"]
             and (params["drafter"] == "model" or params["batch_size"] == 1)
             and (params["metric"] != LEARNED or params["drafter"] == "model")
-            and (params["schedule"] != "budget" or (params["semantics"] != "llamacpp" and params["batch_quorum"] == 0)))
+            and (not schedules.named(params["schedule"]).whole_batch
+                 or (params["semantics"] != "llamacpp" and params["batch_quorum"] == 0)))

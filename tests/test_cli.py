@@ -65,8 +65,8 @@ def test_decode_shows_rounds(saved_pair):
         (["--dataset", "/nonexistent/prompts.jsonl"], "does not exist"),
         (["--dataset", "EMPTY"], "empty.jsonl: the file is empty"),
         (["--dataset", "BINARY"], "binary.jsonl: not UTF-8 text"),
-        (["--batch-size", "0"], "--batch-size must be a whole number of at least 1"),
-        (["--batching", "sometimes"], "--batching must be refill or drain"),
+        (["--batch-size", "0"], "batch_size must be at least 1 (got 0)"),
+        (["--batching", "sometimes"], "unknown --batching 'sometimes'; choose one of refill, drain"),
         (["--batch-size", "2", "--turns", "all"], "use --batch-size 1 with it"),
         (["--draft-mode", "sideways"], "unknown draft mode 'sideways'"),
         (["--draft-mode", "verify-side", "--batch-size", "2"], "run at batch size 1 only"),
@@ -124,7 +124,7 @@ def test_hub_ids_with_dots_are_not_taken_for_paths():
 def test_run_config_reruns_the_same_run(first_run, tmp_path):
     out, folder, _ = first_run
     info = json.loads((folder / "run.json").read_text())
-    assert info["config"]["threshold"] == [0.2, 0.6] and info["config"]["dataset"]
+    assert info["config"]["grid"]["threshold"] == [0.2, 0.6] and info["config"]["dataset"]
     result = invoke("run", "--config", folder / "run.json", "--out", tmp_path)
     assert result.exit_code == 0, result.output
     (again,) = [p for p in tmp_path.iterdir() if not p.name.startswith(".")]

@@ -43,3 +43,41 @@ def test_every_command_has_help_with_an_example(path):
     assert (command.help or "").strip(), f"{name} has no help text"
     assert "Example" in result.output and "dspark-bench " in result.output, \
         f"{name} --help shows no example (an 'Example: dspark-bench ...' line):\n{result.output}"
+
+
+def options_of(path: tuple[str, ...]) -> dict:
+    """A command's options by their field name: name -> the click option."""
+    return {p.name: p for p in dict(COMMANDS)[path].params}
+
+
+def test_knob_options_are_made_from_their_declarations():
+    """Every knob (config.knob) is an option of `run` and `decode`, with the declared help, default
+    and repeatability; none is written by hand (cli/declared.py makes them)."""
+    from dspark_bench.config import KNOBS
+    from dspark_bench.harness.workload import WORKLOAD_FIELDS, Workload
+
+    run, decode = options_of(("run",)), options_of(("decode",))
+    for name, declared in KNOBS.items():
+        option = run[name]
+        assert declared.metadata["help"] in option.help, name
+        repeats = declared.metadata["repeats"] and name not in WORKLOAD_FIELDS
+        assert option.multiple == bool(repeats), name
+        if name not in ("batch_size", "batch_quorum"):  # one generation: one request
+            assert decode[name].default == declared.default and not decode[name].multiple, name
+    for name in WORKLOAD_FIELDS:  # a workload's settings too, run's defaults the declared ones
+        assert run[name].default == next(f.default for f in Workload.__dataclass_fields__.values() if f.name == name)
+    sweep = options_of(("sweep",))  # a sweep's flags override its spec: left off, None
+    assert sweep["threshold"].multiple and sweep["threshold"].default is None and sweep["limit"].default is None
+
+
+def test_help_is_grouped_by_what_declares_the_option():
+    result = CliRunner().invoke(app, ["run", "--help"], env={"COLUMNS": "100"})
+    assert result.exit_code == 0, result.output
+    panels = ["Options", "Stopping policy", "Drafter", "Verification", "Batching", "Models", "Prompts", "Timing"]
+    at = [result.output.index(f"─ {panel} ─") for panel in panels]
+    assert at == sorted(at), "the --help groups are in the declared order"
+    policy = result.output[at[1]:at[2]]  # a knob sits in its part's group, its choices said once
+    assert "--gamma-max" in policy and "--drafter" not in policy
+    words = " ".join(word for word in policy.split() if word != "│")
+    assert "top1 | entropy | topk_mass | margin | gini | learned" in words
+    assert max(len(line) for line in result.output.splitlines()) <= 100

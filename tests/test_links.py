@@ -4,8 +4,13 @@ not there."""
 
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
+
+import typer
+
+from dspark_bench.cli import app
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -19,6 +24,7 @@ FENCE = re.compile(r"^(```|~~~).*?^\1", re.S | re.M)
 CODE = re.compile(r"`[^`\n]*`")
 HEADING = re.compile(r"^#{1,6}\s+(.+?)\s*#*\s*$", re.M)
 DOC_PATH = re.compile(r"\bdocs/[\w.-]+\.md\b")
+ROOT_COMMAND = typer.main.get_command(app)
 
 
 def prose(text: str) -> str:
@@ -96,3 +102,78 @@ def test_no_source_cites_a_missing_file():
             dead += [f"{where}: cites {path}, which does not exist" for path in DOC_PATH.findall(line)
                      if not (ROOT / path).is_file()]
     assert SOURCES and not dead, "citations of missing files:\n" + "\n".join(dead)
+
+
+# "`dspark-bench sweep …`" and the counts a page states for it: "N policies", "N (held-out) (code) prompts".
+COMMAND = re.compile(r"dspark-bench sweep((?: +(?:--?[\w-]+|[\w./,]+))*)")
+COUNT = re.compile(r"\b(\d[\d,]*) (policies|(?:held-out )?(?:code )?prompts)\b(?! ?/)")
+
+
+def blocks(text: str) -> list[str]:
+    """A page in the pieces a count belongs to: a table row, a line of a code block, a sentence."""
+    pieces, fenced = [], False
+    for paragraph in re.split(r"\n\s*\n", text):
+        lines = paragraph.splitlines()
+        for line in lines:
+            fenced ^= line.lstrip().startswith("```")
+            if fenced or line.startswith("|"):
+                pieces.append(line)
+        prose = " ".join(line for line in lines if not (line.startswith("|") or line.lstrip().startswith("```")))
+        if not fenced and not any(line.lstrip().startswith("```") for line in lines):
+            pieces += re.split(r"(?<=[.;!?])\s+(?=[A-Z(*`])", prose)
+    return pieces
+
+
+def stated_counts(text: str):
+    """(command's arguments, number, "policies" | "prompts") for each count a page states beside a
+    `dspark-bench sweep` command, in the same table row, code line or sentence (the nearest
+    command before it, else after it)."""
+    for block in blocks(text):
+        commands = [(m.start(), m.end(), m.group(1).split()) for m in COMMAND.finditer(block)]
+        for count in COUNT.finditer(block):
+            before = [args for _, end, args in commands if end <= count.start()]
+            after = [args for start, _, args in commands if start >= count.end()]
+            if before or after:
+                yield (before[-1] if before else after[0]), int(count.group(1).replace(",", "")), count.group(2).split()[-1]
+
+
+@functools.lru_cache(maxsize=None)
+def what_sweep_does(args: tuple[str, ...]) -> dict:
+    """The policies a `sweep` with `args` replays, and its prompts, from its plan (no model loads)."""
+    from dspark_bench.config import SEARCHABLE_FIELDS, DecodeConfig
+    from dspark_bench.tuning.replay_sweep import replay_space, replayed_count
+    from dspark_bench.tuning.spec import SweepSpec, command_overrides, resolve_spec
+
+    params = ROOT_COMMAND.commands["sweep"].make_context("sweep", list(args)).params
+    known = {f for f in SweepSpec.__dataclass_fields__} | set(SEARCHABLE_FIELDS)
+    flags = {k: v for k, v in params.items() if k in known and k not in ("spec",)}
+    flags["precision_budget_s"] = params.get("precision_budget_s")
+    spec, _ = resolve_spec(params["spec"], command_overrides(flags, params.get("set_") or []))
+    return {"policies": replayed_count(replay_space(spec, DecodeConfig.of(max_new_tokens=64))), "prompts": spec.limit}
+
+
+def test_every_count_a_page_states_for_a_sweep_is_what_it_does_today():
+    """A page that says `dspark-bench sweep --task code` replays N policies on M prompts says what
+    that command does now (its plan's count): no page states a count a change left behind."""
+    checked, wrong = 0, []
+    for page in PAGES:
+        for args, number, kind in stated_counts(page.read_text()):
+            if "--evaluation" in args or "--trials" in args:  # real (timed) sweeps state no replay count
+                continue
+            today = what_sweep_does(tuple(args))[kind]
+            checked += 1
+            if number != today:
+                wrong.append(f"{page.relative_to(ROOT)}: `dspark-bench sweep {' '.join(args)}` — {number:,} {kind} "
+                             f"stated, {today:,} today")
+    assert checked >= 3 and not wrong, "\n".join(wrong)
+
+
+def test_stated_counts_are_found_where_they_are_written():
+    text = ("run `dspark-bench sweep --task code --limit 4`: it replays 3,486 policies on 4 prompts. Then 7 policies\n"
+            "more. On 40 prompts (`dspark-bench sweep --limit 40`) too.\n\n"
+            "| `dspark-bench sweep --task code` (20 held-out prompts) | 12 policies |\n| other | 9 policies |\n\n"
+            "```bash\ndspark-bench sweep --task code   # 5 policies\ndspark-bench run --batch-size 8   # 8 policies\n```")
+    assert sorted(stated_counts(text)) == sorted([
+        (["--task", "code", "--limit", "4"], 3486, "policies"), (["--task", "code", "--limit", "4"], 4, "prompts"),
+        (["--limit", "40"], 40, "prompts"), (["--task", "code"], 20, "prompts"), (["--task", "code"], 12, "policies"),
+        (["--task", "code"], 5, "policies")])

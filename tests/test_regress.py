@@ -285,7 +285,7 @@ def test_regress_at_another_batch_size_compares_policy_metrics_and_outputs(basel
     assert "`outputs_fingerprint`" in result.output and "| same | pass |" in result.output
     assert "B=3 against B=1: not compared | n/a |" in result.output  # another batch size's speed
     (rerun,) = run_folders(tmp_path)
-    assert json.loads((rerun / "run.json").read_text())["config"]["batch_sizes"] == [3]
+    assert json.loads((rerun / "run.json").read_text())["config"]["grid"]["batch_size"] == [3]
 
 
 def test_regress_at_another_batch_size_still_catches_a_worse_decoder(baseline, worse_decoder, tmp_path):

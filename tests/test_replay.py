@@ -148,3 +148,32 @@ def test_replay_refuses_what_it_cannot_replay(recorded):
         simulate_grid(rec, [DecodeConfig.of(gamma_max=4, max_new_tokens=N)], short)
     with pytest.raises(DsparkError, match="no policies"):
         simulate_grid(rec, [])
+
+
+def test_a_new_schedule_is_one_entry_in_the_registry(recorded, monkeypatch):
+    """docs/architecture.md's example: a schedule added to schedules.SCHEDULES alone (a ramp on
+    the running product) is a choice of every command, and the engine, on the host and on the
+    device, and replay run it alike, its output the target's own."""
+    from dspark_bench import schedules
+
+    monkeypatch.setitem(schedules.SCHEDULES, "cumulative-ramp",
+                        schedules.Schedule("cumulative-ramp", reads=("threshold_start", "threshold_end"), cumulative=True))
+    pair, rec = recorded
+    configs = [DecodeConfig.of(schedule="cumulative-ramp", threshold_start=start, threshold_end=0.6, gamma_max=G,
+                               min_draft_len=low, max_new_tokens=N) for start, low in ((0.05, 0), (0.3, 1))]
+    assert configs[0].label() == "top1 cumulative-ramp 0.05→0.6 γ≤6 min0"
+    drafted = 0
+    for config in configs:
+        for prompt, rounds in zip(PROMPTS, simulate(rec, config)):
+            for draft_mode in DRAFT_MODES:
+                real = speculative_decode(pair.target, pair.draft, prompt, config.replace(draft_mode=draft_mode),
+                                          pair.eos_ids)
+                assert [(r.drafted, r.accepted, r.stop_reason) for r in rounds] == [
+                    (r.drafted, r.accepted, r.stop_reason) for r in real.rounds], config.label()
+                plain = autoregressive_decode(pair.target, prompt, config, pair.eos_ids).tokens
+                assert real.tokens == plain
+            drafted += sum(r.drafted for r in rounds)
+    assert drafted > 0  # the rule let some drafts through
+    with pytest.raises(DsparkError, match="unknown schedule 'cumulative-ramp'"):
+        monkeypatch.delitem(schedules.SCHEDULES, "cumulative-ramp")
+        DecodeConfig.of(schedule="cumulative-ramp")

@@ -59,9 +59,29 @@ def test_expand_strict_refuses_what_a_search_space_leaves_out():
 
 def test_a_sweep_spec_and_a_run_expand_alike():
     spec = load_spec(None, {"task": "code", "space": {"metric": ["top1", "margin"], "gamma_max": [3, 5]}})
-    run = RunConfig(task="code", metric=("top1", "margin"), gamma_max=(3, 5), threshold=(DEFAULTS.stopping.threshold,))
+    run = RunConfig(task="code", grid={"metric": ("top1", "margin"), "gamma_max": (3, 5)})
     base = DecodeConfig.of(max_new_tokens=64)
     assert points(spec, base) == [c for c in run.decode_configs(64)]
+
+
+def test_a_run_json_from_before_the_grid_reads_into_the_same_policies():
+    """run.json kept each knob as a field of its own (lists, batch_sizes, single values) before the
+    grid held them: it reads back into the grid, and decodes the same policies in the same order."""
+    old = {"task": "code", "metric": ["top1", "margin"], "schedule": ["threshold"], "threshold": [0.3, 0.6],
+           "gamma_max": [4], "min_draft_len": [1], "semantics": ["dspark"], "draft_mode": ["early-stop"],
+           "drafter": ["model", "lookup"], "batch_sizes": [1], "goodput_model": "", "budget_layout": "padded",
+           "signal_model": "", "threshold_start": 0.3, "threshold_end": 0.8, "ngram_min": 2, "ngram_max": 3,
+           "compiled": False}
+    config = from_config_dict(old)
+    assert config.grid["batch_size"] == (1,) and config.grid["ngram_min"] == (2,) and config.batch_sizes == (1,)
+    labels = [c.label() for c in config.decode_configs(32)]
+    assert labels == ["top1 threshold 0.3 γ≤4 min1", "lookup n2-3 · top1 threshold 0.3 γ≤4 min1",
+                      "top1 threshold 0.6 γ≤4 min1", "lookup n2-3 · top1 threshold 0.6 γ≤4 min1",
+                      "margin threshold 0.3 γ≤4 min1", "lookup n2-3 · margin threshold 0.3 γ≤4 min1",
+                      "margin threshold 0.6 γ≤4 min1", "lookup n2-3 · margin threshold 0.6 γ≤4 min1"]
+    assert from_config_dict(config.to_dict()) == config  # today's run.json reads back equal
+    with pytest.raises(DsparkError, match="unknown decode setting.s. thresh"):
+        RunConfig(task="code", grid={"thresh": (0.3,)})
 
 
 def test_old_names_are_refused_where_typed_and_migrated_where_stored(tmp_path):
@@ -87,12 +107,12 @@ def test_old_names_are_refused_where_typed_and_migrated_where_stored(tmp_path):
 def test_a_sweep_refuses_workload_settings_it_cannot_honour():
     with pytest.raises(DsparkError, match="a sweep decodes first turns"):
         load_spec(None, {"task": "code", "turns": "all"})
-    with pytest.raises(DsparkError, match="--batching must be refill or drain"):
+    with pytest.raises(DsparkError, match="unknown --batching 'sometimes'; choose one of refill, drain"):
         load_spec(None, {"task": "code", "batching": "sometimes"})
     with pytest.raises(DsparkError, match="threads must be a positive integer"):
         load_spec(None, {"task": "code", "threads": 0})
-    with pytest.raises(DsparkError, match="--threads must be a whole number"):
-        RunConfig(task="code", threads=0).use_threads()
+    with pytest.raises(DsparkError, match="threads must be at least 1"):
+        RunConfig(task="code", threads=0)
 
 
 def test_the_config_is_one_frozen_config_per_concern_stored_flat():

@@ -24,6 +24,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from dspark_bench import schedules
 from dspark_bench import objectives
 from dspark_bench.config import DecodeConfig
 from dspark_bench.replay.acceptance import accepted_steps
@@ -125,8 +126,9 @@ def headroom(table: pd.DataFrame, rec: Record, cost: CostModel, surface: CostSur
         layouts = [("padded", "predicted_speedup")] + ([("packed", "predicted_speedup_packed")]
                                                         if batch_size > 1 and "predicted_speedup_packed" in group else [])
         for layout, column in layouts:
-            fixed = objectives.rank(group[group["schedule"] == "fixed"], "speedup", column)
-            scheduled = objectives.rank(group[group["schedule"] != "fixed"], "speedup", column)
+            baseline = schedules.where(group, baseline=True)
+            fixed = objectives.rank(group[baseline], "speedup", column)
+            scheduled = objectives.rank(group[~baseline], "speedup", column)
             if fixed.empty or scheduled.empty:
                 continue
             bound = stops.sort_values(column, ascending=False).iloc[0]
@@ -140,9 +142,9 @@ def headroom(table: pd.DataFrame, rec: Record, cost: CostModel, surface: CostSur
 
 # The scheduled policies by kind, as the headroom table shows them: the per-row rules on a raw
 # metric, the same rules on the learned signal, and the batch's budget (on either signal).
-KINDS = {"raw": lambda t: (t["schedule"] != "fixed") & (t["schedule"] != "budget") & (t["metric"] != "learned"),
-         "learned": lambda t: (t["schedule"] != "budget") & (t["metric"] == "learned"),
-         "budget": lambda t: t["schedule"] == "budget"}
+KINDS = {"raw": lambda t: ~schedules.where(t, baseline=True) & ~schedules.where(t, whole_batch=True) & (t["metric"] != "learned"),
+         "learned": lambda t: ~schedules.where(t, whole_batch=True) & (t["metric"] == "learned"),
+         "budget": lambda t: schedules.where(t, whole_batch=True)}
 
 
 def best_of_kinds(group: pd.DataFrame, column: str) -> dict:

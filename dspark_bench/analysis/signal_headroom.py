@@ -32,6 +32,7 @@ import dataclasses
 import numpy as np
 import pandas as pd
 
+from dspark_bench import schedules
 from dspark_bench import objectives
 from dspark_bench.config import DecodeConfig, expand
 from dspark_bench.decoding.learned_signal import FLOOR
@@ -130,8 +131,9 @@ def signal_headroom(rec: Record, cost: CostModel, surface: CostSurface | None = 
         for (b, layout), bound in oracles.items():
             column = "predicted_speedup_packed" if layout == "packed" else "predicted_speedup"
             group = table[table["batch_size"] == b]
-            fixed = objectives.rank(group[group["schedule"] == "fixed"], "speedup", column).iloc[0]
-            rule = objectives.rank(group[group["schedule"] != "fixed"], "speedup", column).iloc[0]
+            baseline = schedules.where(group, baseline=True)
+            fixed = objectives.rank(group[baseline], "speedup", column).iloc[0]
+            rule = objectives.rank(group[~baseline], "speedup", column).iloc[0]
             gain = bound - float(fixed[column])
             # A share of almost nothing (padded at B > 1, where the longest row sets every pass) says nothing.
             meaningful = gain > NEGLIGIBLE * float(fixed[column])

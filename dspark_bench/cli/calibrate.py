@@ -9,40 +9,31 @@ import typer
 from rich.table import Table
 
 from dspark_bench.cli.console import cli_errors, out_console, reporting
-from dspark_bench.cli.options import (
-    BatchSizes,
-    Draft,
-    Evaluation,
-    GammaMaxes,
-    Metrics,
-    MinDraftLens,
-    PromptField,
-    SpecDevice,
-    SpecDtype,
-    Split,
-    Target,
-    Thresholds,
-)
+from dspark_bench.cli.declared import fields_of, knob_fields, with_options
+from dspark_bench.harness.workload import Workload
+
+# What a calibration's flags override of its spec: the models, how prompts are read and decoded,
+# and the search space of the knobs that matter per domain.
+WORKLOAD = ("split", "prompt_field", "category_field", "limit", "target", "draft", "device", "dtype", "repeats",
+            "max_new_tokens", "temperature")
+SPACE = ("metric", "threshold", "gamma_max", "min_draft_len", "batch_size")
 
 
+@with_options("workload", fields_of(Workload, WORKLOAD), unset="the spec's",
+              helps={"category_field": "Column holding the domain (default: guessed).",
+                     "limit": "Prompts per domain (default: the spec's).",
+                     "repeats": "Timed pairs per prompt in the confirmation runs (default: the spec's)."})
+@with_options("space", knob_fields(SPACE), many=True, unset="the spec's")
 def calibrate(
     tasks: Annotated[Optional[str], typer.Option(help="Built-in tasks, comma-separated: one domain each (e.g. code,prose,structured).")] = None,
     dataset: Annotated[Optional[str], typer.Option(help="Your prompts (JSONL/JSON/CSV/Parquet/text or hub id): one domain per category.")] = None,
-    split: Split = "train", prompt_field: PromptField = None,
-    category_field: Annotated[Optional[str], typer.Option(help="Column holding the domain (default: guessed).")] = None,
     spec: Annotated[Optional[Path], typer.Option(help="Sweep specification giving the search space, objective and limits, e.g. sweeps/default.yaml.")] = None,
     out: Annotated[Path, typer.Option(help="Calibration file to write (the figure goes beside it, as .png).")] = Path("calibration.yaml"),
     force: Annotated[bool, typer.Option(help="Overwrite an existing calibration file and figure.")] = False,
-    limit: Annotated[Optional[int], typer.Option(help="Prompts per domain (default: the spec's).")] = None,
-    target: Target = None, draft: Draft = None,
-    device: SpecDevice = None, dtype: SpecDtype = None, evaluation: Evaluation = None,
+    evaluation: Annotated[Optional[str], typer.Option(help="How policies are evaluated: replay (greedy: record once, simulate all, confirm the best) | real (a timed run each) | auto.")] = None,
     objective: Annotated[Optional[str], typer.Option(help="What to maximise: speedup | tokens_per_round | ... (the first is used).")] = None,
-    repeats: Annotated[Optional[int], typer.Option(help="Timed pairs per prompt in the confirmation runs.")] = None,
-    max_new_tokens: Annotated[Optional[int], typer.Option(help="Tokens to generate per prompt (default: the spec's, else the tasks').")] = None,
-    temperature: Annotated[Optional[float], typer.Option(help="0 = greedy (replay); > 0 = rejection sampling (real runs).")] = None,
-    metric: Metrics = None, threshold: Thresholds = None, gamma_max: GammaMaxes = None, min_draft_len: MinDraftLens = None,
-    batch_size: BatchSizes = None,
     continuations: Annotated[Optional[list[Path]], typer.Option("--continuations", help="Replay: the target's greedy continuations from the engine that serves it (`dspark-bench continuations write`; repeatable, e.g. one file per task), recorded from instead of decoding the target here.")] = None,
+    workload: dict | None = None, space: dict | None = None,
 ):
     """Find the best policy per domain and the best global one, confirm both with timed runs,
     and write a calibration file (plus a threshold-curve figure) that run/decode can load.
@@ -54,11 +45,7 @@ def calibrate(
     from dspark_bench.tuning import calibrate as lib  # loaded when the command runs, not for --help
 
     with cli_errors():
-        flags = {"split": split, "prompt_field": prompt_field, "category_field": category_field, "limit": limit,
-                 "target": target, "draft": draft, "device": device, "dtype": dtype, "evaluation": evaluation,
-                 "objective": objective, "repeats": repeats, "max_new_tokens": max_new_tokens,
-                 "temperature": temperature, "metric": metric, "threshold": threshold, "gamma_max": gamma_max,
-                 "min_draft_len": min_draft_len, "batch_size": batch_size,
+        flags = {**workload, **space, "evaluation": evaluation, "objective": objective,
                  "continuations": [str(path) for path in continuations] if continuations else None}
         with reporting("calibrating") as (progress, _):
             result = lib.calibrate_command(tasks, dataset, spec, flags, out, force, progress)

@@ -9,22 +9,13 @@ from typing import Annotated, Optional
 import typer
 
 from dspark_bench.cli.console import cli_errors, reporting
-from dspark_bench.cli.options import (
-    CategoryField,
-    ChatTemplate,
-    Dataset,
-    Device,
-    Draft,
-    Dtype,
-    IgnoreEos,
-    Limit,
-    MaxNewTokens,
-    PromptField,
-    Split,
-    Target,
-    Task,
-    Threads,
-)
+from dspark_bench.cli.declared import fields_of, with_options
+from dspark_bench.harness.workload import Workload
+
+# The workload settings each command reads: the prompts as they are encoded, and (write) how
+# the target decodes them.
+PROMPTS = ("task", "dataset", "split", "prompt_field", "category_field", "limit", "target", "draft", "chat_template")
+DECODED = (*PROMPTS, "device", "dtype", "max_new_tokens", "ignore_eos", "threads")
 
 continuations_app = typer.Typer(
     help="The target's continuations from the engine that serves it, for `sweep --continuations`.\n\n"
@@ -32,21 +23,13 @@ continuations_app = typer.Typer(
     no_args_is_help=True)
 
 
-def workload(**fields):
-    from dspark_bench.harness.workload import Workload  # loaded when the command runs, not for --help
-
-    return Workload(**fields)
-
-
 @continuations_app.command("write")
+@with_options("workload", fields_of(Workload, DECODED))
 def write(
     out: Annotated[Path, typer.Option(help="The continuations file to write (JSON Lines).")],
     engine: Annotated[str, typer.Option(help="Who decodes the target: llamacpp (a plain llama-server on its GGUF file) | ours.")] = "llamacpp",
-    task: Task = None, dataset: Dataset = None, split: Split = "train", prompt_field: PromptField = None,
-    category_field: CategoryField = None, limit: Limit = None, target: Target = None, draft: Draft = None,
-    device: Device = "auto", dtype: Dtype = "auto", max_new_tokens: MaxNewTokens = None, ignore_eos: IgnoreEos = False,
-    chat_template: ChatTemplate = "auto", threads: Threads = None,
     llama_server: Annotated[Optional[Path], typer.Option(help="--engine llamacpp: the llama-server binary (default: tools/build-llama-server.sh's build, then PATH).")] = None,
+    workload: dict | None = None,
 ):
     """Write the target's greedy continuation of every prompt, decoded by the engine that serves it.
 
@@ -56,20 +39,15 @@ def write(
     from dspark_bench.engines.continuations import write_continuations  # loaded when the command runs
 
     with cli_errors(), reporting("continuations") as (progress, say):
-        spec = workload(task=task, dataset=dataset, split=split, prompt_field=prompt_field,
-                        category_field=category_field, limit=limit, target=target, draft=draft, device=device,
-                        dtype=dtype, max_new_tokens=max_new_tokens, ignore_eos=ignore_eos,
-                        chat_template=chat_template, threads=threads)
-        path = write_continuations(spec, engine, out, progress, say, str(llama_server) if llama_server else None)
+        path = write_continuations(Workload(**workload), engine, out, progress, say, str(llama_server) if llama_server else None)
         say(f"wrote {path}: record from it with `dspark-bench sweep --continuations {path}` (same prompts and flags)")
 
 
 @continuations_app.command("prompts")
+@with_options("workload", fields_of(Workload, PROMPTS))
 def prompts(
     out: Annotated[Path, typer.Option(help="The prompts file to write (JSON Lines: id, prompt_token_ids).")],
-    task: Task = None, dataset: Dataset = None, split: Split = "train", prompt_field: PromptField = None,
-    category_field: CategoryField = None, limit: Limit = None, target: Target = None, draft: Draft = None,
-    chat_template: ChatTemplate = "auto",
+    workload: dict | None = None,
 ):
     """Write the prompts as this tool encodes them, for vLLM or SGLang to continue elsewhere.
 
@@ -78,8 +56,6 @@ def prompts(
     from dspark_bench.engines.continuations import write_prompts  # loaded when the command runs
 
     with cli_errors(), reporting("prompts") as (_, say):
-        path = write_prompts(workload(task=task, dataset=dataset, split=split, prompt_field=prompt_field,
-                                      category_field=category_field, limit=limit, target=target, draft=draft,
-                                      chat_template=chat_template), out)
+        path = write_prompts(Workload(**workload), out)
         say(f"wrote {path}: continue each prompt_token_ids greedily in your engine, then write the continuations "
             "file (docs/sweeps-and-replay.md#records-from-your-engines-continuations)")

@@ -9,48 +9,21 @@ import typer
 from rich.text import Text
 
 from dspark_bench.cli.console import cli_errors, out_console, render_rounds
-from dspark_bench.cli.options import (
-    ChatTemplate,
-    Device,
-    Draft,
-    Dtype,
-    HeadsPath,
-    MaxNewTokens,
-    NgramMax,
-    NgramMin,
-    Seed,
-    Target,
-    Temperature,
-    ThresholdEnd,
-    SignalModel,
-    ThresholdStart,
-    TopK,
-    TopP,
-)
-from dspark_bench.config import DEFAULT_MAX_NEW_TOKENS, DEFAULTS, DecodeConfig
+from dspark_bench.cli.declared import fields_of, knob_fields, with_options
+from dspark_bench.config import DEFAULT_MAX_NEW_TOKENS, DecodeConfig
+from dspark_bench.harness.workload import Workload
+
+# One generation: one value of each knob (batching aside: one prompt), and the models it runs on.
+MODELS = ("target", "draft", "heads", "device", "dtype", "chat_template")
 
 
+@with_options("models", fields_of(Workload, MODELS))
+@with_options("knobs", knob_fields(without=("batch_size", "batch_quorum")))
 def decode(
     text: Annotated[str, typer.Argument(help="The prompt.")],
-    target: Target = None, draft: Draft = None, chat_template: ChatTemplate = "auto",
-    metric: Annotated[str, typer.Option(help="top1 | entropy | topk_mass | margin | gini | learned (--signal-model)")] = DEFAULTS.stopping.metric,
-    signal_model: SignalModel = None,
-    schedule: Annotated[str, typer.Option(help="threshold | ramp | cumulative | fixed")] = DEFAULTS.stopping.schedule,
-    threshold: Annotated[float, typer.Option(help="Stop drafting below this confidence.")] = DEFAULTS.stopping.threshold,
-    gamma_max: Annotated[int, typer.Option(help="Most draft tokens per round.")] = DEFAULTS.stopping.gamma_max,
-    min_draft_len: Annotated[int, typer.Option(help="Fewest draft tokens per round.")] = DEFAULTS.stopping.min_draft_len,
-    threshold_start: ThresholdStart = DEFAULTS.stopping.threshold_start,
-    threshold_end: ThresholdEnd = DEFAULTS.stopping.threshold_end,
-    topk: TopK = DEFAULTS.stopping.topk,
-    temperature: Temperature = DEFAULTS.verification.temperature, top_p: TopP = DEFAULTS.verification.top_p,
-    max_new_tokens: MaxNewTokens = None,
-    seed: Seed = DEFAULTS.verification.seed,
-    device: Device = "auto", dtype: Dtype = "auto",
-    drafter: Annotated[str, typer.Option(help="model | heads (--heads) | lookup")] = DEFAULTS.drafting.drafter,
-    ngram_min: NgramMin = DEFAULTS.drafting.ngram_min, ngram_max: NgramMax = DEFAULTS.drafting.ngram_max,
-    heads: HeadsPath = None,
     calibration: Annotated[Optional[Path], typer.Option(help="Take the policy from a calibration file.")] = None,
     domain: Annotated[Optional[str], typer.Option(help="With --calibration: the prompt's domain (default: the global policy).")] = None,
+    models: dict | None = None, knobs: dict | None = None,
 ):
     """Generate once and show every round: accepted (green), rejected (red), target's token (bold).
 
@@ -59,14 +32,10 @@ def decode(
     from dspark_bench.harness.run import decode_once  # loaded when the command runs, not for --help
 
     with cli_errors():
-        config = DecodeConfig.of(metric=metric, schedule=schedule, threshold=threshold, gamma_max=gamma_max,
-                              min_draft_len=min_draft_len, threshold_start=threshold_start,
-                              threshold_end=threshold_end, topk=topk, temperature=temperature, top_p=top_p,
-                              max_new_tokens=DEFAULT_MAX_NEW_TOKENS if max_new_tokens is None else max_new_tokens,
-                              seed=seed, drafter=drafter, ngram_min=ngram_min, ngram_max=ngram_max,
-                              signal_model=str(signal_model) if signal_model else "")
-        pair, config, result = decode_once(text, config, target, draft, device, dtype, chat_template,
-                                           calibration, domain, heads)
+        tokens = knobs["max_new_tokens"]
+        config = DecodeConfig.of(**{**knobs, "max_new_tokens": DEFAULT_MAX_NEW_TOKENS if tokens is None else tokens})
+        pair, config, result = decode_once(text, config, models["target"], models["draft"], models["device"],
+                                           models["dtype"], models["chat_template"], calibration, domain, models["heads"])
         if calibration is not None:
             out_console.print(f"policy: {config.label()}", highlight=False)
         show_rounds(text, pair.tokenizer, result, config)

@@ -17,80 +17,29 @@ from dspark_bench.cli.console import (
     reporting,
     summary_table,
 )
-from dspark_bench.cli.options import (
-    Batching,
-    BatchSizes,
-    CategoryField,
-    ChatTemplate,
-    Compile,
-    Dataset,
-    Device,
-    Draft,
-    Drafters,
-    DraftModes,
-    Dtype,
-    GammaMaxes,
-    BudgetLayout,
-    GoodputModel,
-    SignalModel,
-    HeadsPath,
-    IgnoreEos,
-    Limit,
-    MaxNewTokens,
-    Metrics,
-    MinDraftLens,
-    NgramMax,
-    NgramMin,
-    PromptField,
-    Precision,
-    PrecisionBudget,
-    Repeats,
-    Schedules,
-    Seed,
-    SemanticsOption,
-    Split,
-    Target,
-    Task,
-    Temperature,
-    Threads,
-    ThresholdEnd,
-    Thresholds,
-    ThresholdStart,
-    TopK,
-    TopP,
-    Turns,
-)
-from dspark_bench.config import DEFAULTS
+from dspark_bench.cli.declared import fields_of, knob_fields, with_options
+from dspark_bench.config import KNOBS
 from dspark_bench.errors import DsparkError
+from dspark_bench.harness.workload import WORKLOAD_FIELDS, Workload
+
+# What a run decodes beside its workload: every knob that is not the workload's, several values
+# of each that repeats (a grid axis).
+GRID_KNOBS = knob_fields(without=WORKLOAD_FIELDS)
+# The repeated knobs a calibration chooses itself (each domain's policy, at each batch size of the run)
+CHOSEN = tuple(name for name, f in KNOBS.items() if f.metadata.get("repeats") and name != "batch_size")
 
 
+@with_options("workload", fields_of(Workload))
+@with_options("knobs", GRID_KNOBS, many=True, unset="declared")
 def run(
     ctx: typer.Context,
-    target: Target = None, draft: Draft = None, task: Task = None, dataset: Dataset = None,
-    split: Split = "train", prompt_field: PromptField = None,
-    category_field: CategoryField = None, limit: Limit = None, turns: Turns = "first",
-    chat_template: ChatTemplate = "auto",
-    metric: Metrics = None, schedule: Schedules = None, threshold: Thresholds = None,
-    gamma_max: GammaMaxes = None, min_draft_len: MinDraftLens = None, semantics: SemanticsOption = None,
-    goodput_model: GoodputModel = None, budget_layout: BudgetLayout = DEFAULTS.stopping.budget_layout,
-    signal_model: SignalModel = None, draft_mode: DraftModes = None, compiled: Compile = DEFAULTS.verification.compiled,
-    drafter: Drafters = None, ngram_min: NgramMin = DEFAULTS.drafting.ngram_min,
-    ngram_max: NgramMax = DEFAULTS.drafting.ngram_max,
-    heads: HeadsPath = None, threshold_start: ThresholdStart = DEFAULTS.stopping.threshold_start,
-    threshold_end: ThresholdEnd = DEFAULTS.stopping.threshold_end, topk: TopK = DEFAULTS.stopping.topk,
-    temperature: Temperature = DEFAULTS.verification.temperature, top_p: TopP = DEFAULTS.verification.top_p,
-    max_new_tokens: MaxNewTokens = None,
-    seed: Seed = DEFAULTS.verification.seed, batch_size: BatchSizes = None, batching: Batching = "refill",
     decoder: Annotated[str, typer.Option(help="The speculative side: ours | hf (HF assisted generation, HF's rule: --semantics hf, top1, --min-draft-len 0) | llamacpp (llama-server with the flags export writes, one server per policy, beside ours and replay priced on llama.cpp's measured costs and on ours; llama.cpp's rule unless --semantics says otherwise; GGUF --target/--draft go to llama-server as they are).")] = "ours",
-    repeats: Repeats = 1, precision: Precision = None, precision_budget: PrecisionBudget = None,
-    trace: Annotated[bool, typer.Option(help="Also write rounds.parquet, the per-round trace.")] = False,
-    ignore_eos: IgnoreEos = False,
-    device: Device = "auto", dtype: Dtype = "auto", threads: Threads = None,
     calibration: Annotated[Optional[Path], typer.Option(help="Per-domain policies from `calibrate`: each prompt gets its category's.")] = None,
     config: Annotated[Optional[Path], typer.Option(help="Run what a run folder's run.json describes, again (other flags but --out are refused).")] = None,
     llama_server: Annotated[Optional[Path], typer.Option(help="--decoder llamacpp: the llama-server binary (default: tools/build-llama-server.sh's build, then PATH).")] = None,
     port: Annotated[Optional[int], typer.Option(help="--decoder llamacpp: the plain server's port on 127.0.0.1, the speculative one's next (default: free ones).")] = None,
     out: Annotated[Path, typer.Option(help="Folder that receives the run folder.")] = Path("results"),
+    workload: dict | None = None, knobs: dict | None = None,
 ):
     """Decode prompts with the speculative decoder and the autoregressive baseline; write a run folder.
 
@@ -100,33 +49,30 @@ def run(
     from dspark_bench.harness import run as lib  # loaded when the command runs, not for --help
 
     with cli_errors():
-        grid = {"metric": metric, "schedule": schedule, "threshold": threshold, "gamma_max": gamma_max,
-                "min_draft_len": min_draft_len, "semantics": semantics, "draft_mode": draft_mode, "drafter": drafter}
-        if decoder == "llamacpp" and not semantics and calibration is None:
-            grid["semantics"] = ["llamacpp"]  # what llama.cpp can run: its own rule (schedule.py)
-        if calibration is not None and any(grid.values()):
-            raise DsparkError("--calibration chooses the policy; drop --metric/--schedule/--threshold/--gamma-max/"
-                              "--min-draft-len/--semantics/--draft-mode/--drafter")
+        grid = grid_of(knobs)
+        if decoder == "llamacpp" and "semantics" not in grid and calibration is None:
+            grid["semantics"] = ("llamacpp",)  # what llama.cpp can run: its own rule (schedule.py)
+        if calibration is not None and set(grid) & set(CHOSEN):
+            raise DsparkError(f"--calibration chooses the policy; drop {'/'.join('--' + n.replace('_', '-') for n in CHOSEN)}")
         with reporting("decoding") as (progress, say):
             if config is not None:
                 refuse_other_flags(ctx)
                 folder, table = lib.rerun_from(config, out, progress, say)
             else:
-                run_config = lib.RunConfig(
-                    target=target, draft=draft, heads=heads, device=device, dtype=dtype,
-                    task=task, dataset=dataset, split=split, prompt_field=prompt_field,
-                    category_field=category_field, limit=limit, turns=turns, chat_template=chat_template,
-                    temperature=temperature, top_p=top_p, topk=topk, max_new_tokens=max_new_tokens, seed=seed,
-                    ignore_eos=ignore_eos, repeats=repeats, trace=trace, batching=batching, threads=threads,
-                    precision=precision or 0.0, precision_budget_s=600.0 if precision_budget is None else precision_budget,
-                    **{name: tuple(values) for name, values in grid.items() if values},  # unset: the defaults
-                    batch_sizes=tuple(batch_size or (DEFAULTS.batching.batch_size,)),
-                    goodput_model=str(goodput_model) if goodput_model else "", budget_layout=budget_layout,
-                    signal_model=str(signal_model) if signal_model else "", threshold_start=threshold_start,
-                    threshold_end=threshold_end, ngram_min=ngram_min, ngram_max=ngram_max, compiled=compiled,
-                    calibration=str(calibration) if calibration else None, decoder=decoder)
+                run_config = lib.RunConfig(**workload, grid=grid, decoder=decoder,
+                                           calibration=str(calibration) if calibration else None)
                 folder, table = execute(run_config, out, progress, say, llama_server, port)
         print_summary(folder, table)
+
+
+def grid_of(knobs: dict) -> dict:
+    """The knobs given on the command line as a grid (knob -> values); those left off are left out."""
+    grid = {}
+    for name, value in knobs.items():
+        values = value if isinstance(value, list) else [] if value is None or value is False else [value]
+        if values:
+            grid[name] = tuple(values)
+    return grid
 
 
 def execute(run_config, out: Path, progress, say, llama_server: Path | None, port: int | None):

@@ -8,42 +8,20 @@ from typing import Annotated, Optional
 import typer
 
 from dspark_bench.cli.console import cli_errors, print_best, reporting
-from dspark_bench.cli.options import (
-    BatchSizes,
-    CategoryField,
-    Dataset,
-    Draft,
-    Drafters,
-    Evaluation,
-    GammaMaxes,
-    HeadsPath,
-    IgnoreEos,
-    Limit,
-    MaxNewTokens,
-    Metrics,
-    MinDraftLens,
-    Precision,
-    PrecisionBudget,
-    PromptField,
-    Schedules,
-    SpecDevice,
-    SpecDtype,
-    SpecSplit,
-    Target,
-    Task,
-    Threads,
-    Thresholds,
-)
+from dspark_bench.cli.declared import fields_of, knob_fields, with_options
+from dspark_bench.config import KNOBS
+from dspark_bench.harness.workload import Workload
+
+# The knobs whose values the sweep's flags give as its search space (a spec's `space`).
+SPACE = tuple(name for name, f in KNOBS.items() if f.metadata["searched"] and f.metadata["repeats"])
 
 
+@with_options("workload", fields_of(Workload), unset="the spec's")
+@with_options("space", knob_fields(SPACE), many=True, unset="the spec's")
 def sweep(
     spec: Annotated[Optional[Path], typer.Option(help="Sweep specification (YAML), e.g. sweeps/code.yaml.")] = None,
-    task: Task = None, dataset: Dataset = None, split: SpecSplit = None,
-    prompt_field: PromptField = None, category_field: CategoryField = None, limit: Limit = None,
-    target: Target = None, draft: Draft = None, device: SpecDevice = None, dtype: SpecDtype = None,
-    threads: Threads = None,
     method: Annotated[Optional[str], typer.Option(help="grid (Optuna's GridSampler) | optuna (TPE).")] = None,
-    evaluation: Evaluation = None,
+    evaluation: Annotated[Optional[str], typer.Option(help="How policies are evaluated: replay (greedy: record once, simulate all, confirm the best) | real (a timed run each) | auto.")] = None,
     trials: Annotated[Optional[int], typer.Option(help="Optuna budget (grid: the whole grid).")] = None,
     objective: Annotated[Optional[str], typer.Option(help="speedup | tokens_per_round | ...; two, comma-separated, for a Pareto front.")] = None,
     storage: Annotated[Optional[str], typer.Option(help="Optuna storage URL (sqlite:///, postgresql://, journal:///path) (default: SQLite in the run folder).")] = None,
@@ -51,21 +29,15 @@ def sweep(
     workers: Annotated[int, typer.Option(help="Local worker processes on the same study.")] = 1,
     resume: Annotated[Optional[Path], typer.Option(help="Continue this sweep's run folder where it stopped.")] = None,
     confirm_top: Annotated[Optional[int], typer.Option(help="Replay: confirm this many best policies with timed runs.")] = None,
-    repeats: Annotated[Optional[int], typer.Option(help="Timed pairs per prompt and trial.")] = None,
-    precision: Precision = None, precision_budget: PrecisionBudget = None,
-    max_new_tokens: MaxNewTokens = None, temperature: Annotated[Optional[float], typer.Option(help="0 = greedy.")] = None,
-    ignore_eos: IgnoreEos = False,
     analyze: Annotated[bool, typer.Option("--analyze", help="Replay: also study the record (the oracle's headroom, each signal's held-out quality, how good a signal would have to be) into analysis.json; `dspark-bench analyze` does it later.")] = False,
     prices: Annotated[Optional[str], typer.Option(help="Replay: whose costs price each round: ours (timed here) | llamacpp (llama.cpp's, measured by `run --decoder llamacpp`, cached) | a cost-model file (docs/engines-and-export.md#cost-model-files).")] = None,
     continuations: Annotated[Optional[Path], typer.Option(help="Replay: the target's greedy continuations from the engine that serves it (a continuations file: `dspark-bench continuations`), recorded from instead of decoding the target here.")] = None,
     shard: Annotated[Optional[str], typer.Option(help="With --continuations: record only shard I/N of the prompts (machine I of N) and stop; the sweep without --shard assembles every shard's parts. 1/1: record every prompt, and stop.")] = None,
-    metric: Metrics = None, schedule: Schedules = None, threshold: Thresholds = None,
-    gamma_max: GammaMaxes = None, min_draft_len: MinDraftLens = None, batch_size: BatchSizes = None,
-    drafter: Drafters = None, heads: HeadsPath = None,
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override any spec field: key=value (YAML value), e.g. space.threshold=[0.2,0.4].")] = None,
     out: Annotated[Path, typer.Option(help="Folder that receives the run folder.")] = Path("results"),
     wide: Annotated[bool, typer.Option("--wide", help="Print every column of the best policies' table, not the six that fit 100 columns.")] = False,
     worker_only: Annotated[bool, typer.Option(hidden=True)] = False,
+    workload: dict | None = None, space: dict | None = None,
 ):
     """Search the policy's knobs over a task: replay (exact, greedy), grid or Optuna; resumable.
 
@@ -77,15 +49,9 @@ def sweep(
     from dspark_bench.tuning import sweep as lib  # loaded when the command runs, not for --help
 
     with cli_errors():
-        flags = {"task": task, "dataset": dataset, "split": split, "prompt_field": prompt_field,
-                 "category_field": category_field, "limit": limit, "target": target, "draft": draft, "heads": heads,
-                 "device": device, "dtype": dtype, "threads": threads, "method": method, "evaluation": evaluation, "trials": trials,
-                 "objective": objective, "confirm_top": confirm_top, "repeats": repeats,
-                 "precision": precision, "precision_budget_s": precision_budget,
-                 "max_new_tokens": max_new_tokens, "temperature": temperature, "ignore_eos": ignore_eos, "analyze": analyze,
-                 "prices": prices, "continuations": None if continuations is None else str(continuations),
-                 "metric": metric, "schedule": schedule, "threshold": threshold, "gamma_max": gamma_max,
-                 "min_draft_len": min_draft_len, "batch_size": batch_size, "drafter": drafter}
+        flags = {**workload, **space, "method": method, "evaluation": evaluation, "trials": trials,
+                 "objective": objective, "confirm_top": confirm_top, "analyze": analyze, "prices": prices,
+                 "continuations": None if continuations is None else str(continuations)}
         with reporting("sweep") as (progress, say):
             if shard is not None:
                 chosen, _ = specs.resolve_spec(spec, specs.command_overrides(flags, set_ or []))

@@ -5,7 +5,7 @@ engine at batch size 1 (`engine`) and batched with continuous batching (`batched
 autoregressive and HF-assisted decoders it is measured against (`autoregressive`), the drafters
 (`drafters`: the draft model, `heads`, `lookup`), the KV caches (`cached_lm`, `batch_lm`),
 sampling, confidence metrics (and the learned signal, `learned_signal`), stopping rules and engine rules (`schedule`), the goodput rule and
-its acceptance curves (`goodput`, with `exact` for device math that rounds as the host does), a
+its acceptance curves (`goodput`, with `host_rounding` for device math that rounds as the host does), a
 round's draft under the host's rule (`proposal`), and every device-to-host read and clock
 synchronisation (`host`).
 

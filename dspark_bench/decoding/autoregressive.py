@@ -12,6 +12,7 @@ import copy
 
 import torch
 
+from dspark_bench import schedules
 from dspark_bench.config import DecodeConfig
 from dspark_bench.decoding.cached_lm import CachedLM
 from dspark_bench.decoding.sampling import choose, distribution, make_generator
@@ -75,7 +76,7 @@ def hf_assistant_settings(config: DecodeConfig) -> dict:
     """The assistant's generation-config knobs that run `config` under HF's own rule (what
     `export --format hf` writes). A fixed schedule is a threshold of 0 (HF then never stops early)."""
     return {"num_assistant_tokens": config.stopping.gamma_max, "num_assistant_tokens_schedule": "constant",
-            "assistant_confidence_threshold": 0.0 if config.stopping.schedule == "fixed" else config.stopping.threshold}
+            "assistant_confidence_threshold": 0.0 if schedules.of(config).baseline else config.stopping.threshold}
 
 
 @contextlib.contextmanager

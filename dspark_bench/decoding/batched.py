@@ -26,6 +26,7 @@ from typing import Callable, Iterator
 import numpy as np
 import torch
 
+from dspark_bench import schedules
 from dspark_bench.config import DecodeConfig
 from dspark_bench.decoding import budget, confidence
 from dspark_bench.decoding.batch_lm import BatchLM
@@ -140,7 +141,7 @@ class SpeculativeStep:
 
     def __init__(self, target: BatchLM, draft: BatchLM, config: DecodeConfig, eos_ids: frozenset[int]):
         self.target, self.draft, self.config, self.eos_ids = target, draft, config, eos_ids
-        self.budget = budget.rule_for(config) if config.stopping.schedule == "budget" else None
+        self.budget = budget.rule_for(config) if schedules.of(config).whole_batch else None
 
     def __call__(self, requests: list[Request]) -> None:
         config = self.config

@@ -36,6 +36,7 @@ import functools
 import numba
 import numpy as np
 
+from dspark_bench import schedules
 from dspark_bench.decoding import goodput
 from dspark_bench.errors import DsparkError
 
@@ -186,4 +187,4 @@ def _alone(path: str, metric: str) -> goodput.GoodputRule:
 
 def row_rule(config) -> goodput.GoodputRule:
     """The per-row rule of a goodput or budget policy: what decides a row drafting alone."""
-    return alone(config) if config.stopping.schedule == "budget" else goodput.rule_for(config)
+    return alone(config) if schedules.of(config).whole_batch else goodput.rule_for(config)

@@ -11,6 +11,7 @@ import math
 import numpy as np
 import torch
 
+from dspark_bench import schedules
 from dspark_bench.decoding import learned_signal
 
 
@@ -63,7 +64,7 @@ def signal_of(config) -> str:
     """The signal `config`'s rule compares with its threshold: its metric, except that under
     llama.cpp's rule top1 is llama.cpp's own (so a tuned threshold is its --spec-draft-p-min).
     Goodput is our schedule whatever the rule: it reads its metric's fitted curve."""
-    engine_own = config.stopping.semantics == "llamacpp" and config.stopping.metric == "top1" and config.stopping.schedule not in ("goodput", "budget")
+    engine_own = config.stopping.semantics == "llamacpp" and config.stopping.metric == "top1" and not schedules.of(config).cost_aware
     return "llamacpp_top1" if engine_own else config.stopping.metric
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from dspark_bench.decoding.exact import interp, running
+from dspark_bench.decoding.host_rounding import interp, running
 from dspark_bench.errors import DsparkError
 from dspark_bench.results import write_json
 

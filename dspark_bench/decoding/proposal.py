@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
-from dspark_bench.config import COST_AWARE, DecodeConfig
+from dspark_bench import schedules
+from dspark_bench.config import DecodeConfig
 from dspark_bench.decoding.budget import row_rule
 from dspark_bench.decoding.schedule import discards_below, forced, keeps, keeps_failing
 
@@ -41,7 +42,7 @@ class Proposal:
             limit = 0  # llama.cpp does not draft when the budget allows less than --spec-draft-n-min
         reason = "gamma_max" if limit == config.stopping.gamma_max else "budget"
         return cls([], [], [], reason, 0, limit, done=limit <= 0, discard_below=discards_below(config),
-                   batch_decides=batched and config.stopping.schedule == "budget")
+                   batch_decides=batched and schedules.of(config).whole_batch)
 
     def cap(self, available: int) -> None:
         """The drafter can propose only `available` tokens this round (heads: its k; lookup: as
@@ -60,7 +61,7 @@ class Proposal:
         self.cumulative *= score
         self.confidences.append(score)
         position = len(self.tokens) + 1
-        if config.stopping.schedule in COST_AWARE:
+        if schedules.of(config).cost_aware:
             rule = row_rule(config)
             self.alpha = alpha = rule.curve(score)
             self.survival *= alpha

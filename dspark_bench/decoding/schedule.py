@@ -21,27 +21,20 @@ from __future__ import annotations
 
 import torch
 
-from dspark_bench.config import COST_AWARE, DecodeConfig
+from dspark_bench import schedules
+from dspark_bench.config import DecodeConfig
 from dspark_bench.decoding.budget import row_rule
-from dspark_bench.decoding.exact import running
+from dspark_bench.decoding.host_rounding import running
 
 
 def threshold_at(config: DecodeConfig, position: int) -> float:
-    """The confidence a token at this draft position must reach to be kept."""
-    if config.stopping.schedule == "fixed":
-        return 0.0
-    if config.stopping.schedule == "ramp":
-        if config.stopping.gamma_max == 1:
-            return config.stopping.threshold_start
-        frac = (position - 1) / (config.stopping.gamma_max - 1)
-        start, end = config.stopping.threshold_start, config.stopping.threshold_end
-        return start + frac * (end - start)
-    return config.stopping.threshold  # "threshold" and "cumulative"
+    """The confidence a token at this draft position must reach to be kept (the schedule's)."""
+    return schedules.of(config).threshold_at(config.stopping, position)
 
 
 def keeps_failing(config: DecodeConfig) -> bool:
     """Whether the token that fails the rule stays in the draft (which then stops)."""
-    return config.stopping.semantics == "hf" or config.stopping.schedule in COST_AWARE
+    return config.stopping.semantics == "hf" or schedules.of(config).cost_aware
 
 
 def forced(config: DecodeConfig) -> int:
@@ -62,7 +55,7 @@ def keeps(config: DecodeConfig, position: int, confidence: float, cumulative: fl
     """
     if position <= forced(config):
         return True
-    signal = cumulative if config.stopping.schedule == "cumulative" else confidence
+    signal = cumulative if schedules.of(config).cumulative else confidence
     return signal >= threshold_at(config, position)
 
 
@@ -80,7 +73,7 @@ class DeviceRule:
         self.thresholds = torch.tensor(thresholds, dtype=torch.float64, device=device)
         self.position = torch.arange(1, gamma + 1, device=device)
         self.goodput = None
-        if config.stopping.schedule in COST_AWARE:  # budget alone is goodput's rule (budget.py)
+        if schedules.of(config).cost_aware:  # budget alone is goodput's rule (budget.py)
             self.goodput = row_rule(config).on_device(device, gamma)
 
     def kept(self, scores: torch.Tensor, tokens: torch.Tensor, eos: torch.Tensor) -> torch.Tensor:
@@ -90,7 +83,7 @@ class DeviceRule:
             passes = self.goodput.continues(scores)
         else:
             signal = scores.double()
-            if config.stopping.schedule == "cumulative":
+            if schedules.of(config).cumulative:
                 signal = running(signal, torch.mul)
             passes = signal >= self.thresholds[:n]
         passes = passes | (self.position[:n] <= forced(config))
@@ -105,17 +98,17 @@ class DeviceRule:
 # --decoder hf` refuses one HF cannot run): the engine rules above, seen from each engine.
 def expressible(config: DecodeConfig, fmt: str) -> list[str]:
     """Why `fmt` cannot run `config` exactly (empty: it can)."""
-    why = []
+    why, schedule = [], schedules.of(config)
     if config.stopping.batch_quorum > 0:
         why.append("a batch quorum")
-    if fmt in ("vllm", "sglang", "trtllm"):
-        if config.stopping.schedule != "fixed":
-            why.append(f"a {config.stopping.schedule} schedule (it drafts a fixed length)")
+    if fmt in schedules.FIXED_ENGINES:
+        if fmt not in schedule.engines:
+            why.append(f"a {schedule.name} schedule (it drafts a fixed length)")
         return why
-    if config.stopping.schedule == "fixed":
+    if schedule.baseline:
         return why
-    if config.stopping.schedule != "threshold":
-        why.append(f"a {config.stopping.schedule} schedule (it has one threshold)")
+    if fmt not in schedule.engines:
+        why.append(f"a {schedule.name} schedule (it has one threshold)")
     if config.stopping.metric != "top1":
         why.append(f"the {config.stopping.metric} metric (its threshold is on the top-1 probability)")
     if fmt == "hf":

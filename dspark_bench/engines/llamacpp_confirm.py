@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from dspark_bench import schedules
 from dspark_bench.config import DecodeConfig
 from dspark_bench.engines.llama_server import LlamaServer, served
 from dspark_bench.engines.llamacpp_run import found_build, generation_speedup, gguf_files
@@ -41,7 +42,7 @@ def picks(rec, base: DecodeConfig, prices, gamma: int, count: int) -> tuple[list
     defaults; and each one's predicted speedup on those prices (None for the defaults where they
     draft deeper than the sweep's record: run, not replayed)."""
     pool = [c for c in candidates("llamacpp", base, list(range(1, gamma + 1)))  # the defaults come last, once
-            if not (c.stopping.schedule == "fixed" and c.stopping.gamma_max == DEFAULTS_GAMMA)]
+            if not (schedules.of(c).baseline and c.stopping.gamma_max == DEFAULTS_GAMMA)]
     table = simulate_grid(rec, pool, prices.surface.at(1)).assign(config_id=range(len(pool)))
     ranked = table.sort_values("predicted_speedup", ascending=False, kind="stable").head(count)
     chosen = [pool[i] for i in ranked["config_id"]] + [defaults(base)]

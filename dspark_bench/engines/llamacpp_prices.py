@@ -46,7 +46,7 @@ from dspark_bench.config import DecodeConfig
 from dspark_bench.engines.llama_server import LlamaServer, build_info, served  # a run's own interleaved requests
 from dspark_bench.errors import DsparkError
 from dspark_bench.harness.health import Check, LoadProbe, cost_dispersion, grade, health
-from dspark_bench.harness.priced import FIT_GAMMAS  # the fixed γ an engine's own costs are fitted on
+from dspark_bench.harness.hf_cost_model import FIT_GAMMAS  # the fixed γ an engine's own costs are fitted on
 from dspark_bench.harness.runner import stage_steps
 from dspark_bench.replay.cost import CostModel, CostSurface, relative_iqr
 from dspark_bench.replay.cost_file import CostFile, cache_home, fit_overheads, machine, now, plain_seconds_per_token
@@ -157,6 +157,22 @@ def scaled(passes: CostModel, scale: float) -> CostModel:
     return dataclasses.replace(passes, t_draft=passes.t_draft * scale, t_verify=[t * scale for t in passes.t_verify])
 
 
+def cached_prices(where: Path, gamma: int, depth: int, say=None) -> CostFile | None:
+    """The cached file at `where` if it prices drafts of up to `gamma` tokens (else None: measured again, deeper)."""
+    if not where.is_file():
+        return None
+    prices = load_file(where)
+    deepest = len(prices.surface.at(1).t_verify) - 1
+    if deepest >= gamma:
+        if say:
+            say(f"llama.cpp's prices: {where} (cached; depth {depth}, drafts up to {deepest})")
+        return prices
+    if say:
+        say(f"llama.cpp's prices cached in {where} price drafts of up to {deepest} tokens, not {gamma}: measuring "
+            "them again, deeper")
+    return None
+
+
 def llamacpp_prices(pair, fit_prompts, fit_ids: list[list[int]], eos, max_new_tokens: int, gamma: int,
                     binary: Path, version, target: Path, draft: Path, threads: int | None,
                     say=None, progress=None) -> CostFile:
@@ -166,16 +182,9 @@ def llamacpp_prices(pair, fit_prompts, fit_ids: list[list[int]], eos, max_new_to
     depth = int(np.mean([len(ids) for ids in fit_ids])) + max_new_tokens // 2  # a realistic cache: mid-answer
     build = build_info(binary)
     where = cache_path(build, target, draft, depth, threads)
-    if where.is_file():
-        prices = load_file(where)
-        if len(prices.surface.at(1).t_verify) > gamma:
-            if say:
-                say(f"llama.cpp's prices: {where} (cached; depth {depth}, drafts up to "
-                    f"{len(prices.surface.at(1).t_verify) - 1})")
-            return prices
-        if say:
-            say(f"llama.cpp's prices cached in {where} price drafts of up to {len(prices.surface.at(1).t_verify) - 1} "
-                f"tokens, not {gamma}: measuring them again, deeper")
+    cached = cached_prices(where, gamma, depth, say)
+    if cached is not None:
+        return cached
     gamma = max(gamma, *FIT_GAMMAS)
     if say:
         say(f"measuring llama.cpp's prices (cached after): llama-bench passes of 1 to {gamma + 1} tokens at depth {depth}, "

@@ -43,7 +43,7 @@ from dspark_bench.engines.llamacpp_prices import llamacpp_prices
 from dspark_bench.errors import DsparkError
 from dspark_bench.harness.gguf import cached_gguf
 from dspark_bench.harness.gguf_read import is_gguf
-from dspark_bench.harness.priced import fit_prompts as spare_prompts
+from dspark_bench.harness.hf_cost_model import fit_prompts as spare_prompts
 from dspark_bench.harness.run import RunConfig, execute, plan_run
 from dspark_bench.harness.runner import stage_steps
 from dspark_bench.metrics import rates, summarize
@@ -128,18 +128,9 @@ def execute_llamacpp(config: RunConfig, out: Path, progress=None, say=None, serv
     prices = llamacpp_prices(pair, fit_prompts, fit_ids, eos, max_new, gamma, binary, version, target_file, draft_file,
                              config.threads or None, say, progress)
     context = max(len(ids) for ids in prompt_ids) + max_new + gamma + 8
-    threads, measured = config.threads or None, []
-    with stopped_on_sigterm(), ExitStack() as servers:
-        plain = servers.enter_context(LlamaServer(binary, target_file, [], threads, context, port, "llama-server (plain)"))
-        tokenized = [plain.tokenize(pair.tokenizer.decode(ids)) == ids for ids in prompt_ids]
-        for policy in policies:
-            flags = llamacpp_flags(policy, str(draft_file), version)
-            with LlamaServer(binary, target_file, flags, threads, context, None if port is None else port + 1,
-                             "llama-server (speculative)") as spec:
-                rows = served(plain, spec, planned.prompts, prompt_ids, policy, settings.repeats,
-                              stage_steps(progress, f"llama.cpp {policy.label()}", len(prompt_ids)))
-            measured.append((policy, flags, spec.argv, rows))
-        plain_argv = plain.argv
+    served_files = (binary, target_file, draft_file, version, context)
+    measured, plain_argv, tokenized = serve_policies(served_files, policies, planned, prompt_ids, config.threads or None,
+                                                     port, progress)
     # Our side is an ordinary run (its folder, its health checks); llamacpp.json marks it.
     folder, ours = execute(dataclasses.replace(config, decoder="ours"), out, progress, say, planned)
     targets = [autoregressive_decode(pair.target, ids, policies[0], eos).tokens for ids in prompt_ids]
@@ -158,18 +149,40 @@ def execute_llamacpp(config: RunConfig, out: Path, progress=None, say=None, serv
     if full and say:
         say(f"llama.cpp stopped {len(full)} prompt(s) short of {max_new} tokens (first: {full[0]}): its context is "
             "capped at the target's trained length; use fewer --max-new-tokens or shorter prompts to compare like for like")
-    info = {"build": build, "context_full": full, "binary": str(binary), "engine_version": version.name, "argv": {"plain": plain_argv},
-            "gguf": {"target": str(target_file), "draft": str(draft_file), "dtype": "as given" if given else gguf_dtype,
-                     "given": given},
+    info = {"build": build, "context_full": full, "binary": str(binary), "engine_version": version.name,
+            "argv": {"plain": plain_argv}, "gguf": {"target": str(target_file), "draft": str(draft_file),
+                                                    "dtype": "as given" if given else gguf_dtype, "given": given},
             "tokenized_identically": int(sum(tokenized)), "prompts": len(prompt_ids),
-            "prices": {"llamacpp": prices.source, "label": prices.label, "timing_health": prices.timing_health,
-                       "fitted_on": prices.fitted_on and {
-                k: v for k, v in prices.fitted_on.items() if k in ("policies", "prompts")},
-                "ours": our_prices.to_dict()},
-            "policies": tables, "summary": summary.to_dict(orient="records")}
+            "prices": prices_info(prices, our_prices), "policies": tables, "summary": summary.to_dict(orient="records")}
     write_parquet(folder / "llamacpp.parquet", pd.concat(per_prompt, ignore_index=True))  # beside our run's own files
     write_json(folder / "llamacpp.json", info)
     return folder, ours, summary
+
+
+def serve_policies(files, policies, planned, prompt_ids, threads, port, progress):
+    """Each policy timed on a speculative llama-server beside one plain server: (per policy
+    (policy, flags, argv, rows), the plain server's argv, whether llama.cpp tokenizes each prompt
+    as we do)."""
+    binary, target_file, draft_file, version, context = files
+    pair, settings, measured = planned.pair, planned.config.settings(), []
+    with stopped_on_sigterm(), ExitStack() as servers:
+        plain = servers.enter_context(LlamaServer(binary, target_file, [], threads, context, port, "llama-server (plain)"))
+        tokenized = [plain.tokenize(pair.tokenizer.decode(ids)) == ids for ids in prompt_ids]
+        for policy in policies:
+            flags = llamacpp_flags(policy, str(draft_file), version)
+            with LlamaServer(binary, target_file, flags, threads, context, None if port is None else port + 1,
+                             "llama-server (speculative)") as spec:
+                rows = served(plain, spec, planned.prompts, prompt_ids, policy, settings.repeats,
+                              stage_steps(progress, f"llama.cpp {policy.label()}", len(prompt_ids)))
+            measured.append((policy, flags, spec.argv, rows))
+        return measured, plain.argv, tokenized
+
+
+def prices_info(prices, our_prices) -> dict:
+    """llamacpp.json's "prices": llama.cpp's (where from, fitted on what) and ours."""
+    fitted = prices.fitted_on and {k: v for k, v in prices.fitted_on.items() if k in ("policies", "prompts")}
+    return {"llamacpp": prices.source, "label": prices.label, "timing_health": prices.timing_health,
+            "fitted_on": fitted, "ours": our_prices.to_dict()}
 
 
 def gguf_files(config: RunConfig, pair, dtype: str, build: dict, binary, say) -> tuple[Path, Path, bool]:

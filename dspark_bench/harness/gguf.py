@@ -104,6 +104,34 @@ def vocabulary(tokenizer) -> tuple[list[str], list[int], list[str]]:
     return tokens, types, merges
 
 
+def add_hyperparameters(writer, config, file_type) -> None:
+    """The architecture's numbers, from the HF config; a Llama that llama.cpp's loader would read
+    otherwise (other rotary embeddings, biases) is refused (before the writer opens its file: at the header)."""
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    rope = getattr(config, "rope_parameters", None) or {"rope_theta": getattr(config, "rope_theta", 10000.0),
+                                                          **(getattr(config, "rope_scaling", None) or {})}
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    if kind != "default":
+        raise DsparkError(f"GGUF export writes plain rotary embeddings; this model's are {kind!r}")
+    if getattr(config, "attention_bias", False) or getattr(config, "mlp_bias", False):
+        raise DsparkError("GGUF export writes Llama models without biases; this one has them: use llama.cpp's "
+                          "convert_hf_to_gguf.py")
+    writer.add_name(Path(str(config.name_or_path)).name or "model")
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv(config.num_key_value_heads)
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_rope_freq_base(float(rope["rope_theta"]))
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    writer.add_vocab_size(config.vocab_size)
+    writer.add_file_type(file_type)
+
+
 def write_gguf(model: torch.nn.Module, tokenizer, path: Path, dtype: str = "f32") -> Path:
     """Write `model` (a LlamaForCausalLM) and `tokenizer` into one GGUF file at `path`."""
     import gguf  # the optional [engines] extra
@@ -118,31 +146,8 @@ def write_gguf(model: torch.nn.Module, tokenizer, path: Path, dtype: str = "f32"
     tokens += [f"[PAD{i}]" for i in range(len(tokens), config.vocab_size)]  # llama.cpp wants one per row
     types += [5] * (config.vocab_size - len(types))
     np_dtype, file_type = TYPES[dtype]
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    rope = getattr(config, "rope_parameters", None) or {"rope_theta": getattr(config, "rope_theta", 10000.0),
-                                                          **(getattr(config, "rope_scaling", None) or {})}
-    kind = rope.get("rope_type", rope.get("type", "default"))
-    if kind != "default":
-        raise DsparkError(f"GGUF export writes plain rotary embeddings; this model's are {kind!r}")
-    if getattr(config, "attention_bias", False) or getattr(config, "mlp_bias", False):
-        raise DsparkError("GGUF export writes Llama models without biases; this one has them: use llama.cpp's "
-                          "convert_hf_to_gguf.py")
-
     writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_name(Path(str(config.name_or_path)).name or "model")
-    writer.add_context_length(config.max_position_embeddings)
-    writer.add_embedding_length(config.hidden_size)
-    writer.add_block_count(config.num_hidden_layers)
-    writer.add_feed_forward_length(config.intermediate_size)
-    writer.add_head_count(config.num_attention_heads)
-    writer.add_head_count_kv(config.num_key_value_heads)
-    writer.add_key_length(head_dim)
-    writer.add_value_length(head_dim)
-    writer.add_rope_dimension_count(head_dim)
-    writer.add_rope_freq_base(float(rope["rope_theta"]))
-    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
-    writer.add_vocab_size(config.vocab_size)
-    writer.add_file_type(getattr(gguf.LlamaFileType, file_type))
+    add_hyperparameters(writer, config, getattr(gguf.LlamaFileType, file_type))
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("gpt-2")  # llama-vocab.cpp: LLAMA_VOCAB_PRE_TYPE_GPT2
     writer.add_token_list(tokens)

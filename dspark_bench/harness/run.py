@@ -10,10 +10,11 @@ back from the parts it did keep (configs, settings, models, prompts).
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from dspark_bench.config import COST_AWARE, DEFAULTS, LEARNED, DecodeConfig, expand, from_dict, with_defaults
+from dspark_bench import schedules
+from dspark_bench.config import DEFAULTS, KNOBS, LEARNED, DecodeConfig, expand, from_dict, with_defaults
 from dspark_bench.decoding import budget, learned_signal
 from dspark_bench.decoding.budget import row_rule
 from dspark_bench.decoding.engine import speculative_decode
@@ -21,7 +22,7 @@ from dspark_bench.decoding.schedule import expressible
 from dspark_bench.errors import DsparkError
 from dspark_bench.harness.calibration_file import load_calibration
 from dspark_bench.harness.models import load_pair
-from dspark_bench.harness.priced import priced_hf
+from dspark_bench.harness.hf_cost_model import priced_hf
 from dspark_bench.harness.runner import RunnerSettings, planned_samples, run_to_folder, stage_steps
 from dspark_bench.harness.workload import Workload
 from dspark_bench.prompts import Prompt, encode, prompts_fingerprint
@@ -29,35 +30,20 @@ from dspark_bench.results import check_writable, read_json
 from dspark_bench.tasks import load_prompts
 
 
+# The order a run's grid is crossed in (the last varies fastest): the batch size outermost, then
+# the knobs in the order runs have always decoded them; any other knob after these.
+GRID_ORDER = ("batch_size", "metric", "schedule", "threshold", "gamma_max", "min_draft_len", "semantics", "draft_mode",
+              "drafter")
+
+
 @dataclass(frozen=True)
 class RunConfig(Workload):
     """A run: a workload (models, prompts, verification, timing: harness.workload) and the
     policies it decodes."""
 
-    # --- the policy grid: every combination of these lists runs (config.expand) ...
-    metric: tuple[str, ...] = (DEFAULTS.stopping.metric,)
-    schedule: tuple[str, ...] = (DEFAULTS.stopping.schedule,)
-    threshold: tuple[float, ...] = (DEFAULTS.stopping.threshold,)
-    gamma_max: tuple[int, ...] = (DEFAULTS.stopping.gamma_max,)
-    min_draft_len: tuple[int, ...] = (DEFAULTS.stopping.min_draft_len,)
-    semantics: tuple[str, ...] = (DEFAULTS.stopping.semantics,)  # whose rule: ours, HF's (keeps the failing token), llama.cpp's
-    # where the rule cuts drafts ("early-stop" and/or "verify-side", each a policy of its own here)
-    draft_mode: tuple[str, ...] = (DEFAULTS.verification.draft_mode,)
-    # what drafts (drafters.py): the draft model, the target's heads, prompt lookup; each a policy
-    # of its own here. Lookup matches n-grams of ngram_max down to ngram_min tokens.
-    drafter: tuple[str, ...] = (DEFAULTS.drafting.drafter,)
-    # --- ... each at every batch size (requests decoded together; B > 1 through the batched
-    # engine, padded layout, refilled or drained as `batching` says)
-    batch_sizes: tuple[int, ...] = (DEFAULTS.batching.batch_size,)
-    # --- the grid's other knobs, one value each
-    goodput_model: str = DEFAULTS.stopping.goodput_model  # the goodput schedule's model: a replay sweep's folder or its goodput_model.json
-    budget_layout: str = DEFAULTS.stopping.budget_layout  # budget schedule: the layout it prices passes in (the engine runs padded)
-    signal_model: str = DEFAULTS.stopping.signal_model  # metric learned: its fitted signal, a replay sweep's folder or its learned_signal.json
-    threshold_start: float = DEFAULTS.stopping.threshold_start  # ramp schedule: threshold at draft position 1 ...
-    threshold_end: float = DEFAULTS.stopping.threshold_end  # ... rising to this at gamma_max
-    ngram_min: int = DEFAULTS.drafting.ngram_min
-    ngram_max: int = DEFAULTS.drafting.ngram_max
-    compiled: bool = DEFAULTS.verification.compiled  # compiled steps with a static cache (batch size 1)
+    # --- the policies: every combination of the grid's values (knob -> values, a sweep spec's
+    # `space` in the same shape; config.expand), the knobs it leaves out at their defaults ...
+    grid: dict = field(default_factory=dict)
     # ... unless `policies` lists whole DecodeConfig dicts (a re-run of a run whose policies
     # were not a grid: a calibration's, a benchmark's chosen few)
     policies: tuple[dict, ...] | None = None
@@ -70,11 +56,18 @@ class RunConfig(Workload):
     def __post_init__(self) -> None:
         check(self)
 
+    def values(self, knob: str) -> tuple:
+        """The grid's values of `knob` (its default alone where the grid leaves it out)."""
+        return tuple(self.grid.get(knob, (DEFAULTS.to_dict()[knob],)))
+
+    @property
+    def batch_sizes(self) -> tuple[int, ...]:
+        return self.values("batch_size")
+
     def space(self) -> dict:
-        """The grid as a search space (config.expand's), in the order a run decodes it."""
-        return {"batch_size": self.batch_sizes, "metric": self.metric, "schedule": self.schedule,
-                "threshold": self.threshold, "gamma_max": self.gamma_max, "min_draft_len": self.min_draft_len,
-                "semantics": self.semantics, "draft_mode": self.draft_mode, "drafter": self.drafter}
+        """The grid as a search space (config.expand's), crossed in GRID_ORDER."""
+        order = [*GRID_ORDER, *(name for name in self.grid if name not in GRID_ORDER)]
+        return {name: self.values(name) for name in order if name in self.grid or name in GRID_ORDER}
 
     def decode_configs(self, task_tokens: int | None = None) -> list[DecodeConfig]:
         """The policies this run decodes: its explicit list, or every combination of the grid."""
@@ -83,14 +76,12 @@ class RunConfig(Workload):
             def sizes(policy: dict):  # a policy naming no batch size runs at each of the run's
                 return [policy["batch_size"]] if "batch_size" in policy else self.batch_sizes
 
+            compiled = {"compiled": True} if self.values("compiled") == (True,) else {}
             return [from_dict({**policy, "batch_size": b, "max_new_tokens": policy.get("max_new_tokens", tokens),
-                               **({"compiled": True} if self.compiled else {})})
+                               **compiled})
                     for policy in self.policies for b in sizes(policy)]
-        base = DecodeConfig.of(threshold_start=self.threshold_start, threshold_end=self.threshold_end, topk=self.topk,
-                            temperature=self.temperature, top_p=self.top_p, max_new_tokens=tokens, seed=self.seed,
-                            goodput_model=self.goodput_model, budget_layout=self.budget_layout,
-                            signal_model=self.signal_model, compiled=self.compiled, ngram_min=self.ngram_min,
-                            ngram_max=self.ngram_max)
+        base = DecodeConfig.of(topk=self.topk, temperature=self.temperature, top_p=self.top_p, max_new_tokens=tokens,
+                               seed=self.seed)
         return expand(self.space(), base)
 
     def settings(self) -> RunnerSettings:
@@ -104,8 +95,7 @@ def check(config: RunConfig) -> None:
         raise DsparkError("pass exactly one of --task, --dataset or --prompts"
                           + (f" (got {' and '.join('--' + s for s in sources)})" if sources else ""))
     config.check_workload()
-    if not config.batch_sizes or any(not isinstance(b, int) or b < 1 for b in config.batch_sizes):
-        raise DsparkError(f"--batch-size must be a whole number of at least 1 (got {list(config.batch_sizes)})")
+    check_grid(config.grid)
     if max(config.batch_sizes) > 1 and config.turns == "all":
         raise DsparkError("--turns all decodes each turn on the previous answer, one prompt at a time; "
                           "use --batch-size 1 with it")
@@ -116,7 +106,7 @@ def check(config: RunConfig) -> None:
     if config.decoder == "hf" and max(config.batch_sizes) > 1:
         raise DsparkError("--decoder hf decodes one request at a time (HF assisted generation has no batching); "
                           "use --batch-size 1")
-    if max(config.batch_sizes) > 1 and (config.compiled or "verify-side" in config.draft_mode):
+    if max(config.batch_sizes) > 1 and (True in config.values("compiled") or "verify-side" in config.values("draft_mode")):
         raise DsparkError("--compile and --draft-mode verify-side run at batch size 1 only; use --batch-size 1")
     if config.calibration is not None and config.policies is not None:
         raise DsparkError("a calibration chooses the policies; a run cannot also list them")
@@ -135,28 +125,63 @@ def check(config: RunConfig) -> None:
                                   f"{'; '.join(expressible(c, 'hf'))}); use --metric top1 --min-draft-len 0 "
                                   "--semantics hf, or --schedule fixed")
     for c in configs:  # the model exists, reads, and has the metric: before any model loads
-        if c.stopping.schedule in COST_AWARE:
+        if schedules.of(c).cost_aware:
             row_rule(c)
-        if c.stopping.schedule == "budget":
+        if schedules.of(c).whole_batch:
             budget.rule_for(c)  # and times the policy's batch size
     for signal_model in {c.stopping.signal_model for c in configs if c.stopping.metric == LEARNED}:
         learned_signal.load(signal_model)  # a missing or broken file fails here, before any model loads
 
 
+def check_grid(grid: dict) -> None:
+    """The grid names knobs (config.KNOBS), each with at least one value; whether the values
+    are in range is each policy's own check (config.check_declared), when it is built."""
+    if not isinstance(grid, dict):
+        raise DsparkError(f"a run's grid maps knobs to their values (got {grid!r})")
+    unknown = sorted(set(grid) - set(KNOBS))
+    if unknown:
+        raise DsparkError(f"unknown decode setting(s) {', '.join(unknown)}; known: {', '.join(KNOBS)}")
+    for name, values in grid.items():
+        if not isinstance(values, (list, tuple)) or not values:
+            raise DsparkError(f"--{name.replace('_', '-')}: give at least one value (got {values!r})")
+
+
 def from_config_dict(values: dict, where: str = "run config") -> RunConfig:
     """A RunConfig from a mapping (run.json's "config"), refusing keys it does not know."""
-    values = renamed(values)
+    values = grid_of_old(renamed(values))
     known = {f.name for f in dataclasses.fields(RunConfig)}
     unknown = sorted(set(values) - known)
     if unknown:
         raise DsparkError(f"{where}: unknown setting(s) {', '.join(unknown)}")
-    tuples = {name: tuple(value) for name, value in values.items()
-              if isinstance(value, list) and name != "policies"}
     policies = values.get("policies")
     try:
-        return RunConfig(**{**values, **tuples, "policies": tuple(policies) if policies is not None else None})
-    except TypeError as err:
+        grid = {name: tuple(knob_values) for name, knob_values in (values.get("grid") or {}).items()}
+        return RunConfig(**{**values, "grid": grid, "policies": tuple(policies) if policies is not None else None})
+    except (TypeError, AttributeError) as err:
         raise DsparkError(f"{where}: {err}") from None
+
+
+# The knobs a run.json kept beside its workload before the grid held them: a list of values each
+# (batch sizes under their plural), or one value.
+OLD_GRID_LISTS = ("metric", "schedule", "threshold", "gamma_max", "min_draft_len", "semantics", "draft_mode", "drafter")
+OLD_GRID_VALUES = ("goodput_model", "budget_layout", "signal_model", "threshold_start", "threshold_end", "ngram_min",
+                   "ngram_max", "compiled")
+
+
+def grid_of_old(values: dict) -> dict:
+    """run.json's config with the knobs it kept as fields of their own (before the grid) in its grid."""
+    if not any(name in values for name in (*OLD_GRID_LISTS, *OLD_GRID_VALUES, "batch_sizes")):
+        return values
+    values, grid = dict(values), dict(values.get("grid") or {})
+    if "batch_sizes" in values:
+        grid["batch_size"] = values.pop("batch_sizes")
+    for name in OLD_GRID_LISTS:
+        if name in values:
+            grid[name] = values.pop(name)
+    for name in OLD_GRID_VALUES:
+        if name in values:
+            grid[name] = [values.pop(name)]
+    return {**values, "grid": grid}
 
 
 # Keys a run.json written before a rename still carries: the old name -> the new one.

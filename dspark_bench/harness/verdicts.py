@@ -25,6 +25,7 @@ AnotherPass = Callable[[tuple[int, int], int], "pd.DataFrame"]
 import numpy as np
 import pandas as pd
 
+from dspark_bench import schedules
 from dspark_bench.paired import Verdict, aligned, compare, t_factor
 
 Z95 = 1.96  # one prompt: no t to take
@@ -32,7 +33,7 @@ Z95 = 1.96  # one prompt: no t to take
 
 def best_fixed(table: pd.DataFrame) -> dict[int, int]:
     """Batch size -> config_id of its best measured fixed γ."""
-    fixed = table[table["schedule"] == "fixed"].dropna(subset=["speedup"])
+    fixed = table[schedules.where(table, baseline=True)].dropna(subset=["speedup"])
     return {int(b): int(g.sort_values("speedup", ascending=False, kind="stable")["config_id"].iloc[0])
             for b, g in fixed.groupby("batch_size")}
 
@@ -69,7 +70,7 @@ def same_work_verdict(candidate: str, reference: str) -> dict:
 def headline(table: pd.DataFrame, verdicts: list[dict]) -> dict | None:
     """The best scheduled policy's verdict against the best fixed γ (at the smallest batch size
     that has both): the sweep's first answer."""
-    scheduled = table[(table["schedule"] != "fixed")].dropna(subset=["speedup"])
+    scheduled = table[~schedules.where(table, baseline=True)].dropna(subset=["speedup"])
     for batch_size in sorted(scheduled["batch_size"].unique()):
         best = scheduled[scheduled["batch_size"] == batch_size].sort_values("speedup", ascending=False, kind="stable")
         found = [v for v in verdicts if v["config_id"] == int(best["config_id"].iloc[0])]

@@ -11,52 +11,67 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-import torch
-
-from dspark_bench.config import DEFAULT_MAX_NEW_TOKENS, DEFAULTS
+from dspark_bench.config import DEFAULT_MAX_NEW_TOKENS, check_declared, knob, same_as
 from dspark_bench.errors import DsparkError
-from dspark_bench.harness.runner import RunnerSettings
+
+
+MODELS, PROMPTS, TIMING = "Models", "Prompts", "Timing"  # the --help groups of a workload's options
 
 
 @dataclass(frozen=True)
 class Workload:
     # --- models
-    target: str | None = None  # Hugging Face name, local folder or GGUF file; None: the shipped reference pair
-    draft: str | None = None  # a draft sharing the target's vocabulary
-    heads: str | None = None  # the heads drafter's heads (None: the shipped target's)
-    device: str = "auto"  # auto | cpu | cuda | mps
-    dtype: str = "auto"  # auto (fp32 on CPU, bf16 on CUDA) | float32 | bfloat16 | float16
+    target: str | None = knob(None, "Target model: Hugging Face name, local folder or GGUF file (default: the "
+                              "shipped reference pair).", panel=MODELS)
+    draft: str | None = knob(None, "Draft model sharing the target's vocabulary (default: the reference pair's).",
+                             panel=MODELS)
+    heads: str | None = knob(None, "Heads drafter: a folder from `dspark-bench models build --heads` (default: the "
+                             "shipped target's heads).", panel=MODELS)
+    device: str = knob("auto", "Where the models run.", choices=("auto", "cpu", "cuda", "mps"), panel=MODELS)
+    dtype: str = knob("auto", "auto: fp32 on CPU, bf16 on CUDA.", choices=("auto", "float32", "bfloat16", "float16"),
+                      panel=MODELS)
     # --- prompts: exactly one of task and dataset
-    task: str | None = None  # a built-in task (tasks ls)
-    dataset: str | None = None  # a prompts file (JSONL, JSON, CSV, Parquet, text) or a hub id
-    split: str = "train"  # the dataset's split (hub datasets)
-    prompt_field: str | None = None  # column holding the prompt (None: guessed)
-    category_field: str | None = None  # column holding the category (None: guessed)
-    limit: int | None = None  # the first N prompts only (None: all)
-    turns: str = "first"  # multi-turn prompts: "first" turn, or "all" on the model's own answers
-    chat_template: str = "auto"  # auto: the tokenizer's chat template where it has one | none
-    # --- verification and lengths
-    temperature: float = DEFAULTS.verification.temperature  # 0: greedy; > 0: lossless rejection sampling
-    top_p: float = DEFAULTS.verification.top_p  # nucleus filter, target and draft alike
-    topk: int = DEFAULTS.stopping.topk  # k of the topk_mass metric
-    max_new_tokens: int | None = None  # None: the task's own, else DEFAULT_MAX_NEW_TOKENS
-    seed: int = DEFAULTS.verification.seed  # seeds each decode's sampling generator
-    ignore_eos: bool = False  # timing only: every sequence exactly max_new_tokens long
+    task: str | None = knob(None, "Built-in task (see `dspark-bench tasks ls`); several comma-separated "
+                            "(code,humaneval) run side by side, each its own category.", panel=PROMPTS)
+    dataset: str | None = knob(None, "Your prompts: JSONL/JSON/CSV/Parquet/text file, or a hub id.", panel=PROMPTS)
+    split: str = knob("train", "Dataset split (hub datasets).", panel=PROMPTS)
+    prompt_field: str | None = knob(None, "Column holding the prompt (default: guessed).", panel=PROMPTS)
+    category_field: str | None = knob(None, "Column holding the category (default: guessed).", panel=PROMPTS)
+    limit: int | None = knob(None, "Use only the first N prompts.", at_least=1, panel=PROMPTS)
+    turns: str = knob("first", "Multi-turn prompts: the first turn, or all (each turn on the model's own answer).",
+                      choices=("first", "all"), noun="--turns", panel=PROMPTS)
+    chat_template: str = knob("auto", "auto: the tokenizer's chat template where it has one.", choices=("auto", "none"),
+                              noun="--chat-template", panel=PROMPTS)
+    # --- verification and lengths: the decoder's own knobs (config.py), a workload's for every policy
+    temperature: float = same_as("temperature")
+    top_p: float = same_as("top_p")
+    topk: int = same_as("topk")
+    max_new_tokens: int | None = same_as("max_new_tokens", default=None)  # None: the task's own, else the default
+    seed: int = same_as("seed")
+    ignore_eos: bool = knob(False, "Timing only: both sides generate exactly max_new_tokens (EOS does not end a "
+                            "sequence).", panel=TIMING)
     # --- timing
-    repeats: int = 1  # timed baseline/speculative pairs per prompt and policy (medians kept)
-    warmup: int = 1  # untimed decodes of each kind before timing starts
-    trace: bool = False  # also write rounds.parquet
+    repeats: int = knob(1, "Timed baseline/speculative pairs per prompt (medians kept); the side that runs first "
+                        "alternates.", at_least=1, panel=TIMING)
+    warmup: int = knob(1, "Untimed decodes of each kind before timing starts.", at_least=0, panel=TIMING)
+    trace: bool = knob(False, "Also write rounds.parquet, the per-round trace.", panel=TIMING)
     # B > 1: rows that finish are replaced from the waiting prompts ("refill", continuous
     # batching), or the batch empties before the next starts ("drain")
-    batching: str = "refill"
+    batching: str = knob("refill", "B > 1: refill (a finished row's place goes to the next prompt, as continuous "
+                         "batching does) | drain (each batch empties first).", choices=("refill", "drain"),
+                         noun="--batching", panel=TIMING)
     # The headline comparison (the best scheduled policy against the best fixed γ, paired on the
     # same prompts) timed again, pass after pass, until its 95 % interval is within ±precision
     # (0: one pass), or until precision_budget_s seconds of further passes are spent.
-    precision: float = 0.0
-    precision_budget_s: float = 600.0
+    precision: float = knob(0.0, "Repeat the headline comparison (best scheduled policy vs best fixed γ, paired on "
+                            "the same prompts) until its 95 % interval is within ± this (e.g. 0.03), or "
+                            "--precision-budget runs out (default: one pass).", panel=TIMING)
+    precision_budget_s: float = knob(600.0, "Seconds of further passes --precision may spend.",
+                                     flag="--precision-budget", panel=TIMING)
     # torch's CPU threads for the job (None: torch's own choice). On a machine another process keeps
     # busy, fewer threads than cores stop torch's threads fighting it (timing health says when).
-    threads: int | None = None
+    threads: int | None = knob(None, "torch's CPU threads (default: torch's own); on a busy machine, fewer than the "
+                               "cores (e.g. 1) keep torch from fighting the other process.", at_least=1, panel=TIMING)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -68,34 +83,28 @@ class Workload:
         return task_tokens or DEFAULT_MAX_NEW_TOKENS
 
     def check_workload(self) -> None:
-        """Refuse settings no decode can run with (a run and a sweep alike), before anything loads."""
-        if self.turns not in ("first", "all"):
-            raise DsparkError(f"--turns must be first or all (got {self.turns!r})")
-        if self.chat_template not in ("auto", "none"):
-            raise DsparkError(f"--chat-template must be auto or none (got {self.chat_template!r})")
-        if self.repeats < 1:
-            raise DsparkError(f"--repeats must be at least 1 (got {self.repeats})")
-        for name in ("precision", "precision_budget_s"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value < float("inf"):
-                raise DsparkError(f"--{name.replace('_s', '').replace('_', '-')} must be a number >= 0 (got {value!r})")
+        """Refuse settings no decode can run with (a run and a sweep alike), before anything loads:
+        each field as declared (config.check_declared), then what its declaration cannot say."""
+        check_declared(self)
+        if self.precision < 0:
+            raise DsparkError(f"--precision must be a number >= 0 (got {self.precision:g})")
         if not self.precision_budget_s > 0:  # a budget of nothing would let --precision run no pass and say it ran
             raise DsparkError(f"--precision-budget must be a positive number of seconds (got {self.precision_budget_s:g})")
         if self.precision >= 1:
             raise DsparkError(f"--precision is a relative half-width, e.g. 0.03 for ±3 % (got {self.precision:g})")
-        if self.batching not in ("refill", "drain"):
-            raise DsparkError(f"--batching must be refill or drain (got {self.batching!r})")
 
     def use_threads(self) -> None:
         """Set torch's CPU threads as the workload asks, before any model loads."""
         if self.threads is None:
             return
-        if not isinstance(self.threads, int) or isinstance(self.threads, bool) or self.threads < 1:
-            raise DsparkError(f"--threads must be a whole number of at least 1 (got {self.threads!r})")
+        import torch  # only when a job starts: the CLI's options are made from this module, without torch
+
         torch.set_num_threads(self.threads)
 
-    def runner_settings(self, decoder: str = "ours") -> RunnerSettings:
-        """How every timed or recorded decode of this workload runs."""
+    def runner_settings(self, decoder: str = "ours"):
+        """How every timed or recorded decode of this workload runs (a runner.RunnerSettings)."""
+        from dspark_bench.harness.runner import RunnerSettings  # with torch, only when a job starts (see use_threads)
+
         return RunnerSettings(repeats=self.repeats, warmup=self.warmup, trace=self.trace,
                               chat_template=self.chat_template, turns=self.turns, ignore_eos=self.ignore_eos,
                               batching=self.batching, decoder=decoder)

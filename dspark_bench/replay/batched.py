@@ -21,6 +21,7 @@ import numba
 import numpy as np
 import pandas as pd
 
+from dspark_bench import schedules
 from dspark_bench.config import DecodeConfig
 from dspark_bench.decoding import budget
 from dspark_bench.decoding.budget import decide, draft_seconds, packed_verify
@@ -216,7 +217,7 @@ def predict_batched(rec: Record, configs: list[DecodeConfig], surface: CostSurfa
     for c in order:
         config = configs[c]
         draft, verify = tables[(config.batching.batch_size, config.stopping.metric == "learned")]
-        if config.stopping.schedule == "budget":  # its rows decide together: a walk of its own
+        if schedules.of(config).whole_batch:  # its rows decide together: a walk of its own
             rows.append({"config_id": c, **walk_budget(rec, config, draft, verify, prefill_spec, refill, matches, eos)[0],
                          "predicted_baseline_time": baseline[config.batching.batch_size]})
             continue

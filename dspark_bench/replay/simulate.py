@@ -24,7 +24,8 @@ import numba
 import numpy as np
 import pandas as pd
 
-from dspark_bench.config import COST_AWARE, FIELDS, METRICS, SCHEDULES, SEMANTICS, DecodeConfig
+from dspark_bench import schedules
+from dspark_bench.config import FIELDS, METRICS, SEMANTICS, DecodeConfig
 from dspark_bench.decoding.confidence import signal_of
 from dspark_bench.decoding.budget import row_rule
 from dspark_bench.decoding.goodput import decisions
@@ -86,15 +87,15 @@ def check_replayable(rec: Record, config: DecodeConfig) -> None:
 def policy_signal(rec: Record, config: DecodeConfig) -> np.ndarray:
     """[P, N, G] float64: what the schedule compares with `_thresholds` at every rollout step.
     float64: the engine multiplies Python floats of the float32 values the record stores."""
-    if config.stopping.schedule in COST_AWARE:  # 1 where the draft goes on after step k (goodput.py; budget alone)
+    if schedules.of(config).cost_aware:  # 1 where the draft goes on after step k (goodput.py; budget alone)
         return decisions(rec.confidences[signal_of(config)], row_rule(config))
     values = rec.confidences[signal_of(config)].astype(np.float64)
-    return np.cumprod(values, axis=2) if config.stopping.schedule == "cumulative" else values
+    return np.cumprod(values, axis=2) if schedules.of(config).cumulative else values
 
 
 def position_thresholds(config: DecodeConfig, G: int) -> list[float]:
     # goodput's signal is its decision (0 or 1): 0.5 separates them.
-    return [0.5 if config.stopping.schedule in COST_AWARE else threshold_at(config, k) for k in range(1, G + 1)]
+    return [0.5 if schedules.of(config).cost_aware else threshold_at(config, k) for k in range(1, G + 1)]
 
 
 def first_failures(rec: Record, config: DecodeConfig) -> np.ndarray:
@@ -134,7 +135,7 @@ def round_plan(rec: Record, config: DecodeConfig):
 def simulate(rec: Record, config: DecodeConfig) -> list[list[Round]]:
     """The engine's rounds for every prompt, from the record alone (greedy only)."""
     check_replayable(rec, config)
-    if config.stopping.schedule == "budget" and config.batching.batch_size > 1:
+    if schedules.of(config).whole_batch and config.batching.batch_size > 1:
         raise DsparkError("the budget schedule's rounds depend on the whole batch: replay.batched.walk_budget walks them")
     drafted, forwards, reason, limit = round_plan(rec, config)
     per_round = round_forwards(config)
@@ -170,17 +171,18 @@ def spanning_policies(gamma: int, max_new_tokens: int, goodput_model: str = "") 
     policies replay is checked on against the real engine (tests and
     benchmarks/replay_reference.py). Goodput and budget policies only with a goodput model to decide with."""
     out = []
-    schedules = [s for s in SCHEDULES if s != "budget" and (s != "goodput" or goodput_model)]
-    for i, (metric, schedule) in enumerate(itertools.product(METRICS, schedules)):
+    rules = [s.name for s in schedules.SCHEDULES.values() if not s.whole_batch and (not s.cost_aware or goodput_model)]
+    for i, (metric, schedule) in enumerate(itertools.product(METRICS, rules)):
         gamma_max = (1, min(4, gamma), gamma)[i % 3]
         min_draft_len = (0, 1, gamma_max)[(i // 3) % 3]
         threshold = (0.1, 0.3, 0.6, 0.9)[i % 4]
         out.append(DecodeConfig.of(metric=metric, schedule=schedule, threshold=threshold, threshold_start=threshold / 3,
                                 threshold_end=threshold, gamma_max=gamma_max, min_draft_len=min_draft_len,
                                 max_new_tokens=max_new_tokens, semantics=SEMANTICS[(i // 2) % len(SEMANTICS)],
-                                goodput_model=goodput_model if schedule == "goodput" else ""))
+                                goodput_model=goodput_model if schedules.named(schedule).cost_aware else ""))
     if goodput_model:  # the budget schedule, alone goodput's rule; it has no engine rule variant
-        out += [DecodeConfig.of(metric=metric, schedule="budget", gamma_max=(gamma, min(4, gamma))[i % 2], min_draft_len=i % 2,
+        budget = next(s.name for s in schedules.SCHEDULES.values() if s.whole_batch)
+        out += [DecodeConfig.of(metric=metric, schedule=budget, gamma_max=(gamma, min(4, gamma))[i % 2], min_draft_len=i % 2,
                              max_new_tokens=max_new_tokens, goodput_model=goodput_model) for i, metric in enumerate(METRICS)]
     return out + [DecodeConfig.of(threshold=0.0, gamma_max=gamma, max_new_tokens=max_new_tokens),
                   DecodeConfig.of(threshold=1.0, gamma_max=min(5, gamma), max_new_tokens=max_new_tokens)]
@@ -273,9 +275,9 @@ def _walk_grid(signals, signal_of, thresholds, forced, keep, discard_below, gamm
 def signal_kind(config: DecodeConfig) -> tuple:
     """Policies of one kind compare the same signal: the metric's, its running product
     ("cumulative"), or goodput's decisions (which depend on its model and batch size too)."""
-    if config.stopping.schedule in COST_AWARE:
+    if schedules.of(config).cost_aware:
         return signal_of(config), config.stopping.schedule, config.stopping.goodput_model, config.batching.batch_size
-    return signal_of(config), config.stopping.schedule == "cumulative"
+    return signal_of(config), schedules.of(config).cumulative
 
 
 def _signals(rec: Record, configs: list[DecodeConfig]) -> tuple[np.ndarray, np.ndarray]:

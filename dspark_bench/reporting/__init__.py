@@ -1,6 +1,6 @@
 """Reporting: run folders turned into figures, a report and a CI verdict.
 
-The report (`report`, its words in `text`, what it reads in `inputs`, its batch-size view in
+The report (`report`, its words in `text`, what it reads in `report_inputs`, its batch-size view in
 `batch_sizes`, its signal-reliability data in `reliability`, published results in `literature.yaml`), the figures (`plots`), and the regression benchmark (`regress`) against stored
 baseline runs (`stored_runs`).
 

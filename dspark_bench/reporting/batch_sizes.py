@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from dspark_bench import schedules
 from dspark_bench.objectives import best
 
 LAYOUTS = {"padded": ("predicted_speedup", "predicted_time"),
@@ -22,8 +23,8 @@ KINDS = ("best scheduled", "budget schedule", "best fixed γ")
 
 def kind_parts(group: pd.DataFrame) -> list[pd.DataFrame]:
     """A batch size's policies split by KINDS."""
-    return [group[(group["schedule"] != "fixed") & (group["schedule"] != "budget")],
-            group[group["schedule"] == "budget"], group[group["schedule"] == "fixed"]]
+    whole_batch, baseline = schedules.where(group, whole_batch=True), schedules.where(group, baseline=True)
+    return [group[~baseline & ~whole_batch], group[whole_batch], group[baseline]]
 
 
 def has_batch_sizes(policies: pd.DataFrame) -> bool:

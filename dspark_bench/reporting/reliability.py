@@ -14,7 +14,7 @@ from dspark_bench.replay import learned
 from dspark_bench.replay.record import resolve_record
 from dspark_bench.replay.simulate import Record, match_lengths
 from dspark_bench.reporting import plots
-from dspark_bench.reporting.inputs import Inputs
+from dspark_bench.reporting.report_inputs import Inputs
 
 
 def acceptance_fit(inputs: Inputs):

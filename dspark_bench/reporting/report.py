@@ -20,11 +20,12 @@ from typing import Callable
 
 import pandas as pd
 
+from dspark_bench import schedules
 from dspark_bench.errors import DsparkError, first_line
 from dspark_bench.objectives import OBJECTIVES
 from dspark_bench.reporting import plots
 from dspark_bench.reporting.batch_sizes import batch_blocks, batch_rows
-from dspark_bench.reporting.inputs import Inputs, best_and_classic, engine_costs, load_inputs, run_objective, samples_of
+from dspark_bench.reporting.report_inputs import Inputs, best_and_classic, engine_costs, load_inputs, run_objective, samples_of
 from dspark_bench.reporting.reliability import acceptance_fit, fit_table, reliability_data, signals_table
 from dspark_bench.reporting.text import summary_blocks, to_html, to_markdown
 from dspark_bench.results import check_writable, describe_machine, evaluation_of, provenance, write_bytes, write_text
@@ -137,7 +138,7 @@ def _curves(inputs, by, best):
     policies = inputs.policies
     if best is None:
         raise Skip("no confidence-scheduled configuration")
-    schedule = best["schedule"] if best["schedule"] in plots.THRESHOLD_SCHEDULES else "threshold"
+    schedule = best["schedule"] if schedules.named(best["schedule"]).one_threshold else plots.THRESHOLD_SCHEDULES[0]
     rows = plots.complete(policies)
     rows = rows[(rows["metric"] == best["metric"]) & (rows["schedule"] == schedule)]
     if rows["threshold"].nunique() < 2:
@@ -150,7 +151,7 @@ def _curves(inputs, by, best):
 
 def _heatmap(policies):
     rows = plots.complete(policies)
-    rows = rows[rows["schedule"] != "fixed"]
+    rows = rows[~schedules.where(rows, baseline=True)]
     cells = 0
     for _, part in rows.groupby("run_id"):
         value = plots.heatmap_value(part)

@@ -244,7 +244,8 @@ def at_batch_sizes(planned, batch_sizes: list[int] | None):
         raise DsparkError("this baseline's policies come from a calibration file; it re-runs at its own batch "
                           "sizes only (drop --batch-size, or make a baseline with run --calibration --batch-size)")
     configs = [c.replace(batch_size=b) for b in batch_sizes for c in planned.configs]
-    config = dataclasses.replace(planned.config, policies=tuple(c.to_dict() for c in configs), batch_sizes=tuple(batch_sizes))
+    config = dataclasses.replace(planned.config, policies=tuple(c.to_dict() for c in configs),
+                                 grid={**planned.config.grid, "batch_size": tuple(batch_sizes)})
     return dataclasses.replace(planned, config=config, configs=configs)
 
 

@@ -14,7 +14,7 @@ from dspark_bench import objectives
 from dspark_bench.reporting import plots
 from dspark_bench.analysis.oracle import captured_cell
 from dspark_bench.analysis.signal_headroom import pivot
-from dspark_bench.reporting.inputs import SUMMARY_METRICS, Inputs, best_and_classic
+from dspark_bench.reporting.report_inputs import SUMMARY_METRICS, Inputs, best_and_classic
 from dspark_bench.results import describe_machine, evaluation_of
 
 # --- the summary -------------------------------------------------------------------------------

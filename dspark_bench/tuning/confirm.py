@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from dspark_bench.config import COST_AWARE, LEARNED, DecodeConfig
+from dspark_bench import schedules
+from dspark_bench.config import LEARNED, DecodeConfig
 from dspark_bench.harness.runner import another_pass, run, stage_steps
 from dspark_bench.harness.verdicts import judge
 from dspark_bench.metrics import summarize
@@ -33,19 +34,20 @@ MEASURED = ["speedup", "speedup_low", "speedup_high", "baseline_tokens_per_s", "
 
 def chosen_kinds(ranked: pd.DataFrame, top: int) -> list[pd.DataFrame]:
     """What `confirm` times of one batch size's policies, ranked best first."""
-    per_row = ranked[~ranked["schedule"].isin(["fixed", *COST_AWARE])]
+    per_row = ranked[~schedules.where(ranked, confirmed_apart=True)]
     best = per_row.head(top)
     learned = per_row[per_row["metric"] == LEARNED].head(0 if (best["metric"] == LEARNED).any() else 1)
     # The budget at B = 1 too: it is goodput's rule on the cost table's monotone envelope, which a
     # noisy table's own dips can make decide otherwise than goodput.
-    return [best, learned, *(ranked[ranked["schedule"] == kind].head(1) for kind in ("goodput", "budget", "fixed"))]
+    apart = [*schedules.names(cost_aware=True), schedules.BASELINE]  # each one's best, the baseline last
+    return [best, learned, *(ranked[ranked["schedule"] == name].head(1) for name in apart)]
 
 
 def work_of(config: DecodeConfig, records: dict) -> tuple:
     """What timing a policy measures: its batch size, whether its draft steps pay for the learned
     signal, and its rounds on every prompt (drafted, accepted, draft forwards) as replay walks
     them. Rounds that depend on the whole batch (a quorum, the budget at B > 1) are its own."""
-    if config.stopping.batch_quorum > 0 or (config.stopping.schedule == "budget" and config.batching.batch_size > 1):
+    if config.stopping.batch_quorum > 0 or (schedules.of(config).whole_batch and config.batching.batch_size > 1):
         return ("batch-dependent", config)
     rounds = simulate(records[config.drafting], config)
     return (config.batching.batch_size, config.stopping.metric == LEARNED, config.drafting,
@@ -57,7 +59,7 @@ def same_work(ids: list[int], configs: list[DecodeConfig], records: dict) -> dic
     work, a fixed γ before any other (it is what the others are compared with)."""
     work = {i: work_of(configs[i], records) for i in ids}
     first: dict[tuple, int] = {}
-    for i in sorted(ids, key=lambda i: configs[i].stopping.schedule != "fixed"):
+    for i in sorted(ids, key=lambda i: not schedules.of(configs[i]).baseline):
         first.setdefault(work[i], i)
     return {i: first[work[i]] for i in ids}
 
@@ -67,7 +69,7 @@ def confirm(table: pd.DataFrame, configs: list[DecodeConfig], records: dict, spe
     """Time the best `confirm_top` threshold-style policies, the best on the learned signal, the
     best goodput, the best budget and the best fixed gamma (by the replay's ranking), `repeats`
     interleaved pairs each (default: the spec's), each kind of work once, on `prepared`'s models and
-    prompts (replay_sweep.Prepared). Returns the table with
+    prompts (replay_sweep.LoadedSweep). Returns the table with
     their measured columns, their samples, and the paired verdicts (with the precision loop's
     account where the spec sets a precision target)."""
 

@@ -15,6 +15,7 @@ import shlex
 
 import yaml
 
+from dspark_bench import schedules
 from dspark_bench.config import DecodeConfig
 from dspark_bench.decoding.autoregressive import hf_assistant_settings
 from dspark_bench.tuning.engine_versions import EngineVersion
@@ -45,8 +46,9 @@ NOTES = {
 
 def llamacpp_flags(policy: DecodeConfig, draft: str, version: EngineVersion) -> list[str]:
     """llama-server's speculative flags for `policy` in `version`'s names (after the target's -m)."""
-    p_min = 0.0 if policy.stopping.schedule == "fixed" else policy.stopping.threshold
-    minimum = 0 if policy.stopping.schedule == "fixed" else policy.stopping.min_draft_len  # llama.cpp discards shorter drafts
+    fixed = schedules.of(policy).baseline
+    p_min = 0.0 if fixed else policy.stopping.threshold
+    minimum = 0 if fixed else policy.stopping.min_draft_len  # llama.cpp discards shorter drafts
     if version.name == "legacy":
         return ["--model-draft", draft, "--draft-max", str(policy.stopping.gamma_max), "--draft-min", str(minimum),
                 "--draft-p-min", f"{p_min:g}"]

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class Prepared:
+class LoadedSweep:
     """What a sweep works on: the models, the prompts, the policy its space starts from, where the
     prompts came from, and the target's continuations where an engine's file gives them."""
 
@@ -58,7 +58,7 @@ def parts_folder(record_dir: Path) -> Path:
     return record_dir.with_name(record_dir.name + ".parts")
 
 
-def record_from_file(prepared: Prepared, ids: list[list[int]], gamma: int, drafter: Drafting, parts: Path,
+def record_from_file(prepared: LoadedSweep, ids: list[list[int]], gamma: int, drafter: Drafting, parts: Path,
                      info: dict, eos_ids: frozenset[int], progress: StageProgress | None, stage: str,
                      shard: tuple[int, int] = (1, 1)) -> Record | None:
     """Record the drafter's proposals on the continuations file's target tokens, a prompt at a
@@ -84,7 +84,7 @@ def drafter_groups(configs: list[DecodeConfig]) -> dict[Drafting, list[int]]:
     return groups
 
 
-def load_or_record(spec: SweepSpec, prepared: Prepared, gamma: int, ids: list[list[int]], record_dir: Path,
+def load_or_record(spec: SweepSpec, prepared: LoadedSweep, gamma: int, ids: list[list[int]], record_dir: Path,
                    progress: StageProgress | None = None, drafter: Drafting | None = None,
                    continuations: list[list[int]] | None = None, shard: tuple[int, int] = (1, 1)):
     """The replay record of these models and prompts (and `drafter`, default the draft model):
@@ -123,7 +123,7 @@ def load_or_record(spec: SweepSpec, prepared: Prepared, gamma: int, ids: list[li
     return rec
 
 
-def record_key(spec: SweepSpec, prepared: Prepared, gamma: int, drafter: Drafting | None = None) -> str:
+def record_key(spec: SweepSpec, prepared: LoadedSweep, gamma: int, drafter: Drafting | None = None) -> str:
     """A record's cache key: the models (the drafter's), the prompts and every setting that
     changes what it holds."""
 
@@ -136,7 +136,7 @@ def record_key(spec: SweepSpec, prepared: Prepared, gamma: int, drafter: Draftin
             + (f"-c{prepared.continuations.fingerprint}" if prepared.continuations is not None else ""))
 
 
-def record_all(spec: SweepSpec, prepared: Prepared, gamma: int, ids: list[list[int]], configs: list[DecodeConfig],
+def record_all(spec: SweepSpec, prepared: LoadedSweep, gamma: int, ids: list[list[int]], configs: list[DecodeConfig],
                record_dirs: dict, progress: StageProgress | None) -> dict:
     """One record per drafter: the target's continuation is the same, what each proposes is not."""
     records: dict = {}

@@ -1,5 +1,5 @@
 """Replay sweeps: record the target's continuation and the drafter's rollouts once, simulate every
-policy of the space (fixed gamma, goodput, budget and the learned signal joining it: joined.py) under the cost surface, and confirm the
+policy of the space (fixed gamma, goodput, budget and the learned signal joining it: added_policies.py) under the cost surface, and confirm the
 best with real timed runs. A sweep's preparation (models, prompts, the base policy) is here too,
 shared with the real (grid / Optuna) sweeps of sweep.py."""
 
@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 import pandas as pd
 
+from dspark_bench import schedules
 from dspark_bench.analysis.analyze import FILE as ANALYSIS_FILE
 from dspark_bench.analysis.analyze import Studied, analyze
 from dspark_bench.config import DEFAULTS, DecodeConfig, expand
@@ -38,14 +39,14 @@ from dspark_bench.replay.simulate import simulate_grid
 from dspark_bench.results import write_json, write_parquet
 from dspark_bench.tasks import load_prompts
 from dspark_bench.tuning.confirm import confirm
-from dspark_bench.tuning.joined import (
+from dspark_bench.tuning.added_policies import (
     budget_points,
     goodput_points,
     learned_points,
     write_goodput_model,
     write_learned_signal,
 )
-from dspark_bench.tuning.records import Prepared, drafter_groups, open_continuations, record_all, record_key
+from dspark_bench.tuning.records import LoadedSweep, drafter_groups, open_continuations, record_all, record_key
 from dspark_bench.tuning.spec import SweepSpec, base_config, evaluation_for, points
 
 if TYPE_CHECKING:
@@ -69,7 +70,7 @@ class EngineTools:
 
 
 def prepare(spec: SweepSpec, say: Callable[[str], None] | None = None, engines: EngineTools | None = None,
-            progress: StageProgress | None = None) -> Prepared:
+            progress: StageProgress | None = None) -> LoadedSweep:
     spec.use_threads()
     cost_file.check_choice(spec.prices)  # a bad --prices ends before anything loads
     prompts, source, task_tokens = load_prompts(spec.task, spec.dataset, spec.split, spec.prompt_field,
@@ -77,14 +78,14 @@ def prepare(spec: SweepSpec, say: Callable[[str], None] | None = None, engines: 
     base = base_config(spec, task_tokens)
     configs = points(spec, base)  # a threshold outside its range fails here, before models load
     pair = load_pair(spec.target, spec.draft, spec.device, spec.dtype, spec.heads, drafters={c.drafting.drafter for c in configs})
-    prepared = Prepared(pair, prompts, base, source)
+    prepared = LoadedSweep(pair, prompts, base, source)
     prepared.prices = engine_prices(spec, prepared, (engines or EngineTools()).measure, say, progress)
     if spec.continuations is not None:  # checked before any folder or record is written
         prepared.continuations = open_continuations(spec, pair, prompts, base, say)
     return prepared
 
 
-def engine_prices(spec: SweepSpec, prepared: Prepared, measurers: dict[str, Callable], say, progress):
+def engine_prices(spec: SweepSpec, prepared: LoadedSweep, measurers: dict[str, Callable], say, progress):
     """The cost model --prices names, before any record: a file's or a cached one, checked against
     the pair; measured now where a measurer for that engine is given (it caches what it measures)."""
     if evaluation_for(spec) != "replay":
@@ -96,7 +97,7 @@ def engine_prices(spec: SweepSpec, prepared: Prepared, measurers: dict[str, Call
     return cost_file.resolve(spec.prices, prepared.pair.describe())
 
 
-def engine_verdict(spec: SweepSpec, prepared: Prepared, records: dict, prices, gamma: int, folder: Path,
+def engine_verdict(spec: SweepSpec, prepared: LoadedSweep, records: dict, prices, gamma: int, folder: Path,
                    engines: EngineTools, say, progress) -> dict | None:
     """The deployment engine's own verdict where the sweep is priced on an engine that can run
     its policies (llama.cpp): measured there, not on ours. None for our own prices."""
@@ -125,7 +126,7 @@ def replay_space(spec: SweepSpec, base: DecodeConfig) -> list[DecodeConfig]:
     return configs + [c for c in classic if c not in configs]
 
 
-def replay_sweep(folder: Path, spec: SweepSpec, prepared: Prepared, records_root: Path,
+def replay_sweep(folder: Path, spec: SweepSpec, prepared: LoadedSweep, records_root: Path,
                  progress: StageProgress | None = None, say: Callable[[str], None] | None = None,
                  engines: EngineTools | None = None) -> pd.DataFrame:
     """Record once, price, simulate the whole space, confirm the best few with real timed runs and
@@ -167,7 +168,7 @@ def replay_sweep(folder: Path, spec: SweepSpec, prepared: Prepared, records_root
     return best
 
 
-def record_plan(spec: SweepSpec, prepared: Prepared, records_root: Path):
+def record_plan(spec: SweepSpec, prepared: LoadedSweep, records_root: Path):
     """What a replay sweep records: its policies, the rollout length (their longest γ), one
     record folder per drafter, and the prompts' token ids."""
     configs = replay_space(spec, prepared.base)
@@ -280,16 +281,22 @@ def priced(rec, configs: list[DecodeConfig], surface, cost, batched: bool) -> pd
     return simulate_with_surface(rec, configs, surface) if batched else simulate_grid(rec, configs, cost)
 
 
-def say_replay_plan(spec: SweepSpec, prepared: Prepared, first_ids: list[int], configs: list[DecodeConfig],
+def replayed_count(configs: list[DecodeConfig]) -> int:
+    """How many policies a replay sweep of `configs` (replay_space's) simulates: those, and the
+    goodput, budget and learned policies that join once the record is made (counted here on the
+    names of the files they will read)."""
+    goodput = goodput_points(configs, Path("goodput_model.json")) + budget_points(configs, Path("goodput_model.json"))
+    return len(configs) + len(goodput) + len(learned_points(configs + goodput, Path(LEARNED_FILE)))
+
+
+def say_replay_plan(spec: SweepSpec, prepared: LoadedSweep, first_ids: list[int], configs: list[DecodeConfig],
                     recorded: bool, say: Callable[[str], None]) -> float:
     """Say the plan; returns its estimate in seconds (the recording and confirming it covers)."""
 
     # Confirmed: the best scheduled few + the best learned, goodput and budget + the best fixed γ, at each batch size.
     sizes = {c.batching.batch_size for c in configs}
-    scheduled = sum(c.stopping.schedule != "fixed" for c in configs) // len(sizes)
-    goodput = goodput_points(configs, Path("goodput_model.json"))  # goodput, budget and learned join after recording
-    goodput += budget_points(configs, Path("goodput_model.json"))
-    policies = len(configs) + len(goodput) + len(learned_points(configs + goodput, Path(LEARNED_FILE)))
+    scheduled = sum(not schedules.of(c).baseline for c in configs) // len(sizes)
+    policies = replayed_count(configs)
     per_token, confirmed = seconds_per_token(prepared.pair, first_ids), (min(spec.confirm_top, scheduled) + 4) * len(sizes)  # + learned (at most), goodput, budget, fixed γ
     line, seconds = replay_plan(per_token, len(prepared.prompts), prepared.base.verification.max_new_tokens, policies,
                                 confirmed, spec.repeats, recorded=recorded,
@@ -307,13 +314,14 @@ def write_replay_summary(folder: Path, table: pd.DataFrame, spec: SweepSpec, cos
     objective = OBJECTIVES[spec.objective[0]]
     confirmed = rank(table[table["source"] == "confirmed"], objective.name, objective.column("real"))
     column = "predicted_speedup_ours" if "predicted_speedup_ours" in confirmed else "predicted_speedup"
+    baseline = schedules.where(confirmed, baseline=True)
     summary = {
         "evaluation": "replay", "objective": list(spec.objective), "policies_simulated": len(table),
         "record": str(record_dir), "cost_model": cost.to_dict(), "cost_model_accuracy": accuracy(confirmed, column),
-        "best": confirmed[confirmed["schedule"] != "fixed"].head(1).to_dict(orient="records"),
-        "classic": confirmed[confirmed["schedule"] == "fixed"].to_dict(orient="records"),
-        "goodput": confirmed[confirmed["schedule"] == "goodput"].to_dict(orient="records"),
-        "budget": confirmed[confirmed["schedule"] == "budget"].to_dict(orient="records"),
+        "best": confirmed[~baseline].head(1).to_dict(orient="records"),
+        "classic": confirmed[baseline].to_dict(orient="records"),
+        **{name: confirmed[confirmed["schedule"] == name].to_dict(orient="records")  # "goodput", "budget"
+           for name in schedules.names(cost_aware=True)},
         "confirmed": confirmed.to_dict(orient="records"),
         "timing_health": timing_health,
         # False: the cost table never passed its checks, so predicted speedups are not to be trusted
@@ -354,8 +362,8 @@ def by_batch_size(table: pd.DataFrame, confirmed: pd.DataFrame, objective) -> li
     for batch_size, group in table.groupby("batch_size", sort=True):
         row = {"batch_size": int(batch_size), "layout_measured": "padded"}
         for layout, column in (("padded", "predicted_speedup"), ("packed", "predicted_speedup_packed")):
-            scheduled = rank(group[group["schedule"] != "fixed"], "speedup", column)
-            fixed = rank(group[group["schedule"] == "fixed"], "speedup", column)
+            baseline = schedules.where(group, baseline=True)
+            scheduled, fixed = rank(group[~baseline], "speedup", column), rank(group[baseline], "speedup", column)
             row[f"{layout}_predicted"] = {
                 "best_scheduled": scheduled.iloc[0]["config_label"], "best_scheduled_speedup": float(scheduled.iloc[0][column]),
                 "best_fixed": fixed.iloc[0]["config_label"], "best_fixed_speedup": float(fixed.iloc[0][column]),

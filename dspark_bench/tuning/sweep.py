@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 from dspark_bench.replay.record_parts import parse_shard  # noqa: F401 (the CLI's --shard)
 from dspark_bench.tuning.records import load_or_record, parts_folder
 from dspark_bench.tuning.replay_sweep import (
-    Prepared,
+    LoadedSweep,
     EngineTools,
     needs_draft_model,
     prepare,
@@ -59,7 +59,7 @@ from dspark_bench.tuning.replay_sweep import (
 # --- the whole sweep: prepare, run (real or replay), summarise ----------------------------------
 
 
-def run_info(spec: SweepSpec, prepared: Prepared, extra: dict) -> dict:
+def run_info(spec: SweepSpec, prepared: LoadedSweep, extra: dict) -> dict:
     return {"spec": spec.to_dict(), "base_config": prepared.base.to_dict(), "models": prepared.pair.describe(),
             "prompts": {"count": len(prepared.prompts), "fingerprint": prompts_fingerprint(prepared.prompts),
                         **prepared.source}, **extra}
@@ -154,7 +154,7 @@ def run_sweep(spec: SweepSpec, out: Path, storage: str | None = None, study_name
     return folder, continue_sweep(folder, prepared, workers, progress, storage=storage)
 
 
-def check_unchanged(folder: Path, info: dict, prepared: Prepared) -> None:
+def check_unchanged(folder: Path, info: dict, prepared: LoadedSweep) -> None:
     if prompts_fingerprint(prepared.prompts) != info["prompts"]["fingerprint"]:
         raise DsparkError(f"the prompts of {folder} changed since the sweep started; start a new sweep")
     models = prepared.pair.describe()
@@ -184,7 +184,7 @@ def record_shard(spec: SweepSpec, records_root: Path, shard: tuple[int, int], pr
     return folders
 
 
-def continue_sweep(folder: Path, prepared: Prepared | None = None, workers: int = 1,
+def continue_sweep(folder: Path, prepared: LoadedSweep | None = None, workers: int = 1,
                    progress: StageProgress | None = None,
                    worker_only: bool = False, storage: str | None = None) -> pd.DataFrame | None:
     """Work on a real sweep's study until its budget is met; then write its summary."""

@@ -6,10 +6,11 @@ import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from dspark_bench import schedules
 from dspark_bench import objectives
 
 CURVE_METRICS = ("avg_draft_len", "block_acceptance_rate", "accepted_per_round", "speedup")
-THRESHOLD_SCHEDULES = ("threshold", "cumulative")
+THRESHOLD_SCHEDULES = schedules.names(one_threshold=True)  # drawn against their one threshold
 COLORS = {"accepted": "#2e9e44", "rejected": "#d6423b", "target": "#3a63c4", "best": "#e6a100"}
 
 
@@ -43,7 +44,7 @@ def best_row(policies: pd.DataFrame, column: str | None = None, fixed: bool = Fa
     confidence-scheduled policies (fixed=False) or classic fixed-gamma ones (fixed=True)."""
     table = complete(policies)
     if "schedule" in table:
-        is_fixed = table["schedule"] == "fixed"
+        is_fixed = schedules.where(table, baseline=True)
         table = table[is_fixed] if fixed else table[~is_fixed]
     return objectives.best(table, objective, column or objectives.ranking_column(policies, objective))
 

@@ -8,6 +8,7 @@ from matplotlib.colors import Normalize, TwoSlopeNorm
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
+from dspark_bench import schedules
 from dspark_bench import objectives
 from dspark_bench.reporting.plots.base import (
     COLORS,
@@ -68,7 +69,7 @@ def threshold_curves(policies: pd.DataFrame, column: str | None = None, by: str 
     best = best_row(policies, column, objective=objective)
     if best is None:
         raise ValueError("no confidence-scheduled policy to plot")
-    schedule = best["schedule"] if best["schedule"] in THRESHOLD_SCHEDULES else "threshold"
+    schedule = best["schedule"] if schedules.named(best["schedule"]).one_threshold else THRESHOLD_SCHEDULES[0]
     table = complete(policies)
     table = table[(table["metric"] == best["metric"]) & (table["schedule"] == schedule)]
     if table["min_draft_len"].nunique() > 1 and table.groupby(["gamma_max", "min_draft_len"]).ngroups > 8:
@@ -110,7 +111,7 @@ def threshold_curves(policies: pd.DataFrame, column: str | None = None, by: str 
 def heatmap_value(policies: pd.DataFrame) -> str:
     """speedup where every policy was measured, else predicted_speedup (replay), else speedup."""
     table = complete(policies)
-    table = table[table["schedule"] != "fixed"] if "schedule" in table else table
+    table = table[~schedules.where(table, baseline=True)] if "schedule" in table else table
     if "speedup" in table and table["speedup"].notna().all():
         return "speedup"
     if "predicted_speedup" in table and table["predicted_speedup"].notna().any():
@@ -123,7 +124,7 @@ def speedup_heatmap(policies: pd.DataFrame, value: str | None = None) -> Figure:
     (and run); cells take the best over any other knob (min_draft_len). Without `value`, each
     run shows what `heatmap_value` picks for it (the panel title says which)."""
     table = complete(policies)
-    table = table[table["schedule"] != "fixed"].copy()
+    table = table[~schedules.where(table, baseline=True)].copy()
     several = "run_id" in table and table["run_id"].nunique() > 1
     table["_value"] = value or "speedup"
     if value is None and several:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from dspark_bench import schedules
 from dspark_bench.config import LAYOUTS, LEARNED, DecodeConfig, expand
 from dspark_bench.decoding.goodput import GoodputModel
 from dspark_bench.decoding.learned_signal import FILE as LEARNED_FILE
@@ -63,7 +64,7 @@ def write_learned_signal(folder: Path, rec, record_dir: Path):
 def learned_points(configs: list[DecodeConfig], signal_file: Path) -> list[DecodeConfig]:
     """Every scheduled policy of the draft model on the space's first metric, with the learned
     signal in its place (the goodput ones included: it reads the signal as its own curve)."""
-    first = next((c.stopping.metric for c in configs if c.stopping.schedule != "fixed"), None)
+    first = next((c.stopping.metric for c in configs if not schedules.of(c).baseline), None)
     path = str(Path(signal_file).resolve())
     return [c.replace(metric=LEARNED, signal_model=path) for c in configs
-            if c.stopping.metric == first and c.stopping.schedule != "fixed" and c.drafting.drafter == "model"]
+            if c.stopping.metric == first and not schedules.of(c).baseline and c.drafting.drafter == "model"]
