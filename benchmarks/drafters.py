@@ -30,7 +30,7 @@ from dspark_bench.replay.simulate import simulate_grid
 from dspark_bench.reporting.report import build_report
 from dspark_bench.tasks import get_task, load_task
 from dspark_bench.tuning.replay_sweep import drafter_groups, replay_space
-from dspark_bench.tuning.spec import base_config, load_spec
+from dspark_bench.tuning.spec import base_config, load_spec, points
 
 
 def best_per_drafter(task: str, limit: int, drafters: list[str]) -> tuple[list[DecodeConfig], list[dict]]:
@@ -38,7 +38,7 @@ def best_per_drafter(task: str, limit: int, drafters: list[str]) -> tuple[list[D
     pair = load_pair()
     prompts = load_task(task, limit)
     base = base_config(spec, get_task(task).max_new_tokens)
-    configs = [c for c in replay_space(spec, base) if c.stopping.schedule != "goodput"]
+    configs = [c for c in replay_space(points(spec, base), base) if c.stopping.schedule != "goodput"]
     gamma = max(c.stopping.gamma_max for c in configs)
     ids = [encode(pair.tokenizer, p.text) for p in prompts]
     records, continuations, started = {}, None, time.perf_counter()

@@ -16,7 +16,8 @@ import torch
 from cli_helpers import invoke
 from test_engine import exact_first_two, sampled_first_two, chi_square_p, SMALL_VOCAB
 
-from dspark_bench.config import COST_AWARE, METRICS, SCHEDULES, SEMANTICS, DecodeConfig
+from dspark_bench import schedules
+from dspark_bench.config import METRICS, SCHEDULES, SEMANTICS, DecodeConfig
 from dspark_bench.decoding import confidence, engine, lookup
 from dspark_bench.decoding.autoregressive import autoregressive_decode
 from dspark_bench.decoding.host import fetch
@@ -167,7 +168,7 @@ def test_replay_with_gini_equals_the_engine(recorded, draft_mode, gini_goodput_m
     compared, reasons = 0, set()
     configs = list(gini_policies()) + [
         DecodeConfig.of(metric="gini", schedule=s, threshold=0.1, threshold_start=0.05, threshold_end=0.2, gamma_max=G,
-                     min_draft_len=0, max_new_tokens=N, goodput_model=gini_goodput_model if s in COST_AWARE else "")
+                     min_draft_len=0, max_new_tokens=N, goodput_model=gini_goodput_model if schedules.named(s).cost_aware else "")
         for s in SCHEDULES]
     for config in configs:
         for prompt, rounds in zip(PROMPTS, simulate(rec, config)):

@@ -124,7 +124,7 @@ def test_the_command_line_loads_without_torch():
     assert done.stdout.strip() == "False"
 
 
-def test_no_module_branches_on_a_schedule_s_name():
+def test_no_module_branches_on_a_schedule_s_name(tmp_path):
     """A schedule is one object in dspark_bench/schedules.py; every other module reads its
     properties (tools/schedule_branches.py finds comparisons with a schedule's name)."""
     import runpy  # a tool's script, not a package module
@@ -132,8 +132,7 @@ def test_no_module_branches_on_a_schedule_s_name():
     tool = runpy.run_path(str(ROOT / "tools" / "schedule_branches.py"))
     assert tool["count"](PACKAGE) == []
     # The tool finds what it looks for: one of each kind of branch it counts.
-    probe = ROOT / "tests" / "__pycache__" / "branches_probe.py"
-    probe.parent.mkdir(exist_ok=True)
+    probe = tmp_path / "probe.py"
     probe.write_text("a = c.stopping.schedule == 'fixed'\nb = t['schedule'] != 'budget'\nd = s in COST_AWARE\n"
                      "e = DecodeConfig.of(schedule='fixed')\n")
     assert tool["branches"](probe) == [1, 2, 3]

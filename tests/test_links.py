@@ -134,7 +134,8 @@ def stated_counts(text: str):
             before = [args for _, end, args in commands if end <= count.start()]
             after = [args for start, _, args in commands if start >= count.end()]
             if before or after:
-                yield (before[-1] if before else after[0]), int(count.group(1).replace(",", "")), count.group(2).split()[-1]
+                number, kind = int(count.group(1).replace(",", "")), count.group(2).split()[-1]
+                yield (before[-1] if before else after[0]), number, kind
 
 
 @functools.lru_cache(maxsize=None)
@@ -142,14 +143,15 @@ def what_sweep_does(args: tuple[str, ...]) -> dict:
     """The policies a `sweep` with `args` replays, and its prompts, from its plan (no model loads)."""
     from dspark_bench.config import SEARCHABLE_FIELDS, DecodeConfig
     from dspark_bench.tuning.replay_sweep import replay_space, replayed_count
-    from dspark_bench.tuning.spec import SweepSpec, command_overrides, resolve_spec
+    from dspark_bench.tuning.spec import SweepSpec, command_overrides, points, resolve_spec
 
     params = ROOT_COMMAND.commands["sweep"].make_context("sweep", list(args)).params
     known = {f for f in SweepSpec.__dataclass_fields__} | set(SEARCHABLE_FIELDS)
     flags = {k: v for k, v in params.items() if k in known and k not in ("spec",)}
     flags["precision_budget_s"] = params.get("precision_budget_s")
     spec, _ = resolve_spec(params["spec"], command_overrides(flags, params.get("set_") or []))
-    return {"policies": replayed_count(replay_space(spec, DecodeConfig.of(max_new_tokens=64))), "prompts": spec.limit}
+    base = DecodeConfig.of(max_new_tokens=64)
+    return {"policies": replayed_count(replay_space(points(spec, base), base)), "prompts": spec.limit}
 
 
 def test_every_count_a_page_states_for_a_sweep_is_what_it_does_today():
@@ -172,7 +174,8 @@ def test_stated_counts_are_found_where_they_are_written():
     text = ("run `dspark-bench sweep --task code --limit 4`: it replays 3,486 policies on 4 prompts. Then 7 policies\n"
             "more. On 40 prompts (`dspark-bench sweep --limit 40`) too.\n\n"
             "| `dspark-bench sweep --task code` (20 held-out prompts) | 12 policies |\n| other | 9 policies |\n\n"
-            "```bash\ndspark-bench sweep --task code   # 5 policies\ndspark-bench run --batch-size 8   # 8 policies\n```")
+            "```bash\ndspark-bench sweep --task code   # 5 policies\n"
+            "dspark-bench run --batch-size 8   # 8 policies\n```")
     assert sorted(stated_counts(text)) == sorted([
         (["--task", "code", "--limit", "4"], 3486, "policies"), (["--task", "code", "--limit", "4"], 4, "prompts"),
         (["--limit", "40"], 40, "prompts"), (["--task", "code"], 20, "prompts"), (["--task", "code"], 12, "policies"),

@@ -9,7 +9,7 @@ assembled into the record once every part is there.
 from __future__ import annotations
 
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -39,6 +39,7 @@ class LoadedSweep:
     base: DecodeConfig
     source: dict
     continuations: Continuations | None = None  # the target's, from an engine's file (checked)
+    points: list = field(default_factory=list)  # the spec's space expanded on `base`, once (spec.points)
     prices: object = None  # the engine's cost model --prices names (a cost_file.CostFile); None: ours, timed here
 
 

@@ -76,9 +76,9 @@ def prepare(spec: SweepSpec, say: Callable[[str], None] | None = None, engines: 
     prompts, source, task_tokens = load_prompts(spec.task, spec.dataset, spec.split, spec.prompt_field,
                                                 spec.category_field, spec.limit)
     base = base_config(spec, task_tokens)
-    configs = points(spec, base)  # a threshold outside its range fails here, before models load
+    configs = points(spec, base)  # expanded once; a threshold out of range fails here, before models load
     pair = load_pair(spec.target, spec.draft, spec.device, spec.dtype, spec.heads, drafters={c.drafting.drafter for c in configs})
-    prepared = LoadedSweep(pair, prompts, base, source)
+    prepared = LoadedSweep(pair, prompts, base, source, points=configs)
     prepared.prices = engine_prices(spec, prepared, (engines or EngineTools()).measure, say, progress)
     if spec.continuations is not None:  # checked before any folder or record is written
         prepared.continuations = open_continuations(spec, pair, prompts, base, say)
@@ -91,7 +91,7 @@ def engine_prices(spec: SweepSpec, prepared: LoadedSweep, measurers: dict[str, C
     if evaluation_for(spec) != "replay":
         return None  # a real sweep times every policy on our engine: no prices rank it
     if spec.prices in measurers:
-        gamma = max(c.stopping.gamma_max for c in replay_space(spec, prepared.base))
+        gamma = max(c.stopping.gamma_max for c in prepared.points)  # the fixed γ replay adds are among these
         return measurers[spec.prices](spec, prepared.pair, prepared.prompts, gamma,
                                       prepared.base.verification.max_new_tokens, say, progress)
     return cost_file.resolve(spec.prices, prepared.pair.describe())
@@ -115,9 +115,9 @@ def needs_draft_model(pair) -> None:
                           "or --evaluation real with a target alone")
 
 
-def replay_space(spec: SweepSpec, base: DecodeConfig) -> list[DecodeConfig]:
-    """The space's points plus every fixed gamma among them: classic decoding, the baseline to beat."""
-    configs = points(spec, base)
+def replay_space(configs: list[DecodeConfig], base: DecodeConfig) -> list[DecodeConfig]:
+    """The space's points (spec.points) plus every fixed gamma among them: classic decoding, the
+    baseline to beat."""
     drafters = dict.fromkeys(c.drafting for c in configs)
     classic = [c for d in drafters
                for c in expand({"batch_size": sorted({c.batching.batch_size for c in configs}),
@@ -171,7 +171,7 @@ def replay_sweep(folder: Path, spec: SweepSpec, prepared: LoadedSweep, records_r
 def record_plan(spec: SweepSpec, prepared: LoadedSweep, records_root: Path):
     """What a replay sweep records: its policies, the rollout length (their longest γ), one
     record folder per drafter, and the prompts' token ids."""
-    configs = replay_space(spec, prepared.base)
+    configs = replay_space(prepared.points, prepared.base)
     gamma = max(c.stopping.gamma_max for c in configs)
     record_dirs = {key: records_root / record_key(spec, prepared, gamma, key) for key in drafter_groups(configs)}
     ids = [encode(prepared.pair.tokenizer, p.text, spec.chat_template) for p in prepared.prompts]
