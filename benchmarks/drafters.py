@@ -19,6 +19,7 @@ from pathlib import Path
 
 import common  # benchmarks/ is on sys.path when run as a script
 
+from dspark_bench import schedules
 from dspark_bench.config import DecodeConfig
 from dspark_bench.harness.models import load_pair
 from dspark_bench.harness.run import RunConfig, execute
@@ -38,7 +39,7 @@ def best_per_drafter(task: str, limit: int, drafters: list[str]) -> tuple[list[D
     pair = load_pair()
     prompts = load_task(task, limit)
     base = base_config(spec, get_task(task).max_new_tokens)
-    configs = [c for c in replay_space(points(spec, base), base) if c.stopping.schedule != "goodput"]
+    configs = [c for c in replay_space(points(spec, base), base) if not schedules.of(c).cost_aware]
     gamma = max(c.stopping.gamma_max for c in configs)
     ids = [encode(pair.tokenizer, p.text) for p in prompts]
     records, continuations, started = {}, None, time.perf_counter()

@@ -43,16 +43,18 @@ DEFAULT_MAX_NEW_TOKENS = 128  # tokens per prompt when neither the flags nor the
 
 
 def knob(default, help: str, *, choices: tuple = (), at_least=None, searched: bool = False, policy: bool = True,
-         repeats: bool = False, flag: str | None = None, noun: str | None = None, panel: str | None = None):
+         repeats: bool = False, flag: str | None = None, noun: str | None = None, panel: str | None = None,
+         path: bool = False):
     """A knob declared once: its default, its help (the CLI option's), the values it may take
     (`choices`, or a lower bound `at_least`: checked in one place, check_declared), whether a
     sweep may search it, whether it belongs to a policy (a calibration file stores those), and
     whether `run` takes several values of it (a grid axis). cli/declared.py makes every
     command's option from this; `flag` names an option whose name is not the field's, `panel`
-    the --help group of a setting outside DecodeConfig (whose parts name their own)."""
+    the --help group of a setting outside DecodeConfig (whose parts name their own); `path`: the
+    option reads a path, stored as a string as the command line normalises it."""
     # A registry (a dict, e.g. schedules.SCHEDULES) stays live: a schedule added to it is a choice.
     meta = {"help": help, "choices": choices if isinstance(choices, dict) else tuple(choices), "at_least": at_least, "searched": searched, "policy": policy,
-            "repeats": repeats, "flag": flag, "noun": noun, "panel": panel}
+            "repeats": repeats, "flag": flag, "noun": noun, "panel": panel, "path": path}
     return field(default=default, metadata=meta)
 
 
@@ -108,14 +110,14 @@ class StoppingPolicy:
     # folder's goodput_model.json (goodput.py; they have no threshold, this is their data); metric
     # "learned" reads its learned_signal.json (learned_signal.py).
     goodput_model: str = knob("", "The goodput and budget schedules' acceptance fit and step costs: a replay sweep's "
-                              "folder (or its goodput_model.json).")
+                              "folder (or its goodput_model.json).", path=True)
     # "budget": the layout it prices a pass in (LAYOUTS) — padded, as the batched decoder runs, or
     # packed, as vLLM, SGLang and TensorRT-LLM run (then predicted only). One row: the same rule.
     budget_layout: str = knob("padded", "Budget schedule: price each pass as the padded layout does (its longest "
                               "row; what this decoder runs) or the packed one (its total tokens; vLLM, SGLang, "
                               "TensorRT-LLM).", choices=LAYOUTS, noun="budget layout")
     signal_model: str = knob("", "Metric learned: the fitted signal, a replay sweep's folder (or its "
-                             "learned_signal.json).")
+                             "learned_signal.json).", path=True)
 
     def __post_init__(self) -> None:
         check_declared(self)

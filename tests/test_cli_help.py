@@ -62,8 +62,9 @@ def test_knob_options_are_made_from_their_declarations():
         assert declared.metadata["help"] in option.help, name
         repeats = declared.metadata["repeats"] and name not in WORKLOAD_FIELDS
         assert option.multiple == bool(repeats), name
-        if name not in ("batch_size", "batch_quorum"):  # one generation: one request
-            assert decode[name].default == declared.default and not decode[name].multiple, name
+        if name not in ("batch_size", "batch_quorum", "compiled"):  # one generation: one request, not warmed
+            left_off = None if declared.metadata["path"] else declared.default  # a path's: the command's (below)
+            assert decode[name].default == left_off and not decode[name].multiple, name
     for name in WORKLOAD_FIELDS:  # a workload's settings too, run's defaults the declared ones
         assert run[name].default == next(f.default for f in Workload.__dataclass_fields__.values() if f.name == name)
     sweep = options_of(("sweep",))  # a sweep's flags override its spec: left off, None
@@ -81,3 +82,28 @@ def test_help_is_grouped_by_what_declares_the_option():
     words = " ".join(word for word in policy.split() if word != "│")
     assert "top1 | entropy | topk_mass | margin | gini | learned" in words
     assert max(len(line) for line in result.output.splitlines()) <= 100
+
+
+def test_a_path_knob_is_stored_as_its_normalised_string(monkeypatch):
+    """--signal-model and --goodput-model read paths: stored as the command line normalises them
+    (no trailing slash), and left off, the declared default ("": none), not click's "."."""
+    from dspark_bench.harness import run as lib
+
+    seen = []
+
+    def decode_once(text, config, *args, **kwargs):
+        seen.append(config)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(lib, "decode_once", decode_once)
+    CliRunner().invoke(app, ["decode", "hi"])
+    CliRunner().invoke(app, ["decode", "hi", "--metric", "learned", "--signal-model", "results/x/"])
+    assert [(c.stopping.signal_model, c.stopping.goodput_model) for c in seen] == [("", ""), ("results/x", "")]
+
+
+def test_a_sweep_switch_given_off_overrides_the_spec():
+    from dspark_bench.tuning.spec import command_overrides
+
+    assert command_overrides({"ignore_eos": False, "analyze": False}, [])["ignore_eos"] is False
+    assert "ignore_eos" not in command_overrides({"ignore_eos": None, "analyze": False}, [])
+    assert "analyze" not in command_overrides({"ignore_eos": None, "analyze": False}, [])  # --analyze left off

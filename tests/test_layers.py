@@ -134,5 +134,5 @@ def test_no_module_branches_on_a_schedule_s_name(tmp_path):
     # The tool finds what it looks for: one of each kind of branch it counts.
     probe = tmp_path / "probe.py"
     probe.write_text("a = c.stopping.schedule == 'fixed'\nb = t['schedule'] != 'budget'\nd = s in COST_AWARE\n"
-                     "e = DecodeConfig.of(schedule='fixed')\n")
-    assert tool["branches"](probe) == [1, 2, 3]
+                     "e = DecodeConfig.of(schedule='fixed')\nf = t['schedule'].isin(['threshold', 'ramp'])\n")
+    assert tool["branches"](probe) == [1, 2, 3, 5]

@@ -2,7 +2,7 @@
 
     python tools/schedule_branches.py [PACKAGE_DIR]    # default: dspark_bench
 
-A branch is a comparison (==, !=, in, not in) with a schedule's name written as a string ("fixed",
+A branch is a comparison (==, !=, in, not in, a table's .isin) with a schedule's name written as a string ("fixed",
 "goodput", ...) or with a tuple named for schedules (COST_AWARE, SCHEDULES), or one whose other side reads
 a `schedule` (`config.stopping.schedule == …`, `table["schedule"] != …`). Constructing a policy
 with a schedule's name (`DecodeConfig.of(schedule="fixed")`) is not a branch. Prints each one and
@@ -44,6 +44,10 @@ def branches(path: Path) -> list[int]:
     """Line numbers of `path`'s comparisons of a schedule with a schedule's name."""
     found = []
     for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "isin" and any(
+                names_schedule(a) for a in node.args):
+            found.append(node.lineno)  # table["schedule"].isin(["fixed", ...])
+            continue
         if not isinstance(node, ast.Compare):
             continue
         sides = [node.left, *node.comparators]

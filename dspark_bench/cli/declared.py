@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -46,9 +47,11 @@ def parameter(f: dataclasses.Field, many: bool, unset: str | None, help: str | N
     """One declared field as a Typer option. `many`: repeatable (a list). `unset`: left off it is
     None, which the command reads as `unset` says ("the spec's", or "declared": the declared
     default); else the option's default is the declared one."""
-    kind = TYPES[f.type.removesuffix(" | None")]
+    kind = Path if f.metadata.get("path") else TYPES[f.type.removesuffix(" | None")]
     flag = f.metadata.get("flag") or "--" + f.name.replace("_", "-")
-    default = None if (many or unset or f.default is None) else f.default
+    # Left off: None where the command reads that as unset, and for a path (the command takes the
+    # declared default: click would read "" as the path ".").
+    default = None if (many or unset or f.default is None or f.metadata.get("path")) else f.default
     # A switch with a flag of its own (--compile) is that flag alone; another, --x/--no-x (Typer's).
     names = () if kind is bool and not f.metadata.get("flag") else (flag,)
     option = typer.Option(*names, help=help or help_of(f, many, unset), rich_help_panel=panel_of(f),
@@ -58,8 +61,15 @@ def parameter(f: dataclasses.Field, many: bool, unset: str | None, help: str | N
                              annotation=Annotated[annotation, option])
 
 
+def as_stored(value):
+    """An option's value as the declarations store it: a path as its normalised string."""
+    if isinstance(value, list):
+        return [as_stored(v) for v in value]
+    return str(value) if isinstance(value, Path) else value
+
+
 def fields_of(cls, names=None, without=()) -> list[dataclasses.Field]:
-    """A dataclass's declared fields (those made by config.knob), `names` alone if given."""
+    """A dataclass's declared fields (those made by config.knob), `names` alone if given, none of `without`."""
     declared = [f for f in dataclasses.fields(cls) if "help" in f.metadata and f.name not in without]
     return [f for f in declared if names is None or f.name in names]
 
@@ -79,11 +89,12 @@ def with_options(into: str, fields: list[dataclasses.Field], *, many: bool = Fal
         signature = inspect.signature(command, eval_str=True)
         generated = [parameter(f, many and f.metadata.get("repeats"), unset, (helps or {}).get(f.name)) for f in fields]
         own = [p for p in signature.parameters.values() if p.name != into]
-        names = [p.name for p in generated]
+        left_off = {f.name: None if (unset or (many and f.metadata.get("repeats"))) else f.default for f in fields}
 
         @functools.wraps(command)
         def wrapper(*args, **kwargs):
-            given = {name: kwargs.pop(name) for name in names if name in kwargs}
+            given = {name: as_stored(kwargs.pop(name)) for name in left_off if name in kwargs}
+            given = {name: left_off[name] if value is None else value for name, value in given.items()}
             return command(*args, **kwargs, **{into: given})
 
         wrapper.__signature__ = signature.replace(parameters=own + generated)

@@ -18,7 +18,7 @@ MODELS = ("target", "draft", "heads", "device", "dtype", "chat_template")
 
 
 @with_options("models", fields_of(Workload, MODELS))
-@with_options("knobs", knob_fields(without=("batch_size", "batch_quorum")))
+@with_options("knobs", knob_fields(without=("batch_size", "batch_quorum", "compiled")))  # one request, not warmed
 def decode(
     text: Annotated[str, typer.Argument(help="The prompt.")],
     calibration: Annotated[Optional[Path], typer.Option(help="Take the policy from a calibration file.")] = None,

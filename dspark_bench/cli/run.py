@@ -89,10 +89,11 @@ def execute(run_config, out: Path, progress, say, llama_server: Path | None, por
 
 def refuse_other_flags(ctx: typer.Context) -> None:
     """--config runs the file's config as it was: a flag that would change it is an error."""
-    given = [name for name in ctx.params if name not in ("config", "out")
+    flags = {p.name: p.opts[0] for p in ctx.command.params}
+    given = [flags[name] for name in ctx.params if name not in ("config", "out")
              and getattr(ctx.get_parameter_source(name), "name", None) == "COMMANDLINE"]  # (Typer vendors click: by name)
     if given:
-        raise DsparkError(f"--config runs the run.json's own config; drop {', '.join('--' + c.replace('_', '-') for c in given)}")
+        raise DsparkError(f"--config runs the run.json's own config; drop {', '.join(given)}")
 
 
 def print_summary(folder: Path, table) -> None:

@@ -16,7 +16,7 @@ from dspark_bench.harness.workload import Workload
 SPACE = tuple(name for name, f in KNOBS.items() if f.metadata["searched"] and f.metadata["repeats"])
 
 
-@with_options("workload", fields_of(Workload), unset="the spec's")
+@with_options("workload", fields_of(Workload, without=("turns", "trace")), unset="the spec's")  # a sweep refuses both
 @with_options("space", knob_fields(SPACE), many=True, unset="the spec's")
 def sweep(
     spec: Annotated[Optional[Path], typer.Option(help="Sweep specification (YAML), e.g. sweeps/code.yaml.")] = None,

@@ -65,9 +65,14 @@ class RunConfig(Workload):
         return self.values("batch_size")
 
     def space(self) -> dict:
-        """The grid as a search space (config.expand's), crossed in GRID_ORDER."""
-        order = [*GRID_ORDER, *(name for name in self.grid if name not in GRID_ORDER)]
-        return {name: self.values(name) for name in order if name in self.grid or name in GRID_ORDER}
+        """The grid's axes as a search space (config.expand's), crossed in GRID_ORDER: the knobs
+        a run has always crossed, and any other knob given several values."""
+        others = [name for name, values in self.grid.items() if name not in GRID_ORDER and len(values) > 1]
+        return {name: self.values(name) for name in (*GRID_ORDER, *others)}
+
+    def fixed_knobs(self) -> dict:
+        """The grid's other knobs, one value each: every policy's, checked together in its base."""
+        return {name: values[0] for name, values in self.grid.items() if name not in self.space()}
 
     def decode_configs(self, task_tokens: int | None = None) -> list[DecodeConfig]:
         """The policies this run decodes: its explicit list, or every combination of the grid."""
@@ -81,7 +86,7 @@ class RunConfig(Workload):
                                **compiled})
                     for policy in self.policies for b in sizes(policy)]
         base = DecodeConfig.of(topk=self.topk, temperature=self.temperature, top_p=self.top_p, max_new_tokens=tokens,
-                               seed=self.seed)
+                               seed=self.seed, **self.fixed_knobs())
         return expand(self.space(), base)
 
     def settings(self) -> RunnerSettings:

@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from dspark_bench import schedules
 from dspark_bench.config import DEFAULT_MAX_NEW_TOKENS, POLICY_FIELDS, DecodeConfig
 from dspark_bench.errors import DsparkError
 from dspark_bench.harness.calibration_file import (
@@ -79,7 +80,7 @@ def threshold_curves(choice: Choice) -> pd.DataFrame:
     min_draft_len) — one line per domain; `best` marks the domain's chosen point."""
     frames = []
     for domain, table in choice.tables.items():
-        candidates = rank(table[table["schedule"].isin(["threshold", "cumulative"])], choice.objective, choice.column)
+        candidates = rank(table[schedules.where(table, one_threshold=True)], choice.objective, choice.column)
         if candidates.empty:
             continue  # a space of only ramp / fixed schedules has no threshold axis
         lead = candidates.iloc[0]

@@ -181,8 +181,7 @@ def command_overrides(flags: dict, set_items: list[str]) -> dict:
     """Spec overrides from the sweep command: each flag given, the repeatable policy flags as the
     search space's lists, and every `--set key=value` (a YAML value) last."""
     flags = dict(flags)
-    for switch in ("ignore_eos", "analyze"):
-        flags[switch] = flags.get(switch) or None  # a switch left off keeps the spec's
+    flags["analyze"] = flags.get("analyze") or None  # --analyze left off keeps the spec's
     space = {name: flags.pop(name, None) for name in SEARCHABLE_FIELDS}
     overrides = flag_overrides(flags, space)
     if flags.get("task") or flags.get("dataset"):  # a prompt source given replaces the spec's

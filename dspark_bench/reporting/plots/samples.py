@@ -8,6 +8,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
+from dspark_bench import schedules
 from dspark_bench.metrics import STOP_REASONS, sample_speedup
 from dspark_bench.replay.acceptance import roc_auc
 from dspark_bench.reporting.plots.base import COLORS, _figure, short_run
@@ -29,7 +30,7 @@ def position_acceptance(samples: pd.DataFrame, labels: list[str] | None = None) 
             share = np.where(drafted > 0, accepted / drafted, np.nan)
         key = key if isinstance(key, tuple) else (key,)
         label = " · ".join(short_run(v) if n == "run_id" else str(v) for n, v in zip(keys, key))
-        style = "s--" if "fixed" in str(key[-1]) else "o-"
+        style = "s--" if "schedule" in rows and schedules.where(rows, baseline=True).all() else "o-"
         ax.plot(k, share, style, label=label)
         drawn += 1
     if not drawn:
