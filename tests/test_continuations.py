@@ -21,7 +21,8 @@ from dspark_bench.replay import record_parts
 from dspark_bench.replay.record import draft_rollouts, record
 from dspark_bench.replay.simulate import simulate, spanning_policies
 from dspark_bench.tuning.records import load_or_record
-from dspark_bench.tuning.replay_sweep import prepare, record_plan
+from dspark_bench.tuning.preparation import prepare
+from dspark_bench.tuning.replay_sweep import record_plan
 from dspark_bench.tuning.spec import parse_spec
 
 MAX_NEW = 12

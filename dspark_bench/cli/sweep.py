@@ -79,7 +79,7 @@ def engine_tools(prices: str | None, say):
     from dspark_bench.engines.llamacpp_confirm import confirm_in_llamacpp  # the same
     from dspark_bench.engines.llamacpp_run import sweep_prices  # the same
     from dspark_bench.errors import DsparkError  # with the engines: only when a sweep runs
-    from dspark_bench.tuning.replay_sweep import EngineTools  # the same: tuning loads when the command runs
+    from dspark_bench.tuning.preparation import EngineTools  # the same: tuning loads when the command runs
 
     try:
         find_server(None)

@@ -1,7 +1,8 @@
 """Tuning: searching a policy's knobs and turning the winner into something to deploy.
 
-Sweep specifications (`spec`), the Optuna study behind real sweeps (`study`), sweeps by grid,
-Optuna or replay (`sweep`; the replay side in `replay_sweep`), per-domain calibration
+Sweep specifications (`spec`), the Optuna study behind real sweeps (`study`), what every sweep
+works on (`preparation`), sweeps by grid, Optuna or replay (`sweep`; the replay side in
+`replay_sweep`, the policies it adds in `added_policies`), per-domain calibration
 (`calibrate`, choosing with `domain_choice`), and export into a serving engine's own vocabulary
 (`export`).
 

@@ -9,49 +9,22 @@ assembled into the record once every part is there.
 from __future__ import annotations
 
 import shutil
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dspark_bench.config import DecodeConfig, Drafting
 from dspark_bench.decoding.confidence import SIGNALS
 from dspark_bench.decoding.learned_signal import CONTEXT
-from dspark_bench.errors import DsparkError
 from dspark_bench.harness.runner import stage_steps
-from dspark_bench.prompts import encode, prompts_fingerprint
+from dspark_bench.prompts import prompts_fingerprint
 from dspark_bench.replay import record_parts
-from dspark_bench.replay.continuations import Continuations, open_for
 from dspark_bench.replay.record import Record, record
 from dspark_bench.results import write_folder
+from dspark_bench.tuning.preparation import LoadedSweep
 from dspark_bench.tuning.spec import SweepSpec
 
 if TYPE_CHECKING:
     from dspark_bench.harness.runner import StageProgress
-
-
-@dataclass
-class LoadedSweep:
-    """What a sweep works on: the models, the prompts, the policy its space starts from, where the
-    prompts came from, and the target's continuations where an engine's file gives them."""
-
-    pair: object
-    prompts: list
-    base: DecodeConfig
-    source: dict
-    continuations: Continuations | None = None  # the target's, from an engine's file (checked)
-    points: list = field(default_factory=list)  # the spec's space expanded on `base`, once (spec.points)
-    prices: object = None  # the engine's cost model --prices names (a cost_file.CostFile); None: ours, timed here
-
-
-def open_continuations(spec: SweepSpec, pair, prompts: list, base: DecodeConfig, say=None) -> Continuations:
-    """The spec's continuations files, checked against `prompts` as this pair encodes them."""
-    if spec.temperature > 0:
-        raise DsparkError("--continuations holds the target's greedy continuations: replay records greedy "
-                          "decoding only (drop --temperature)")
-    ids = [encode(pair.tokenizer, p.text, spec.chat_template) for p in prompts]
-    vocab = pair.target.get_output_embeddings().weight.shape[0]
-    return open_for(spec.continuations, prompts, ids, base.verification.max_new_tokens,
-                    spec.runner_settings().eos_ids(pair), vocab, say, ignore_eos=spec.ignore_eos)
 
 
 def parts_folder(record_dir: Path) -> Path:

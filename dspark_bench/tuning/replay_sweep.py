@@ -1,14 +1,14 @@
 """Replay sweeps: record the target's continuation and the drafter's rollouts once, simulate every
-policy of the space (fixed gamma, goodput, budget and the learned signal joining it: added_policies.py) under the cost surface, and confirm the
-best with real timed runs. A sweep's preparation (models, prompts, the base policy) is here too,
-shared with the real (grid / Optuna) sweeps of sweep.py."""
+policy of the space (fixed gamma, goodput, budget and the learned signal joining it:
+added_policies.py) under the cost surface, and confirm the best with real timed runs. What a
+sweep works on is prepared in preparation.py, shared with the real (grid / Optuna) sweeps."""
 
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
@@ -29,7 +29,6 @@ from dspark_bench.harness.health import (
     wall_over_estimate,
     worst,
 )
-from dspark_bench.harness.models import load_pair
 from dspark_bench.harness.plan import precision_plan, replay_plan, seconds_per_token
 from dspark_bench.objectives import OBJECTIVES, rank
 from dspark_bench.prompts import encode
@@ -37,7 +36,6 @@ from dspark_bench.replay import cost_file
 from dspark_bench.replay.batched import simulate_with_surface
 from dspark_bench.replay.simulate import simulate_grid
 from dspark_bench.results import write_json, write_parquet
-from dspark_bench.tasks import load_prompts
 from dspark_bench.tuning.confirm import confirm
 from dspark_bench.tuning.added_policies import (
     budget_points,
@@ -46,8 +44,9 @@ from dspark_bench.tuning.added_policies import (
     write_goodput_model,
     write_learned_signal,
 )
-from dspark_bench.tuning.records import LoadedSweep, drafter_groups, open_continuations, record_all, record_key
-from dspark_bench.tuning.spec import SweepSpec, base_config, evaluation_for, points
+from dspark_bench.tuning.preparation import EngineTools, LoadedSweep
+from dspark_bench.tuning.records import drafter_groups, record_all, record_key
+from dspark_bench.tuning.spec import SweepSpec
 
 if TYPE_CHECKING:
     from dspark_bench.harness.runner import StageProgress
@@ -55,46 +54,6 @@ if TYPE_CHECKING:
 PRICES_FILE = "prices.json"  # the cost-model file every prediction of the sweep was priced with
 OURS_FILE = "prices_ours.json"  # beside it, where that is an engine's: our engine's, which confirms
 MODEL = DEFAULTS.drafting  # the draft model: the drafter whose record the fits and analyses read
-
-
-@dataclass
-class EngineTools:
-    """What the engine layer lends a sweep priced on a serving engine's costs (`sweep --prices
-    llamacpp`; the command line passes them: tuning may not import engines), per engine name:
-    `measure(spec, pair, prompts, gamma, max_new_tokens, say, progress)`, its cost_file.CostFile
-    where none is cached; `confirm(spec, prepared, record, prices, gamma, folder, say, progress)`,
-    the best policies run in that engine and its verdict (a dict with a `sentence`)."""
-
-    measure: dict[str, Callable] = field(default_factory=dict)
-    confirm: dict[str, Callable] = field(default_factory=dict)
-
-
-def prepare(spec: SweepSpec, say: Callable[[str], None] | None = None, engines: EngineTools | None = None,
-            progress: StageProgress | None = None) -> LoadedSweep:
-    spec.use_threads()
-    cost_file.check_choice(spec.prices)  # a bad --prices ends before anything loads
-    prompts, source, task_tokens = load_prompts(spec.task, spec.dataset, spec.split, spec.prompt_field,
-                                                spec.category_field, spec.limit)
-    base = base_config(spec, task_tokens)
-    configs = points(spec, base)  # expanded once; a threshold out of range fails here, before models load
-    pair = load_pair(spec.target, spec.draft, spec.device, spec.dtype, spec.heads, drafters={c.drafting.drafter for c in configs})
-    prepared = LoadedSweep(pair, prompts, base, source, points=configs)
-    prepared.prices = engine_prices(spec, prepared, (engines or EngineTools()).measure, say, progress)
-    if spec.continuations is not None:  # checked before any folder or record is written
-        prepared.continuations = open_continuations(spec, pair, prompts, base, say)
-    return prepared
-
-
-def engine_prices(spec: SweepSpec, prepared: LoadedSweep, measurers: dict[str, Callable], say, progress):
-    """The cost model --prices names, before any record: a file's or a cached one, checked against
-    the pair; measured now where a measurer for that engine is given (it caches what it measures)."""
-    if evaluation_for(spec) != "replay":
-        return None  # a real sweep times every policy on our engine: no prices rank it
-    if spec.prices in measurers:
-        gamma = max(c.stopping.gamma_max for c in prepared.points)  # the fixed γ replay adds are among these
-        return measurers[spec.prices](spec, prepared.pair, prepared.prompts, gamma,
-                                      prepared.base.verification.max_new_tokens, say, progress)
-    return cost_file.resolve(spec.prices, prepared.pair.describe())
 
 
 def engine_verdict(spec: SweepSpec, prepared: LoadedSweep, records: dict, prices, gamma: int, folder: Path,

@@ -47,14 +47,8 @@ if TYPE_CHECKING:
 
 from dspark_bench.replay.record_parts import parse_shard  # noqa: F401 (the CLI's --shard)
 from dspark_bench.tuning.records import load_or_record, parts_folder
-from dspark_bench.tuning.replay_sweep import (
-    LoadedSweep,
-    EngineTools,
-    needs_draft_model,
-    prepare,
-    record_plan,
-    replay_sweep,
-)
+from dspark_bench.tuning.preparation import EngineTools, LoadedSweep, prepare
+from dspark_bench.tuning.replay_sweep import needs_draft_model, record_plan, replay_sweep
 
 # --- the whole sweep: prepare, run (real or replay), summarise ----------------------------------
 
@@ -124,7 +118,7 @@ def run_sweep(spec: SweepSpec, out: Path, storage: str | None = None, study_name
     """A new sweep: real (grid / Optuna, in a study) or replay; returns its folder and best table.
 
     With `say`, the plan and its estimated duration are said before any decoding; `engines`: what
-    measures the prices of an engine --prices names and confirms in it (replay_sweep.EngineTools)."""
+    measures the prices of an engine --prices names and confirms in it (preparation.EngineTools)."""
     if workers < 1:
         raise DsparkError(f"--workers must be at least 1 (got {workers})")
     evaluation = evaluation_for(spec)

@@ -1,0 +1,86 @@
+"""A sweep's preparation, shared by replay sweeps (replay_sweep.py) and real ones (sweep.py):
+the prompts read, the space expanded once on the base policy, the models loaded, the prices
+`--prices` names found (or measured by an engine the command line lends), and an engine's
+continuations file checked, all before any folder or record is written."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable
+
+from dspark_bench.config import DecodeConfig
+from dspark_bench.errors import DsparkError
+from dspark_bench.harness.models import load_pair
+from dspark_bench.prompts import encode
+from dspark_bench.replay import cost_file
+from dspark_bench.replay.continuations import Continuations, open_for
+from dspark_bench.tasks import load_prompts
+from dspark_bench.tuning.spec import SweepSpec, base_config, evaluation_for, points
+
+if TYPE_CHECKING:
+    from dspark_bench.harness.runner import StageProgress
+
+
+@dataclass
+class LoadedSweep:
+    """What a sweep works on: the models, the prompts, the policy its space starts from, where the
+    prompts came from, and the target's continuations where an engine's file gives them."""
+
+    pair: object
+    prompts: list
+    base: DecodeConfig
+    source: dict
+    continuations: Continuations | None = None  # the target's, from an engine's file (checked)
+    points: list = field(default_factory=list)  # the spec's space expanded on `base`, once (spec.points)
+    prices: object = None  # the engine's cost model --prices names (a cost_file.CostFile); None: ours, timed here
+
+
+@dataclass
+class EngineTools:
+    """What the engine layer lends a sweep priced on a serving engine's costs (`sweep --prices
+    llamacpp`; the command line passes them: tuning may not import engines), per engine name:
+    `measure(spec, pair, prompts, gamma, max_new_tokens, say, progress)`, its cost_file.CostFile
+    where none is cached; `confirm(spec, prepared, record, prices, gamma, folder, say, progress)`,
+    the best policies run in that engine and its verdict (a dict with a `sentence`)."""
+
+    measure: dict[str, Callable] = field(default_factory=dict)
+    confirm: dict[str, Callable] = field(default_factory=dict)
+
+
+def prepare(spec: SweepSpec, say: Callable[[str], None] | None = None, engines: EngineTools | None = None,
+            progress: StageProgress | None = None) -> LoadedSweep:
+    spec.use_threads()
+    cost_file.check_choice(spec.prices)  # a bad --prices ends before anything loads
+    prompts, source, task_tokens = load_prompts(spec.task, spec.dataset, spec.split, spec.prompt_field,
+                                                spec.category_field, spec.limit)
+    base = base_config(spec, task_tokens)
+    configs = points(spec, base)  # expanded once; a threshold out of range fails here, before models load
+    pair = load_pair(spec.target, spec.draft, spec.device, spec.dtype, spec.heads, drafters={c.drafting.drafter for c in configs})
+    prepared = LoadedSweep(pair, prompts, base, source, points=configs)
+    prepared.prices = engine_prices(spec, prepared, (engines or EngineTools()).measure, say, progress)
+    if spec.continuations is not None:  # checked before any folder or record is written
+        prepared.continuations = open_continuations(spec, pair, prompts, base, say)
+    return prepared
+
+
+def engine_prices(spec: SweepSpec, prepared: LoadedSweep, measurers: dict[str, Callable], say, progress):
+    """The cost model --prices names, before any record: a file's or a cached one, checked against
+    the pair; measured now where a measurer for that engine is given (it caches what it measures)."""
+    if evaluation_for(spec) != "replay":
+        return None  # a real sweep times every policy on our engine: no prices rank it
+    if spec.prices in measurers:
+        gamma = max(c.stopping.gamma_max for c in prepared.points)  # the fixed γ replay adds are among these
+        return measurers[spec.prices](spec, prepared.pair, prepared.prompts, gamma,
+                                      prepared.base.verification.max_new_tokens, say, progress)
+    return cost_file.resolve(spec.prices, prepared.pair.describe())
+
+
+def open_continuations(spec: SweepSpec, pair, prompts: list, base: DecodeConfig, say=None) -> Continuations:
+    """The spec's continuations files, checked against `prompts` as this pair encodes them."""
+    if spec.temperature > 0:
+        raise DsparkError("--continuations holds the target's greedy continuations: replay records greedy "
+                          "decoding only (drop --temperature)")
+    ids = [encode(pair.tokenizer, p.text, spec.chat_template) for p in prompts]
+    vocab = pair.target.get_output_embeddings().weight.shape[0]
+    return open_for(spec.continuations, prompts, ids, base.verification.max_new_tokens,
+                    spec.runner_settings().eos_ids(pair), vocab, say, ignore_eos=spec.ignore_eos)
