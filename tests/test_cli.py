@@ -69,6 +69,7 @@ def test_decode_shows_rounds(saved_pair):
         (["--batching", "sometimes"], "unknown --batching 'sometimes'; choose one of refill, drain"),
         (["--budget-layout", "bogus"], "unknown budget layout 'bogus'"),  # a knob of one value is checked too
         (["--ngram-min", "5"], "lookup needs 1 <= ngram_min <= ngram_max"),
+        (["--calibration", "/nonexistent/calibration.yaml"], "calibration file '/nonexistent/calibration.yaml' does not exist"),
         (["--batch-size", "2", "--turns", "all"], "use --batch-size 1 with it"),
         (["--draft-mode", "sideways"], "unknown draft mode 'sideways'"),
         (["--draft-mode", "verify-side", "--batch-size", "2"], "run at batch size 1 only"),

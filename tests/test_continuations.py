@@ -318,3 +318,20 @@ def test_a_damaged_part_and_a_failed_write_end_in_one_line_and_leave_nothing(tmp
     with pytest.raises(DsparkError, match="context is full"):
         write(out, header({"name": "test"}, "m", 2, False), lines())
     assert list(tmp_path.glob("c.jsonl*")) == []
+
+
+def test_a_missing_or_foreign_file_is_refused_before_prompts_or_models_load(workload, tmp_path, monkeypatch):
+    """What can be checked of a continuations file without the prompts or the models (that it is
+    there, a greedy continuations file) is checked first: nothing is read or loaded before."""
+    from dspark_bench.tuning import preparation
+
+    def loaded(*args, **kwargs):
+        raise AssertionError("prompts or models were loaded before the file was checked")
+
+    monkeypatch.setattr(preparation, "load_prompts", loaded)
+    monkeypatch.setattr(preparation, "load_pair", loaded)
+    other = tmp_path / "other.jsonl"
+    other.write_text(json.dumps({"format": "something else"}) + "\n")
+    for path, message in ((tmp_path / "none.jsonl", "does not exist"), (other, "is not a continuations file")):
+        with pytest.raises(DsparkError, match=message):
+            prepare(sweep_spec(workload, path))

@@ -115,6 +115,8 @@ def check(config: RunConfig) -> None:
         raise DsparkError("--compile and --draft-mode verify-side run at batch size 1 only; use --batch-size 1")
     if config.calibration is not None and config.policies is not None:
         raise DsparkError("a calibration chooses the policies; a run cannot also list them")
+    if config.calibration is not None:
+        load_calibration(config.calibration)  # a missing or broken file ends here, before the prompts are read
     if config.policies is not None and not config.policies:
         raise DsparkError("the run lists no policy to decode")
     configs = config.decode_configs()  # every policy of the grid is valid (one clear line if not)

@@ -138,6 +138,18 @@ def open_for(paths, prompts: list, prompt_ids: list[list[int]], max_new_tokens: 
     return found
 
 
+def check_files(paths, ignore_eos: bool = False) -> None:
+    """Each continuations file exists and its first line is a greedy continuations header (with
+    EOS treated as this sweep does): the checks that need no prompt, model or length, made before
+    any of those load. open_for checks the rest."""
+    for path in [Path(p).expanduser() for p in ([paths] if isinstance(paths, (str, Path)) else paths)]:
+        if not path.is_file():
+            raise DsparkError(f"continuations file {str(path)!r} does not exist")
+        with path.open("rb") as source:
+            check_header(parse(source.readline(), f"continuations file {path.name}", 1),
+                         f"continuations file {path.name}", 0, ignore_eos)
+
+
 def read_file(path: Path, which: int, needed: dict, offsets: dict, digest, max_new_tokens: int,
               eos_ids: frozenset[int], vocab_size: int, ignore_eos: bool) -> dict:
     """Check one file's header and lines, noting where each prompt's line is; its header."""

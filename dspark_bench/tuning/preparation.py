@@ -13,7 +13,7 @@ from dspark_bench.errors import DsparkError
 from dspark_bench.harness.models import load_pair
 from dspark_bench.prompts import encode
 from dspark_bench.replay import cost_file
-from dspark_bench.replay.continuations import Continuations, open_for
+from dspark_bench.replay.continuations import Continuations, check_files, open_for
 from dspark_bench.tasks import load_prompts
 from dspark_bench.tuning.spec import SweepSpec, base_config, evaluation_for, points
 
@@ -51,6 +51,8 @@ def prepare(spec: SweepSpec, say: Callable[[str], None] | None = None, engines: 
             progress: StageProgress | None = None) -> LoadedSweep:
     spec.use_threads()
     cost_file.check_choice(spec.prices)  # a bad --prices ends before anything loads
+    if spec.continuations is not None:  # so does a missing or foreign continuations file
+        check_files(spec.continuations, spec.ignore_eos)
     prompts, source, task_tokens = load_prompts(spec.task, spec.dataset, spec.split, spec.prompt_field,
                                                 spec.category_field, spec.limit)
     base = base_config(spec, task_tokens)
