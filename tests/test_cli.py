@@ -190,3 +190,29 @@ def test_a_run_folder_says_its_timing_health(first_run):
     timing = json.loads((folder / "summary.json").read_text())["timing_health"]
     assert {c["name"] for c in timing["checks"]} >= {"load_drift", "load_dispersion", "baseline_drift"}
     assert timing["verdict"] in ("ok", "noisy", "unreliable") and timing["headline"].startswith(f"timings {timing['verdict']}")
+
+
+def test_the_runs_table_fits_100_columns_with_its_labels_on_one_line(first_run):
+    """policy · speedup [95 % CI] · tokens per round · acceptance · draft length · = target, in 100
+    columns, however long a label gets; `--wide` keeps every column."""
+    import os
+
+    from rich.console import Console
+
+    from dspark_bench.cli.console import run_table, summary_table
+    from dspark_bench.metrics import summarize
+
+    out, folder, result = first_run
+    table = summarize(pd.read_parquet(folder / "samples.parquet"))
+    table["config_label"] = table["config_label"] + " · llama.cpp rule · B=32"  # a batched llama.cpp-rule run's labels
+    screen = Console(width=100, record=True, file=open(os.devnull, "w"))
+    screen.print(run_table(table, "3 prompts · cpu · float32 · a title long enough to wrap " * 3))
+    lines = screen.export_text().splitlines()
+    assert max(len(line.rstrip()) for line in lines) <= 100
+    for label, speedup in zip(table["config_label"], table["speedup"]):
+        (line,) = [line for line in lines if label in line]  # whole, on one line, with its numbers
+        assert f"{speedup:.3f} [" in line and line.rstrip().endswith("yes")  # greedy fp32: the target's own
+    wide = Console(width=300, record=True, file=open(os.devnull, "w"))
+    wide.print(summary_table(table, "wide"))
+    assert "block acceptance rate" in wide.export_text()
+    assert "speedup [95 % CI]" in result.output and "= target" in result.output

@@ -90,6 +90,37 @@ SHORT_HEADERS = {"baseline_mean_new_tokens": "baseline mean len", "spec_mean_new
                  "spec_latency_per_token_s": "spec s/token/request"}
 
 
+def run_table(table, title: str) -> Table:
+    """A run's policies in 100 columns, labels on one line: policy · speedup [95 % CI] · tokens per
+    round · acceptance · draft length · whether the output is the target's own (the rest: --wide,
+    and the run folder's files)."""
+    from rich import box
+
+    view = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, show_edge=False, padding=0)
+    extra = ["category"] if "category" in table else []
+    for header in (*extra, "policy", "speedup [95 % CI]", "tok/rnd", "accept", "draft", "= target"):
+        view.add_column(header, justify="left" if header in ("policy", "category") else "right",
+                        no_wrap=header == "policy")
+    for row in table.to_dict(orient="records"):
+        view.add_row(*[str(row[c]) for c in extra], str(row["config_label"]), measured_cell(row),
+                     cell(row.get("tokens_per_round"), 2), cell(row.get("acceptance_rate"), 2),
+                     cell(row.get("avg_draft_len"), 2), same_output(row))
+    return view
+
+
+def same_output(row: dict) -> str:
+    """Greedy: "yes" where every output equals the target's own, else the share that does (of the
+    positions where the run measured them, reduced precision; else of the outputs); sampling:
+    empty (outputs are samples)."""
+    identical = row.get("identical_to_baseline")
+    if identical is None or identical != identical:
+        return ""
+    if identical >= 1:
+        return "yes"
+    share = row.get("identical_share")
+    return f"{identical if share is None or share != share else share:.0%}"
+
+
 def summary_table(table, title: str) -> Table:
     view = Table(title=title, title_justify="left")
     columns = ["config_label", "prompts", "avg_draft_len", "acceptance_rate", "block_acceptance_rate",

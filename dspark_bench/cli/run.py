@@ -15,6 +15,7 @@ from dspark_bench.cli.console import (
     print_verdicts,
     read_summary,
     reporting,
+    run_table,
     summary_table,
 )
 from dspark_bench.cli.declared import fields_of, knob_fields, with_options
@@ -39,6 +40,7 @@ def run(
     llama_server: Annotated[Optional[Path], typer.Option(help="--decoder llamacpp: the llama-server binary (default: tools/build-llama-server.sh's build, then PATH).")] = None,
     port: Annotated[Optional[int], typer.Option(help="--decoder llamacpp: the plain server's port on 127.0.0.1, the speculative one's next (default: free ones).")] = None,
     out: Annotated[Path, typer.Option(help="Folder that receives the run folder.")] = Path("results"),
+    wide: Annotated[bool, typer.Option("--wide", help="Print every column of the run's table, not the six that fit 100 columns.")] = False,
     workload: dict | None = None, knobs: dict | None = None,
 ):
     """Decode prompts with the speculative decoder and the autoregressive baseline; write a run folder.
@@ -62,7 +64,7 @@ def run(
                 run_config = lib.RunConfig(**workload, grid=grid, decoder=decoder,
                                            calibration=str(calibration) if calibration else None)
                 folder, table = execute(run_config, out, progress, say, llama_server, port)
-        print_summary(folder, table)
+        print_summary(folder, table, wide)
 
 
 def grid_of(knobs: dict) -> dict:
@@ -96,7 +98,7 @@ def refuse_other_flags(ctx: typer.Context) -> None:
         raise DsparkError(f"--config runs the run.json's own config; drop {', '.join(given)}")
 
 
-def print_summary(folder: Path, table) -> None:
+def print_summary(folder: Path, table, wide: bool = False) -> None:
     from dspark_bench.metrics import summarize  # loaded when the command runs, not for --help
     from dspark_bench.results import read_run  # loaded when the command runs, not for --help
 
@@ -107,9 +109,10 @@ def print_summary(folder: Path, table) -> None:
     title += " · speculative side: HF assisted generation" if info["settings"].get("decoder", info["settings"].get("engine")) == "hf" else ""
     if "batch_size" in table and (table["batch_size"] > 1).any():
         title += f" · B>1: padded layout, {info['settings'].get('batching', 'refill')}ed batches"
-    out_console.print(summary_table(table, title))
+    first = summary_table if wide else run_table
+    out_console.print(first(table, title))
     if samples["category"].nunique() > 1:
-        out_console.print(summary_table(summarize(samples, by=["category"]), "by category"))
+        out_console.print(first(summarize(samples, by=["category"]), "by category"))
     summary = read_summary(folder)
     print_verdicts(summary)
     print_health(summary)
