@@ -382,3 +382,23 @@ def test_published_results_appear_for_benchmark_tasks_only():
     assert rows and all("HumanEval" in r[0] or "code" in r[0].lower() for r in rows)
     chat = for_task("mt-bench")[2][2]
     assert chat and all("MT-Bench" in r[0] for r in chat) and all(r[-1] for r in chat)  # every row cites its source
+
+
+def test_a_sweep_confirmed_in_an_engine_leads_its_report_with_that_engines_verdict():
+    """summary.json's engine_verdict (sweep --prices llamacpp, confirmed in llama-server) is the
+    report's first word, as the command line and export say it."""
+    from types import SimpleNamespace
+
+    from dspark_bench.reporting.text import engine_verdict_blocks, to_html, to_markdown
+
+    verdict = {"engine": "llama.cpp b11434", "sentence": "in llama.cpp b11434 here, plain decoding wins: the best "
+               "policy measured 0.86× [0.79, 0.95] (fixed γ=3)", "measured_in": "llama-server's generation phase",
+               "rows": [{"policy": "fixed γ=3", "predicted": 0.81, "measured": 0.861, "measured_low": 0.79,
+                         "measured_high": 0.95, "acceptance_rate": 0.44}]}
+    inputs = SimpleNamespace(summaries={"sweep-a": {"engine_verdict": verdict}, "run-b": {}})
+    blocks = engine_verdict_blocks(inputs)
+    assert [b[0] for b in blocks] == ["p", "table"]
+    assert "plain decoding wins" in blocks[0][1] and blocks[1][2] == [["fixed γ=3", "0.810", "0.861× [0.79, 0.95]",
+                                                                    "0.44"]]
+    assert "plain decoding wins" in to_markdown(blocks) and "plain decoding wins" in to_html(blocks, "t")
+    assert engine_verdict_blocks(SimpleNamespace(summaries={"run-b": {}})) == []

@@ -61,6 +61,25 @@ def health_blocks(inputs: Inputs) -> list[tuple]:
     return [("p", lead), ("table", ["run", "verdict", "checks", "headline"], rows)]
 
 
+def engine_verdict_blocks(inputs: Inputs) -> list[tuple]:
+    """A sweep priced on a serving engine's costs and confirmed in it (summary.json's
+    engine_verdict): that engine's verdict first, and its confirmed policies as measured there;
+    the table after it is our engine's."""
+    blocks = []
+    for run_id, summary in inputs.summaries.items():
+        verdict = summary.get("engine_verdict")
+        if not verdict:
+            continue
+        rows = [[r["policy"], _fmt(r.get("predicted"), 3), f"{r['measured']:.3f}× [{r['measured_low']:.2f}, "
+                 f"{r['measured_high']:.2f}]", _fmt(r.get("acceptance_rate"), 2)] for r in verdict["rows"]]
+        where = f" ({plots.short_run(run_id)})" if len(inputs.summaries) > 1 else ""
+        blocks += [("p", f"Confirmed in {verdict['engine']}{where}: {verdict['sentence']}. Measured in "
+                         f"{verdict['measured_in']}; the summary table below is our engine's."),
+                   ("table", ["policy", f"predicted on {verdict['engine']}'s prices", "measured [95% CI]", "acceptance"],
+                    rows)]
+    return blocks
+
+
 def summary_blocks(inputs: Inputs) -> list[tuple]:
     """The one-screen summary: best vs classic vs autoregressive, cost model, environment."""
     policies, objective = inputs.policies, inputs.column
@@ -70,7 +89,7 @@ def summary_blocks(inputs: Inputs) -> list[tuple]:
     rows = [_policy_line("best", best, several), _policy_line("classic (best fixed γ)", classic, several),
             ["autoregressive", "target alone", "1.00×", "1.00", _fmt(_baseline_rate(best), 1), "1.000", "—", "0.000",
              "—", "0.000"]]
-    blocks: list[tuple] = [("h2", "Summary"), ("table", header, rows)]
+    blocks: list[tuple] = [("h2", "Summary"), *engine_verdict_blocks(inputs), ("table", header, rows)]
     ranked = {"speedup": "measured speedup", "predicted_speedup": "predicted_speedup (cost model)",
               "tokens_per_round": "tokens_per_round (no timing)"}.get(objective, objective)
     text = f"Configurations ranked by {ranked} over {len(plots.complete(policies))} configurations or trials."
