@@ -375,7 +375,9 @@ def test_a_sweep_priced_by_llamacpp_measures_its_prices_itself_and_reuses_or_dee
     assert verdict["wins"] in ("plain", "speculative", "neither")
     assert (verdict["wins"] == "plain") == (verdict["best"]["measured_high"] < 1)
     exported = runner.invoke(app, ["export", str(folder), "--format", "llamacpp", "--out", str(tmp_path / "x")])
-    assert exported.exit_code == 0 and f"measured by the sweep: {verdict['sentence']}" in " ".join(exported.output.split())
+    told = " ".join(exported.output.split())  # export writes what llama.cpp measured, and says so
+    assert exported.exit_code == 0 and verdict["sentence"] in told
+    assert ("writes plain decoding: the sweep measured it in llama.cpp b11434" in told) == (verdict["wins"] != "speculative")
     (cached,) = prices_home.glob("llamacpp-*.json")
     assert len(cost_file.load(cached).surface.at(1).t_verify) == 8  # k = 0 .. 7: the fit's deeper γ
     assert "(cached; depth" in sweep("--gamma-max", "2")

@@ -214,6 +214,28 @@ def test_sweep_ranks_on_an_engines_prices_and_export_writes_plain_decoding_where
     elsewhere = runner.invoke(app, ["export", str(folder), "--format", "llamacpp", "--out", str(tmp_path / "y")])
     assert elsewhere.exit_code == 0 and "writes plain decoding" in elsewhere.output
     assert (tmp_path / "y" / "llama_cpp_flags.txt").read_text() == flags
+    # Where the sweep measured its picks in llama.cpp, export writes what was measured, not replay's pick.
+    summary_path = folder / "summary.json"
+    measured = DecodeConfig.of(schedule="fixed", gamma_max=2, min_draft_len=0, semantics="llamacpp",
+                               max_new_tokens=rec.max_new_tokens)
+    best = {"policy": measured.label(), "config": measured.to_dict(), "measured": 1.2, "measured_low": 1.1,
+            "measured_high": 1.3}
+    for wins, sentence in (("speculative", "fixed γ=2 is faster there"), ("neither", "no policy is faster there")):
+        summary_path.write_text(json.dumps({**summary, "engine_verdict": {
+            "engine": "llama.cpp b11434", "wins": wins, "best": best, "sentence": sentence, "rows": []}}))
+        out = tmp_path / wins
+        said = runner.invoke(app, ["export", str(folder), "--format", "llamacpp", "--out", str(out)])
+        assert said.exit_code == 0, said.output
+        written = [line for line in (out / "llama_cpp_flags.txt").read_text().splitlines()
+                   if line.strip() and not line.startswith("#")]
+        if wins == "speculative":  # replay on these prices said plain decoding; llama.cpp measured fixed γ=2 faster
+            assert written and "--spec-draft-n-max 2" in " ".join(written) and "writes plain decoding" not in said.output
+            assert f"measured by the sweep: {sentence}" in " ".join(said.output.split())
+        else:
+            assert not written
+            assert f"writes plain decoding: the sweep measured it in llama.cpp b11434: {sentence}" in " ".join(
+                said.output.split())
+    summary_path.write_text(json.dumps(summary))
     # A file for a batch size the sweep does not have is refused before anything is replayed.
     refused = runner.invoke(app, base_args(saved_pair, prompts_file, tmp_path / "b8") + [
         "--prices", str(prices_home / "llamacpp-test.json"), "--batch-size", "1", "--batch-size", "8"])

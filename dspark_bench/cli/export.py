@@ -46,23 +46,11 @@ def export(
             say(f"B={c.batch_size}: predicted {c.over_defaults:.3f}× {name}'s own default policy (fixed γ = 3)")
         if c.plain:
             say(f"B={c.batch_size}: writes plain decoding: {c.plain}")
-    measured = engine_verdict(run, fmt)
-    if measured:  # what the sweep measured in this engine: the decision above is replay's, this is the engine's
-        say(f"measured by the sweep: {measured}")
+    measured = lib.measured_verdict(run, fmt)
+    if measured and not any(c.plain for c in choices):  # (a plain decoding choice said it already)
+        say(f"measured by the sweep: {measured['sentence']}")
     say(f"written for: {version.covers}")
     say(f"note: {lib.NOTES[fmt]}")
     say(text.rstrip())
     for path in written:
         say(f"written: {path}")
-
-
-def engine_verdict(run: Path, fmt: str) -> str | None:
-    """The sweep's own verdict from running its best in this engine (summary.json's
-    engine_verdict, `sweep --prices llamacpp`), if it has one for `fmt`."""
-    import json  # only where a verdict is looked for
-
-    path = Path(run) / "summary.json"
-    if fmt != "llamacpp" or not path.is_file():
-        return None
-    verdict = json.loads(path.read_text()).get("engine_verdict")
-    return verdict["sentence"] if verdict else None

@@ -84,7 +84,7 @@ def row(policy: DecodeConfig, rows: pd.DataFrame, predicted: float) -> dict:
     """One policy as llama.cpp ran it: its speedup over plain decoding (generation phase, paired
     over prompts, 95 % interval) beside replay's prediction on llama.cpp's prices."""
     speed = generation_speedup(rows, policy.label())
-    return {"policy": policy.label(), "predicted": predicted,
+    return {"policy": policy.label(), "config": policy.to_dict(), "predicted": predicted,
             **{key: float(speed[column]) for key, column in (
                 ("measured", "speedup"), ("measured_low", "speedup_low"), ("measured_high", "speedup_high"),
                 ("acceptance_rate", "acceptance_rate"), ("tokens_per_round", "tokens_per_round"),

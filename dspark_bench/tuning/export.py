@@ -231,7 +231,7 @@ def choose(run: RunPolicies, fmt: str) -> list[Choice]:
     sizes = sorted(run.best) if fmt in ("vllm", "trtllm") else sorted(run.best)[:1]  # per-B tables: those two
     engine = engine_prices(run, fmt)
     if engine is not None:
-        return [priced_choice(run, fmt, engine)]
+        return [as_measured(priced_choice(run, fmt, engine), run, fmt, engine)]
     out = []
     for batch_size in sizes:
         tuned, speedup, _ = run.best[batch_size]
@@ -270,6 +270,35 @@ def priced_choice(run: RunPolicies, fmt: str, engine) -> Choice:
         acceptance = simulate_grid(rec, [one])["acceptance_rate"].iloc[0]  # of a first drafted token
         choice.plain = plain_because(cost, engine.label, choice.exported_speedup, float(acceptance))
         choice.exported_speedup, choice.over_defaults = 1.0, float(1.0 / speedups[-1])
+    return choice
+
+
+def measured_verdict(folder: Path, fmt: str) -> dict | None:
+    """The sweep's verdict from running its best policies in this engine (summary.json's
+    engine_verdict, `sweep --prices llamacpp` confirmed in llama-server), if it has one for `fmt`."""
+    path = Path(folder) / "summary.json"
+    if fmt != "llamacpp" or not path.is_file():
+        return None
+    return read_json(path, "summary file").get("engine_verdict") or None
+
+
+def as_measured(choice: Choice, run: RunPolicies, fmt: str, engine) -> Choice:
+    """Where the sweep measured its picks in this engine, export what it measured, not replay's
+    pick: the policy that was faster than plain decoding beyond noise, else plain decoding."""
+    verdict = measured_verdict(run.folder, fmt)
+    if verdict is None:
+        return choice
+    best = verdict["best"]
+    if verdict["wins"] != "speculative":  # with replay's why, where replay says so too
+        measured = f"the sweep measured it in {verdict['engine']}: {verdict['sentence']}"
+        choice.plain = f"{measured}. Replayed: {choice.plain}" if choice.plain else measured
+        choice.exported_speedup = 1.0
+        return choice
+    measured = from_dict(best["config"]) if "config" in best else next(
+        (c for c in candidates(fmt, choice.tuned, list(range(1, run.depth + 1))) if c.label() == best["policy"]), None)
+    if measured is not None:  # replayed on the engine's prices, as every speedup of the table is
+        choice.exported, choice.plain = measured, ""
+        choice.exported_speedup = float(replayed(run, [measured], engine.surface.at(1))[0])
     return choice
 
 
