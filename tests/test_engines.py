@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import socket
 import subprocess
@@ -363,6 +364,7 @@ def test_a_sweep_priced_by_llamacpp_measures_its_prices_itself_and_reuses_or_dee
 
     said = sweep("--gamma-max", "3")
     assert "measuring llama.cpp's prices (cached after): llama-bench passes of 1 to 8 tokens" in said
+    assert re.search(r"llama.cpp's plain step: [\d.]+ ms \(llama-bench\); the fit's \d+ requests ≈ \d+ s", said)
     assert "predicted on llama.cpp b11434's prices" in said
     # Confirmed in llama.cpp: its best policy there and its defaults, each against a plain server.
     (folder,) = [f for f in (tmp_path / "s0").iterdir() if f.name != "records"]

@@ -196,6 +196,11 @@ def llamacpp_prices(pair, fit_prompts, fit_ids: list[list[int]], eos, max_new_to
     probe.sample("after llama-bench")
     policies = [DecodeConfig.of(**knobs, min_draft_len=0, semantics="llamacpp", max_new_tokens=max_new_tokens)
                 for knobs in [*(dict(schedule="fixed", gamma_max=g) for g in FIT_GAMMAS), EMPTY_FIT]]
+    if say:  # the fit's estimate, now that llama-bench has timed a plain step
+        step = medians["target"][1]
+        say(f"llama.cpp's plain step: {step * 1e3:.1f} ms (llama-bench); the fit's {2 * len(fit_ids) * len(policies)} "
+            f"requests ≈ {2 * len(fit_ids) * len(policies) * max_new_tokens * step:.0f} s at that step, the servers' "
+            "starts aside")
     context = max(len(ids) for ids in fit_ids) + max_new_tokens + gamma + 8
     runs, steps = [], stage_steps(progress, "llama.cpp prices (fit)", len(fit_ids) * len(policies))
     with LlamaServer(binary, target, [], threads, context, None, "llama-server (plain, fit)") as plain:
