@@ -220,17 +220,23 @@ def test_sweep_ranks_on_an_engines_prices_and_export_writes_plain_decoding_where
                                max_new_tokens=rec.max_new_tokens)
     best = {"policy": measured.label(), "config": measured.to_dict(), "measured": 1.2, "measured_low": 1.1,
             "measured_high": 1.3}
-    for wins, sentence in (("speculative", "fixed γ=2 is faster there"), ("neither", "no policy is faster there")):
+    defaults = {"policy": "fixed γ=3 · llama.cpp rule", "measured": 1.2}  # a row from before rows kept configs
+    for wins, sentence, chosen in (("speculative", "fixed γ=2 is faster there", best),
+                                   ("neither", "no policy is faster there", best),
+                                   ("speculative", "the defaults are faster there", defaults)):
         summary_path.write_text(json.dumps({**summary, "engine_verdict": {
-            "engine": "llama.cpp b11434", "wins": wins, "best": best, "sentence": sentence, "rows": []}}))
-        out = tmp_path / wins
+            "engine": "llama.cpp b11434", "wins": wins, "best": chosen, "sentence": sentence, "rows": []}}))
+        out = tmp_path / sentence.replace(" ", "-")
         said = runner.invoke(app, ["export", str(folder), "--format", "llamacpp", "--out", str(out)])
         assert said.exit_code == 0, said.output
         written = [line for line in (out / "llama_cpp_flags.txt").read_text().splitlines()
                    if line.strip() and not line.startswith("#")]
-        if wins == "speculative":  # replay on these prices said plain decoding; llama.cpp measured fixed γ=2 faster
-            assert written and "--spec-draft-n-max 2" in " ".join(written) and "writes plain decoding" not in said.output
-            assert f"measured by the sweep: {sentence}" in " ".join(said.output.split())
+        if wins == "speculative":  # replay on these prices said plain decoding; llama.cpp measured it faster
+            gamma = 2 if chosen is best else 3
+            assert written and f"--spec-draft-n-max {gamma}" in " ".join(written)
+            told = " ".join(said.output.split())
+            assert "writes plain decoding" not in told and f"measured by the sweep: {sentence}" in told
+            assert chosen["policy"] in told and "own default policy" not in told  # what it writes, no stale prediction
         else:
             assert not written
             assert f"writes plain decoding: the sweep measured it in llama.cpp b11434: {sentence}" in " ".join(

@@ -138,3 +138,14 @@ def test_the_config_is_one_frozen_config_per_concern_stored_flat():
                            (dict(gamm_max=3), "unknown decode setting")):
         with pytest.raises(DsparkError, match=message):
             DecodeConfig.of(**knobs)
+
+
+def test_a_calibration_file_is_checked_before_anything_is_read(tmp_path):
+    """A missing or broken --calibration ends when the run is configured, before its prompts
+    are read or its models load."""
+    with pytest.raises(DsparkError, match="calibration file '/nonexistent/c.yaml' does not exist"):
+        RunConfig(task="code", calibration="/nonexistent/c.yaml")
+    broken = tmp_path / "c.yaml"
+    broken.write_text("domains: [unclosed\n")
+    with pytest.raises(DsparkError, match="c.yaml"):
+        RunConfig(task="code", calibration=str(broken))

@@ -34,7 +34,7 @@ def export(
     for c in choices:
         kept = c.exported_speedup / c.tuned_speedup if c.exported_speedup and c.tuned_speedup else float("nan")
         table.add_row(str(c.batch_size), c.tuned.label(), f"{c.tuned_speedup:.3f}",
-                      "plain decoding" if c.plain else "the same policy" if not c.reasons else c.exported.label(),
+                      "plain decoding" if c.plain else "the same policy" if c.exported == c.tuned else c.exported.label(),
                       f"{c.exported_speedup:.3f}" if c.exported_speedup is not None else "n/a", f"{kept:.1%}")
     out_console.print(table)
     say = lambda line: out_console.print(line, highlight=False, soft_wrap=True, markup=False)  # noqa: E731
@@ -47,7 +47,7 @@ def export(
         if c.plain:
             say(f"B={c.batch_size}: writes plain decoding: {c.plain}")
     measured = lib.measured_verdict(run, fmt)
-    if measured and not any(c.plain for c in choices):  # (a plain decoding choice said it already)
+    if measured and not any(c.plain.startswith("the sweep measured") for c in choices):  # (else said above)
         say(f"measured by the sweep: {measured['sentence']}")
     say(f"written for: {version.covers}")
     say(f"note: {lib.NOTES[fmt]}")

@@ -69,7 +69,7 @@ def confirm(table: pd.DataFrame, configs: list[DecodeConfig], records: dict, spe
     """Time the best `confirm_top` threshold-style policies, the best on the learned signal, the
     best goodput, the best budget and the best fixed gamma (by the replay's ranking), `repeats`
     interleaved pairs each (default: the spec's), each kind of work once, on `prepared`'s models and
-    prompts (replay_sweep.LoadedSweep). Returns the table with
+    prompts (preparation.LoadedSweep). Returns the table with
     their measured columns, their samples, and the paired verdicts (with the precision loop's
     account where the spec sets a precision target)."""
 

@@ -294,11 +294,16 @@ def as_measured(choice: Choice, run: RunPolicies, fmt: str, engine) -> Choice:
         choice.plain = f"{measured}. Replayed: {choice.plain}" if choice.plain else measured
         choice.exported_speedup = 1.0
         return choice
-    measured = from_dict(best["config"]) if "config" in best else next(
-        (c for c in candidates(fmt, choice.tuned, list(range(1, run.depth + 1))) if c.label() == best["policy"]), None)
-    if measured is not None:  # replayed on the engine's prices, as every speedup of the table is
-        choice.exported, choice.plain = measured, ""
-        choice.exported_speedup = float(replayed(run, [measured], engine.surface.at(1))[0])
+    measured = from_dict(best["config"]) if "config" in best else next(  # a sweep from before rows kept configs
+        (c for c in [*candidates(fmt, choice.tuned, list(range(1, run.depth + 1))), DEFAULTS_OF[fmt]]
+         if c.label() == best["policy"]), None)
+    if measured is None:
+        return choice
+    choice.exported, choice.plain, choice.over_defaults = measured, "", None  # measured: the verdict says it
+    # Replayed on the engine's prices, as every speedup of the table is; not where it drafts deeper
+    # than the record (llama.cpp's defaults are measured whatever the sweep's depth).
+    deep_enough = measured.stopping.gamma_max <= run.depth
+    choice.exported_speedup = float(replayed(run, [measured], engine.surface.at(1))[0]) if deep_enough else None
     return choice
 
 

@@ -52,6 +52,9 @@ def prepare(spec: SweepSpec, say: Callable[[str], None] | None = None, engines: 
     spec.use_threads()
     cost_file.check_choice(spec.prices)  # a bad --prices ends before anything loads
     if spec.continuations is not None:  # so does a missing or foreign continuations file
+        if spec.temperature > 0:
+            raise DsparkError("--continuations holds the target's greedy continuations: replay records greedy "
+                              "decoding only (drop --temperature)")
         check_files(spec.continuations, spec.ignore_eos)
     prompts, source, task_tokens = load_prompts(spec.task, spec.dataset, spec.split, spec.prompt_field,
                                                 spec.category_field, spec.limit)
@@ -78,10 +81,8 @@ def engine_prices(spec: SweepSpec, prepared: LoadedSweep, measurers: dict[str, C
 
 
 def open_continuations(spec: SweepSpec, pair, prompts: list, base: DecodeConfig, say=None) -> Continuations:
-    """The spec's continuations files, checked against `prompts` as this pair encodes them."""
-    if spec.temperature > 0:
-        raise DsparkError("--continuations holds the target's greedy continuations: replay records greedy "
-                          "decoding only (drop --temperature)")
+    """The spec's continuations files, checked against `prompts` as this pair encodes them
+    (prepare checked what needs neither: the files' headers, greedy decoding)."""
     ids = [encode(pair.tokenizer, p.text, spec.chat_template) for p in prompts]
     vocab = pair.target.get_output_embeddings().weight.shape[0]
     return open_for(spec.continuations, prompts, ids, base.verification.max_new_tokens,
