@@ -94,13 +94,8 @@ def run_table(table, title: str) -> Table:
     """A run's policies in 100 columns, labels on one line: policy · speedup [95 % CI] · tokens per
     round · acceptance · draft length · whether the output is the target's own (the rest: --wide,
     and the run folder's files)."""
-    from rich import box
-
-    view = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, show_edge=False, padding=0)
     extra = ["category"] if "category" in table else []
-    for header in (*extra, "policy", "speedup [95 % CI]", "tok/rnd", "accept", "draft", "= target"):
-        view.add_column(header, justify="left" if header in ("policy", "category") else "right",
-                        no_wrap=header == "policy")
+    view = compact_table(title, (*extra, "policy", "speedup [95 % CI]", "tok/rnd", "accept", "draft", "= target"))
     for row in table.to_dict(orient="records"):
         view.add_row(*[str(row[c]) for c in extra], str(row["config_label"]), measured_cell(row),
                      cell(row.get("tokens_per_round"), 2), cell(row.get("acceptance_rate"), 2),
@@ -206,19 +201,27 @@ def narrow_table(table, title: str, summary: dict) -> Table:
     """policy · predicted · measured [95 % CI] · tokens per round · acceptance · draft length:
     under 100 columns, the labels unwrapped (no rules between columns, one space apart; headers
     of one line, which rich measures right). Whose prices predicted is the title's last words."""
-    from rich import box
-
     prices = summary.get("prices") or {"engine": "ours"}
     whose = "our engine" if prices["engine"] == "ours" else prices["label"]
     rows = table.head(10).to_dict(orient="records")
-    view = Table(title=f"{title} · predicted on {whose}'s prices", title_justify="left", box=box.SIMPLE_HEAD,
-                 show_edge=False, padding=0)  # the box's own space between columns, no edges
-    for i, header in enumerate(("policy", "predicted", "measured [95 % CI]", "tok/rnd", "accept", "draft")):
-        view.add_column(header, justify="left" if i == 0 else "right", no_wrap=i == 0)
+    view = compact_table(f"{title} · predicted on {whose}'s prices",
+                         ("policy", "predicted", "measured [95 % CI]", "tok/rnd", "accept", "draft"))
     for row in rows:
         view.add_row(str(row["config_label"]), cell(row.get("predicted_speedup")), measured_cell(row),
                      cell(row.get("tokens_per_round"), 2), cell(row.get("acceptance_rate"), 2),
                      cell(row.get("avg_draft_len"), 2))
+    return view
+
+
+def compact_table(title: str, headers) -> Table:
+    """A table for 100 columns: no rules between columns (the box's own space between them), no
+    edges, the policy (and a category) left-aligned and the policy label never wrapped."""
+    from rich import box
+
+    view = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, show_edge=False, padding=0)
+    for header in headers:
+        view.add_column(header, justify="left" if header in ("policy", "category") else "right",
+                        no_wrap=header == "policy")
     return view
 
 

@@ -58,7 +58,7 @@ class RunConfig(Workload):
 
     def values(self, knob: str) -> tuple:
         """The grid's values of `knob` (its default alone where the grid leaves it out)."""
-        return tuple(self.grid.get(knob, (DEFAULTS.to_dict()[knob],)))
+        return tuple(self.grid.get(knob, (KNOBS[knob].default,)))
 
     @property
     def batch_sizes(self) -> tuple[int, ...]:
@@ -72,7 +72,8 @@ class RunConfig(Workload):
 
     def fixed_knobs(self) -> dict:
         """The grid's other knobs, one value each: every policy's, checked together in its base."""
-        return {name: values[0] for name, values in self.grid.items() if name not in self.space()}
+        axes = self.space()
+        return {name: values[0] for name, values in self.grid.items() if name not in axes}
 
     def decode_configs(self, task_tokens: int | None = None) -> list[DecodeConfig]:
         """The policies this run decodes: its explicit list, or every combination of the grid."""
