@@ -40,7 +40,7 @@ def main() -> None:
         "space.batch_size": batch_sizes, "space.batch_quorum": args.quorums or [0.0, 0.25, 0.5, 0.75]})
     print(origin, flush=True)
     start = time.perf_counter()
-    folder, _ = run_sweep(spec, args.out, say=lambda line: print(line, flush=True))
+    folder = run_sweep(spec, args.out, say=lambda line: print(line, flush=True)).folder
     print(f"{args.limit} {args.task} prompts × {args.max_new_tokens} new tokens · batch sizes "
           f"{', '.join(map(str, batch_sizes))} · {time.perf_counter() - start:.0f} s · machine: "
           f"{describe_machine(environment())}\n")

@@ -198,7 +198,7 @@ def test_calibrate_cli_writes_a_file_the_decoder_loads(calibrated):
     assert str(out) in result.stdout.replace("\n", "") and "gain" in result.stdout
     data = yaml.safe_load(out.read_text())
     assert list(data["domains"]) == ["code", "prose"]
-    assert data["models"]["target_fingerprint"] and data["objective"] == "speedup" and data["engine"] == "replay"
+    assert data["models"]["target_fingerprint"] and data["objective"] == "speedup" and data["evaluation"] == "replay"
     calibration = lib.load_calibration(out)
     for domain, entry in data["domains"].items():
         policy = calibration.policy_for(domain)
@@ -225,7 +225,7 @@ def test_calibrate_cli_with_sampling_searches_by_real_runs(saved_pair, dataset, 
                                  "--out", str(out)])
     assert result.exit_code == 0, result.output
     data = yaml.safe_load(out.read_text())
-    assert data["engine"] == "real" and data["cost_model"] is None
+    assert data["evaluation"] == "real" and data["cost_model"] is None
     assert lib.load_calibration(out).policy_for("code").verification.temperature == 0.7
     for entry in data["domains"].values():
         assert entry["speedup_low"] <= entry["speedup"] <= entry["speedup_high"]

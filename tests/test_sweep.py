@@ -108,7 +108,7 @@ def test_failing_trial_is_recorded_and_the_sweep_goes_on(saved_pair, prompts_fil
     target, draft = saved_pair
     spec = sweep_spec.load_spec(None, {"target": target, "draft": draft, "dataset": str(prompts_file), "evaluation": "real",
                                    "max_new_tokens": 12, "space.threshold": [0.2, 0.6], "space.gamma_max": [2, 4]})
-    folder, _ = sweeps.run_sweep(spec, tmp_path)
+    folder = sweeps.run_sweep(spec, tmp_path).folder
     trials = load(folder)
     assert sorted(trials["state"]) == ["COMPLETE", "COMPLETE", "COMPLETE", "FAIL"]
     failed = trials[trials["state"] == "FAIL"].iloc[0]
@@ -563,3 +563,24 @@ def test_recovering_the_last_grid_point_still_retries_it(tmp_path):
     assert [t.state.name for t in study.get_trials()] == ["COMPLETE", "FAIL", "WAITING"]
     table = studies.trials_table(study.get_trials())
     assert "retried" in table.loc[table["trial"] == dead.number, "error"].iloc[0]
+
+
+@pytest.mark.parametrize("space", [
+    {"threshold": [0.2, 0.6], "gamma_max": [2, 4], "metric": ["top1", "entropy"]},
+    {"schedule": ["fixed"], "gamma_max": [3, 5]},
+    {"drafter": ["lookup", "model"], "threshold": [0.3], "gamma_max": [4], "batch_size": [1, 2, 4]},
+    {"drafter": ["heads"], "threshold": [0.3, 0.5], "gamma_max": [4]},
+    {"schedule": ["threshold", "cumulative"], "metric": ["margin"], "gamma_max": [2, 6], "batch_size": [2]},
+])
+def test_the_plans_count_is_what_joins_after_recording(space, tmp_path):
+    """replayed_count counts goodput, budget and learned from the space's axes, without building
+    them; it must be what join_fitted adds once the fits exist."""
+    from dspark_bench.config import DEFAULTS, expand
+    from dspark_bench.tuning.added_policies import budget_points, goodput_points, learned_points
+    from dspark_bench.tuning.replay_sweep import replay_space, replayed_count
+
+    configs = replay_space(expand(space, DEFAULTS, strict=False), DEFAULTS)
+    fitted = goodput_points(configs, tmp_path / "g.json") + budget_points(configs, tmp_path / "g.json")
+    joined = configs + [c for c in fitted if c not in configs]
+    joined += [c for c in learned_points(joined, tmp_path / "l.json") if c not in joined]
+    assert replayed_count(configs) == len(joined) > len(configs) * (space.get("drafter") != ["heads"])

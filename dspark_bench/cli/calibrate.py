@@ -11,6 +11,7 @@ from rich.table import Table
 from dspark_bench.cli.console import cli_errors, out_console, reporting
 from dspark_bench.cli.declared import fields_of, knob_fields, with_options
 from dspark_bench.harness.workload import Workload
+from dspark_bench.tuning.spec import SweepSpec
 
 # What a calibration's flags override of its spec: the models, how prompts are read and decoded,
 # and the search space of the knobs that matter per domain.
@@ -24,16 +25,16 @@ SPACE = ("metric", "threshold", "gamma_max", "min_draft_len", "batch_size")
                      "limit": "Prompts per domain (default: the spec's).",
                      "repeats": "Timed pairs per prompt in the confirmation runs (default: the spec's)."})
 @with_options("space", knob_fields(SPACE), many=True, unset="the spec's")
+@with_options("study", fields_of(SweepSpec, ("evaluation",)), unset="the spec's")
 def calibrate(
     tasks: Annotated[Optional[str], typer.Option(help="Built-in tasks, comma-separated: one domain each (e.g. code,prose,structured).")] = None,
     dataset: Annotated[Optional[str], typer.Option(help="Your prompts (JSONL/JSON/CSV/Parquet/text or hub id): one domain per category.")] = None,
     spec: Annotated[Optional[Path], typer.Option(help="Sweep specification giving the search space, objective and limits, e.g. sweeps/default.yaml.")] = None,
     out: Annotated[Path, typer.Option(help="Calibration file to write (the figure goes beside it, as .png).")] = Path("calibration.yaml"),
     force: Annotated[bool, typer.Option(help="Overwrite an existing calibration file and figure.")] = False,
-    evaluation: Annotated[Optional[str], typer.Option(help="How policies are evaluated: replay (greedy: record once, simulate all, confirm the best) | real (a timed run each) | auto.")] = None,
     objective: Annotated[Optional[str], typer.Option(help="What to maximise: speedup | tokens_per_round | ... (the first is used).")] = None,
     continuations: Annotated[Optional[list[Path]], typer.Option("--continuations", help="Replay: the target's greedy continuations from the engine that serves it (`dspark-bench continuations write`; repeatable, e.g. one file per task), recorded from instead of decoding the target here.")] = None,
-    workload: dict | None = None, space: dict | None = None,
+    workload: dict | None = None, space: dict | None = None, study: dict | None = None,
 ):
     """Find the best policy per domain and the best global one, confirm both with timed runs,
     and write a calibration file (plus a threshold-curve figure) that run/decode can load.
@@ -45,7 +46,7 @@ def calibrate(
     from dspark_bench.tuning import calibrate as lib  # loaded when the command runs, not for --help
 
     with cli_errors():
-        flags = {**workload, **space, "evaluation": evaluation, "objective": objective,
+        flags = {**workload, **space, **study, "objective": objective,
                  "continuations": [str(path) for path in continuations] if continuations else None}
         with reporting("calibrating") as (progress, _):
             result = lib.calibrate_command(tasks, dataset, spec, flags, out, force, progress)
@@ -58,7 +59,7 @@ def calibrate(
 
 def calibration_table(data: dict, suffix: str = "") -> Table:
     """One row per domain, and the global policy measured on all prompts."""
-    view = Table(title=f"calibration · objective {data['objective']} · engine {data['engine']}{suffix}",
+    view = Table(title=f"calibration · objective {data['objective']} · evaluation {data.get('evaluation', data.get('engine'))}{suffix}",
                  title_justify="left")
     for name in ("domain", "policy", "prompts", "tokens per round", "acceptance rate", "speedup", "global speedup",
                  "gain"):

@@ -167,24 +167,24 @@ def render_rounds(tokenizer, result, markers: bool = False) -> Text:
     return text
 
 
-def print_best(table, folder, title: str = "best configurations", wide: bool = False) -> None:
-    """The sweep's best policies: a table that fits 100 columns, policy labels on one line
-    (`wide`: every column the sweep has), then its analyses, headline and health."""
-    summary = read_summary(folder)
+def print_best(result, wide: bool = False) -> None:
+    """A finished sweep's best policies (a tuning SweepResult): a table that fits 100 columns,
+    policy labels on one line (`wide`: every column the sweep has), then its analyses, headline
+    and health."""
+    summary, folder, title = result.summary, result.folder, result.title()
     if summary.get("predictions_trusted") is False:
         title += " · predicted speedups untrustworthy (the cost table never passed its timing checks)"
     if summary.get("prices") and summary["prices"]["engine"] != "ours":  # whose costs every prediction used
         title += " · measured on our engine, which confirms"
     print_engine_verdict(summary)
-    view = wide_table(table, title) if wide else narrow_table(table, title, summary)
+    view = wide_table(result.table, title) if wide else narrow_table(result.table, title, summary)
     out_console.print(view)
-    analysis = Path(folder) / "analysis.json"
-    if analysis.is_file():
-        print_analysis(json.loads(analysis.read_text()))
+    if result.analysis:
+        print_analysis(result.analysis)
     print_headline(summary)
     print_health(summary)
     out_console.print(f"run folder: {folder}")
-    if summary.get("evaluation") == "replay" and not analysis.is_file():
+    if summary.get("evaluation") == "replay" and not result.analysis:
         out_console.print(f"more: dspark-bench analyze {folder} (what any stopping rule could win here, how well "
                           f"each signal predicts acceptance); dspark-bench report {folder}", style="dim",
                           highlight=False, soft_wrap=True)

@@ -11,33 +11,31 @@ from dspark_bench.cli.console import cli_errors, print_best, reporting
 from dspark_bench.cli.declared import fields_of, knob_fields, with_options
 from dspark_bench.config import KNOBS
 from dspark_bench.harness.workload import Workload
+from dspark_bench.tuning.spec import SweepSpec
 
 # The knobs whose values the sweep's flags give as its search space (a spec's `space`).
 SPACE = tuple(name for name, f in KNOBS.items() if f.metadata["searched"] and f.metadata["repeats"])
+# A sweep's own settings (SweepSpec declares them); objective and continuations take lists.
+STUDY = ("method", "evaluation", "trials", "confirm_top", "analyze", "prices")
 
 
 @with_options("workload", fields_of(Workload, without=("turns", "trace")), unset="the spec's")  # a sweep refuses both
 @with_options("space", knob_fields(SPACE), many=True, unset="the spec's")
+@with_options("study_flags", fields_of(SweepSpec, STUDY), unset="the spec's")
 def sweep(
     spec: Annotated[Optional[Path], typer.Option(help="Sweep specification (YAML), e.g. sweeps/code.yaml.")] = None,
-    method: Annotated[Optional[str], typer.Option(help="grid (Optuna's GridSampler) | optuna (TPE).")] = None,
-    evaluation: Annotated[Optional[str], typer.Option(help="How policies are evaluated: replay (greedy: record once, simulate all, confirm the best) | real (a timed run each) | auto.")] = None,
-    trials: Annotated[Optional[int], typer.Option(help="Optuna budget (grid: the whole grid).")] = None,
     objective: Annotated[Optional[str], typer.Option(help="speedup | tokens_per_round | ...; two, comma-separated, for a Pareto front.")] = None,
     storage: Annotated[Optional[str], typer.Option(help="Optuna storage URL (sqlite:///, postgresql://, journal:///path) (default: SQLite in the run folder).")] = None,
     study: Annotated[Optional[str], typer.Option(help="Study name, shared by workers on one storage.")] = None,
     workers: Annotated[int, typer.Option(help="Local worker processes on the same study.")] = 1,
     resume: Annotated[Optional[Path], typer.Option(help="Continue this sweep's run folder where it stopped.")] = None,
-    confirm_top: Annotated[Optional[int], typer.Option(help="Replay: confirm this many best policies with timed runs.")] = None,
-    analyze: Annotated[bool, typer.Option("--analyze", help="Replay: also study the record (the oracle's headroom, each signal's held-out quality, how good a signal would have to be) into analysis.json; `dspark-bench analyze` does it later.")] = False,
-    prices: Annotated[Optional[str], typer.Option(help="Replay: whose costs price each round: ours (timed here) | llamacpp (llama.cpp's, measured by `run --decoder llamacpp`, cached) | a cost-model file (docs/engines-and-export.md#cost-model-files).")] = None,
     continuations: Annotated[Optional[Path], typer.Option(help="Replay: the target's greedy continuations from the engine that serves it (a continuations file: `dspark-bench continuations`), recorded from instead of decoding the target here.")] = None,
     shard: Annotated[Optional[str], typer.Option(help="With --continuations: record only shard I/N of the prompts (machine I of N) and stop; the sweep without --shard assembles every shard's parts. 1/1: record every prompt, and stop.")] = None,
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override any spec field: key=value (YAML value), e.g. space.threshold=[0.2,0.4].")] = None,
     out: Annotated[Path, typer.Option(help="Folder that receives the run folder.")] = Path("results"),
     wide: Annotated[bool, typer.Option("--wide", help="Print every column of the best policies' table, not the six that fit 100 columns.")] = False,
     worker_only: Annotated[bool, typer.Option(hidden=True)] = False,
-    workload: dict | None = None, space: dict | None = None,
+    workload: dict | None = None, space: dict | None = None, study_flags: dict | None = None,
 ):
     """Search the policy's knobs over a task: replay (exact, greedy), grid or Optuna; resumable.
 
@@ -49,8 +47,7 @@ def sweep(
     from dspark_bench.tuning import sweep as lib  # loaded when the command runs, not for --help
 
     with cli_errors():
-        flags = {**workload, **space, "method": method, "evaluation": evaluation, "trials": trials,
-                 "objective": objective, "confirm_top": confirm_top, "analyze": analyze, "prices": prices,
+        flags = {**workload, **space, **study_flags, "objective": objective,
                  "continuations": None if continuations is None else str(continuations)}
         with reporting("sweep") as (progress, say):
             if shard is not None:
@@ -62,14 +59,14 @@ def sweep(
                     "; the sweep without --shard assembles every shard's parts" if count > 1 else ""))
                 return
             if resume is not None:
-                folder, table = resume, lib.continue_sweep(resume, workers=workers, worker_only=worker_only,
-                                                           progress=progress, storage=storage)
+                result = lib.continue_sweep(resume, workers=workers, worker_only=worker_only, progress=progress,
+                                            storage=storage)
             else:
                 chosen, origin = specs.resolve_spec(spec, specs.command_overrides(flags, set_ or []))
-                folder, table = lib.run_sweep(chosen, out, storage, study, workers, progress, say, origin,
-                                              engines=engine_tools(prices, say))
-        if table is not None:  # a worker-only process leaves the table to the sweep's own process
-            print_best(table, folder, lib.result_title(folder), wide)
+                result = lib.run_sweep(chosen, out, storage, study, workers, progress, say, origin,
+                                       engines=engine_tools(chosen.prices, say))
+        if result is not None:  # a worker-only process leaves the table to the sweep's own process
+            print_best(result, wide)
 
 
 def engine_tools(prices: str | None, say):

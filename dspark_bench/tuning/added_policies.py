@@ -41,6 +41,23 @@ def budget_points(configs: list[DecodeConfig], model_file: Path) -> list[DecodeC
                               if c.batching.batch_size > 1 or layout == "padded"))
 
 
+def added_count(configs: list[DecodeConfig]) -> int:
+    """How many policies goodput_points, budget_points and learned_points add to `configs` (a
+    replay space, fixed γ included), counted from the space's axes before the record and its fits
+    exist: the plan says it. tests/test_sweep.py holds it equal to what joins."""
+    model = [c for c in configs if c.drafting.drafter == "model"]
+    if not model:
+        return 0
+    metrics = list(dict.fromkeys(c.stopping.metric for c in model))
+    gammas = len({c.stopping.gamma_max for c in model})
+    # Per metric: goodput once and budget once per layout it runs in, at each batch size.
+    per_metric = gammas * sum(1 + (len(LAYOUTS) if b > 1 else 1) for b in {c.batching.batch_size for c in model})
+    scheduled = [c for c in configs if not schedules.of(c).baseline]
+    first = scheduled[0].stopping.metric if scheduled else metrics[0]  # learned_points' first metric
+    learned = sum(c.stopping.metric == first and c.drafting.drafter == "model" for c in scheduled)
+    return len(metrics) * per_metric + learned + (per_metric if first in metrics else 0)
+
+
 def write_goodput_model(folder: Path, rec, record_dir: Path, surface) -> Path:
     """Fit acceptance on the record (kept beside it) and write the sweep's goodput model."""
 

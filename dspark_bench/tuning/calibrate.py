@@ -198,7 +198,7 @@ def policy_dict(config: DecodeConfig) -> dict:
 
 
 def calibration_data(choice: Choice, chosen: dict[str, DecodeConfig], global_policy: DecodeConfig,
-                     samples: dict[str, pd.DataFrame], records: dict | None, models: dict, engine: str,
+                     samples: dict[str, pd.DataFrame], records: dict | None, models: dict, evaluation: str,
                      cost=None, figure_name: str | None = None) -> dict:
     """The file's content: schema, models, the global policy and every domain's entry."""
     global_id = choice.configs.index(global_policy)
@@ -212,7 +212,7 @@ def calibration_data(choice: Choice, chosen: dict[str, DecodeConfig], global_pol
         "models": {k: models.get(k) for k in ("target", "draft", "target_fingerprint", "draft_fingerprint",
                                               "device", "dtype")},
         "objective": choice.objective,
-        "engine": engine,
+        "evaluation": evaluation,
         "max_new_tokens": global_policy.verification.max_new_tokens,
         "cost_model": cost.to_dict() if cost is not None else None,
         "global": {"policy": policy_dict(global_policy), "label": global_policy.label(),
@@ -257,7 +257,7 @@ def calibrate_domains(spec: SweepSpec, out: Path, tasks: list[str] | None = None
     if (spec.chat_template, spec.batching, spec.warmup) != ("auto", "refill", 1):
         raise DsparkError("calibrate decodes with the default chat template, batching and warm-up; drop "
                           "chat_template / batching / warmup from the spec (run takes them)")
-    engine = evaluation_for(spec)
+    evaluation = evaluation_for(spec)
     base = base_config(spec, _max_new_tokens(spec, tasks or ([spec.task] if spec.task and not spec.dataset else None)))
     configs = points(spec, base)
     drafters = dict.fromkeys(c.drafting for c in configs)
@@ -271,10 +271,10 @@ def calibrate_domains(spec: SweepSpec, out: Path, tasks: list[str] | None = None
     pair = pair or load_pair(spec.target, spec.draft, spec.device, spec.dtype, spec.heads,
                              drafters={c.drafting.drafter for c in configs})
     batch_sizes = sorted({c.batching.batch_size for c in configs})
-    if spec.continuations is not None and engine != "replay":
+    if spec.continuations is not None and evaluation != "replay":
         raise DsparkError("--continuations feeds replay's records: a real calibration decodes every policy here")
     records, surface = None, None
-    if engine == "replay":
+    if evaluation == "replay":
         needs_draft_model(pair)
         source = None if spec.continuations is None else domain_continuations(spec, pair, domains, base)
         records, surface = record_domains(pair, domains, configs[0], max(c.stopping.gamma_max for c in configs), progress,
@@ -282,7 +282,7 @@ def calibrate_domains(spec: SweepSpec, out: Path, tasks: list[str] | None = None
     # One calibration per batch size: which policy wins depends on what a step costs at B. The
     # file's own global/domains are the smallest B's; the others go under by_batch_size.
     parts = [calibrate_at(pair, domains, [c for c in configs if c.batching.batch_size == b], spec, records, surface,
-                          engine, progress) for b in batch_sizes]
+                          evaluation, progress) for b in batch_sizes]
     out, figure_path = check_output(out, force)
     data, choice = parts[0]
     data["figure"] = figure_path.name
@@ -307,10 +307,10 @@ def domain_continuations(spec: SweepSpec, pair, domains: dict[str, list[Prompt]]
 
 
 def calibrate_at(pair, domains: dict[str, list[Prompt]], configs: list[DecodeConfig], spec: SweepSpec, records,
-                 surface, engine: str, progress: StageProgress | None = None) -> tuple[dict, Choice]:
+                 surface, evaluation: str, progress: StageProgress | None = None) -> tuple[dict, Choice]:
     """Choose and confirm the policies of one batch size: (the calibration's content, the choice)."""
     objective, batch_size = spec.objective[0], configs[0].batching.batch_size
-    if engine == "replay":
+    if evaluation == "replay":
         cost = surface if batch_size > 1 else surface.at(1)
         choice = choose_from_records(records, configs, cost, objective)
     else:
@@ -320,7 +320,7 @@ def calibrate_at(pair, domains: dict[str, list[Prompt]], configs: list[DecodeCon
     global_policy = choice.best()
     samples = measure_domains(pair, domains, chosen, global_policy, spec.repeats, progress)
     model = surface.at(batch_size) if surface is not None else None
-    return calibration_data(choice, chosen, global_policy, samples, records, pair.describe(), engine, model), choice
+    return calibration_data(choice, chosen, global_policy, samples, records, pair.describe(), evaluation, model), choice
 
 
 def search_real(pair, domains: dict[str, list[Prompt]], configs: list[DecodeConfig], repeats: int,

@@ -1,12 +1,16 @@
 """A sweep's preparation, shared by replay sweeps (replay_sweep.py) and real ones (sweep.py):
 the prompts read, the space expanded once on the base policy, the models loaded, the prices
 `--prices` names found (or measured by an engine the command line lends), and an engine's
-continuations file checked, all before any folder or record is written."""
+continuations file checked, all before any folder or record is written; and what a finished
+sweep of either kind hands back (SweepResult)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Callable
+
+import pandas as pd
 
 from dspark_bench.config import DecodeConfig
 from dspark_bench.errors import DsparkError
@@ -33,6 +37,28 @@ class LoadedSweep:
     continuations: Continuations | None = None  # the target's, from an engine's file (checked)
     points: list = field(default_factory=list)  # the spec's space expanded on `base`, once (spec.points)
     prices: object = None  # the engine's cost model --prices names (a cost_file.CostFile); None: ours, timed here
+
+
+@dataclass
+class SweepResult:
+    """What a finished sweep hands back, for the CLI or a notebook to show without reading its
+    folder again: the folder, its best policies (ranked), the summary it wrote (summary.json),
+    what it searched, and its analyses (analysis.json) where it ran them."""
+
+    folder: Path
+    table: pd.DataFrame
+    summary: dict
+    spec: SweepSpec
+    analysis: dict | None = None
+
+    def title(self) -> str:
+        """What the sweep searched and how: the heading of its printed table."""
+        eos = " · EOS ignored" if self.spec.ignore_eos else ""
+        if self.summary["evaluation"] == "replay":
+            return (f"{self.summary['policies_simulated']:,} policies searched by replay (simulated from one record, "
+                    f"fixed gamma included); the best {len(self.summary['confirmed'])} confirmed by timed runs{eos}")
+        complete = self.summary.get("trial_states", {}).get("COMPLETE", 0)
+        return f"{complete} policies searched by real timed runs ({self.summary['method']}){eos}"
 
 
 @dataclass

@@ -19,7 +19,6 @@ from dspark_bench import schedules
 from dspark_bench.analysis.analyze import FILE as ANALYSIS_FILE
 from dspark_bench.analysis.analyze import Studied, analyze
 from dspark_bench.config import DEFAULTS, DecodeConfig, expand
-from dspark_bench.decoding.learned_signal import FILE as LEARNED_FILE
 from dspark_bench.errors import DsparkError
 from dspark_bench.harness.health import (
     LoadProbe,
@@ -38,13 +37,14 @@ from dspark_bench.replay.simulate import simulate_grid
 from dspark_bench.results import write_json, write_parquet
 from dspark_bench.tuning.confirm import confirm
 from dspark_bench.tuning.added_policies import (
+    added_count,
     budget_points,
     goodput_points,
     learned_points,
     write_goodput_model,
     write_learned_signal,
 )
-from dspark_bench.tuning.preparation import EngineTools, LoadedSweep
+from dspark_bench.tuning.preparation import EngineTools, LoadedSweep, SweepResult
 from dspark_bench.tuning.records import drafter_groups, record_all, record_key
 from dspark_bench.tuning.spec import SweepSpec
 
@@ -78,8 +78,8 @@ def replay_space(configs: list[DecodeConfig], base: DecodeConfig) -> list[Decode
     """The space's points (spec.points) plus every fixed gamma among them: classic decoding, the
     baseline to beat."""
     drafters = dict.fromkeys(c.drafting for c in configs)
-    classic = [c for d in drafters
-               for c in expand({"batch_size": sorted({c.batching.batch_size for c in configs}),
+    classic = [c for d in drafters  # at the batch sizes the drafter runs at in the space (heads and lookup: 1)
+               for c in expand({"batch_size": sorted({c.batching.batch_size for c in configs if c.drafting == d}),
                                 "gamma_max": sorted({c.stopping.gamma_max for c in configs})},
                                base.replace(schedule="fixed", min_draft_len=0, **dataclasses.asdict(d)))]
     return configs + [c for c in classic if c not in configs]
@@ -87,7 +87,7 @@ def replay_space(configs: list[DecodeConfig], base: DecodeConfig) -> list[Decode
 
 def replay_sweep(folder: Path, spec: SweepSpec, prepared: LoadedSweep, records_root: Path,
                  progress: StageProgress | None = None, say: Callable[[str], None] | None = None,
-                 engines: EngineTools | None = None) -> pd.DataFrame:
+                 engines: EngineTools | None = None) -> SweepResult:
     """Record once, price, simulate the whole space, confirm the best few with real timed runs and
     summarise; the analyses (analysis/) too where the spec asks for them. Priced on an engine that
     `engines` can run, that engine confirms too, and its verdict leads the summary."""
@@ -117,14 +117,15 @@ def replay_sweep(folder: Path, spec: SweepSpec, prepared: LoadedSweep, records_r
     checks = prices.checks + [*probe.checks(), measured_over_predicted(confirmed, measured_column),
                               wall_over_estimate(time.perf_counter() - started - prices.timing_s, estimate)]
     record_dir = record_dirs.get(MODEL, next(iter(record_dirs.values())))
-    best = write_replay_summary(folder, table, spec, prices.cost, record_dir, health(checks), not cost_unreliable,
-                                {**(paired or {}), "prices": prices.described(folder), "engine_verdict": verdict,
-                                 # where the target's continuations came from: an engine's file, else decoded here
-                                 "continuations": prepared.continuations.describe() if prepared.continuations else None})
+    result = write_replay_summary(folder, table, spec, prices.cost, record_dir, health(checks), not cost_unreliable,
+                                  {**(paired or {}), "prices": prices.described(folder), "engine_verdict": verdict,
+                                   # where the target's continuations came from: an engine's file, else decoded here
+                                   "continuations": prepared.continuations.describe() if prepared.continuations else None})
     if spec.analyze and MODEL in records:
         studied = Studied(table, records[MODEL], prices.cost, prices.surface if prices.batched else None)
-        write_json(folder / ANALYSIS_FILE, analyze(studied, progress))
-    return best
+        result.analysis = analyze(studied, progress)
+        write_json(folder / ANALYSIS_FILE, result.analysis)
+    return result
 
 
 def record_plan(spec: SweepSpec, prepared: LoadedSweep, records_root: Path):
@@ -242,10 +243,8 @@ def priced(rec, configs: list[DecodeConfig], surface, cost, batched: bool) -> pd
 
 def replayed_count(configs: list[DecodeConfig]) -> int:
     """How many policies a replay sweep of `configs` (replay_space's) simulates: those, and the
-    goodput, budget and learned policies that join once the record is made (counted here on the
-    names of the files they will read)."""
-    goodput = goodput_points(configs, Path("goodput_model.json")) + budget_points(configs, Path("goodput_model.json"))
-    return len(configs) + len(goodput) + len(learned_points(configs + goodput, Path(LEARNED_FILE)))
+    goodput, budget and learned policies that join once the record is made."""
+    return len(configs) + added_count(configs)
 
 
 def say_replay_plan(spec: SweepSpec, prepared: LoadedSweep, first_ids: list[int], configs: list[DecodeConfig],
@@ -268,8 +267,8 @@ def say_replay_plan(spec: SweepSpec, prepared: LoadedSweep, first_ids: list[int]
 
 def write_replay_summary(folder: Path, table: pd.DataFrame, spec: SweepSpec, cost, record_dir: Path,
                          timing_health: dict | None = None, predictions_trusted: bool = True,
-                         paired: dict | None = None) -> pd.DataFrame:
-    """summary.json of a replay sweep; returns the confirmed policies, best first."""
+                         paired: dict | None = None) -> SweepResult:
+    """summary.json of a replay sweep; returns it with the confirmed policies, best first."""
     objective = OBJECTIVES[spec.objective[0]]
     confirmed = rank(table[table["source"] == "confirmed"], objective.name, objective.column("real"))
     column = "predicted_speedup_ours" if "predicted_speedup_ours" in confirmed else "predicted_speedup"
@@ -295,7 +294,7 @@ def write_replay_summary(folder: Path, table: pd.DataFrame, spec: SweepSpec, cos
     if table["drafter"].nunique() > 1:
         summary["by_drafter"] = by_drafter(confirmed)
     write_json(folder / "summary.json", summary)
-    return confirmed
+    return SweepResult(folder, confirmed, summary, spec)
 
 
 def by_drafter(confirmed: pd.DataFrame) -> list[dict]:

@@ -15,11 +15,12 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from dspark_bench.config import SEARCHABLE_FIELDS, DecodeConfig, expand
+from dspark_bench.config import SEARCHABLE_FIELDS, DecodeConfig, expand, knob
 from dspark_bench.errors import DsparkError, first_line
 from dspark_bench.harness.workload import Workload
 from dspark_bench.objectives import OBJECTIVES
 
+STUDY = "Study"  # the --help group of a sweep's own settings
 PARAMS = SEARCHABLE_FIELDS  # what a search space may name (config.py declares them)
 # The base of a space given by flags alone, and the default of real (timed) sweeps: every point
 # costs a decoding pass per prompt, so it stays small.
@@ -50,22 +51,26 @@ class SweepSpec(Workload):
     limit: int | None = 10
     space: dict = field(default_factory=lambda: dict(DEFAULT_SPACE))  # param -> list or {low, high, step}
     objective: tuple[str, ...] = ("speedup",)
-    method: str = "grid"  # grid | optuna (TPE)
-    # How a policy is evaluated: replay (greedy only: record once, simulate every policy, confirm
-    # the best with timed runs) | real (a timed run per policy) | auto = replay when greedy
-    evaluation: str = "auto"
-    trials: int = 20  # Optuna budget (grid: the grid's size)
-    confirm_top: int = 5  # replay: real timed runs of the best configurations
+    method: str = knob("grid", "grid (Optuna's GridSampler) | optuna (TPE).", choices=("grid", "optuna"),
+                       noun="method", panel=STUDY)
+    # replay: greedy or sampled, record once and simulate every policy, confirm the best with
+    # timed runs; real: a timed run per policy; auto: replay.
+    evaluation: str = knob("auto", "How policies are evaluated: replay (record once, simulate all, confirm the best) "
+                           "| real (a timed run each) | auto.", choices=("auto", "replay", "real"), noun="evaluation",
+                           panel=STUDY)
+    trials: int = knob(20, "Optuna budget (grid: the whole grid).", at_least=1, panel=STUDY)
+    confirm_top: int = knob(5, "Replay: confirm this many best policies with timed runs.", at_least=0, panel=STUDY)
     sampler_seed: int = 0  # seeds Optuna's sampler (the decodes' own seed is `seed`)
     heartbeat_s: int = 30  # a trial silent this long (x2) was killed and is retried
-    # Replay: also run the analyses of the record (analysis/: the oracle's headroom, each signal's
-    # held-out quality, how good a signal would have to be) into analysis.json. A research
-    # question, not "which policy": `dspark-bench analyze SWEEP` runs them later as well.
-    analyze: bool = False
-    # Whose costs replay prices rounds with (replay/cost_file.py): "ours" (timed here, on our
-    # engine), "llamacpp" (llama.cpp's, measured by `run --decoder llamacpp` and cached), or a
-    # cost-model file's path (a GPU engine's, docs/engines-and-export.md#cost-model-files).
-    prices: str = "ours"
+    # Replay: the analyses of the record are a research question, not "which policy":
+    # `dspark-bench analyze SWEEP` runs them later as well.
+    analyze: bool = knob(False, "Replay: also study the record (the oracle's headroom, each signal's held-out "
+                         "quality, how good a signal would have to be) into analysis.json; `dspark-bench analyze` "
+                         "does it later.", flag="--analyze", panel=STUDY)
+    # Whose costs replay prices rounds with (replay/cost_file.py).
+    prices: str = knob("ours", "Replay: whose costs price each round: ours (timed here) | llamacpp (llama.cpp's, "
+                       "measured by the sweep or `run --decoder llamacpp`, cached) | a cost-model file "
+                       "(docs/engines-and-export.md#cost-model-files).", panel=STUDY)
     # Replay: the target's greedy continuations from the engine that serves it, a continuations
     # file (replay/continuations.py) or several (one per task, say), instead of decoding the
     # target here; None: decoded here.
@@ -122,16 +127,12 @@ def parse_spec(data: dict, where: str = "sweep spec") -> SweepSpec:
 
 
 def _check_types(spec: SweepSpec, where: str) -> None:
-    for name in ("trials", "repeats", "warmup", "confirm_top", "seed", "sampler_seed", "heartbeat_s", "topk"):
-        if not isinstance(getattr(spec, name), int) or isinstance(getattr(spec, name), bool):
-            raise DsparkError(f"{where}: {name} must be an integer (got {getattr(spec, name)!r})")
+    """What the declarations (config.check_declared, in check_workload) cannot say: a sweep's
+    own default limit, and the forms a cost model and continuations may take."""
     for name in ("limit", "max_new_tokens", "threads"):
         value = getattr(spec, name)
         if value is not None and (not isinstance(value, int) or value < 1):
             raise DsparkError(f"{where}: {name} must be a positive integer (got {value!r})")
-    for name in ("ignore_eos", "analyze"):
-        if not isinstance(getattr(spec, name), bool):
-            raise DsparkError(f"{where}: {name} must be true or false (got {getattr(spec, name)!r})")
     if not isinstance(spec.prices, str) or not spec.prices:
         raise DsparkError(f"{where}: prices must be ours, llamacpp or a cost-model file's path (got {spec.prices!r})")
     given = [spec.continuations] if isinstance(spec.continuations, str) else spec.continuations
@@ -154,22 +155,19 @@ def _parse_spec(data: dict, where: str) -> SweepSpec:
     elif "objective" in data:
         data["objective"] = tuple(data["objective"])
     spec = SweepSpec(**data)
+    try:
+        spec.check_workload()  # every declared field: its type, its choices, its bound
+    except DsparkError as err:
+        raise DsparkError(f"{where}: {err}") from None
     _check_types(spec, where)
     for name in spec.objective:
         if name not in OBJECTIVES:
             raise DsparkError(f"{where}: unknown objective {name!r}; choose from {', '.join(OBJECTIVES)}")
     if not 1 <= len(spec.objective) <= 2:
         raise DsparkError(f"{where}: give one objective, or two for a Pareto front")
-    if spec.method not in ("grid", "optuna"):
-        raise DsparkError(f"{where}: method must be grid or optuna (got {spec.method!r})")
-    if spec.evaluation not in ("auto", "replay", "real"):
-        raise DsparkError(f"{where}: evaluation must be auto, replay or real (got {spec.evaluation!r})")
-    spec.check_workload()
     if spec.turns != "first" or spec.trace:
         raise DsparkError(f"{where}: a sweep decodes first turns and keeps no per-round trace; use "
                           "`run --turns all` / `run --trace` on the policy it finds")
-    if spec.trials < 1 or spec.repeats < 1 or spec.confirm_top < 0:
-        raise DsparkError(f"{where}: trials and repeats must be at least 1, confirm_top at least 0")
     if (spec.task is None) == (spec.dataset is None):
         raise DsparkError(f"{where}: give exactly one of task or dataset")
     if not points(spec):

@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 
 from dspark_bench.replay.record_parts import parse_shard  # noqa: F401 (the CLI's --shard)
 from dspark_bench.tuning.records import load_or_record, parts_folder
-from dspark_bench.tuning.preparation import EngineTools, LoadedSweep, prepare
+from dspark_bench.tuning.preparation import EngineTools, LoadedSweep, SweepResult, prepare
 from dspark_bench.tuning.replay_sweep import needs_draft_model, record_plan, replay_sweep
 
 # --- the whole sweep: prepare, run (real or replay), summarise ----------------------------------
@@ -79,7 +79,7 @@ def collect_samples(folder: Path) -> pd.DataFrame:
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
 
 
-def finish_real(folder: Path, study: optuna.Study, spec: SweepSpec) -> pd.DataFrame:
+def finish_real(folder: Path, study: optuna.Study, spec: SweepSpec) -> SweepResult:
     """trials.parquet, samples.parquet and summary.json of a real (grid or Optuna) sweep.
     Written after local workers are done, so their last trials are in, finished."""
     trials = trials_table(study.get_trials(deepcopy=False))
@@ -94,28 +94,15 @@ def finish_real(folder: Path, study: optuna.Study, spec: SweepSpec) -> pd.DataFr
     summary = {"evaluation": "real", "method": spec.method, "objective": list(spec.objective), "best_trials": best,
                "trial_states": states, "best": ranked.head(10).to_dict(orient="records")}
     write_json(folder / "summary.json", summary)
-    return ranked
-
-
-def result_title(folder: Path) -> str:
-    """What a finished sweep searched and how: the heading of its printed table."""
-
-    summary = read_json(Path(folder) / "summary.json", "summary file")
-    spec = read_json(Path(folder) / "run.json", "run file").get("spec", {})
-    eos = " · EOS ignored" if spec.get("ignore_eos") else ""
-    if evaluation_of(summary) == "replay":
-        confirmed = len(summary.get("confirmed", []))
-        return (f"{summary['policies_simulated']:,} policies searched by replay (simulated from one record, fixed "
-                f"gamma included); the best {confirmed} confirmed by timed runs{eos}")
-    states = summary.get("trial_states", {})
-    return f"{states.get('COMPLETE', 0)} policies searched by real timed runs ({summary.get('method')}){eos}"
+    return SweepResult(folder, ranked, summary, spec)
 
 
 def run_sweep(spec: SweepSpec, out: Path, storage: str | None = None, study_name: str | None = None,
               workers: int = 1, progress: StageProgress | None = None,
               say: Callable[[str], None] | None = None, origin: str | None = None,
-              engines: EngineTools | None = None) -> tuple[Path, pd.DataFrame]:
-    """A new sweep: real (grid / Optuna, in a study) or replay; returns its folder and best table.
+              engines: EngineTools | None = None) -> SweepResult:
+    """A new sweep: real (grid / Optuna, in a study) or replay; returns its folder, best policies
+    and summary (a SweepResult).
 
     With `say`, the plan and its estimated duration are said before any decoding; `engines`: what
     measures the prices of an engine --prices names and confirms in it (preparation.EngineTools)."""
@@ -134,7 +121,7 @@ def run_sweep(spec: SweepSpec, out: Path, storage: str | None = None, study_name
     folder = start_folder(out, "sweep")
     if evaluation == "replay":
         write_run_info(folder, "sweep", run_info(spec, prepared, {"evaluation": "replay"}))
-        return folder, replay_sweep(folder, spec, prepared, Path(out) / "records", progress, say, engines)
+        return replay_sweep(folder, spec, prepared, Path(out) / "records", progress, say, engines)
     storage = storage or default_storage(folder)
     study_name = study_name or folder.name
     # The password of a database URL is not written into results; --resume asks for it.
@@ -145,7 +132,7 @@ def run_sweep(spec: SweepSpec, out: Path, storage: str | None = None, study_name
         per_token = seconds_per_token(prepared.pair, encode(prepared.pair.tokenizer, prepared.prompts[0].text, spec.chat_template))
         say(real_sweep_plan(per_token, len(prepared.prompts), prepared.base.verification.max_new_tokens,
                             -(-trials // workers), spec.repeats) + (f" with {workers} workers" if workers > 1 else ""))
-    return folder, continue_sweep(folder, prepared, workers, progress, storage=storage)
+    return continue_sweep(folder, prepared, workers, progress, storage=storage)
 
 
 def check_unchanged(folder: Path, info: dict, prepared: LoadedSweep) -> None:
@@ -180,7 +167,7 @@ def record_shard(spec: SweepSpec, records_root: Path, shard: tuple[int, int], pr
 
 def continue_sweep(folder: Path, prepared: LoadedSweep | None = None, workers: int = 1,
                    progress: StageProgress | None = None,
-                   worker_only: bool = False, storage: str | None = None) -> pd.DataFrame | None:
+                   worker_only: bool = False, storage: str | None = None) -> SweepResult | None:
     """Work on a real sweep's study until its budget is met; then write its summary."""
 
     info = read_json(Path(folder) / "run.json", "run file")
