@@ -67,12 +67,14 @@ def run_plan(per_token: float, prompts: int, samples: int, configs: int, tokens:
 
 
 def replay_plan(per_token: float, prompts: int, tokens: int, policies: int, confirm: int, repeats: int,
-                recorded: bool, from_file: bool = False) -> tuple[str, float]:
+                recorded: bool, from_file: bool = False, paths: int = 0) -> tuple[str, float]:
     """The line a replay sweep prints before it records, and its estimate in seconds (`from_file`:
-    the target's continuations come from an engine's file, only the draft's rollouts are made)."""
-    record = 0.0 if recorded else record_seconds(per_token, prompts, tokens, from_file)
+    the target's continuations come from an engine's file, only the draft's rollouts are made;
+    `paths`: a sampled record's paths per prompt, each recorded as a greedy record is)."""
+    record = 0.0 if recorded else record_seconds(per_token, prompts * max(paths, 1), tokens, from_file)
     confirm_s = timed_pairs_seconds(per_token, prompts * confirm, tokens, repeats)
-    first = "record cached" if recorded else (f"record {prompts} prompts × {tokens} tokens"
+    sampled = f" × {paths} sampled paths" if paths else ""
+    first = "record cached" if recorded else (f"record {prompts} prompts{sampled} × {tokens} tokens"
                                               f"{' from the continuations file' if from_file else ''} ≈ {duration(record)}")
     return (f"plan: {first}; simulate {policies:,} policies (seconds); confirm {confirm} "
             f"× {prompts} prompts × {repeats} timed pair{'s' * (repeats != 1)} ≈ {duration(confirm_s)}; "

@@ -41,6 +41,10 @@ class Record:
     eos_ids: tuple[int, ...]
     info: dict  # max_new_tokens, gamma_record, topk, fingerprints, prompt ids and categories, drafter
     available: np.ndarray | None = None  # [P, N] proposals the drafter had at j (None: all G, a draft model)
+    # [P, N] how many of the rollout's tokens from j are accepted, where token equality does not
+    # say it: a sampled record's replicate (replay/sampled.py), whose coins decide. None: greedy,
+    # the rollout against the continuation (simulate.match_lengths).
+    matches: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         if self.available is None:
@@ -113,9 +117,18 @@ def resolve_record(folder: Path, recorded: str) -> Path | None:
 # --- recording -------------------------------------------------------------------------------
 
 
+def greedy_choice(step: int, rows: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """A greedy rollout's token: the draft's most likely one."""
+    return logits.argmax(dim=-1)
+
+
+def softmax(logits: torch.Tensor) -> torch.Tensor:
+    return torch.softmax(logits.float(), dim=-1)
+
+
 @torch.inference_mode()
 def draft_rollouts(draft: torch.nn.Module, sequence: list[int], prompt_len: int, positions: int, steps: int,
-                   topk: int, rows: int = 128):
+                   topk: int, rows: int = 128, choose=greedy_choice, probs_of=softmax):
     """The draft's greedy rollout of `steps` tokens from every position j (context
     sequence[:prompt_len + j]), all positions at once.
 
@@ -124,6 +137,10 @@ def draft_rollouts(draft: torch.nn.Module, sequence: list[int], prompt_len: int,
     share; each further step feeds one token per position (`rows` positions per pass) under a
     mask that lets position j's token see its own context and its own earlier proposals only —
     a tree of rollouts over one prefix, each exactly what decoding it alone computes.
+
+    `choose(step, positions, logits)` picks each step's tokens and `probs_of(logits)` gives the
+    distribution the confidences are read from: greedy by default; a sampled record
+    (replay/sampled.py) draws from the processed distribution, its first step from the residual.
     """
     device, dtype = next(draft.parameters()).device, next(draft.parameters()).dtype  # the mask: the model's dtype
     cache_name, can_keep = _forward_kwargs(draft)
@@ -141,9 +158,9 @@ def draft_rollouts(draft: torch.nn.Module, sequence: list[int], prompt_len: int,
         js = torch.arange(start, min(start + rows, positions), device=device)
         logits = first[start : start + len(js)]
         for step in range(steps):
-            choice = logits.argmax(dim=-1)
+            choice = choose(step, js, logits)
             tokens[start : start + len(js), step] = choice.cpu().numpy()
-            for name, values in confidence.all_metrics(torch.softmax(logits.float(), dim=-1), topk).items():
+            for name, values in confidence.all_metrics(probs_of(logits), topk).items():
                 scores[name][start : start + len(js), step] = values.cpu().numpy()
             if step + 1 < steps:  # feed each position its proposal, at the position it takes
                 mask = tree_mask(prompt_len + js, prefix, step + 1, dtype)
@@ -154,7 +171,7 @@ def draft_rollouts(draft: torch.nn.Module, sequence: list[int], prompt_len: int,
         # that many tokens, in transformers 4.x and 5.x alike: cached_lm.CachedLM.rollback).
         if steps > 1:
             cache.crop(-(steps - 1) * len(js))
-    check_rollout(draft, sequence, prompt_len, positions, tokens, scores["top1"])
+    check_rollout(draft, sequence, prompt_len, positions, tokens, scores["top1"], probs_of)
     return tokens, scores
 
 
@@ -171,7 +188,7 @@ def tree_mask(context: torch.Tensor, prefix: int, step: int, dtype: torch.dtype)
 
 
 def check_rollout(draft, sequence: list[int], prompt_len: int, positions: int, tokens: np.ndarray,
-                  top1: np.ndarray) -> None:
+                  top1: np.ndarray, probs_of=softmax) -> None:
     """Decode the first and the last position's rollout alone and compare: a model that
     ignores a custom attention mask would see other positions' tokens, and its record would be
     wrong. Agreement up to the first different token, where the two must be a near-tie; within
@@ -186,14 +203,14 @@ def check_rollout(draft, sequence: list[int], prompt_len: int, positions: int, t
         cache, ids = DynamicCache(), torch.tensor([sequence[: prompt_len + j]], device=device)
         for k in range(steps):
             logits = draft(input_ids=ids, **keep, **{cache_name: cache, "use_cache": True}).logits[0, -1]
-            probs = torch.softmax(logits.float(), dim=-1)
+            probs = probs_of(logits)
             if abs(float(probs.max()) - float(top1[j, k])) > tolerance:
                 raise DsparkError(f"the draft's batched rollout at position {j} differs from decoding it alone "
                                   f"(confidence {float(top1[j, k]):.4f} vs {float(probs.max()):.4f} at step {k + 1}): "
                                   "this model does not honour a custom 4D attention mask")
-            if int(logits.argmax()) != tokens[j, k]:
+            if probs_of is softmax and int(logits.argmax()) != tokens[j, k]:
                 break  # a near-tie decided the other way: the rest of the rollout follows another token
-            ids = logits.argmax()[None, None]
+            ids = torch.tensor([[int(tokens[j, k])]], device=device)  # the rollout's own token (a sampled one too)
 
 
 @torch.inference_mode()

@@ -45,7 +45,10 @@ NEVER = 1 << 14  # "no such position" in int arrays (beyond any gamma)
 
 
 def match_lengths(rec: Record) -> np.ndarray:
-    """M[p, j]: how many rollout tokens from j agree with the continuation, consecutively."""
+    """M[p, j]: how many rollout tokens from j agree with the continuation, consecutively (a
+    sampled replicate's: how many its coins accept)."""
+    if rec.matches is not None:
+        return rec.matches
     P, N, G = rec.rollout.shape
     ahead = np.full((P, N, G), -2, dtype=np.int64)
     for k in range(G):  # rollout step k from j proposes the continuation's token j + k
@@ -68,8 +71,7 @@ def check_replayable(rec: Record, config: DecodeConfig) -> None:
     if config.drafting.drafter == "lookup" and (config.drafting.ngram_min, config.drafting.ngram_max) != (drafter["ngram_min"], drafter["ngram_max"]):
         raise DsparkError(f"the record's lookup matched n-grams of {drafter['ngram_min']}-{drafter['ngram_max']} "
                           f"tokens, not {config.drafting.ngram_min}-{config.drafting.ngram_max}; record it")
-    if not config.greedy:
-        raise DsparkError("replay needs greedy verification; sampling always runs the real decoder")
+    check_sampling(rec.info.get("sampling"), config)
     if config.verification.max_new_tokens != rec.max_new_tokens:
         raise DsparkError(f"max_new_tokens {config.verification.max_new_tokens} differs from the record's {rec.max_new_tokens}")
     if config.stopping.gamma_max > rec.gamma_record:
@@ -82,6 +84,23 @@ def check_replayable(rec: Record, config: DecodeConfig) -> None:
                           "run the sweep again, which records it")
     if config.stopping.metric == "topk_mass" and config.stopping.topk != rec.info["topk"]:
         raise DsparkError(f"the record has topk_mass for k={rec.info['topk']}, not k={config.stopping.topk}")
+
+
+def check_sampling(sampling: dict | None, config: DecodeConfig) -> None:
+    """A greedy record replays greedy policies; a sampled one (replay/sampled.py) those at its own
+    temperature and top-p."""
+    if sampling is None and not config.greedy:
+        raise DsparkError(f"a greedy record cannot replay temperature {config.verification.temperature:g}: record at "
+                          "that temperature (a sweep at --temperature T records sampled paths)")
+    if sampling is None:
+        return
+    asked = (config.verification.temperature, config.verification.top_p)
+    if (sampling["temperature"], sampling["top_p"]) != asked:
+        raise DsparkError(f"the record was sampled at temperature {sampling['temperature']:g}, top-p "
+                          f"{sampling['top_p']:g}, not {asked[0]:g}, {asked[1]:g}: record again at those")
+    if config.stopping.metric == "learned":
+        raise DsparkError("the learned signal reads the drafted token, which sampled replay does not hold: replay it "
+                          "greedy, or time it (--evaluation real)")
 
 
 def policy_signal(rec: Record, config: DecodeConfig) -> np.ndarray:

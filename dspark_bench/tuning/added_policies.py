@@ -55,6 +55,8 @@ def added_count(configs: list[DecodeConfig]) -> int:
     scheduled = [c for c in configs if not schedules.of(c).baseline]
     first = scheduled[0].stopping.metric if scheduled else metrics[0]  # learned_points' first metric
     learned = sum(c.stopping.metric == first and c.drafting.drafter == "model" for c in scheduled)
+    if not model[0].greedy:  # a sampled record teaches no learned signal (replay_sweep.join_fitted)
+        return len(metrics) * per_metric
     return len(metrics) * per_metric + learned + (per_metric if first in metrics else 0)
 
 

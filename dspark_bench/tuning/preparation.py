@@ -54,6 +54,10 @@ class SweepResult:
     def title(self) -> str:
         """What the sweep searched and how: the heading of its printed table."""
         eos = " · EOS ignored" if self.spec.ignore_eos else ""
+        if self.spec.temperature > 0:
+            eos += f" · sampled at temperature {self.spec.temperature:g}, top-p {self.spec.top_p:g}"
+        if self.summary.get("sampling"):
+            eos += " ({paths} paths × {draws} coin draws per prompt)".format(**self.summary["sampling"])
         if self.summary["evaluation"] == "replay":
             return (f"{self.summary['policies_simulated']:,} policies searched by replay (simulated from one record, "
                     f"fixed gamma included); the best {len(self.summary['confirmed'])} confirmed by timed runs{eos}")
@@ -73,19 +77,35 @@ class EngineTools:
     confirm: dict[str, Callable] = field(default_factory=dict)
 
 
+def check_sampled_replay(spec: SweepSpec, configs: list[DecodeConfig]) -> None:
+    """What replay at a temperature > 0 cannot do (replay/sampled.py), refused before models load."""
+    if spec.temperature == 0 or evaluation_for(spec) != "replay":
+        return
+    if any(c.drafting.drafter == "heads" for c in configs):
+        raise DsparkError("sampled replay records the draft model and the lookup drafter, not the heads: time the "
+                          "heads at a temperature with --evaluation real")
+    if any(c.stopping.metric == "learned" for c in configs):
+        raise DsparkError("the learned signal reads drafted tokens, which a sampled record does not hold: search it "
+                          "greedy, or with --evaluation real")
+    if spec.prices != "ours":
+        raise DsparkError("an engine's prices confirm in that engine greedy: a sweep at a temperature is priced and "
+                          "confirmed on ours (drop --prices)")
+
+
 def prepare(spec: SweepSpec, say: Callable[[str], None] | None = None, engines: EngineTools | None = None,
             progress: StageProgress | None = None) -> LoadedSweep:
     spec.use_threads()
     cost_file.check_choice(spec.prices)  # a bad --prices ends before anything loads
     if spec.continuations is not None:  # so does a missing or foreign continuations file
         if spec.temperature > 0:
-            raise DsparkError("--continuations holds the target's greedy continuations: replay records greedy "
-                              "decoding only (drop --temperature)")
+            raise DsparkError("--continuations holds the target's greedy continuations: a sweep at a temperature "
+                              "samples its own paths here (drop --continuations, or --temperature)")
         check_files(spec.continuations, spec.ignore_eos)
     prompts, source, task_tokens = load_prompts(spec.task, spec.dataset, spec.split, spec.prompt_field,
                                                 spec.category_field, spec.limit)
     base = base_config(spec, task_tokens)
     configs = points(spec, base)  # expanded once; a threshold out of range fails here, before models load
+    check_sampled_replay(spec, configs)
     pair = load_pair(spec.target, spec.draft, spec.device, spec.dtype, spec.heads, drafters={c.drafting.drafter for c in configs})
     prepared = LoadedSweep(pair, prompts, base, source, points=configs)
     prepared.prices = engine_prices(spec, prepared, (engines or EngineTools()).measure, say, progress)

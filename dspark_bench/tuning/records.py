@@ -17,7 +17,7 @@ from dspark_bench.decoding.confidence import SIGNALS
 from dspark_bench.decoding.learned_signal import CONTEXT
 from dspark_bench.harness.runner import stage_steps
 from dspark_bench.prompts import prompts_fingerprint
-from dspark_bench.replay import record_parts
+from dspark_bench.replay import record_parts, sampled
 from dspark_bench.replay.record import Record, record
 from dspark_bench.results import write_folder
 from dspark_bench.tuning.preparation import LoadedSweep
@@ -62,7 +62,7 @@ def load_or_record(spec: SweepSpec, prepared: LoadedSweep, gamma: int, ids: list
                    progress: StageProgress | None = None, drafter: Drafting | None = None,
                    continuations: list[list[int]] | None = None, shard: tuple[int, int] = (1, 1)):
     """The replay record of these models and prompts (and `drafter`, default the draft model):
-    from the cache, else recorded and cached; from the engine's continuations file where the
+    from the cache, else recorded and cached (sampled paths at a temperature > 0); from the engine's continuations file where the
     spec names one (a prompt at a time into a parts folder, resumable: record_parts; a `shard`
     but 1/1 makes its parts only and returns None)."""
 
@@ -72,16 +72,21 @@ def load_or_record(spec: SweepSpec, prepared: LoadedSweep, gamma: int, ids: list
     fingerprint = prompts_fingerprint(prompts)
     stale = False
     if (record_dir / "record.json").is_file():
-        rec = Record.load(record_dir)
+        rec = sampled.load(record_dir)
         rec.check_matches(models, fingerprint)
-        if set(SIGNALS) | (set(CONTEXT) if drafter.drafter == "model" else set()) <= set(rec.confidences):
+        sampled.check_sampled_as(rec, base)
+        if rec.info.get("sampling") or set(SIGNALS) | (set(CONTEXT) if drafter.drafter == "model" else set()) <= set(rec.confidences):
             return rec
         stale = True  # recorded before a signal records now hold (llama.cpp's own top1, the context features)
     info = {"models": models, "prompts_fingerprint": fingerprint, "prompt_ids": [p.id for p in prompts],
             "categories": [p.category for p in prompts]}
     eos_ids = spec.runner_settings().eos_ids(pair)
     stage = "recording" if drafter.drafter == "model" else f"recording ({drafter.drafter})"
-    if prepared.continuations is not None:
+    if not base.greedy:  # K sampled paths per prompt (replay/sampled.py)
+        rec = sampled.record_sampled(pair, ids, base, gamma, base.stopping.topk, sampled.PATHS, info,
+                                     stage_steps(progress, f"{stage} {sampled.PATHS} sampled paths", len(ids)),
+                                     eos_ids, drafter)
+    elif prepared.continuations is not None:
         rec = record_from_file(prepared, ids, gamma, drafter, parts_folder(record_dir), info, eos_ids, progress, stage,
                                shard)
         if rec is None:
@@ -107,7 +112,8 @@ def record_key(spec: SweepSpec, prepared: LoadedSweep, gamma: int, drafter: Draf
             f"-n{base.verification.max_new_tokens}-g{gamma}-k{base.stopping.topk}-{models['dtype']}"
             + ("-noeos" if spec.ignore_eos else "")
             + ("-notemplate" if spec.chat_template == "none" else "")
-            + (f"-c{prepared.continuations.fingerprint}" if prepared.continuations is not None else ""))
+            + (f"-c{prepared.continuations.fingerprint}" if prepared.continuations is not None else "")
+            + ("" if base.greedy else "-t{temperature:g}-p{top_p:g}-s{seed}-K{paths}".format(**sampled.sampling_of(base))))
 
 
 def record_all(spec: SweepSpec, prepared: LoadedSweep, gamma: int, ids: list[list[int]], configs: list[DecodeConfig],
@@ -116,7 +122,8 @@ def record_all(spec: SweepSpec, prepared: LoadedSweep, gamma: int, ids: list[lis
     records: dict = {}
     for key in drafter_groups(configs):
         known = next(iter(records.values()), None)  # the target's continuations, decoded once
-        continuations = None if known is None or prepared.continuations is not None else [
+        # (sampled paths are drawn again: the same seeds draw the same paths)
+        continuations = None if known is None or prepared.continuations is not None or not prepared.base.greedy else [
             known.continuation[p, : n].tolist() for p, n in enumerate(known.lengths)]
         records[key] = load_or_record(spec, prepared, gamma, ids, record_dirs[key], progress, key,
                                       continuations)

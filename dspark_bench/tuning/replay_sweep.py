@@ -31,7 +31,7 @@ from dspark_bench.harness.health import (
 from dspark_bench.harness.plan import precision_plan, replay_plan, seconds_per_token
 from dspark_bench.objectives import OBJECTIVES, rank
 from dspark_bench.prompts import encode
-from dspark_bench.replay import cost_file
+from dspark_bench.replay import cost_file, sampled
 from dspark_bench.replay.batched import simulate_with_surface
 from dspark_bench.replay.simulate import simulate_grid
 from dspark_bench.results import write_json, write_parquet
@@ -107,8 +107,8 @@ def replay_sweep(folder: Path, spec: SweepSpec, prepared: LoadedSweep, records_r
     measured_column = "predicted_speedup_ours" if prices.engine else "predicted_speedup"
     # An unreliable cost table still ranks (rounds are exact), but its picks are confirmed harder.
     cost_unreliable = worst(c.verdict for c in prices.checks) == "unreliable"
-    table, samples, paired = confirm(table, configs, records, spec, prepared, progress,
-                                     repeats=spec.repeats * (2 if cost_unreliable else 1), say=say)
+    table, samples, paired = confirm(table, configs, {key: sampled.as_one(r) for key, r in records.items()}, spec,
+                                     prepared, progress, repeats=spec.repeats * (2 if cost_unreliable else 1), say=say)
     probe.sample("confirmed")
     verdict = engine_verdict(spec, prepared, records, prices, gamma, folder, engines or EngineTools(), say, progress)
     write_parquet(folder / "trials.parquet", table)
@@ -120,12 +120,18 @@ def replay_sweep(folder: Path, spec: SweepSpec, prepared: LoadedSweep, records_r
     result = write_replay_summary(folder, table, spec, prices.cost, record_dir, health(checks), not cost_unreliable,
                                   {**(paired or {}), "prices": prices.described(folder), "engine_verdict": verdict,
                                    # where the target's continuations came from: an engine's file, else decoded here
-                                   "continuations": prepared.continuations.describe() if prepared.continuations else None})
-    if spec.analyze and MODEL in records:
+                                   "continuations": prepared.continuations.describe() if prepared.continuations else None,
+                                   "sampling": records[record_key_of(records)].info.get("sampling")})
+    if spec.analyze and MODEL in records and prepared.base.greedy:
         studied = Studied(table, records[MODEL], prices.cost, prices.surface if prices.batched else None)
         result.analysis = analyze(studied, progress)
         write_json(folder / ANALYSIS_FILE, result.analysis)
     return result
+
+
+def record_key_of(records: dict):
+    """The record the summary names: the draft model's, else the first."""
+    return MODEL if MODEL in records else next(iter(records))
 
 
 def record_plan(spec: SweepSpec, prepared: LoadedSweep, records_root: Path):
@@ -209,10 +215,13 @@ def join_fitted(folder: Path, configs: list[DecodeConfig], records: dict, record
     policy of the first one (then its record holds the signal at every rollout step)."""
     if MODEL not in records:
         return configs, records
-    model_file = write_goodput_model(folder, records[MODEL], record_dirs[MODEL], surface)
+    # Under sampling the acceptance fit reads every replicate's accepted tokens (the coins'
+    # outcomes); the learned signal reads drafted tokens, which a sampled record does not hold.
+    model_file = write_goodput_model(folder, sampled.as_one(records[MODEL]), record_dirs[MODEL], surface)
     configs = configs + [c for c in goodput_points(configs, model_file) + budget_points(configs, model_file)
                          if c not in configs]
-    learned_fit = write_learned_signal(folder, records[MODEL], record_dirs[MODEL])
+    is_sampled = records[MODEL].info.get("sampling") is not None
+    learned_fit = None if is_sampled else write_learned_signal(folder, records[MODEL], record_dirs[MODEL])
     if learned_fit is None:
         return configs, records
     signal_file, learned_record = learned_fit
@@ -237,8 +246,10 @@ def simulate_all(folder: Path, configs: list[DecodeConfig], records: dict, price
 
 
 def priced(rec, configs: list[DecodeConfig], surface, cost, batched: bool) -> pd.DataFrame:
-    """The policies replayed on `rec`, priced on `surface` (at B > 1, both layouts) or `cost`."""
-    return simulate_with_surface(rec, configs, surface) if batched else simulate_grid(rec, configs, cost)
+    """The policies replayed on `rec`, priced on `surface` (at B > 1, both layouts) or `cost`; a
+    sampled record's expectations over its replicates (replay/sampled.py)."""
+    return sampled.expected([simulate_with_surface(r, configs, surface) if batched else simulate_grid(r, configs, cost)
+                             for r in sampled.replicates(rec)])
 
 
 def replayed_count(configs: list[DecodeConfig]) -> int:
@@ -258,7 +269,8 @@ def say_replay_plan(spec: SweepSpec, prepared: LoadedSweep, first_ids: list[int]
     per_token, confirmed = seconds_per_token(prepared.pair, first_ids), (min(spec.confirm_top, scheduled) + 4) * len(sizes)  # + learned (at most), goodput, budget, fixed γ
     line, seconds = replay_plan(per_token, len(prepared.prompts), prepared.base.verification.max_new_tokens, policies,
                                 confirmed, spec.repeats, recorded=recorded,
-                                from_file=prepared.continuations is not None)
+                                from_file=prepared.continuations is not None,
+                                paths=0 if prepared.base.greedy else sampled.PATHS)
     say(line + (" — an upper bound: a batched run takes less than a batch-1 one" if max(sizes) > 1 else ""))
     if spec.precision > 0:
         say(precision_plan(spec.precision, spec.precision_budget_s))

@@ -1,0 +1,206 @@
+"""Replay under sampling (replay/sampled.py): exact in distribution.
+
+A 3-token Markov pair gives speculative sampling's exact expectations by enumeration of the real
+process (written here from the rejection rule, independently of replay); a sampled record built
+from the same pair must replay them, and the two wrong replays the argument rules out (the draft
+after a rejection taken from the path; acceptance read as min(1, p/q)) must not."""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+
+from dspark_bench.config import DecodeConfig
+from dspark_bench.errors import DsparkError
+from dspark_bench.replay import sampled
+from dspark_bench.replay.simulate import simulate_grid
+
+# Rows: the previous token; columns: the next one. The draft is sure after token 0, unsure after 1.
+P = np.array([[0.6, 0.3, 0.1], [0.2, 0.3, 0.5], [0.1, 0.2, 0.7]])
+Q = np.array([[0.85, 0.1, 0.05], [0.4, 0.35, 0.25], [0.05, 0.05, 0.9]])
+N, G = 5, 3  # tokens per sequence, the deepest draft
+POLICIES = [dict(threshold=0.5, gamma_max=3, min_draft_len=0), dict(threshold=0.5, gamma_max=2, min_draft_len=1),
+            dict(schedule="fixed", gamma_max=3, min_draft_len=0)]
+
+
+def residual(p: np.ndarray, q: np.ndarray) -> np.ndarray:
+    r = np.clip(p - q, 0, None)
+    return r / r.sum() if r.sum() > 0 else p
+
+
+# What a rejected draft token is distributed as, after each context: norm(max(q - p, 0)).
+REJECTED = np.stack([residual(Q[c], P[c]) for c in range(3)])
+
+
+@functools.lru_cache(maxsize=None)
+def exact(i: int, prev: int, threshold: float, gamma_max: int, min_draft_len: int) -> np.ndarray:
+    """Expected (rounds, drafted, accepted) from i tokens generated after `prev`, by enumerating
+    the real process: the draft samples from Q while its top-1 is at least the threshold (or
+    within min_draft_len), up to min(gamma_max, N - i - 1) tokens; the target accepts x with
+    probability min(1, p(x)/q(x)), draws a correction from norm(max(p - q, 0)) at the first
+    rejection, else a bonus from p."""
+    if i >= N:
+        return np.zeros(3)
+    limit = min(gamma_max, N - i - 1)
+    total = np.zeros(3)
+    for drafted, chance in drafts(prev, limit, threshold, min_draft_len):
+        ctx, alive = prev, chance
+        for k, x in enumerate(drafted):
+            keep = min(1.0, P[ctx, x] / Q[ctx, x])
+            for z in range(3):  # rejected at k: the correction z
+                w = alive * (1 - keep) * residual(P[ctx], Q[ctx])[z]
+                if w > 0:
+                    total += w * (np.array([1, len(drafted), k]) + exact(i + k + 1, z, threshold, gamma_max, min_draft_len))
+            alive *= keep
+            ctx = x
+        for z in range(3):  # every drafted token accepted: the bonus z
+            w = alive * P[ctx, z]
+            total += w * (np.array([1, len(drafted), len(drafted)]) + exact(i + len(drafted) + 1, z, threshold,
+                                                                           gamma_max, min_draft_len))
+    return total
+
+
+def drafts(prev: int, limit: int, threshold: float, min_draft_len: int):
+    """Every draft the policy can make from `prev`, with its probability."""
+    out = [((), 1.0)]
+    done = []
+    while out:
+        tokens, chance = out.pop()
+        ctx = tokens[-1] if tokens else prev
+        if len(tokens) == limit or (Q[ctx].max() < threshold and len(tokens) + 1 > min_draft_len):
+            done.append((tokens, chance))
+            continue
+        out += [(tokens + (x,), chance * Q[ctx, x]) for x in range(3)]
+    return done
+
+
+def markov_record(rows: int, seed: int, wrong: str = "") -> sampled.SampledRecord:
+    """A sampled record of the Markov pair, built as record_sampled builds one from models:
+    paths from P, p and q of each path token, the rejected token from the residual and the
+    draft's sampled rollout after it. `wrong`: "path" rolls the draft out along the path after a
+    rejection; "ratio" stores p and q swapped, so that acceptance reads min(1, p/q)."""
+    rng = np.random.default_rng(seed)
+
+    def sample(dist: np.ndarray) -> np.ndarray:  # one token per row of [R, 3]
+        return (rng.random(len(dist))[:, None] > dist.cumsum(axis=1)).sum(axis=1)
+
+    paths = np.zeros((rows, N), dtype=np.int64)
+    prev = np.zeros(rows, dtype=np.int64)
+    for m in range(N):
+        paths[:, m] = sample(P[prev])
+        prev = paths[:, m]
+    before = np.concatenate([np.zeros((rows, 1), dtype=np.int64), paths[:, :-1]], axis=1)
+    p_token, q_token = P[before, paths], Q[before, paths]
+    rollout = np.zeros((rows, N, G), dtype=np.int64)
+    top1 = np.zeros((rows, N, G), dtype=np.float32)
+    for m in range(N):
+        ctx = before[:, m]
+        top1[:, m, 0] = Q[ctx].max(axis=1)
+        rollout[:, m, 0] = sample(REJECTED[ctx])
+        for s in range(1, G):
+            if wrong == "path":
+                ctx = paths[:, min(m + s - 1, N - 1)]
+                rollout[:, m, s] = paths[:, min(m + s, N - 1)]
+            else:
+                ctx = rollout[:, m, s - 1]
+                rollout[:, m, s] = sample(Q[ctx])
+            top1[:, m, s] = Q[ctx].max(axis=1)
+    if wrong == "ratio":
+        p_token, q_token = q_token, p_token
+    info = {"max_new_tokens": N, "gamma_record": G, "topk": 5, "drafter": {"drafter": "model"},
+            "sampling": {"temperature": 1.0, "top_p": 1.0, "seed": seed, "paths": 4, "draws": 2},
+            "prompt_tokens": [1] * rows}
+    return sampled.SampledRecord(paths, np.full(rows, N), p_token, q_token, rollout, {"top1": top1}, (), info)
+
+
+def per_sequence(rec: sampled.SampledRecord, policy: dict) -> np.ndarray:
+    config = DecodeConfig.of(max_new_tokens=N, temperature=1.0, **policy)
+    table = sampled.expected([simulate_grid(r, [config]) for r in sampled.replicates(rec)])
+    sequences = len(rec.lengths) * rec.info["sampling"]["draws"]
+    return table[["rounds", "drafted_total", "accepted_total"]].to_numpy()[0] / sequences
+
+
+@pytest.fixture(scope="module")
+def records():
+    return {wrong: markov_record(16_000, 1, wrong) for wrong in ("", "path", "ratio")}
+
+
+@pytest.mark.parametrize("policy", POLICIES, ids=["threshold", "min_draft_len", "fixed"])
+def test_replay_of_a_sampled_record_is_the_real_process_in_expectation(policy, records):
+    truth = exact(0, 0, policy.get("threshold", 0.0), policy["gamma_max"], policy["min_draft_len"])
+    replayed = per_sequence(records[""], policy)
+    # 16,000 paths × 2 coin draws: the per-sequence means' standard errors are under 0.3 %.
+    assert np.allclose(replayed, truth, rtol=0.012), (replayed, truth)
+
+
+def test_the_wrong_replays_fail_the_same_check(records):
+    """Off by more than the tolerance on at least one policy and metric, each of them."""
+    for wrong in ("path", "ratio"):
+        off = []
+        for policy in POLICIES:
+            truth = exact(0, 0, policy.get("threshold", 0.0), policy["gamma_max"], policy["min_draft_len"])
+            off.append(np.abs(per_sequence(records[wrong], policy) / truth - 1).max())
+        assert max(off) > 0.03, (wrong, off)
+
+
+def test_a_record_sampled_otherwise_is_refused_in_one_line(records):
+    rec = records[""]
+    for changes in (dict(temperature=0.7), dict(temperature=1.0, top_p=0.9), dict(temperature=0.0)):
+        config = DecodeConfig.of(max_new_tokens=N, **changes)
+        with pytest.raises(DsparkError, match="sampled at temperature 1, top-p 1, not") as err:
+            simulate_grid(sampled.replicates(rec)[0], [config])
+        assert "\n" not in str(err.value)
+
+
+# --- on real models: the tiny pair ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny(saved_pair):
+    from dspark_bench.harness.models import load_pair
+
+    return load_pair(*saved_pair, device="cpu")
+
+
+def test_at_temperature_zero_a_sampled_record_replays_as_the_greedy_one(tiny):
+    from dspark_bench.config import expand
+    from dspark_bench.replay.record import record
+
+    ids = [[5, 17, 42, 9], [3, 8]]
+    greedy = record(tiny, ids, 16, 4, eos_ids=frozenset())
+    config = DecodeConfig.of(max_new_tokens=16)
+    (replicate,) = sampled.replicates(sampled.record_sampled(tiny, ids, config, 4, paths=1, eos_ids=frozenset()))
+    configs = expand({"threshold": [0.1, 0.3, 0.6], "gamma_max": [1, 2, 4], "min_draft_len": [0, 1]}, config)
+    columns = ["rounds", "drafted_total", "accepted_total", "full_blocks", "draft_forwards"]
+    draws = replicate.info["sampling"]["draws"]
+    assert (simulate_grid(replicate, configs)[columns].to_numpy() == draws * simulate_grid(greedy, configs)[columns]
+            .to_numpy()).all()
+
+
+def round_counts(rounds, gamma: int) -> np.ndarray:
+    """How many rounds drafted d and accepted a tokens, [d, a] flattened."""
+    counts = np.zeros((gamma + 1, gamma + 1))
+    for r in rounds:
+        counts[r.drafted, r.accepted] += 1
+    return counts.ravel()
+
+
+def test_replayed_rounds_are_distributed_as_the_engines_sampled_rounds(tiny):
+    """The engine at T = 1 with top-p 0.9 over 120 seeds against replay of 120 sampled paths:
+    the joint law of (drafted, accepted) per round, by a chi-square test of homogeneity."""
+    from scipy.stats import chi2_contingency
+
+    from dspark_bench.decoding.engine import speculative_decode
+    from dspark_bench.replay.simulate import simulate
+
+    ids, runs, gamma = [7, 21, 33, 2], 120, 4
+    config = DecodeConfig.of(max_new_tokens=16, temperature=1.0, top_p=0.9, threshold=0.3, gamma_max=gamma)
+    real = [r for seed in range(runs) for r in
+            speculative_decode(tiny.target, tiny.draft, ids, config.replace(seed=1000 + seed)).rounds]
+    rec = sampled.record_sampled(tiny, [ids], config, gamma, paths=runs, eos_ids=frozenset())
+    replayed = [r for rep in sampled.replicates(rec) for prompt in simulate(rep, config) for r in prompt]
+    table = np.stack([round_counts(real, gamma), round_counts(replayed, gamma)])
+    table = table[:, table.sum(axis=0) > 0]
+    assert chi2_contingency(table).pvalue > 1e-3, table
