@@ -216,20 +216,24 @@ def test_calibrate_cli_writes_a_file_the_decoder_loads(calibrated):
     assert (out.parent / data["figure"]).is_file() and data["figure"] == "calibration.png"
 
 
-def test_calibrate_cli_with_sampling_searches_by_real_runs(saved_pair, dataset, tmp_path):
+@pytest.mark.parametrize("evaluation", ["replay", "real"])
+def test_calibrate_cli_with_sampling_replays_sampled_records_or_times_every_policy(evaluation, saved_pair, dataset,
+                                                                                     tmp_path):
     target, draft = saved_pair
     out = tmp_path / "sampled.yaml"
     result = runner.invoke(app, ["calibrate", "--dataset", str(dataset), "--category-field", "kind", "--limit", "1",
                                  "--temperature", "0.7", "--threshold", "0.2", "--threshold", "0.6", "--gamma-max", "3",
                                  "--max-new-tokens", "10", "--repeats", "1", "--target", target, "--draft", draft,
-                                 "--out", str(out)])
+                                 "--out", str(out), "--evaluation", evaluation])
     assert result.exit_code == 0, result.output
     data = yaml.safe_load(out.read_text())
-    assert data["evaluation"] == "real" and data["cost_model"] is None
+    assert data["evaluation"] == evaluation and (data["cost_model"] is None) == (evaluation == "real")
+    assert data["sampling"] == {"temperature": 0.7, "top_p": 1.0}
     assert lib.load_calibration(out).policy_for("code").verification.temperature == 0.7
     for entry in data["domains"].values():
         assert entry["speedup_low"] <= entry["speedup"] <= entry["speedup_high"]
-        assert entry["search_speedup"] > 0 and entry["policy"]["threshold"] in (0.2, 0.6)
+        assert entry["search_speedup" if evaluation == "real" else "predicted_speedup"] > 0
+        assert entry["policy"]["threshold"] in (0.2, 0.6)
 
 
 def test_calibrate_cli_refuses_to_overwrite(calibrated, saved_pair, dataset, spec_file):

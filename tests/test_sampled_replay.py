@@ -200,7 +200,14 @@ def test_replayed_rounds_are_distributed_as_the_engines_sampled_rounds(tiny):
     real = [r for seed in range(runs) for r in
             speculative_decode(tiny.target, tiny.draft, ids, config.replace(seed=1000 + seed)).rounds]
     rec = sampled.record_sampled(tiny, [ids], config, gamma, paths=runs, eos_ids=frozenset())
-    replayed = [r for rep in sampled.replicates(rec) for prompt in simulate(rep, config) for r in prompt]
-    table = np.stack([round_counts(real, gamma), round_counts(replayed, gamma)])
-    table = table[:, table.sum(axis=0) > 0]
-    assert chi2_contingency(table).pvalue > 1e-3, table
+
+    def pvalue(rec) -> float:
+        replayed = [r for rep in sampled.replicates(rec) for prompt in simulate(rep, config) for r in prompt]
+        table = np.stack([round_counts(real, gamma), round_counts(replayed, gamma)])
+        return chi2_contingency(table[:, table.sum(axis=0) > 0]).pvalue
+
+    assert pvalue(rec) > 1e-3
+    # Acceptance read the wrong way round, min(1, p/q): the same test tells it apart.
+    swapped = sampled.SampledRecord(rec.paths, rec.lengths, rec.q_token, rec.p_token, rec.rollout, rec.confidences,
+                                    rec.eos_ids, rec.info)
+    assert pvalue(swapped) < 1e-6

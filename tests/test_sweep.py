@@ -182,9 +182,11 @@ def test_sweep_without_a_spec_takes_the_tasks_own_or_a_dense_default(tmp_path, m
     assert {c.stopping.gamma_max for c in configs} == set(range(1, 9)) and {c.stopping.min_draft_len for c in configs} == {0, 1, 2}
     assert {c.stopping.metric for c in configs} == {"top1", "entropy", "topk_mass", "margin"}
     assert sorted({c.stopping.threshold for c in configs}) == pytest.approx([round(0.05 * i, 2) for i in range(1, 20)])
-    # Sampling cannot replay: a small grid, said as such.
+    # Sampling replays too: the dense default; real evaluation a small grid, said as such.
     spec, origin = sweep_spec.resolve_spec(None, {"task": "code", "temperature": 0.8})
-    assert len(sweep_spec.points(spec)) == 3 and "sampling verification" in origin
+    assert len(sweep_spec.points(spec)) == 3496 and "dense default" in origin
+    spec, origin = sweep_spec.resolve_spec(None, {"task": "code", "temperature": 0.8, "evaluation": "real"})
+    assert len(sweep_spec.points(spec)) == 3 and "real evaluation needs a timed run" in origin
     # Flags narrow the space from the small base, whatever spec files exist.
     spec, origin = sweep_spec.resolve_spec(None, {"task": "code", "space.threshold": [0.4]})
     assert len(sweep_spec.points(spec)) == 1 and "command-line flags (1 point)" in origin
@@ -584,3 +586,32 @@ def test_the_plans_count_is_what_joins_after_recording(space, tmp_path):
     joined = configs + [c for c in fitted if c not in configs]
     joined += [c for c in learned_points(joined, tmp_path / "l.json") if c not in joined]
     assert replayed_count(configs) == len(joined) > len(configs) * (space.get("drafter") != ["heads"])
+
+
+def test_a_sweep_at_a_temperature_replays_its_sampled_record(saved_pair, prompts_file, tmp_path):
+    """Sampled traffic: K paths per prompt recorded once, every policy replayed with an interval,
+    the best confirmed by real sampled runs; the record is refused for another temperature."""
+    args = base_args(saved_pair, prompts_file, tmp_path) + ["--temperature", "1.0", "--top-p", "0.9",
+                                                            "--confirm-top", "1"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert "× 4 sampled paths" in text and "sampled at temperature 1, top-p 0.9 (4 paths × 4 coin draws" in text
+    folder = only_folder(tmp_path)
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["sampling"] == {"temperature": 1.0, "top_p": 0.9, "seed": 0, "paths": 4, "draws": 4}
+    table = pd.read_parquet(folder / "trials.parquet")
+    # The grid, two fixed γ, goodput and budget at each γ: no learned signal from a sampled record.
+    assert len(table) == 4 + 2 + 2 + 2 and not (table["metric"] == "learned").any()
+    assert (table["replicates"] == 4).all()
+    assert ((table["tokens_per_round_low"] <= table["tokens_per_round"])
+            & (table["tokens_per_round"] <= table["tokens_per_round_high"])).all()
+    assert (table["source"] == "confirmed").sum() >= 3 and (table["temperature"] == 1.0).all()
+    (record_dir,) = (tmp_path / "records").iterdir()
+    assert "-t1-p0.9-s0-K4" in record_dir.name
+    # The same sweep again reuses it; another top-p is another record.
+    again = runner.invoke(app, args)
+    assert again.exit_code == 0 and len(list((tmp_path / "records").iterdir())) == 1
+    # The heads at a temperature: refused before models load.
+    refused = runner.invoke(app, args + ["--drafter", "heads"])
+    assert refused.exit_code == 1 and "not the heads" in refused.stderr, refused.output

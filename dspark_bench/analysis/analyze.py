@@ -59,6 +59,9 @@ def load_studied(folder: Path) -> Studied:
     summary = read_json(folder / "summary.json", "summary file")
     if evaluation_of(summary) != "replay":
         raise DsparkError(f"{folder} is not a replay sweep: an analysis studies a replay record")
+    if summary.get("sampling"):
+        raise DsparkError(f"{folder} replayed sampled paths: the analyses (the oracle's headroom, each signal's "
+                          "quality) study greedy records; sweep at temperature 0 for them")
     table = read_parquet(folder / "trials.parquet", "replay table")
     table = table[table["drafter"] == "model"] if "drafter" in table else table
     if table.empty:

@@ -184,7 +184,7 @@ def print_best(result, wide: bool = False) -> None:
     print_headline(summary)
     print_health(summary)
     out_console.print(f"run folder: {folder}")
-    if summary.get("evaluation") == "replay" and not result.analysis:
+    if summary.get("evaluation") == "replay" and not result.analysis and not summary.get("sampling"):
         out_console.print(f"more: dspark-bench analyze {folder} (what any stopping rule could win here, how well "
                           f"each signal predicts acceptance); dspark-bench report {folder}", style="dim",
                           highlight=False, soft_wrap=True)

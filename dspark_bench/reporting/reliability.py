@@ -10,9 +10,9 @@ import pandas as pd
 from dspark_bench.decoding.goodput import load
 from dspark_bench.errors import DsparkError
 from dspark_bench.analysis.signal_quality import held_out
-from dspark_bench.replay import learned
+from dspark_bench.replay import learned, sampled
 from dspark_bench.replay.record import resolve_record
-from dspark_bench.replay.simulate import Record, match_lengths
+from dspark_bench.replay.simulate import match_lengths
 from dspark_bench.reporting import plots
 from dspark_bench.reporting.report_inputs import Inputs
 
@@ -33,7 +33,12 @@ def reliability_data(inputs: Inputs) -> tuple[pd.DataFrame, str] | None:
         if summary.get("record"):
             folder = resolve_record(inputs.folder_of[run_id], summary["record"])
             if folder is not None:
-                rec = Record.load(folder)
+                rec = sampled.load(folder)
+                if rec.info.get("sampling"):  # every replicate's rounds; no learned signal (it reads drafted tokens)
+                    rec = sampled.as_one(rec)
+                    table = plots.confidences_from_record(rec.confidences, match_lengths(rec), rec.lengths)
+                    return table, (f"sampled replay record of {plots.short_run(run_id)}: all metrics at every "
+                                   f"rollout step of its replicates ({len(rec.lengths)} paths × coin draws)")
                 table = plots.confidences_from_record(rec.confidences, match_lengths(rec), rec.lengths)
                 table = pd.concat([table, learned_tokens(rec)], ignore_index=True)
                 return table, (f"replay record of {plots.short_run(run_id)}: all metrics at every rollout step\n"

@@ -268,7 +268,11 @@ def cost_model_blocks(inputs: Inputs) -> list[tuple]:
                   _fmt(r["speedup"] / r[column], 2)] for _, r in rows.iterrows()]
         accuracy = summary.get("cost_model_accuracy") or {}
         cost = summary.get("cost_model") or {}
-        text = (f"{summary.get('policies_simulated', len(rows))} policies simulated from one record; the best "
+        sampling = summary.get("sampling")
+        sampled = "" if not sampling else (
+            " sampled at temperature {temperature:g}, top-p {top_p:g} ({paths} paths × {draws} coin draws per "
+            "prompt: expectations, exact in distribution)").format(**sampling)
+        text = (f"{summary.get('policies_simulated', len(rows))} policies simulated from one record{sampled}; the best "
                 f"{len(rows)} confirmed by timed runs. Measured / predicted speedup, median "
                 f"{_fmt(accuracy.get('measured_over_predicted_median'), 2)}; mean absolute error "
                 f"{_fmt(accuracy.get('mean_abs_error'), 3)}.")

@@ -5,7 +5,7 @@ that is best for one domain is wrong for another. For every domain (a task, or a
 user's dataset) calibration finds the best policy of a sweep's search space, finds the best
 single *global* policy over all domains together, and measures both on each domain's prompts:
 
-    choose      replay (greedy): record each domain once, simulate every policy, rank;
+    choose      replay (greedy or sampled): record each domain once, simulate every policy, rank;
                 real runs otherwise; the global policy maximises the objective over the
                 union of the domains' prompts (per-domain totals summed, then ratios taken)
     confirm     a timed `runner.run` of each domain's policy and of the global policy
@@ -43,6 +43,7 @@ from dspark_bench.metrics import summarize
 from dspark_bench.objectives import rank
 from dspark_bench.prompts import Prompt, encode, prompts_fingerprint
 from dspark_bench.replay.cost import measure_surface
+from dspark_bench.replay import sampled
 from dspark_bench.replay.continuations import Continuations, open_for
 from dspark_bench.replay.simulate import record
 from dspark_bench.reporting import plots
@@ -154,9 +155,14 @@ def record_domains(pair, domains: dict[str, list[Prompt]], base: DecodeConfig, g
         info = {"models": models, "prompts_fingerprint": prompts_fingerprint(prompts), "domain": domain,
                 "prompt_ids": [p.id for p in prompts], **({"continuations": source.describe()} if source else {})}
         given = [source.continuation(p.id) for p in prompts] if source else None
-        records[domain] = rec = record(pair, ids, base.verification.max_new_tokens, gamma, base.stopping.topk, info,
-                                       progress=stage_steps(progress, f"recording {domain}", len(ids)),
-                                       drafter=base.drafting, continuations=given)
+        steps = stage_steps(progress, f"recording {domain}", len(ids))
+        if base.greedy:
+            rec = record(pair, ids, base.verification.max_new_tokens, gamma, base.stopping.topk, info,
+                         progress=steps, drafter=base.drafting, continuations=given)
+        else:  # sampled paths at the spec's temperature (replay/sampled.py)
+            rec = sampled.record_sampled(pair, ids, base, gamma, base.stopping.topk, sampled.PATHS, info, steps,
+                                         drafter=base.drafting)
+        records[domain] = rec
         if first_context is None:
             # Timed with the cache at a realistic length: a prompt plus half its output.
             first_context = ids[0] + rec.continuation[0, : int(rec.lengths[0]) // 2].tolist()
@@ -213,6 +219,8 @@ def calibration_data(choice: Choice, chosen: dict[str, DecodeConfig], global_pol
                                               "device", "dtype")},
         "objective": choice.objective,
         "evaluation": evaluation,
+        # The traffic's sampling the policies were chosen for (temperature 0: greedy).
+        "sampling": {"temperature": global_policy.verification.temperature, "top_p": global_policy.verification.top_p},
         "max_new_tokens": global_policy.verification.max_new_tokens,
         "cost_model": cost.to_dict() if cost is not None else None,
         "global": {"policy": policy_dict(global_policy), "label": global_policy.label(),
@@ -273,6 +281,9 @@ def calibrate_domains(spec: SweepSpec, out: Path, tasks: list[str] | None = None
     batch_sizes = sorted({c.batching.batch_size for c in configs})
     if spec.continuations is not None and evaluation != "replay":
         raise DsparkError("--continuations feeds replay's records: a real calibration decodes every policy here")
+    if spec.continuations is not None and spec.temperature > 0:
+        raise DsparkError("--continuations holds the target's greedy continuations: a calibration at a temperature "
+                          "samples its own paths here (drop --continuations, or --temperature)")
     records, surface = None, None
     if evaluation == "replay":
         needs_draft_model(pair)

@@ -15,6 +15,7 @@ from dspark_bench.config import POLICY_FIELDS, DecodeConfig
 from dspark_bench.errors import DsparkError
 from dspark_bench.metrics import rates, summarize
 from dspark_bench.objectives import OBJECTIVES, rank
+from dspark_bench.replay import sampled
 from dspark_bench.replay.batched import simulate_with_surface
 from dspark_bench.replay.cost import CostSurface
 from dspark_bench.replay.simulate import simulate_grid
@@ -78,6 +79,7 @@ def choose_from_records(records: dict, configs: list[DecodeConfig], cost, object
         raise DsparkError("calibration needs at least one domain")
     tables = {}
     for domain, rec in records.items():
+        rec = sampled.as_one(rec)  # sampled: every replicate's rows, so totals are sums over them
         if isinstance(cost, CostSurface):
             grid = simulate_with_surface(rec, configs, cost)
         else:

@@ -36,12 +36,12 @@ from dspark_bench.decoding.schedule import expressible
 from dspark_bench.errors import DsparkError
 from dspark_bench.harness.gguf import converted
 from dspark_bench.metrics import summarize
-from dspark_bench.replay import cost_file
+from dspark_bench.replay import cost_file, sampled
 from dspark_bench.replay.batched import predict_batched
 from dspark_bench.replay.cost import CostModel, CostSurface
 from dspark_bench.replay.learned import with_learned
 from dspark_bench.replay.record import resolve_record
-from dspark_bench.replay.simulate import Record, simulate_grid
+from dspark_bench.replay.simulate import simulate_grid
 from dspark_bench.results import evaluation_of, read_json, write_text
 from dspark_bench.tuning.engine_files import FILES, NOTES, llamacpp_flags, parse, render  # noqa: F401 (the API)
 from dspark_bench.tuning.engine_versions import version_for
@@ -78,7 +78,7 @@ class RunPolicies:
         """The replay record, read once (every replay of this export uses it), with the sweep's
         learned signal where a best policy reads it (only then: an older sweep's fit, or a record
         made before the signal's context features, fails in one line only where it is needed)."""
-        rec = Record.load(self.record)
+        rec = sampled.as_one(sampled.load(self.record))  # a sampled sweep's: every replicate
         if any(c.stopping.metric == "learned" for c, _, _ in self.best.values()) and (self.folder / LEARNED_FILE).is_file():
             rec = with_learned(rec, learned_signal.load(str(self.folder / LEARNED_FILE)))
         return rec

@@ -218,7 +218,7 @@ def resolve_spec(path: Path | None, overrides: dict) -> tuple[SweepSpec, str]:
 
     Without --spec: the task's own sweeps/<task>.yaml where it exists; else, when no search-space
     flag is given, the dense default under replay (thousands of policies for about the price of
-    one decoding pass) or a small grid under real timed runs (sampling), said as such.
+    one decoding pass, greedy or sampled) or a small grid under real timed runs, said as such.
     """
     # A batch size or a drafter (with its n-gram knobs) adds a dimension to whichever space is
     # chosen; the policy's knobs choose one.
@@ -239,8 +239,8 @@ def resolve_spec(path: Path | None, overrides: dict) -> tuple[SweepSpec, str]:
     if evaluation_for(spec) == "replay":
         return spec, f"search space: the dense default ({len(points(spec)):,} points plus every fixed gamma)"
     spec = load_spec(None, overrides)
-    return spec, (f"search space: a small default grid ({len(points(spec))} points) — sampling verification "
-                  "needs a real timed run per policy, so replay's dense default is not used; give --spec or "
+    return spec, (f"search space: a small default grid ({len(points(spec))} points) — real evaluation needs a "
+                  "timed run per policy, so replay's dense default is not used; give --spec or "
                   "--threshold/--gamma-max/... for more")
 
 

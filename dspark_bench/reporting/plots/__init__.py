@@ -22,7 +22,7 @@ from dspark_bench.reporting.plots.base import (
 )
 from dspark_bench.reporting.plots.batch import batch_sizes, paired_ratios, signal_headroom
 from dspark_bench.reporting.plots.prices import verify_curves
-from dspark_bench.reporting.plots.policies import heatmap_value, speedup_heatmap, threshold_curves
+from dspark_bench.reporting.plots.policies import heatmap_value, speedup_heatmap, temperature_axis, threshold_curves
 from dspark_bench.reporting.plots.samples import (
                                      confidences_from_rounds,
                                      draft_lengths_from_positions,
@@ -46,5 +46,6 @@ __all__ = [
     "confidences_from_record", "confidences_from_rounds", "domain_threshold_curves", "draft_lengths_from_positions",
     "heatmap_value",
     "names_of", "optimization_history", "paired_ratios", "param_importances", "pareto_front", "position_acceptance", "reliability", "reliability_table", "roc_auc",
-    "round_trace", "short_run", "signal_headroom", "speedup_by_group", "speedup_heatmap", "stop_reasons", "threshold_curves",
+    "round_trace", "short_run", "signal_headroom", "speedup_by_group", "speedup_heatmap", "stop_reasons",
+    "temperature_axis", "threshold_curves",
 ]

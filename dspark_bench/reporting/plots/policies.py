@@ -171,3 +171,33 @@ def speedup_heatmap(policies: pd.DataFrame, value: str | None = None) -> Figure:
         ax.set_visible(False)
     fig.colorbar(image, ax=axes, label=names_of(table), shrink=0.9)
     return fig
+
+
+def temperature_axis(rows: pd.DataFrame) -> Figure:
+    """The best policy of each task's sweeps against their temperature (one sweep per
+    temperature, reporting.report's temperature_rows): its threshold, gamma_max and tokens per
+    round; where a greedy sweep of the task is among them, the greedy-tuned policy's predicted
+    speedup at each temperature beside the best one's."""
+    panels = [("threshold", "best policy's threshold"), ("gamma_max", "best policy's γ_max"),
+              ("tokens_per_round", "tokens_per_round (best)"), ("predicted_speedup", "predicted speedup")]
+    fig, axes = _figure(13, 3.4, 1, len(panels), sharex=True)
+    hottest = rows["temperature"].max()
+    for i, (task, group) in enumerate(rows.sort_values("temperature").groupby("task", sort=True)):
+        color = f"C{i}"
+        for ax, (column, title) in zip(axes[0], panels):
+            ax.plot(group["temperature"], group[column], marker="o", color=color, label=f"{task}: tuned at each T")
+            if column == "gamma_max":  # which policy won, once
+                for t, g, label in zip(group["temperature"], group[column], group["policy"]):
+                    right = t == hottest  # inside the panel: labels of the hottest point run leftwards
+                    ax.annotate(label, (t, g), fontsize=7, xytext=(-3 if right else 3, 3), textcoords="offset points",
+                                ha="right" if right else "left")
+            if column == "predicted_speedup" and group["greedy_tuned_speedup"].notna().any():
+                ax.plot(group["temperature"], group["greedy_tuned_speedup"], marker="s", linestyle="--", color=color,
+                        label=f"{task}: tuned at T = 0")
+            ax.set_title(title, fontsize=10)
+            ax.set_xlabel("temperature")
+    axes[0][0].set_ylim(0, 1)  # a goodput or budget winner has no threshold: no point
+    axes[0][1].set_ylim(0, rows["gamma_max"].max() + 1)
+    axes[0][-1].axhline(1.0, color="grey", linewidth=0.8)
+    axes[0][-1].legend(fontsize=8)
+    return fig
