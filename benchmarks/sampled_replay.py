@@ -154,7 +154,7 @@ def compare(real: np.ndarray, replay: np.ndarray, metric: str, rng, draws: int =
 def report(out: Path) -> None:
     from statistics import NormalDist
 
-    rows, m = [], len(DOMAINS) * len(SETTINGS) * len(POLICIES) * len(METRICS)
+    m = len(DOMAINS) * len(SETTINGS) * len(POLICIES) * len(METRICS)
     z = NormalDist().inv_cdf(1 - 0.05 / (2 * m))
     rng = np.random.default_rng(0)
     failures = {"replay": 0, "path": 0, "ratio": 0}

@@ -615,3 +615,17 @@ def test_a_sweep_at_a_temperature_replays_its_sampled_record(saved_pair, prompts
     # The heads at a temperature: refused before models load.
     refused = runner.invoke(app, args + ["--drafter", "heads"])
     assert refused.exit_code == 1 and "not the heads" in refused.stderr, refused.output
+    # Beside a greedy sweep of the same prompts, the report draws the temperature axis.
+    from dspark_bench.reporting.report import build_report, figures_written, temperature_rows
+    from dspark_bench.reporting.report_inputs import load_inputs
+
+    assert runner.invoke(app, base_args(saved_pair, prompts_file, tmp_path) + ["--confirm-top", "1"]).exit_code == 0
+    greedy = max(p for p in tmp_path.iterdir() if p.name != "records")  # the newest folder
+    folders = [folder, greedy]
+    rows = temperature_rows(load_inputs(folders)).set_index("temperature")
+    assert sorted(rows.index) == [0.0, 1.0]
+    greedy_best = rows.loc[0.0]
+    assert rows.loc[1.0, "greedy_tuned"] == greedy_best["portable"]
+    # The greedy-tuned policy replayed at T = 1 where the sampled sweep's space holds it.
+    assert rows.loc[1.0, "greedy_tuned_speedup"] > 0
+    assert "plots/temperatures.png" in figures_written(build_report(folders, tmp_path / "report"))
