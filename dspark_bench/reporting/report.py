@@ -87,19 +87,23 @@ def make_figures(inputs: Inputs, by: str | None = None) -> list[FigureItem]:
 
 
 def temperature_rows(inputs) -> pd.DataFrame:
-    """Per replay sweep: its task, temperature and best policy (summary's "best", confirmed), with
-    that policy's predicted speedup; and, at a temperature > 0, the predicted speedup there of the
-    best policy of the same task's greedy sweep among the runs (the same knobs, replayed at T)."""
+    """Per replay sweep: its task, temperature and best scheduled policy by replay (the predicted
+    speedup: every policy replayed alike, where a confirmation times a few), with that policy's
+    knobs; and, at a temperature > 0, the predicted speedup there of the best policy of the
+    same task's greedy sweep among the runs that a sampled record can replay (the same knobs)."""
     rows = []
     for run_id, summary in inputs.summaries.items():
         spec = inputs.infos[run_id].get("spec") or {}
-        if summary.get("evaluation") != "replay" or not summary.get("best"):
+        if summary.get("evaluation") != "replay":
             continue
-        best = summary["best"][0]
-        # What a sampled record can replay of it: the best confirmed on the distribution's signals
-        # (the learned signal reads drafted tokens), a scheduled one.
-        portable = next((r for r in summary.get("confirmed", []) if r["metric"] != "learned"
-                         and not schedules.named(r["schedule"]).baseline), best)
+        replayed = inputs.policies[inputs.policies["run_id"] == run_id]
+        replayed = replayed[~schedules.where(replayed, baseline=True)].sort_values("predicted_speedup", ascending=False)
+        if replayed.empty:
+            continue
+        best = replayed.iloc[0]
+        # What a sampled record can replay of it: the best on the distribution's signals (the
+        # learned signal reads drafted tokens).
+        portable = replayed[replayed["metric"] != "learned"].iloc[0]
         one = schedules.named(best["schedule"]).one_threshold  # goodput and budget have none
         rows.append({"run_id": run_id, "task": spec.get("task") or spec.get("dataset"), "temperature": best["temperature"],
                      "top_p": best["top_p"], "policy": best["config_label"],
@@ -136,8 +140,8 @@ def _temperatures(inputs):
                 f"predicted {r.greedy_tuned_speedup:.2f}× against {r.predicted_speedup:.2f}× for {r.policy}")
             sentences.append(f"{r.task} at T = {r.temperature:g}: the greedy-tuned {r.greedy_tuned} is {verdict}")
     return plots.temperature_axis(table), (
-        "Each task's sweeps, one per temperature: the best confirmed policy's threshold (none for a goodput or budget "
-        "winner), γ_max, tokens per round and predicted speedup (replayed on a sampled record at T > 0: "
+        "Each task's sweeps, one per temperature: the best scheduled policy by replay's prediction, its threshold "
+        "(none for a goodput or budget winner), γ_max, tokens per round and predicted speedup (replayed on a sampled record at T > 0: "
         "replay/sampled.py), and the best policy tuned on the greedy record that a sampled record can replay (not the "
         "learned signal's) at each temperature (dashed). A threshold tuned greedy meets a different acceptance "
         "under sampling: the target's own uncertainty rejects tokens the draft is sure of. Predicted, not measured: "

@@ -87,9 +87,9 @@ def check_sampled_replay(spec: SweepSpec, configs: list[DecodeConfig]) -> None:
     if any(c.stopping.metric == "learned" for c in configs):
         raise DsparkError("the learned signal reads drafted tokens, which a sampled record does not hold: search it "
                           "greedy, or with --evaluation real")
-    if spec.prices != "ours":
-        raise DsparkError("an engine's prices confirm in that engine greedy: a sweep at a temperature is priced and "
-                          "confirmed on ours (drop --prices)")
+    if spec.prices == "llamacpp":
+        raise DsparkError("llama.cpp's prices are measured, and its policies confirmed, greedy: a sweep at a "
+                          "temperature is priced on ours or on a cost-model file (drop --prices llamacpp)")
 
 
 def prepare(spec: SweepSpec, say: Callable[[str], None] | None = None, engines: EngineTools | None = None,

@@ -61,7 +61,7 @@ def engine_verdict(spec: SweepSpec, prepared: LoadedSweep, records: dict, prices
     """The deployment engine's own verdict where the sweep is priced on an engine that can run
     its policies (llama.cpp): measured there, not on ours. None for our own prices."""
     name = prices.engine.engine.get("name") if prices.engine is not None else None
-    if name not in engines.confirm or MODEL not in records:
+    if name not in engines.confirm or MODEL not in records or not prepared.base.greedy:  # its confirmation is greedy
         return None
     return engines.confirm[name](spec, prepared, records[MODEL], prices.engine, gamma, folder, say, progress)
 
