@@ -211,3 +211,24 @@ def test_replayed_rounds_are_distributed_as_the_engines_sampled_rounds(tiny):
     swapped = sampled.SampledRecord(rec.paths, rec.lengths, rec.q_token, rec.p_token, rec.rollout, rec.confidences,
                                     rec.eos_ids, rec.info)
     assert pvalue(swapped) < 1e-6
+
+
+def test_expectations_pool_totals_and_times_over_replicates():
+    """Rates of the summed totals, speedups of the summed times (plain time over predicted time),
+    and a t interval over the replicates around the pooled value."""
+    import pandas as pd
+
+    from dspark_bench.metrics import rates
+
+    def table(rounds, drafted, accepted, tokens, time, plain_step=1.0):  # as simulate_grid's rows are
+        out = pd.DataFrame({"config_id": [0], "rounds": [rounds], "drafted_total": [drafted],
+                            "accepted_total": [accepted], "emitted_total": [tokens], "full_blocks": [0],
+                            "draft_forwards": [drafted], "new_tokens": [tokens], "predicted_time": [time],
+                            "predicted_speedup": [tokens * plain_step / time]})
+        return out.assign(**rates(out))
+
+    pooled = sampled.expected([table(10, 20, 10, 20, 10.0), table(10, 40, 30, 40, 40.0), table(5, 10, 5, 10, 4.0)])
+    row = pooled.iloc[0]
+    assert row["acceptance_rate"] == pytest.approx(45 / 70) and row["tokens_per_round"] == pytest.approx(70 / 25)
+    assert row["predicted_speedup"] == pytest.approx(70 / 54) and row["replicates"] == 3
+    assert row["tokens_per_round_low"] < row["tokens_per_round"] < row["tokens_per_round_high"]

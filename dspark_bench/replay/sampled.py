@@ -325,8 +325,11 @@ def expected(tables: list[pd.DataFrame]) -> pd.DataFrame:
     out = out.assign(**rates(out))
     out["draft_forwards_per_token"] = out["draft_forwards"] / out["new_tokens"].clip(lower=1)
     for column in [c for c in out if c.startswith("predicted_speedup")]:
-        plain = sum((t["new_tokens"] / t[column]).to_numpy() for t in tables)  # Σ predicted time, in plain-token units
-        out[column] = out["new_tokens"] / plain
+        time = column.replace("speedup", "time")
+        if "predicted_baseline_time" in out and time in out:  # a batched table: its baseline over its time
+            out[column] = out["predicted_baseline_time"] / out[time]
+        else:  # Σ plain time over Σ predicted time, the plain time in tokens (each table's speedup says its ratio)
+            out[column] = out["new_tokens"] / sum((t["new_tokens"] / t[column]).to_numpy() for t in tables)
     t = T975[min(len(tables) - 1, len(T975)) - 1] if len(tables) <= 31 else 1.96
     for column in [c for c in INTERVALS if c in out]:
         values = np.stack([table[column].to_numpy(dtype=float) for table in tables])
