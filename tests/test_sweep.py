@@ -156,6 +156,8 @@ def test_ctrl_c_keeps_finished_trials_and_resume_reruns_the_interrupted_one(save
         (["--set", "space.threshold=[0.2,"], "not a valid YAML value"),
         (["--set", "space.threshold=abc"], "must be a finite number"),
         (["--limit", "0"], "limit must be a positive integer"),
+        (["--set", "temperatures=[0.5, 0.5]"], "temperatures must be a list of distinct numbers >= 0"),
+        (["--set", "temperatures=[0, -1]"], "temperatures must be a list of distinct numbers >= 0"),
     ],
 )
 def test_bad_specs_fail_in_one_line(flags, message, saved_pair, prompts_file, tmp_path):
@@ -629,3 +631,17 @@ def test_a_sweep_at_a_temperature_replays_its_sampled_record(saved_pair, prompts
     # The greedy-tuned policy replayed at T = 1 where the sampled sweep's space holds it.
     assert rows.loc[1.0, "greedy_tuned_speedup"] > 0
     assert "plots/temperatures.png" in figures_written(build_report(folders, tmp_path / "report"))
+
+
+def test_a_spec_listing_temperatures_sweeps_each(saved_pair, prompts_file, tmp_path):
+    """`temperatures`: one sweep per temperature, each its own record and folder, checked first."""
+    args = base_args(saved_pair, prompts_file, tmp_path) + ["--confirm-top", "0", "--set", "temperatures=[0, 0.8]"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    folders = sorted(p for p in tmp_path.iterdir() if p.name != "records")
+    temperatures = [json.loads((f / "run.json").read_text())["spec"]["temperature"] for f in folders]
+    assert temperatures == [0.0, 0.8] and len(list((tmp_path / "records").iterdir())) == 2
+    assert "the best policy against temperature: dspark-bench report" in " ".join(result.output.split())
+    # A temperature a sampled record cannot serve is refused before the first sweep decodes.
+    refused = runner.invoke(app, args + ["--drafter", "heads", "--out", str(tmp_path / "again")])
+    assert refused.exit_code == 1 and "not the heads" in refused.stderr and not (tmp_path / "again").exists()

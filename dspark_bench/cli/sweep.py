@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from dspark_bench.cli.console import cli_errors, print_best, reporting
+from dspark_bench.cli.console import cli_errors, out_console, print_best, reporting
 from dspark_bench.cli.declared import fields_of, knob_fields, with_options
 from dspark_bench.config import KNOBS
 from dspark_bench.harness.workload import Workload
@@ -59,14 +59,19 @@ def sweep(
                     "; the sweep without --shard assembles every shard's parts" if count > 1 else ""))
                 return
             if resume is not None:
-                result = lib.continue_sweep(resume, workers=workers, worker_only=worker_only, progress=progress,
-                                            storage=storage)
+                results = [lib.continue_sweep(resume, workers=workers, worker_only=worker_only, progress=progress,
+                                              storage=storage)]
             else:
                 chosen, origin = specs.resolve_spec(spec, specs.command_overrides(flags, set_ or []))
-                result = lib.run_sweep(chosen, out, storage, study, workers, progress, say, origin,
-                                       engines=engine_tools(chosen.prices, say))
-        if result is not None:  # a worker-only process leaves the table to the sweep's own process
-            print_best(result, wide)
+                # One sweep per temperature a spec lists (`temperatures`), else the one.
+                results = lib.run_sweeps(chosen, out, storage, study, workers, progress, say, origin,
+                                         engines=engine_tools(chosen.prices, say))
+        for result in results:
+            if result is not None:  # a worker-only process leaves the table to the sweep's own process
+                print_best(result, wide)
+        if len(results) > 1:
+            out_console.print(f"the best policy against temperature: dspark-bench report "
+                              f"{' '.join(str(r.folder) for r in results)}", highlight=False, soft_wrap=True)
 
 
 def engine_tools(prices: str | None, say):

@@ -71,6 +71,9 @@ class SweepSpec(Workload):
     prices: str = knob("ours", "Replay: whose costs price each round: ours (timed here) | llamacpp (llama.cpp's, "
                        "measured by the sweep or `run --decoder llamacpp`, cached) | a cost-model file "
                        "(docs/engines-and-export.md#cost-model-files).", panel=STUDY)
+    # Temperature as an axis: one sweep per temperature listed (each its own record and folder),
+    # in place of `temperature`; `report` of their folders draws the best policy against it.
+    temperatures: tuple[float, ...] = ()
     # Replay: the target's greedy continuations from the engine that serves it, a continuations
     # file (replay/continuations.py) or several (one per task, say), instead of decoding the
     # target here; None: decoded here.
@@ -119,6 +122,20 @@ def _parse_space(space: object) -> dict:
     return parsed
 
 
+def _parse_temperatures(values: object, where: str) -> tuple[float, ...]:
+    """A spec's `temperatures`: a list of distinct numbers >= 0 (one sweep each)."""
+    values = values if isinstance(values, list) else [values]
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 for v in values) or \
+            len(set(values)) != len(values):
+        raise DsparkError(f"{where}: temperatures must be a list of distinct numbers >= 0 (got {values!r})")
+    return tuple(float(v) for v in values)
+
+
+def per_temperature(spec: SweepSpec) -> list[SweepSpec]:
+    """The sweeps a spec stands for: one per temperature it lists, else itself."""
+    return [dataclasses.replace(spec, temperature=t, temperatures=()) for t in spec.temperatures] or [spec]
+
+
 def parse_spec(data: dict, where: str = "sweep spec") -> SweepSpec:
     try:
         return _parse_spec(data, where)
@@ -150,6 +167,8 @@ def _parse_spec(data: dict, where: str) -> SweepSpec:
     data = dict(data)
     if "space" in data:
         data["space"] = _parse_space(data["space"])
+    if "temperatures" in data:
+        data["temperatures"] = _parse_temperatures(data["temperatures"], where)
     if isinstance(data.get("objective"), str):
         data["objective"] = tuple(x.strip() for x in data["objective"].split(","))
     elif "objective" in data:

@@ -27,7 +27,7 @@ from dspark_bench.results import (
     write_json,
     write_parquet,
 )
-from dspark_bench.tuning.spec import SweepSpec, evaluation_for, old_keys, parse_spec
+from dspark_bench.tuning.spec import SweepSpec, evaluation_for, old_keys, parse_spec, per_temperature, points
 from dspark_bench.tuning.study import (
     TrialContext,
     best_trials,
@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 
 from dspark_bench.replay.record_parts import parse_shard  # noqa: F401 (the CLI's --shard)
 from dspark_bench.tuning.records import load_or_record, parts_folder
-from dspark_bench.tuning.preparation import EngineTools, LoadedSweep, SweepResult, prepare
+from dspark_bench.tuning.preparation import EngineTools, LoadedSweep, SweepResult, check_sampled_replay, prepare
 from dspark_bench.tuning.replay_sweep import needs_draft_model, record_plan, replay_sweep
 
 # --- the whole sweep: prepare, run (real or replay), summarise ----------------------------------
@@ -133,6 +133,23 @@ def run_sweep(spec: SweepSpec, out: Path, storage: str | None = None, study_name
         say(real_sweep_plan(per_token, len(prepared.prompts), prepared.base.verification.max_new_tokens,
                             -(-trials // workers), spec.repeats) + (f" with {workers} workers" if workers > 1 else ""))
     return continue_sweep(folder, prepared, workers, progress, storage=storage)
+
+
+def run_sweeps(spec: SweepSpec, out: Path, storage: str | None = None, study_name: str | None = None,
+               workers: int = 1, progress: StageProgress | None = None,
+               say: Callable[[str], None] | None = None, origin: str | None = None,
+               engines: EngineTools | None = None) -> list[SweepResult]:
+    """One sweep per temperature the spec lists (`temperatures`: each its own record and folder),
+    else the spec's one sweep; every one checked before the first decodes."""
+    chosen = per_temperature(spec)
+    for one in chosen:
+        check_sampled_replay(one, points(one))
+    results = []
+    for one in chosen:
+        if say and len(chosen) > 1:
+            say(f"temperature {one.temperature:g}, top-p {one.top_p:g}:")
+        results.append(run_sweep(one, out, storage, study_name, workers, progress, say, origin, engines))
+    return results
 
 
 def check_unchanged(folder: Path, info: dict, prepared: LoadedSweep) -> None:
