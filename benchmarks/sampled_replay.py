@@ -74,7 +74,9 @@ def name(setting) -> str:
 
 
 def real_jobs():
-    return [(d, s, i) for d in DOMAINS for s in SETTINGS for i in range(20)]
+    """Prompt by prompt across every domain and setting: stopped early, every setting has the same
+    prompts done (the report compares those)."""
+    return [(d, s, i) for i in range(20) for d in DOMAINS for s in SETTINGS]
 
 
 def run_real(out: Path, part: tuple[int, int]) -> None:
@@ -165,14 +167,15 @@ def report(out: Path) -> None:
     for domain in DOMAINS:
         for setting in SETTINGS:
             stored = json.loads((out / "replay" / f"{domain}-{name(setting)}.json").read_text())
-            real_files = [out / "real" / f"{domain}-{name(setting)}-{i:02d}.json" for i in range(20)]
-            real_data = [json.loads(p.read_text()) for p in real_files if p.is_file()]
+            real_files = {i: out / "real" / f"{domain}-{name(setting)}-{i:02d}.json" for i in range(20)}
+            done = [i for i, p in real_files.items() if p.is_file()]  # the prompts both sides have
+            real_data = [json.loads(real_files[i].read_text()) for i in done]
             for policy in POLICIES:
                 real = np.array([np.sum(r[policy], axis=0) for r in real_data])
                 for metric in METRICS:
                     cells = {}
                     for how in ("replay", "path", "ratio"):
-                        replay = np.array(stored[how][policy])[: len(real)]
+                        replay = np.array(stored[how][policy])[done]
                         truth, value, se, ci = compare(real, replay, metric, rng)
                         ok = abs(value - truth) <= z * se or abs(value / truth - 1) <= 0.02
                         failures[how] += not ok
@@ -183,7 +186,9 @@ def report(out: Path) -> None:
                                  f"{'yes' if ok else '**no**'} | {cells['path'][0]:.3f}{'' if cells['path'][1] else ' ✗'} | "
                                  f"{cells['ratio'][0]:.3f}{'' if cells['ratio'][1] else ' ✗'} |")
     record_s = [json.loads(p.read_text())["record_s"] for p in sorted((out / "replay").glob("*.json"))]
-    lines += ["", f"Comparisons failed: replay {failures['replay']} of {m}; the path-rollout replay "
+    prompts = sorted({len([p for p in (out / "real").glob(f"{d}-{name(s)}-*.json")]) for d in DOMAINS for s in SETTINGS})
+    lines += ["", f"Prompts per domain and setting with real runs: {', '.join(map(str, prompts))} (of 20).",
+              f"Comparisons failed: replay {failures['replay']} of {m}; the path-rollout replay "
               f"{failures['path']}; the min(1, p/q) replay {failures['ratio']}.",
               f"Recording: {np.mean(record_s):.0f} s per domain and setting (20 prompts × {sampled.PATHS} paths)."]
     (out / "validation.md").write_text("\n".join(lines) + "\n")

@@ -232,3 +232,16 @@ def test_expectations_pool_totals_and_times_over_replicates():
     assert row["acceptance_rate"] == pytest.approx(45 / 70) and row["tokens_per_round"] == pytest.approx(70 / 25)
     assert row["predicted_speedup"] == pytest.approx(70 / 54) and row["replicates"] == 3
     assert row["tokens_per_round_low"] < row["tokens_per_round"] < row["tokens_per_round_high"]
+
+
+def test_a_sampled_record_saves_loads_and_refuses_a_corrupt_file(records, tmp_path):
+    rec = markov_record(50, 3)
+    rec.save(tmp_path / "rec")
+    again = sampled.load(tmp_path / "rec")
+    assert isinstance(again, sampled.SampledRecord) and again.info["sampling"] == rec.info["sampling"]
+    assert (again.paths == rec.paths).all() and (again.accept == rec.accept).all()
+    assert (again.confidences["top1"] == rec.confidences["top1"]).all()
+    (tmp_path / "rec" / "record.npz").write_bytes(b"not a record")
+    with pytest.raises(DsparkError, match="is unreadable") as err:
+        sampled.load(tmp_path / "rec")
+    assert "\n" not in str(err.value)

@@ -99,8 +99,11 @@ class SampledRecord:
 def load(folder: Path) -> Record | SampledRecord:
     """A replay record of either kind: greedy (or a lookup's over sampled paths), or sampled."""
     folder = Path(folder)
+    if not (folder / "record.npz").is_file():
+        return Record.load(folder)  # which says, in one line, that there is none
     try:
-        sampled = "paths" in np.load(folder / "record.npz").files
+        with np.load(folder / "record.npz") as arrays:
+            sampled = "paths" in arrays.files
     except (OSError, ValueError) as err:
         raise DsparkError(f"replay record in {str(folder)!r} is unreadable: {err}") from None
     if not sampled:
