@@ -150,7 +150,7 @@ def what_sweep_does(args: tuple[str, ...]) -> dict:
     flags = {k: v for k, v in params.items() if k in known and k not in ("spec",)}
     flags["precision_budget_s"] = params.get("precision_budget_s")
     spec, _ = resolve_spec(params["spec"], command_overrides(flags, params.get("set_") or []))
-    base = DecodeConfig.of(max_new_tokens=64)
+    base = DecodeConfig.of(max_new_tokens=64, temperature=spec.temperature, top_p=spec.top_p)  # sampled: no learned
     return {"policies": replayed_count(replay_space(points(spec, base), base)), "prompts": spec.limit}
 
 

@@ -618,7 +618,8 @@ def test_a_sweep_at_a_temperature_replays_its_sampled_record(saved_pair, prompts
     refused = runner.invoke(app, args + ["--drafter", "heads"])
     assert refused.exit_code == 1 and "not the heads" in refused.stderr, refused.output
     # Beside a greedy sweep of the same prompts, the report draws the temperature axis.
-    from dspark_bench.reporting.report import build_report, figures_written, temperature_rows
+    from dspark_bench.reporting.report import build_report, figures_written
+    from dspark_bench.reporting.temperatures import temperature_rows
     from dspark_bench.reporting.report_inputs import load_inputs
 
     assert runner.invoke(app, base_args(saved_pair, prompts_file, tmp_path) + ["--confirm-top", "1"]).exit_code == 0

@@ -26,6 +26,10 @@ KNOBS = tuple(FIELDS)
 # --- inputs ------------------------------------------------------------------------------------
 
 
+class Skip(Exception):
+    """A figure whose data is absent; its message goes into report.md."""
+
+
 @dataclass
 class Inputs:
     folders: list[Path]

@@ -124,7 +124,7 @@ def _parse_space(space: object) -> dict:
 
 def _parse_temperatures(values: object, where: str) -> tuple[float, ...]:
     """A spec's `temperatures`: a list of distinct numbers >= 0 (one sweep each)."""
-    values = values if isinstance(values, list) else [values]
+    values = list(values) if isinstance(values, (list, tuple)) else [values]  # a stored spec's: a tuple
     if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 for v in values) or \
             len(set(values)) != len(values):
         raise DsparkError(f"{where}: temperatures must be a list of distinct numbers >= 0 (got {values!r})")
@@ -174,11 +174,11 @@ def _parse_spec(data: dict, where: str) -> SweepSpec:
     elif "objective" in data:
         data["objective"] = tuple(data["objective"])
     spec = SweepSpec(**data)
+    _check_types(spec, where)
     try:
         spec.check_workload()  # every declared field: its type, its choices, its bound
     except DsparkError as err:
         raise DsparkError(f"{where}: {err}") from None
-    _check_types(spec, where)
     for name in spec.objective:
         if name not in OBJECTIVES:
             raise DsparkError(f"{where}: unknown objective {name!r}; choose from {', '.join(OBJECTIVES)}")
