@@ -61,7 +61,8 @@ def temperature_figure(inputs):
     table = temperature_rows(inputs)
     if table.empty or table.groupby("task")["temperature"].nunique().max() < 2:
         raise Skip("no task swept at two temperatures or more (sweep --temperature T, then report the sweeps together)")
-    sentences = []
+    sentences = [f"{task}: " + ", ".join(f"T = {r.temperature:g} {r.policy}" for r in group.itertuples())
+                 for task, group in table.sort_values("temperature").groupby("task", sort=True)]
     for r in table[table["temperature"] > 0].itertuples():
         if r.greedy_tuned and not np.isnan(r.greedy_tuned_speedup):
             verdict = "still the best" if r.greedy_tuned == r.policy else (
@@ -74,4 +75,4 @@ def temperature_figure(inputs):
         "learned signal's) at each temperature (dashed). A threshold tuned greedy meets a different acceptance "
         "under sampling: the target's own uncertainty rejects tokens the draft is sure of. Predicted, not measured: "
         "time the two policies paired at the traffic's temperature before deploying (docs/measurements.md does). "
-        + "; ".join(sentences) + ("." if sentences else ""))
+        "The best by replay: " + "; ".join(sentences) + ("." if sentences else ""))

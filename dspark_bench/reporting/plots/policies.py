@@ -180,17 +180,11 @@ def temperature_axis(rows: pd.DataFrame) -> Figure:
     speedup at each temperature beside the best one's."""
     panels = [("threshold", "best policy's threshold"), ("gamma_max", "best policy's γ_max"),
               ("tokens_per_round", "tokens_per_round (best)"), ("predicted_speedup", "predicted speedup")]
-    fig, axes = _figure(13, 3.4, 1, len(panels), sharex=True)
-    hottest = rows["temperature"].max()
+    fig, axes = _figure(13, 3.4, 1, len(panels), sharex=True)  # which policy won: the caption says
     for i, (task, group) in enumerate(rows.sort_values("temperature").groupby("task", sort=True)):
         color = f"C{i}"
         for ax, (column, title) in zip(axes[0], panels):
             ax.plot(group["temperature"], group[column], marker="o", color=color, label=f"{task}: tuned at each T")
-            if column == "gamma_max":  # which policy won, once
-                for t, g, label in zip(group["temperature"], group[column], group["policy"]):
-                    right = t == hottest  # inside the panel: labels of the hottest point run leftwards
-                    ax.annotate(label, (t, g), fontsize=7, xytext=(-3 if right else 3, 3), textcoords="offset points",
-                                ha="right" if right else "left")
             if column == "predicted_speedup" and group["greedy_tuned_speedup"].notna().any():
                 ax.plot(group["temperature"], group["greedy_tuned_speedup"], marker="s", linestyle="--", color=color,
                         label=f"{task}: tuned at T = 0")
