@@ -119,17 +119,6 @@ def load(folder: Path) -> Record | SampledRecord:
         raise DsparkError(f"replay record in {str(folder)!r} is unreadable: {err}") from None
 
 
-def check_sampled_as(rec, config: DecodeConfig) -> None:
-    """Refuse a record sampled otherwise than `config` samples (or greedy for a sampled config)."""
-    have = rec.info.get("sampling")
-    want = (config.verification.temperature, config.verification.top_p)
-    if config.greedy and have is None:
-        return
-    if have is None or (have["temperature"], have["top_p"]) != want:
-        what = "greedy" if have is None else f"sampled at temperature {have['temperature']:g}, top-p {have['top_p']:g}"
-        raise DsparkError(f"the replay record is {what}, not temperature {want[0]:g}, top-p {want[1]:g}: record again")
-
-
 # --- recording -------------------------------------------------------------------------------
 
 
@@ -236,11 +225,11 @@ def coins(rec, draws: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).random((draws, len(rec.lengths), rec.max_new_tokens))
 
 
-def on_coins(rec: SampledRecord, rows: np.ndarray, u: np.ndarray) -> Record:
+def on_coins(rec: SampledRecord, rows: np.ndarray, u: np.ndarray, accept: np.ndarray | None = None) -> Record:
     """The greedy-shaped Record of `rows` under the coins `u` [len(rows), N]: at round start j,
     rollout step k is the path's token y_{j+k} while the coins accept (k < M_j), then the rollout
     recorded after the first rejection at j + M_j; M_j is how many the target accepts."""
-    paths, n, accept = rec.paths[rows], rec.lengths[rows], rec.accept[rows]
+    paths, n, accept = rec.paths[rows], rec.lengths[rows], (rec.accept if accept is None else accept)[rows]
     R, N, G = len(rows), rec.max_new_tokens, rec.gamma_record
     position = np.arange(N)
     rejected = (u >= accept) | (position[None, :] >= n[:, None])  # past the end: nothing to accept
@@ -255,8 +244,10 @@ def on_coins(rec: SampledRecord, rows: np.ndarray, u: np.ndarray) -> Record:
     rolled = rec.rollout[rows]
     ended = (first >= n[:, None])[:, :, None]  # accepted to the path's end: its rollout is never read
     tokens = np.where(on_path, paths[r, at], np.where(ended, -1, rolled[r, where, after]))
-    scores = {name: np.where(on_path, values[rows][r, at, 0], values[rows][r, where, after]).astype(np.float32)
-              for name, values in rec.confidences.items()}
+    scores = {}
+    for name, values in rec.confidences.items():
+        mine = values[rows]  # indexed once per signal
+        scores[name] = np.where(on_path, mine[r, at, 0], mine[r, where, after]).astype(np.float32)
     info = {**rec.info, "prompt_tokens": [rec.info["prompt_tokens"][i] for i in rows]}
     return Record(paths, n, tokens, scores, rec.eos_ids, info, matches=np.minimum(matched, G))
 
@@ -278,11 +269,11 @@ def replicates(rec, seed: int = 0) -> list[Record]:
     K = sampling["paths"]
     if isinstance(rec, Record):  # the lookup's: its proposals are the same whatever the coins
         return [rows_of(rec, np.arange(k, len(rec.lengths), K)) for k in range(K)]
-    u = coins(rec, sampling["draws"], seed)
+    u, accept = coins(rec, sampling["draws"], seed), rec.accept  # a_m once, for every path and draw
     out = []
     for k in range(K):
         rows = np.arange(k, len(rec.lengths), K)
-        parts = [on_coins(rec, rows, u[d, rows]) for d in range(len(u))]
+        parts = [on_coins(rec, rows, u[d, rows], accept) for d in range(len(u))]
         out.append(stack(parts))
     return out
 

@@ -19,6 +19,7 @@ from dspark_bench.harness.runner import stage_steps
 from dspark_bench.prompts import prompts_fingerprint
 from dspark_bench.replay import record_parts, sampled
 from dspark_bench.replay.record import Record, record
+from dspark_bench.replay.simulate import check_sampling
 from dspark_bench.results import write_folder
 from dspark_bench.tuning.preparation import LoadedSweep
 from dspark_bench.tuning.spec import SweepSpec
@@ -74,7 +75,7 @@ def load_or_record(spec: SweepSpec, prepared: LoadedSweep, gamma: int, ids: list
     if (record_dir / "record.json").is_file():
         rec = sampled.load(record_dir)
         rec.check_matches(models, fingerprint)
-        sampled.check_sampled_as(rec, base)
+        check_sampling(rec.info.get("sampling"), base)  # another temperature or top-p: refused
         if rec.info.get("sampling") or set(SIGNALS) | (set(CONTEXT) if drafter.drafter == "model" else set()) <= set(rec.confidences):
             return rec
         stale = True  # recorded before a signal records now hold (llama.cpp's own top1, the context features)
