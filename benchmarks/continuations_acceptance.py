@@ -5,7 +5,7 @@ A benchmark, not a test. Given a `run --decoder llamacpp` folder and a continuat
 GGUF target, it records from the file (llama.cpp's target tokens, the draft's rollouts here)
 and replays each policy the run measured, under llama.cpp's rule. It prints, per policy,
 llama.cpp's measured acceptance (accepted / drafted over every prompt), replay's from the
-file's record, and replay's from the record of our engine's continuations (what the run
+file's record, and replay's from the record of our decoder's continuations (what the run
 itself printed), with each one's difference from llama.cpp's. It also prints how many prompts
 llama.cpp's output differs from ours on, and checks that the file's record holds
 llama.cpp's output (its plain server's), not ours.

@@ -1,6 +1,6 @@
 """The bar of issue 13: the goodput schedule against the best fixed gamma and the best tuned
 threshold policy, measured in one interleaved run; the same at a large batch size; and HF
-assisted generation against our engine on the policy `export --format hf` writes.
+assisted generation against our decoder on the policy `export --format hf` writes.
 
 1. Record the shipped pair on the task's first `--limit` prompts (the test prompts) and on
    `--heldout` prompts of another task (`--heldout-task`), and time the cost surface at batch 1
@@ -12,9 +12,9 @@ assisted generation against our engine on the policy `export --format hf` writes
    record: the best threshold-style policy and the best fixed gamma, as a sweep would pick them.
 4. One run over the test prompts, each policy interleaved with the autoregressive baseline:
    both goodputs, best threshold, best fixed, and HF's own default policy (20 tokens, threshold
-   0.4, its rule) in our engine. Speedups are per-prompt bootstrap intervals.
+   0.4, its rule) in our decoder. Speedups are per-prompt bootstrap intervals.
 5. At `--batch-size`: goodput against the best fixed gamma replay predicts there, both run batched.
-6. The best HF-expressible policy (HF's rule, top1, no minimum; replayed), run by our engine and
+6. The best HF-expressible policy (HF's rule, top1, no minimum; replayed), run by our decoder and
    by HF assisted generation on `--hf-prompts` prompts: speedup and tokens_per_round of each
    beside replay's.
 
@@ -49,7 +49,7 @@ def main() -> None:
     from dspark_bench.replay.simulate import record, simulate_grid
     from dspark_bench.results import describe_machine, environment
     from dspark_bench.tasks import load_prompts
-    from dspark_bench.tuning.export import candidates
+    from dspark_bench.engines.export import candidates
     from dspark_bench.tuning.spec import points, resolve_spec, task_spec
 
     parser = common.parser(__doc__, task="code", limit=40, max_new_tokens=128, out="/tmp/goodput-bench")
@@ -133,11 +133,11 @@ def main() -> None:
     hf_replay = hf_table.loc[pool.index(hf_policy)]
     few = test[: args.hf_prompts]
     say(f"HF's own engine vs ours on {hf_policy.label()} over {len(few)} prompts")
-    engines = {}
-    for engine in ("ours", "hf"):
-        result = run(pair, few, [hf_policy], RunnerSettings(decoder=engine))
-        result.samples.to_parquet(args.out / f"hf_policy_{engine}_samples.parquet")
-        engines[engine] = summarize(result.samples).iloc[0]
+    decoders = {}
+    for decoder in ("ours", "hf"):
+        result = run(pair, few, [hf_policy], RunnerSettings(decoder=decoder))
+        result.samples.to_parquet(args.out / f"hf_policy_{decoder}_samples.parquet")
+        decoders[decoder] = summarize(result.samples).iloc[0]
     replay_few = simulate_grid(rec.__class__(rec.continuation[: len(few)], rec.lengths[: len(few)],
                                              rec.rollout[: len(few)], {m: v[: len(few)] for m, v in rec.confidences.items()},
                                              rec.eos_ids, rec.info), [hf_policy], surface.at(1)).iloc[0]
@@ -151,13 +151,13 @@ def main() -> None:
               f"{r['predicted']:.3f} | {r['tokens_per_round']:.3f} | {r['avg_draft_len']:.2f} | {r['identical']:.2f} |")
     print(f"\nHF-expressible best (replayed over {len(pool)} HF policies on all {len(test)} prompts): "
           f"{hf_policy.label()}, predicted {hf_replay['predicted_speedup']:.3f}\n")
-    print("| engine | measured speedup [95 % CI] | tokens/round | replayed tokens/round | identical |")
+    print("| decoder | measured speedup [95 % CI] | tokens/round | replayed tokens/round | identical |")
     print("|---|---|---|---|---|")
-    for engine, s in engines.items():
-        print(f"| {engine} | {s['speedup']:.3f} [{s['speedup_low']:.3f}, {s['speedup_high']:.3f}] | "
+    for decoder, s in decoders.items():
+        print(f"| {decoder} | {s['speedup']:.3f} [{s['speedup_low']:.3f}, {s['speedup_high']:.3f}] | "
               f"{s['tokens_per_round']:.4f} | {replay_few['tokens_per_round']:.4f} | {s['identical_to_baseline']:.2f} |")
     (args.out / "results.json").write_text(json.dumps({
-        "rows": rows, "hf_policy": hf_policy.to_dict(), "engines": {e: s.to_dict() for e, s in engines.items()},
+        "rows": rows, "hf_policy": hf_policy.to_dict(), "decoders": {e: s.to_dict() for e, s in decoders.items()},
         "replayed_tokens_per_round": float(replay_few["tokens_per_round"]),
         "acceptance_quality": model.acceptance.quality}, indent=1, default=str))
     print(f"\nresults: {args.out}")

@@ -2,7 +2,7 @@
 it holds in the tests on a CPU.
 
 - greedy, fp32: every (metric, schedule) the tests cover, decoded speculatively at batch 1 in
-  both draft modes and in the batched engine, gives the target's own greedy tokens;
+  both draft modes and in the batched decoder, gives the target's own greedy tokens;
 - bf16: the run's own divergence report (identical share, first divergence) over a few prompts;
 - sampling: the first two sampled tokens of a tiny pair built on the device follow the target's
   exact joint distribution (chi-square), and a broken rule (resampling from p on rejection) fails
@@ -42,7 +42,7 @@ def greedy_identity(pair, ids: list[list[int]], max_new_tokens: int, batch_size:
     (early-stop and verify-side) and, for the schedules that decide per row, batched."""
     from dspark_bench.decoding.autoregressive import autoregressive_decode
     from dspark_bench.decoding.batched import batched_speculative
-    from dspark_bench.decoding.engine import speculative_decode
+    from dspark_bench.decoding.speculative import speculative_decode
 
     eos = pair.eos_ids
     policies = list(greedy_policies(max_new_tokens))
@@ -94,11 +94,11 @@ def sampling_chi_square(device: torch.device, samples: int) -> dict:
     target's exact joint distribution; and the same test on a broken rule, which must fail it."""
     import sys
 
-    from dspark_bench.decoding import engine
+    from dspark_bench.decoding import speculative
 
     sys.path.insert(0, str(ROOT / "tests"))
     import tiny  # the tests' tiny pair builder (CPU), moved to the device below
-    from test_engine import chi_square_p  # the tests' own chi-square, rare cells pooled
+    from test_speculative import chi_square_p  # the tests' own chi-square, rare cells pooled
 
     from dspark_bench.config import DecodeConfig
     from dspark_bench.decoding.sampling import distribution
@@ -116,24 +116,24 @@ def sampling_chi_square(device: torch.device, samples: int) -> dict:
     def counts(n: int) -> np.ndarray:
         c = np.zeros(vocab * vocab)
         for seed in range(n):
-            tokens = engine.speculative_decode(target, draft, prompt, config.replace(seed=seed)).tokens
+            tokens = speculative.speculative_decode(target, draft, prompt, config.replace(seed=seed)).tokens
             c[tokens[0] * vocab + tokens[1]] += 1
         return c
 
     lossless = chi_square_p(counts(samples), exact)
-    original = engine.residual_distribution
-    engine.residual_distribution = lambda p, q: p  # the classic bug: on rejection, draw from p
+    original = speculative.residual_distribution
+    speculative.residual_distribution = lambda p, q: p  # the classic bug: on rejection, draw from p
     try:
         broken = chi_square_p(counts(samples), exact)
     finally:
-        engine.residual_distribution = original
+        speculative.residual_distribution = original
     return {"samples": samples, "p_value": lossless, "broken_rule_p_value": broken,
             "lossless": lossless > 0.001 and broken < 1e-4}
 
 
 def sync_counts(pair, ids: list[int], policies) -> list[dict]:
     """Per round: host.fetch's reads, and on CUDA every synchronising call its sync debug mode sees."""
-    from dspark_bench.decoding.engine import speculative_decode
+    from dspark_bench.decoding.speculative import speculative_decode
     from dspark_bench.decoding.host import counting
 
     rows = []

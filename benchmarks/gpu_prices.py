@@ -118,12 +118,12 @@ def plain_step(model: torch.nn.Module, context: list[int], compiled: bool, repea
 
 @torch.inference_mode()
 def round_overheads(pair, context: list[int], cost, gammas, tokens: tuple[int, int], repeats: int) -> dict:
-    """What a round of our engine costs beyond its draft steps and its verify pass (t_round), at
+    """What a round of our decoder costs beyond its draft steps and its verify pass (t_round), at
     batch 1: fixed-gamma decodes of two lengths, the difference of their seconds over the
     difference of their rounds (the prefill and the first steps cancel), less replay's price of the
     same rounds (t_draft per draft forward, t_verify(k) per verify). The median over `gammas`."""
     from dspark_bench.config import DecodeConfig
-    from dspark_bench.decoding.engine import speculative_decode
+    from dspark_bench.decoding.speculative import speculative_decode
     from dspark_bench.decoding.host import synchronize
 
     def decode(config):
@@ -167,7 +167,7 @@ def cost_files(surface, t_round: float, pair, size: str, machine: dict, out: Pat
               "shapes": f"benchmarks/gpu_shapes.json#{size}", "source": entry["source"],
               "target_params": sum(p.numel() for p in pair.target.parameters()),
               "draft_params": sum(p.numel() for p in pair.draft.parameters())}
-    engine = {"name": "ours", "version": f"torch {torch.__version__}",
+    measured_by = {"name": "ours", "version": f"torch {torch.__version__}",
               "build": {"device": str(pair.device), "gpu": (machine.get("gpu") or {}).get("name")}}
     method = ("benchmarks/gpu.py: interleaved medians of timed forwards with the caches at "
               f"{surface.at(1).context_tokens} tokens (replay/cost.py measure_surface); t_round from fixed-gamma "
@@ -176,7 +176,7 @@ def cost_files(surface, t_round: float, pair, size: str, machine: dict, out: Pat
     paths = {}
     for name, costs in ((f"cost-model-{slug}-{size}.json", CostSurface({1: at_one})),
                         (f"cost-surface-{slug}-{size}.json", surface)):
-        paths[name] = str(CostFile(costs, engine, models, method, machine, now()).save(out / name))
+        paths[name] = str(CostFile(costs, measured_by, models, method, machine, now()).save(out / name))
     return paths
 
 

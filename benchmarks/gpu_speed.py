@@ -5,8 +5,8 @@
 2. One run folder, every row interleaved with the autoregressive baseline (per-prompt bootstrap
    intervals): fixed gamma and the best policy, early-stop and verify-side draft modes, eager and
    compiled (static cache + torch.compile; CUDA graphs on a GPU; the compiled rows' baseline is
-   compiled too), and both at each --batch-size above 1 (batched engine, early-stop, eager).
-3. HF assisted generation against our engine on the best policy HF can express (HF's rule).
+   compiled too), and both at each --batch-size above 1 (batched decoder, early-stop, eager).
+3. HF assisted generation against our decoder on the best policy HF can express (HF's rule).
 4. Our autoregressive baseline against `model.generate`.
 5. The draft loop alone: tokens/s with a host sync per step (the early-stop loop reading each
    token and confidence) and with none (decisions left on the device), eager and compiled.
@@ -31,7 +31,7 @@ def bench_pair(pair, args, out: Path, say) -> tuple[list[dict], Path]:
     from dspark_bench.replay.cost import measure_surface
     from dspark_bench.replay.simulate import record, simulate_grid
     from dspark_bench.tasks import load_prompts
-    from dspark_bench.tuning.export import candidates
+    from dspark_bench.engines.export import candidates
     from dspark_bench.tuning.spec import points, resolve_spec, task_spec
 
     prompts, source, _ = load_prompts(args.task, None, limit=args.limit)
@@ -61,11 +61,11 @@ def bench_pair(pair, args, out: Path, say) -> tuple[list[dict], Path]:
 
     pool = candidates("hf", base, list(range(1, G + 1)))
     hf_policy = pool[int(simulate_grid(rec, pool, surface.at(1))["predicted_speedup"].idxmax())]
-    say(f"HF assisted generation vs our engine on {hf_policy.label()}")
-    for engine in ("ours", "hf"):
-        out_engine = run(pair, prompts, [hf_policy], RunnerSettings(decoder=engine))
-        rows.append(measured(summarize(out_engine.samples), 0, hf_policy,
-                             "HF assisted generation" if engine == "hf" else "ours"))
+    say(f"HF assisted generation vs our decoder on {hf_policy.label()}")
+    for decoder in ("ours", "hf"):
+        out_decoder = run(pair, prompts, [hf_policy], RunnerSettings(decoder=decoder))
+        rows.append(measured(summarize(out_decoder.samples), 0, hf_policy,
+                             "HF assisted generation" if decoder == "hf" else "ours"))
 
     say("our autoregressive baseline vs model.generate")
     rows += baseline_rows(pair, ids, base)

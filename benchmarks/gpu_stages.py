@@ -120,7 +120,7 @@ def prices(ctx: Context) -> dict:
                                         (8, 24) if args.smoke else (8, 32), 2)
     ctx.say(f"round overhead t_round {rounds['t_round'] * 1e3:.2f} ms")
     # The surface's 1-token pass is the plain step timed another way: where the two disagree by more
-    # than a quarter, the prices price nothing our engine runs (the first H200 run's did: 37.0 ms
+    # than a quarter, the prices price nothing our decoder runs (the first H200 run's did: 37.0 ms
     # against 23.6; docs/gpu.md).
     agrees = abs(surface.at(1).t_verify[0] / eager["seconds"] - 1) < 0.25
     slug = device_slug(ctx)

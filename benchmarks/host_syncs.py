@@ -66,7 +66,7 @@ class Reads:
 
 def main() -> None:
     from dspark_bench.config import DecodeConfig
-    from dspark_bench.decoding import engine, host
+    from dspark_bench.decoding import host, speculative
     from dspark_bench.harness.models import load_pair
     from dspark_bench.harness.runner import timed
     from dspark_bench.metrics import bootstrap_ratio
@@ -89,8 +89,8 @@ def main() -> None:
     for temperature in (0.0, 0.8):
         variants = {
             f"before ({args.before})": (old.speculative_decode, old_config.DecodeConfig(**policy, temperature=temperature)),
-            "after, early-stop": (engine.speculative_decode, DecodeConfig.of(**policy, temperature=temperature)),
-            "after, verify-side": (engine.speculative_decode,
+            "after, early-stop": (speculative.speculative_decode, DecodeConfig.of(**policy, temperature=temperature)),
+            "after, verify-side": (speculative.speculative_decode,
                                    DecodeConfig.of(**policy, temperature=temperature, draft_mode="verify-side")),
         }
         syncs, rounds, tokens, seconds = ({name: [] for name in variants} for _ in range(4))

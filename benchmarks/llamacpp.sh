@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The exported llama.cpp policy of a sweep, run by a real llama-server beside our engine and
+# The exported llama.cpp policy of a sweep, run by a real llama-server beside our decoder and
 # replay (a benchmark, not a test; docs/engines-and-export.md's llama.cpp table). Run it on an
 # otherwise idle machine: speedups are wall-clock ratios.
 #

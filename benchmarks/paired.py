@@ -19,7 +19,7 @@ from dspark_bench.harness.runner import another_pass
 from dspark_bench.harness.verdicts import headline_verdict, sharpen
 from dspark_bench.metrics import summarize
 from dspark_bench.results import read_json
-from dspark_bench.tuning.export import policy_of
+from dspark_bench.engines.export import policy_of
 from dspark_bench.tuning.preparation import prepare
 from dspark_bench.tuning.spec import parse_spec
 

@@ -1,7 +1,7 @@
 """Recording from an engine's continuations file against recording by decoding the target here, side by side in one process.
 
 A benchmark, not a test. On the reference pair, for each prompt in turn (the order of the three
-rotating from prompt to prompt), untimed continuations written first by our engine:
+rotating from prompt to prompt), untimed continuations written first by our decoder:
 
 - before: the record as it was made until records could come from a file: the target decoded
   here, then the draft's rollouts from every position left-padded and recomputed from scratch

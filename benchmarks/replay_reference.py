@@ -28,7 +28,7 @@ from simulate_speed import grid, time_grid
 
 from dspark_bench.config import DecodeConfig
 from dspark_bench.decoding.autoregressive import autoregressive_decode
-from dspark_bench.decoding.engine import speculative_decode
+from dspark_bench.decoding.speculative import speculative_decode
 from dspark_bench.harness.models import load_pair
 from dspark_bench.harness.runner import timed
 from dspark_bench.metrics import bootstrap_ratio

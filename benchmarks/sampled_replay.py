@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from dspark_bench.config import DecodeConfig  # noqa: E402
-from dspark_bench.decoding.engine import speculative_decode  # noqa: E402
+from dspark_bench.decoding.speculative import speculative_decode  # noqa: E402
 from dspark_bench.harness.models import load_pair  # noqa: E402
 from dspark_bench.prompts import encode  # noqa: E402
 from dspark_bench.replay import sampled  # noqa: E402

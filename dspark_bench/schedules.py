@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# The serving engines an exported policy may run in (tuning/export.py's formats).
+# The serving engines an exported policy may run in (engines/export.py's formats).
 THRESHOLD_ENGINES = ("hf", "llamacpp")  # one threshold on the draft's top-1 probability
 FIXED_ENGINES = ("vllm", "sglang", "trtllm")  # a fixed draft length (per batch size)
 

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import tiny
-from test_engine import chi_square_p, make_sampling_setup
+from test_speculative import chi_square_p, make_sampling_setup
 
 from dspark_bench.config import METRICS, SCHEDULES, SEMANTICS, DecodeConfig
 from dspark_bench.decoding.autoregressive import autoregressive_decode
@@ -26,7 +26,7 @@ from dspark_bench.decoding.batched import (
     batched_speculative,
     serve,
 )
-from dspark_bench.decoding.engine import speculative_decode
+from dspark_bench.decoding.speculative import speculative_decode
 from dspark_bench.errors import DsparkError
 from dspark_bench.replay.batched import predict_batched
 from dspark_bench.replay.cost import CostModel, CostSurface

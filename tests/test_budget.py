@@ -2,7 +2,7 @@
 
 It is exact where it can be checked exactly: with one row it is goodput's rule, term for term; its
 choice is the best of every subset of the drafting rows (brute force); replay's walk of its own
-predicts the batched engine's rounds round for round, in both layouts; and every row's output is
+predicts the batched decoder's rounds round for round, in both layouts; and every row's output is
 the target's own.
 """
 
@@ -22,7 +22,7 @@ from dspark_bench.decoding import budget
 from dspark_bench.decoding.batch_lm import BatchLM
 from dspark_bench.decoding.batched import SpeculativeStep, batched_speculative, serve
 from dspark_bench.decoding.budget import cost_tables, decide, draft_seconds, packed_verify
-from dspark_bench.decoding.engine import speculative_decode
+from dspark_bench.decoding.speculative import speculative_decode
 from dspark_bench.decoding.goodput import GoodputRule, load
 from dspark_bench.errors import DsparkError
 from dspark_bench.replay.batched import predict_batched, walk_budget
@@ -219,7 +219,7 @@ def test_bad_budget_policies_fail_in_one_line(budget_record):
 
 def test_no_engine_expresses_it_so_export_takes_the_nearest():
     from dspark_bench.decoding.schedule import expressible
-    from dspark_bench.tuning.export import FORMATS
+    from dspark_bench.engines.export import FORMATS
 
     config = budget_policy(batch_size=8, budget_layout="packed")
     for fmt in FORMATS:

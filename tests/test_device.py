@@ -12,10 +12,10 @@ import sys
 import pytest
 import tiny
 import torch
-from test_engine import chi_square_p, sampled_first_two
+from test_speculative import chi_square_p, sampled_first_two
 
 from dspark_bench.config import DecodeConfig
-from dspark_bench.decoding import engine, host
+from dspark_bench.decoding import host, speculative
 
 READS = ("tolist", "item", "cpu", "numpy", "__int__", "__float__", "__bool__", "__index__")
 
@@ -69,7 +69,7 @@ def test_verify_side_syncs_once_per_round(llama_pair, stray_reads, host_copies, 
     counts = {}
     for mode in ("early-stop", "verify-side"):
         with host.counting() as count:
-            result = engine.speculative_decode(target, draft, [3, 9, 27], config.replace(draft_mode=mode))
+            result = speculative.speculative_decode(target, draft, [3, 9, 27], config.replace(draft_mode=mode))
         counts[mode] = (count.fetches, result)
     fetches, result = counts["verify-side"]
     assert fetches == len(result.rounds) > 5  # the round's one read: accepted, target token, the draft
@@ -96,7 +96,7 @@ def test_stray_reads_are_seen(llama_pair, stray_reads):
 def cutting_setup():
     """Test_engine's sampling setup with a threshold that cuts drafts, so truncation on the
     device decides which tokens can be accepted."""
-    from test_engine import make_sampling_setup
+    from test_speculative import make_sampling_setup
 
     target, draft, prompt, config, exact = make_sampling_setup("two-drafted")
     return target, draft, prompt, config.replace(threshold=0.7, min_draft_len=0, draft_mode="verify-side"), exact
@@ -104,7 +104,7 @@ def cutting_setup():
 
 def test_verify_side_sampling_matches_target_distribution(cutting_setup):
     target, draft, prompt, config, exact = cutting_setup
-    cut = [r for seed in range(50) for r in engine.speculative_decode(
+    cut = [r for seed in range(50) for r in speculative.speculative_decode(
         target, draft, prompt, config.replace(seed=seed)).rounds if r.drafted < r.draft_forwards]
     assert cut  # truncation happens in this setup
     assert chi_square_p(sampled_first_two(target, draft, prompt, config), exact) > 0.001
@@ -112,7 +112,7 @@ def test_verify_side_sampling_matches_target_distribution(cutting_setup):
 
 def test_verify_side_sampling_test_catches_a_wrong_rule(cutting_setup, monkeypatch):
     target, draft, prompt, config, exact = cutting_setup
-    monkeypatch.setattr(engine, "residual_distribution", lambda p, q: p)
+    monkeypatch.setattr(speculative, "residual_distribution", lambda p, q: p)
     assert chi_square_p(sampled_first_two(target, draft, prompt, config, samples=1000), exact) < 1e-4
 
 
@@ -131,7 +131,7 @@ def test_compiled_steps_decode_the_target_greedy(arch, request, monkeypatch):
             config = DecodeConfig.of(threshold=0.5, gamma_max=4, max_new_tokens=30, draft_mode=mode)
             expected = autoregressive_decode(target, prompt, config).tokens
             compiled = config.replace(compiled=True)
-            result = engine.speculative_decode(target, draft, prompt, compiled)
+            result = speculative.speculative_decode(target, draft, prompt, compiled)
             assert result.tokens == expected == autoregressive_decode(target, prompt, compiled).tokens
             assert any(r.accepted < r.drafted for r in result.rounds)  # rollbacks happened
     (held, size), = cache._STATIC[target].values()  # one static cache per model and role, reused
@@ -140,7 +140,7 @@ def test_compiled_steps_decode_the_target_greedy(arch, request, monkeypatch):
         assert cache.static_cache(target, 40) is held
     # A model drafting for itself holds two caches (one per role), which must not collide.
     config = DecodeConfig.of(threshold=0.5, gamma_max=4, max_new_tokens=20, compiled=True)
-    itself = engine.speculative_decode(target, target, [3, 9, 27], config)
+    itself = speculative.speculative_decode(target, target, [3, 9, 27], config)
     assert itself.tokens == autoregressive_decode(target, [3, 9, 27], config).tokens
     assert all(r.accepted == r.drafted for r in itself.rounds) and set(cache._STATIC[target]) == {"target", "draft"}
 
@@ -158,7 +158,7 @@ def test_compiled_rollback_needs_no_crop_of_the_static_layers(llama_pair, monkey
         monkeypatch.delattr(StaticLayer, "crop")
     target, draft = llama_pair
     config = DecodeConfig.of(threshold=0.5, gamma_max=4, max_new_tokens=30, compiled=True)
-    result = engine.speculative_decode(target, draft, [5, 1, 4, 1, 5, 9, 2, 6], config)
+    result = speculative.speculative_decode(target, draft, [5, 1, 4, 1, 5, 9, 2, 6], config)
     assert any(r.accepted < r.drafted for r in result.rounds)  # rollbacks happened
     assert result.tokens == autoregressive_decode(target, [5, 1, 4, 1, 5, 9, 2, 6], config.replace(compiled=False)).tokens
 

@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 import tiny
 import torch
-from test_engine import SMALL_VOCAB, chi_square_p, exact_first_two, sampled_first_two
+from test_speculative import SMALL_VOCAB, chi_square_p, exact_first_two, sampled_first_two
 
 from dspark_bench.config import DecodeConfig, Drafting
 from dspark_bench.decoding import heads as heads_mod
 from dspark_bench.decoding import lookup
 from dspark_bench.decoding.autoregressive import autoregressive_decode
-from dspark_bench.decoding.engine import speculative_decode
+from dspark_bench.decoding.speculative import speculative_decode
 from dspark_bench.decoding.proposal import Proposal
 from dspark_bench.errors import DsparkError
 from dspark_bench.replay.simulate import record, simulate, simulate_grid, spanning_policies

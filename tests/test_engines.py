@@ -1,7 +1,7 @@
 """Exports checked by the engines' own code: llama.cpp by running llama-server with the flags
 `export` writes, HF by a real assisted generate loading the files as the docs say, SGLang by its
 own argument parser where it imports on this CPU, and the rest pinned to the engine versions
-(and source lines) engine_versions.py cites."""
+(and source lines) versions.py cites."""
 
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ from typer.testing import CliRunner
 from dspark_bench.cli import app
 from dspark_bench.config import DecodeConfig
 from dspark_bench.errors import DsparkError
-from dspark_bench.tuning.engine_files import FILES, llamacpp_flags, parse, trtllm_lookup, trtllm_schedule
-from dspark_bench.tuning.engine_versions import LLAMACPP_CURRENT, LLAMACPP_LEGACY, llamacpp_version, version_for
+from dspark_bench.engines.files import FILES, llamacpp_flags, parse, trtllm_lookup, trtllm_schedule
+from dspark_bench.engines.versions import LLAMACPP_CURRENT, LLAMACPP_LEGACY, llamacpp_version, version_for
 
 runner = CliRunner()
 POLICY = DecodeConfig.of(semantics="llamacpp", threshold=0.3, gamma_max=6, min_draft_len=1, max_new_tokens=32)
@@ -105,7 +105,7 @@ def vllm_validate(ranges: list) -> list:
 def test_trtllm_and_vllm_tables_pass_their_engines_validators(tmp_path):
     from types import SimpleNamespace
 
-    from dspark_bench.tuning.engine_files import render
+    from dspark_bench.engines.files import render
 
     choices = [SimpleNamespace(batch_size=b, exported=DecodeConfig.of(schedule="fixed", gamma_max=k))
                for b, k in ((1, 5), (4, 4), (16, 2), (32, 3))]
@@ -317,7 +317,7 @@ def test_llamacpp_runs_several_policies_on_the_users_gguf_files_priced_on_its_ow
         assert row["llamacpp_speedup"] > 0 and row["predicted_llamacpp"] > 0 and row["predicted_ours"] > 0
         assert row["error_llamacpp"] == pytest.approx(row["predicted_llamacpp"] / row["llamacpp_speedup"] - 1)
     prices = cost_file.load(info["prices"]["llamacpp"])
-    assert Path(prices.source).parent == prices_home and prices.engine["name"] == "llamacpp"
+    assert Path(prices.source).parent == prices_home and prices.measured_by["name"] == "llamacpp"
     assert prices.models["target"] == str(files[0]) and prices.timing_health["verdict"] in ("ok", "noisy", "unreliable")
     ran = set(pd.read_parquet(folder / "llamacpp.parquet")["prompt_id"])
     assert prices.fitted_on["prompts"] and not ran & set(prices.fitted_on["prompts"])  # out of sample

@@ -14,11 +14,11 @@ import pytest
 import tiny
 import torch
 from cli_helpers import invoke
-from test_engine import exact_first_two, sampled_first_two, chi_square_p, SMALL_VOCAB
+from test_speculative import exact_first_two, sampled_first_two, chi_square_p, SMALL_VOCAB
 
 from dspark_bench import schedules
 from dspark_bench.config import METRICS, SCHEDULES, SEMANTICS, DecodeConfig
-from dspark_bench.decoding import confidence, engine, lookup
+from dspark_bench.decoding import confidence, lookup, speculative
 from dspark_bench.decoding.autoregressive import autoregressive_decode
 from dspark_bench.decoding.host import fetch
 from dspark_bench.replay.simulate import record, simulate
@@ -110,7 +110,7 @@ def test_greedy_with_gini_equals_target_greedy(arch, request):
     reasons, accepted_any, rejected_any = set(), False, False
     for config in gini_policies():
         for prompt in PROMPTS:
-            result = engine.speculative_decode(target, draft, prompt, config)
+            result = speculative.speculative_decode(target, draft, prompt, config)
             assert result.tokens == expected[tuple(prompt)], (config.label(), prompt)
             reasons |= {r.stop_reason for r in result.rounds}
             accepted_any |= any(r.accepted > 0 for r in result.rounds)
@@ -119,7 +119,7 @@ def test_greedy_with_gini_equals_target_greedy(arch, request):
     assert accepted_any and rejected_any
     # The confidence the rule read is gini of the draft's own distribution at the first draft step.
     config = DecodeConfig.of(metric="gini", threshold=0.0, gamma_max=2, max_new_tokens=N)
-    first = engine.speculative_decode(target, draft, PROMPTS[0], config).rounds[0]
+    first = speculative.speculative_decode(target, draft, PROMPTS[0], config).rounds[0]
     with torch.inference_mode():
         q = torch.softmax(draft(torch.tensor([PROMPTS[0]])).logits[0, -1].float(), dim=-1)
     assert first.confidences[0] == pytest.approx(hand_gini(q.numpy()), rel=1e-5)
@@ -133,7 +133,7 @@ def test_sampling_with_gini_matches_target_distribution():
     # gini over 6 tokens lies in [1/6, 1]; this draft's second step reads 0.443 or 0.457 (after
     # its first token), so the threshold keeps one draft of two and cuts the other.
     config = DecodeConfig.of(metric="gini", temperature=1.0, top_p=0.9, threshold=0.45, gamma_max=3, max_new_tokens=3)
-    lengths = {len(engine.speculative_decode(target, draft, prompt, config.replace(seed=s)).rounds[0].draft_tokens)
+    lengths = {len(speculative.speculative_decode(target, draft, prompt, config.replace(seed=s)).rounds[0].draft_tokens)
                for s in range(40)}
     assert lengths == {1, 2}  # the threshold decides some rounds' length
     counts = sampled_first_two(target, draft, prompt, config, samples=1500)
@@ -185,7 +185,7 @@ def test_replay_with_gini_equals_the_engine(recorded, draft_mode, gini_goodput_m
 
 
 def speculative_decode_rounds(pair, prompt, config):
-    return engine.speculative_decode(pair.target, pair.draft, prompt, config, pair.eos_ids).rounds
+    return speculative.speculative_decode(pair.target, pair.draft, prompt, config, pair.eos_ids).rounds
 
 
 def test_replay_reads_the_recorded_gini(recorded):

@@ -135,11 +135,11 @@ def test_export_of_a_run_without_a_record_says_what_the_engine_lacks(saved_pair,
 
 def test_hf_assisted_generation_runs_the_exported_policy_round_for_round():
     """HF's own engine, under the HF rule export writes: its rounds (drafted, accepted) are replay's
-    and our engine's, and its output the target's own (the shipped pair, two code prompts)."""
+    and our decoder's, and its output the target's own (the shipped pair, two code prompts)."""
     from types import SimpleNamespace
 
     from dspark_bench.decoding.autoregressive import hf_assistant_settings, hf_assisted_decode
-    from dspark_bench.decoding.engine import speculative_decode
+    from dspark_bench.decoding.speculative import speculative_decode
     from dspark_bench.harness.models import load_pair
     from dspark_bench.prompts import encode
     from dspark_bench.replay.simulate import record, simulate

@@ -136,3 +136,30 @@ def test_no_module_branches_on_a_schedule_s_name(tmp_path):
     probe.write_text("a = c.stopping.schedule == 'fixed'\nb = t['schedule'] != 'budget'\nd = s in COST_AWARE\n"
                      "e = DecodeConfig.of(schedule='fixed')\nf = t['schedule'].isin(['threshold', 'ramp'])\n")
     assert tool["branches"](probe) == [1, 2, 3, 5]
+
+
+def test_engine_means_a_serving_engine():
+    """The glossary's test (docs/architecture.md): "engine" never names our own decoder
+    (tools/engine_words.py lists every line that does)."""
+    import runpy  # a tool's script, not a package module
+
+    tool = runpy.run_path(str(ROOT / "tools" / "engine_words.py"))
+    assert tool["count"](ROOT) == []
+    # It finds what it looks for, and leaves a serving engine and an engine's rule alone (the
+    # probes are built here so that this file's own lines do not match).
+    engine = "engine"
+    lines = [f"timed on our {engine}", f"the batched {engine} drafts", f'{engine.upper()}S = ("llamacpp", "ours")',
+             f"llama.cpp's {engine} rule", f"a serving {engine} such as vLLM"]
+    assert [bool(tool["FOUND"].search(line)) for line in lines] == [True, True, True, False, False]
+
+
+def test_each_package_says_what_it_holds():
+    """Every package's __init__ names each of its modules (in backticks) in its docstring."""
+    missing = []
+    for init in sorted(PACKAGE.rglob("__init__.py")):
+        said = ast.get_docstring(ast.parse(init.read_text())) or ""
+        for module in sorted(init.parent.glob("*.py")):
+            name = module.stem
+            if name not in ("__init__", "__main__") and f"`{name}`" not in said and f"`{name}.py`" not in said:
+                missing.append(f"{init.parent.relative_to(ROOT)}: {name}")
+    assert missing == []

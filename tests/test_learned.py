@@ -156,7 +156,7 @@ def round_tuples(rounds) -> list[tuple]:
 @pytest.mark.parametrize("draft_mode", ["early-stop", "verify-side"])
 def test_learned_policies_decode_as_replay_says(learned_record, draft_mode):
     from dspark_bench.decoding.autoregressive import autoregressive_decode
-    from dspark_bench.decoding.engine import speculative_decode
+    from dspark_bench.decoding.speculative import speculative_decode
     from dspark_bench.replay.simulate import simulate
 
     pair, rec, path = learned_record
@@ -178,7 +178,7 @@ def test_learned_policies_decode_as_replay_says(learned_record, draft_mode):
 
 def test_learned_policies_batched_decode_each_row_as_alone(learned_record):
     from dspark_bench.decoding.batched import batched_speculative
-    from dspark_bench.decoding.engine import speculative_decode
+    from dspark_bench.decoding.speculative import speculative_decode
 
     pair, _, path = learned_record
     for config in learned_policies(path, batch_size=3)[:4]:  # goodput's batched costs differ by B
@@ -242,7 +242,7 @@ def test_the_context_features_decide_alike_in_the_engines_and_replay(learned_rec
 
     from dspark_bench.config import DecodeConfig
     from dspark_bench.decoding.batched import batched_speculative
-    from dspark_bench.decoding.engine import speculative_decode
+    from dspark_bench.decoding.speculative import speculative_decode
     from dspark_bench.replay.simulate import simulate
 
     pair, rec, path = learned_record

@@ -18,8 +18,8 @@ from dspark_bench.errors import DsparkError
 from dspark_bench.replay import cost_file
 from dspark_bench.replay.cost import CostModel, CostSurface
 from dspark_bench.replay.simulate import Record, simulate, simulate_grid
-from dspark_bench.tuning.engine_files import parse
-from dspark_bench.tuning.export import break_even
+from dspark_bench.engines.files import parse
+from dspark_bench.engines.export import break_even
 
 runner = CliRunner()
 MODELS = {"target": "t", "draft": "d", "target_fingerprint": "aaaa", "draft_fingerprint": "bbbb"}
@@ -50,7 +50,7 @@ def test_a_cost_model_file_round_trips_with_its_provenance(tmp_path):
     (lambda d: d.pop("format"), "is not a dspark-bench cost model"),
     (lambda d: d.update(format_version=2), "has format_version 2"),
     (lambda d: d.pop("method"), "has no 'method'"),
-    (lambda d: d["engine"].pop("name"), "names no engine"),
+    (lambda d: d["measured_by"].pop("name"), "names nobody who measured it"),
     (lambda d: d["batch_sizes"]["1"].pop("t_verify"), "lacks t_verify"),
     (lambda d: d["batch_sizes"]["1"].update(t_verify=[0.01]), "at least k = 0 and 1"),
     (lambda d: d["batch_sizes"]["1"].update(t_round=-0.001), "t_round is -0.001"),
@@ -169,7 +169,7 @@ def test_break_even_acceptance_matches_the_fixed_gamma_it_names():
 
 def test_sweep_ranks_on_an_engines_prices_and_export_writes_plain_decoding_where_none_wins(
         saved_pair, prompts_file, tmp_path, monkeypatch):
-    """Priced on a file: every prediction is that file's (re-replayed exactly), our engine's own
+    """Priced on a file: every prediction is that file's (re-replayed exactly), our decoder's own
     prediction sits beside it for the confirmation, and the summary says whose prices. An engine
     on whose prices no policy beats plain decoding gets plain decoding from export, with why."""
     prices_home = tmp_path / "prices"  # its own: the made-up prices must not reach other tests' exports
@@ -177,8 +177,8 @@ def test_sweep_ranks_on_an_engines_prices_and_export_writes_plain_decoding_where
     ours_out = tmp_path / "ours"
     result = runner.invoke(app, base_args(saved_pair, prompts_file, ours_out) + ["--confirm-top", "1"])
     assert result.exit_code == 0, result.output
-    ours = cost_file.load(only_folder(ours_out) / "prices.json")  # our engine's, with this pair's fingerprints
-    assert ours.engine["name"] == "ours" and "predicted on our engine's prices" in " ".join(result.output.split())
+    ours = cost_file.load(only_folder(ours_out) / "prices.json")  # our decoder's, with this pair's fingerprints
+    assert ours.measured_by["name"] == "ours" and "predicted on our decoder's prices" in " ".join(result.output.split())
     # A slow draft: speculation loses everywhere on these prices.
     slow = cost_file.CostFile(CostSurface({1: CostModel(0.05, [0.01] * 5, 20, t_round=0.002, t_plain=0.0101)}),
                               {"name": "llamacpp", "version": "b11434"}, ours.models, "made up for a test")
@@ -194,7 +194,7 @@ def test_sweep_ranks_on_an_engines_prices_and_export_writes_plain_decoding_where
     assert cost_file.load(folder / "prices.json").to_dict()["batch_sizes"] == slow.to_dict()["batch_sizes"]
     table = pd.read_parquet(folder / "trials.parquet")
     rec = Record.load(Path(summary["record"]))
-    from dspark_bench.tuning.export import policy_of
+    from dspark_bench.engines.export import policy_of
 
     plain = table[table["metric"] != "learned"].head(12)
     configs = [policy_of(row, folder) for _, row in plain.iterrows()]
@@ -261,7 +261,7 @@ def test_hf_runs_are_priced_on_hfs_own_costs_fitted_on_other_prompts(tmp_path, p
     (folder,) = out.iterdir()
     priced = json.loads((folder / "priced.json").read_text())
     prices = cost_file.load(priced["prices"])
-    assert Path(prices.source).parent == prices_home and prices.engine["name"] == "hf"
+    assert Path(prices.source).parent == prices_home and prices.measured_by["name"] == "hf"
     assert prices.fitted_on["policies"] == ["fixed γ=5 · HF rule", "fixed γ=7 · HF rule"]
     ran = set(pd.read_parquet(folder / "samples.parquet")["prompt_id"])
     assert not ran & set(prices.fitted_on["prompts"])
@@ -395,4 +395,4 @@ def test_the_sweeps_table_fits_100_columns_with_its_labels_on_one_line(saved_pai
         assert any(label in line for line in lines), label  # whole, on one line
     assert sum("[" in line and "]" in line for line in lines) >= 3  # measured, with its interval, on the line
     said = " ".join(result.output.split())  # the title wraps at the table's width
-    assert "predicted on our engine's prices" in said and "measured [95 % CI]" in said
+    assert "predicted on our decoder's prices" in said and "measured [95 % CI]" in said

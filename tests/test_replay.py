@@ -12,7 +12,7 @@ import tiny
 from dspark_bench.config import DRAFT_MODES, METRICS, SCHEDULES, SEMANTICS, DecodeConfig
 from dspark_bench.decoding.autoregressive import autoregressive_decode
 from dspark_bench.decoding.confidence import SIGNALS
-from dspark_bench.decoding.engine import speculative_decode
+from dspark_bench.decoding.speculative import speculative_decode
 from dspark_bench.decoding.schedule import discards_below
 from dspark_bench.errors import DsparkError
 from dspark_bench.replay.simulate import CostModel, Record, record, simulate, simulate_grid, spanning_policies

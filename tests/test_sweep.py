@@ -349,7 +349,7 @@ def check_exports(folder: Path, tmp_path: Path) -> None:
     """Every format: written, parsed back to the policy chosen for it, the nearest one where the
     engine cannot express the tuned policy (and then both replayed speedups are shown)."""
     from dspark_bench.decoding.schedule import expressible
-    from dspark_bench.tuning.export import FILES, FORMATS, choose, load_run, parse
+    from dspark_bench.engines.export import FILES, FORMATS, choose, load_run, parse
 
     run = load_run(folder)
     for fmt in FORMATS:

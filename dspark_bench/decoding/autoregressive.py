@@ -1,6 +1,6 @@
-"""Decoders that speculative decoding is measured against; same contract as the engine.
+"""Decoders that speculative decoding is measured against; same contract as the speculative decoder.
 
-`autoregressive_decode` uses the engine's own cache and sampling code, one target forward per
+`autoregressive_decode` uses the decoder's own cache and sampling code, one target forward per
 token, so speedup is measured against a loop as fast as a plain loop can be. The Hugging Face
 `generate` peers exist to show that this baseline is not the slow one.
 """

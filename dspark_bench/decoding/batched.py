@@ -1,7 +1,7 @@
 """Batched decoding: B requests at once, speculative and autoregressive, with continuous batching.
 
 Each row drafts under the policy on its own confidences and is verified on its own, through the
-same `Proposal`, `verify` and `close_round` as the batch-1 engine (engine.py); only the forwards
+same `Proposal`, `verify` and `close_round` as the batch-1 decoder (speculative.py); only the forwards
 are shared. So under greedy verification a row's rounds are exactly its rounds at batch 1, and
 replay predicts them. A round's draft loop runs until the last row has stopped drafting, and
 its verify pass is padded to the longest row's draft (the padded layout, batch_lm.py). The
@@ -30,7 +30,7 @@ from dspark_bench import schedules
 from dspark_bench.config import DecodeConfig
 from dspark_bench.decoding import budget, confidence
 from dspark_bench.decoding.batch_lm import BatchLM
-from dspark_bench.decoding.engine import close_round, verify
+from dspark_bench.decoding.speculative import close_round, verify
 from dspark_bench.decoding.host import fetch, synchronize
 from dspark_bench.decoding.proposal import Proposal
 from dspark_bench.decoding.sampling import distribution, draw, make_generator, pick
@@ -167,7 +167,7 @@ class SpeculativeStep:
             request.result.rounds.append(round_)
             request.result.target_forwards += 1
             request.result.draft_forwards += proposal.forwards
-        # As in the batch-1 engine: the last emitted token is fed at each model's next forward.
+        # As in the batch-1 decoder: the last emitted token is fed at each model's next forward.
         committed = [len(r.seq) - 1 for r in requests]
         for lm in (self.target, self.draft):
             lm.rollback(committed)  # `serving` tidies the caches after every step
@@ -186,7 +186,7 @@ class SpeculativeStep:
             last = logits[torch.arange(len(feeds), device=logits.device), ends]
             probs = distribution(last, config)
             drafting = {i for i, p in enumerate(proposals) if not p.done}
-            # A token for every row still drafting, as the batch-1 engine draws one per step.
+            # A token for every row still drafting, as the batch-1 decoder draws one per step.
             tokens = pick(last, probs, config, None) if config.greedy else torch.stack(
                 [draw(probs[i], requests[i].generator) if i in drafting else last.new_zeros((), dtype=torch.long)
                  for i in range(len(requests))])

@@ -2,7 +2,7 @@
 
 The goodput schedule (goodput.py) asks, row by row, whether one more draft token raises that
 row's tokens per second. In a batch the rows share each draft step and each verify pass, so what
-a row's next token costs depends on the others: in the padded layout (the batched engine here) a
+a row's next token costs depends on the others: in the padded layout (the batched decoder here) a
 pass costs what its longest row costs, so once any row drafts on the others' next tokens are
 free; in the packed layout (vLLM, SGLang, TensorRT-LLM) a pass costs what its total token count
 costs, so every token is paid for. After every draft step of a round the budget schedule takes
@@ -23,10 +23,10 @@ under the cost surface at the batch's row count (the monotone tables of cost.py)
 
 Rows with at most min_draft_len tokens always go on, as under goodput. At one row both rules are
 goodput's, term for term (a test holds them to it). One function (`decide`, compiled by numba)
-makes the decision in the batched engine (decoding/batched.py) and in replay's walk of its own
+makes the decision in the batched decoder (decoding/batched.py) and in replay's walk of its own
 (replay/batched.py), over the same float64 values in the same order — sums over rows are taken
 over sorted values, so a batch's row order cannot change a decision — and so replay predicts the
-engine's rounds exactly.
+decoder's rounds exactly.
 """
 
 from __future__ import annotations
@@ -173,7 +173,7 @@ def _rule(path: str, metric: str, batch_size: int, layout: str, min_draft_len: i
 
 def alone(config) -> goodput.GoodputRule:
     """What the budget schedule is with one row: goodput's rule on the cost tables at b = 1 (the
-    batch-1 engine and batch-1 replay decide with it). The tables are the timings' monotone
+    batch-1 decoder and batch-1 replay decide with it). The tables are the timings' monotone
     envelope, so where a measured t_verify(k) dips this decides otherwise than goodput itself."""
     return _alone(config.stopping.goodput_model, config.stopping.metric)
 

@@ -157,5 +157,5 @@ def unseen(recent: torch.Tensor, seq: list[int], lm: CachedLM) -> torch.Tensor:
     """The tokens of `seq` past `lm`'s cache, as a view of `recent` (seq's tail on the device)."""
     count = len(seq) - lm.length
     if not 0 < count <= len(recent):
-        raise DsparkError(f"the engine lost track of its cache ({count} unseen tokens); please report this")
+        raise DsparkError(f"the decoder lost track of its cache ({count} unseen tokens); please report this")
     return recent[len(recent) - count :]

@@ -1,6 +1,6 @@
 """Drafters: what proposes a round's tokens (DecodeConfig.drafter).
 
-The contract, which the engine's loop (engine.speculative_decode) is written against:
+The contract, which the decoder's loop (speculative.speculative_decode) is written against:
   propose(recent, seq, proposal, ...) -> Block   up to proposal.limit tokens from the current
       sequence, each with the distribution it was drawn from (the rejection rule needs it)
       and a confidence; the scheduler's rule (`Proposal`) decides how many stay;

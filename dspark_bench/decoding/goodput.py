@@ -14,8 +14,8 @@ and the draft goes on only if that is higher. The token just drafted stays eithe
 decides whether to run the next draft forward, so no forward is wasted on a dropped token.
 There is no threshold to tune; min_draft_len and gamma_max bound it like every schedule.
 
-The same expressions, in float64, run per token in the engine (`GoodputRule.continues`) and over
-a whole record in replay (`decisions`), so replay and engine agree exactly.
+The same expressions, in float64, run per token in the decoder (`GoodputRule.continues`) and over
+a whole record in replay (`decisions`), so replay and the decoder agree exactly.
 """
 
 from __future__ import annotations
@@ -112,7 +112,7 @@ class DeviceGoodput:
 
     def continues(self, confidence: torch.Tensor) -> torch.Tensor:
         """`GoodputRule.continues` after every token of one draft: confidences [n] -> bool [n],
-        the engine's running product and sum taken in the same order, in float64."""
+        the decoder's running product and sum taken in the same order, in float64."""
         alpha = interp(confidence.double(), self.xp, self.fp)
         survival = running(alpha, torch.mul)
         expected = running(survival, torch.add, first=1.0)  # ((1 + P_1) + P_2) + ...
@@ -175,7 +175,7 @@ def load(path: str) -> GoodputModel:
 
 
 def rule_for(config) -> GoodputRule:
-    """The rule a goodput policy decides with (cached: the engine asks once per drafted token)."""
+    """The rule a goodput policy decides with (cached: the decoder asks once per drafted token)."""
     return _rule(config.stopping.goodput_model, config.stopping.metric, config.batching.batch_size)
 
 
@@ -185,7 +185,7 @@ def _rule(path: str, metric: str, batch_size: int) -> GoodputRule:
 
 
 def decisions(confidences: np.ndarray, rule: GoodputRule) -> np.ndarray:
-    """Replay's view [P, N, G] -> 1.0 where the draft goes on after step k, else 0.0 (the engine's
+    """Replay's view [P, N, G] -> 1.0 where the draft goes on after step k, else 0.0 (the decoder's
     running products and sums, step by step in the same order)."""
     P, N, G = confidences.shape
     out = np.empty((P, N, G))

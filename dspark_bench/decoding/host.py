@@ -3,7 +3,7 @@ and every wait for the device before a clock is read through `synchronize`.
 
 On a GPU, reading a tensor's value waits for every kernel queued before it: a host sync. The
 decoders keep their decisions on the device and read back as little as they can, once per
-round where they can (engine.py). Counting the reads here lets a test on a CPU, where no sync
+round where they can (speculative.py). Counting the reads here lets a test on a CPU, where no sync
 can be seen, assert how many a round makes.
 """
 

@@ -9,7 +9,7 @@ import torch
 
 def interp(confidence: torch.Tensor, xp: torch.Tensor, fp: torch.Tensor) -> torch.Tensor:
     """`np.interp(confidence, xp, fp)` on float64 tensors, operation for operation, so the
-    engine's device-side rule (schedule.DeviceRule) decides exactly as the host and replay do."""
+    decoder's device-side rule (schedule.DeviceRule) decides exactly as the host and replay do."""
     if len(xp) == 1:
         return fp[0].expand(confidence.shape)
     j = (torch.searchsorted(xp, confidence, right=True) - 1).clamp(0, len(xp) - 2)  # xp[j] <= c < xp[j+1]

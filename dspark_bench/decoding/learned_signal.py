@@ -6,10 +6,10 @@ a linear model can bend each into a logit's shape); what the sequence's own n-gr
 of the drafted token (`agreement`, the CONTEXT features: did the lookup find a match, does it predict this token,
 its share of the votes), computed on the host from the tokens; and the token's position in the
 draft (one-hot; positions past the record's longest draft count as the last). It is read here,
-by the engine at every draft step and by replay over a whole record, with one function in
+by the decoder at every draft step and by replay over a whole record, with one function in
 float64, one compiled loop token by token (no matmul, whose summation order depends on the
 shape). Its inputs agree to float32 rounding, as every metric's do between an engine and its
-record (the record batches the draft's forwards otherwise, and the engine sums topk_mass and
+record (the record batches the draft's forwards otherwise, and the decoder sums topk_mass and
 llama.cpp's mass on the host from the top-k, where the record's torch reduction may round the
 last bit differently); only a score within that rounding of a threshold can decide otherwise.
 
@@ -73,7 +73,7 @@ class LearnedSignal:
     coef: tuple[float, ...]
     intercept: float
     positions: int  # one-hot positions 1..positions
-    topk: int = 5  # the k of the topk_mass it was fitted on (the record's), which the engine must compute
+    topk: int = 5  # the k of the topk_mass it was fitted on (the record's), which the decoder must compute
     models: tuple = ()  # (name, fingerprint) of the target and draft it was fitted on, where known
 
     @functools.cached_property
@@ -95,7 +95,7 @@ class LearnedSignal:
         """Acceptance probability [n] (float64) of n drafted tokens: their raw signals `raw`
         [n, RAW_SIGNALS] and context features `context` [n, CONTEXT] (float32, as read from the
         drafter and `agreement`), at 0-based draft `step` [n]. One compiled loop, token by token,
-        for the engine's row or batch and replay's whole record alike, so both see the same numbers."""
+        for the decoder's row or batch and replay's whole record alike, so both see the same numbers."""
         constant, slopes, at_position = self.arrays
         out = np.empty(len(step), dtype=np.float64)
         _probability(np.ascontiguousarray(raw, dtype=np.float32), np.ascontiguousarray(context, dtype=np.float32),
@@ -140,7 +140,7 @@ def _token_probability(raw, context, step, constant, slopes, at_position, floor)
 
 
 def step_scores(signal: LearnedSignal, top: np.ndarray, topk: int, llama: int, contexts: list, tokens, steps) -> list[float]:
-    """The engine's learned scores of one draft step's rows, in one compiled call: each row's raw
+    """The decoder's learned scores of one draft step's rows, in one compiled call: each row's raw
     signals from its most likely tokens' probabilities `top` [rows, K] (float32, descending; the
     k of topk_mass and llama.cpp's 10: `raw_signals`), its context features from `contexts[i]`
     and `tokens[i]` (`agreement`), and the fit at `steps[i]`. Right after a draft forward every
@@ -169,7 +169,7 @@ def _step_scores(top, topk, llama, flat, lengths, tokens, steps, constant, slope
 
 
 def raw_signals(top: np.ndarray, topk: int, llama: int) -> np.ndarray:
-    """[rows, RAW_SIGNALS] (float32) from `top` [rows, K]: what the engine's learned signal reads
+    """[rows, RAW_SIGNALS] (float32) from `top` [rows, K]: what the decoder's learned signal reads
     (`step_scores`), each its confidence function's value to float32 rounding (a test holds them)."""
     top = np.ascontiguousarray(top, dtype=np.float32)
     out = np.empty((len(top), len(RAW_SIGNALS)), dtype=np.float32)
@@ -195,7 +195,7 @@ def _raw_signals(top, topk, llama, out):  # pragma: no cover (compiled)
 
 def load(path: str) -> LearnedSignal:
     """The fitted signal at `path` (a file, or a sweep folder holding one), read once per version
-    of the file: a file rewritten in place is read again. The engine calls it at every draft
+    of the file: a file rewritten in place is read again. The decoder calls it at every draft
     step, so it asks the file system one question when it can (a stat)."""
     file = str(path)
     try:

@@ -3,7 +3,7 @@
 `Proposal` is the single place the stopping rule (schedule.py, goodput.py) is applied while
 drafting, for one row or each row of a batch; `draft_length` drives it on given confidences.
 The budget schedule (budget.py) decides for a whole batch after each draft step (the batched
-engine asks it); a proposal tracks what it decides with, and alone it is goodput's rule.
+decoder asks it); a proposal tracks what it decides with, and alone it is goodput's rule.
 """
 
 from __future__ import annotations

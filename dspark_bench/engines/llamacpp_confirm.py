@@ -24,8 +24,8 @@ from dspark_bench.metrics import bootstrap_ratio
 from dspark_bench.prompts import encode
 from dspark_bench.replay.simulate import simulate_grid
 from dspark_bench.results import write_json
-from dspark_bench.tuning.engine_files import llamacpp_flags
-from dspark_bench.tuning.export import break_even, candidates
+from dspark_bench.engines.files import llamacpp_flags
+from dspark_bench.engines.export import break_even, candidates
 
 FILE = "llamacpp_confirm.json"
 DEFAULTS_GAMMA = 3  # llama.cpp's own default draft: --spec-draft-n-max 3, n-min 0, p-min 0

@@ -52,7 +52,7 @@ from dspark_bench.replay.cost import CostModel, CostSurface, relative_iqr
 from dspark_bench.replay.cost_file import CostFile, cache_home, fit_overheads, machine, now, plain_seconds_per_token
 from dspark_bench.replay.cost_file import load as load_file
 from dspark_bench.replay.record import record
-from dspark_bench.tuning.engine_files import llamacpp_flags
+from dspark_bench.engines.files import llamacpp_flags
 
 # The fit's empty-draft run: p-min 1 stops every draft at its first token (t_round_empty).
 EMPTY_FIT = dict(schedule="threshold", metric="top1", threshold=1.0, gamma_max=1)

@@ -1,4 +1,4 @@
-"""`run --decoder llamacpp`: each policy on llama.cpp and on our engine, side by side, on one pair,
+"""`run --decoder llamacpp`: each policy on llama.cpp and on our decoder, side by side, on one pair,
 with replay's prediction of it priced on llama.cpp's costs and on ours.
 
 Each policy is turned into llama-server flags by the function `export --format llamacpp` writes
@@ -8,10 +8,10 @@ prompts as the same token ids:
 - llama.cpp speculative (the exported flags) against llama.cpp plain (the target alone), the two
   servers taking turns request by request, as our runner interleaves (A B, then B A); one
   speculative server per policy, one plain server throughout;
-- our engine against our baseline (harness.runner, the usual run folder), every policy;
+- our decoder against our baseline (harness.runner, the usual run folder), every policy;
 - replay's prediction of each policy under llama.cpp's rule, on a record of these prompts, priced
   on llama.cpp's own costs (engines/llamacpp_prices.py: measured with llama-bench, the server's
-  overheads fitted on other prompts) and on our engine's (replay/cost.py).
+  overheads fitted on other prompts) and on our decoder's (replay/cost.py).
 
 What llama.cpp did comes from each response's `timings` (`draft_n`, `draft_n_accepted`, the
 generation phase's `predicted_ms`) and the change of the server's counters over the request
@@ -53,8 +53,8 @@ from dspark_bench.replay.cost import measure_cost
 from dspark_bench.replay.record import record
 from dspark_bench.replay.simulate import simulate, simulate_grid
 from dspark_bench.results import check_writable, write_json, write_parquet
-from dspark_bench.tuning.engine_files import llamacpp_flags
-from dspark_bench.tuning.engine_versions import LLAMACPP_CURRENT, llamacpp_version
+from dspark_bench.engines.files import llamacpp_flags
+from dspark_bench.engines.versions import LLAMACPP_CURRENT, llamacpp_version
 
 
 def build_version(build: dict):
@@ -102,8 +102,8 @@ def stopped_on_sigterm():
 
 def execute_llamacpp(config: RunConfig, out: Path, progress=None, say=None, server: str | None = None,
                      port: int | None = None, gguf_dtype: str = "f32") -> tuple[Path, pd.DataFrame, pd.DataFrame]:
-    """Run `config`'s policies on llama.cpp and on our engine, and price each under llama.cpp's and
-    our engine's costs; returns (run folder, our table, one row per policy side by side)."""
+    """Run `config`'s policies on llama.cpp and on our decoder, and price each under llama.cpp's and
+    our decoder's costs; returns (run folder, our table, one row per policy side by side)."""
     if config.ignore_eos:
         raise DsparkError("--decoder llamacpp cannot ignore EOS as ours does (llama-server bans the token instead, "
                           "so the outputs part there); drop --ignore-eos")
@@ -256,7 +256,7 @@ def side_by_side(rec, policy: DecodeConfig, targets, rows: pd.DataFrame, ours: p
         line("llama.cpp speculative vs llama.cpp plain", llama["speedup"], llama["speedup_low"], llama["speedup_high"],
              llama["acceptance_rate"], llama["tokens_per_round"], llama["avg_draft_len"],
              f"{int(rows['identical_to_target'].sum())}/{len(rows)}"),
-        line("our engine vs our baseline", ours["speedup"], ours["speedup_low"], ours["speedup_high"],
+        line("our decoder vs our baseline", ours["speedup"], ours["speedup_low"], ours["speedup_high"],
              ours["acceptance_rate"], ours["tokens_per_round"], ours["avg_draft_len"],
              f"{int(round(ours['identical_to_baseline'] * len(rows)))}/{len(rows)}"
              if "identical_to_baseline" in ours else ""),

@@ -2,10 +2,10 @@
 
 `run --decoder hf` times HF's `generate(assistant_model=draft)` against our baseline. Replay
 predicts each of its policies round for round (HF's rule, `--semantics hf`); what a round costs
-there is HF's, not our engine's: its `generate` loop, candidate generator and cache cropping cost
+there is HF's, not our decoder's: its `generate` loop, candidate generator and cache cropping cost
 more per round than our decoder's. So its cost model (replay/cost_file.py) is:
 
-- t_draft and t_verify(k): the same models' forwards as our engine runs them (replay/cost.py's
+- t_draft and t_verify(k): the same models' forwards as our decoder runs them (replay/cost.py's
   measure_cost: HF's loop calls these very modules);
 - t_plain and t_round: fitted on timed runs of fixed γ = 5 and 7 (FIT_GAMMAS), HF assisted
   against our baseline, on prompts set apart for fitting (the source's last FIT_PROMPTS, not decoded by the
@@ -86,7 +86,7 @@ def hf_prices(pair, spare, settings, max_new_tokens: int, gamma: int, progress=N
         CostSurface({1: model}), {"name": "hf", "version": f"transformers {transformers.__version__}",
                                   "build": {"torch": torch.__version__, "device": str(pair.device)}},
         {key: described[key] for key in ("target", "draft", "target_fingerprint", "draft_fingerprint", "dtype")},
-        "t_draft, t_verify(k): the models' forwards timed as our engine runs them (replay/cost.py measure_cost), "
+        "t_draft, t_verify(k): the models' forwards timed as our decoder runs them (replay/cost.py measure_cost), "
         "which HF's loop calls too; t_plain (our baseline) and t_round: fitted "
         f"on fixed γ={' and '.join(map(str, FIT_GAMMAS))} HF assisted runs against our baseline (fitted_on)",
         cost_file.machine(),  # torch_threads among its keys
@@ -98,7 +98,7 @@ def hf_prices(pair, spare, settings, max_new_tokens: int, gamma: int, progress=N
 
 def priced_hf(planned, folder, settings, progress=None, say=None) -> list[dict]:
     """`run --decoder hf`: each policy's measured speedup beside replay's prediction priced on HF's
-    own costs and on our engine's; into the run folder's priced.json. Returns its rows."""
+    own costs and on our decoder's; into the run folder's priced.json. Returns its rows."""
     pair, configs = planned.pair, planned.configs
     max_new, gamma = configs[0].verification.max_new_tokens, max(c.stopping.gamma_max for c in configs)
     try:

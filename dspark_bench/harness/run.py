@@ -17,7 +17,7 @@ from dspark_bench import schedules
 from dspark_bench.config import DEFAULTS, KNOBS, LEARNED, DecodeConfig, expand, from_dict, with_defaults
 from dspark_bench.decoding import budget, learned_signal
 from dspark_bench.decoding.budget import row_rule
-from dspark_bench.decoding.engine import speculative_decode
+from dspark_bench.decoding.speculative import speculative_decode
 from dspark_bench.decoding.schedule import expressible
 from dspark_bench.errors import DsparkError
 from dspark_bench.harness.calibration_file import load_calibration

@@ -1,9 +1,13 @@
-"""Replay: every greedy policy's outcome from one recorded decoding pass, and what it costs.
+"""Replay: every policy's outcome from recorded decoding, greedy or sampled, and what it costs.
 
-The record (`record`: the target's greedy continuation and the drafter's rollout at every
-position), the simulation of policies over it at batch size 1 (`simulate`) and at any batch
-size in either layout (`batched`), this machine's cost model and cost surface (`cost`), the
-acceptance fit the goodput schedule decides with (`acceptance`), and the learned acceptance
+The greedy record (`record`: the target's greedy continuation and the drafter's rollout at every
+position), made from the target decoded here or from an engine's continuations file
+(`continuations`), a prompt at a time, resumably and in shards (`record_parts`); the sampled
+record and replay under sampling (`sampled`: K sampled paths per prompt, replicates on shared
+coins, expectations with intervals); the simulation of policies at batch size 1 (`simulate`)
+and at any batch size in either layout (`batched`); the cost model and cost surface (`cost`) and
+the cost-model file that carries anyone's costs with their provenance (`cost_file`); the
+acceptance fit the goodput schedule decides with (`acceptance`); and the learned acceptance
 signal's fit (`learned`). Studies of a finished record (the headroom, better signals, held-out
 signal quality) are the `analysis` layer's, above this one.
 

@@ -7,7 +7,7 @@ rollout is a drafted token whose verdict we know when every step before it match
 accepted iff step k matched too. Per metric, a monotone (isotonic) fit of those verdicts against
 the confidence turns the metric into an acceptance probability — what the goodput schedule
 (goodput.py) multiplies along a draft. The fit is evaluated with np.interp on its knots, the
-same function in the engine and in replay, so both decide identically.
+same function in the decoder and in replay, so both decide identically.
 
 Quality per metric: the Brier score and the expected calibration error (ECE, 10 equal-width
 bins), of the fitted curve (cross-fitted: fitted on half the prompts, scored on the other half,

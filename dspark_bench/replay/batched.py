@@ -1,12 +1,12 @@
 """Replay at any batch size: one batch-1 record and the cost surface predict every policy at B.
 
 Under greedy verification a row's rounds do not depend on the other rows (tests/test_batched.py
-checks it against the batched engine), so the record fixes every row's rounds; only what a step
-costs depends on the batch. The walk below replays the batched engine's schedule exactly —
+checks it against the batched decoder), so the record fixes every row's rounds; only what a step
+costs depends on the batch. The walk below replays the batched decoder's schedule exactly —
 prompts join in order as rows finish (or after the batch drains), a round drafts until its
 last row stops, and its one verify pass covers every row — and charges each round from the
 cost surface at the number of rows it really had, and each request its own prefill when it
-joins (target, plus draft on the speculative side; as the batched engine runs it):
+joins (target, plus draft on the speculative side; as the batched decoder runs it):
 
     padded:  max_i s_i · t_draft(b) + t_verify(b, max_i L_i)
     packed:  Σ_j t_draft(rows still drafting at step j) + t_verify(b, Σ_i (L_i + 1) / b − 1)
@@ -116,7 +116,7 @@ def _walk_budget(alpha, eos_step, matches, lengths, max_new_tokens, gamma_max, m
                  rule_draft, rule_verify, t_draft, t_verify, prefill, drafted_at, counts):  # pragma: no cover (compiled)
     """The budget schedule's walk (decoding/budget.py): its rows' drafts are decided together, by
     `decide` after every draft step on the batch's fitted acceptances `alpha` [P, N, G], as the
-    batched engine decides them. Predicted seconds (padded, packed); drafted_at[p, j]: what the
+    batched decoder decides them. Predicted seconds (padded, packed); drafted_at[p, j]: what the
     round at j drafted (left alone where no round starts); counts: rounds, drafted, accepted,
     full blocks, draft forwards."""
     P = len(lengths)
@@ -204,7 +204,7 @@ def predict_batched(rec: Record, configs: list[DecodeConfig], surface: CostSurfa
     thresholds = _thresholds(configs, rec.gamma_record)
     # A learned policy's draft steps cost what its signal adds too (CostModel.t_learned).
     tables = {(b, learned): surface.tables(b, learned) for b, learned in {(c.batching.batch_size, c.stopping.metric == "learned") for c in configs}}
-    # Each request's prefill (its prompt but the last token), batch 1, as the batched engine does.
+    # Each request's prefill (its prompt but the last token), batch 1, as the batched decoder does.
     alone = surface.at(min(surface.models))
     prompt = np.maximum(np.asarray(rec.info.get("prompt_tokens", [1] * len(lengths)), dtype=np.float64) - 1, 0)
     prefill_base = prompt * alone.t_prefill_target

@@ -2,7 +2,7 @@
 
 `t_draft` is one draft step and `t_verify(k)` one target pass over k + 1 new positions, each
 the median of interleaved timings with the caches at a realistic length (docs/sweeps-and-replay.md). The cost
-surface holds one such model per batch size B, timed with B rows in the batched engine's own
+surface holds one such model per batch size B, timed with B rows in the batched decoder's own
 cache (`t_draft(B)`, `t_verify(B, k)`): what replay needs to predict a policy at any B. Each
 model also holds `t_learned`, what the learned signal adds to a draft step of its B rows (it runs
 on the host), which replay charges to the learned policies' draft steps.
@@ -10,7 +10,7 @@ on the host), which replay charges to the learned policies' draft steps.
 Layouts: a padded pass over B rows costs t_verify(B, longest draft). A packed pass (each row
 verifies only its own tokens, as vLLM, SGLang and TensorRT-LLM do) costs what its total token
 count costs: the padded pass over B rows holding the same number of tokens spread evenly,
-t_verify(B, total / B - 1), interpolated between whole k. The batched engine here runs padded
+t_verify(B, total / B - 1), interpolated between whole k. The batched decoder here runs padded
 only; packed speedups are predictions and are labelled so wherever they appear.
 """
 
@@ -58,7 +58,7 @@ class CostModel:
     # `t_round`, what each speculative round adds beyond its draft steps and its verify pass
     # (sampling every verified position, acceptance, cache edits, scheduling); `t_plain`, plain
     # decoding's seconds per token where that is more than one 1-token pass (its own sampling and
-    # scheduling). Our engine's timings leave both at 0: a plain step is t_verify(0).
+    # scheduling). Our decoder's timings leave both at 0: a plain step is t_verify(0).
     t_round: float = 0.0
     t_plain: float = 0.0
     # What a round whose draft came back empty adds (llama.cpp's p-min can stop a draft before its
@@ -232,7 +232,7 @@ class CostSurface:
 def measure_surface(pair, context: list[int], gamma: int, batch_sizes, repeats: int = 7,
                     drafters=("model",)) -> CostSurface:
     """t_draft(B) and t_verify(B, k) for every B (and 1): B rows holding `context`, timed through
-    the batched engine's own cache (BatchLM), k interleaved to share drift. B = 1 is `measure_cost`."""
+    the batched decoder's own cache (BatchLM), k interleaved to share drift. B = 1 is `measure_cost`."""
 
     models = {1: dataclasses.replace(measure_cost(pair, context, gamma, drafters=drafters),
                                      **measure_prefill(pair, context))}

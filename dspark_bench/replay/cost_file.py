@@ -1,13 +1,14 @@
-"""Cost-model files: what one engine's rounds cost, with where the numbers came from.
+"""Cost-model files: what one engine's (or our decoder's) rounds cost, with where the numbers came from.
 
 Replay prices every round with a cost model (cost.py). Whose prices those are decides what a
-prediction is worth: our PyTorch engine's timings predict our engine, not llama.cpp or vLLM. A
-cost-model file holds one engine's step costs per batch size and its provenance (engine, version,
-build, machine, the models, how it was measured); a sweep and `export` price with any such file
-(`--prices`). The format is documented in docs/engines-and-export.md#cost-model-files; version 1:
+prediction is worth: our PyTorch decoder's timings predict our decoder, not llama.cpp or vLLM. A
+cost-model file holds one decoder's step costs per batch size and its provenance (who measured
+them: an engine, or ours; version, build, machine, the models, how it was measured); a sweep and
+`export` price with any such file (`--prices`). The format is documented in
+docs/engines-and-export.md#cost-model-files; version 1:
 
     {"format": "dspark-bench cost model", "format_version": 1,
-     "engine": {"name": "llamacpp", "version": "b11434", "build": {...}},
+     "measured_by": {"name": "llamacpp", "version": "b11434", "build": {...}},
      "machine": {...}, "models": {"target": ..., "draft": ..., "target_fingerprint": ..., ...},
      "method": "how each number was measured", "measured": "2026-12-03T16:00:00Z",
      "fitted_on": {...},                       # optional: the runs a fitted term came from
@@ -38,16 +39,21 @@ FORMAT_VERSION = 1
 REQUIRED = ("t_draft", "t_verify", "context_tokens")
 # Every number a batch size's entry may hold (CostModel's fields), each a non-negative finite number.
 SECONDS = ("t_draft", "t_round", "t_round_empty", "t_plain", "t_prefill_target", "t_prefill_draft", "t_heads", "t_learned")
-ENGINE_NAMES = {"ours": "our engine (PyTorch)", "llamacpp": "llama.cpp", "hf": "HF assisted generation",
-                "vllm": "vLLM", "sglang": "SGLang", "trtllm": "TensorRT-LLM"}
+# Who measured a cost-model file ("measured_by"'s name): our decoder, or a serving engine.
+OURS = "ours"
+MEASURERS = {OURS: "our decoder (PyTorch)", "llamacpp": "llama.cpp", "hf": "HF assisted generation",
+             "vllm": "vLLM", "sglang": "SGLang", "trtllm": "TensorRT-LLM"}
+ENGINES = {name: said for name, said in MEASURERS.items() if name != OURS}
+# Files written before the key said who measured them called it "engine", ours included.
+OLD_KEY = "engine"
 
 
 @dataclass
 class CostFile:
-    """One engine's cost surface and where it came from."""
+    """One decoder's cost surface (an engine's, or ours) and where it came from."""
 
     surface: CostSurface
-    engine: dict  # name (ENGINE_NAMES' keys, or another engine's name), version, build
+    measured_by: dict  # name (MEASURERS' keys, or another engine's name), version, build
     models: dict  # target, draft, and their fingerprints where known
     method: str
     machine: dict = field(default_factory=dict)
@@ -59,12 +65,13 @@ class CostFile:
     @property
     def label(self) -> str:
         """Whose prices these are, as every prediction names them: "llama.cpp b11434"."""
-        name = ENGINE_NAMES.get(self.engine.get("name", ""), self.engine.get("name", "?"))
-        version = self.engine.get("version")
+        name = MEASURERS.get(self.measured_by.get("name", ""), self.measured_by.get("name", "?"))
+        version = self.measured_by.get("version")
         return f"{name} {version}" if version else name
 
     def to_dict(self) -> dict:
-        return {"format": FORMAT, "format_version": FORMAT_VERSION, "engine": self.engine, "machine": self.machine,
+        return {"format": FORMAT, "format_version": FORMAT_VERSION, "measured_by": self.measured_by,
+                "machine": self.machine,
                 "models": self.models, "method": self.method, "measured": self.measured,
                 **({"fitted_on": self.fitted_on} if self.fitted_on else {}),
                 **({"timing_health": self.timing_health} if self.timing_health else {}), **self.surface.to_dict()}
@@ -110,17 +117,19 @@ def from_dict(data, source: str = "") -> CostFile:
     if data.get("format_version") != FORMAT_VERSION:
         raise DsparkError(f"{where} has format_version {data.get('format_version')!r}; this dspark-bench reads "
                           f"{FORMAT_VERSION}")
-    for key, kind in (("engine", dict), ("models", dict), ("method", str), ("batch_sizes", dict)):
+    if OLD_KEY in data and "measured_by" not in data:
+        data = {**data, "measured_by": data[OLD_KEY]}
+    for key, kind in (("measured_by", dict), ("models", dict), ("method", str), ("batch_sizes", dict)):
         if not isinstance(data.get(key), kind) or not data[key]:
             raise DsparkError(f"{where} has no {key!r} ({kind.__name__}): every cost model says where it came from")
-    if not data["engine"].get("name"):
-        raise DsparkError(f"{where} names no engine (\"engine\": {{\"name\": ...}})")
+    if not data["measured_by"].get("name"):
+        raise DsparkError(f"{where} names nobody who measured it (\"measured_by\": {{\"name\": ...}})")
     models = {int_key(b, where): check_entry(entry, f"{where}, batch size {b}")
               for b, entry in data["batch_sizes"].items()}
     if len(models) > 1 and any(m.t_round or m.t_round_empty or m.t_plain for m in models.values()):
         raise DsparkError(f"{where} has t_round, t_round_empty or t_plain with several batch sizes: replay prices those at batch "
                           "size 1 only; fold them into t_verify and t_draft")
-    return CostFile(CostSurface(models), data["engine"], data["models"], data["method"], data.get("machine") or {},
+    return CostFile(CostSurface(models), data["measured_by"], data["models"], data["method"], data.get("machine") or {},
                     str(data.get("measured", "")), data.get("fitted_on"), source, data.get("timing_health"))
 
 
@@ -209,14 +218,14 @@ def now() -> str:
 
 
 def ours(surface: CostSurface, pair, method: str = "") -> CostFile:
-    """Our engine's timed surface (cost.measure_surface) as a cost-model file."""
+    """Our decoder's timed surface (cost.measure_surface) as a cost-model file."""
     import torch  # only for its version string
 
     device = str(pair.device)
     described = pair.describe()
     models = {key: described[key] for key in ("target", "draft", "target_fingerprint", "draft_fingerprint", "dtype")
               if key in described}
-    return CostFile(surface, {"name": "ours", "version": f"torch {torch.__version__}", "build": {"device": device}},
+    return CostFile(surface, {"name": OURS, "version": f"torch {torch.__version__}", "build": {"device": device}},
                     models, method or "interleaved medians of timed forwards with the caches at a realistic "
                     "length (replay/cost.py: measure_surface)", machine(), now())
 
@@ -246,10 +255,10 @@ def check_choice(choice: str) -> None:
     """`--prices`, read before any model loads or anything is recorded: ours, an engine dspark-bench
     measures (looked up in the cache once the models load: `resolve`), or a cost-model file, whose
     format is checked now. Anything else ends here, in one line with the choices."""
-    if choice in ("", "ours", *MEASURED):
+    if choice in ("", OURS, *MEASURED):
         return
-    if choice in ENGINE_NAMES:
-        raise DsparkError(f"--prices {choice}: dspark-bench does not measure {ENGINE_NAMES[choice]}'s costs itself; "
+    if choice in ENGINES:
+        raise DsparkError(f"--prices {choice}: dspark-bench does not measure {ENGINES[choice]}'s costs itself; "
                           "pass its cost-model file (docs/engines-and-export.md#cost-model-files), ours or llamacpp")
     if not Path(choice).exists():
         raise DsparkError(f"--prices {choice!r}: choose ours, llamacpp, hf or a cost-model file's path (there is no "
@@ -258,14 +267,14 @@ def check_choice(choice: str) -> None:
 
 
 def resolve(choice: str, models: dict) -> CostFile | None:
-    """`--prices`: None for "ours" (the sweep times our engine), a measured engine's cached file
+    """`--prices`: None for "ours" (the sweep times our decoder), a measured engine's cached file
     ("llamacpp"), or a cost-model file's path; checked against the pair's models."""
-    if choice in ("", "ours"):
+    if choice in ("", OURS):
         return None
-    if choice in ENGINE_NAMES:
+    if choice in ENGINES:
         prices = cached(choice, models)
         if prices is None:
-            raise DsparkError(f"no {ENGINE_NAMES[choice]} cost model for this pair yet: `dspark-bench run --decoder "
+            raise DsparkError(f"no {ENGINES[choice]} cost model for this pair yet: `dspark-bench run --decoder "
                               f"{choice} ...` measures one (cached in {cache_home()}), or pass --prices FILE")
     else:
         prices = load(choice)

@@ -1,4 +1,4 @@
-"""A learned acceptance signal: fitted on a replay record, read by the engine and by replay.
+"""A learned acceptance signal: fitted on a replay record, read by the decoder and by replay.
 
 The rules stop on one raw confidence metric; the headroom (analysis/oracle.py) says how much a rule that
 knew acceptance in advance would win. Between the two sits the question this module answers:
@@ -10,7 +10,7 @@ prompt lookup says of the token after the same context (learned_signal.CONTEXT: 
 context's last n-gram before, does it predict this token, its share of the votes); and its
 position in the draft (one-hot).
 It is conditional on the draft so far being accepted, as every verdict in a record is
-(acceptance.drafted_tokens). The engine and replay read the saved fit with
+(acceptance.drafted_tokens). The decoder and replay read the saved fit with
 decoding/learned_signal.py, which takes the same features.
 
 The fit on every prompt is saved beside the record (`learned_signal.json`). How well it predicts
@@ -20,7 +20,7 @@ analysis/signal_quality.py.
 Not here: the draft's hidden state as a feature. On the code task's 40 held-out prompts it raised
 the held-out AUC from .860 to .876 over the raw signals alone (an L2-regularised fit over its 192
 values), and by .001–.002 once the context features were in (.934 without it, .935 with it in a
-gradient-boosted fit over everything); the engine would have to read it out of the draft's forward.
+gradient-boosted fit over everything); the decoder would have to read it out of the draft's forward.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def drafted(rec) -> Tokens:
     P, N, G = rec.rollout.shape
     k = np.arange(G)[None, None, :]
     signals = inputs(rec)
-    # The very transforms the signal applies in the engine (learned_signal.features), and the position one-hot.
+    # The very transforms the signal applies in the decoder (learned_signal.features), and the position one-hot.
     columns = [value[used] for value in learned_signal.features(signals)]
     # A record made before a signal existed (gini) lacks it: the comparison shows those it holds.
     raw = {m: rec.confidences[m][used].astype(np.float64) for m in SHOWN if m in rec.confidences}
@@ -135,7 +135,7 @@ def load_or_evaluate(rec, record_dir: Path) -> dict:
 
 
 def with_learned(rec, model: LearnedSignal):
-    """`rec` with confidences["learned"]: the signal at every rollout step, as the engine computes it."""
+    """`rec` with confidences["learned"]: the signal at every rollout step, as the decoder computes it."""
     signals = inputs(rec)
     shape = rec.rollout.shape
     raw = np.stack([signals[m].ravel() for m in RAW], axis=1)

@@ -9,7 +9,7 @@ point. So one record — the continuation, and at every position j the draft's r
     the target accepts a(j) = min(L(j), M(j)) where M(j) is how far the rollout matches the
     continuation, and the next round starts at j + a(j) + 1.
 
-`simulate` walks that round by round and yields the engine's own per-round rows;
+`simulate` walks that round by round and yields the decoder's own per-round rows;
 `simulate_grid` does the same walk for thousands of policies at once: array operations find
 each policy's first stopping position, and a loop compiled by numba walks only round starts.
 """
@@ -105,7 +105,7 @@ def check_sampling(sampling: dict | None, config: DecodeConfig) -> None:
 
 def policy_signal(rec: Record, config: DecodeConfig) -> np.ndarray:
     """[P, N, G] float64: what the schedule compares with `_thresholds` at every rollout step.
-    float64: the engine multiplies Python floats of the float32 values the record stores."""
+    float64: the decoder multiplies Python floats of the float32 values the record stores."""
     if schedules.of(config).cost_aware:  # 1 where the draft goes on after step k (goodput.py; budget alone)
         return decisions(rec.confidences[signal_of(config)], row_rule(config))
     values = rec.confidences[signal_of(config)].astype(np.float64)
@@ -152,7 +152,7 @@ def round_plan(rec: Record, config: DecodeConfig):
 
 
 def simulate(rec: Record, config: DecodeConfig) -> list[list[Round]]:
-    """The engine's rounds for every prompt, from the record alone (greedy only)."""
+    """The decoder's rounds for every prompt, from the record alone (greedy only)."""
     check_replayable(rec, config)
     if schedules.of(config).whole_batch and config.batching.batch_size > 1:
         raise DsparkError("the budget schedule's rounds depend on the whole batch: replay.batched.walk_budget walks them")
@@ -187,7 +187,7 @@ def round_forwards(config: DecodeConfig) -> int:
 def spanning_policies(gamma: int, max_new_tokens: int, goodput_model: str = "") -> list[DecodeConfig]:
     """Every metric × schedule with thresholds, gamma_max and min_draft_len at their edges, each
     engine's rule variant in turn, plus "always draft" and "never draft past min_draft_len": the
-    policies replay is checked on against the real engine (tests and
+    policies replay is checked on against the real decoder (tests and
     benchmarks/replay_reference.py). Goodput and budget policies only with a goodput model to decide with."""
     out = []
     rules = [s.name for s in schedules.SCHEDULES.values() if not s.whole_batch and (not s.cost_aware or goodput_model)]
@@ -224,7 +224,7 @@ def _first_failures(signal, thresholds, min_draft_len, keep, eos_step, out):  # 
         for j in range(N):
             fail = G + 1
             for k in range(min_draft_len, G):
-                if not signal[p, j, k] >= thresholds[k]:  # NaN fails, as in the engine
+                if not signal[p, j, k] >= thresholds[k]:  # NaN fails, as in the decoder
                     fail = k + 1
                     break
             if keep:

@@ -97,7 +97,7 @@ def batch_blocks(policies: pd.DataFrame) -> list[tuple]:
     text = ("Per batch size B: the best confidence-scheduled policy deciding row by row, the best budget schedule "
             "(one decision for the whole batch after each draft step, from the cost surface; at B = 1 it is goodput) "
             "and the best fixed gamma. Padded (a round "
-            "verifies every row padded to its longest draft) is what the batched engine runs: measured where the "
+            "verifies every row padded to its longest draft) is what the batched decoder runs: measured where the "
             "sweep confirmed it, each against the batched autoregressive baseline on the same batches, with a 95 % "
             "bootstrap interval over prompts. Packed (each row verifies only its own tokens, as vLLM, SGLang and "
             "TensorRT-LLM do) is predicted by replay and the cost surface only.")

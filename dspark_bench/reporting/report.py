@@ -136,7 +136,7 @@ def _batch_sizes(inputs):
         "Speedup against the batched autoregressive baseline (left) and whole-batch tokens/s (right) per batch size: "
         "the best confidence-scheduled policy and the best fixed gamma at each B. Dashed: predicted by replay and "
         "the cost surface, padded and packed layouts. Solid with 95 % intervals: measured, padded layout (the "
-        "batched engine), where the sweep confirmed them. Packed is predicted only. Predicted tokens/s come from "
+        "batched decoder), where the sweep confirmed them. Packed is predicted only. Predicted tokens/s come from "
         "the cost surface's absolute step times, timed once when the sweep started: where the machine's speed "
         "drifts they sit off the measured ones, while the speedup, a ratio, holds.")
 

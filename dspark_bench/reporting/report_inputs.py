@@ -143,10 +143,10 @@ def engine_costs(folder: Path) -> dict:
         if info.get("prices", {}).get("llamacpp") and Path(info["prices"]["llamacpp"]).is_file():
             prices = cost_file.load(info["prices"]["llamacpp"])
             found[prices.label] = prices.surface.at(1)
-            found["our engine"] = CostModel.from_dict(info["prices"]["ours"])
+            found["our decoder"] = CostModel.from_dict(info["prices"]["ours"])
     if (folder / "priced.json").is_file():  # run --decoder hf
         info = read_json(folder / "priced.json", "priced predictions")
         if Path(info["prices"]).is_file():
             found[info["engine"]] = cost_file.load(info["prices"]).surface.at(1)
-            found["our engine"] = CostModel.from_dict(info["ours"])
+            found["our decoder"] = CostModel.from_dict(info["ours"])
     return found

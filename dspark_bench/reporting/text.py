@@ -64,7 +64,7 @@ def health_blocks(inputs: Inputs) -> list[tuple]:
 def engine_verdict_blocks(inputs: Inputs) -> list[tuple]:
     """A sweep priced on a serving engine's costs and confirmed in it (summary.json's
     engine_verdict): that engine's verdict first, and its confirmed policies as measured there;
-    the table after it is our engine's."""
+    the table after it is our decoder's."""
     blocks = []
     for run_id, summary in inputs.summaries.items():
         verdict = summary.get("engine_verdict")
@@ -74,7 +74,7 @@ def engine_verdict_blocks(inputs: Inputs) -> list[tuple]:
                  f"{r['measured_high']:.2f}]", _fmt(r.get("acceptance_rate"), 2)] for r in verdict["rows"]]
         where = f" ({plots.short_run(run_id)})" if len(inputs.summaries) > 1 else ""
         blocks += [("p", f"Confirmed in {verdict['engine']}{where}: {verdict['sentence']}. Measured in "
-                         f"{verdict['measured_in']}; the summary table below is our engine's."),
+                         f"{verdict['measured_in']}; the summary table below is our decoder's."),
                    ("table", ["policy", f"predicted on {verdict['engine']}'s prices", "measured [95% CI]", "acceptance"],
                     rows)]
     return blocks
@@ -261,7 +261,7 @@ def cost_model_blocks(inputs: Inputs) -> list[tuple]:
         if "source" not in policies:
             continue
         rows = policies[(policies["run_id"] == run_id) & (policies["source"] == "confirmed")]
-        # Priced on an engine's costs (sweep --prices): our engine confirmed, so it is judged on its own.
+        # Priced on an engine's costs (sweep --prices): our decoder confirmed, so it is judged on its own.
         column = "predicted_speedup_ours" if "predicted_speedup_ours" in rows and rows["predicted_speedup_ours"].notna().any() \
             else "predicted_speedup"
         lines = [[r["config_label"], _fmt(r["predicted_speedup"], 2), _fmt(r[column], 2), _speedup_cell(r),
@@ -276,9 +276,9 @@ def cost_model_blocks(inputs: Inputs) -> list[tuple]:
                 f"{len(rows)} confirmed by timed runs. Measured / predicted speedup, median "
                 f"{_fmt(accuracy.get('measured_over_predicted_median'), 2)}; mean absolute error "
                 f"{_fmt(accuracy.get('mean_abs_error'), 3)}.")
-        prices = (summary.get("prices") or {}).get("label", "our engine")
+        prices = (summary.get("prices") or {}).get("label", "our decoder")
         text += f" predicted_speedup is priced on {prices}'s costs" + (
-            "; measured on our engine, so judged against predicted_speedup_ours (our engine's costs)."
+            "; measured on our decoder, so judged against predicted_speedup_ours (our decoder's costs)."
             if column != "predicted_speedup" else ".")
         if cost:
             verify = ", ".join(f"{t * 1e3:.2f}" for t in cost.get("t_verify", []))
@@ -289,7 +289,7 @@ def cost_model_blocks(inputs: Inputs) -> list[tuple]:
                      + f", plain step {cost['t_plain'] * 1e3:.2f} ms." if cost.get("t_plain") else ".")
         where = f" ({plots.short_run(run_id)})" if len(inputs.summaries) > 1 else ""
         blocks += [("h3", f"Cost model accuracy{where}"), ("p", text),
-                   ("table", ["configuration", "predicted_speedup", "predicted on our engine", "speedup [95% CI]",
+                   ("table", ["configuration", "predicted_speedup", "predicted on our decoder", "speedup [95% CI]",
                               "measured / predicted"], lines)]
     return blocks
 

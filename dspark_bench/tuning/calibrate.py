@@ -9,7 +9,8 @@ single *global* policy over all domains together, and measures both on each doma
                 real runs otherwise; the global policy maximises the objective over the
                 union of the domains' prompts (per-domain totals summed, then ratios taken)
     confirm     a timed `runner.run` of each domain's policy and of the global policy
-    write       calibration YAML (atomic, never overwritten without `force`) + a PNG figure
+    write       calibration YAML (atomic, never overwritten without `force`) + a PNG figure, drawn
+                by the `draw` the caller hands in (reporting's plots: tuning draws nothing)
 
 `load_calibration(path)` reads the file back for the decoder: `policy_for(domain)` and
 `configs_for(prompts)`.
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,7 +48,6 @@ from dspark_bench.replay.cost import measure_surface
 from dspark_bench.replay import sampled
 from dspark_bench.replay.continuations import Continuations, open_for
 from dspark_bench.replay.simulate import record
-from dspark_bench.reporting import plots
 from dspark_bench.results import environment
 from dspark_bench.tasks import get_task, load_dataset_prompts, load_task
 
@@ -74,6 +75,10 @@ def confidence_quantiles(rec, metric: str = "top1") -> dict[str, float]:
 
 
 # --- the figure ---------------------------------------------------------------------------------
+
+# What draws the figure from threshold_curves' table, its y label and the global threshold: a
+# plot of the layer above (reporting.plots.domain_threshold_curves), handed in by the caller.
+Draw = Callable[[pd.DataFrame, str, float], object]
 
 
 def threshold_curves(choice: Choice) -> pd.DataFrame:
@@ -137,7 +142,7 @@ class Calibrated:
     """What `calibrate_domains` did: the file, its content and the choice behind it."""
 
     path: Path
-    figure: Path
+    figure: Path | None  # None: no `draw` was handed in
     data: dict
     choice: Choice
 
@@ -255,11 +260,12 @@ def calibration_data(choice: Choice, chosen: dict[str, DecodeConfig], global_pol
 
 def calibrate_domains(spec: SweepSpec, out: Path, tasks: list[str] | None = None, force: bool = False,
                       progress: StageProgress | None = None, pair=None,
-                      domains: dict[str, list[Prompt]] | None = None) -> Calibrated:
+                      domains: dict[str, list[Prompt]] | None = None, draw: Draw | None = None) -> Calibrated:
     """Calibrate a policy per domain (each task in `tasks`, else each category of `spec.dataset`)
     over `spec`'s search space, confirm with timed runs, and write the calibration file `out`.
 
-    `domains` (from `domain_prompts`) skips loading the prompts again; `pair` the models."""
+    `domains` (from `domain_prompts`) skips loading the prompts again; `pair` the models; `draw`
+    (reporting.plots.domain_threshold_curves) makes the figure written beside the file."""
 
     check_output(out, force)  # fail before any model loads
     if (spec.chat_template, spec.batching, spec.warmup) != ("auto", "refill", 1):
@@ -296,7 +302,7 @@ def calibrate_domains(spec: SweepSpec, out: Path, tasks: list[str] | None = None
                           evaluation, progress) for b in batch_sizes]
     out, figure_path = check_output(out, force)
     data, choice = parts[0]
-    data["figure"] = figure_path.name
+    data["figure"] = figure_path.name if draw else None
     if len(parts) > 1:
         data["by_batch_size"] = {int(b): {key: part[0][key] for key in ("global", "domains", "cost_model")}
                                  for b, part in zip(batch_sizes[1:], parts[1:])}
@@ -304,9 +310,9 @@ def calibrate_domains(spec: SweepSpec, out: Path, tasks: list[str] | None = None
     ylabel = {"predicted_speedup": "predicted speedup (replay + cost model)"}.get(choice.column, choice.column)
     if len(parts) > 1:
         ylabel += f", batch size {batch_sizes[0]}"
-    figure = plots.domain_threshold_curves(threshold_curves(choice), ylabel, choice.best().stopping.threshold)
+    figure = draw(threshold_curves(choice), ylabel, choice.best().stopping.threshold) if draw else None
     write_calibration(data, figure, out, force)
-    return Calibrated(out, figure_path, data, choice)
+    return Calibrated(out, figure_path if draw else None, data, choice)
 
 
 def domain_continuations(spec: SweepSpec, pair, domains: dict[str, list[Prompt]], base: DecodeConfig) -> Continuations:
@@ -346,7 +352,7 @@ def search_real(pair, domains: dict[str, list[Prompt]], configs: list[DecodeConf
 
 
 def calibrate_command(tasks: str | None, dataset: str | None, spec_path: Path | None, flags: dict, out: Path,
-                      force: bool = False, progress: StageProgress | None = None) -> Calibrated:
+                      force: bool = False, progress: StageProgress | None = None, draw: Draw | None = None) -> Calibrated:
     """`dspark-bench calibrate`: --tasks (one domain each) or --dataset (one per category), over
     the search space of `spec_path` with `flags` overriding it; checked before models load."""
 
@@ -364,4 +370,5 @@ def calibrate_command(tasks: str | None, dataset: str | None, spec_path: Path | 
     spec = load_spec(spec_path, overrides)
     check_output(out, force)  # before models load or prompts are read
     domains = domain_prompts(spec, names or None)
-    return calibrate_domains(spec, out, tasks=names or None, force=force, progress=progress, domains=domains)
+    return calibrate_domains(spec, out, tasks=names or None, force=force, progress=progress, domains=domains,
+                             draw=draw)

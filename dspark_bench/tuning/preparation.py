@@ -118,7 +118,7 @@ def engine_prices(spec: SweepSpec, prepared: LoadedSweep, measurers: dict[str, C
     """The cost model --prices names, before any record: a file's or a cached one, checked against
     the pair; measured now where a measurer for that engine is given (it caches what it measures)."""
     if evaluation_for(spec) != "replay":
-        return None  # a real sweep times every policy on our engine: no prices rank it
+        return None  # a real sweep times every policy on our decoder: no prices rank it
     if spec.prices in measurers:
         gamma = max(c.stopping.gamma_max for c in prepared.points)  # the fixed γ replay adds are among these
         return measurers[spec.prices](spec, prepared.pair, prepared.prompts, gamma,

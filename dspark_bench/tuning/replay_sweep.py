@@ -52,7 +52,7 @@ if TYPE_CHECKING:
     from dspark_bench.harness.runner import StageProgress
 
 PRICES_FILE = "prices.json"  # the cost-model file every prediction of the sweep was priced with
-OURS_FILE = "prices_ours.json"  # beside it, where that is an engine's: our engine's, which confirms
+OURS_FILE = "prices_ours.json"  # beside it, where that is an engine's: our decoder's, which confirms
 MODEL = DEFAULTS.drafting  # the draft model: the drafter whose record the fits and analyses read
 
 
@@ -60,7 +60,7 @@ def engine_verdict(spec: SweepSpec, prepared: LoadedSweep, records: dict, prices
                    engines: EngineTools, say, progress) -> dict | None:
     """The deployment engine's own verdict where the sweep is priced on an engine that can run
     its policies (llama.cpp): measured there, not on ours. None for our own prices."""
-    name = prices.engine.engine.get("name") if prices.engine is not None else None
+    name = prices.engine.measured_by.get("name") if prices.engine is not None else None
     if name not in engines.confirm or MODEL not in records or not prepared.base.greedy:  # its confirmation is greedy
         return None
     return engines.confirm[name](spec, prepared, records[MODEL], prices.engine, gamma, folder, say, progress)
@@ -103,7 +103,7 @@ def replay_sweep(folder: Path, spec: SweepSpec, prepared: LoadedSweep, records_r
     probe.sample("cost model timed")
     configs, records = join_fitted(folder, configs, records, record_dirs, prices.surface)
     table = simulate_all(folder, configs, records, prices, progress)
-    # Our engine confirms: its measurements are judged against the prediction priced on its costs.
+    # Our decoder confirms: its measurements are judged against the prediction priced on its costs.
     measured_column = "predicted_speedup_ours" if prices.engine else "predicted_speedup"
     # An unreliable cost table still ranks (rounds are exact), but its picks are confirmed harder.
     cost_unreliable = worst(c.verdict for c in prices.checks) == "unreliable"
@@ -149,20 +149,20 @@ class Prices:
     """What a round costs, as replay prices it: the cost surface (per batch size) and its batch-1
     cost model, those of the engine `--prices` names (`engine`, a cost_file.CostFile) or else
     ours timed on this machine; ours always (`ours`), with the checks of its timings and how long
-    they took: our engine confirms the best policies."""
+    they took: our decoder confirms the best policies."""
 
     surface: object
     cost: object
     checks: list
     timing_s: float
     batched: bool  # any batch size > 1: policies are priced on the surface, both layouts
-    ours: object = None  # our engine's timed surface (when `engine` prices the ranking)
+    ours: object = None  # our decoder's timed surface (when `engine` prices the ranking)
     engine: object = None  # the cost-model file that prices the ranking; None: ours
 
     def described(self, folder: Path) -> dict:
         """summary.json's "prices": whose costs every prediction used, and the file."""
-        label = self.engine.label if self.engine else "our engine"
-        return {"label": label, "engine": self.engine.engine["name"] if self.engine else "ours",
+        label = self.engine.label if self.engine else "our decoder"
+        return {"label": label, "measured_by": self.engine.measured_by["name"] if self.engine else cost_file.OURS,
                 "file": str(folder / PRICES_FILE), "source": self.engine.source if self.engine else "timed here"}
 
 
@@ -238,7 +238,7 @@ def simulate_all(folder: Path, configs: list[DecodeConfig], records: dict, price
     for key, group in drafter_groups(configs).items():
         chosen = [configs[i] for i in group]
         part = priced(records[key], chosen, prices.surface, prices.cost, prices.batched)
-        if prices.engine:  # what our engine, which confirms, is predicted to measure
+        if prices.engine:  # what our decoder, which confirms, is predicted to measure
             part["predicted_speedup_ours"] = priced(records[key], chosen, prices.ours, prices.ours.at(1),
                                                     prices.batched)["predicted_speedup"].to_numpy()
         parts.append(part.assign(config_id=np.array(group)))

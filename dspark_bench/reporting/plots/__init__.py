@@ -7,6 +7,10 @@ labels are the metric names of docs/policy-and-metrics.md (`avg_draft_len`, `tok
 Inputs are the tables of `dspark_bench.results`: `policies` = one row per configuration, trial
 or simulated policy (`results.load`), `samples` = one row per prompt × configuration, `rounds` =
 the per-round trace.
+
+By module: what every figure shares (`base`), figures over policies (`policies`), over samples
+and rounds (`samples`), of searches and calibration (`study`), against batch size (`batch`), and
+each decoder's step costs (`prices`).
 """
 
 # A record's drafted tokens with their verdicts: the acceptance fit's own extraction.

@@ -4,7 +4,7 @@
 {file name: text}, the engine's own file first; `parse` reads a written file back into our
 words, the round trip the tests check beside the engines' own parsers (tests/test_engines.py).
 Every format also gets `<format>.md`: the version it targets, the source lines it encodes, its
-caveats and the lines that load it. engine_versions.py holds the versions and their sources.
+caveats and the lines that load it. versions.py holds the versions and their sources.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import yaml
 from dspark_bench import schedules
 from dspark_bench.config import DecodeConfig
 from dspark_bench.decoding.autoregressive import hf_assistant_settings
-from dspark_bench.tuning.engine_versions import EngineVersion
+from dspark_bench.engines.versions import EngineVersion
 
 VLLM_LAST_BATCH = 1 << 16  # the top of the last batch-size range written for vLLM
 FILES = {"hf": "assistant_generation_config.json", "vllm": "speculative_config.json", "sglang": "sglang_config.yaml",

@@ -12,7 +12,7 @@ import torch
 from scipy.stats import chisquare
 
 from dspark_bench.config import METRICS, SCHEDULES, SEMANTICS, DecodeConfig
-from dspark_bench.decoding import engine
+from dspark_bench.decoding import speculative
 from dspark_bench.decoding.autoregressive import autoregressive_decode, hf_generate
 from dspark_bench.decoding.proposal import draft_length
 from dspark_bench.decoding.sampling import distribution
@@ -44,7 +44,7 @@ def test_greedy_output_equals_target_greedy(arch, metric, schedule, request):
             if key not in expected_by_prompt:
                 expected_by_prompt[key] = autoregressive_decode(target, prompt, config).tokens
             expected = expected_by_prompt[key]
-            result = engine.speculative_decode(target, draft, prompt, config)
+            result = speculative.speculative_decode(target, draft, prompt, config)
             assert result.tokens == expected, (config.label(), prompt)
             accepted_any |= any(r.accepted > 0 for r in result.rounds)
             rejected_any |= any(r.accepted < r.drafted for r in result.rounds)
@@ -59,17 +59,17 @@ def test_eos_in_the_middle_of_a_draft(llama_pair):
     eos = free[9]
     stop = free.index(eos)
     for draft_model in (draft, target):  # with target as draft, EOS is accepted inside a draft
-        result = engine.speculative_decode(target, draft_model, PROMPTS[0], config, frozenset({eos}))
+        result = speculative.speculative_decode(target, draft_model, PROMPTS[0], config, frozenset({eos}))
         assert result.tokens == free[: stop + 1]
         assert sum(r.emitted for r in result.rounds) == len(result.tokens)
-    rounds = engine.speculative_decode(target, target, PROMPTS[0], config, frozenset({eos})).rounds
+    rounds = speculative.speculative_decode(target, target, PROMPTS[0], config, frozenset({eos})).rounds
     assert rounds[-1].stop_reason == "eos" and rounds[-1].target_token == -1
 
 
 def test_rounds_respect_bounds_and_add_up(llama_pair):
     target, draft = llama_pair
     for config in policies("top1", "threshold"):
-        result = engine.speculative_decode(target, draft, PROMPTS[2], config)
+        result = speculative.speculative_decode(target, draft, PROMPTS[2], config)
         produced = 0
         for r in result.rounds:
             budget = config.verification.max_new_tokens - produced - 1
@@ -94,7 +94,7 @@ def test_rounds_respect_bounds_and_add_up(llama_pair):
 def test_draft_equal_to_target_accepts_everything(llama_pair):
     target, _ = llama_pair
     config = DecodeConfig.of(schedule="fixed", gamma_max=4, max_new_tokens=27)
-    result = engine.speculative_decode(target, target, PROMPTS[0], config)
+    result = speculative.speculative_decode(target, target, PROMPTS[0], config)
     row = sample_row(result, config)
     assert row["acceptance_rate"] == 1.0 and row["block_acceptance_rate"] == 1.0
     # Five rounds of 4 drafted + 1 bonus token; the last round has room for only 1 + 1.
@@ -167,7 +167,7 @@ def exact_first_two(target, prompt, config) -> np.ndarray:
 def sampled_first_two(target, draft, prompt, config, samples: int = SAMPLES) -> np.ndarray:
     counts = np.zeros(SMALL_VOCAB * SMALL_VOCAB)
     for seed in range(samples):
-        tokens = engine.speculative_decode(target, draft, prompt, config.replace(seed=seed)).tokens
+        tokens = speculative.speculative_decode(target, draft, prompt, config.replace(seed=seed)).tokens
         counts[tokens[0] * SMALL_VOCAB + tokens[1]] += 1
     return counts
 
@@ -217,8 +217,8 @@ def test_sampling_matches_target_distribution(sampling_setup):
 def test_sampling_test_catches_a_wrong_rule(two_drafted_setup, monkeypatch, broken):
     target, draft, prompt, config, exact = two_drafted_setup
     if broken == "always_accept":
-        monkeypatch.setattr(engine, "acceptance_probability", lambda p, q: 1.0)
+        monkeypatch.setattr(speculative, "acceptance_probability", lambda p, q: 1.0)
     else:  # the classic bug: on rejection, draw from p instead of norm(max(p - q, 0))
-        monkeypatch.setattr(engine, "residual_distribution", lambda p, q: p)
+        monkeypatch.setattr(speculative, "residual_distribution", lambda p, q: p)
     counts = sampled_first_two(target, draft, prompt, config, samples=SAMPLES // 2)
     assert chi_square_p(counts, exact) < 1e-4

@@ -11,7 +11,7 @@ confidence threshold at all:
 | sglang    | a fixed draft length                                           | a --config YAML (dashed names)  |
 | trtllm    | a fixed draft length, with a {batch size: length} schedule     | LLM-API YAML (upper-bound keys) |
 
-Each file is written for a named engine version (engine_versions.py; engine_files.py writes them).
+Each file is written for a named engine version (versions.py; files.py writes them).
 
 Where the engine cannot express the tuned policy, the export takes the nearest policy it can:
 the best of every policy the engine expresses, replayed on the run's own record with its own
@@ -43,8 +43,8 @@ from dspark_bench.replay.learned import with_learned
 from dspark_bench.replay.record import resolve_record
 from dspark_bench.replay.simulate import simulate_grid
 from dspark_bench.results import evaluation_of, read_json, write_text
-from dspark_bench.tuning.engine_files import FILES, NOTES, llamacpp_flags, parse, render  # noqa: F401 (the API)
-from dspark_bench.tuning.engine_versions import version_for
+from dspark_bench.engines.files import FILES, NOTES, llamacpp_flags, parse, render  # noqa: F401 (the API)
+from dspark_bench.engines.versions import version_for
 
 FORMATS = ("hf", "vllm", "sglang", "trtllm", "llamacpp")
 THRESHOLDS = tuple(round(t, 2) for t in np.arange(0.0, 1.0, 0.05))  # the nearest-policy search's grid
@@ -142,7 +142,7 @@ def load_run(folder: Path) -> RunPolicies:
         if (folder / name).is_file():
             cost = {"kind": name, **read_json(folder / name, "cost file")}
             break
-    prices = (summary.get("prices") or {}).get("label", "our engine") if cost else ""
+    prices = (summary.get("prices") or {}).get("label", "our decoder") if cost else ""
     return RunPolicies(folder, info, best, record, cost, prices)
 
 
@@ -190,7 +190,7 @@ def engine_prices(run: RunPolicies, fmt: str):
         return None
     own = run.folder / "prices.json"  # replay_sweep.PRICES_FILE
     prices = cost_file.load(own) if own.is_file() else None
-    if prices is None or prices.engine.get("name") != fmt:
+    if prices is None or prices.measured_by.get("name") != fmt:
         prices = cost_file.cached(fmt, run.info.get("models", {}))
     return prices if prices is not None and len(prices.surface.at(1).t_verify) > run.depth else None
 
