@@ -24,7 +24,8 @@ def main() -> None:
     info = json.loads((args.sweep / "run.json").read_text())
     summary = json.loads((args.sweep / "summary.json").read_text())
     base = info["base_config"]
-    policies = tuple({**base, **{k: row[k] for k in POLICY_FIELDS}} for row in (summary["best"][0], summary["classic"][0]))
+    policies = tuple({**base, **{k: row[k] for k in POLICY_FIELDS}}
+                     for row in (summary["best"][0], summary["classic"][0]))
     task = info["prompts"]["task"]
     # The run's whole config, as `run` would build it: run.json keeps it, `run --config` repeats it.
     config = RunConfig(target=info["spec"]["target"], draft=info["spec"]["draft"], task=task, limit=args.limit,
@@ -37,13 +38,14 @@ def main() -> None:
     # The spread across prompts: each prompt's own speedup (seconds per token, baseline over speculative).
     per_prompt = pd.read_parquet(folder / "samples.parquet").groupby("config_id")["speedup"]
     spread = per_prompt.quantile([0.0, 0.5, 1.0]).unstack()
-    print("| policy | tokens_per_round | acceptance_rate | speedup [95 % CI] | per-prompt min / median / max | identical |")
+    print("| policy | tokens_per_round | acceptance_rate | speedup [95 % CI] | "
+          "per-prompt min / median / max | identical |")
     print("|---|---|---|---|---|---|")
     for row in table.itertuples():
         low, mid, high = spread.loc[row.config_id]
         print(f"| {row.config_label} | {row.tokens_per_round:.3f} | {row.acceptance_rate:.3f} | "
-              f"{row.speedup:.2f}× [{row.speedup_low:.2f}, {row.speedup_high:.2f}] | {low:.2f} / {mid:.2f} / {high:.2f} | "
-              f"{row.identical_to_baseline:.3f} |")
+              f"{row.speedup:.2f}× [{row.speedup_low:.2f}, {row.speedup_high:.2f}] | "
+              f"{low:.2f} / {mid:.2f} / {high:.2f} | {row.identical_to_baseline:.3f} |")
     print(f"run folder: {folder}")
 
 

@@ -17,9 +17,9 @@ from pathlib import Path
 import common  # benchmarks/ is on sys.path when run as a script
 import pandas as pd
 
-from dspark_bench.objectives import rank
 from dspark_bench.analysis.oracle import KINDS, captured_cell
 from dspark_bench.analysis.signal_headroom import pivot
+from dspark_bench.objectives import rank
 
 COLUMNS = {"padded": "predicted_speedup", "packed": "predicted_speedup_packed"}
 
@@ -62,7 +62,8 @@ def main(folder: Path) -> None:
                 top = rank(part, "speedup", column).iloc[0]
                 cells.append(f"{top[column]:.3f} ({top['config_label']})")
             print(f"| {name} | {cells[0]} | {cells[1]} | {measured(part)} |")
-        bounds = [oracle.get((int(batch_size), layout)) for layout in (("—",) if batch_size == 1 else ("padded", "packed"))]
+        bounds = [oracle.get((int(batch_size), layout))
+                  for layout in (("—",) if batch_size == 1 else ("padded", "packed"))]
         cells = [f"{b['oracle_speedup']:.3f} ({b['oracle']}; captured {captured_cell(b['captured'])})" if b else "—"
                  for b in bounds]
         print(f"| oracle | {cells[0]} | {cells[-1]} | — |\n")
@@ -71,7 +72,8 @@ def main(folder: Path) -> None:
         print(f"| {row['signal']} | {row['tokens']:,} | {row['auc']:.3f} | {row['brier']:.4f} | {row['ece']:.4f} |")
     if summary.get("signal_headroom"):  # how good a signal the rules would need (analysis/signal_headroom.py)
         header, body = pivot(summary["signal_headroom"])
-        print("\nShare of the oracle's gain the best per-row rule captures, by signal (AUC in-sample, its cost left out):\n")
+        print("\nShare of the oracle's gain the best per-row rule captures, by signal "
+              "(AUC in-sample, its cost left out):\n")
         print("| B | layout | oracle over fixed γ | " + " | ".join(header) + " |\n|---|---|---|" + "---|" * len(header))
         for b, layout, gain, *shares in body:
             print(f"| {b} | {layout} | {gain:+.1%} | " + " | ".join(captured_cell(c) for c in shares) + " |")

@@ -43,7 +43,8 @@ def parser(doc: str, *, sweep: bool = False, task: str | None = None, limit: int
         result.add_argument("--max-new-tokens", type=int, default=max_new_tokens,
                             help=f"new tokens per prompt (default {max_new_tokens})")
     if repeats is not None:
-        result.add_argument("--repeats", type=int, default=repeats, help=f"timed repeats per prompt (default {repeats})")
+        result.add_argument("--repeats", type=int, default=repeats,
+                            help=f"timed repeats per prompt (default {repeats})")
     if out is not None:
         result.add_argument("--out", type=Path, default=Path(out), help=f"output folder (default {out})")
     return result

@@ -66,8 +66,8 @@ def markdown(folder: Path) -> str:
         for layout in ("padded", "packed"):
             best = entry[f"{layout}_predicted"]
             lines.append(f"| {entry['batch_size']} | {layout} | {best['best_scheduled']} "
-                         f"{best['best_scheduled_speedup']:.2f}× | {best['best_fixed']} {best['best_fixed_speedup']:.2f}× "
-                         f"| {best['scheduled_over_fixed']:.3f} |")
+                         f"{best['best_scheduled_speedup']:.2f}× | {best['best_fixed']} "
+                         f"{best['best_fixed_speedup']:.2f}× | {best['scheduled_over_fixed']:.3f} |")
     return "\n".join(lines)
 
 

@@ -1,7 +1,7 @@
 """Replay from llama.cpp's own continuations against llama.cpp measured: acceptance per policy.
 
 A benchmark, not a test. Given a `run --decoder llamacpp` folder and a continuations file that
-`dspark-bench continuations write --engine llamacpp` wrote for the same prompts, flags and
+`dspark-bench continuations write --decoder llamacpp` wrote for the same prompts, flags and
 GGUF target, it records from the file (llama.cpp's target tokens, the draft's rollouts here)
 and replays each policy the run measured, under llama.cpp's rule. It prints, per policy,
 llama.cpp's measured acceptance (accepted / drafted over every prompt), replay's from the
@@ -32,7 +32,8 @@ from dspark_bench.tasks import load_prompts
 
 def main() -> None:
     first, _, rest = __doc__.strip().partition("\n\n")
-    parser = argparse.ArgumentParser(description=first, epilog=rest, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=first, epilog=rest,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run", type=Path, help="a `run --decoder llamacpp` folder (llamacpp.json inside)")
     parser.add_argument("file", type=Path, help="llama.cpp's continuations of the same prompts")
     args = parser.parse_args()
@@ -57,7 +58,8 @@ def main() -> None:
     differ = int((~first_policy["plain_identical_to_target"]).sum())
     print(f"{len(prompts)} prompts × {max_new} tokens; llama.cpp's output differs from ours on {differ}; "
           f"the file's record holds llama.cpp's output on every prompt: {holds_llama}")
-    print(f"{'policy':40s} {'llama.cpp':>10s} {'replay, its tokens':>19s} {'diff':>7s} {'replay, ours':>13s} {'diff':>7s}")
+    print(f"{'policy':40s} {'llama.cpp':>10s} {'replay, its tokens':>19s} {'diff':>7s} "
+          f"{'replay, ours':>13s} {'diff':>7s}")
     for i, config in enumerate(configs):
         mine = rows[rows["config_id"] == i]
         measured = mine["accepted_total"].sum() / mine["drafted_total"].sum()

@@ -74,7 +74,8 @@ def main() -> None:
     folder, table = execute(RunConfig(task=args.task, limit=args.limit, policies=policies), args.out)
     report = build_report(folder)
     print(f"run folder: {folder}\nreport: {report}\n")
-    print("| drafter | policy | predicted (replay) | speedup [95% CI] | tokens_per_round | acceptance_rate | identical |")
+    print("| drafter | policy | predicted (replay) | speedup [95% CI] | "
+          "tokens_per_round | acceptance_rate | identical |")
     print("|---|---|---|---|---|---|---|")
     for row, (_, measured) in zip(replayed, table.iterrows()):
         print(f"| {row['drafter']} | {measured['config_label']} | {row['predicted_speedup']:.2f}× | "

@@ -39,6 +39,7 @@ GAMMA = 8
 def main() -> None:
     from dspark_bench.config import DecodeConfig
     from dspark_bench.decoding.goodput import GoodputModel
+    from dspark_bench.engines.export import candidates
     from dspark_bench.harness.models import load_pair
     from dspark_bench.harness.runner import RunnerSettings, run
     from dspark_bench.metrics import summarize
@@ -49,7 +50,6 @@ def main() -> None:
     from dspark_bench.replay.simulate import record, simulate_grid
     from dspark_bench.results import describe_machine, environment
     from dspark_bench.tasks import load_prompts
-    from dspark_bench.engines.export import candidates
     from dspark_bench.tuning.spec import points, resolve_spec, task_spec
 
     parser = common.parser(__doc__, task="code", limit=40, max_new_tokens=128, out="/tmp/goodput-bench")
@@ -108,7 +108,8 @@ def main() -> None:
                  for c in policies}
     names = {goodput: f"goodput (fit: this record) {goodput.label()}",
              goodput_held: f"goodput (fit: {args.heldout_task}) {goodput.label()}",
-             best_threshold: f"best threshold-style: {best_threshold.label()}", best_fixed: f"best fixed: {best_fixed.label()}",
+             best_threshold: f"best threshold-style: {best_threshold.label()}",
+             best_fixed: f"best fixed: {best_fixed.label()}",
              hf_default: f"HF's default: {hf_default.label()}"}
 
     say(f"measuring both goodputs, best threshold, best fixed and HF's default at batch 1 over {len(test)} prompts")
@@ -139,7 +140,8 @@ def main() -> None:
         result.samples.to_parquet(args.out / f"hf_policy_{decoder}_samples.parquet")
         decoders[decoder] = summarize(result.samples).iloc[0]
     replay_few = simulate_grid(rec.__class__(rec.continuation[: len(few)], rec.lengths[: len(few)],
-                                             rec.rollout[: len(few)], {m: v[: len(few)] for m, v in rec.confidences.items()},
+                                             rec.rollout[: len(few)],
+                                             {m: v[: len(few)] for m, v in rec.confidences.items()},
                                              rec.eos_ids, rec.info), [hf_policy], surface.at(1)).iloc[0]
 
     print(f"\n{len(test)} {args.task} prompts × {N} new tokens · shipped pair · {time.perf_counter() - start:.0f} s · "
@@ -155,7 +157,8 @@ def main() -> None:
     print("|---|---|---|---|---|")
     for decoder, s in decoders.items():
         print(f"| {decoder} | {s['speedup']:.3f} [{s['speedup_low']:.3f}, {s['speedup_high']:.3f}] | "
-              f"{s['tokens_per_round']:.4f} | {replay_few['tokens_per_round']:.4f} | {s['identical_to_baseline']:.2f} |")
+              f"{s['tokens_per_round']:.4f} | {replay_few['tokens_per_round']:.4f} | "
+              f"{s['identical_to_baseline']:.2f} |")
     (args.out / "results.json").write_text(json.dumps({
         "rows": rows, "hf_policy": hf_policy.to_dict(), "decoders": {e: s.to_dict() for e, s in decoders.items()},
         "replayed_tokens_per_round": float(replay_few["tokens_per_round"]),

@@ -1,4 +1,5 @@
-"""The GPU run (issue 47): one command on a CUDA machine proves the decoder there, prices a realistic pair and measures how close our step comes to the memory-bandwidth bound.
+"""The GPU run (issue 47): one command on a CUDA machine proves the decoder there, prices a realistic
+pair and measures how close our step comes to the memory-bandwidth bound.
 
 Stages, each written to stages.json under --out as it ends, so a cut run resumes where it stopped
 (--resume FILE: a stages.json from an earlier try; its finished stages are not run again):
@@ -43,7 +44,8 @@ CPU_PRICES = INPUTS / "cpu-prices-shipped-pair.json"
 def arguments():
     parser = common.parser(__doc__, task="code", limit=10, max_new_tokens=128, out="results/gpu")
     parser.add_argument("--device", default="auto", help="cuda, cpu or auto (default)")
-    parser.add_argument("--stages", default=",".join(DEFAULT_STAGES), help=f"comma-separated, of {', '.join(ALL_STAGES)}")
+    parser.add_argument("--stages", default=",".join(DEFAULT_STAGES),
+                        help=f"comma-separated, of {', '.join(ALL_STAGES)}")
     parser.add_argument("--size", default="llama-8b-1b", help="the priced pair's shapes (benchmarks/gpu_shapes.json)")
     parser.add_argument("--price-dtype", default="bfloat16", help="the priced pair's dtype (default bfloat16)")
     parser.add_argument("--context", type=int, default=512, help="cache length the priced pair is timed at")

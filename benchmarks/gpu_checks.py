@@ -82,7 +82,8 @@ def bf16_divergence(prompts, device: str, say, max_new_tokens: int) -> dict:
     out = run(pair, prompts, policies, RunnerSettings(warmup=1))
     rows = []
     for _, s in summarize(out.samples).iterrows():
-        rows.append({"policy": policies[int(s["config_id"])].label(), "identical_to_baseline": float(s["identical_to_baseline"]),
+        rows.append({"policy": policies[int(s["config_id"])].label(),
+                     "identical_to_baseline": float(s["identical_to_baseline"]),
                      "first_divergence_min": s.get("first_divergence_min"),
                      "identical_share": float(s.get("identical_share", float("nan")))})
     say("bf16: " + ", ".join(f"{r['policy']}: {r['identical_to_baseline']:.2f} identical" for r in rows))
@@ -133,8 +134,8 @@ def sampling_chi_square(device: torch.device, samples: int) -> dict:
 
 def sync_counts(pair, ids: list[int], policies) -> list[dict]:
     """Per round: host.fetch's reads, and on CUDA every synchronising call its sync debug mode sees."""
-    from dspark_bench.decoding.speculative import speculative_decode
     from dspark_bench.decoding.host import counting
+    from dspark_bench.decoding.speculative import speculative_decode
 
     rows = []
     for config in policies:

@@ -123,8 +123,8 @@ def round_overheads(pair, context: list[int], cost, gammas, tokens: tuple[int, i
     difference of their rounds (the prefill and the first steps cancel), less replay's price of the
     same rounds (t_draft per draft forward, t_verify(k) per verify). The median over `gammas`."""
     from dspark_bench.config import DecodeConfig
-    from dspark_bench.decoding.speculative import speculative_decode
     from dspark_bench.decoding.host import synchronize
+    from dspark_bench.decoding.speculative import speculative_decode
 
     def decode(config):
         synchronize(pair.device)
@@ -136,7 +136,8 @@ def round_overheads(pair, context: list[int], cost, gammas, tokens: tuple[int, i
 
     per_gamma = {}
     for gamma in gammas:
-        configs = [DecodeConfig.of(schedule="fixed", gamma_max=gamma, min_draft_len=0, max_new_tokens=n) for n in tokens]
+        configs = [DecodeConfig.of(schedule="fixed", gamma_max=gamma, min_draft_len=0, max_new_tokens=n)
+                   for n in tokens]
         decode(configs[0])  # warm-up
         runs = {n: [] for n in tokens}
         for _ in range(repeats):  # interleaved

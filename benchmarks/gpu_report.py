@@ -74,11 +74,13 @@ def prices(r: dict) -> str:
     lines = [f"## prices: {r['size']} ({r['dtype']}, random weights, context {r['context_tokens']})\n",
              f"- plain step, eager: {ms(r['eager_step']['seconds'])} ms; bandwidth bound "
              f"{ms(r['bandwidth_bound_s'])} ms ({r['bytes'] / 1e9:.2f} GB read: weights {r['weight_bytes'] / 1e9:.2f}, "
-             f"KV {r['kv_bytes'] / 1e6:.1f} MB): **{r['eager_step']['seconds'] / r['bandwidth_bound_s']:.2f}×** the bound",
-             f"- round overhead t_round (B = 1, the median over γ, never below 0): {ms(r['rounds']['t_round'])} ms; per γ: "
+             f"KV {r['kv_bytes'] / 1e6:.1f} MB): "
+             f"**{r['eager_step']['seconds'] / r['bandwidth_bound_s']:.2f}×** the bound",
+             f"- round overhead t_round (B = 1, the median over γ, never below 0): "
+             f"{ms(r['rounds']['t_round'])} ms; per γ: "
              + ", ".join(f"γ={g} {ms(v['overhead_s'])} ms" for g, v in r["rounds"]["per_gamma"].items()),
-             f"- the surface's 1-token pass against the plain step: {ms(r['surface']['batch_sizes']['1']['t_verify'][0])} "
-             f"against {ms(r['eager_step']['seconds'])} ms: "
+             f"- the surface's 1-token pass against the plain step: "
+             f"{ms(r['surface']['batch_sizes']['1']['t_verify'][0])} against {ms(r['eager_step']['seconds'])} ms: "
              + ("agree" if r.get("surface_agrees_with_step") else "**DISAGREE**: these prices do not price our step"),
              f"- files: {', '.join(r['files'])}\n",
              "t_verify(k), ms (one target pass over k + 1 new positions), and the draft step:\n",
@@ -94,7 +96,8 @@ def prices(r: dict) -> str:
 def compiled(r: dict) -> str:
     c, e = r["compiled_step"], r["eager_step"]
     return (f"## plain step against the bandwidth bound\n\n| step | ms | × bound |\n|---|---|---|\n"
-            f"| bound | {ms(r['bandwidth_bound_s'])} | 1.00 |\n| eager | {ms(e['seconds'])} | {r['ratio_eager']:.2f} |\n"
+            f"| bound | {ms(r['bandwidth_bound_s'])} | 1.00 |\n"
+            f"| eager | {ms(e['seconds'])} | {r['ratio_eager']:.2f} |\n"
             f"| compiled (CUDA graphs on CUDA; compile and capture {c['warm_s']:.0f} s) | {ms(c['seconds'])} | "
             f"**{r['ratio_compiled']:.2f}** |\n")
 

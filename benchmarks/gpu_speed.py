@@ -25,13 +25,13 @@ import torch
 
 def bench_pair(pair, args, out: Path, say) -> tuple[list[dict], Path]:
     from dspark_bench.config import DecodeConfig
+    from dspark_bench.engines.export import candidates
     from dspark_bench.harness.runner import RunnerSettings, run, run_to_folder
     from dspark_bench.metrics import summarize
     from dspark_bench.prompts import encode
     from dspark_bench.replay.cost import measure_surface
     from dspark_bench.replay.simulate import record, simulate_grid
     from dspark_bench.tasks import load_prompts
-    from dspark_bench.engines.export import candidates
     from dspark_bench.tuning.spec import points, resolve_spec, task_spec
 
     prompts, source, _ = load_prompts(args.task, None, limit=args.limit)
@@ -145,6 +145,7 @@ def draft_loop_rows(pair, ids: list[int], steps: int, compiled: list[bool], repe
         for variant in variants:
             rates[variant].append(loop(*variant))
     return [{"batch_size": 1, "decoder": f"draft loop, {'host sync per step' if sync else 'decisions on the device'}"
-             + (", compiled" if on else ""), "policy": f"{steps} steps", "tokens_per_s": statistics.median(rates[(sync, on)])}
+             + (", compiled" if on else ""), "policy": f"{steps} steps",
+             "tokens_per_s": statistics.median(rates[(sync, on)])}
             for sync, on in variants]
 

@@ -88,7 +88,8 @@ def main() -> None:
     print("|---|---|---|---|---|---|")
     for temperature in (0.0, 0.8):
         variants = {
-            f"before ({args.before})": (old.speculative_decode, old_config.DecodeConfig(**policy, temperature=temperature)),
+            f"before ({args.before})": (old.speculative_decode,
+                                        old_config.DecodeConfig(**policy, temperature=temperature)),
             "after, early-stop": (speculative.speculative_decode, DecodeConfig.of(**policy, temperature=temperature)),
             "after, verify-side": (speculative.speculative_decode,
                                    DecodeConfig.of(**policy, temperature=temperature, draft_mode="verify-side")),

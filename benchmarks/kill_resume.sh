@@ -12,7 +12,7 @@ tokens=${2:-128}
 work=$(mktemp -d)
 flags=(--task code --limit "$n" --max-new-tokens "$tokens")
 export COLUMNS=200
-dspark-bench continuations write "${flags[@]}" --engine ours --out "$work/c.jsonl" >/dev/null 2>&1
+dspark-bench continuations write "${flags[@]}" --decoder ours --out "$work/c.jsonl" >/dev/null 2>&1
 
 setsid dspark-bench sweep "${flags[@]}" --continuations "$work/c.jsonl" --shard 1/1 --out "$work/killed" \
     >"$work/killed.log" 2>&1 &

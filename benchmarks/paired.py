@@ -15,11 +15,11 @@ import json
 import pandas as pd
 from common import parser  # benchmarks/ is on sys.path when run as a script
 
+from dspark_bench.engines.export import policy_of
 from dspark_bench.harness.runner import another_pass
 from dspark_bench.harness.verdicts import headline_verdict, sharpen
 from dspark_bench.metrics import summarize
 from dspark_bench.results import read_json
-from dspark_bench.engines.export import policy_of
 from dspark_bench.tuning.preparation import prepare
 from dspark_bench.tuning.spec import parse_spec
 
@@ -33,13 +33,15 @@ def intervals(samples: pd.DataFrame, pair_ids: tuple[int, int], labels: dict) ->
         lines.append(f"  {labels[i]}: speedup {point:.3f}× [{low:.3f}, {high:.3f}] (±{(high - low) / 2 / point:.1%})")
     verdict = headline_verdict(samples, pair_ids)
     lines.append(f"  paired: {verdict.ratio - 1:+.1%} [{verdict.low - 1:+.1%}, {verdict.high - 1:+.1%}] "
-                 f"(±{verdict.half_width:.1%}) — {verdict.verdict}; {verdict.passes} pass(es) × {verdict.prompts} prompts")
+                 f"(±{verdict.half_width:.1%}) — {verdict.verdict}; "
+                 f"{verdict.passes} pass(es) × {verdict.prompts} prompts")
     return lines
 
 
 def main() -> None:
     cli = parser(__doc__, sweep=True)
-    cli.add_argument("--precision", type=float, default=0.03, help="target half-width of the paired interval (default 0.03)")
+    cli.add_argument("--precision", type=float, default=0.03,
+                     help="target half-width of the paired interval (default 0.03)")
     cli.add_argument("--budget", type=float, default=900.0, help="seconds of further passes at most (default 900)")
     args = cli.parse_args()
     summary = json.loads((args.sweep / "summary.json").read_text())

@@ -1,4 +1,5 @@
-"""Recording from an engine's continuations file against recording by decoding the target here, side by side in one process.
+"""Recording from an engine's continuations file against recording by decoding the target here, side
+by side in one process.
 
 A benchmark, not a test. On the reference pair, for each prompt in turn (the order of the three
 rotating from prompt to prompt), untimed continuations written first by our decoder:
@@ -91,7 +92,8 @@ def main() -> None:
         return recording.record(pair, [ids[p]], N, GAMMA, eos_ids=eos)
 
     def from_file(p):
-        return recording.record(pair, [ids[p]], N, GAMMA, eos_ids=eos, continuations=[source.continuation(prompts[p].id)])
+        return recording.record(pair, [ids[p]], N, GAMMA, eos_ids=eos,
+                                continuations=[source.continuation(prompts[p].id)])
 
     ways = {"before": before, "today": today, "file": from_file}
     today(0)  # warm-up

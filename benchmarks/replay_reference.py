@@ -20,7 +20,6 @@ The cost model's predicted-vs-measured speedup is in every replay sweep's summar
 
 from __future__ import annotations
 
-
 import common  # benchmarks/ is on sys.path when run as a script
 import numpy as np
 from simulate_speed import G as GAMMA  # benchmarks/ is on sys.path when run as a script

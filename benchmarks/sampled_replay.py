@@ -66,7 +66,8 @@ def held_out(domain: str) -> list:
 
 
 def totals(rounds) -> list[int]:
-    return [len(rounds), sum(r.drafted for r in rounds), sum(r.accepted for r in rounds), sum(r.emitted for r in rounds)]
+    return [len(rounds), sum(r.drafted for r in rounds), sum(r.accepted for r in rounds),
+            sum(r.emitted for r in rounds)]
 
 
 def name(setting) -> str:
@@ -162,7 +163,8 @@ def report(out: Path) -> None:
     failures = {"replay": 0, "path": 0, "ratio": 0}
     lines = [f"Bonferroni over m = {m} comparisons: z = {z:.2f}. A comparison passes inside ±z·SE of the "
              "difference (a bootstrap over prompts, the same prompts for both) or within 2 % of the real mean.", "",
-             "| domain | T | top-p | policy | metric | real | replay [95 % CI] | diff | ±z·SE | pass | path-rollout | p/q |",
+             "| domain | T | top-p | policy | metric | real | replay [95 % CI] | diff | ±z·SE | pass | "
+             "path-rollout | p/q |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for domain in DOMAINS:
         for setting in SETTINGS:
@@ -183,10 +185,12 @@ def report(out: Path) -> None:
                     value, ok, se, ci = cells["replay"]
                     lines.append(f"| {domain} | {setting[0]:g} | {setting[1]:g} | {policy} | {metric} | {truth:.3f} | "
                                  f"{value:.3f} [{ci[0]:.3f}, {ci[1]:.3f}] | {value - truth:+.3f} | {z * se:.3f} | "
-                                 f"{'yes' if ok else '**no**'} | {cells['path'][0]:.3f}{'' if cells['path'][1] else ' ✗'} | "
+                                 f"{'yes' if ok else '**no**'} | "
+                                 f"{cells['path'][0]:.3f}{'' if cells['path'][1] else ' ✗'} | "
                                  f"{cells['ratio'][0]:.3f}{'' if cells['ratio'][1] else ' ✗'} |")
     record_s = [json.loads(p.read_text())["record_s"] for p in sorted((out / "replay").glob("*.json"))]
-    prompts = sorted({len([p for p in (out / "real").glob(f"{d}-{name(s)}-*.json")]) for d in DOMAINS for s in SETTINGS})
+    prompts = sorted({len([p for p in (out / "real").glob(f"{d}-{name(s)}-*.json")])
+                      for d in DOMAINS for s in SETTINGS})
     lines += ["", f"Prompts per domain and setting with real runs: {', '.join(map(str, prompts))} (of 20).",
               f"Comparisons failed: replay {failures['replay']} of {m}; the path-rollout replay "
               f"{failures['path']}; the min(1, p/q) replay {failures['ratio']}.",

@@ -42,51 +42,69 @@ DRAFTERS = ("model", "heads", "lookup")
 DEFAULT_MAX_NEW_TOKENS = 128  # tokens per prompt when neither the flags nor the task say
 
 
-def knob(default, help: str, *, choices: tuple = (), at_least=None, searched: bool = False, policy: bool = True,
-         repeats: bool = False, flag: str | None = None, noun: str | None = None, panel: str | None = None,
-         path: bool = False):
+def knob(default, help: str, *, choices: tuple = (), at_least=None, above=None, at_most=None, searched: bool = False,
+         policy: bool = True, repeats: bool = False, flag: str | None = None, noun: str | None = None,
+         panel: str | None = None, path: bool = False):
     """A knob declared once: its default, its help (the CLI option's), the values it may take
-    (`choices`, or a lower bound `at_least`: checked in one place, check_declared), whether a
-    sweep may search it, whether it belongs to a policy (a calibration file stores those), and
-    whether `run` takes several values of it (a grid axis). cli/declared.py makes every
-    command's option from this; `flag` names an option whose name is not the field's, `panel`
-    the --help group of a setting outside DecodeConfig (whose parts name their own); `path`: the
-    option reads a path, stored as a string as the command line normalises it."""
+    (`choices`, or bounds: `at_least` or `above` below, `at_most` above; checked in one place,
+    check_declared), whether a sweep may search it, whether it belongs to a policy (a calibration
+    file stores those), and whether `run` takes several values of it (a grid axis).
+    cli/declared.py makes every command's option from this; `flag` names an option whose name is
+    not the field's, `panel` the --help group of a setting outside DecodeConfig (whose parts name
+    their own); `path`: the option reads a path, stored as a string as the command line normalises it."""
     # A registry (a dict, e.g. schedules.SCHEDULES) stays live: a schedule added to it is a choice.
-    meta = {"help": help, "choices": choices if isinstance(choices, dict) else tuple(choices), "at_least": at_least, "searched": searched, "policy": policy,
-            "repeats": repeats, "flag": flag, "noun": noun, "panel": panel, "path": path}
+    meta = {"help": help, "choices": choices if isinstance(choices, dict) else tuple(choices), "at_least": at_least,
+            "above": above, "at_most": at_most, "searched": searched, "policy": policy, "repeats": repeats,
+            "flag": flag, "noun": noun, "panel": panel, "path": path}
     return field(default=default, metadata=meta)
+
+
+def within(value, meta) -> bool:
+    """Whether a number lies within a declaration's bounds (none: any)."""
+    low, above, high = meta.get("at_least"), meta.get("above"), meta.get("at_most")
+    return (low is None or value >= low) and (above is None or value > above) and (high is None or value <= high)
+
+
+def bounds(meta) -> str:
+    """A declaration's bounds as its error says them: "at least 1", "in (0, 1]"."""
+    low, above, high = meta.get("at_least"), meta.get("above"), meta.get("at_most")
+    if high is None:
+        return f"at least {low:g}" if low is not None else f"above {above:g}"
+    if low is None and above is None:
+        return f"at most {high:g}"
+    return f"in [{low:g}, {high:g}]" if low is not None else f"in ({above:g}, {high:g}]"
 
 
 def check_declared(part) -> None:
     """Each field holds its declared type (a YAML spec or --set can hand any value over), one of
-    its choices, and no less than its lower bound."""
+    its choices, and a number within its bounds."""
     for f in dataclasses.fields(part):
         value, kind = getattr(part, f.name), f.type.removesuffix(" | None")
         if value is None and kind != f.type:
             continue
         if kind == "int" and (not isinstance(value, int) or isinstance(value, bool)):
             raise DsparkError(f"{f.name} must be an integer (got {value!r})")
-        if kind == "float" and (not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value)):
+        if kind == "float" and (not isinstance(value, (int, float)) or isinstance(value, bool)
+                                or not math.isfinite(value)):
             raise DsparkError(f"{f.name} must be a finite number (got {value!r})")
         if kind == "bool" and not isinstance(value, bool):
             raise DsparkError(f"{f.name} must be true or false (got {value!r})")
         if kind == "str" and not isinstance(value, str):
             raise DsparkError(f"{f.name} must be a {'path' if f.name.endswith('_model') else 'name'} (got {value!r})")
-        choices, at_least = f.metadata.get("choices"), f.metadata.get("at_least")
+        choices = f.metadata.get("choices")
         if choices and value not in choices:
             noun = f.metadata.get("noun") or f.name.replace("_", " ")
             raise DsparkError(f"unknown {noun} {value!r}; choose one of {', '.join(choices)}")
-        if at_least is not None and value < at_least:
-            raise DsparkError(f"{f.name} must be at least {at_least:g} (got {value:g})")
+        if kind in ("int", "float") and not within(value, f.metadata):
+            raise DsparkError(f"{f.name} must be {bounds(f.metadata)} (got {value:g})")
 
 
 @dataclass(frozen=True)
 class StoppingPolicy:
     """The stopping policy: the confidence the draft reads and when its round stops."""
 
-    metric: str = knob("top1", "Confidence signal the draft reads (learned: --signal-model).", choices=(*METRICS, LEARNED),
-                       searched=True, repeats=True, noun="confidence metric")
+    metric: str = knob("top1", "Confidence signal the draft reads (learned: --signal-model).",
+                       choices=(*METRICS, LEARNED), searched=True, repeats=True, noun="confidence metric")
     schedule: str = knob("threshold", "Stopping rule (goodput and budget need --goodput-model; budget decides for the "
                          "whole batch, see --budget-layout).", choices=schedules.SCHEDULES, searched=True, repeats=True)
     threshold: float = knob(0.5, "Stop drafting below this confidence.", searched=True, repeats=True)
@@ -157,18 +175,16 @@ class Verification:
     compiled: bool = knob(False, "Static KV cache and torch.compile'd draft/verify steps (CUDA graphs on a GPU), both "
                           "sides. Batch size 1; pays on a GPU, not on a CPU (see README).", policy=False,
                           flag="--compile")
-    temperature: float = knob(0.0, "0 = greedy verification; > 0 = lossless rejection sampling.", policy=False)
-    top_p: float = knob(1.0, "Nucleus filter, applied to target and draft alike.", policy=False)
+    temperature: float = knob(0.0, "0 = greedy verification; > 0 = lossless rejection sampling.", at_least=0.0,
+                              policy=False)
+    top_p: float = knob(1.0, "Nucleus filter, applied to target and draft alike.", above=0.0, at_most=1.0,
+                        policy=False)
     max_new_tokens: int = knob(DEFAULT_MAX_NEW_TOKENS, "Tokens to generate per prompt (default: the task's, else "
                                f"{DEFAULT_MAX_NEW_TOKENS}).", at_least=1, policy=False)
     seed: int = knob(0, "Sampling seed (seeds each decode's generator).", policy=False)
 
     def __post_init__(self) -> None:
         check_declared(self)
-        if self.temperature < 0:
-            raise DsparkError(f"temperature must be >= 0 (got {self.temperature:g})")
-        if not 0.0 < self.top_p <= 1.0:
-            raise DsparkError(f"top_p must be in (0, 1] (got {self.top_p:g})")
 
     @property
     def greedy(self) -> bool:
@@ -246,9 +262,11 @@ POLICY_FIELDS = tuple(f.name for f in _FIELD_SPECS if f.metadata.get("policy"))
 SEARCHABLE_FIELDS = tuple(f.name for f in _FIELD_SPECS if f.metadata.get("searched"))
 
 
-def same_as(name: str, **changes):
-    """A field elsewhere (a workload's) that is this knob: its declaration, `changes` aside."""
-    declared = KNOBS[name]
+def same_as(name: str, of=None, **changes):
+    """A field elsewhere (a workload's) that is this knob: its declaration, `changes` aside. `of`:
+    the dataclass that declares it, where that is not DecodeConfig (a sweep's `limit` is the
+    workload's, with a default of its own)."""
+    declared = KNOBS[name] if of is None else {f.name: f for f in dataclasses.fields(of)}[name]
     return field(default=changes.get("default", declared.default), metadata=declared.metadata)
 
 
@@ -281,7 +299,8 @@ def check_stopping(policy: StoppingPolicy) -> None:
     """The stopping policy's constraints between its knobs (each knob's own range: check_declared)."""
     if policy.metric == LEARNED and not policy.signal_model:
         raise DsparkError("the learned metric needs its fitted signal: a replay sweep's folder, which holds "
-                          "learned_signal.json (run/decode --signal-model); a replay sweep adds learned policies itself")
+                          "learned_signal.json (run/decode --signal-model); a replay sweep adds learned "
+                          "policies itself")
     schedule = schedules.of(policy)
     if schedule.cost_aware and not policy.goodput_model:
         raise DsparkError(f"the {policy.schedule} schedule needs a goodput model: pass --goodput-model with a replay "
@@ -305,12 +324,12 @@ def check_drafter(config: DecodeConfig) -> None:
     if drafter == "model":
         return
     if config.batching.batch_size > 1:
-        raise DsparkError(f"the {drafter} drafter runs at batch size 1 only (the batched engine drafts with a model)")
+        raise DsparkError(f"the {drafter} drafter runs at batch size 1 only (the batched decoder drafts with a model)")
     if config.verification.compiled:
         raise DsparkError(f"--compile works with the model drafter only, not {drafter}")
     if schedules.of(config).cost_aware:
-        raise DsparkError(f"the {config.stopping.schedule} schedule decides with the draft model's acceptance fit and step "
-                          f"cost, not the {drafter} drafter's: use another schedule")
+        raise DsparkError(f"the {config.stopping.schedule} schedule decides with the draft model's acceptance fit "
+                          f"and step cost, not the {drafter} drafter's: use another schedule")
     if config.stopping.metric == LEARNED:
         raise DsparkError(f"the learned signal is fitted on the draft model's record, not the {drafter} drafter's")
     if drafter == "lookup" and config.verification.draft_mode == "verify-side":
@@ -357,7 +376,8 @@ def expand(space: dict, base: DecodeConfig = DEFAULTS, strict: bool = True) -> l
             params.update(ngram_min=DEFAULTS.drafting.ngram_min, ngram_max=DEFAULTS.drafting.ngram_max)
         schedule = schedules.named(params["schedule"])
         if schedule.cost_aware:
-            params.update(threshold=first_threshold, semantics="dspark" if params["semantics"] == "hf" else params["semantics"])
+            params.update(threshold=first_threshold,
+                          semantics="dspark" if params["semantics"] == "hf" else params["semantics"])
         else:
             params["goodput_model"] = ""
         if not schedule.whole_batch or params["batch_size"] == 1:

@@ -67,20 +67,16 @@ class Schedule:
         """It reads the `threshold` knob alone (a policy of it is drawn against that threshold)."""
         return self.reads == ("threshold",)
 
-    @property
-    def confirmed_apart(self) -> bool:
-        """A sweep confirms its best policy of this schedule apart from the ranking's best few:
-        it has no threshold to compete on (the baseline and the cost-aware schedules)."""
-        return self.baseline or self.cost_aware
 
-
+# The names other modules write policies with (a name read here, never spelt out there).
+THRESHOLD, GOODPUT, BUDGET = "threshold", "goodput", "budget"
 SCHEDULES = {s.name: s for s in (
-    Schedule("threshold", reads=("threshold",), engines=THRESHOLD_ENGINES),
+    Schedule(THRESHOLD, reads=("threshold",), engines=THRESHOLD_ENGINES),
     Schedule("ramp", reads=("threshold_start", "threshold_end")),
     Schedule("cumulative", reads=("threshold",), cumulative=True),
     Schedule("fixed", baseline=True, engines=(*THRESHOLD_ENGINES, *FIXED_ENGINES)),
-    Schedule("goodput", cost_aware=True),
-    Schedule("budget", cost_aware=True, whole_batch=True),
+    Schedule(GOODPUT, cost_aware=True),
+    Schedule(BUDGET, cost_aware=True, whole_batch=True),
 )}
 BASELINE = next(name for name, s in SCHEDULES.items() if s.baseline)  # "fixed": what every policy is compared to
 

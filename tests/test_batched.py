@@ -108,7 +108,8 @@ def test_replay_predicts_every_row_of_a_batch(llama_pair):
     pair = SimpleNamespace(target=target, draft=draft, eos_ids=frozenset())
     rec = record(pair, PROMPTS, N, 5, topk=5)
     for config in (DecodeConfig.of(metric="entropy", threshold=0.5, gamma_max=5, max_new_tokens=N),
-                   DecodeConfig.of(schedule="cumulative", threshold=0.2, gamma_max=4, min_draft_len=0, max_new_tokens=N),
+                   DecodeConfig.of(schedule="cumulative", threshold=0.2, gamma_max=4, min_draft_len=0,
+                                   max_new_tokens=N),
                    DecodeConfig.of(schedule="fixed", gamma_max=5, max_new_tokens=N)):
         simulated = simulate(rec, config)
         for batch_size in (3, 8):

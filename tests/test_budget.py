@@ -22,8 +22,8 @@ from dspark_bench.decoding import budget
 from dspark_bench.decoding.batch_lm import BatchLM
 from dspark_bench.decoding.batched import SpeculativeStep, batched_speculative, serve
 from dspark_bench.decoding.budget import cost_tables, decide, draft_seconds, packed_verify
-from dspark_bench.decoding.speculative import speculative_decode
 from dspark_bench.decoding.goodput import GoodputRule, load
+from dspark_bench.decoding.speculative import speculative_decode
 from dspark_bench.errors import DsparkError
 from dspark_bench.replay.batched import predict_batched, walk_budget
 from dspark_bench.replay.cost import CostModel, CostSurface
@@ -58,10 +58,12 @@ def rate(expected, gain, chosen, length, steps_with, steps, packed, t_draft, t_v
     value = sum(expected) + sum(gain[i] for i in chosen)
     if not chosen:
         if packed:
-            return value / (draft_seconds(steps_with, t_draft, 0) + packed_verify(t_verify[b], int((length + 1).sum()), b))
+            return value / (draft_seconds(steps_with, t_draft, 0)
+                            + packed_verify(t_verify[b], int((length + 1).sum()), b))
         return value / (steps * t_draft[b] + t_verify[b, length.max()])
     if packed:
-        cost = draft_seconds(steps_with, t_draft, len(chosen)) + packed_verify(t_verify[b], int((length + 1).sum()) + len(chosen), b)
+        cost = (draft_seconds(steps_with, t_draft, len(chosen))
+                + packed_verify(t_verify[b], int((length + 1).sum()) + len(chosen), b))
     else:
         cost = (steps + 1) * t_draft[b] + t_verify[b, steps + 1]
     return value / cost
@@ -145,7 +147,8 @@ def test_the_walk_is_the_batched_engine_round_for_round(llama_pair, budget_recor
     target, draft = llama_pair
     config = budget_policy(**fields)
     rows = batched_speculative(target, draft, PROMPTS, config, config.batching.batch_size, EOS)
-    greedy = [speculative_decode(target, draft, p, DecodeConfig.of(schedule="fixed", gamma_max=1, max_new_tokens=N), EOS)
+    greedy = [speculative_decode(target, draft, p,
+                                 DecodeConfig.of(schedule="fixed", gamma_max=1, max_new_tokens=N), EOS)
               for p in PROMPTS]
     assert [r.result.tokens for r in rows] == [g.tokens for g in greedy]  # the target's own output
     surface = surface_of_model()

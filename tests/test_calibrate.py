@@ -110,15 +110,18 @@ def write(path: Path, data) -> Path:
 
 def test_policy_for_and_configs_for(tmp_path):
     calibration = lib.load_calibration(write(tmp_path / "c.yaml", valid_data()))
-    assert calibration.policy_for("code").stopping.threshold == 0.2 and calibration.policy_for("code").stopping.gamma_max == 6
+    assert (calibration.policy_for("code").stopping.threshold == 0.2
+            and calibration.policy_for("code").stopping.gamma_max == 6)
     assert calibration.policy_for("poetry") == calibration.global_policy
     assert calibration.global_policy.stopping.threshold == 0.4
-    assert calibration.policy_for("code").verification.max_new_tokens == 12  # verification settings: the global policy's
+    # verification settings: the global policy's
+    assert calibration.policy_for("code").verification.max_new_tokens == 12
     with pytest.raises(DsparkError, match="no domain 'poetry'"):
         calibration.policy_for("poetry", strict=True)
     base = DecodeConfig.of(max_new_tokens=99, temperature=0.7, seed=3)
     tuned = calibration.policy_for("code", base=base)
-    assert (tuned.stopping.threshold, tuned.stopping.gamma_max, tuned.verification.max_new_tokens, tuned.verification.temperature) == (0.2, 6, 99, 0.7)
+    assert (tuned.stopping.threshold, tuned.stopping.gamma_max, tuned.verification.max_new_tokens,
+            tuned.verification.temperature) == (0.2, 6, 99, 0.7)
     prompts = [Prompt("1", "x", "code"), Prompt("2", "y", "prose"), Prompt("3", "z", "code")]
     configs = calibration.configs_for(prompts)
     assert [c.stopping.threshold for c in configs] == [0.2, 0.4, 0.2]
@@ -322,7 +325,8 @@ def test_what_a_step_costs_at_batch_size_b_changes_the_chosen_policy():
     for domain in (None, "code", "prose"):
         one, eight = alone.best(domain), batched.best(domain)
         assert eight.batching.batch_size == 8 and one.batching.batch_size == 1
-        assert (eight.stopping.threshold, -eight.stopping.gamma_max) > (one.stopping.threshold, -one.stopping.gamma_max), domain
+        assert ((eight.stopping.threshold, -eight.stopping.gamma_max)
+                > (one.stopping.threshold, -one.stopping.gamma_max)), domain
     row = batched.global_table.set_index("config_id").loc[batched.best_id()]
     assert row["predicted_speedup"] == pytest.approx(row["predicted_baseline_time"] / row["predicted_time"])
 
@@ -346,7 +350,8 @@ def test_calibrate_writes_a_policy_per_domain_and_batch_size(calibrated_by_batch
     part = data["by_batch_size"][3]
     assert part["global"]["policy"]["batch_size"] == 3 and part["cost_model"]["batch_size"] == 3
     for entry in part["domains"].values():
-        assert entry["speedup_low"] <= entry["speedup"] <= entry["speedup_high"] and entry["identical_to_baseline"] == 1.0
+        assert (entry["speedup_low"] <= entry["speedup"] <= entry["speedup_high"]
+                and entry["identical_to_baseline"] == 1.0)
     calibration = lib.load_calibration(out)
     assert calibration.for_batch_size(3).global_policy.batching.batch_size == 3
     assert calibration.for_batch_size(2).global_policy.batching.batch_size == 1  # nearest, the smaller on a tie

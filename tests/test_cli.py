@@ -69,7 +69,8 @@ def test_decode_shows_rounds(saved_pair):
         (["--batching", "sometimes"], "unknown --batching 'sometimes'; choose one of refill, drain"),
         (["--budget-layout", "bogus"], "unknown budget layout 'bogus'"),  # a knob of one value is checked too
         (["--ngram-min", "5"], "lookup needs 1 <= ngram_min <= ngram_max"),
-        (["--calibration", "/nonexistent/calibration.yaml"], "calibration file '/nonexistent/calibration.yaml' does not exist"),
+        (["--calibration", "/nonexistent/calibration.yaml"],
+         "calibration file '/nonexistent/calibration.yaml' does not exist"),
         (["--batch-size", "2", "--turns", "all"], "use --batch-size 1 with it"),
         (["--draft-mode", "sideways"], "unknown draft mode 'sideways'"),
         (["--draft-mode", "verify-side", "--batch-size", "2"], "run at batch size 1 only"),
@@ -189,7 +190,8 @@ def test_a_run_folder_says_its_timing_health(first_run):
     _, folder, _ = first_run
     timing = json.loads((folder / "summary.json").read_text())["timing_health"]
     assert {c["name"] for c in timing["checks"]} >= {"load_drift", "load_dispersion", "baseline_drift"}
-    assert timing["verdict"] in ("ok", "noisy", "unreliable") and timing["headline"].startswith(f"timings {timing['verdict']}")
+    assert (timing["verdict"] in ("ok", "noisy", "unreliable")
+            and timing["headline"].startswith(f"timings {timing['verdict']}"))
 
 
 def test_the_runs_table_fits_100_columns_with_its_labels_on_one_line(first_run):

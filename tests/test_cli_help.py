@@ -107,3 +107,20 @@ def test_a_sweep_switch_given_off_overrides_the_spec():
     assert command_overrides({"ignore_eos": False, "analyze": False}, [])["ignore_eos"] is False
     assert "ignore_eos" not in command_overrides({"ignore_eos": None, "analyze": False}, [])
     assert "analyze" not in command_overrides({"ignore_eos": None, "analyze": False}, [])  # --analyze left off
+
+
+def test_a_commands_own_options_are_declared_once():
+    """--out, --spec, --decoder, ... are declared once (cli/options.py), each used by some command
+    with the declared flag; options written by hand in cli/ stay a few one-offs."""
+    from pathlib import Path
+
+    from dspark_bench.cli.options import DECLARED
+
+    used = {name: [path for path, command in COMMANDS for p in command.params if p.name == name] for name in DECLARED}
+    assert not [name for name, paths in used.items() if not paths], "a declared option no command takes"
+    for name, f in DECLARED.items():
+        flag = f.metadata["flag"] or "--" + name.replace("_", "-")
+        assert all(flag in options_of(path)[name].opts for path in used[name]), name
+    cli = Path(__file__).resolve().parents[1] / "dspark_bench" / "cli"
+    assert sum(path.read_text().count("typer.Option(") for path in cli.glob("*.py")) <= 15
+    assert [p.name for p in options_of(("continuations", "write")).values() if "--decoder" in p.opts] == ["decoder"]

@@ -20,8 +20,8 @@ from dspark_bench.harness.workload import Workload
 from dspark_bench.replay import record_parts
 from dspark_bench.replay.record import draft_rollouts, record
 from dspark_bench.replay.simulate import simulate, spanning_policies
-from dspark_bench.tuning.records import load_or_record
 from dspark_bench.tuning.preparation import prepare
+from dspark_bench.tuning.records import load_or_record
 from dspark_bench.tuning.replay_sweep import record_plan
 from dspark_bench.tuning.spec import parse_spec
 
@@ -184,7 +184,8 @@ BAD = {
                           "was tokenized differently there"),
     "ids outside the vocabulary": (first_prompt(lambda ln: ln.update(token_ids=[10**6] + ln["token_ids"][1:])),
                                    "outside this tokenizer's vocabulary"),
-    "truncated continuation": (first_prompt(lambda ln: ln.update(token_ids=ln["token_ids"][:3], finish_reason="length")),
+    "truncated continuation": (first_prompt(lambda ln: ln.update(token_ids=ln["token_ids"][:3],
+                                                                 finish_reason="length")),
                                "is truncated: 3 of 12 tokens"),
     "sampled": (lambda ls: [{**ls[0], "sampling": {"temperature": 0.7}}] + ls[1:], "was not decoded greedily"),
     "missing prompts": (lambda ls: ls[:-1], "holds no continuation for 1 of the 3 prompts"),
@@ -234,7 +235,7 @@ def test_calibrate_records_each_domain_from_its_continuations(workload, ours_fil
 
 
 def test_llama_server_writes_continuations_a_sweep_records_from(tmp_path, monkeypatch):
-    """`continuations write --engine llamacpp`: llama.cpp's own greedy outputs, EOS included where it
+    """`continuations write --decoder llamacpp`: llama.cpp's own greedy outputs, EOS included where it
     stopped, become the record's continuations (its tokens, not ours)."""
     from test_engines import llama_server_or_skip
 
@@ -242,7 +243,7 @@ def test_llama_server_writes_continuations_a_sweep_records_from(tmp_path, monkey
     monkeypatch.setenv("DSPARK_GGUF_HOME", str(tmp_path / "gguf"))
     path = tmp_path / "llamacpp.jsonl"
     result = invoke("continuations", "write", "--task", "code", "--limit", 3, "--max-new-tokens", 16, "--device", "cpu",
-                    "--engine", "llamacpp", "--llama-server", binary, "--out", path)
+                    "--decoder", "llamacpp", "--llama-server", binary, "--out", path)
     assert result.exit_code == 0, result.output
     head, *lines = [json.loads(line) for line in path.read_text().splitlines()]
     assert head["engine"]["name"] == "llama.cpp" and head["engine"]["version"].startswith("b")
@@ -294,7 +295,8 @@ def test_a_sweep_from_a_continuations_file_runs_end_to_end_and_says_so(workload,
                     "--device", "cpu", "--max-new-tokens", MAX_NEW, "--gamma-max", 2, "--gamma-max", 4,
                     "--threshold", 0.3, "--confirm-top", 1, "--continuations", ours_file, "--out", tmp_path)
     assert result.exit_code == 0, result.output
-    assert "the target's continuations: dspark-bench" in result.output and "from the continuations file" in result.output
+    assert ("the target's continuations: dspark-bench" in result.output
+            and "from the continuations file" in result.output)
     (folder,) = tmp_path.glob("*-sweep-*")
     summary = json.loads((folder / "summary.json").read_text())
     assert summary["continuations"]["files"] == [str(ours_file)] and summary["confirmed"]

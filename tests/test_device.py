@@ -160,7 +160,8 @@ def test_compiled_rollback_needs_no_crop_of_the_static_layers(llama_pair, monkey
     config = DecodeConfig.of(threshold=0.5, gamma_max=4, max_new_tokens=30, compiled=True)
     result = speculative.speculative_decode(target, draft, [5, 1, 4, 1, 5, 9, 2, 6], config)
     assert any(r.accepted < r.drafted for r in result.rounds)  # rollbacks happened
-    assert result.tokens == autoregressive_decode(target, [5, 1, 4, 1, 5, 9, 2, 6], config.replace(compiled=False)).tokens
+    assert result.tokens == autoregressive_decode(target, [5, 1, 4, 1, 5, 9, 2, 6],
+                                                  config.replace(compiled=False)).tokens
 
 
 def test_compiled_and_verify_side_refuse_batches():

@@ -14,8 +14,8 @@ from dspark_bench.config import DecodeConfig, Drafting
 from dspark_bench.decoding import heads as heads_mod
 from dspark_bench.decoding import lookup
 from dspark_bench.decoding.autoregressive import autoregressive_decode
-from dspark_bench.decoding.speculative import speculative_decode
 from dspark_bench.decoding.proposal import Proposal
+from dspark_bench.decoding.speculative import speculative_decode
 from dspark_bench.errors import DsparkError
 from dspark_bench.replay.simulate import record, simulate, simulate_grid, spanning_policies
 
@@ -55,7 +55,8 @@ def test_greedy_output_equals_target_greedy(arch, drafter, mode):
     target = tiny.llama() if arch == "llama" else tiny.gpt2()
     heads = random_heads(target)
     for fields in GREEDY_POLICIES:
-        config = DecodeConfig.of(drafter=drafter, draft_mode=mode, max_new_tokens=30, ngram_min=1, ngram_max=2, **fields)
+        config = DecodeConfig.of(drafter=drafter, draft_mode=mode, max_new_tokens=30, ngram_min=1, ngram_max=2,
+                                 **fields)
         for prompt in PROMPTS:
             spec = speculative_decode(target, drafter_of(drafter, target, heads), prompt, config, frozenset({0}))
             base = autoregressive_decode(target, prompt, config, frozenset({0}))

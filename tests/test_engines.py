@@ -20,9 +20,9 @@ from typer.testing import CliRunner
 
 from dspark_bench.cli import app
 from dspark_bench.config import DecodeConfig
-from dspark_bench.errors import DsparkError
 from dspark_bench.engines.files import FILES, llamacpp_flags, parse, trtllm_lookup, trtllm_schedule
 from dspark_bench.engines.versions import LLAMACPP_CURRENT, LLAMACPP_LEGACY, llamacpp_version, version_for
+from dspark_bench.errors import DsparkError
 
 runner = CliRunner()
 POLICY = DecodeConfig.of(semantics="llamacpp", threshold=0.3, gamma_max=6, min_draft_len=1, max_new_tokens=32)
@@ -275,11 +275,13 @@ def test_llamacpp_bad_inputs_end_in_one_line_and_leave_no_server(tmp_path, monke
     real = llamacpp_run.cached_gguf
     monkeypatch.setattr(llamacpp_run, "cached_gguf", lambda model, tokenizer, fingerprint, dtype="f32": corrupt
                         if model.config.num_hidden_layers == 1 else real(model, tokenizer, fingerprint, dtype))
-    args = ["run", "--task", "code", "--limit", "1", "--max-new-tokens", "8", "--decoder", "llamacpp", "--device", "cpu"]
+    args = ["run", "--task", "code", "--limit", "1", "--max-new-tokens", "8", "--decoder", "llamacpp",
+            "--device", "cpu"]
     broken = runner.invoke(app, args + ["--out", str(tmp_path / "b")])  # its prices first: llama-bench on the draft
     assert broken.exit_code != 0 and "llama-bench failed on broken.gguf" in broken.output
     lines = broken.output.strip().splitlines()  # the plan lines and the stage's bar, then the error, in one line
-    assert len(lines) <= 4 and lines[-1].startswith("error: llama-bench failed") and sum("error" in x for x in lines) == 1
+    assert (len(lines) <= 4 and lines[-1].startswith("error: llama-bench failed")
+            and sum("error" in x for x in lines) == 1)
     monkeypatch.setattr(llamacpp_run, "llamacpp_prices", lambda *args, **kwargs: None)  # as if measured
     broken = runner.invoke(app, args + ["--out", str(tmp_path / "c")])
     assert broken.exit_code != 0 and "llama-server (speculative) exited at start" in broken.output
@@ -300,9 +302,9 @@ def test_llamacpp_runs_several_policies_on_the_users_gguf_files_priced_on_its_ow
     pair = load_pair(device="cpu")
     files = [write_gguf(model, pair.tokenizer, tmp_path / f"{role}-Q8_0.gguf", "q8_0")
              for role, model in (("target", pair.target), ("draft", pair.draft))]
-    args = ["run", "--task", "code", "--limit", "2", "--max-new-tokens", "16", "--schedule", "fixed", "--gamma-max", "2",
-            "--gamma-max", "3", "--decoder", "llamacpp", "--llama-server", str(binary), "--target", str(files[0]),
-            "--draft", str(files[1]), "--device", "cpu", "--out", str(tmp_path / "r")]
+    args = ["run", "--task", "code", "--limit", "2", "--max-new-tokens", "16", "--schedule", "fixed",
+            "--gamma-max", "2", "--gamma-max", "3", "--decoder", "llamacpp", "--llama-server", str(binary),
+            "--target", str(files[0]), "--draft", str(files[1]), "--device", "cpu", "--out", str(tmp_path / "r")]
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     assert "on your GGUF files as they are" in result.output and "predicted, llama.cpp prices" in result.output
@@ -379,7 +381,8 @@ def test_a_sweep_priced_by_llamacpp_measures_its_prices_itself_and_reuses_or_dee
     exported = runner.invoke(app, ["export", str(folder), "--format", "llamacpp", "--out", str(tmp_path / "x")])
     told = " ".join(exported.output.split())  # export writes what llama.cpp measured, and says so
     assert exported.exit_code == 0 and verdict["sentence"] in told
-    assert ("writes plain decoding: the sweep measured it in llama.cpp b11434" in told) == (verdict["wins"] != "speculative")
+    assert (("writes plain decoding: the sweep measured it in llama.cpp b11434" in told)
+            == (verdict["wins"] != "speculative"))
     (cached,) = prices_home.glob("llamacpp-*.json")
     assert len(cost_file.load(cached).surface.at(1).t_verify) == 8  # k = 0 .. 7: the fit's deeper γ
     assert "(cached; depth" in sweep("--gamma-max", "2")

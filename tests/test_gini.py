@@ -14,7 +14,7 @@ import pytest
 import tiny
 import torch
 from cli_helpers import invoke
-from test_speculative import exact_first_two, sampled_first_two, chi_square_p, SMALL_VOCAB
+from test_speculative import SMALL_VOCAB, chi_square_p, exact_first_two, sampled_first_two
 
 from dspark_bench import schedules
 from dspark_bench.config import METRICS, SCHEDULES, SEMANTICS, DecodeConfig
@@ -168,7 +168,8 @@ def test_replay_with_gini_equals_the_engine(recorded, draft_mode, gini_goodput_m
     compared, reasons = 0, set()
     configs = list(gini_policies()) + [
         DecodeConfig.of(metric="gini", schedule=s, threshold=0.1, threshold_start=0.05, threshold_end=0.2, gamma_max=G,
-                     min_draft_len=0, max_new_tokens=N, goodput_model=gini_goodput_model if schedules.named(s).cost_aware else "")
+                        min_draft_len=0, max_new_tokens=N,
+                        goodput_model=gini_goodput_model if schedules.named(s).cost_aware else "")
         for s in SCHEDULES]
     for config in configs:
         for prompt, rounds in zip(PROMPTS, simulate(rec, config)):
@@ -217,7 +218,8 @@ def test_gini_has_its_held_out_row_in_the_signal_table(recorded):
     assert rows["gini"]["auc"] != rows["top1"]["auc"] and 0.0 < rows["gini"]["brier"] < 1.0
     saved = rec.confidences.pop("gini")  # as a record saved before gini holds them
     try:
-        assert [row["signal"] for row in signal_quality(rec)] == [s for s in (*confidence.SIGNALS, "learned") if s != "gini"]
+        assert ([row["signal"] for row in signal_quality(rec)]
+                == [s for s in (*confidence.SIGNALS, "learned") if s != "gini"])
     finally:
         rec.confidences["gini"] = saved
 

@@ -162,6 +162,7 @@ def test_hf_assisted_generation_runs_the_exported_policy_round_for_round():
             assert rounds == [(r.drafted, r.accepted) for r in ours.rounds] == [
                 (r.drafted, r.accepted) for r in replayed[p]], config.label()
     # What `export --format hf` writes is what ran; HF's own settings are left as they were.
-    assert hf_assistant_settings(policies[0]) == {"num_assistant_tokens": 6, "num_assistant_tokens_schedule": "constant",
+    assert hf_assistant_settings(policies[0]) == {"num_assistant_tokens": 6,
+                                                  "num_assistant_tokens_schedule": "constant",
                                                   "assistant_confidence_threshold": 0.3}
     assert pair.draft.generation_config.num_assistant_tokens in (None, 20)

@@ -14,6 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "dspark_bench"
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
+RUFF = Path(sys.executable).with_name("ruff")
 
 
 def test_layer_contracts_are_kept():
@@ -163,3 +164,31 @@ def test_each_package_says_what_it_holds():
             if name not in ("__init__", "__main__") and f"`{name}`" not in said and f"`{name}.py`" not in said:
                 missing.append(f"{init.parent.relative_to(ROOT)}: {name}")
     assert missing == []
+
+
+def test_no_line_passes_120_columns():
+    """pyproject.toml's [tool.ruff] line length, held by ruff's E501 over the code and its tests."""
+    if not RUFF.exists():
+        pytest.fail(f"{RUFF} is missing: install the test extras (ruff)")
+    done = subprocess.run([str(RUFF), "check", "--select", "E501", "--output-format", "concise", "--no-cache",
+                           "dspark_bench", "tests", "tools", "benchmarks"], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_no_schedule_or_metric_name_is_spelt_outside_the_registries():
+    """`schedule="fixed"` or `metric == "learned"` outside schedules.py and config.py: the registry's
+    names (schedules.BASELINE, config.LEARNED) instead (tools/schedule_branches.py's `literals`)."""
+    import runpy  # a tool's script, not a package module
+
+    tool = runpy.run_path(str(ROOT / "tools" / "schedule_branches.py"))
+    assert tool["count"](PACKAGE, tool["literals"]) == []
+
+
+def test_the_literal_finder_finds_literals(tmp_path):
+    import runpy  # a tool's script, not a package module
+
+    tool = runpy.run_path(str(ROOT / "tools" / "schedule_branches.py"))
+    probe = tmp_path / "probe.py"
+    probe.write_text("a = c.replace(schedule='fixed')\nb = m == 'learned'\nd = c.replace(schedule=BASELINE)\n"
+                     "e = {'learned': 1}\n")
+    assert tool["literals"](probe) == [1, 2]

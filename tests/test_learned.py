@@ -137,8 +137,9 @@ def learned_record(llama_pair, tmp_path_factory):
 
 
 def learned_policies(path: str, batch_size: int = 1):
-    from dspark_bench.config import DecodeConfig
     from tiny import GOODPUT_MODEL
+
+    from dspark_bench.config import DecodeConfig
 
     common = {"metric": "learned", "signal_model": path, "max_new_tokens": N, "batch_size": batch_size}
     return [DecodeConfig.of(**common, threshold=0.5, gamma_max=G),
@@ -308,5 +309,6 @@ def test_replay_charges_the_learned_signals_draft_steps(learned_record):
     np.testing.assert_allclose((learned_draft - draft)[1:], [0.0004 + 0.0002 * b for b in range(4)])
     batched = [c.replace(batch_size=4) for c in configs]
     free = CostSurface({b: CostModel(m.t_draft, m.t_verify, 10, b) for b, m in surface.models.items()})
-    slower = simulate_with_surface(rec, batched, surface).predicted_time - simulate_with_surface(rec, batched, free).predicted_time
+    slower = (simulate_with_surface(rec, batched, surface).predicted_time
+              - simulate_with_surface(rec, batched, free).predicted_time)
     assert slower[0] > 0 and slower[1] == pytest.approx(0.0)

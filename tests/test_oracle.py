@@ -8,9 +8,9 @@ import math
 import numpy as np
 import pytest
 
+from dspark_bench.analysis.oracle import headroom, oracle, oracle_lengths, perfect_stopping, round_cost
 from dspark_bench.config import DecodeConfig
 from dspark_bench.replay.cost import CostModel
-from dspark_bench.analysis.oracle import headroom, oracle, oracle_lengths, perfect_stopping, round_cost
 from dspark_bench.replay.simulate import Record, match_lengths, simulate_grid
 
 
@@ -109,7 +109,8 @@ def surface_for(rec: Record):
     from dspark_bench.replay.cost import CostSurface
 
     rec.info["prompt_tokens"] = [5] * len(rec.lengths)
-    return CostSurface({b: CostModel(t_draft=0.05 * (1 + 0.1 * b), t_verify=[1.0 + 0.1 * b + 0.05 * k * b for k in range(7)],
+    return CostSurface({b: CostModel(t_draft=0.05 * (1 + 0.1 * b),
+                                     t_verify=[1.0 + 0.1 * b + 0.05 * k * b for k in range(7)],
                                      context_tokens=10, batch_size=b, t_prefill_target=0.01, t_prefill_draft=0.002)
                         for b in (1, 4)})
 
@@ -120,8 +121,8 @@ def with_signal(rec: Record, seed: int) -> Record:
 
     noise = np.random.default_rng(seed).normal(size=rec.rollout.shape)
     learned = 1 / (1 + np.exp(-(noise + 0.8 * (2 * verdicts(rec) - 1))))
-    return Record(rec.continuation, rec.lengths, rec.rollout, {**rec.confidences, "learned": learned.astype(np.float32)},
-                  rec.eos_ids, rec.info, rec.available)
+    return Record(rec.continuation, rec.lengths, rec.rollout,
+                  {**rec.confidences, "learned": learned.astype(np.float32)}, rec.eos_ids, rec.info, rec.available)
 
 
 def test_better_signals_rank_better_and_a_perfect_one_reaches_perfect_stopping():
@@ -168,8 +169,8 @@ def test_auc_needed_is_the_least_auc_that_captures_the_share():
 
 
 def test_better_signals_add_evidence_only_where_a_verify_judges_the_token():
-    from dspark_bench.replay.learned import used_steps
     from dspark_bench.analysis.signal_headroom import sharpened, verdicts
+    from dspark_bench.replay.learned import used_steps
 
     rec = with_signal(small_record(6, P=4, n=30, g=6), 1)
     judged, accepted = used_steps(rec), verdicts(rec)
@@ -182,8 +183,8 @@ def test_better_signals_add_evidence_only_where_a_verify_judges_the_token():
 
 
 def test_batch_sizes_past_one_need_a_cost_surface():
-    from dspark_bench.errors import DsparkError
     from dspark_bench.analysis.signal_headroom import signal_headroom
+    from dspark_bench.errors import DsparkError
 
     rec = with_signal(small_record(2, P=4, n=20, g=4), 0)
     cost = CostModel(t_draft=0.05, t_verify=[1.0 + 0.05 * k for k in range(5)], context_tokens=10)
@@ -206,8 +207,8 @@ def test_the_unsharpened_signal_is_replayed_as_the_rules_on_it_would_be():
 
 
 def test_a_record_without_the_signal_is_refused():
-    from dspark_bench.errors import DsparkError
     from dspark_bench.analysis.signal_headroom import sharpened
+    from dspark_bench.errors import DsparkError
 
     with pytest.raises(DsparkError, match="no learned signal"):
         sharpened(small_record(1), 1.0)

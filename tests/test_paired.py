@@ -179,3 +179,16 @@ def test_run_with_two_policies_prints_and_stores_the_paired_verdicts(saved_pair,
     (verdict,) = summary["verdicts"]
     assert verdict["reference"] == "fixed γ=3" and verdict["prompts"] == 3 and summary["headline"] == verdict
     assert verdict["low"] <= verdict["ratio"] <= verdict["high"]
+
+
+def test_the_t_quantile_is_students_at_every_degree_of_freedom():
+    """The project's one t quantile (paired intervals, sampled replay's): a t table's three
+    decimals up to 30 degrees of freedom, Cornish-Fisher beyond; never the normal's 1.96."""
+    from scipy.stats import t
+
+    for dof in range(1, 31):
+        assert paired.t_quantile(dof) == pytest.approx(t.ppf(0.975, dof), abs=5e-4), dof
+    for dof in (31, 32, 40, 100, 1000):
+        assert paired.t_quantile(dof) == pytest.approx(t.ppf(0.975, dof), abs=2e-6), dof
+    with pytest.raises(ValueError):
+        paired.t_quantile(0)

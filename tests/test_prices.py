@@ -14,12 +14,12 @@ from typer.testing import CliRunner
 
 from dspark_bench.cli import app
 from dspark_bench.config import DecodeConfig
+from dspark_bench.engines.export import break_even
+from dspark_bench.engines.files import parse
 from dspark_bench.errors import DsparkError
 from dspark_bench.replay import cost_file
 from dspark_bench.replay.cost import CostModel, CostSurface
 from dspark_bench.replay.simulate import Record, simulate, simulate_grid
-from dspark_bench.engines.files import parse
-from dspark_bench.engines.export import break_even
 
 runner = CliRunner()
 MODELS = {"target": "t", "draft": "d", "target_fingerprint": "aaaa", "draft_fingerprint": "bbbb"}
@@ -113,14 +113,16 @@ def test_round_and_plain_costs_price_every_round():
         empty = cost.t_round if cost.t_round_empty is None else cost.t_round_empty
         for config, predicted in zip(policies, table["predicted_speedup"]):
             rounds = [r for prompt in simulate(rec, config) for r in prompt]
-            spent = sum(r.draft_forwards * cost.t_draft + cost.t_verify[r.drafted] + (cost.t_round if r.drafted else empty)
+            spent = sum(r.draft_forwards * cost.t_draft + cost.t_verify[r.drafted]
+                        + (cost.t_round if r.drafted else empty)
                         for r in rounds)
             plain = cost.t_plain or cost.t_verify[0]
             assert predicted == pytest.approx(rec.lengths.sum() * plain / spent, rel=1e-12)
             assert predicted == pytest.approx(cost.predict(rounds, int(rec.lengths.sum())), rel=1e-12)
     # Cheaper empty rounds raise the threshold policy's prediction; the fixed γ's barely (only a
     # prompt's last round, with no room left, drafts nothing).
-    same, cheaper = (simulate_grid(rec, policies, engine_costs(t_round_empty=e))["predicted_speedup"] for e in (None, 0.0))
+    same, cheaper = (simulate_grid(rec, policies, engine_costs(t_round_empty=e))["predicted_speedup"]
+                     for e in (None, 0.0))
     assert cheaper.iloc[-1] > same.iloc[-1] * 1.01 and np.allclose(cheaper.iloc[:3], same.iloc[:3], rtol=5e-3)
     # A round's fixed cost favours fewer, longer rounds: it can change which γ wins.
     cheap, dear = (simulate_grid(rec, policies[:3], engine_costs(t_round=r)) for r in (0.0, 0.02))
@@ -161,7 +163,8 @@ def test_break_even_acceptance_matches_the_fixed_gamma_it_names():
     cost = engine_costs()
     alpha, gamma = break_even(cost)
     tokens = sum(alpha ** i for i in range(gamma + 1))
-    assert tokens * cost.t_plain / (gamma * cost.t_draft + cost.t_verify[gamma] + cost.t_round) == pytest.approx(1, abs=1e-6)
+    assert (tokens * cost.t_plain / (gamma * cost.t_draft + cost.t_verify[gamma] + cost.t_round)
+            == pytest.approx(1, abs=1e-6))
     for other in range(1, len(cost.t_verify)):  # every other γ needs more
         tokens = sum(alpha ** i for i in range(other + 1))
         assert tokens * cost.t_plain <= (other * cost.t_draft + cost.t_verify[other] + cost.t_round) * (1 + 1e-6)
@@ -185,12 +188,14 @@ def test_sweep_ranks_on_an_engines_prices_and_export_writes_plain_decoding_where
     slow.save(prices_home / "llamacpp-test.json")
     assert parse("llamacpp", "# plain\n") == {1: (0, 0.0, 0, "plain")}
     out = tmp_path / "engine"
-    result = runner.invoke(app, base_args(saved_pair, prompts_file, out) + ["--confirm-top", "1", "--prices", "llamacpp"])
+    result = runner.invoke(app, base_args(saved_pair, prompts_file, out)
+                           + ["--confirm-top", "1", "--prices", "llamacpp"])
     assert result.exit_code == 0, result.output
     assert "predicted on llama.cpp b11434's prices" in " ".join(result.output.split())
     folder = only_folder(out)
     summary = json.loads((folder / "summary.json").read_text())
-    assert summary["prices"]["label"] == "llama.cpp b11434" and summary["cost_model_accuracy"]["priced_by"] == "predicted_speedup_ours"
+    assert (summary["prices"]["label"] == "llama.cpp b11434"
+            and summary["cost_model_accuracy"]["priced_by"] == "predicted_speedup_ours")
     assert cost_file.load(folder / "prices.json").to_dict()["batch_sizes"] == slow.to_dict()["batch_sizes"]
     table = pd.read_parquet(folder / "trials.parquet")
     rec = Record.load(Path(summary["record"]))
@@ -205,7 +210,8 @@ def test_sweep_ranks_on_an_engines_prices_and_export_writes_plain_decoding_where
     exported = runner.invoke(app, ["export", str(folder), "--format", "llamacpp", "--out", str(tmp_path / "x")])
     assert exported.exit_code == 0, exported.output
     flags = (tmp_path / "x" / "llama_cpp_flags.txt").read_text()
-    assert not [line for line in flags.splitlines() if line.strip() and not line.startswith("#")]  # no speculative flags
+    # no speculative flags
+    assert not [line for line in flags.splitlines() if line.strip() and not line.startswith("#")]
     about = (tmp_path / "x" / "llamacpp.md").read_text()
     assert "plain decoding (no speculative flags)" in about and "breaks even only where each drafted token" in about
     assert "writes plain decoding" in exported.output and "llama.cpp's own default policy" in exported.output
@@ -267,7 +273,8 @@ def test_hf_runs_are_priced_on_hfs_own_costs_fitted_on_other_prompts(tmp_path, p
     assert not ran & set(prices.fitted_on["prompts"])
     assert [row["policy"] for row in priced["rows"]] == ["fixed γ=2 · HF rule", "fixed γ=4 · HF rule"]
     for row in priced["rows"]:
-        assert row["predicted_engine"] > 0 and row["error_engine"] == pytest.approx(row["predicted_engine"] / row["speedup"] - 1)
+        assert (row["predicted_engine"] > 0
+                and row["error_engine"] == pytest.approx(row["predicted_engine"] / row["speedup"] - 1))
     cost = prices.surface.at(1)
     assert cost.t_plain > 0 and cost.t_round >= 0 and len(cost.t_verify) == 8  # k = 0 .. 7, the deeper fit γ
 
@@ -276,8 +283,8 @@ def test_an_hf_run_of_every_prompt_stands_and_says_it_is_not_priced(saved_pair, 
     """No prompt is left to fit HF's costs on: the run is written as ever, and says so in one line."""
     target, draft = saved_pair
     result = runner.invoke(app, ["run", "--target", target, "--draft", draft, "--dataset", str(prompts_file),
-                                 "--max-new-tokens", "8", "--decoder", "hf", "--semantics", "hf", "--min-draft-len", "0",
-                                 "--device", "cpu", "--out", str(tmp_path)])
+                                 "--max-new-tokens", "8", "--decoder", "hf", "--semantics", "hf",
+                                 "--min-draft-len", "0", "--device", "cpu", "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
     assert "not priced on HF's own costs" in result.output and "run fewer (--limit)" in result.output
     (folder,) = tmp_path.iterdir()

@@ -21,7 +21,8 @@ def regress_flags() -> set[str]:
 
 
 def commands_of(steps: list[str]) -> list[list[str]]:
-    return [shlex.split(line) for step in steps for line in step.splitlines() if line.strip().startswith("dspark-bench")]
+    return [shlex.split(line) for step in steps for line in step.splitlines()
+            if line.strip().startswith("dspark-bench")]
 
 
 def check(command: list[str]) -> None:

@@ -12,8 +12,8 @@ import tiny
 from dspark_bench.config import DRAFT_MODES, METRICS, SCHEDULES, SEMANTICS, DecodeConfig
 from dspark_bench.decoding.autoregressive import autoregressive_decode
 from dspark_bench.decoding.confidence import SIGNALS
-from dspark_bench.decoding.speculative import speculative_decode
 from dspark_bench.decoding.schedule import discards_below
+from dspark_bench.decoding.speculative import speculative_decode
 from dspark_bench.errors import DsparkError
 from dspark_bench.replay.simulate import CostModel, Record, record, simulate, simulate_grid, spanning_policies
 
@@ -96,7 +96,8 @@ def random_record(seed: int, P: int = 12, n: int = 40, g: int = 7) -> Record:
         rollout[:, :, k] = np.where(rng.random((P, n)) < 0.7, ahead, rng.choice([eos, 0, 5], size=(P, n)))
     confidences = {}
     for metric in SIGNALS:  # the metrics and llama.cpp's own top1, which its rule reads
-        values = rng.choice([0.0, 0.25, 0.5, 1.0, np.nan], size=(P, n, g), p=[0.1, 0.1, 0.1, 0.1, 0.6]).astype(np.float32)
+        values = rng.choice([0.0, 0.25, 0.5, 1.0, np.nan], size=(P, n, g),
+                            p=[0.1, 0.1, 0.1, 0.1, 0.6]).astype(np.float32)
         confidences[metric] = np.where(np.isnan(values), rng.random((P, n, g), dtype=np.float32), values)
         confidences[metric][rng.random((P, n, g)) < 0.01] = np.nan
     return Record(continuation, lengths, rollout, confidences, (eos,), {"max_new_tokens": n, "topk": 5})
@@ -157,7 +158,8 @@ def test_a_new_schedule_is_one_entry_in_the_registry(recorded, monkeypatch):
     from dspark_bench import schedules
 
     monkeypatch.setitem(schedules.SCHEDULES, "cumulative-ramp",
-                        schedules.Schedule("cumulative-ramp", reads=("threshold_start", "threshold_end"), cumulative=True))
+                        schedules.Schedule("cumulative-ramp", reads=("threshold_start", "threshold_end"),
+                                           cumulative=True))
     pair, rec = recorded
     configs = [DecodeConfig.of(schedule="cumulative-ramp", threshold_start=start, threshold_end=0.6, gamma_max=G,
                                min_draft_len=low, max_new_tokens=N) for start, low in ((0.05, 0), (0.3, 1))]

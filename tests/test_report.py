@@ -312,7 +312,8 @@ def browse(html: str, tmp_path, script: str, width: int = 1280) -> str:
     if browser is None:
         pytest.skip("chromium not installed")
     probe = tmp_path / "probe.html"
-    probe.write_text(html.replace("</body>", f"<script>window.addEventListener('load', () => {{ {script} }});</script></body>"))
+    probe.write_text(html.replace("</body>", f"<script>window.addEventListener('load', () => {{ {script} }});"
+                                             "</script></body>"))
     out = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                           "--disable-component-update", "--no-first-run", f"--user-data-dir={tmp_path / 'profile'}",
                           f"--window-size={width},900", "--hide-scrollbars", "--virtual-time-budget=5000", "--dump-dom",

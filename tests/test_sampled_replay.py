@@ -52,7 +52,8 @@ def exact(i: int, prev: int, threshold: float, gamma_max: int, min_draft_len: in
             for z in range(3):  # rejected at k: the correction z
                 w = alive * (1 - keep) * residual(P[ctx], Q[ctx])[z]
                 if w > 0:
-                    total += w * (np.array([1, len(drafted), k]) + exact(i + k + 1, z, threshold, gamma_max, min_draft_len))
+                    total += w * (np.array([1, len(drafted), k])
+                                  + exact(i + k + 1, z, threshold, gamma_max, min_draft_len))
             alive *= keep
             ctx = x
         for z in range(3):  # every drafted token accepted: the bonus z
@@ -192,7 +193,7 @@ def test_replayed_rounds_are_distributed_as_the_engines_sampled_rounds(tiny):
     the joint law of (drafted, accepted) per round, by a chi-square test of homogeneity."""
     from scipy.stats import chi2_contingency
 
-    from dspark_bench.decoding.engine import speculative_decode
+    from dspark_bench.decoding.speculative import speculative_decode
     from dspark_bench.replay.simulate import simulate
 
     ids, runs, gamma = [7, 21, 33, 2], 120, 4
@@ -244,4 +245,69 @@ def test_a_sampled_record_saves_loads_and_refuses_a_corrupt_file(records, tmp_pa
     (tmp_path / "rec" / "record.npz").write_bytes(b"not a record")
     with pytest.raises(DsparkError, match="is unreadable") as err:
         sampled.load(tmp_path / "rec")
+    assert "\n" not in str(err.value)
+
+
+def test_a_replicate_reads_the_path_while_the_coins_accept_then_the_rollout_after_the_rejection():
+    """One row by hand (N = 5, G = 3, a path of 4 tokens): the coins reject at position 2 only,
+    and position 4 is past the end. A round from j reads the path to the rejection at j + M_j,
+    then that position's rollout (its step 0: the rejected token); accepted to the end, nothing."""
+    path = np.array([[10, 11, 12, 13, -1]])
+    rollout = 100 + np.arange(15).reshape(1, 5, 3)  # rollout[m, s] = 100 + 3m + s
+    top1 = np.arange(15, dtype=np.float32).reshape(1, 5, 3) / 100
+    info = {"max_new_tokens": 5, "gamma_record": 3, "prompt_tokens": [1], "sampling": {"paths": 1, "draws": 1}}
+    rec = sampled.SampledRecord(path, np.array([4]), np.full((1, 5), 0.5), np.full((1, 5), 0.25), rollout,
+                                {"top1": top1}, (), info)
+    u = np.array([[0.1, 0.2, 0.9, 0.3, 0.0]])  # a_m = 0.5: rejected where u_m >= 0.5
+    rejected = sampled.rejected_positions(u, rec.accept, rec.lengths)
+    assert rejected.tolist() == [[False, False, True, False, True]]
+    assert sampled.next_rejection(rejected).tolist() == [[2, 2, 2, 4, 4]]  # j + M_j
+    replicate = sampled.on_coins(rec, np.array([0]), u)
+    assert replicate.matches.tolist() == [[2, 1, 0, 1, 0]]
+    assert replicate.rollout[0].tolist() == [[10, 11, 106],  # y_0, y_1, then the rejected token at 2
+                                             [11, 106, 107],  # y_1, then position 2's rollout
+                                             [106, 107, 108],  # rejected at once
+                                             [13, -1, -1],  # accepted to the end: no rollout read
+                                             [-1, -1, -1]]
+    # On the path, a step's confidence is the draft's first step at that position; after, the rollout's.
+    assert np.allclose(replicate.confidences["top1"][0, 0], [0.00, 0.03, 0.06])
+    assert np.allclose(replicate.confidences["top1"][0, 1], [0.03, 0.06, 0.07])
+
+
+def test_a_sampled_replays_interval_is_the_projects_one_t_quantile():
+    """expected()'s 95 % half-width over n replicates is paired.t_quantile(n - 1) standard errors,
+    past the table's 30 degrees of freedom too (not the normal's 1.96)."""
+    import pandas as pd
+
+    from dspark_bench.metrics import rates
+    from dspark_bench.paired import t_quantile
+
+    def table(speedup: float) -> pd.DataFrame:  # as simulate_grid's rows are
+        out = pd.DataFrame({"config_id": [0], "rounds": [5], "drafted_total": [10], "accepted_total": [5],
+                            "emitted_total": [10], "full_blocks": [0], "draft_forwards": [10], "new_tokens": [10],
+                            "predicted_time": [10 / speedup], "predicted_speedup": [speedup]})
+        return out.assign(**rates(out))
+
+    rng = np.random.default_rng(0)
+    for n in (3, 40):
+        speedups = rng.uniform(1.0, 2.0, n)
+        row = sampled.expected([table(s) for s in speedups]).iloc[0]
+        half = t_quantile(n - 1) * speedups.std(ddof=1) / np.sqrt(n)
+        assert row["predicted_speedup_high"] - row["predicted_speedup"] == pytest.approx(half, rel=1e-12)
+
+
+def test_load_reads_either_kind_and_refuses_a_folder_without_both_files(tmp_path):
+    from dspark_bench.decoding.confidence import METRICS
+    from dspark_bench.replay.record import Record
+
+    replicate = sampled.replicates(markov_record(8, 2))[0]
+    greedy = Record(replicate.continuation, replicate.lengths, replicate.rollout,
+                    {m: replicate.confidences["top1"] for m in METRICS}, (), replicate.info)
+    greedy.save(tmp_path / "greedy")
+    again = sampled.load(tmp_path / "greedy")
+    assert type(again) is Record and (again.rollout == greedy.rollout).all() and again.matches is None
+    markov_record(8, 2).save(tmp_path / "sampled")
+    (tmp_path / "sampled" / "record.json").unlink()
+    with pytest.raises(DsparkError, match="holds no replay record") as err:
+        sampled.load(tmp_path / "sampled")
     assert "\n" not in str(err.value)

@@ -89,7 +89,8 @@ def test_plain_text_is_one_prompt_per_line(tmp_path):
 def test_multi_turn_file_loads_as_is(tmp_path):
     rows = [{"question_id": 81, "category": "writing", "turns": ["Write a poem.", "Now shorten it."]}]
     (prompt,) = load_dataset_prompts(str(write(tmp_path / "mt.jsonl", rows)))
-    assert (prompt.id, prompt.category, prompt.text, prompt.turns) == ("81", "writing", "Write a poem.", ("Now shorten it.",))
+    assert ((prompt.id, prompt.category, prompt.text, prompt.turns)
+            == ("81", "writing", "Write a poem.", ("Now shorten it.",)))
 
 
 def test_explicit_fields(tmp_path):

@@ -44,13 +44,15 @@ def test_expand_resets_knobs_a_policy_does_not_read():
     assert got == [("model", DEFAULTS.drafting.ngram_max), ("lookup", 2), ("lookup", 4)]
     goodput = DEFAULTS.replace(goodput_model="fit.json")
     got = expand({"schedule": ["goodput", "threshold"], "threshold": [0.2, 0.7], "semantics": ["hf"]}, goodput)
-    assert [(c.stopping.schedule, c.stopping.threshold, c.stopping.semantics, c.stopping.goodput_model) for c in got] == [
+    assert [(c.stopping.schedule, c.stopping.threshold, c.stopping.semantics, c.stopping.goodput_model)
+            for c in got] == [
         ("goodput", 0.2, "dspark", "fit.json"), ("threshold", 0.2, "hf", ""), ("threshold", 0.7, "hf", "")]
 
 
 def test_expand_strict_refuses_what_a_search_space_leaves_out():
     space = {"min_draft_len": [0, 3], "gamma_max": [2, 4]}
-    assert [(c.stopping.min_draft_len, c.stopping.gamma_max) for c in expand(space, strict=False)] == [(0, 2), (0, 4), (3, 4)]
+    assert [(c.stopping.min_draft_len, c.stopping.gamma_max) for c in expand(space, strict=False)] == [
+        (0, 2), (0, 4), (3, 4)]
     with pytest.raises(DsparkError, match="must not exceed"):
         expand(space)
     with pytest.raises(DsparkError, match="search space: threshold 1.5 is outside"):
@@ -93,8 +95,9 @@ def test_old_names_are_refused_where_typed_and_migrated_where_stored(tmp_path):
     old.write_text("task: code\nengine: real\n")
     with pytest.raises(DsparkError, match="unknown key.s. engine"):
         load_spec(old, {})
-    for command, flag in (("run", "--engine"), ("sweep", "--engine"), ("calibrate", "--engine"), ("run", "--prompts")):
-        result = invoke(command, flag, "x", "--out", tmp_path / "out")
+    for command, flag in (("run", "--engine"), ("sweep", "--engine"), ("calibrate", "--engine"), ("run", "--prompts"),
+                          ("continuations write", "--engine")):  # our own decoder is no engine: --decoder ours
+        result = invoke(*command.split(), flag, "x", "--out", tmp_path / "out")
         assert result.exit_code == 2 and "No such option" in result.output + result.stderr
     # A sweep folder's stored spec from before the two seeds had two names: `seed` alone seeded the sampler.
     stored = {**SweepSpec(task="code").to_dict(), "seed": 3}
@@ -109,8 +112,10 @@ def test_a_sweep_refuses_workload_settings_it_cannot_honour():
         load_spec(None, {"task": "code", "turns": "all"})
     with pytest.raises(DsparkError, match="unknown --batching 'sometimes'; choose one of refill, drain"):
         load_spec(None, {"task": "code", "batching": "sometimes"})
-    with pytest.raises(DsparkError, match="threads must be a positive integer"):
+    with pytest.raises(DsparkError, match="sweep: threads must be at least 1 .got 0."):  # the declared bound, once
         load_spec(None, {"task": "code", "threads": 0})
+    with pytest.raises(DsparkError, match="sweep: limit must be at least 1 .got 0."):  # a sweep's limit: the workload's
+        load_spec(None, {"task": "code", "limit": 0})
     with pytest.raises(DsparkError, match="threads must be at least 1"):
         RunConfig(task="code", threads=0)
 
@@ -119,14 +124,16 @@ def test_the_config_is_one_frozen_config_per_concern_stored_flat():
     from dspark_bench.config import FIELDS, PARTS, Batching, Drafting, StoppingPolicy, Verification, from_dict
 
     assert len(dataclasses.fields(DecodeConfig)) <= 10
-    assert PARTS == {"stopping": StoppingPolicy, "drafting": Drafting, "verification": Verification, "batching": Batching}
+    assert PARTS == {"stopping": StoppingPolicy, "drafting": Drafting, "verification": Verification,
+                     "batching": Batching}
     config = DecodeConfig.of(threshold=0.3, drafter="lookup", ngram_max=4, temperature=0.5, batch_size=1)
     assert (config.stopping.threshold, config.drafting, config.verification.temperature) == (
         0.3, Drafting("lookup", 1, 4), 0.5)
     # Stored flat, every knob once, in the shape run.json and result tables always had; read back equal.
     flat = config.to_dict()
     assert list(flat) == list(FIELDS) and len(flat) == 23 and from_dict(flat) == config
-    assert config.replace(gamma_max=3).stopping.gamma_max == 3 and config.replace(gamma_max=3).drafting == config.drafting
+    assert (config.replace(gamma_max=3).stopping.gamma_max == 3
+            and config.replace(gamma_max=3).drafting == config.drafting)
     # The drafter's identity is its part: one replay record per Drafting, whatever the policy.
     assert config.replace(threshold=0.9, gamma_max=2).drafting == config.drafting
     # Each part refuses its own bad knobs; DecodeConfig what crosses them; unknown knobs are errors.
@@ -149,3 +156,37 @@ def test_a_calibration_file_is_checked_before_anything_is_read(tmp_path):
     broken.write_text("domains: [unclosed\n")
     with pytest.raises(DsparkError, match="c.yaml"):
         RunConfig(task="code", calibration=str(broken))
+
+
+@pytest.mark.parametrize("command", ["run", "sweep"])
+@pytest.mark.parametrize("flags,message", [
+    (["--temperature", "-1"], "temperature must be at least 0 (got -1)"),
+    (["--top-p", "0"], "top_p must be in (0, 1] (got 0)"),
+    (["--top-p", "1.5"], "top_p must be in (0, 1] (got 1.5)"),
+])
+def test_a_knobs_bounds_are_checked_before_any_model_loads(command, flags, message, monkeypatch, tmp_path):
+    """A bound is its knob's declaration (config.knob), checked with the workload before any work:
+    one line and exit 1, no model loaded, nothing written."""
+    import transformers
+
+    def load(*args, **kwargs):
+        raise AssertionError(f"{command} {' '.join(flags)} loaded a model before refusing the flag")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", load)
+    result = invoke(command, "--task", "code", *flags, "--out", tmp_path / "out")
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and message in lines[0], result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_bound_of_every_kind_is_said_as_declared():
+    from dspark_bench.config import Verification
+
+    with pytest.raises(DsparkError, match=r"temperature must be at least 0 \(got -0.5\)"):
+        Verification(temperature=-0.5)
+    for top_p in (0.0, -1.0, 1.01):
+        with pytest.raises(DsparkError, match=r"top_p must be in \(0, 1\]"):
+            Verification(top_p=top_p)
+    assert Verification(temperature=0.0, top_p=1.0).greedy  # the bounds themselves are allowed where closed
+

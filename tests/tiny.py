@@ -76,4 +76,5 @@ def policy(**fields):
 
     if fields.get("schedule") == "budget":  # it has no engine rule variant (and alone it is goodput)
         fields["semantics"] = "dspark"
-    return DecodeConfig.of(**fields, goodput_model=GOODPUT_MODEL if fields.get("schedule") in ("goodput", "budget") else "")
+    return DecodeConfig.of(**fields,
+                           goodput_model=GOODPUT_MODEL if fields.get("schedule") in ("goodput", "budget") else "")

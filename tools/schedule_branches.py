@@ -5,8 +5,11 @@
 A branch is a comparison (==, !=, in, not in, a table's .isin) with a schedule's name written as a string ("fixed",
 "goodput", ...) or with a tuple named for schedules (COST_AWARE, SCHEDULES), or one whose other side reads
 a `schedule` (`config.stopping.schedule == …`, `table["schedule"] != …`). Constructing a policy
-with a schedule's name (`DecodeConfig.of(schedule="fixed")`) is not a branch. Prints each one and
-the count; tests/test_layers.py holds the count at 0.
+with a schedule's name (`DecodeConfig.of(schedule="fixed")`) is not a branch, but it is a
+*literal*: a schedule's name written as a keyword's value (`schedule="fixed"`: use
+`schedules.BASELINE` or the registry), or the learned metric's name compared (`== "learned"`: use
+`config.LEARNED`). `literals` finds those. Prints each one and the counts; tests/test_layers.py
+holds both at 0.
 """
 
 from __future__ import annotations
@@ -61,13 +64,33 @@ def branches(path: Path) -> list[int]:
     return found
 
 
-def count(package: Path) -> list[str]:
-    own = package / "schedules.py"
+METRIC_NAMES = {"learned"}  # the metric with a constant of its own (config.LEARNED)
+
+
+def literals(path: Path) -> list[int]:
+    """Line numbers of `path`'s schedule names written as a `schedule=` keyword's value, and its
+    comparisons with the learned metric's name written as a string."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.keyword) and node.arg == "schedule" and isinstance(node.value, ast.Constant) \
+                and node.value.value in NAMES:
+            found.append(node.value.lineno)
+        elif isinstance(node, ast.Compare) and any(isinstance(s, ast.Constant) and s.value in METRIC_NAMES
+                                                   for s in [node.left, *node.comparators]):
+            found.append(node.lineno)
+    return sorted(found)
+
+
+def count(package: Path, find=branches) -> list[str]:
+    """Every place `find` finds outside the registries (schedules.py; config.py declares the names)."""
+    own = {package / "schedules.py", package / "config.py"} if find is literals else {package / "schedules.py"}
     return [f"{path.relative_to(package.parent)}:{line}" for path in sorted(package.rglob("*.py"))
-            if path != own for line in branches(path)]
+            if path not in own for line in find(path)]
 
 
 if __name__ == "__main__":
-    found = count(Path(sys.argv[1] if len(sys.argv) > 1 else "dspark_bench"))
-    print("\n".join(found))
-    print(f"{len(found)} branches on a schedule's name outside schedules.py")
+    package = Path(sys.argv[1] if len(sys.argv) > 1 else "dspark_bench")
+    found, written = count(package), count(package, literals)
+    print("\n".join(found + written))
+    print(f"{len(found)} branches on a schedule's name outside schedules.py; "
+          f"{len(written)} schedule or metric names written as literals outside the registries")

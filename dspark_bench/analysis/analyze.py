@@ -68,7 +68,8 @@ def load_studied(folder: Path) -> Studied:
         raise DsparkError(f"{folder} replayed no draft-model policies: the analyses study the draft model's record")
     record_dir = resolve_record(folder, summary["record"])
     if record_dir is None:
-        raise DsparkError(f"the replay record {summary['record']} of {folder} is gone: run the sweep again to record it")
+        raise DsparkError(f"the replay record {summary['record']} of {folder} is gone: "
+                          "run the sweep again to record it")
     rec = Record.load(record_dir)
     if (folder / LEARNED_FILE).is_file():
         rec = with_learned(rec, LearnedSignal.from_dict(read_json(folder / LEARNED_FILE, "learned signal")))

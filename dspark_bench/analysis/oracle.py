@@ -24,9 +24,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from dspark_bench import schedules
-from dspark_bench import objectives
-from dspark_bench.config import DecodeConfig
+from dspark_bench import objectives, schedules
+from dspark_bench.config import LEARNED, DecodeConfig
 from dspark_bench.replay.acceptance import accepted_steps
 from dspark_bench.replay.batched import simulate_with_surface
 from dspark_bench.replay.cost import CostModel, CostSurface
@@ -41,7 +40,8 @@ def round_cost(cost: CostModel, k: int, drafter: str = "model") -> float:
     return drafting + cost.round_costs()[k]
 
 
-def oracle_lengths(rec: Record, cost: CostModel, gamma_max: int, drafter: str = "model") -> tuple[list[list[int]], float]:
+def oracle_lengths(rec: Record, cost: CostModel, gamma_max: int,
+                   drafter: str = "model") -> tuple[list[list[int]], float]:
     """Per prompt the optimal draft length of each round, and the total cost-model seconds."""
     matches = match_lengths(rec)
     rounds, total = [], 0.0
@@ -62,7 +62,8 @@ def oracle_lengths(rec: Record, cost: CostModel, gamma_max: int, drafter: str = 
     return rounds, total
 
 
-def oracle(rec: Record, cost: CostModel, gamma_max: int, drafter: str = "model", surface: CostSurface | None = None) -> dict:
+def oracle(rec: Record, cost: CostModel, gamma_max: int, drafter: str = "model",
+           surface: CostSurface | None = None) -> dict:
     """The batch-1 optimum's totals and predicted speedup: priced by `cost` as simulate_grid prices
     (no prefill), or, with `surface`, as the batched walk prices batch size 1 (its tables, and each
     request's prefill on both sides), so that it sits beside that walk's predictions."""
@@ -93,7 +94,7 @@ def perfect_record(rec: Record) -> Record:
 
 def perfect_policies(gammas, batch_sizes, max_new_tokens: int, drafter: str = "model") -> list[DecodeConfig]:
     """Perfect stopping at each gamma_max and batch size (threshold 0.5 on the 0/1 signal)."""
-    return [DecodeConfig.of(metric="top1", schedule="threshold", threshold=0.5, min_draft_len=0, gamma_max=g,
+    return [DecodeConfig.of(metric="top1", schedule=schedules.THRESHOLD, threshold=0.5, min_draft_len=0, gamma_max=g,
                          batch_size=b, max_new_tokens=max_new_tokens, drafter=drafter)
             for b in batch_sizes for g in gammas]
 
@@ -119,12 +120,14 @@ def headroom(table: pd.DataFrame, rec: Record, cost: CostModel, surface: CostSur
     if "drafter" in table:
         table = table[table["drafter"] == drafter]
     perfect = perfect_stopping(rec, gammas, batch_sizes, cost, surface, drafter)
-    exact = oracle(rec, cost, max(gammas), drafter, surface if max(batch_sizes) > 1 else None) if 1 in batch_sizes else None
+    exact = (oracle(rec, cost, max(gammas), drafter, surface if max(batch_sizes) > 1 else None)
+             if 1 in batch_sizes else None)
     for batch_size in batch_sizes:
         group = table[table["batch_size"] == batch_size] if "batch_size" in table else table
         stops = perfect[perfect["batch_size"] == batch_size] if "batch_size" in perfect else perfect
         layouts = [("padded", "predicted_speedup")] + ([("packed", "predicted_speedup_packed")]
-                                                        if batch_size > 1 and "predicted_speedup_packed" in group else [])
+                                                        if batch_size > 1 and "predicted_speedup_packed" in group
+                                                        else [])
         for layout, column in layouts:
             baseline = schedules.where(group, baseline=True)
             fixed = objectives.rank(group[baseline], "speedup", column)
@@ -142,8 +145,9 @@ def headroom(table: pd.DataFrame, rec: Record, cost: CostModel, surface: CostSur
 
 # The scheduled policies by kind, as the headroom table shows them: the per-row rules on a raw
 # metric, the same rules on the learned signal, and the batch's budget (on either signal).
-KINDS = {"raw": lambda t: ~schedules.where(t, baseline=True) & ~schedules.where(t, whole_batch=True) & (t["metric"] != "learned"),
-         "learned": lambda t: ~schedules.where(t, whole_batch=True) & (t["metric"] == "learned"),
+KINDS = {"raw": lambda t: (~schedules.where(t, baseline=True) & ~schedules.where(t, whole_batch=True)
+                           & (t["metric"] != LEARNED)),
+         "learned": lambda t: ~schedules.where(t, whole_batch=True) & (t["metric"] == LEARNED),
          "budget": lambda t: schedules.where(t, whole_batch=True)}
 
 

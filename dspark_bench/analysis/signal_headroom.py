@@ -32,8 +32,8 @@ import dataclasses
 import numpy as np
 import pandas as pd
 
-from dspark_bench import schedules
-from dspark_bench import objectives
+from dspark_bench import objectives, schedules
+from dspark_bench.analysis.oracle import oracle, perfect_record, perfect_stopping
 from dspark_bench.config import DecodeConfig, expand
 from dspark_bench.decoding.learned_signal import FLOOR
 from dspark_bench.errors import DsparkError
@@ -41,7 +41,6 @@ from dspark_bench.replay.acceptance import accepted_steps, roc_auc
 from dspark_bench.replay.batched import simulate_with_surface
 from dspark_bench.replay.cost import CostModel, CostSurface
 from dspark_bench.replay.learned import used_steps
-from dspark_bench.analysis.oracle import oracle, perfect_record, perfect_stopping
 from dspark_bench.replay.record import Record
 from dspark_bench.replay.simulate import match_lengths, simulate_grid
 
@@ -81,7 +80,7 @@ def rule_policies(batch_sizes, gamma_max: int, max_new_tokens: int) -> list[Deco
     gammas, sizes = list(range(1, gamma_max + 1)), sorted(batch_sizes)
     rules = expand({"schedule": ["threshold", "cumulative"], "threshold": list(THRESHOLDS), "gamma_max": gammas,
                     "min_draft_len": [0, 1], "batch_size": sizes}, base)
-    fixed = expand({"gamma_max": gammas, "batch_size": sizes}, base.replace(schedule="fixed"))
+    fixed = expand({"gamma_max": gammas, "batch_size": sizes}, base.replace(schedule=schedules.BASELINE))
     return [c for c in rules if c.stopping.min_draft_len <= c.stopping.gamma_max] + fixed
 
 
@@ -92,7 +91,8 @@ def replayed(rec: Record, configs: list[DecodeConfig], cost: CostModel, surface:
         table = simulate_with_surface(rec, configs, surface)
     else:
         table = simulate_grid(rec, configs, cost)
-    return table.assign(batch_size=[c.batching.batch_size for c in configs], schedule=[c.stopping.schedule for c in configs],
+    return table.assign(batch_size=[c.batching.batch_size for c in configs],
+                        schedule=[c.stopping.schedule for c in configs],
                         config_label=[c.label() for c in configs])
 
 
@@ -141,7 +141,8 @@ def signal_headroom(rec: Record, cost: CostModel, surface: CostSurface | None = 
                          "best_fixed": fixed["config_label"], "best_fixed_speedup": float(fixed[column]),
                          "best_rule": rule["config_label"], "best_rule_speedup": float(rule[column]),
                          "oracle_speedup": bound,
-                         "captured": (float(rule[column]) - float(fixed[column])) / gain if meaningful else float("nan")})
+                         "captured": ((float(rule[column]) - float(fixed[column])) / gain if meaningful
+                                      else float("nan"))})
         if progress:
             progress("replaying better signals", i + 1, len(betas))
     return pd.DataFrame(rows)

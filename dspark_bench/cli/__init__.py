@@ -1,9 +1,13 @@
-"""The `dspark-bench` command line: one thin module per command over the library.
+"""The `dspark-bench` command line: one thin module per command over the library (`run`, `decode`,
+`sweep`, `analyze`, `report`, `calibrate`, `regress`, `export`; the groups `tasks`, `models` and
+`continuations`).
 
 Each command parses its flags, builds a config, calls one library function and prints; library
-errors (DsparkError) become one line on stderr and a non-zero exit, never a traceback. The
-command modules import only `console` and `options` from here, and this module registers them,
-so nothing imports back into the app.
+errors (DsparkError) become one line on stderr and a non-zero exit, never a traceback. Every
+option is declared once: a knob or a workload setting where the library declares it, a command's
+own in `options`; `declared` makes each a Typer option. `console` prints what commands share. The
+command modules import only `console`, `declared` and `options` from here, and this module
+registers them, so nothing imports back into the app.
 """
 
 from __future__ import annotations

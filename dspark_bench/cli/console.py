@@ -167,6 +167,12 @@ def render_rounds(tokenizer, result, markers: bool = False) -> Text:
     return text
 
 
+def measured_by(prices: dict) -> str:
+    """Who measured a sweep's prices (summary.json's "prices"): "ours" (our decoder) or an engine's
+    name; sweeps written before the key was "measured_by" called it "engine"."""
+    return prices.get("measured_by", prices.get("engine", "ours"))
+
+
 def print_best(result, wide: bool = False) -> None:
     """A finished sweep's best policies (a tuning SweepResult): a table that fits 100 columns,
     policy labels on one line (`wide`: every column the sweep has), then its analyses, headline
@@ -174,8 +180,8 @@ def print_best(result, wide: bool = False) -> None:
     summary, folder, title = result.summary, result.folder, result.title()
     if summary.get("predictions_trusted") is False:
         title += " · predicted speedups untrustworthy (the cost table never passed its timing checks)"
-    if summary.get("prices") and summary["prices"]["engine"] != "ours":  # whose costs every prediction used
-        title += " · measured on our engine, which confirms"
+    if summary.get("prices") and measured_by(summary["prices"]) != "ours":  # whose costs every prediction used
+        title += " · measured on our decoder, which confirms"
     print_engine_verdict(summary)
     view = wide_table(result.table, title) if wide else narrow_table(result.table, title, summary)
     out_console.print(view)
@@ -201,8 +207,8 @@ def narrow_table(table, title: str, summary: dict) -> Table:
     """policy · predicted · measured [95 % CI] · tokens per round · acceptance · draft length:
     under 100 columns, the labels unwrapped (no rules between columns, one space apart; headers
     of one line, which rich measures right). Whose prices predicted is the title's last words."""
-    prices = summary.get("prices") or {"engine": "ours"}
-    whose = "our engine" if prices["engine"] == "ours" else prices["label"]
+    prices = summary.get("prices") or {}
+    whose = "our decoder" if measured_by(prices) == "ours" else prices["label"]
     rows = table.head(10).to_dict(orient="records")
     view = compact_table(f"{title} · predicted on {whose}'s prices",
                          ("policy", "predicted", "measured [95 % CI]", "tok/rnd", "accept", "draft"))
@@ -235,8 +241,9 @@ def measured_cell(row: dict) -> str:
 def wide_table(table, title: str) -> Table:
     """Every column the sweep's table has (`--wide`)."""
     columns = [c for c in ("config_label", "predicted_speedup", "predicted_speedup_ours", "speedup", "speedup_low",
-                           "speedup_high", "tokens_per_round", "acceptance_rate", "avg_draft_len", "block_acceptance_rate",
-                           "identical_to_baseline", "same_as", "state") if c in table and table[c].notna().any()]
+                           "speedup_high", "tokens_per_round", "acceptance_rate", "avg_draft_len",
+                           "block_acceptance_rate", "identical_to_baseline", "same_as", "state")
+               if c in table and table[c].notna().any()]
     view = Table(title=title, title_justify="left")
     for name in columns:
         view.add_column(name.replace("_", " "), justify="left" if name in ("config_label", "state") else "right")
@@ -263,7 +270,7 @@ def print_headline(summary: dict) -> None:
     precision target's passes did): a run's or a sweep's first answer."""
     verdict = summary.get("engine_verdict")
     if summary.get("headline"):
-        mine = "on our engine, " if verdict else ""
+        mine = "on our decoder, " if verdict else ""
         out_console.print(f"{mine}scheduled vs best fixed γ, paired on the same prompts: "
                           f"{summary['headline']['sentence']}", style="dim" if verdict else "bold", highlight=False,
                           soft_wrap=True)

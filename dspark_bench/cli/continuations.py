@@ -4,12 +4,12 @@ engine makes them, for `sweep --continuations FILE` to record from."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
 
 import typer
 
 from dspark_bench.cli.console import cli_errors, reporting
 from dspark_bench.cli.declared import fields_of, with_options
+from dspark_bench.cli.options import REQUIRED, command_options
 from dspark_bench.harness.workload import Workload
 
 # The workload settings each command reads: the prompts as they are encoded, and (write) how
@@ -19,36 +19,34 @@ DECODED = (*PROMPTS, "device", "dtype", "max_new_tokens", "ignore_eos", "threads
 
 continuations_app = typer.Typer(
     help="The target's continuations from the engine that serves it, for `sweep --continuations`.\n\n"
-         "Example: dspark-bench continuations write --task code --limit 20 --engine llamacpp --out c.jsonl",
+         "Example: dspark-bench continuations write --task code --limit 20 --decoder llamacpp --out c.jsonl",
     no_args_is_help=True)
 
 
 @continuations_app.command("write")
 @with_options("workload", fields_of(Workload, DECODED))
-def write(
-    out: Annotated[Path, typer.Option(help="The continuations file to write (JSON Lines).")],
-    engine: Annotated[str, typer.Option(help="Who decodes the target: llamacpp (a plain llama-server on its GGUF file) | ours.")] = "llamacpp",
-    llama_server: Annotated[Optional[Path], typer.Option(help="--engine llamacpp: the llama-server binary (default: tools/build-llama-server.sh's build, then PATH).")] = None,
-    workload: dict | None = None,
-):
+@command_options("out", "decoder", "llama_server", defaults={"out": REQUIRED, "decoder": "llamacpp"}, helps={
+    "out": "The continuations file to write (JSON Lines).",
+    "decoder": "Who decodes the target: llamacpp (a plain llama-server on its GGUF file) | ours (our decoder)."})
+def write(*, out: Path, decoder: str, llama_server: Path | None, workload: dict | None = None):
     """Write the target's greedy continuation of every prompt, decoded by the engine that serves it.
 
     Example: dspark-bench continuations write --task code --limit 20 --out continuations.jsonl
-    Example: dspark-bench continuations write --task code --engine llamacpp --target target.gguf --draft draft.gguf --out c.jsonl
+    Example: dspark-bench continuations write --task code --target t.gguf --draft d.gguf --out c.jsonl
     """
     from dspark_bench.engines.continuations import write_continuations  # loaded when the command runs
 
     with cli_errors(), reporting("continuations") as (progress, say):
-        path = write_continuations(Workload(**workload), engine, out, progress, say, str(llama_server) if llama_server else None)
+        server = str(llama_server) if llama_server else None
+        path = write_continuations(Workload(**workload), decoder, out, progress, say, server)
         say(f"wrote {path}: record from it with `dspark-bench sweep --continuations {path}` (same prompts and flags)")
 
 
 @continuations_app.command("prompts")
 @with_options("workload", fields_of(Workload, PROMPTS))
-def prompts(
-    out: Annotated[Path, typer.Option(help="The prompts file to write (JSON Lines: id, prompt_token_ids).")],
-    workload: dict | None = None,
-):
+@command_options("out", defaults={"out": REQUIRED},
+                 helps={"out": "The prompts file to write (JSON Lines: id, prompt_token_ids)."})
+def prompts(*, out: Path, workload: dict | None = None):
     """Write the prompts as this tool encodes them, for vLLM or SGLang to continue elsewhere.
 
     Example: dspark-bench continuations prompts --task code --limit 20 --out prompts.jsonl

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.text import Text
 
 from dspark_bench.cli.console import cli_errors, out_console, render_rounds
 from dspark_bench.cli.declared import fields_of, knob_fields, with_options
+from dspark_bench.cli.options import command_options
 from dspark_bench.config import DEFAULT_MAX_NEW_TOKENS, DecodeConfig
 from dspark_bench.harness.workload import Workload
 
@@ -19,10 +20,9 @@ MODELS = ("target", "draft", "heads", "device", "dtype", "chat_template")
 
 @with_options("models", fields_of(Workload, MODELS))
 @with_options("knobs", knob_fields(without=("batch_size", "batch_quorum", "compiled")))  # one request, not warmed
+@command_options("calibration", "domain", helps={"calibration": "Take the policy from a calibration file."})
 def decode(
-    text: Annotated[str, typer.Argument(help="The prompt.")],
-    calibration: Annotated[Optional[Path], typer.Option(help="Take the policy from a calibration file.")] = None,
-    domain: Annotated[Optional[str], typer.Option(help="With --calibration: the prompt's domain (default: the global policy).")] = None,
+    text: Annotated[str, typer.Argument(help="The prompt.")], *, calibration: Path | None, domain: str | None,
     models: dict | None = None, knobs: dict | None = None,
 ):
     """Generate once and show every round: accepted (green), rejected (red), target's token (bold).
@@ -35,7 +35,8 @@ def decode(
         tokens = knobs["max_new_tokens"]
         config = DecodeConfig.of(**{**knobs, "max_new_tokens": DEFAULT_MAX_NEW_TOKENS if tokens is None else tokens})
         pair, config, result = decode_once(text, config, models["target"], models["draft"], models["device"],
-                                           models["dtype"], models["chat_template"], calibration, domain, models["heads"])
+                                           models["dtype"], models["chat_template"], calibration, domain,
+                                           models["heads"])
         if calibration is not None:
             out_console.print(f"policy: {config.label()}", highlight=False)
         show_rounds(text, pair.tokenizer, result, config)

@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.table import Table
 
 from dspark_bench.cli.console import cli_errors, out_console
+from dspark_bench.cli.options import command_options
 
 
+@command_options("fmt", "engine_version", "out", defaults={"fmt": "hf", "out": None},
+                 helps={"fmt": "hf | vllm | sglang | trtllm | llamacpp",
+                        "out": "Folder to write into (default: RUN/export/)."})
 def export(
     run: Annotated[Path, typer.Argument(help="A run or sweep folder (a replay sweep's can find the nearest policy).")],
-    fmt: Annotated[str, typer.Option("--format", help="hf | vllm | sglang | trtllm | llamacpp")] = "hf",
-    engine_version: Annotated[Optional[str], typer.Option(help="The engine version to write for (default: its current release; llamacpp: a build such as b11434, or legacy).")] = None,
-    out: Annotated[Optional[Path], typer.Option(help="Folder to write into (default: RUN/export/).")] = None,
+    *, fmt: str, engine_version: str | None, out: Path | None,
 ):
     """Write the run's best policy in an engine's own vocabulary, for a named engine version; where
     the engine cannot express it, the nearest policy it can (replayed on the run's record), with
@@ -23,7 +25,7 @@ def export(
 
     Example: dspark-bench export results/20250101-120000-sweep-abc123 --format llamacpp
     """
-    from dspark_bench.tuning import export as lib  # loaded when the command runs, not for --help
+    from dspark_bench.engines import export as lib  # loaded when the command runs, not for --help
 
     with cli_errors():
         written, choices, text, version = lib.export(run, fmt, out, engine_version)
@@ -34,7 +36,8 @@ def export(
     for c in choices:
         kept = c.exported_speedup / c.tuned_speedup if c.exported_speedup and c.tuned_speedup else float("nan")
         table.add_row(str(c.batch_size), c.tuned.label(), f"{c.tuned_speedup:.3f}",
-                      "plain decoding" if c.plain else "the same policy" if c.exported == c.tuned else c.exported.label(),
+                      ("plain decoding" if c.plain else "the same policy" if c.exported == c.tuned
+                       else c.exported.label()),
                       f"{c.exported_speedup:.3f}" if c.exported_speedup is not None else "n/a", f"{kept:.1%}")
     out_console.print(table)
     say = lambda line: out_console.print(line, highlight=False, soft_wrap=True, markup=False)  # noqa: E731

@@ -9,7 +9,10 @@ import typer
 from rich.table import Table
 
 from dspark_bench.cli.console import cli_errors, out_console
+from dspark_bench.cli.declared import fields_of, with_options
+from dspark_bench.cli.options import command_options
 from dspark_bench.errors import DsparkError
+from dspark_bench.harness.workload import Workload
 
 models_app = typer.Typer(help="The offline reference model pair.", no_args_is_help=True)
 
@@ -61,13 +64,21 @@ def describe_reference(report: dict) -> list:
 
 
 @models_app.command("build")
+@command_options("out", defaults={"out": None}, helps={
+    "out": "Build folder (checkpoints; an interrupted build resumes). Default: build/reference, or build/heads "
+           "with --heads."})
+@with_options(None, fields_of(Workload, ("target",)),
+              helps={"target": "With --heads: the target to train them on (default: the shipped one)."})
 def models_build(
-    out: Annotated[Optional[Path], typer.Option(help="Build folder (checkpoints; an interrupted build resumes). Default: build/reference, or build/heads with --heads.")] = None,
-    minutes: Annotated[Optional[float], typer.Option(help="Training time budget: target + draft (default 100), or the heads (default 20).")] = None,
-    heads: Annotated[bool, typer.Option("--heads", help="Train multi-token heads on the frozen target (the heads drafter) instead of the pair.")] = False,
+    *, out: Path | None,
+    minutes: Annotated[Optional[float], typer.Option(help="Training time budget: target + draft (default 100), "
+                                                          "or the heads (default 20).")] = None,
+    heads: Annotated[bool, typer.Option("--heads", help="Train multi-token heads on the frozen target "
+                                                        "(the heads drafter) instead of the pair.")] = False,
     count: Annotated[int, typer.Option(help="With --heads: how many heads (the longest segment they propose).")] = 4,
-    target: Annotated[Optional[Path], typer.Option(help="With --heads: the target to train them on (default: the shipped one).")] = None,
-    export_to: Annotated[Optional[Path], typer.Option(help="With --heads: where the heads go (default: beside the shipped target; pass --heads PATH to run/sweep).")] = None,
+    target: str | None,
+    export_to: Annotated[Optional[Path], typer.Option(help="With --heads: where the heads go (default: beside the "
+                                                           "shipped target; pass --heads PATH to run/sweep).")] = None,
 ):
     """Rebuild the reference pair, or train its target's heads, from the local install's text.
 
@@ -81,8 +92,10 @@ def models_build(
             if count < 1:
                 raise DsparkError(f"--count must be at least 1 (got {count})")
             if target is not None and export_to is None:
-                raise DsparkError("heads for another target need --export-to (the shipped heads belong to the shipped target)")
-            info = build_heads(out or Path("build/heads"), 20.0 if minutes is None else minutes, count, target, export_to)
+                raise DsparkError("heads for another target need --export-to "
+                                  "(the shipped heads belong to the shipped target)")
+            info = build_heads(out or Path("build/heads"), 20.0 if minutes is None else minutes, count, target,
+                               export_to)
             out_console.print(describe_heads(info))
             return
         if target is not None or export_to is not None:
@@ -94,8 +107,8 @@ def models_build(
 
 def describe_heads(info: dict) -> Table:
     """Held-out top-1 accuracy per head and domain (column 0: the target's own next token)."""
-    view = Table(title=f"heads: {info['steps']} steps, {info['tokens_seen']:,} tokens, {info['train_minutes']:.1f} min, "
-                       f"loss {info['loss']:.3f}", title_justify="left")
+    view = Table(title=f"heads: {info['steps']} steps, {info['tokens_seen']:,} tokens, "
+                       f"{info['train_minutes']:.1f} min, loss {info['loss']:.3f}", title_justify="left")
     view.add_column("held-out top-1")
     for column in info["heldout_top1_columns"]:
         view.add_column(column, justify="right")

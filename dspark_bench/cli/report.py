@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
 from dspark_bench.cli.console import cli_errors, out_console
+from dspark_bench.cli.options import command_options
 
 
+@command_options("out", "fmt", "by", defaults={"out": None},
+                 helps={"out": "Write the report here (default: the first run folder)."})
 def report(
     runs: Annotated[list[Path], typer.Argument(help="Run or sweep folders (several: compared in one report).")],
-    out: Annotated[Optional[Path], typer.Option(help="Write the report here (default: the first run folder).")] = None,
-    fmt: Annotated[str, typer.Option("--format", help="Figure format: png | svg.")] = "png",
-    by: Annotated[Optional[str], typer.Option(help="Group the best-vs-classic bars by category | task | run (default: category).")] = None,
+    *, out: Path | None, fmt: str, by: str | None,
 ):
     """Draw the figures and write report.md and report.html (figures embedded) for run folders.
 

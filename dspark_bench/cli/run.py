@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
 
 import typer
 from rich.table import Table
@@ -19,6 +18,7 @@ from dspark_bench.cli.console import (
     summary_table,
 )
 from dspark_bench.cli.declared import fields_of, knob_fields, with_options
+from dspark_bench.cli.options import command_options
 from dspark_bench.config import KNOBS
 from dspark_bench.errors import DsparkError
 from dspark_bench.harness.workload import WORKLOAD_FIELDS, Workload
@@ -32,30 +32,29 @@ CHOSEN = tuple(name for name, f in KNOBS.items() if f.metadata.get("repeats") an
 
 @with_options("workload", fields_of(Workload))
 @with_options("knobs", GRID_KNOBS, many=True, unset="declared")
+@command_options("decoder", "calibration", "config", "llama_server", "port", "out", "wide")
 def run(
-    ctx: typer.Context,
-    decoder: Annotated[str, typer.Option(help="The speculative side: ours | hf (HF assisted generation, HF's rule: --semantics hf, top1, --min-draft-len 0) | llamacpp (llama-server with the flags export writes, one server per policy, beside ours and replay priced on llama.cpp's measured costs and on ours; llama.cpp's rule unless --semantics says otherwise; GGUF --target/--draft go to llama-server as they are).")] = "ours",
-    calibration: Annotated[Optional[Path], typer.Option(help="Per-domain policies from `calibrate`: each prompt gets its category's.")] = None,
-    config: Annotated[Optional[Path], typer.Option(help="Run what a run folder's run.json describes, again (other flags but --out are refused).")] = None,
-    llama_server: Annotated[Optional[Path], typer.Option(help="--decoder llamacpp: the llama-server binary (default: tools/build-llama-server.sh's build, then PATH).")] = None,
-    port: Annotated[Optional[int], typer.Option(help="--decoder llamacpp: the plain server's port on 127.0.0.1, the speculative one's next (default: free ones).")] = None,
-    out: Annotated[Path, typer.Option(help="Folder that receives the run folder.")] = Path("results"),
-    wide: Annotated[bool, typer.Option("--wide", help="Print every column of the run's table, not the six that fit 100 columns.")] = False,
-    workload: dict | None = None, knobs: dict | None = None,
+    ctx: typer.Context, *, decoder: str, calibration: Path | None, config: Path | None, llama_server: Path | None,
+    port: int | None, out: Path, wide: bool, workload: dict | None = None, knobs: dict | None = None,
 ):
     """Decode prompts with the speculative decoder and the autoregressive baseline; write a run folder.
 
     Example: dspark-bench run --task code --limit 10 --threshold 0.3 --threshold 0.5 --gamma-max 6
     Example: dspark-bench run --config results/20250101-120000-run-abc123/run.json
     """
-    from dspark_bench.harness import run as lib  # loaded when the command runs, not for --help
-
     with cli_errors():
+        # The workload first, each field as declared (harness.workload loads without torch): a flag
+        # out of bounds is refused in seconds, before harness.run's libraries load.
+        if config is None:
+            Workload(**workload).check_workload()
+        from dspark_bench.harness import run as lib  # loaded when the command runs, not for --help
+
         grid = grid_of(knobs)
         if decoder == "llamacpp" and "semantics" not in grid and calibration is None:
             grid["semantics"] = ("llamacpp",)  # what llama.cpp can run: its own rule (schedule.py)
         if calibration is not None and set(grid) & set(CHOSEN):
-            raise DsparkError(f"--calibration chooses the policy; drop {'/'.join('--' + n.replace('_', '-') for n in CHOSEN)}")
+            raise DsparkError("--calibration chooses the policy; drop "
+                              f"{'/'.join('--' + n.replace('_', '-') for n in CHOSEN)}")
         with reporting("decoding") as (progress, say):
             if config is not None:
                 refuse_other_flags(ctx)
@@ -78,7 +77,7 @@ def grid_of(knobs: dict) -> dict:
 
 
 def execute(run_config, out: Path, progress, say, llama_server: Path | None, port: int | None):
-    """Our engine's run, or (--decoder llamacpp) llama-server's beside ours and replay."""
+    """Our decoder's run, or (--decoder llamacpp) llama-server's beside ours and replay."""
     if run_config.decoder == "llamacpp":
         from dspark_bench.engines import llamacpp_run  # loaded when the command runs, not for --help
 
@@ -92,8 +91,9 @@ def execute(run_config, out: Path, progress, say, llama_server: Path | None, por
 def refuse_other_flags(ctx: typer.Context) -> None:
     """--config runs the file's config as it was: a flag that would change it is an error."""
     flags = {p.name: p.opts[0] for p in ctx.command.params}
+    # (Typer vendors click: by name)
     given = [flags[name] for name in ctx.params if name not in ("config", "out")
-             and getattr(ctx.get_parameter_source(name), "name", None) == "COMMANDLINE"]  # (Typer vendors click: by name)
+             and getattr(ctx.get_parameter_source(name), "name", None) == "COMMANDLINE"]
     if given:
         raise DsparkError(f"--config runs the run.json's own config; drop {', '.join(given)}")
 
@@ -106,7 +106,8 @@ def print_summary(folder: Path, table, wide: bool = False) -> None:
     models = info["models"]
     title = f"{info['prompts']['count']} prompts · {models['device']} · {models['dtype']}"
     title += " · EOS ignored" if info["settings"].get("ignore_eos") else ""
-    title += " · speculative side: HF assisted generation" if info["settings"].get("decoder", info["settings"].get("engine")) == "hf" else ""
+    title += (" · speculative side: HF assisted generation"
+              if info["settings"].get("decoder", info["settings"].get("engine")) == "hf" else "")
     if "batch_size" in table and (table["batch_size"] > 1).any():
         title += f" · B>1: padded layout, {info['settings'].get('batching', 'refill')}ed batches"
     first = summary_table if wide else run_table
@@ -128,7 +129,7 @@ def print_priced(folder: Path) -> None:
     if not (folder / "priced.json").is_file():
         return
     info = read_json(folder / "priced.json", "priced predictions")
-    table = Table(title=f"{info['engine']}: measured vs replay priced on its own costs and on our engine's")
+    table = Table(title=f"{info['engine']}: measured vs replay priced on its own costs and on our decoder's")
     for column in ("policy", "measured [95% CI]", f"predicted, {info['engine']} prices", "error",
                    "predicted, our prices", "error "):
         table.add_column(column, justify="left" if column == "policy" else "right")
@@ -138,7 +139,8 @@ def print_priced(folder: Path) -> None:
                       f"{row['error_ours']:+.1%}")
     out_console.print(table)
     fitted = info.get("fitted_on") or {}
-    out_console.print(f"{info['engine']}'s prices: {info['prices']}; fitted on {' and '.join(fitted.get('policies', ['?']))} over "
+    out_console.print(f"{info['engine']}'s prices: {info['prices']}; "
+                      f"fitted on {' and '.join(fitted.get('policies', ['?']))} over "
                       f"{len(fitted.get('prompts', []))} prompts the run does not decode", highlight=False,
                       soft_wrap=True, markup=False)
 
@@ -186,7 +188,7 @@ def print_llamacpp(folder: Path) -> None:
 
 def print_llamacpp_decoders(info: dict) -> None:
     """One policy's decoders side by side: llama.cpp, ours, replay."""
-    table = Table(title="llama.cpp beside our engine and replay (llama.cpp: generation phase)")
+    table = Table(title="llama.cpp beside our decoder and replay (llama.cpp: generation phase)")
     for column in ("decoder", "speedup [95% CI]", "acceptance", "tokens/round", "avg draft len", "= target"):
         table.add_column(column, justify="left" if column == "decoder" else "right")
     number = lambda v, f=".3f": "—" if v is None or v != v else format(v, f)  # noqa: E731 (NaN: not measured)

@@ -24,7 +24,8 @@ def tasks_ls():
         for column in ("name", "domain", "prompts", "max new tokens", "version", "source"):
             view.add_column(column)
         for spec in registry().values():
-            view.add_row(spec.name, spec.domain, str(spec.count), str(spec.max_new_tokens), str(spec.version), spec.source)
+            view.add_row(spec.name, spec.domain, str(spec.count), str(spec.max_new_tokens), str(spec.version),
+                         spec.source)
         out_console.print(view)
 
 

@@ -27,14 +27,14 @@ import numpy as np
 import torch
 
 from dspark_bench import schedules
-from dspark_bench.config import DecodeConfig
+from dspark_bench.config import LEARNED, DecodeConfig
 from dspark_bench.decoding import budget, confidence
 from dspark_bench.decoding.batch_lm import BatchLM
-from dspark_bench.decoding.speculative import close_round, verify
 from dspark_bench.decoding.host import fetch, synchronize
 from dspark_bench.decoding.proposal import Proposal
 from dspark_bench.decoding.sampling import distribution, draw, make_generator, pick
 from dspark_bench.decoding.schedule import forced
+from dspark_bench.decoding.speculative import close_round, verify
 from dspark_bench.decoding.types import Block, DecodeResult
 
 
@@ -192,7 +192,8 @@ class SpeculativeStep:
                  for i in range(len(requests))])
             read, tokens = fetch(confidence.draft_signals(config, probs), tokens)
             # Each row's step in its own draft: every token a drafting row considered, it took.
-            contexts = [r.seq + p.tokens for r, p in zip(requests, proposals)] if config.stopping.metric == "learned" else None
+            contexts = ([r.seq + p.tokens for r, p in zip(requests, proposals)]
+                        if config.stopping.metric == LEARNED else None)
             scores = confidence.host_scores(config, read, contexts, tokens, [len(p.tokens) for p in proposals])
             for i in range(len(requests)):
                 feeds[i] = []

@@ -89,7 +89,8 @@ def draft_seconds(steps_with, t_draft, extra):  # pragma: no cover (compiled)
 
 
 @numba.njit(cache=True, nogil=True)
-def decide(expected, gain, key, candidate, forced, length, steps_with, steps, packed, t_draft, t_verify, go):  # pragma: no cover
+def decide(expected, gain, key, candidate, forced, length, steps_with, steps, packed, t_draft, t_verify,
+           go):  # pragma: no cover
     """After draft step `steps` of a round: which of the batch's rows draft another token, written
     into `go` (bool[n]). An out-argument, not a returned array: numba's conversion of a returned
     array back to Python failed once in a long sweep ("NRT_adapt_ndarray_to_python: descr is NULL").

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from dspark_bench import schedules
+from dspark_bench.config import LEARNED
 from dspark_bench.decoding import learned_signal
 
 
@@ -64,14 +65,15 @@ def signal_of(config) -> str:
     """The signal `config`'s rule compares with its threshold: its metric, except that under
     llama.cpp's rule top1 is llama.cpp's own (so a tuned threshold is its --spec-draft-p-min).
     Goodput is our schedule whatever the rule: it reads its metric's fitted curve."""
-    engine_own = config.stopping.semantics == "llamacpp" and config.stopping.metric == "top1" and not schedules.of(config).cost_aware
+    engine_own = (config.stopping.semantics == "llamacpp" and config.stopping.metric == "top1"
+                  and not schedules.of(config).cost_aware)
     return "llamacpp_top1" if engine_own else config.stopping.metric
 
 
 def score(config, probs: torch.Tensor) -> torch.Tensor:
     """The confidence `config`'s rule reads from the drafter's distribution `probs` (not the
     learned signal's: it reads the drafted tokens too, `draft_signals` and `host_scores`)."""
-    if config.stopping.metric == "learned":
+    if config.stopping.metric == LEARNED:
         raise ValueError("the learned signal is scored on the host (draft_signals, host_scores)")
     return SIGNALS[signal_of(config)](probs, config.stopping.topk)
 
@@ -86,7 +88,7 @@ def draft_signals(config, probs: torch.Tensor) -> torch.Tensor:
     confidence, or for the learned signal the probabilities of the draft's most likely tokens
     (one top-k on the device; the host derives the signals it reads from them,
     learned_signal.raw_signals)."""
-    if config.stopping.metric == "learned":
+    if config.stopping.metric == LEARNED:
         signal = learned_signal.load(config.stopping.signal_model)
         return probs.topk(top_count(signal.topk, probs.shape[-1]), dim=-1).values
     return score(config, probs)[..., None]
@@ -97,7 +99,7 @@ def host_scores(config, read: list, contexts: list | None, tokens: list[int], st
     confidence itself, or the learned signal of the raw signals and of what the lookup says of
     each row's drafted `tokens[i]` after `contexts[i]` (its sequence and its draft so far), at
     0-based draft `steps[i]`. In float64 on the CPU, as replay computes it from the record."""
-    if config.stopping.metric != "learned":
+    if config.stopping.metric != LEARNED:
         return [row[0] for row in read]
     return learned_scores(learned_signal.load(config.stopping.signal_model), read, contexts, tokens, steps)
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from dspark_bench.config import DecodeConfig
+from dspark_bench.config import LEARNED, DecodeConfig
 from dspark_bench.decoding import confidence, lookup
 from dspark_bench.decoding.cached_lm import CachedLM, unseen
 from dspark_bench.decoding.heads import Heads
@@ -160,7 +160,7 @@ def draft_block(draft_lm: CachedLM, pending: torch.Tensor, config: DecodeConfig,
         pending = token.view(1)
         if config.verification.draft_mode == "early-stop":
             read, token_id = fetch(signals[-1], token)  # the loop must know now whether to go on
-            context = [seq + proposal.tokens] if config.stopping.metric == "learned" else None
+            context = [seq + proposal.tokens] if config.stopping.metric == LEARNED else None
             score, = confidence.host_scores(config, [read], context, [token_id], [len(scores)])
             scores.append(score)
             if not proposal.consider(config, score):
@@ -185,7 +185,7 @@ def device_scores(config: DecodeConfig, signals: list[torch.Tensor], tokens: tor
     computed on the host from the block's tokens (one read) and copied back."""
     if not signals:
         return torch.zeros(0, device=device)
-    if config.stopping.metric != "learned":
+    if config.stopping.metric != LEARNED:
         return torch.stack(signals)[:, 0]
     read, drafted = fetch(torch.stack(signals), tokens)
     scores = confidence.host_scores(config, read, [seq + drafted[:k] for k in range(len(drafted))], drafted,

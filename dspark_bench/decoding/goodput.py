@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from dspark_bench.config import LEARNED
 from dspark_bench.decoding.host_rounding import interp, running
 from dspark_bench.errors import DsparkError
 from dspark_bench.results import write_json
@@ -133,7 +134,7 @@ class GoodputModel:
     def rule(self, metric: str, batch_size: int) -> GoodputRule:
         nearest = min(self.costs, key=lambda b: (abs(b - batch_size), b))  # costs timed nearest this B
         t_draft, t_verify = self.costs[nearest]
-        if metric == "learned":  # already a calibrated acceptance probability (learned_signal.py): its own curve
+        if metric == LEARNED:  # already a calibrated acceptance probability (learned_signal.py): its own curve
             return GoodputRule(Curve((0.0, 1.0), (0.0, 1.0)), t_draft, t_verify)
         if metric not in self.acceptance.curves:
             raise DsparkError(f"the goodput model has no acceptance curve for the {metric} metric")
@@ -145,7 +146,8 @@ class GoodputModel:
 
     @classmethod
     def from_dict(cls, data: dict) -> "GoodputModel":
-        costs = {int(b): (float(c["t_draft"]), tuple(float(t) for t in c["t_verify"])) for b, c in data["costs"].items()}
+        costs = {int(b): (float(c["t_draft"]), tuple(float(t) for t in c["t_verify"]))
+                 for b, c in data["costs"].items()}
         if not costs or any(d <= 0 or len(v) < 2 or min(v) <= 0 for d, v in costs.values()):
             raise DsparkError("the goodput model's step costs are missing or not positive")
         return cls(AcceptanceFit.from_dict(data["acceptance"]), costs)

@@ -139,7 +139,8 @@ def _token_probability(raw, context, step, constant, slopes, at_position, floor)
     return 1.0 / (1.0 + np.exp(-z))
 
 
-def step_scores(signal: LearnedSignal, top: np.ndarray, topk: int, llama: int, contexts: list, tokens, steps) -> list[float]:
+def step_scores(signal: LearnedSignal, top: np.ndarray, topk: int, llama: int, contexts: list, tokens,
+                steps) -> list[float]:
     """The decoder's learned scores of one draft step's rows, in one compiled call: each row's raw
     signals from its most likely tokens' probabilities `top` [rows, K] (float32, descending; the
     k of topk_mass and llama.cpp's 10: `raw_signals`), its context features from `contexts[i]`
@@ -155,8 +156,8 @@ def step_scores(signal: LearnedSignal, top: np.ndarray, topk: int, llama: int, c
 
 
 @numba.njit(cache=True, nogil=True)
-def _step_scores(top, topk, llama, flat, lengths, tokens, steps, constant, slopes, at_position, floor, ngram_min, ngram_max,
-                 out):  # pragma: no cover (compiled)
+def _step_scores(top, topk, llama, flat, lengths, tokens, steps, constant, slopes, at_position, floor, ngram_min,
+                 ngram_max, out):  # pragma: no cover (compiled)
     raw = np.empty(len(RAW_SIGNALS), dtype=np.float32)
     context = np.empty(len(CONTEXT), dtype=np.float32)
     start = 0

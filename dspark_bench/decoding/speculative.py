@@ -51,7 +51,8 @@ def speculative_decode(
     rule = DeviceRule(config, target_lm.device) if config.verification.draft_mode == "verify-side" else None
     eos_tensor = torch.tensor(sorted(eos_ids), dtype=torch.long, device=target_lm.device)
     keep_recent = recent_tokens(config)
-    recent = torch.tensor(prompt_ids[-keep_recent:], dtype=torch.long, device=target_lm.device)  # seq's tail, on the device
+    recent = torch.tensor(prompt_ids[-keep_recent:], dtype=torch.long,
+                          device=target_lm.device)  # seq's tail, on the device
     seq, result = list(prompt_ids), DecodeResult(tokens=[])
     while len(result.tokens) < config.verification.max_new_tokens:
         # Leave room for the target's own token at the end of the round.

@@ -133,7 +133,7 @@ def finish_reason(answer: dict, prompt_id: str) -> str:
     """"stop" (its EOS: llama-server's `tokens` include it) or "length"; a continuation the
     server cut short because its context was full is refused here, where the cause is known."""
     if answer.get("truncated"):
-        raise DsparkError(f"llama-server stopped prompt {prompt_id!r} after {len(answer['tokens'])} tokens: its context "
-                          "is full (llama.cpp caps it at the model's trained length); use fewer --max-new-tokens "
-                          "or shorter prompts")
+        raise DsparkError(f"llama-server stopped prompt {prompt_id!r} after {len(answer['tokens'])} tokens: "
+                          "its context is full (llama.cpp caps it at the model's trained length); use fewer "
+                          "--max-new-tokens or shorter prompts")
     return "stop" if answer.get("stop_type") == "eos" else "length"

@@ -28,11 +28,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from dspark_bench import objectives
-from dspark_bench.config import FIELDS, DecodeConfig, expand, from_dict, with_defaults
+from dspark_bench import objectives, schedules
+from dspark_bench.config import FIELDS, LEARNED, DecodeConfig, expand, from_dict, with_defaults
 from dspark_bench.decoding import learned_signal
 from dspark_bench.decoding.learned_signal import FILE as LEARNED_FILE
 from dspark_bench.decoding.schedule import expressible
+from dspark_bench.engines.files import FILES, NOTES, llamacpp_flags, parse, render  # noqa: F401 (the API)
+from dspark_bench.engines.versions import version_for
 from dspark_bench.errors import DsparkError
 from dspark_bench.harness.gguf import converted
 from dspark_bench.metrics import summarize
@@ -43,8 +45,6 @@ from dspark_bench.replay.learned import with_learned
 from dspark_bench.replay.record import resolve_record
 from dspark_bench.replay.simulate import simulate_grid
 from dspark_bench.results import evaluation_of, read_json, write_text
-from dspark_bench.engines.files import FILES, NOTES, llamacpp_flags, parse, render  # noqa: F401 (the API)
-from dspark_bench.engines.versions import version_for
 
 FORMATS = ("hf", "vllm", "sglang", "trtllm", "llamacpp")
 THRESHOLDS = tuple(round(t, 2) for t in np.arange(0.0, 1.0, 0.05))  # the nearest-policy search's grid
@@ -53,10 +53,12 @@ THRESHOLDS = tuple(round(t, 2) for t in np.arange(0.0, 1.0, 0.05))  # the neares
 def candidates(fmt: str, base: DecodeConfig, gammas: list[int]) -> list[DecodeConfig]:
     """Every policy the engine expresses, over the grid the nearest-policy search replays."""
     plain = {"batch_quorum": 0.0, "goodput_model": ""}  # what no engine expresses
-    fixed = expand({"gamma_max": gammas}, base.replace(schedule="fixed", min_draft_len=0, semantics="dspark", **plain))
+    fixed = expand({"gamma_max": gammas},
+                   base.replace(schedule=schedules.BASELINE, min_draft_len=0, semantics="dspark", **plain))
     if fmt in ("vllm", "sglang", "trtllm"):
         return fixed
-    rule = base.replace(metric="top1", schedule="threshold", semantics="hf" if fmt == "hf" else "llamacpp", **plain)
+    rule = base.replace(metric="top1", schedule=schedules.THRESHOLD, semantics="hf" if fmt == "hf" else "llamacpp",
+                        **plain)
     space = {"threshold": THRESHOLDS, "gamma_max": gammas, "min_draft_len": (0,) if fmt == "hf" else (0, 1, 2)}
     return fixed + expand(space, rule, strict=False)  # min_draft_len <= gamma_max
 
@@ -79,7 +81,8 @@ class RunPolicies:
         learned signal where a best policy reads it (only then: an older sweep's fit, or a record
         made before the signal's context features, fails in one line only where it is needed)."""
         rec = sampled.as_one(sampled.load(self.record))  # a sampled sweep's: every replicate
-        if any(c.stopping.metric == "learned" for c, _, _ in self.best.values()) and (self.folder / LEARNED_FILE).is_file():
+        if any(c.stopping.metric == LEARNED
+               for c, _, _ in self.best.values()) and (self.folder / LEARNED_FILE).is_file():
             rec = with_learned(rec, learned_signal.load(str(self.folder / LEARNED_FILE)))
         return rec
 
@@ -92,9 +95,11 @@ class RunPolicies:
 def policy_of(row: pd.Series, folder: Path) -> DecodeConfig:
     fields = FIELDS
     values = with_defaults({k: (v.item() if hasattr(v, "item") else v) for k, v in row.items() if k in fields})
-    if values["goodput_model"] and not Path(values["goodput_model"]).exists() and (folder / "goodput_model.json").is_file():
+    if (values["goodput_model"] and not Path(values["goodput_model"]).exists()
+            and (folder / "goodput_model.json").is_file()):
         values["goodput_model"] = str(folder / "goodput_model.json")  # the sweep moved, or runs from elsewhere
-    if values["signal_model"] and not Path(values["signal_model"]).exists() and (folder / "learned_signal.json").is_file():
+    if (values["signal_model"] and not Path(values["signal_model"]).exists()
+            and (folder / "learned_signal.json").is_file()):
         values["signal_model"] = str(folder / "learned_signal.json")
     return from_dict(values)
 
@@ -178,7 +183,8 @@ class Choice:
 
 # The engines' own default policy, where speculation is on but not tuned: llama.cpp b11434's
 # common.h (common_params_speculative_draft: n_max 3, n_min 0, p_min 0), i.e. fixed γ = 3.
-DEFAULTS_OF = {"llamacpp": DecodeConfig.of(schedule="fixed", gamma_max=3, min_draft_len=0, semantics="llamacpp")}
+DEFAULTS_OF = {"llamacpp": DecodeConfig.of(schedule=schedules.BASELINE, gamma_max=3, min_draft_len=0,
+                                           semantics="llamacpp")}
 
 
 def engine_prices(run: RunPolicies, fmt: str):
@@ -266,7 +272,8 @@ def priced_choice(run: RunPolicies, fmt: str, engine) -> Choice:
                     engine.label, over_defaults=float(speedups[1 + best] / speedups[-1]))
     if choice.exported_speedup <= 1.0:  # plain decoding: 1× by definition, and why
         rec = run.rec
-        one = DecodeConfig.of(schedule="fixed", gamma_max=1, min_draft_len=0, max_new_tokens=rec.max_new_tokens)
+        one = DecodeConfig.of(schedule=schedules.BASELINE, gamma_max=1, min_draft_len=0,
+                              max_new_tokens=rec.max_new_tokens)
         acceptance = simulate_grid(rec, [one])["acceptance_rate"].iloc[0]  # of a first drafted token
         choice.plain = plain_because(cost, engine.label, choice.exported_speedup, float(acceptance))
         choice.exported_speedup, choice.over_defaults = 1.0, float(1.0 / speedups[-1])

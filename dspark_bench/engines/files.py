@@ -52,8 +52,9 @@ def llamacpp_flags(policy: DecodeConfig, draft: str, version: EngineVersion) -> 
     if version.name == "legacy":
         return ["--model-draft", draft, "--draft-max", str(policy.stopping.gamma_max), "--draft-min", str(minimum),
                 "--draft-p-min", f"{p_min:g}"]
-    return ["--spec-type", "draft-simple", "--spec-draft-model", draft, "--spec-draft-n-max", str(policy.stopping.gamma_max),
-            "--spec-draft-n-min", str(minimum), "--spec-draft-p-min", f"{p_min:g}"]
+    return ["--spec-type", "draft-simple", "--spec-draft-model", draft,
+            "--spec-draft-n-max", str(policy.stopping.gamma_max), "--spec-draft-n-min", str(minimum),
+            "--spec-draft-p-min", f"{p_min:g}"]
 
 
 def trtllm_schedule(lengths: dict[int, int]) -> dict[int, int]:
@@ -94,7 +95,8 @@ def render_hf(choices, version, draft, models) -> str:
 
 def render_llamacpp(choices, version, draft, models) -> str:
     target = models.get("target_gguf") or "TARGET.gguf"
-    if getattr(choices[0], "plain", ""):  # (getattr: callers may pass choice-like objects without it) plain decoding: no flags
+    # (getattr: callers may pass choice-like objects without it) plain decoding: no flags
+    if getattr(choices[0], "plain", ""):
         return (f"# {version.covers}\n# plain decoding: {choices[0].plain}\n"
                 f"# llama-server -m {shlex.quote(target)} $(grep -v '^#' llama_cpp_flags.txt)\n")
     line = shlex.join(llamacpp_flags(choices[0].exported, draft, version))
@@ -106,7 +108,8 @@ def render_vllm(choices, version, draft, models) -> str:
     if version.name == "legacy":  # one length for every batch size: batch size 1's
         return json.dumps({"method": "draft_model", "model": draft,
                            "num_speculative_tokens": choices[0].exported.stopping.gamma_max}, indent=2) + "\n"
-    values = {"method": "draft_model", "model": draft, "num_speculative_tokens": max(c.exported.stopping.gamma_max for c in choices)}
+    values = {"method": "draft_model", "model": draft,
+              "num_speculative_tokens": max(c.exported.stopping.gamma_max for c in choices)}
     if len(choices) > 1:  # [[lowest batch size, highest, length], ...] from batch size 1 up
         starts = [1] + [c.batch_size for c in choices[1:]]
         ends = [b - 1 for b in starts[1:]] + [VLLM_LAST_BATCH]
@@ -137,13 +140,15 @@ def render_trtllm(choices, version, draft, models) -> str:
               "speculative_model": draft, "max_draft_len": choices[0].exported.stopping.gamma_max}
     head = f"# {version.covers}\n# trtllm-serve TARGET --extra_llm_api_options trtllm_speculative.yaml\n"
     if len(choices) > 1 and version.name == "legacy":  # lower bounds: each measured B on up
-        config["draft_len_schedule"] = {1 if i == 0 else c.batch_size: c.exported.stopping.gamma_max for i, c in enumerate(choices)}
+        config["draft_len_schedule"] = {1 if i == 0 else c.batch_size: c.exported.stopping.gamma_max
+                                        for i, c in enumerate(choices)}
     elif len(choices) > 1:
         schedule = trtllm_schedule({c.batch_size: c.exported.stopping.gamma_max for c in choices})
         config["draft_len_schedule"] = schedule
         largest = max(schedule)
         head += (f"# draft_len_schedule keys are inclusive upper bounds: a batch size takes the length of the "
-                 f"smallest key at or above it; above {largest} (the largest measured) TensorRT-LLM does not speculate\n")
+                 f"smallest key at or above it; above {largest} (the largest measured) TensorRT-LLM does not "
+                 "speculate\n")
     return head + yaml.safe_dump({"speculative_config": config}, sort_keys=False)
 
 
@@ -175,8 +180,8 @@ def priced_note(choice) -> str:
     what = "plain decoding" if choice.plain else f"predicted {choice.exported_speedup:.3f}× over plain decoding"
     text = f"B = {choice.batch_size}: priced on {choice.prices}'s measured costs: {what}"
     if choice.over_defaults is not None:
-        text += (f", predicted {choice.over_defaults:.3f}× llama.cpp's own defaults (fixed γ = 3: --spec-draft-n-max 3, "
-                 "n-min 0, p-min 0)")
+        text += (f", predicted {choice.over_defaults:.3f}× llama.cpp's own defaults (fixed γ = 3: "
+                 "--spec-draft-n-max 3, n-min 0, p-min 0)")
     text += ".\n\n"
     return text + (f"Why plain decoding: {choice.plain}.\n\n" if choice.plain else "")
 
@@ -204,7 +209,8 @@ def parse(fmt: str, text: str) -> dict:
         return {1: (values["speculative-num-steps"], 0.0, 0, "dspark")}
     if fmt == "vllm":
         values = json.loads(text)
-        ranges = values.get("num_speculative_tokens_per_batch_size", [[1, VLLM_LAST_BATCH, values["num_speculative_tokens"]]])
+        ranges = values.get("num_speculative_tokens_per_batch_size",
+                            [[1, VLLM_LAST_BATCH, values["num_speculative_tokens"]]])
         return {int(lo): (min(k, values["num_speculative_tokens"]), 0.0, 0, "dspark") for lo, _, k in ranges}
     config = yaml.safe_load(text)["speculative_config"]  # measured B -> length, under either key meaning
     table = config.get("draft_len_schedule", {1: config["max_draft_len"]})

@@ -94,7 +94,8 @@ def check_port_free(port: int) -> None:
         try:
             sock.bind(("127.0.0.1", port))
         except OSError:
-            raise DsparkError(f"port {port} on 127.0.0.1 is in use: pass another --port, or none to pick a free one") from None
+            raise DsparkError(f"port {port} on 127.0.0.1 is in use: "
+                              "pass another --port, or none to pick a free one") from None
 
 
 @dataclass
@@ -189,7 +190,8 @@ class LlamaServer:
             with urllib.request.urlopen(request, timeout=timeout) as response:
                 return json.loads(response.read())
         except urllib.error.HTTPError as error:
-            raise DsparkError(f"{self.name} {path}: HTTP {error.code}: {error.read().decode(errors='replace')[:200]}") from None
+            raise DsparkError(f"{self.name} {path}: HTTP {error.code}: "
+                              f"{error.read().decode(errors='replace')[:200]}") from None
         except (urllib.error.URLError, ConnectionError, TimeoutError) as error:
             raise DsparkError(f"{self.name} stopped answering {path} ({error}): {self.failure()}") from None
 
@@ -261,7 +263,8 @@ def prompt_row(prompt, answers: dict) -> dict:
         "spec_gen_s": statistics.median(a["timings"]["predicted_ms"] for a in answers["spec"]) / 1000,
         "baseline_gen_s": statistics.median(a["timings"]["predicted_ms"] for a in answers["plain"]) / 1000,
         "spec_predicted_per_second": statistics.median(a["timings"]["predicted_per_second"] for a in answers["spec"]),
-        "baseline_predicted_per_second": statistics.median(a["timings"]["predicted_per_second"] for a in answers["plain"]),
+        "baseline_predicted_per_second": statistics.median(a["timings"]["predicted_per_second"]
+                                                           for a in answers["plain"]),
         "tokens": tokens, "plain_tokens": plain_tokens,
         # llama.cpp stopped it short because its context was full (it caps the context at the
         # model's trained length): the two engines then decode different lengths.

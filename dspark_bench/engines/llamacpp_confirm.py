@@ -17,6 +17,8 @@ import pandas as pd
 
 from dspark_bench import schedules
 from dspark_bench.config import DecodeConfig
+from dspark_bench.engines.export import break_even, candidates
+from dspark_bench.engines.files import llamacpp_flags
 from dspark_bench.engines.llama_server import LlamaServer, served
 from dspark_bench.engines.llamacpp_run import found_build, generation_speedup, gguf_files
 from dspark_bench.harness.runner import stage_steps
@@ -24,8 +26,6 @@ from dspark_bench.metrics import bootstrap_ratio
 from dspark_bench.prompts import encode
 from dspark_bench.replay.simulate import simulate_grid
 from dspark_bench.results import write_json
-from dspark_bench.engines.files import llamacpp_flags
-from dspark_bench.engines.export import break_even, candidates
 
 FILE = "llamacpp_confirm.json"
 DEFAULTS_GAMMA = 3  # llama.cpp's own default draft: --spec-draft-n-max 3, n-min 0, p-min 0
@@ -33,7 +33,7 @@ DEFAULTS_GAMMA = 3  # llama.cpp's own default draft: --spec-draft-n-max 3, n-min
 
 def defaults(base: DecodeConfig) -> DecodeConfig:
     """llama.cpp's default speculative policy, as our config says it."""
-    return base.replace(schedule="fixed", gamma_max=DEFAULTS_GAMMA, min_draft_len=0, semantics="llamacpp",
+    return base.replace(schedule=schedules.BASELINE, gamma_max=DEFAULTS_GAMMA, min_draft_len=0, semantics="llamacpp",
                         batch_quorum=0.0, goodput_model="")
 
 
@@ -62,8 +62,9 @@ def confirm_in_llamacpp(spec, prepared, rec, prices, gamma: int, folder, say=Non
     ids = [encode(pair.tokenizer, p.text, spec.chat_template) for p in prepared.prompts]
     target_file, draft_file, _ = gguf_files(spec, pair, "f32", build, binary, say)
     if say:
-        say(f"confirming in {label}: {len(chosen)} policies llama.cpp can run ({', '.join(c.label() for c in chosen)}), "
-            f"each against a plain llama-server on the {len(ids)} prompts, in turns")
+        say(f"confirming in {label}: {len(chosen)} policies llama.cpp can run "
+            f"({', '.join(c.label() for c in chosen)}), each against a plain llama-server on the {len(ids)} prompts, "
+            "in turns")
     max_new = prepared.base.verification.max_new_tokens
     context = max(len(i) for i in ids) + max_new + max(c.stopping.gamma_max for c in chosen) + 8
     measured, steps = [], stage_steps(progress, f"confirming in {label}", len(ids) * len(chosen))
@@ -118,5 +119,5 @@ def judge(rows: list[dict], measured: list[pd.DataFrame], chosen: list[DecodeCon
         sentence += (f"; against llama.cpp's defaults (fixed γ={DEFAULTS_GAMMA}): {over_defaults[0]:.2f}× "
                      f"[{over_defaults[1]:.2f}, {over_defaults[2]:.2f}]")
     return {"engine": label, "wins": wins, "best": top, "over_defaults": list(map(float, over_defaults)),
-            "break_even_acceptance": alpha, "break_even_gamma": gamma, "sentence": sentence,
-            "rows": rows, "measured_in": "llama-server's generation phase, in turns with a plain server on the same prompts"}
+            "break_even_acceptance": alpha, "break_even_gamma": gamma, "sentence": sentence, "rows": rows,
+            "measured_in": "llama-server's generation phase, in turns with a plain server on the same prompts"}

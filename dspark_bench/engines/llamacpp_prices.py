@@ -42,7 +42,9 @@ from pathlib import Path
 
 import numpy as np
 
+from dspark_bench import schedules
 from dspark_bench.config import DecodeConfig
+from dspark_bench.engines.files import llamacpp_flags
 from dspark_bench.engines.llama_server import LlamaServer, build_info, served  # a run's own interleaved requests
 from dspark_bench.errors import DsparkError
 from dspark_bench.harness.health import Check, LoadProbe, cost_dispersion, grade, health
@@ -52,10 +54,9 @@ from dspark_bench.replay.cost import CostModel, CostSurface, relative_iqr
 from dspark_bench.replay.cost_file import CostFile, cache_home, fit_overheads, machine, now, plain_seconds_per_token
 from dspark_bench.replay.cost_file import load as load_file
 from dspark_bench.replay.record import record
-from dspark_bench.engines.files import llamacpp_flags
 
 # The fit's empty-draft run: p-min 1 stops every draft at its first token (t_round_empty).
-EMPTY_FIT = dict(schedule="threshold", metric="top1", threshold=1.0, gamma_max=1)
+EMPTY_FIT = dict(schedule=schedules.THRESHOLD, metric="top1", threshold=1.0, gamma_max=1)
 REPETITIONS = 5  # llama-bench -r, in each of INVOCATIONS runs (a pass takes milliseconds: many are cheap)
 INVOCATIONS = 6
 
@@ -79,8 +80,8 @@ def bench(binary: Path, model: Path, sizes: list[int], depth: int, threads: int 
     samples: dict[int, list[float]] = {n: [] for n in sizes}
     for invocation in range(INVOCATIONS):
         order = random.Random(invocation).sample(sizes, len(sizes))
-        argv = [str(binary), "-m", str(model), "-p", ",".join(map(str, [sizes[0]] + order)), "-n", "0", "-d", str(depth),
-                "-r", str(REPETITIONS), "-o", "json"] + (["-t", str(threads)] if threads else [])
+        argv = [str(binary), "-m", str(model), "-p", ",".join(map(str, [sizes[0]] + order)), "-n", "0",
+                "-d", str(depth), "-r", str(REPETITIONS), "-o", "json"] + (["-t", str(threads)] if threads else [])
         try:
             done = subprocess.run(argv, capture_output=True, text=True, timeout=900)
         except (OSError, subprocess.TimeoutExpired) as error:
@@ -98,7 +99,8 @@ def bench(binary: Path, model: Path, sizes: list[int], depth: int, threads: int 
     return samples
 
 
-def pass_costs(binary: Path, target: Path, draft: Path, depth: int, gamma: int, threads: int | None) -> tuple[CostModel, dict]:
+def pass_costs(binary: Path, target: Path, draft: Path, depth: int, gamma: int,
+               threads: int | None) -> tuple[CostModel, dict]:
     """t_draft and t_verify(k), k = 0 .. gamma, from llama-bench (module docstring); and the raw medians."""
     sizes = list(range(1, gamma + 2))
     target_s, draft_s = bench(binary, target, sizes, depth, threads), bench(binary, draft, sizes, depth, threads)
@@ -187,15 +189,15 @@ def llamacpp_prices(pair, fit_prompts, fit_ids: list[list[int]], eos, max_new_to
         return cached
     gamma = max(gamma, *FIT_GAMMAS)
     if say:
-        say(f"measuring llama.cpp's prices (cached after): llama-bench passes of 1 to {gamma + 1} tokens at depth {depth}, "
-            f"then {2 * len(fit_ids) * (len(FIT_GAMMAS) + 1)} fit requests ({len(fit_ids)} prompts × fixed "
-            f"γ={', '.join(map(str, FIT_GAMMAS))} and p-min 1 × both servers, {max_new_tokens} tokens)")
+        say(f"measuring llama.cpp's prices (cached after): llama-bench passes of 1 to {gamma + 1} tokens at depth "
+            f"{depth}, then {2 * len(fit_ids) * (len(FIT_GAMMAS) + 1)} fit requests ({len(fit_ids)} prompts × "
+            f"fixed γ={', '.join(map(str, FIT_GAMMAS))} and p-min 1 × both servers, {max_new_tokens} tokens)")
     probe = LoadProbe()  # a busy machine while measuring is said, as for our own timings
     probe.sample("before llama-bench")
     passes, medians = pass_costs(find_bench(binary), target, draft, depth, gamma, threads)
     probe.sample("after llama-bench")
     policies = [DecodeConfig.of(**knobs, min_draft_len=0, semantics="llamacpp", max_new_tokens=max_new_tokens)
-                for knobs in [*(dict(schedule="fixed", gamma_max=g) for g in FIT_GAMMAS), EMPTY_FIT]]
+                for knobs in [*(dict(schedule=schedules.BASELINE, gamma_max=g) for g in FIT_GAMMAS), EMPTY_FIT]]
     if say:  # the fit's estimate, now that llama-bench has timed a plain step
         step = medians["target"][1]
         say(f"llama.cpp's plain step: {step * 1e3:.1f} ms (llama-bench); the fit's {2 * len(fit_ids) * len(policies)} "
@@ -220,9 +222,10 @@ def llamacpp_prices(pair, fit_prompts, fit_ids: list[list[int]], eos, max_new_to
          "draft_fingerprint": described["draft_fingerprint"]},
         "t_verify(k): llama-bench -p k+1 -n 0 -d DEPTH, target + draft (the server passes every target batch "
         "through the draft too); t_draft: the draft's -p 1; medians of "
-        f"{REPETITIONS * INVOCATIONS} repetitions over {INVOCATIONS} runs, sizes shuffled. t_plain, t_round: fitted on llama-server's timings.predicted_ms of "
-        f"fixed γ={' and '.join(map(str, FIT_GAMMAS))} and plain runs: the median per round of what each took beyond "
-        f"replay's passes (fitted_on); t_round_empty: the same per empty round of a p-min 1 run; every pass scaled by {scale:.3f}, the server's plain step over llama-bench's "
+        f"{REPETITIONS * INVOCATIONS} repetitions over {INVOCATIONS} runs, sizes shuffled. t_plain, t_round: fitted "
+        f"on llama-server's timings.predicted_ms of fixed γ={' and '.join(map(str, FIT_GAMMAS))} and plain runs: the "
+        "median per round of what each took beyond replay's passes (fitted_on); t_round_empty: the same per empty "
+        f"round of a p-min 1 run; every pass scaled by {scale:.3f}, the server's plain step over llama-bench's "
         "one-token target pass where llama-bench's is the slower (server_scale)",
         {**machine(), "threads": threads or "llama.cpp's default"}, now(),
         {"policies": [p.label() for p in policies], "prompts": [p.id for p in fit_prompts], "runs": per_run,

@@ -38,8 +38,10 @@ import pandas as pd
 from dspark_bench.config import DecodeConfig
 from dspark_bench.decoding.autoregressive import autoregressive_decode
 from dspark_bench.decoding.schedule import expressible
+from dspark_bench.engines.files import llamacpp_flags
 from dspark_bench.engines.llama_server import LlamaServer, build_info, check_port_free, find_server, served
 from dspark_bench.engines.llamacpp_prices import llamacpp_prices
+from dspark_bench.engines.versions import LLAMACPP_CURRENT, llamacpp_version
 from dspark_bench.errors import DsparkError
 from dspark_bench.harness.gguf import cached_gguf
 from dspark_bench.harness.gguf_read import is_gguf
@@ -53,8 +55,6 @@ from dspark_bench.replay.cost import measure_cost
 from dspark_bench.replay.record import record
 from dspark_bench.replay.simulate import simulate, simulate_grid
 from dspark_bench.results import check_writable, write_json, write_parquet
-from dspark_bench.engines.files import llamacpp_flags
-from dspark_bench.engines.versions import LLAMACPP_CURRENT, llamacpp_version
 
 
 def build_version(build: dict):
@@ -129,8 +129,8 @@ def execute_llamacpp(config: RunConfig, out: Path, progress=None, say=None, serv
                              config.threads or None, say, progress)
     context = max(len(ids) for ids in prompt_ids) + max_new + gamma + 8
     served_files = (binary, target_file, draft_file, version, context)
-    measured, plain_argv, tokenized = serve_policies(served_files, policies, planned, prompt_ids, config.threads or None,
-                                                     port, progress)
+    measured, plain_argv, tokenized = serve_policies(served_files, policies, planned, prompt_ids,
+                                                     config.threads or None, port, progress)
     # Our side is an ordinary run (its folder, its health checks); llamacpp.json marks it.
     folder, ours = execute(dataclasses.replace(config, decoder="ours"), out, progress, say, planned)
     targets = [autoregressive_decode(pair.target, ids, policies[0], eos).tokens for ids in prompt_ids]
@@ -141,14 +141,16 @@ def execute_llamacpp(config: RunConfig, out: Path, progress=None, say=None, serv
     for i, (policy, flags, argv, rows) in enumerate(measured):
         mine = ours[ours["config_label"] == policy.label()].iloc[0]
         table = side_by_side(rec, policy, targets, rows, mine, tokenized)
-        tables.append({"policy": policy.label(), "flags": flags, "argv": argv, "table": table.to_dict(orient="records")})
+        tables.append({"policy": policy.label(), "flags": flags, "argv": argv,
+                       "table": table.to_dict(orient="records")})
         summary.append(policy_row(rec, policy, rows, mine, prices, our_prices))
         per_prompt.append(rows.assign(config_id=i, config_label=policy.label()))
     summary = pd.DataFrame(summary)
     full = sorted({p for _, _, _, rows in measured for p in rows.loc[rows["context_full"], "prompt_id"]})
     if full and say:
         say(f"llama.cpp stopped {len(full)} prompt(s) short of {max_new} tokens (first: {full[0]}): its context is "
-            "capped at the target's trained length; use fewer --max-new-tokens or shorter prompts to compare like for like")
+            "capped at the target's trained length; use fewer --max-new-tokens or shorter prompts "
+            "to compare like for like")
     info = {"build": build, "context_full": full, "binary": str(binary), "engine_version": version.name,
             "argv": {"plain": plain_argv}, "gguf": {"target": str(target_file), "draft": str(draft_file),
                                                     "dtype": "as given" if given else gguf_dtype, "given": given},
@@ -166,7 +168,8 @@ def serve_policies(files, policies, planned, prompt_ids, threads, port, progress
     binary, target_file, draft_file, version, context = files
     pair, settings, measured = planned.pair, planned.config.settings(), []
     with stopped_on_sigterm(), ExitStack() as servers:
-        plain = servers.enter_context(LlamaServer(binary, target_file, [], threads, context, port, "llama-server (plain)"))
+        plain = servers.enter_context(LlamaServer(binary, target_file, [], threads, context, port,
+                                                  "llama-server (plain)"))
         tokenized = [plain.tokenize(pair.tokenizer.decode(ids)) == ids for ids in prompt_ids]
         for policy in policies:
             flags = llamacpp_flags(policy, str(draft_file), version)
@@ -221,9 +224,9 @@ def policy_row(rec, policy: DecodeConfig, rows: pd.DataFrame, ours: pd.Series, p
     llama = generation_speedup(rows, policy.label())
     on_llama = float(simulate_grid(rec, [policy], prices.surface.at(1))["predicted_speedup"].iloc[0])
     on_ours = float(simulate_grid(rec, [policy], our_prices)["predicted_speedup"].iloc[0])
-    return {"policy": policy.label(), "llamacpp_speedup": llama["speedup"], "llamacpp_speedup_low": llama["speedup_low"],
-            "llamacpp_speedup_high": llama["speedup_high"], "llamacpp_wall_speedup": llama["wall_speedup"],
-            "predicted_llamacpp": on_llama, "predicted_ours": on_ours,
+    return {"policy": policy.label(), "llamacpp_speedup": llama["speedup"],
+            "llamacpp_speedup_low": llama["speedup_low"], "llamacpp_speedup_high": llama["speedup_high"],
+            "llamacpp_wall_speedup": llama["wall_speedup"], "predicted_llamacpp": on_llama, "predicted_ours": on_ours,
             "error_llamacpp": on_llama / llama["speedup"] - 1, "error_ours": on_ours / llama["speedup"] - 1,
             "acceptance_rate": llama["acceptance_rate"],
             "replay_acceptance_rate": rows["replay_accepted"].sum() / max(rows["replay_drafted"].sum(), 1),
@@ -234,7 +237,8 @@ def policy_row(rec, policy: DecodeConfig, rows: pd.DataFrame, ours: pd.Series, p
 
 def side_by_side(rec, policy: DecodeConfig, targets, rows: pd.DataFrame, ours: pd.Series,
                  tokenized: list[bool]) -> pd.DataFrame:
-    """One policy, per prompt and overall: llama.cpp's acceptance and rounds beside replay's, and who matches the target."""
+    """One policy, per prompt and overall: llama.cpp's acceptance and rounds beside replay's, and who matches
+    the target."""
     predicted = simulate(rec, policy)
     rows["identical_to_target"] = [list(t) == list(g) for t, g in zip(rows["tokens"], targets)]
     rows["plain_identical_to_target"] = [list(t) == list(g) for t, g in zip(rows["plain_tokens"], targets)]

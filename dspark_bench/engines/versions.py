@@ -51,8 +51,8 @@ VERSIONS = {
     "trtllm": (EngineVersion(
         "trtllm", "current", "TensorRT-LLM after PR #10860 (merged 2026-03; draft_len_schedule keys are upper bounds)",
         "tensorrt_llm/llmapi/llm_args.py (DecodingBaseConfig.draft_len_schedule: 'Batch sizes 1-4: use draft_len=4 ... "
-        "33+: use draft_len=0'; validate_draft_len_schedule_and_sort: the smallest key's length == max_draft_len, every "
-        "length <= it; DraftTargetDecodingConfig decoding_type 'Draft_Target', speculative_model) and "
+        "33+: use draft_len=0'; validate_draft_len_schedule_and_sort: the smallest key's length == max_draft_len, "
+        "every length <= it; DraftTargetDecodingConfig decoding_type 'Draft_Target', speculative_model) and "
         "tensorrt_llm/_torch/speculative/utils.py get_draft_len_for_batch_size (bisect_left, else 0)"),
                EngineVersion(
         "trtllm", "legacy", "TensorRT-LLM before PR #10860 (keys are lower bounds from {1: max_draft_len})",

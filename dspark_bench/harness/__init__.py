@@ -5,7 +5,8 @@ speculative decodes, one row per sample), plans and estimates said before a job 
 (`plan`), the workload a run and a sweep share (`workload`), a run's configuration and its
 execution into a run folder (`run`), the timing-health checks every run and sweep makes of its
 own timings (`health`), paired verdicts against the best fixed γ and the precision loop
-(`verdicts`), `run --decoder hf` priced on HF's own costs (`hf_cost_model`), the calibration file a run decodes with (`calibration_file`),
+(`verdicts`), `run --decoder hf` priced on HF's own costs (`hf_cost_model`), the calibration file a run decodes
+with (`calibration_file`),
 training multi-token heads on a target (`train_heads`), a pair as GGUF files for llama.cpp
 (`gguf`), and GGUF model files opened as cached HF folders (`gguf_read`).
 

@@ -22,8 +22,8 @@ from dspark_bench.results import atomic_write, write_text
 
 SCHEMA_VERSION = 1
 # "engine": how the policies were evaluated, in files written before it was called "evaluation".
-TOP_LEVEL_KEYS = ("schema_version", "created", "environment", "spec", "models", "objective", "evaluation", "engine", "sampling",
-                  "max_new_tokens", "cost_model", "global", "domains", "figure", "by_batch_size")
+TOP_LEVEL_KEYS = ("schema_version", "created", "environment", "spec", "models", "objective", "evaluation", "engine",
+                  "sampling", "max_new_tokens", "cost_model", "global", "domains", "figure", "by_batch_size")
 
 
 @dataclass(frozen=True)

@@ -64,7 +64,8 @@ def convert(path: Path, folder: Path, role: str) -> None:
         import accelerate  # noqa: F401 — transformers' GGUF loader needs both
         import gguf  # noqa: F401
     except ImportError as err:
-        raise DsparkError(f"loading a GGUF model needs the {err.name!r} package: pip install 'dspark-bench[gguf]'") from None
+        raise DsparkError(f"loading a GGUF model needs the {err.name!r} package: "
+                          "pip install 'dspark-bench[gguf]'") from None
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -81,11 +82,13 @@ def convert(path: Path, folder: Path, role: str) -> None:
     model.generation_config = loaded.generation_config
     del loaded
     folder.parent.mkdir(parents=True, exist_ok=True)
-    partial = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))  # two converting processes never share it
+    partial = Path(tempfile.mkdtemp(prefix=f".{folder.name}-",
+                                    dir=folder.parent))  # two converting processes never share it
     try:
         model.save_pretrained(partial)
         tokenizer.save_pretrained(partial)
-        (partial / "source.txt").write_text(f"{path.resolve()}\n")  # which file this came from, for a reader of the cache
+        # Which file this came from, for a reader of the cache.
+        (partial / "source.txt").write_text(f"{path.resolve()}\n")
         partial.rename(folder)  # an interrupted conversion leaves no folder that looks done
     except OSError:
         if not (folder / "config.json").is_file():  # not another process's finished folder: a real failure

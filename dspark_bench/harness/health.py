@@ -44,6 +44,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from dspark_bench.config import LEARNED
 from dspark_bench.paired import compare
 from dspark_bench.replay.cost import CostSurface, measure_surface, relative_iqr
 
@@ -185,7 +186,8 @@ class LoadProbe:
         spread = max(self.spreads)
         numbers = {"stages": self.stages, "medians_s": self.medians, "relative_iqr": self.spreads}
         checks = [Check("load_drift", grade(drift, 1.5, 2.5), {"drift": drift, **numbers},
-                        f"a fixed reference operation took {drift:.2f}× longer at its slowest stage than at its fastest"),
+                        f"a fixed reference operation took {drift:.2f}× longer at its slowest stage than "
+                        "at its fastest"),
                   Check("load_dispersion", grade(spread, 0.3, 1.0), {"worst_relative_iqr": spread},
                         f"a fixed reference operation's repeats disagreed by up to {spread:.0%} (IQR / median)")]
         if self.scalings:
@@ -214,12 +216,13 @@ def identical_rounds(samples: pd.DataFrame) -> Check | None:
     by_config = {cid: g for cid, g in samples.groupby("config_id", sort=True)}
     groups: dict[tuple, list[int]] = {}
     for cid, group in by_config.items():
-        learned = bool((group["metric"] == "learned").any()) if "metric" in group else False
+        learned = bool((group["metric"] == LEARNED).any()) if "metric" in group else False
         batch = tuple(group["batch_size"].unique()) if "batch_size" in group else (1,)
         key = (learned, batch,
                tuple(map(tuple, group.sort_values(["prompt_id", "turn"])[WORK].to_numpy().tolist())))
         groups.setdefault(key, []).append(cid)
-    verdicts = [compare(by_config[cid], by_config[ids[0]]) for ids in groups.values() if len(ids) > 1 for cid in ids[1:]]
+    verdicts = [compare(by_config[cid], by_config[ids[0]])
+                for ids in groups.values() if len(ids) > 1 for cid in ids[1:]]
     if not verdicts:
         return None
     # The farthest apart; one whose interval holds 1 is as alike as this run can tell.

@@ -23,6 +23,7 @@ import json
 import torch
 import transformers
 
+from dspark_bench import schedules
 from dspark_bench.config import DecodeConfig
 from dspark_bench.errors import DsparkError
 from dspark_bench.harness.runner import run, stage_steps
@@ -71,7 +72,7 @@ def hf_prices(pair, spare, settings, max_new_tokens: int, gamma: int, progress=N
             return prices
     gamma = max(gamma, *FIT_GAMMAS)
     ids = [encode(pair.tokenizer, p.text, settings.chat_template) for p in spare]
-    policies = [DecodeConfig.of(schedule="fixed", gamma_max=g, min_draft_len=0, semantics="hf",
+    policies = [DecodeConfig.of(schedule=schedules.BASELINE, gamma_max=g, min_draft_len=0, semantics="hf",
                                 max_new_tokens=max_new_tokens) for g in FIT_GAMMAS]
     fitted = run(pair, spare, policies, dataclasses.replace(settings, repeats=1, decoder="hf"),
                  progress=stage_steps(progress, "HF prices (fit)", len(spare) * len(policies))).samples
@@ -124,9 +125,11 @@ def priced_hf(planned, folder, settings, progress=None, say=None) -> list[dict]:
         on_hf = float(simulate_grid(rec, [config], prices.surface.at(1))["predicted_speedup"].iloc[0])
         on_ours = float(simulate_grid(rec, [config], ours)["predicted_speedup"].iloc[0])
         mine = measured.loc[config.label()]
-        rows.append({"policy": config.label(), "speedup": float(mine["speedup"]), "speedup_low": float(mine["speedup_low"]),
-                     "speedup_high": float(mine["speedup_high"]), "predicted_engine": on_hf, "predicted_ours": on_ours,
+        rows.append({"policy": config.label(), "speedup": float(mine["speedup"]),
+                     "speedup_low": float(mine["speedup_low"]), "speedup_high": float(mine["speedup_high"]),
+                     "predicted_engine": on_hf, "predicted_ours": on_ours,
                      "error_engine": on_hf / mine["speedup"] - 1, "error_ours": on_ours / mine["speedup"] - 1})
     write_json(folder / FILE, {"engine": prices.label, "prices": prices.source, "fitted_on": {
-        k: v for k, v in prices.fitted_on.items() if k in ("policies", "prompts")}, "ours": ours.to_dict(), "rows": rows})
+        k: v for k, v in prices.fitted_on.items() if k in ("policies", "prompts")},
+        "ours": ours.to_dict(), "rows": rows})
     return rows

@@ -48,13 +48,15 @@ class ModelPair:
         if path is None:
             if Path(self.target_name).resolve() != Path(default_pair()[0]).resolve():
                 raise DsparkError("the heads drafter needs heads trained on this target: pass --heads with a folder "
-                                  "from `dspark-bench models build --heads` (only the shipped target has heads built in)")
+                                  "from `dspark-bench models build --heads` (only the shipped target has heads "
+                                  "built in)")
             path = default_heads_path()
         return heads.load(path, self.target)
 
     def drafter_for(self, config) -> object:
         """What `config.drafting.drafter` drafts with (engine.speculative_decode's `draft`)."""
-        return {"model": lambda: self.draft, "heads": lambda: self.heads, "lookup": lambda: None}[config.drafting.drafter]()
+        return {"model": lambda: self.draft, "heads": lambda: self.heads,
+                "lookup": lambda: None}[config.drafting.drafter]()
 
     def drafter_fingerprint(self, drafting) -> str:
         """Identifies what drafts (a config.Drafting): the draft model, the heads' weights, or
@@ -189,7 +191,8 @@ def check_reachable(name: str, role: str) -> None:
     if name.startswith((".", "/", "~")) or name.count("/") > 1 or is_gguf(name):
         raise DsparkError(f"{role} model path {name!r} does not exist")
     if not _in_hub_cache(name) and not hub_reachable():
-        raise DsparkError(f"{role} model {name!r} is not a local folder and the hub cannot be reached; pass a local path")
+        raise DsparkError(f"{role} model {name!r} is not a local folder and the hub cannot be reached; "
+                          "pass a local path")
 
 
 def model_folder(name: str, role: str) -> tuple[str, str | None]:
@@ -232,8 +235,9 @@ def share_vocabulary(target: torch.nn.Module, draft: torch.nn.Module, tokenizer,
 def model_fingerprint(model: torch.nn.Module, with_config: bool = True) -> str:
     """Short hash of a model's config and weights: equal models give equal fingerprints."""
     # Where the weights were loaded from, and by which transformers, is not part of the model.
-    config = {k: v for k, v in model.config.to_dict().items()
-              if k not in ("_name_or_path", "name_or_path", "transformers_version", "_commit_hash")} if with_config else {}
+    config = ({k: v for k, v in model.config.to_dict().items()
+               if k not in ("_name_or_path", "name_or_path", "transformers_version", "_commit_hash")}
+              if with_config else {})
     digest = hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode())
     with torch.inference_mode():
         for name, param in sorted(model.state_dict().items()):

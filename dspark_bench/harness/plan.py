@@ -67,17 +67,23 @@ def run_plan(per_token: float, prompts: int, samples: int, configs: int, tokens:
 
 
 def replay_plan(per_token: float, prompts: int, tokens: int, policies: int, confirm: int, repeats: int,
-                recorded: bool, from_file: bool = False, paths: int = 0) -> tuple[str, float]:
+                recorded: bool, from_file: bool = False, paths: int = 0, space: int | None = None) -> tuple[str, float]:
     """The line a replay sweep prints before it records, and its estimate in seconds (`from_file`:
     the target's continuations come from an engine's file, only the draft's rollouts are made;
-    `paths`: a sampled record's paths per prompt, each recorded as a greedy record is)."""
+    `paths`: a sampled record's paths per prompt, each recorded as a greedy record is; `space`: how
+    many of the `policies` are the search space's points, the rest being those replay adds)."""
     record = 0.0 if recorded else record_seconds(per_token, prompts * max(paths, 1), tokens, from_file)
     confirm_s = timed_pairs_seconds(per_token, prompts * confirm, tokens, repeats)
     sampled = f" × {paths} sampled paths" if paths else ""
     first = "record cached" if recorded else (f"record {prompts} prompts{sampled} × {tokens} tokens"
-                                              f"{' from the continuations file' if from_file else ''} ≈ {duration(record)}")
-    return (f"plan: {first}; simulate {policies:,} policies (seconds); confirm {confirm} "
-            f"× {prompts} prompts × {repeats} timed pair{'s' * (repeats != 1)} ≈ {duration(confirm_s)}; "
+                                              f"{' from the continuations file' if from_file else ''} ≈ "
+                                              f"{duration(record)}")
+    confirming = (f"confirm {confirm} × {prompts} prompts × {repeats} timed pair{'s' * (repeats != 1)} ≈ "
+                  f"{duration(confirm_s)}" if confirm else "nothing timed (--confirm-top 0)")
+    added = policies - space if space is not None else 0
+    simulated = (f"{policies:,} policies ({space:,} points + {added:,} replay adds: fixed γ, goodput, budget, "
+                 f"learned)" if added > 0 else f"{policies:,} policies")
+    return (f"plan: {first}; simulate {simulated} (seconds); {confirming}; "
             f"total ≈ {duration(record + confirm_s)} (target {per_token * 1e3:.1f} ms/token here)"), record + confirm_s
 
 

@@ -14,21 +14,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dspark_bench import schedules
-from dspark_bench.config import DEFAULTS, KNOBS, LEARNED, DecodeConfig, expand, from_dict, with_defaults
+from dspark_bench.config import KNOBS, LEARNED, DecodeConfig, expand, from_dict, with_defaults
 from dspark_bench.decoding import budget, learned_signal
 from dspark_bench.decoding.budget import row_rule
-from dspark_bench.decoding.speculative import speculative_decode
 from dspark_bench.decoding.schedule import expressible
+from dspark_bench.decoding.speculative import speculative_decode
 from dspark_bench.errors import DsparkError
 from dspark_bench.harness.calibration_file import load_calibration
-from dspark_bench.harness.models import load_pair
 from dspark_bench.harness.hf_cost_model import priced_hf
+from dspark_bench.harness.models import load_pair
 from dspark_bench.harness.runner import RunnerSettings, planned_samples, run_to_folder, stage_steps
 from dspark_bench.harness.workload import Workload
 from dspark_bench.prompts import Prompt, encode, prompts_fingerprint
 from dspark_bench.results import check_writable, read_json
 from dspark_bench.tasks import load_prompts
-
 
 # The order a run's grid is crossed in (the last varies fastest): the batch size outermost, then
 # the knobs in the order runs have always decoded them; any other knob after these.
@@ -108,11 +107,13 @@ def check(config: RunConfig) -> None:
     if config.decoder not in ("ours", "hf", "llamacpp"):
         raise DsparkError(f"--decoder must be ours, hf or llamacpp (got {config.decoder!r})")
     if config.decoder == "hf" and config.ignore_eos:
-        raise DsparkError("--decoder hf cannot ignore EOS (HF generate falls back to the model's own EOS); drop --ignore-eos")
+        raise DsparkError("--decoder hf cannot ignore EOS (HF generate falls back to the model's own EOS); "
+                          "drop --ignore-eos")
     if config.decoder == "hf" and max(config.batch_sizes) > 1:
         raise DsparkError("--decoder hf decodes one request at a time (HF assisted generation has no batching); "
                           "use --batch-size 1")
-    if max(config.batch_sizes) > 1 and (True in config.values("compiled") or "verify-side" in config.values("draft_mode")):
+    if max(config.batch_sizes) > 1 and (True in config.values("compiled")
+                                        or "verify-side" in config.values("draft_mode")):
         raise DsparkError("--compile and --draft-mode verify-side run at batch size 1 only; use --batch-size 1")
     if config.calibration is not None and config.policies is not None:
         raise DsparkError("a calibration chooses the policies; a run cannot also list them")
@@ -281,7 +282,8 @@ def check_learned_models(pair, configs: list[DecodeConfig]) -> None:
     """A learned signal decodes only with the models it was fitted on, and in float64 (not on MPS)."""
     files = {c.stopping.signal_model for c in configs if c.stopping.metric == LEARNED}
     if files and pair.device.type == "mps":
-        raise DsparkError("the learned metric computes in float64, which MPS lacks: use --device cpu, or another metric")
+        raise DsparkError("the learned metric computes in float64, which MPS lacks: "
+                          "use --device cpu, or another metric")
     for path in files:
         fitted = dict(learned_signal.load(path).models)
         for key, mine in zip(("target_fingerprint", "draft_fingerprint"), pair.fingerprints):
@@ -290,7 +292,8 @@ def check_learned_models(pair, configs: list[DecodeConfig]) -> None:
                                   f"this pair's {mine}): run a replay sweep on these models")
 
 
-def calibrated_configs(path, prompts: list[Prompt], bases: list[DecodeConfig]) -> tuple[list[DecodeConfig], list[list[int]]]:
+def calibrated_configs(path, prompts: list[Prompt],
+                       bases: list[DecodeConfig]) -> tuple[list[DecodeConfig], list[list[int]]]:
     """The distinct calibrated policies, and for each prompt the indexes of its own: one per
     base (one base per batch size, each taking the calibration made nearest its batch size)."""
 
@@ -313,7 +316,8 @@ def check_rerun(planned: Planned, original: dict, where: str) -> None:
     if before and prompts_fingerprint(planned.prompts) != before:
         raise DsparkError(f"the prompts of {where} changed since it ran (fingerprint {before} → "
                           f"{prompts_fingerprint(planned.prompts)}); it cannot be re-run as it was")
-    if original.get("configs") and [c.to_dict() for c in planned.configs] != [with_defaults(c) for c in original["configs"]]:
+    if original.get("configs") and ([c.to_dict() for c in planned.configs]
+                                    != [with_defaults(c) for c in original["configs"]]):
         raise DsparkError(f"the policies {where} describes no longer build the same configs; it cannot be re-run")
 
 
@@ -326,9 +330,9 @@ def execute(config: RunConfig, out: Path, progress=None, say=None, planned: Plan
     check_writable(out)  # before models load
     planned = planned or plan_run(config)
     step = stage_steps(progress, "decoding", planned.samples)
-    folder, table = run_to_folder(planned.pair, planned.prompts, planned.configs, out, config.settings(), planned.source,
-                                  progress=step, assignment=planned.assignment, say=say, run_config=config.to_dict(),
-                                  precision=(config.precision, config.precision_budget_s))
+    folder, table = run_to_folder(planned.pair, planned.prompts, planned.configs, out, config.settings(),
+                                  planned.source, progress=step, assignment=planned.assignment, say=say,
+                                  run_config=config.to_dict(), precision=(config.precision, config.precision_budget_s))
     if config.decoder == "hf" and all(c.greedy for c in planned.configs) and config.calibration is None:
         priced_hf(planned, folder, config.settings(), progress, say)  # replay priced on HF's own costs, beside ours
     return folder, table

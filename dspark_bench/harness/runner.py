@@ -27,40 +27,24 @@ from dspark_bench.config import DecodeConfig
 from dspark_bench.decoding.autoregressive import autoregressive_decode, hf_assisted_decode
 from dspark_bench.decoding.batched import autoregressive_serving, interleave, speculative_serving
 from dspark_bench.decoding.cached_lm import decode_shapes, warm_compiled
-from dspark_bench.decoding.engine import speculative_decode
 from dspark_bench.decoding.host import synchronize
+from dspark_bench.decoding.speculative import speculative_decode
 from dspark_bench.decoding.types import DecodeResult
 from dspark_bench.harness.health import LoadProbe, baseline_drift, health, identical_rounds, wall_over_estimate
 from dspark_bench.harness.models import ModelPair
 from dspark_bench.harness.plan import precision_plan, run_plan, seconds_per_token
 from dspark_bench.harness.verdicts import judge, with_schedules
+from dspark_bench.harness.workload import RunnerSettings  # declared beside the workload; still importable here
 from dspark_bench.metrics import position_acceptance, rates, round_totals, speedup_ratio, summarize
 from dspark_bench.prompts import Prompt, encode, prompts_fingerprint
 from dspark_bench.results import check_writable, write_run
 
 
-@dataclass(frozen=True)
-class RunnerSettings:
-    repeats: int = 1  # timed A/B pairs per (prompt, config); medians are kept
-    warmup: int = 1  # untimed decodes of each kind before timing starts
-    trace: bool = False  # keep per-round rows (rounds.parquet)
-    chat_template: str = "auto"
-    turns: str = "first"  # "first" or "all" turns of multi-turn prompts
-    # Timing-only runs: both sides generate exactly max_new_tokens, EOS not ending a sequence
-    # (as benchmark suites' "ignore EOS" does), so sampled outputs have equal lengths.
-    ignore_eos: bool = False
-    batching: str = "refill"  # B > 1: "refill" rows from the waiting prompts as they finish, or "drain"
-    decoder: str = "ours"  # the speculative side: our engine, or "hf" assisted generation under HF's rule
-
-    def speculative(self):
-        """The speculative decoder this run times against the baseline."""
-        if self.decoder == "hf":
-            return hf_assisted_decode
-        return speculative_decode
-
-    def eos_ids(self, pair: ModelPair) -> frozenset[int]:
-        """The ids that end a sequence in this run: none when EOS is ignored."""
-        return frozenset() if self.ignore_eos else pair.eos_ids
+def speculative_decoder(settings: RunnerSettings):
+    """The speculative decoder a run times against the baseline: ours, or HF assisted generation."""
+    if settings.decoder == "hf":
+        return hf_assisted_decode
+    return speculative_decode
 
 
 @dataclass
@@ -141,7 +125,7 @@ def warm_up(pair: ModelPair, prompts: list[Prompt], configs: list[DecodeConfig],
     ids = encode(pair.tokenizer, prompts[0].text, settings.chat_template)
     short = configs[0].replace(max_new_tokens=min(16, configs[0].verification.max_new_tokens))
     for _ in range(settings.warmup):
-        measure(pair, ids, short, repeats=1, eos=settings.eos_ids(pair), decode=settings.speculative())
+        measure(pair, ids, short, repeats=1, eos=settings.eos_ids(pair), decode=speculative_decoder(settings))
     if any(c.verification.compiled for c in configs):
         warm_compiled_steps(pair, prompts, [c for c in configs if c.verification.compiled], settings)
 
@@ -159,7 +143,7 @@ def warm_compiled_steps(pair: ModelPair, prompts: list[Prompt], configs: list[De
     warm_compiled(pair.draft, shapes["draft"], capacity, role="draft")
     ids = encode(pair.tokenizer, prompts[0].text, settings.chat_template)
     for config in dict.fromkeys(configs):
-        measure(pair, ids, config, repeats=1, eos=settings.eos_ids(pair), decode=settings.speculative())
+        measure(pair, ids, config, repeats=1, eos=settings.eos_ids(pair), decode=speculative_decoder(settings))
 
 
 def iter_samples(
@@ -184,9 +168,10 @@ def iter_samples(
                 ids = encode(pair.tokenizer, text, settings.chat_template, history)
                 baseline, spec, base_time, spec_time = measure(pair, ids, config, settings.repeats,
                                                                settings.eos_ids(pair), offset=measured,
-                                                               decode=settings.speculative())
+                                                               decode=speculative_decoder(settings))
                 measured += 1
-                base = {"prompt_id": prompt.id, "category": prompt.category, "turn": turn, **config_columns(config, config_id)}
+                base = {"prompt_id": prompt.id, "category": prompt.category, "turn": turn,
+                        **config_columns(config, config_id)}
                 row = sample_fields(base, spec, baseline, config, len(ids), base_time, spec_time)
                 yield row, round_rows(spec, base) if settings.trace else []
                 # The next turn builds on the model's own previous answer.

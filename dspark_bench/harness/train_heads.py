@@ -4,7 +4,8 @@ Only the heads learn: each step runs the target once (no gradient) over a batch 
 reference corpus's training text, and head i learns to predict, from the hidden state at t,
 the token at t+1+i. (Self-distillation — the target's own distribution at t+i as the label,
 as in Medusa-2 — was tried: in 15 minutes it replayed fewer tokens per round on code than
-the corpus's own tokens in 20, 1.48 against 1.64 at fixed γ=4.) The batch is a pure function of the step (train.batch_at), the heads and
+the corpus's own tokens in 20, 1.48 against 1.64 at fixed γ=4.) The batch is a pure function of the step
+(train.batch_at), the heads and
 their optimizer are checkpointed every minute and on SIGTERM, and the time budget counts
 earlier runs: rerunning the command after a kill resumes. At the end the heads' top-1
 accuracy per head is measured on held-out text of each domain, and the heads are written as
@@ -140,7 +141,8 @@ def train_heads(target, tokens: np.ndarray, out: Path, budget_s: float, count: i
 
     def save() -> None:
         atomic_write(ckpt, lambda partial: torch.save(
-            {"heads": heads.state_dict(), "optimizer": opt.state_dict(), "state": dict(state), "count": count}, partial))
+            {"heads": heads.state_dict(), "optimizer": opt.state_dict(), "state": dict(state), "count": count},
+            partial))
 
     old_handler = _install_sigterm()
     try:

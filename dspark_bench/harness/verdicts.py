@@ -26,9 +26,7 @@ import numpy as np
 import pandas as pd
 
 from dspark_bench import schedules
-from dspark_bench.paired import Verdict, aligned, compare, t_factor
-
-Z95 = 1.96  # one prompt: no t to take
+from dspark_bench.paired import Z95, Verdict, aligned, compare, t_factor
 
 
 def best_fixed(table: pd.DataFrame) -> dict[int, int]:
@@ -62,9 +60,10 @@ def paired_verdicts(samples: pd.DataFrame, table: pd.DataFrame, timed_as: dict[i
 
 def same_work_verdict(candidate: str, reference: str) -> dict:
     """Two policies whose rounds are identical on every prompt: one timing, no difference by construction."""
-    return {"candidate": candidate, "reference": reference, "ratio": 1.0, "low": 1.0, "high": 1.0, "verdict": "same work",
-            "half_width": 0.0, "sentence": f"{candidate} vs {reference}: the same work (identical rounds on every "
-                                           f"prompt, timed once): no difference by construction"}
+    return {"candidate": candidate, "reference": reference, "ratio": 1.0, "low": 1.0, "high": 1.0,
+            "verdict": "same work", "half_width": 0.0,
+            "sentence": f"{candidate} vs {reference}: the same work (identical rounds on every "
+                        f"prompt, timed once): no difference by construction"}
 
 
 def headline(table: pd.DataFrame, verdicts: list[dict]) -> dict | None:
@@ -94,7 +93,7 @@ def passes_needed(samples: pd.DataFrame, candidate: int, reference: int, target:
     """Passes in all that would bring the interval to ±target at this noise; None where the
     prompts' own differences keep it wider whatever the passes (more prompts are needed)."""
     between, within, prompts, passes = spread(samples, candidate, reference)
-    z = t_factor(prompts) if prompts > 1 else Z95  # as compare() widens its interval
+    z = t_factor(prompts) if prompts > 1 else Z95  # as compare() widens its interval; one prompt: no t to take
     if within is None:
         return None if z * math.sqrt(between / prompts) >= target else passes + 1
     room = (target / z) ** 2 * prompts - between

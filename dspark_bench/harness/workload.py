@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from dspark_bench.config import DEFAULT_MAX_NEW_TOKENS, check_declared, knob, same_as
 from dspark_bench.errors import DsparkError
 
-
 MODELS, PROMPTS, TIMING = "Models", "Prompts", "Timing"  # the --help groups of a workload's options
 
 
@@ -89,7 +88,8 @@ class Workload:
         if self.precision < 0:
             raise DsparkError(f"--precision must be a number >= 0 (got {self.precision:g})")
         if not self.precision_budget_s > 0:  # a budget of nothing would let --precision run no pass and say it ran
-            raise DsparkError(f"--precision-budget must be a positive number of seconds (got {self.precision_budget_s:g})")
+            raise DsparkError("--precision-budget must be a positive number of seconds "
+                              f"(got {self.precision_budget_s:g})")
         if self.precision >= 1:
             raise DsparkError(f"--precision is a relative half-width, e.g. 0.03 for ±3 % (got {self.precision:g})")
 
@@ -101,13 +101,34 @@ class Workload:
 
         torch.set_num_threads(self.threads)
 
-    def runner_settings(self, decoder: str = "ours"):
-        """How every timed or recorded decode of this workload runs (a runner.RunnerSettings)."""
-        from dspark_bench.harness.runner import RunnerSettings  # with torch, only when a job starts (see use_threads)
-
+    def runner_settings(self, decoder: str = "ours") -> RunnerSettings:
+        """How every timed or recorded decode of this workload runs."""
         return RunnerSettings(repeats=self.repeats, warmup=self.warmup, trace=self.trace,
                               chat_template=self.chat_template, turns=self.turns, ignore_eos=self.ignore_eos,
                               batching=self.batching, decoder=decoder)
 
 
 WORKLOAD_FIELDS = tuple(f.name for f in dataclasses.fields(Workload))
+
+
+@dataclass(frozen=True)
+class RunnerSettings:
+    """What harness.runner reads of a workload: how it times and feeds each decode, and which
+    speculative decoder it times against the baseline. Declared here, beside the workload, so that
+    each setting is the workload's own declaration (its default written once) and the runner,
+    which imports this module, is imported by nothing here."""
+
+    repeats: int = same_as("repeats", of=Workload)  # timed A/B pairs per (prompt, config); medians are kept
+    warmup: int = same_as("warmup", of=Workload)  # untimed decodes of each kind before timing starts
+    trace: bool = same_as("trace", of=Workload)  # keep per-round rows (rounds.parquet)
+    chat_template: str = same_as("chat_template", of=Workload)
+    turns: str = same_as("turns", of=Workload)  # "first" or "all" turns of multi-turn prompts
+    # Timing-only runs: both sides generate exactly max_new_tokens, EOS not ending a sequence
+    # (as benchmark suites' "ignore EOS" does), so sampled outputs have equal lengths.
+    ignore_eos: bool = same_as("ignore_eos", of=Workload)
+    batching: str = same_as("batching", of=Workload)  # B > 1: "refill" rows as they finish, or "drain"
+    decoder: str = "ours"  # the speculative side: our decoder, or "hf" assisted generation under HF's rule
+
+    def eos_ids(self, pair) -> frozenset[int]:
+        """The ids that end a sequence in this run (a harness.models.ModelPair's): none when EOS is ignored."""
+        return frozenset() if self.ignore_eos else pair.eos_ids

@@ -130,7 +130,8 @@ def fit_tokens(tokens: pd.DataFrame) -> AcceptanceFit:
         quality[metric] = {
             "tokens": int(len(rows)), "mean_acceptance": float(rows["accepted"].mean()),
             "brier": brier(held_out, rows["accepted"]), "ece": ece(held_out, rows["accepted"]),
-            "raw_brier": brier(rows["confidence"], rows["accepted"]), "raw_ece": ece(rows["confidence"], rows["accepted"]),
+            "raw_brier": brier(rows["confidence"], rows["accepted"]),
+            "raw_ece": ece(rows["confidence"], rows["accepted"]),
         }
     return AcceptanceFit(curves, quality)
 

@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 from dspark_bench import schedules
-from dspark_bench.config import DecodeConfig
+from dspark_bench.config import LEARNED, DecodeConfig
 from dspark_bench.decoding import budget
 from dspark_bench.decoding.budget import decide, draft_seconds, packed_verify
 from dspark_bench.decoding.confidence import signal_of
@@ -40,7 +40,6 @@ from dspark_bench.replay.simulate import (
     rule_arrays,
     simulate_grid,
 )
-
 
 TOTALS = ("rounds", "drafted_total", "accepted_total", "full_blocks", "draft_forwards")  # what the budget walk counts
 
@@ -112,8 +111,9 @@ def _walk_batched(fail, gamma_max, min_draft_len, discard_below, quorum, matches
 
 
 @numba.njit(cache=True, nogil=True)
-def _walk_budget(alpha, eos_step, matches, lengths, max_new_tokens, gamma_max, min_draft_len, batch_size, refill, packed_rule,
-                 rule_draft, rule_verify, t_draft, t_verify, prefill, drafted_at, counts):  # pragma: no cover (compiled)
+def _walk_budget(alpha, eos_step, matches, lengths, max_new_tokens, gamma_max, min_draft_len, batch_size, refill,
+                 packed_rule, rule_draft, rule_verify, t_draft, t_verify, prefill, drafted_at,
+                 counts):  # pragma: no cover (compiled)
     """The budget schedule's walk (decoding/budget.py): its rows' drafts are decided together, by
     `decide` after every draft step on the batch's fitted acceptances `alpha` [P, N, G], as the
     batched decoder decides them. Predicted seconds (padded, packed); drafted_at[p, j]: what the
@@ -148,8 +148,8 @@ def _walk_budget(alpha, eos_step, matches, lengths, max_new_tokens, gamma_max, m
                 length[r] = steps
                 if steps >= cap[r] or eos_step[keys[r], starts[r]] == steps:
                     drafting[r] = False
-            decide(expected, gain, keys, drafting.copy(), length <= min_draft_len, length, steps_with, steps, packed_rule,
-                   rule_draft, rule_verify, go[:n])
+            decide(expected, gain, keys, drafting.copy(), length <= min_draft_len, length, steps_with, steps,
+                   packed_rule, rule_draft, rule_verify, go[:n])
             drafting &= go[:n]
         tokens, leaving = 0, 0
         for r in range(n):
@@ -203,7 +203,8 @@ def predict_batched(rec: Record, configs: list[DecodeConfig], surface: CostSurfa
     signals, signal_of = _signals(rec, configs)
     thresholds = _thresholds(configs, rec.gamma_record)
     # A learned policy's draft steps cost what its signal adds too (CostModel.t_learned).
-    tables = {(b, learned): surface.tables(b, learned) for b, learned in {(c.batching.batch_size, c.stopping.metric == "learned") for c in configs}}
+    tables = {(b, learned): surface.tables(b, learned)
+              for b, learned in {(c.batching.batch_size, c.stopping.metric == LEARNED) for c in configs}}
     # Each request's prefill (its prompt but the last token), batch 1, as the batched decoder does.
     alone = surface.at(min(surface.models))
     prompt = np.maximum(np.asarray(rec.info.get("prompt_tokens", [1] * len(lengths)), dtype=np.float64) - 1, 0)
@@ -216,18 +217,19 @@ def predict_batched(rec: Record, configs: list[DecodeConfig], surface: CostSurfa
     order = sorted(range(len(configs)), key=lambda c: (signal_of[c], forced_steps[c], keep[c], tuple(thresholds[c])))
     for c in order:
         config = configs[c]
-        draft, verify = tables[(config.batching.batch_size, config.stopping.metric == "learned")]
+        draft, verify = tables[(config.batching.batch_size, config.stopping.metric == LEARNED)]
         if schedules.of(config).whole_batch:  # its rows decide together: a walk of its own
-            rows.append({"config_id": c, **walk_budget(rec, config, draft, verify, prefill_spec, refill, matches, eos)[0],
+            rows.append({"config_id": c,
+                         **walk_budget(rec, config, draft, verify, prefill_spec, refill, matches, eos)[0],
                          "predicted_baseline_time": baseline[config.batching.batch_size]})
             continue
         key = (signal_of[c], forced_steps[c], keep[c], tuple(thresholds[c]))
         if key != last_key:  # policies that stop at the same draft steps share one failure table
             _first_failures(signals[signal_of[c]], thresholds[c], forced_steps[c], keep[c], eos, fail)
             last_key = key
-        padded, packed = _walk_batched(fail, config.stopping.gamma_max, forced_steps[c], discard_below[c], config.stopping.batch_quorum, matches,
-                                       lengths, rec.max_new_tokens, config.batching.batch_size, refill, draft, verify,
-                                       prefill_spec)
+        padded, packed = _walk_batched(fail, config.stopping.gamma_max, forced_steps[c], discard_below[c],
+                                       config.stopping.batch_quorum, matches, lengths, rec.max_new_tokens,
+                                       config.batching.batch_size, refill, draft, verify, prefill_spec)
         rows.append({"config_id": c, "predicted_time": padded, "predicted_time_packed": packed,
                      "predicted_baseline_time": baseline[config.batching.batch_size]})
     table = pd.DataFrame(rows).sort_values("config_id").reset_index(drop=True)
@@ -237,7 +239,8 @@ def predict_batched(rec: Record, configs: list[DecodeConfig], surface: CostSurfa
 
 
 def walk_budget(rec: Record, config: DecodeConfig, draft: np.ndarray, verify: np.ndarray, prefill: np.ndarray,
-                refill: bool = True, matches: np.ndarray | None = None, eos: np.ndarray | None = None) -> tuple[dict, np.ndarray]:
+                refill: bool = True, matches: np.ndarray | None = None,
+                eos: np.ndarray | None = None) -> tuple[dict, np.ndarray]:
     """One budget policy at its batch size: (its predicted times and totals, drafted_at [P, N]:
     what the round at each position drafted, -1 where no round starts), priced by `draft` /
     `verify` (the surface's tables at its B) and deciding with its own goodput model's."""
@@ -246,9 +249,10 @@ def walk_budget(rec: Record, config: DecodeConfig, draft: np.ndarray, verify: np
     matches = match_lengths(rec).astype(np.int64) if matches is None else matches
     eos = eos_positions(rec).astype(np.int64) if eos is None else eos
     drafted_at, counts = np.full(matches.shape, -1, dtype=np.int64), np.zeros(5, dtype=np.int64)
-    padded, packed = _walk_budget(alpha, eos, matches, rec.lengths.astype(np.int64), rec.max_new_tokens, config.stopping.gamma_max,
-                                  config.stopping.min_draft_len, config.batching.batch_size, refill, rule.packed, rule.t_draft, rule.t_verify,
-                                  draft, verify, prefill, drafted_at, counts)
+    padded, packed = _walk_budget(alpha, eos, matches, rec.lengths.astype(np.int64), rec.max_new_tokens,
+                                  config.stopping.gamma_max, config.stopping.min_draft_len, config.batching.batch_size,
+                                  refill, rule.packed, rule.t_draft, rule.t_verify, draft, verify,
+                                  prefill, drafted_at, counts)
     totals = dict(zip(TOTALS, counts.tolist()))
     return {"predicted_time": padded, "predicted_time_packed": packed, **totals}, drafted_at
 

@@ -192,7 +192,8 @@ def check_header(head: dict, where: str, max_new_tokens: int, ignore_eos: bool) 
         raise DsparkError(f"{where} is not a continuations file (its first line's format is "
                           f"{head.get('format')!r}, not {FORMAT!r})")
     if head.get("format_version") != FORMAT_VERSION:
-        raise DsparkError(f"{where} has format_version {head.get('format_version')!r}; this version reads {FORMAT_VERSION}")
+        raise DsparkError(f"{where} has format_version {head.get('format_version')!r}; "
+                          f"this version reads {FORMAT_VERSION}")
     for key in ("engine", "sampling", "max_new_tokens", "ignore_eos"):
         if key not in head:
             raise DsparkError(f"{where}: its header has no {key!r}")

@@ -74,8 +74,9 @@ class CostModel:
     def from_dict(cls, data: dict) -> "CostModel":
         return cls(float(data["t_draft"]), [float(t) for t in data["t_verify"]], int(data["context_tokens"]),
                    int(data.get("batch_size", 1)), float(data.get("t_prefill_target", 0.0)),
-                   float(data.get("t_prefill_draft", 0.0)), float(data.get("t_heads", 0.0)), float(data.get("spread", 0.0)),
-                   float(data.get("t_learned", 0.0)), float(data.get("t_round", 0.0)), float(data.get("t_plain", 0.0)),
+                   float(data.get("t_prefill_draft", 0.0)), float(data.get("t_heads", 0.0)),
+                   float(data.get("spread", 0.0)), float(data.get("t_learned", 0.0)), float(data.get("t_round", 0.0)),
+                   float(data.get("t_plain", 0.0)),
                    None if data.get("t_round_empty") is None else float(data["t_round_empty"]))
 
     @property
@@ -87,7 +88,8 @@ class CostModel:
         """What one of `drafter`'s draft forwards costs (Round.draft_forwards counts them): a draft
         model step (`learned`: scored by the learned signal), the heads' pass; lookup runs none
         (its search on the host is not priced)."""
-        return {"model": self.t_draft + (self.t_learned if learned else 0.0), "heads": self.t_heads, "lookup": 0.0}[drafter]
+        return {"model": self.t_draft + (self.t_learned if learned else 0.0), "heads": self.t_heads,
+                "lookup": 0.0}[drafter]
 
     def round_costs(self) -> list[float]:
         """Index k: one round's cost past its draft steps, a draft of k tokens: t_verify(k) and
@@ -257,7 +259,8 @@ def measure_surface(pair, context: list[int], gamma: int, batch_sizes, repeats: 
             return time.perf_counter() - start
 
         samples = {k: [] for k in range(-1, gamma + 1)}
-        learned_step = learned_clock(pair, context, b, lambda: clock(draft, filler[:1])) if "model" in drafters else None
+        learned_step = (learned_clock(pair, context, b, lambda: clock(draft, filler[:1]))
+                        if "model" in drafters else None)
         learned = []
         for _ in range(repeats + 1):  # the first pass warms up
             samples[-1].append(clock(draft, filler[:1]))

@@ -38,7 +38,8 @@ FORMAT = "dspark-bench cost model"
 FORMAT_VERSION = 1
 REQUIRED = ("t_draft", "t_verify", "context_tokens")
 # Every number a batch size's entry may hold (CostModel's fields), each a non-negative finite number.
-SECONDS = ("t_draft", "t_round", "t_round_empty", "t_plain", "t_prefill_target", "t_prefill_draft", "t_heads", "t_learned")
+SECONDS = ("t_draft", "t_round", "t_round_empty", "t_plain", "t_prefill_target", "t_prefill_draft", "t_heads",
+           "t_learned")
 # Who measured a cost-model file ("measured_by"'s name): our decoder, or a serving engine.
 OURS = "ours"
 MEASURERS = {OURS: "our decoder (PyTorch)", "llamacpp": "llama.cpp", "hf": "HF assisted generation",
@@ -127,8 +128,8 @@ def from_dict(data, source: str = "") -> CostFile:
     models = {int_key(b, where): check_entry(entry, f"{where}, batch size {b}")
               for b, entry in data["batch_sizes"].items()}
     if len(models) > 1 and any(m.t_round or m.t_round_empty or m.t_plain for m in models.values()):
-        raise DsparkError(f"{where} has t_round, t_round_empty or t_plain with several batch sizes: replay prices those at batch "
-                          "size 1 only; fold them into t_verify and t_draft")
+        raise DsparkError(f"{where} has t_round, t_round_empty or t_plain with several batch sizes: replay prices "
+                          "those at batch size 1 only; fold them into t_verify and t_draft")
     return CostFile(CostSurface(models), data["measured_by"], data["models"], data["method"], data.get("machine") or {},
                     str(data.get("measured", "")), data.get("fitted_on"), source, data.get("timing_health"))
 

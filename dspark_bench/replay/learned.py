@@ -33,8 +33,8 @@ from pathlib import Path
 import numpy as np
 
 from dspark_bench.decoding import learned_signal
-from dspark_bench.decoding.learned_signal import CONTEXT, FILE, LearnedSignal
 from dspark_bench.decoding.confidence import SIGNALS
+from dspark_bench.decoding.learned_signal import CONTEXT, FILE, LearnedSignal
 from dspark_bench.decoding.learned_signal import RAW_SIGNALS as RAW
 from dspark_bench.errors import DsparkError
 from dspark_bench.replay.acceptance import accepted_steps, verdict_steps

@@ -24,7 +24,6 @@ whatever it is shown (q one-hot): its sampled record is a greedy-shaped one over
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,7 +37,8 @@ from dspark_bench.decoding.autoregressive import autoregressive_decode
 from dspark_bench.decoding.sampling import distribution, draw
 from dspark_bench.errors import DsparkError
 from dspark_bench.metrics import rates
-from dspark_bench.replay.record import Record, draft_rollouts, record
+from dspark_bench.paired import t_quantile
+from dspark_bench.replay.record import Record, RecordBase, draft_rollouts, read_files, record
 from dspark_bench.results import provenance
 
 # K, the sampled paths per prompt: each costs a plain pass to sample and a draft rollout pass to
@@ -57,8 +57,10 @@ def sampling_of(config: DecodeConfig, paths: int = PATHS, draws: int = DRAWS) ->
 
 
 @dataclass
-class SampledRecord:
-    """Arrays over rows r (prompt r // K, its path r % K), positions m and rollout steps k."""
+class SampledRecord(RecordBase):
+    """Arrays over rows r (prompt r // K, its path r % K), positions m and rollout steps k. What it
+    shares with a greedy Record (the info's reading, the check against models and prompts, the
+    two files) is record.RecordBase's; it is no Record: `replicates` makes those of it."""
 
     paths: np.ndarray  # [R, N] the target's sampled tokens, -1 past the end
     lengths: np.ndarray  # [R]
@@ -68,14 +70,6 @@ class SampledRecord:
     confidences: dict[str, np.ndarray]  # signal -> [R, N, G] of the rollout's steps (step 0: q_m's, on the path)
     eos_ids: tuple[int, ...]
     info: dict  # as a Record's, with "sampling" (sampling_of) and rows' prompt tokens
-
-    drafter = Record.drafter
-    max_new_tokens = Record.max_new_tokens
-    check_matches = Record.check_matches
-
-    @property
-    def gamma_record(self) -> int:
-        return self.rollout.shape[2]
 
     @property
     def continuation(self) -> np.ndarray:
@@ -89,34 +83,26 @@ class SampledRecord:
             return np.where(self.p_token > 0, np.minimum(1.0, self.q_token / self.p_token), 1.0)
 
     def save(self, folder: Path) -> None:
-        folder.mkdir(parents=True, exist_ok=True)
-        arrays = {"paths": self.paths, "lengths": self.lengths, "p_token": self.p_token, "q_token": self.q_token,
-                  "rollout": self.rollout, **{f"confidence_{n}": v for n, v in self.confidences.items()}}
-        np.savez_compressed(folder / "record.npz", **arrays)
-        (folder / "record.json").write_text(json.dumps({**self.info, "eos_ids": list(self.eos_ids)}, indent=2) + "\n")
+        self.write_files(folder, {"paths": self.paths, "lengths": self.lengths, "p_token": self.p_token,
+                                  "q_token": self.q_token, "rollout": self.rollout})
+
+    @classmethod
+    def from_files(cls, arrays, info: dict) -> SampledRecord:
+        """The SampledRecord of a saved one's open npz `arrays` and its json `info`."""
+        confidences = {name.removeprefix("confidence_"): arrays[name] for name in arrays.files
+                       if name.startswith("confidence_")}
+        return cls(arrays["paths"], arrays["lengths"], arrays["p_token"], arrays["q_token"], arrays["rollout"],
+                   confidences, tuple(info.pop("eos_ids")), info)
 
 
 def load(folder: Path) -> Record | SampledRecord:
-    """A replay record of either kind: greedy (or a lookup's over sampled paths), or sampled."""
-    folder = Path(folder)
-    if not (folder / "record.npz").is_file():
-        return Record.load(folder)  # which says, in one line, that there is none
-    try:
-        with np.load(folder / "record.npz") as arrays:
-            sampled = "paths" in arrays.files
-    except (OSError, ValueError) as err:
-        raise DsparkError(f"replay record in {str(folder)!r} is unreadable: {err}") from None
-    if not sampled:
-        return Record.load(folder)
-    try:
-        info = json.loads((folder / "record.json").read_text())
-        arrays = np.load(folder / "record.npz")
-        confidences = {name.removeprefix("confidence_"): arrays[name] for name in arrays.files
-                       if name.startswith("confidence_")}
-        return SampledRecord(arrays["paths"], arrays["lengths"], arrays["p_token"], arrays["q_token"],
-                             arrays["rollout"], confidences, tuple(info.pop("eos_ids")), info)
-    except (OSError, KeyError, ValueError, json.JSONDecodeError) as err:
-        raise DsparkError(f"replay record in {str(folder)!r} is unreadable: {err}") from None
+    """A replay record of either kind: greedy (or a lookup's over sampled paths), or sampled (its
+    arrays hold the paths); a folder without one, or a file that does not read, refused in one line."""
+
+    def either(arrays, info: dict) -> Record | SampledRecord:
+        return (SampledRecord if "paths" in arrays.files else Record).from_files(arrays, info)
+
+    return read_files(folder, either)
 
 
 # --- recording -------------------------------------------------------------------------------
@@ -228,28 +214,76 @@ def coins(rec, draws: int, seed: int) -> np.ndarray:
 def on_coins(rec: SampledRecord, rows: np.ndarray, u: np.ndarray, accept: np.ndarray | None = None) -> Record:
     """The greedy-shaped Record of `rows` under the coins `u` [len(rows), N]: at round start j,
     rollout step k is the path's token y_{j+k} while the coins accept (k < M_j), then the rollout
-    recorded after the first rejection at j + M_j; M_j is how many the target accepts."""
-    paths, n, accept = rec.paths[rows], rec.lengths[rows], (rec.accept if accept is None else accept)[rows]
-    R, N, G = len(rows), rec.max_new_tokens, rec.gamma_record
-    position = np.arange(N)
-    rejected = (u >= accept) | (position[None, :] >= n[:, None])  # past the end: nothing to accept
-    first = np.minimum.accumulate(np.where(rejected, position, N)[:, ::-1], axis=1)[:, ::-1]  # j + M_j
-    matched = first - position  # M_j
-    step = np.arange(G)[None, None, :]
-    on_path = step < matched[:, :, None]
-    at = np.minimum(position[None, :, None] + step, N - 1)  # the path's position of step k, on the path
-    after = np.clip(step - matched[:, :, None], 0, G - 1)  # the step of the rollout from j + M_j
-    where = np.minimum(first, N - 1)[:, :, None]
-    r = np.arange(R)[:, None, None]
-    rolled = rec.rollout[rows]
-    ended = (first >= n[:, None])[:, :, None]  # accepted to the path's end: its rollout is never read
-    tokens = np.where(on_path, paths[r, at], np.where(ended, -1, rolled[r, where, after]))
+    recorded after the first rejection at j + M_j; M_j is how many the target accepts.
+
+    In three steps: which path positions the coins reject (`rejected_positions`), the first of
+    them at or after each round start (`next_rejection`: j + M_j), and from that where each of a
+    round's draft steps reads its token and confidences (`RoundSteps`)."""
+    accept = (rec.accept if accept is None else accept)[rows]  # [R, N] a_m; R = len(rows)
+    paths, lengths = rec.paths[rows], rec.lengths[rows]
+    rejection = next_rejection(rejected_positions(u, accept, lengths))  # [R, N] j + M_j
+    accepted = rejection - np.arange(rec.max_new_tokens)  # [R, N] M_j
+    steps = RoundSteps.of(rejection, accepted, lengths, rec.gamma_record)
+    tokens = steps.read(paths, rec.rollout[rows], past_the_end=-1)
     scores = {}
     for name, values in rec.confidences.items():
         mine = values[rows]  # indexed once per signal
-        scores[name] = np.where(on_path, mine[r, at, 0], mine[r, where, after]).astype(np.float32)
+        # On the path, step k's confidence is that of the rollout's first step at j + k: q_{j+k}'s.
+        scores[name] = steps.read(mine[:, :, 0], mine).astype(np.float32)
     info = {**rec.info, "prompt_tokens": [rec.info["prompt_tokens"][i] for i in rows]}
-    return Record(paths, n, tokens, scores, rec.eos_ids, info, matches=np.minimum(matched, G))
+    return Record(paths, lengths, tokens, scores, rec.eos_ids, info, matches=np.minimum(accepted, rec.gamma_record))
+
+
+def rejected_positions(u: np.ndarray, accept: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """[R, N] bool: whether a token drafted at path position m would be rejected: its coin says so
+    (u_m >= a_m), or the path has ended there (nothing left to accept)."""
+    position = np.arange(u.shape[1])
+    return (u >= accept) | (position[None, :] >= lengths[:, None])
+
+
+def next_rejection(rejected: np.ndarray) -> np.ndarray:
+    """[R, N]: for every round start j, the first rejected position m >= j (N where none is):
+    j + M_j. A running minimum of the rejected positions, taken from the right."""
+    N = rejected.shape[1]
+    position = np.where(rejected, np.arange(N), N)  # [R, N] m where rejected, else N
+    return np.minimum.accumulate(position[:, ::-1], axis=1)[:, ::-1]
+
+
+@dataclass
+class RoundSteps:
+    """Where step k of the round that starts at path position j reads from, as index arrays that
+    broadcast to [R, N, G]: while the coins accept (k < M_j), the path at j + k; after, the rollout
+    recorded at the round's rejection j + M_j, at its step k - M_j (step 0: the rejected token).
+    Positions and steps that are not read are clipped into range, so that one gather serves both."""
+
+    row: np.ndarray  # [R, 1, 1]
+    on_path: np.ndarray  # [R, N, G] bool: k < M_j
+    path_position: np.ndarray  # [1, N, G] j + k (at most N - 1; beyond, the step is never on the path)
+    rejection: np.ndarray  # [R, N, 1] j + M_j, clipped to N - 1 (it is N where an N-token path is accepted to its end)
+    rollout_step: np.ndarray  # [R, N, G] k - M_j (0 while on the path)
+    # [R, N, 1] no rejection before the path's end: the round is accepted to the end, and the
+    # rollout "after the rejection" is never read (there is none: it reads as -1 tokens)
+    to_the_end: np.ndarray
+
+    @classmethod
+    def of(cls, rejection: np.ndarray, accepted: np.ndarray, lengths: np.ndarray, G: int) -> RoundSteps:
+        """From each round start's first rejection j + M_j [R, N], M_j [R, N] and the paths' lengths [R]."""
+        R, N = rejection.shape
+        step = np.arange(G)[None, None, :]
+        return cls(row=np.arange(R)[:, None, None], on_path=step < accepted[:, :, None],
+                   path_position=np.minimum(np.arange(N)[None, :, None] + step, N - 1),
+                   rejection=np.minimum(rejection, N - 1)[:, :, None],
+                   rollout_step=np.clip(step - accepted[:, :, None], 0, G - 1),
+                   to_the_end=(rejection >= lengths[:, None])[:, :, None])
+
+    def read(self, on_path: np.ndarray, rollout: np.ndarray, past_the_end=None) -> np.ndarray:
+        """[R, N, G]: `on_path` [R, N] (a value per path position) on the path, `rollout` [R, N, G]
+        (a value per rollout step recorded at each position) after the rejection; `past_the_end`
+        there instead where the round is accepted to the path's end (None: the clipped read)."""
+        after = rollout[self.row, self.rejection, self.rollout_step]
+        if past_the_end is not None:
+            after = np.where(self.to_the_end, past_the_end, after)
+        return np.where(self.on_path, on_path[self.row, self.path_position], after)
 
 
 def rows_of(rec: Record, rows: np.ndarray) -> Record:
@@ -285,7 +319,7 @@ def stack(parts: list[Record]) -> Record:
     return Record(np.concatenate([p.continuation for p in parts]), np.concatenate([p.lengths for p in parts]),
                   np.concatenate([p.rollout for p in parts]),
                   {name: np.concatenate([p.confidences[name] for p in parts]) for name in first.confidences},
-                  first.eos_ids, {**first.info, "prompt_tokens": sum((p.info["prompt_tokens"] for p in parts), [])},
+                  first.eos_ids, {**first.info, "prompt_tokens": [n for p in parts for n in p.info["prompt_tokens"]]},
                   np.concatenate([p.available for p in parts]), matches)
 
 
@@ -299,9 +333,6 @@ def as_one(rec) -> Record:
 
 TOTALS = ["rounds", "drafted_total", "accepted_total", "emitted_total", "full_blocks", "draft_forwards", "new_tokens"]
 INTERVALS = ["tokens_per_round", "acceptance_rate", "avg_draft_len", "predicted_speedup"]
-# Student's t at 97.5 % for 1..30 degrees of freedom; beyond, the normal's 1.96.
-T975 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
-        2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042]
 
 
 def expected(tables: list[pd.DataFrame]) -> pd.DataFrame:
@@ -324,7 +355,7 @@ def expected(tables: list[pd.DataFrame]) -> pd.DataFrame:
             out[column] = out["predicted_baseline_time"] / out[time]
         else:  # Σ plain time over Σ predicted time, the plain time in tokens (each table's speedup says its ratio)
             out[column] = out["new_tokens"] / sum((t["new_tokens"] / t[column]).to_numpy() for t in tables)
-    t = T975[min(len(tables) - 1, len(T975)) - 1] if len(tables) <= 31 else 1.96
+    t = t_quantile(len(tables) - 1)  # the replicates are the independent draws
     for column in [c for c in INTERVALS if c in out]:
         values = np.stack([table[column].to_numpy(dtype=float) for table in tables])
         half = t * values.std(axis=0, ddof=1) / np.sqrt(len(tables))

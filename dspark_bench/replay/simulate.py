@@ -25,9 +25,9 @@ import numpy as np
 import pandas as pd
 
 from dspark_bench import schedules
-from dspark_bench.config import FIELDS, METRICS, SEMANTICS, DecodeConfig
-from dspark_bench.decoding.confidence import signal_of
+from dspark_bench.config import FIELDS, LEARNED, METRICS, SEMANTICS, DecodeConfig
 from dspark_bench.decoding.budget import row_rule
+from dspark_bench.decoding.confidence import signal_of
 from dspark_bench.decoding.goodput import decisions
 from dspark_bench.decoding.schedule import discards_below, forced, keeps_failing, threshold_at
 from dspark_bench.decoding.types import Round
@@ -66,17 +66,20 @@ def eos_positions(rec: Record) -> np.ndarray:
 def check_replayable(rec: Record, config: DecodeConfig) -> None:
     drafter = rec.drafter
     if config.drafting.drafter != drafter["drafter"]:
-        raise DsparkError(f"the record holds the {drafter['drafter']} drafter's proposals, not the {config.drafting.drafter} "
-                          "drafter's; record it")
-    if config.drafting.drafter == "lookup" and (config.drafting.ngram_min, config.drafting.ngram_max) != (drafter["ngram_min"], drafter["ngram_max"]):
+        raise DsparkError(f"the record holds the {drafter['drafter']} drafter's proposals, not the "
+                          f"{config.drafting.drafter} drafter's; record it")
+    if config.drafting.drafter == "lookup" and ((config.drafting.ngram_min, config.drafting.ngram_max)
+                                                != (drafter["ngram_min"], drafter["ngram_max"])):
         raise DsparkError(f"the record's lookup matched n-grams of {drafter['ngram_min']}-{drafter['ngram_max']} "
                           f"tokens, not {config.drafting.ngram_min}-{config.drafting.ngram_max}; record it")
     check_sampling(rec.info.get("sampling"), config)
     if config.verification.max_new_tokens != rec.max_new_tokens:
-        raise DsparkError(f"max_new_tokens {config.verification.max_new_tokens} differs from the record's {rec.max_new_tokens}")
+        raise DsparkError(f"max_new_tokens {config.verification.max_new_tokens} differs from the record's "
+                          f"{rec.max_new_tokens}")
     if config.stopping.gamma_max > rec.gamma_record:
-        raise DsparkError(f"gamma_max {config.stopping.gamma_max} exceeds the record's {rec.gamma_record}; record deeper")
-    if config.stopping.metric == "learned" and "learned" not in rec.confidences:
+        raise DsparkError(f"gamma_max {config.stopping.gamma_max} exceeds the record's {rec.gamma_record}; "
+                          "record deeper")
+    if config.stopping.metric == LEARNED and LEARNED not in rec.confidences:
         raise DsparkError("the record holds no learned signal: replay.learned.with_learned adds the fitted one "
                           "(a replay sweep does)")
     if signal_of(config) not in rec.confidences:
@@ -98,7 +101,7 @@ def check_sampling(sampling: dict | None, config: DecodeConfig) -> None:
     if (sampling["temperature"], sampling["top_p"]) != asked:
         raise DsparkError(f"the record was sampled at temperature {sampling['temperature']:g}, top-p "
                           f"{sampling['top_p']:g}, not {asked[0]:g}, {asked[1]:g}: record again at those")
-    if config.stopping.metric == "learned":
+    if config.stopping.metric == LEARNED:
         raise DsparkError("the learned signal reads the drafted token, which sampled replay does not hold: replay it "
                           "greedy, or time it (--evaluation real)")
 
@@ -146,7 +149,8 @@ def round_plan(rec: Record, config: DecodeConfig):
         by_eos = ~by_threshold & (eos <= limit)
         drafted = np.where(by_threshold, fail - 1, np.where(by_eos, eos, limit))
         forwards = np.where(by_threshold, fail, drafted)
-    reason = np.where(by_threshold, 0, np.where(by_eos, 2, np.where(exhausted, 5, np.where(limit == config.stopping.gamma_max, 1, 3))))
+    reason = np.where(by_threshold, 0, np.where(by_eos, 2, np.where(
+        exhausted, 5, np.where(limit == config.stopping.gamma_max, 1, 3))))
     drafted = np.where(drafted < discards_below(config), 0, drafted)
     return drafted, forwards, reason, limit
 
@@ -155,7 +159,8 @@ def simulate(rec: Record, config: DecodeConfig) -> list[list[Round]]:
     """The decoder's rounds for every prompt, from the record alone (greedy only)."""
     check_replayable(rec, config)
     if schedules.of(config).whole_batch and config.batching.batch_size > 1:
-        raise DsparkError("the budget schedule's rounds depend on the whole batch: replay.batched.walk_budget walks them")
+        raise DsparkError("the budget schedule's rounds depend on the whole batch: "
+                          "replay.batched.walk_budget walks them")
     drafted, forwards, reason, limit = round_plan(rec, config)
     per_round = round_forwards(config)
     matches = match_lengths(rec)
@@ -201,8 +206,9 @@ def spanning_policies(gamma: int, max_new_tokens: int, goodput_model: str = "") 
                                 goodput_model=goodput_model if schedules.named(schedule).cost_aware else ""))
     if goodput_model:  # the budget schedule, alone goodput's rule; it has no engine rule variant
         budget = next(s.name for s in schedules.SCHEDULES.values() if s.whole_batch)
-        out += [DecodeConfig.of(metric=metric, schedule=budget, gamma_max=(gamma, min(4, gamma))[i % 2], min_draft_len=i % 2,
-                             max_new_tokens=max_new_tokens, goodput_model=goodput_model) for i, metric in enumerate(METRICS)]
+        out += [DecodeConfig.of(metric=metric, schedule=budget, gamma_max=(gamma, min(4, gamma))[i % 2],
+                                min_draft_len=i % 2, max_new_tokens=max_new_tokens, goodput_model=goodput_model)
+                for i, metric in enumerate(METRICS)]
     return out + [DecodeConfig.of(threshold=0.0, gamma_max=gamma, max_new_tokens=max_new_tokens),
                   DecodeConfig.of(threshold=1.0, gamma_max=min(5, gamma), max_new_tokens=max_new_tokens)]
 
@@ -384,7 +390,7 @@ def _grid_table(configs: list[DecodeConfig], counts: np.ndarray, verify: np.ndar
         "draft_forwards": counts[:, 4], "new_tokens": tokens, "draft_forwards_per_token": counts[:, 4] / max(tokens, 1),
     })
     if cost is not None:  # in cost-model seconds; plain decoding takes tokens × its plain step
-        step = np.array([cost.draft_step(c.drafting.drafter, c.stopping.metric == "learned") for c in configs])
+        step = np.array([cost.draft_step(c.drafting.drafter, c.stopping.metric == LEARNED) for c in configs])
         table["predicted_time"] = counts[:, 4] * step + verify  # verify: each round's round_costs()
         table["predicted_speedup"] = cost.speedup(tokens, table["predicted_time"])
     return table

@@ -43,8 +43,8 @@ from dspark_bench.reporting.stored_runs import (
 )
 from dspark_bench.results import check_writable, describe_machine
 
-__all__ = ["BASELINE_FILES", "DETERMINISTIC_METRICS", "NotComparable", "RunRecord", "baseline_folder", "comparable", "compare",
-           "load_baseline", "load_record", "outputs_fingerprint", "plan_rerun", "rerun", "summary_path",
+__all__ = ["BASELINE_FILES", "DETERMINISTIC_METRICS", "NotComparable", "RunRecord", "baseline_folder", "comparable",
+           "compare", "load_baseline", "load_record", "outputs_fingerprint", "plan_rerun", "rerun", "summary_path",
            "update_baseline", "write_report"]
 
 DEFAULT_TOLERANCE = 1e-6

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pandas as pd
 
+from dspark_bench.analysis.signal_quality import held_out
 from dspark_bench.decoding.goodput import load
 from dspark_bench.errors import DsparkError
-from dspark_bench.analysis.signal_quality import held_out
 from dspark_bench.replay import learned, sampled
 from dspark_bench.replay.record import resolve_record
 from dspark_bench.replay.simulate import match_lengths
@@ -68,8 +68,8 @@ def signals_table(inputs) -> str:
         return ""
     lines = ["| signal | tokens | AUC | Brier | ECE |", "|---|---:|---:|---:|---:|"]
     lines += [f"| {r['signal']} | {r['tokens']:,} | {r['auc']:.3f} | {r['brier']:.4f} | {r['ece']:.4f} |" for r in rows]
-    return ("\n\nHeld out by prompt (GroupKFold, up to 5 folds): each raw metric made a probability by an isotonic fit on the other "
-            "prompts, and `learned`, a logistic regression on every signal and the draft position "
+    return ("\n\nHeld out by prompt (GroupKFold, up to 5 folds): each raw metric made a probability by an isotonic "
+            "fit on the other prompts, and `learned`, a logistic regression on every signal and the draft position "
             "(analysis/signal_quality.py):\n\n" + "\n".join(lines))
 
 

@@ -25,6 +25,7 @@ from dspark_bench.errors import DsparkError, first_line
 from dspark_bench.objectives import OBJECTIVES
 from dspark_bench.reporting import plots
 from dspark_bench.reporting.batch_sizes import batch_blocks, batch_rows
+from dspark_bench.reporting.reliability import acceptance_fit, fit_table, reliability_data, signals_table
 from dspark_bench.reporting.report_inputs import (
     Inputs,
     Skip,
@@ -34,7 +35,6 @@ from dspark_bench.reporting.report_inputs import (
     run_objective,
     samples_of,
 )
-from dspark_bench.reporting.reliability import acceptance_fit, fit_table, reliability_data, signals_table
 from dspark_bench.reporting.temperatures import temperature_figure
 from dspark_bench.reporting.text import summary_blocks, to_html, to_markdown
 from dspark_bench.results import check_writable, describe_machine, evaluation_of, provenance, write_bytes, write_text
@@ -120,7 +120,8 @@ def _signal_headroom(inputs):
     if not found:
         raise Skip("no replay sweep with a learned signal (sweep --task T with the draft model)")
     run_id, rows = found[0]
-    return plots.signal_headroom(pd.DataFrame(rows), f"how good a signal the rules would need ({plots.short_run(run_id)})"), (
+    return plots.signal_headroom(pd.DataFrame(rows),
+                                 f"how good a signal the rules would need ({plots.short_run(run_id)})"), (
         "The share of the oracle's gain over the best fixed γ that the best threshold or cumulative rule captures, "
         "against the AUC of the signal it stops on: the learned signal (dotted line) and the same with more evidence "
         "of each drafted token's verdict in its log-odds, up to the verdict itself. Predicted by replay; the signal's "
@@ -163,7 +164,8 @@ def _heatmap(policies):
     for _, part in rows.groupby("run_id"):
         value = plots.heatmap_value(part)
         if value in part:
-            cells = max(cells, part[part[value].notna()].groupby(["metric", "schedule", "threshold", "gamma_max"]).ngroups)
+            cells = max(cells, part[part[value].notna()]
+                               .groupby(["metric", "schedule", "threshold", "gamma_max"]).ngroups)
     if cells < 2:
         raise Skip("fewer than two threshold × gamma_max cells with a speedup or predicted_speedup")
     return plots.speedup_heatmap(policies), (
@@ -251,7 +253,8 @@ def _best_vs_classic(inputs, by):
     if group == "run":
         table["run"] = table["run_id"].map(plots.short_run)
     missing = "" if any("classic" in n for n in names) else \
-        " No fixed-gamma configuration was measured (add `--schedule fixed` to compare with classic speculative decoding)."
+        (" No fixed-gamma configuration was measured (add `--schedule fixed` to compare with classic speculative "
+         "decoding).")
     return plots.speedup_by_group(table, group=group), (
         "; ".join(names) + f". Speedup per {group} with 95 % bootstrap intervals over prompts; the dashed line is "
         f"autoregressive decoding (1.0).{missing}")
@@ -328,8 +331,8 @@ def _trace(inputs, best, classic):
     labels += [label for label in dict.fromkeys(ordered) if label not in labels]
     labels = labels[:8]
     return plots.round_trace(r, prompt, labels), (
-        f"Prompt {prompt} of {plots.short_run(run_id)}, up to eight configurations (best first): every round's accepted "
-        "draft tokens (green) and the target's token (blue) along the output; rejected draft tokens (red) "
+        f"Prompt {prompt} of {plots.short_run(run_id)}, up to eight configurations (best first): every round's "
+        "accepted draft tokens (green) and the target's token (blue) along the output; rejected draft tokens (red) "
         "in the thin lane above, where they would have gone.")
 
 

@@ -201,7 +201,8 @@ def comparable(baseline_run: dict, current_run: dict, batch_sizes: list[int] | N
     # Named on their own: the generation settings most likely to be changed by hand.
     for key in ("max_new_tokens", "temperature"):
         differs(key, [c.get(key) for c in old_configs], [c.get(key) for c in new_configs])
-    strip = lambda configs: [{k: v for k, v in c.items() if k not in ("max_new_tokens", "temperature")} for c in configs]
+    strip = lambda configs: [{k: v for k, v in c.items() if k not in ("max_new_tokens", "temperature")}
+                             for c in configs]
     reasons += _config_differences(strip(old_configs), strip(new_configs))
 
     from dspark_bench.harness.runner import RunnerSettings  # loads torch: kept off the CLI's import

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 
 from dspark_bench import schedules
-from dspark_bench.config import POLICY_FIELDS
+from dspark_bench.config import LEARNED, POLICY_FIELDS
 from dspark_bench.reporting import plots
 from dspark_bench.reporting.report_inputs import Skip
 
@@ -30,10 +30,10 @@ def temperature_rows(inputs) -> pd.DataFrame:
         best = replayed.iloc[0]
         # What a sampled record can replay of it: the best on the distribution's signals (the
         # learned signal reads drafted tokens).
-        portable = replayed[replayed["metric"] != "learned"].iloc[0]
+        portable = replayed[replayed["metric"] != LEARNED].iloc[0]
         one = schedules.named(best["schedule"]).one_threshold  # goodput and budget have none
-        rows.append({"run_id": run_id, "task": spec.get("task") or spec.get("dataset"), "temperature": best["temperature"],
-                     "top_p": best["top_p"], "policy": best["config_label"],
+        rows.append({"run_id": run_id, "task": spec.get("task") or spec.get("dataset"),
+                     "temperature": best["temperature"], "top_p": best["top_p"], "policy": best["config_label"],
                      "threshold": best["threshold"] if one else np.nan, "gamma_max": best["gamma_max"],
                      "tokens_per_round": best["tokens_per_round"], "predicted_speedup": best["predicted_speedup"],
                      "portable": portable["config_label"], "knobs": {k: portable[k] for k in POLICY_FIELDS}})
@@ -70,9 +70,10 @@ def temperature_figure(inputs):
             sentences.append(f"{r.task} at T = {r.temperature:g}: the greedy-tuned {r.greedy_tuned} is {verdict}")
     return plots.temperature_axis(table), (
         "Each task's sweeps, one per temperature: the best scheduled policy by replay's prediction, its threshold "
-        "(none for a goodput or budget winner), γ_max, tokens per round and predicted speedup (replayed on a sampled record at T > 0: "
-        "replay/sampled.py), and the best policy tuned on the greedy record that a sampled record can replay (not the "
-        "learned signal's) at each temperature (dashed). A threshold tuned greedy meets a different acceptance "
-        "under sampling: the target's own uncertainty rejects tokens the draft is sure of. Predicted, not measured: "
-        "time the two policies paired at the traffic's temperature before deploying (docs/measurements.md does). "
+        "(none for a goodput or budget winner), γ_max, tokens per round and predicted speedup (replayed on a sampled "
+        "record at T > 0: replay/sampled.py), and the best policy tuned on the greedy record that a sampled record "
+        "can replay (not the learned signal's) at each temperature (dashed). A threshold tuned greedy meets a "
+        "different acceptance under sampling: the target's own uncertainty rejects tokens the draft is sure of. "
+        "Predicted, not measured: time the two policies paired at the traffic's temperature before deploying "
+        "(docs/measurements.md does). "
         "The best by replay: " + "; ".join(sentences) + ("." if sentences else ""))

@@ -11,9 +11,9 @@ import pandas as pd
 import yaml
 
 from dspark_bench import objectives
-from dspark_bench.reporting import plots
 from dspark_bench.analysis.oracle import captured_cell
 from dspark_bench.analysis.signal_headroom import pivot
+from dspark_bench.reporting import plots
 from dspark_bench.reporting.report_inputs import SUMMARY_METRICS, Inputs, best_and_classic
 from dspark_bench.results import describe_machine, evaluation_of
 
@@ -75,7 +75,8 @@ def engine_verdict_blocks(inputs: Inputs) -> list[tuple]:
         where = f" ({plots.short_run(run_id)})" if len(inputs.summaries) > 1 else ""
         blocks += [("p", f"Confirmed in {verdict['engine']}{where}: {verdict['sentence']}. Measured in "
                          f"{verdict['measured_in']}; the summary table below is our decoder's."),
-                   ("table", ["policy", f"predicted on {verdict['engine']}'s prices", "measured [95% CI]", "acceptance"],
+                   ("table", ["policy", f"predicted on {verdict['engine']}'s prices", "measured [95% CI]",
+                              "acceptance"],
                     rows)]
     return blocks
 
@@ -130,8 +131,10 @@ def summary_blocks(inputs: Inputs) -> list[tuple]:
         for run_id, part in policies.groupby("run_id", sort=False):
             b, c = best_and_classic(inputs, part)
             per_run.append([plots.short_run(run_id), _fmt(part["task"].iloc[0]),
-                            b["config_label"] if b is not None else "—", _fmt(b.get(objective), 2) if b is not None else "—",
-                            c["config_label"] if c is not None else "—", _fmt(c.get(objective), 2) if c is not None else "—"])
+                            b["config_label"] if b is not None else "—",
+                            _fmt(b.get(objective), 2) if b is not None else "—",
+                            c["config_label"] if c is not None else "—",
+                            _fmt(c.get(objective), 2) if c is not None else "—"])
         blocks += [("h3", "Per run"), ("table", ["run", "task", "best", objective, "classic", objective], per_run)]
     blocks += drafter_blocks(inputs)
     blocks += headroom_blocks(inputs)
@@ -200,10 +203,10 @@ def signal_headroom_blocks(inputs: Inputs) -> list[tuple]:
             "(logit s + β · (±1)), up to the verdict itself. Each column is one such signal, named with its AUC over "
             "the record's drafted tokens (in-sample, so the learned signal's reads higher here than held out); each "
             "cell, the share of the oracle's gain over the best fixed γ that the best threshold or cumulative rule on "
-            "it captures (its cost left out, as perfect stopping's is). Where the oracle is barely over fixed γ (the padded "
-            "layout at B > 1, where the longest row sets every pass) those shares are of almost nothing. Even the "
-            "verdict leaves a gap at batch size 1: a rule learns a token's verdict only after drafting it, a forward "
-            "the oracle never spends.")
+            "it captures (its cost left out, as perfect stopping's is). Where the oracle is barely over fixed γ (the "
+            "padded layout at B > 1, where the longest row sets every pass) those shares are of almost nothing. Even "
+            "the verdict leaves a gap at batch size 1: a rule learns a token's verdict only after drafting it, a "
+            "forward the oracle never spends.")
     return [("h3", "How good a signal would have to be"), ("p", text), *blocks]
 
 
@@ -213,7 +216,8 @@ LITERATURE = Path(__file__).with_name("literature.yaml")
 def literature_blocks(inputs: Inputs) -> list[tuple]:
     """For runs on a published benchmark (--task humaneval, mt-bench): what others report on it,
     marked as theirs."""
-    tasks = {name for info in inputs.infos.values() for name in ((info.get("prompts") or {}).get("task") or "").split(",")}
+    tasks = {name for info in inputs.infos.values()
+             for name in ((info.get("prompts") or {}).get("task") or "").split(",")}
     rows = [r for r in yaml.safe_load(LITERATURE.read_text()) if r["task"] in tasks]
     if not rows:
         return []
@@ -262,8 +266,9 @@ def cost_model_blocks(inputs: Inputs) -> list[tuple]:
             continue
         rows = policies[(policies["run_id"] == run_id) & (policies["source"] == "confirmed")]
         # Priced on an engine's costs (sweep --prices): our decoder confirmed, so it is judged on its own.
-        column = "predicted_speedup_ours" if "predicted_speedup_ours" in rows and rows["predicted_speedup_ours"].notna().any() \
-            else "predicted_speedup"
+        column = ("predicted_speedup_ours"
+                  if "predicted_speedup_ours" in rows and rows["predicted_speedup_ours"].notna().any()
+                  else "predicted_speedup")
         lines = [[r["config_label"], _fmt(r["predicted_speedup"], 2), _fmt(r[column], 2), _speedup_cell(r),
                   _fmt(r["speedup"] / r[column], 2)] for _, r in rows.iterrows()]
         accuracy = summary.get("cost_model_accuracy") or {}
@@ -354,7 +359,8 @@ def to_html(blocks: list[tuple], title: str) -> str:
             head = "".join(f"<th>{_html_inline(h).replace('_', '_<wbr>')}</th>" for h in block[1])
             rows = "".join("<tr>" + "".join(f"<td>{_html_inline(c)}</td>" for c in row) + "</tr>" for row in block[2])
             # Each table in its own box: long cells wrap, and what still does not fit scrolls inside it.
-            body.append(f'<div class="table-box"><table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table></div>')
+            body.append(f'<div class="table-box"><table><thead><tr>{head}</tr></thead>'
+                        f"<tbody>{rows}</tbody></table></div>")
         elif kind == "figure":
             _, fig_title, _, uri, caption = block
             body.append(f'<figure><img alt="{html.escape(fig_title)}" src="{uri}">'
@@ -364,7 +370,8 @@ def to_html(blocks: list[tuple], title: str) -> str:
     style = ("body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;color:#222}"
              ".table-box{max-width:100%;overflow-x:auto;margin:0.5em 0}"
              "table{border-collapse:collapse;font-size:0.85em;max-width:100%}td,th{border:1px solid #ccc;"
-             "padding:3px 6px;text-align:left;overflow-wrap:anywhere}th{background:#f3f3f3;overflow-wrap:normal}img{max-width:100%;height:auto}"
+             "padding:3px 6px;text-align:left;overflow-wrap:anywhere}th{background:#f3f3f3;overflow-wrap:normal}"
+             "img{max-width:100%;height:auto}"
              "figure{margin:1em 0}figcaption{font-size:0.9em;color:#555}code{background:#f3f3f3;padding:0 3px}")
     return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
             f"<style>{style}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")

@@ -72,7 +72,8 @@ def _parse_task(data: object, where: str) -> TaskSpec:
     spec = TaskSpec(**data)
     if spec.source.startswith(PACKAGE):  # checked when loaded: listing tasks needs no benchmark installed
         if spec.source.count(":") != 2 or not spec.requires:
-            raise DsparkError(f"{where}: a package source is package:MODULE:PATH, with `requires` naming the pip package")
+            raise DsparkError(f"{where}: a package source is package:MODULE:PATH, "
+                              "with `requires` naming the pip package")
     elif spec.source not in builders.BUILDERS and not (TASK_DIR / spec.source).is_file():
         raise DsparkError(
             f"{where}: source {spec.source!r} is neither a builder ({', '.join(builders.BUILDERS)}) "

@@ -25,7 +25,7 @@ def goodput_points(configs: list[DecodeConfig], model_file: Path) -> list[Decode
     configs = [c for c in configs if c.drafting.drafter == "model"]
     if not configs:
         return []
-    base = configs[0].replace(schedule="goodput", min_draft_len=0, semantics="dspark", batch_quorum=0.0,
+    base = configs[0].replace(schedule=schedules.GOODPUT, min_draft_len=0, semantics="dspark", batch_quorum=0.0,
                               goodput_model=str(Path(model_file).resolve()))
     return expand({"batch_size": sorted({c.batching.batch_size for c in configs}),
                    "metric": list(dict.fromkeys(c.stopping.metric for c in configs)),
@@ -36,7 +36,7 @@ def budget_points(configs: list[DecodeConfig], model_file: Path) -> list[DecodeC
     """The budget schedule where goodput joins, in both layouts at B > 1 (padded: what the batched
     engine runs; packed: what vLLM, SGLang and TensorRT-LLM run), and at B = 1 (goodput's rule on
     the cost table)."""
-    return list(dict.fromkeys(c.replace(schedule="budget", budget_layout=layout)
+    return list(dict.fromkeys(c.replace(schedule=schedules.BUDGET, budget_layout=layout)
                               for c in goodput_points(configs, model_file) for layout in LAYOUTS
                               if c.batching.batch_size > 1 or layout == "padded"))
 
@@ -70,8 +70,8 @@ def write_goodput_model(folder: Path, rec, record_dir: Path, surface) -> Path:
 
 def write_learned_signal(folder: Path, rec, record_dir: Path):
     """Fit the learned signal on the record (kept beside it) and write it into the sweep folder:
-    (its file, the record with the signal at every rollout step, as the engine computes it), or None where the record cannot teach one (one prompt; every
-    token accepted, or none)."""
+    (its file, the record with the signal at every rollout step, as the engine computes it), or None where the
+    record cannot teach one (one prompt; every token accepted, or none)."""
     try:
         fitted = learned.load_or_evaluate(rec, record_dir)
     except DsparkError:

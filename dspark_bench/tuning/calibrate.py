@@ -44,9 +44,9 @@ from dspark_bench.harness.runner import RunnerSettings, StageProgress, run, stag
 from dspark_bench.metrics import summarize
 from dspark_bench.objectives import rank
 from dspark_bench.prompts import Prompt, encode, prompts_fingerprint
-from dspark_bench.replay.cost import measure_surface
 from dspark_bench.replay import sampled
 from dspark_bench.replay.continuations import Continuations, open_for
+from dspark_bench.replay.cost import measure_surface
 from dspark_bench.replay.simulate import record
 from dspark_bench.results import environment
 from dspark_bench.tasks import get_task, load_dataset_prompts, load_task
@@ -177,7 +177,8 @@ def record_domains(pair, domains: dict[str, list[Prompt]], base: DecodeConfig, g
 
 
 def measure_domains(pair, domains: dict[str, list[Prompt]], chosen: dict[str, DecodeConfig],
-                    global_policy: DecodeConfig, repeats: int, progress: StageProgress | None = None) -> dict[str, pd.DataFrame]:
+                    global_policy: DecodeConfig, repeats: int,
+                    progress: StageProgress | None = None) -> dict[str, pd.DataFrame]:
     """Timed runs of each domain's policy and the global one on that domain's prompts.
 
     Returns domain -> samples with `role` "domain" / "global" (one run, so a domain whose
@@ -236,7 +237,8 @@ def calibration_data(choice: Choice, chosen: dict[str, DecodeConfig], global_pol
     }
     for domain, config in chosen.items():
         config_id = choice.configs.index(config)
-        mine, theirs = samples[domain][samples[domain]["role"] == "domain"], samples[domain][samples[domain]["role"] == "global"]
+        mine, theirs = (samples[domain][samples[domain]["role"] == "domain"],
+                        samples[domain][samples[domain]["role"] == "global"])
         measured, global_measured = _measured(mine), _measured(theirs)
         entry = {
             "policy": {name: policy_dict(config)[name] for name in POLICY_FIELDS},
@@ -294,8 +296,8 @@ def calibrate_domains(spec: SweepSpec, out: Path, tasks: list[str] | None = None
     if evaluation == "replay":
         needs_draft_model(pair)
         source = None if spec.continuations is None else domain_continuations(spec, pair, domains, base)
-        records, surface = record_domains(pair, domains, configs[0], max(c.stopping.gamma_max for c in configs), progress,
-                                          batch_sizes, source)
+        records, surface = record_domains(pair, domains, configs[0], max(c.stopping.gamma_max for c in configs),
+                                          progress, batch_sizes, source)
     # One calibration per batch size: which policy wins depends on what a step costs at B. The
     # file's own global/domains are the smallest B's; the others go under by_batch_size.
     parts = [calibrate_at(pair, domains, [c for c in configs if c.batching.batch_size == b], spec, records, surface,
@@ -352,7 +354,8 @@ def search_real(pair, domains: dict[str, list[Prompt]], configs: list[DecodeConf
 
 
 def calibrate_command(tasks: str | None, dataset: str | None, spec_path: Path | None, flags: dict, out: Path,
-                      force: bool = False, progress: StageProgress | None = None, draw: Draw | None = None) -> Calibrated:
+                      force: bool = False, progress: StageProgress | None = None,
+                      draw: Draw | None = None) -> Calibrated:
     """`dspark-bench calibrate`: --tasks (one domain each) or --dataset (one per category), over
     the search space of `spec_path` with `flags` overriding it; checked before models load."""
 
@@ -363,7 +366,8 @@ def calibrate_command(tasks: str | None, dataset: str | None, spec_path: Path | 
         raise DsparkError("--tasks is empty; name at least one task, e.g. --tasks code,prose")
     if spec_path is None and not names and not dataset:
         raise DsparkError("pass --tasks, --dataset, or a --spec that names a task or dataset")
-    space = {name: flags.pop(name, None) for name in ("metric", "threshold", "gamma_max", "min_draft_len", "batch_size")}
+    space = {name: flags.pop(name, None)
+             for name in ("metric", "threshold", "gamma_max", "min_draft_len", "batch_size")}
     overrides = flag_overrides(flags, space)
     if names or dataset:
         overrides.update(task=names[0] if names else None, dataset=None if names else dataset)

@@ -33,14 +33,17 @@ MEASURED = ["speedup", "speedup_low", "speedup_high", "baseline_tokens_per_s", "
 
 
 def chosen_kinds(ranked: pd.DataFrame, top: int) -> list[pd.DataFrame]:
-    """What `confirm` times of one batch size's policies, ranked best first."""
-    per_row = ranked[~schedules.where(ranked, confirmed_apart=True)]
-    best = per_row.head(top)
-    learned = per_row[per_row["metric"] == LEARNED].head(0 if (best["metric"] == LEARNED).any() else 1)
-    # The budget at B = 1 too: it is goodput's rule on the cost table's monotone envelope, which a
-    # noisy table's own dips can make decide otherwise than goodput.
-    apart = [*schedules.names(cost_aware=True), schedules.BASELINE]  # each one's best, the baseline last
-    return [best, learned, *(ranked[ranked["schedule"] == name].head(1) for name in apart)]
+    """What `confirm` times of one batch size's and drafter's policies, ranked best first: `top`
+    policies in all (`--confirm-top`) — the best, then the best of each kind the headroom compares
+    that is not yet among them (a per-row rule on the learned signal, each cost-aware schedule), then the next best —
+    and the best fixed γ beside them: the reference every verdict is paired against."""
+    baseline = schedules.where(ranked, baseline=True)
+    scheduled = ranked[~baseline]
+    per_row = scheduled[~schedules.where(scheduled, cost_aware=True)]
+    kinds = [per_row[per_row["metric"] == LEARNED],  # a stopping rule on the learned signal
+             *(scheduled[scheduled["schedule"] == name] for name in schedules.names(cost_aware=True))]
+    leaders = pd.concat([scheduled.head(1), *(kind.head(1) for kind in kinds), scheduled])
+    return [leaders.drop_duplicates("config_id").head(top), ranked[baseline].head(1)]
 
 
 def work_of(config: DecodeConfig, records: dict) -> tuple:
@@ -66,8 +69,8 @@ def same_work(ids: list[int], configs: list[DecodeConfig], records: dict) -> dic
 
 def confirm(table: pd.DataFrame, configs: list[DecodeConfig], records: dict, spec: SweepSpec, prepared,
             progress: StageProgress | None = None, repeats: int | None = None, say=None):
-    """Time the best `confirm_top` threshold-style policies, the best on the learned signal, the
-    best goodput, the best budget and the best fixed gamma (by the replay's ranking), `repeats`
+    """Time the best `confirm_top` policies (chosen_kinds: the best of each kind among them) and
+    the best fixed gamma (by the replay's ranking), `repeats`
     interleaved pairs each (default: the spec's), each kind of work once, on `prepared`'s models and
     prompts (preparation.LoadedSweep). Returns the table with
     their measured columns, their samples, and the paired verdicts (with the precision loop's
@@ -106,6 +109,7 @@ def with_measured(table: pd.DataFrame, samples: pd.DataFrame, shared: dict[int, 
                          for i, j in shared.items()])
     labels = dict(zip(table["config_id"], table["config_label"]))
     rows["same_as"] = [labels[j] if pd.notna(j) else None for j in rows["same_as"]]
-    table = table.drop(columns=[c for c in (*MEASURED, "same_as") if c in table]).merge(rows, on="config_id", how="left")
+    table = (table.drop(columns=[c for c in (*MEASURED, "same_as") if c in table])
+             .merge(rows, on="config_id", how="left"))
     table.loc[table["speedup"].notna(), "source"] = "confirmed"
     return table

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Callable
 
 import pandas as pd
 
-from dspark_bench.config import DecodeConfig
+from dspark_bench.config import LEARNED, DecodeConfig
+from dspark_bench.engines.tools import EngineTools
 from dspark_bench.errors import DsparkError
 from dspark_bench.harness.models import load_pair
 from dspark_bench.prompts import encode
@@ -59,22 +60,13 @@ class SweepResult:
         if self.summary.get("sampling"):
             eos += " ({paths} paths × {draws} coin draws per prompt)".format(**self.summary["sampling"])
         if self.summary["evaluation"] == "replay":
+            confirmed = len(self.summary["confirmed"])
+            said = (f"the best {confirmed} confirmed by timed runs (the best fixed gamma among them)" if confirmed
+                    else "replay's answer alone (--confirm-top 0: nothing timed)")
             return (f"{self.summary['policies_simulated']:,} policies searched by replay (simulated from one record, "
-                    f"fixed gamma included); the best {len(self.summary['confirmed'])} confirmed by timed runs{eos}")
+                    f"fixed gamma included); {said}{eos}")
         complete = self.summary.get("trial_states", {}).get("COMPLETE", 0)
         return f"{complete} policies searched by real timed runs ({self.summary['method']}){eos}"
-
-
-@dataclass
-class EngineTools:
-    """What the engine layer lends a sweep priced on a serving engine's costs (`sweep --prices
-    llamacpp`; the command line passes them: tuning may not import engines), per engine name:
-    `measure(spec, pair, prompts, gamma, max_new_tokens, say, progress)`, its cost_file.CostFile
-    where none is cached; `confirm(spec, prepared, record, prices, gamma, folder, say, progress)`,
-    the best policies run in that engine and its verdict (a dict with a `sentence`)."""
-
-    measure: dict[str, Callable] = field(default_factory=dict)
-    confirm: dict[str, Callable] = field(default_factory=dict)
 
 
 def check_sampled_replay(spec: SweepSpec, configs: list[DecodeConfig]) -> None:
@@ -84,7 +76,7 @@ def check_sampled_replay(spec: SweepSpec, configs: list[DecodeConfig]) -> None:
     if any(c.drafting.drafter == "heads" for c in configs):
         raise DsparkError("sampled replay records the draft model and the lookup drafter, not the heads: time the "
                           "heads at a temperature with --evaluation real")
-    if any(c.stopping.metric == "learned" for c in configs):
+    if any(c.stopping.metric == LEARNED for c in configs):
         raise DsparkError("the learned signal reads drafted tokens, which a sampled record does not hold: search it "
                           "greedy, or with --evaluation real")
     if spec.prices == "llamacpp":
@@ -106,7 +98,8 @@ def prepare(spec: SweepSpec, say: Callable[[str], None] | None = None, engines: 
     base = base_config(spec, task_tokens)
     configs = points(spec, base)  # expanded once; a threshold out of range fails here, before models load
     check_sampled_replay(spec, configs)
-    pair = load_pair(spec.target, spec.draft, spec.device, spec.dtype, spec.heads, drafters={c.drafting.drafter for c in configs})
+    pair = load_pair(spec.target, spec.draft, spec.device, spec.dtype, spec.heads,
+                     drafters={c.drafting.drafter for c in configs})
     prepared = LoadedSweep(pair, prompts, base, source, points=configs)
     prepared.prices = engine_prices(spec, prepared, (engines or EngineTools()).measure, say, progress)
     if spec.continuations is not None:  # checked before any folder or record is written

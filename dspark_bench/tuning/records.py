@@ -63,9 +63,9 @@ def load_or_record(spec: SweepSpec, prepared: LoadedSweep, gamma: int, ids: list
                    progress: StageProgress | None = None, drafter: Drafting | None = None,
                    continuations: list[list[int]] | None = None, shard: tuple[int, int] = (1, 1)):
     """The replay record of these models and prompts (and `drafter`, default the draft model):
-    from the cache, else recorded and cached (sampled paths at a temperature > 0); from the engine's continuations file where the
-    spec names one (a prompt at a time into a parts folder, resumable: record_parts; a `shard`
-    but 1/1 makes its parts only and returns None)."""
+    from the cache, else recorded and cached (sampled paths at a temperature > 0); from the engine's
+    continuations file where the spec names one (a prompt at a time into a parts folder, resumable:
+    record_parts; a `shard` but 1/1 makes its parts only and returns None)."""
 
     pair, prompts, base = prepared.pair, prepared.prompts, prepared.base
     drafter = drafter or base.drafting
@@ -76,7 +76,8 @@ def load_or_record(spec: SweepSpec, prepared: LoadedSweep, gamma: int, ids: list
         rec = sampled.load(record_dir)
         rec.check_matches(models, fingerprint)
         check_sampling(rec.info.get("sampling"), base)  # another temperature or top-p: refused
-        if rec.info.get("sampling") or set(SIGNALS) | (set(CONTEXT) if drafter.drafter == "model" else set()) <= set(rec.confidences):
+        if (rec.info.get("sampling")
+                or set(SIGNALS) | (set(CONTEXT) if drafter.drafter == "model" else set()) <= set(rec.confidences)):
             return rec
         stale = True  # recorded before a signal records now hold (llama.cpp's own top1, the context features)
     info = {"models": models, "prompts_fingerprint": fingerprint, "prompt_ids": [p.id for p in prompts],
@@ -114,7 +115,8 @@ def record_key(spec: SweepSpec, prepared: LoadedSweep, gamma: int, drafter: Draf
             + ("-noeos" if spec.ignore_eos else "")
             + ("-notemplate" if spec.chat_template == "none" else "")
             + (f"-c{prepared.continuations.fingerprint}" if prepared.continuations is not None else "")
-            + ("" if base.greedy else "-t{temperature:g}-p{top_p:g}-s{seed}-K{paths}".format(**sampled.sampling_of(base))))
+            + ("" if base.greedy
+               else "-t{temperature:g}-p{top_p:g}-s{seed}-K{paths}".format(**sampled.sampling_of(base))))
 
 
 def record_all(spec: SweepSpec, prepared: LoadedSweep, gamma: int, ids: list[list[int]], configs: list[DecodeConfig],

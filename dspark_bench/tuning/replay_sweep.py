@@ -19,6 +19,7 @@ from dspark_bench import schedules
 from dspark_bench.analysis.analyze import FILE as ANALYSIS_FILE
 from dspark_bench.analysis.analyze import Studied, analyze
 from dspark_bench.config import DEFAULTS, DecodeConfig, expand
+from dspark_bench.engines.tools import EngineTools
 from dspark_bench.errors import DsparkError
 from dspark_bench.harness.health import (
     LoadProbe,
@@ -35,7 +36,6 @@ from dspark_bench.replay import cost_file, sampled
 from dspark_bench.replay.batched import simulate_with_surface
 from dspark_bench.replay.simulate import simulate_grid
 from dspark_bench.results import write_json, write_parquet
-from dspark_bench.tuning.confirm import confirm
 from dspark_bench.tuning.added_policies import (
     added_count,
     budget_points,
@@ -44,7 +44,8 @@ from dspark_bench.tuning.added_policies import (
     write_goodput_model,
     write_learned_signal,
 )
-from dspark_bench.tuning.preparation import EngineTools, LoadedSweep, SweepResult
+from dspark_bench.tuning.confirm import confirm
+from dspark_bench.tuning.preparation import LoadedSweep, SweepResult
 from dspark_bench.tuning.records import drafter_groups, record_all, record_key
 from dspark_bench.tuning.spec import SweepSpec
 
@@ -81,7 +82,7 @@ def replay_space(configs: list[DecodeConfig], base: DecodeConfig) -> list[Decode
     classic = [c for d in drafters  # at the batch sizes the drafter runs at in the space (heads and lookup: 1)
                for c in expand({"batch_size": sorted({c.batching.batch_size for c in configs if c.drafting == d}),
                                 "gamma_max": sorted({c.stopping.gamma_max for c in configs})},
-                               base.replace(schedule="fixed", min_draft_len=0, **dataclasses.asdict(d)))]
+                               base.replace(schedule=schedules.BASELINE, min_draft_len=0, **dataclasses.asdict(d)))]
     return configs + [c for c in classic if c not in configs]
 
 
@@ -103,30 +104,52 @@ def replay_sweep(folder: Path, spec: SweepSpec, prepared: LoadedSweep, records_r
     probe.sample("cost model timed")
     configs, records = join_fitted(folder, configs, records, record_dirs, prices.surface)
     table = simulate_all(folder, configs, records, prices, progress)
-    # Our decoder confirms: its measurements are judged against the prediction priced on its costs.
-    measured_column = "predicted_speedup_ours" if prices.engine else "predicted_speedup"
     # An unreliable cost table still ranks (rounds are exact), but its picks are confirmed harder.
     cost_unreliable = worst(c.verdict for c in prices.checks) == "unreliable"
-    table, samples, paired = confirm(table, configs, {key: sampled.as_one(r) for key, r in records.items()}, spec,
-                                     prepared, progress, repeats=spec.repeats * (2 if cost_unreliable else 1), say=say)
+    table, samples, paired, verdict = confirm_stage(spec, prepared, table, configs, records, prices, gamma, folder,
+                                                    cost_unreliable, engines or EngineTools(), say, progress)
     probe.sample("confirmed")
-    verdict = engine_verdict(spec, prepared, records, prices, gamma, folder, engines or EngineTools(), say, progress)
     write_parquet(folder / "trials.parquet", table)
-    write_parquet(folder / "samples.parquet", samples)
-    confirmed = table[table["source"] == "confirmed"]
-    checks = prices.checks + [*probe.checks(), measured_over_predicted(confirmed, measured_column),
-                              wall_over_estimate(time.perf_counter() - started - prices.timing_s, estimate)]
+    if not samples.empty:
+        write_parquet(folder / "samples.parquet", samples)
+    checks = sweep_checks(table, prices, probe, time.perf_counter() - started - prices.timing_s, estimate)
     record_dir = record_dirs.get(MODEL, next(iter(record_dirs.values())))
     result = write_replay_summary(folder, table, spec, prices.cost, record_dir, health(checks), not cost_unreliable,
                                   {**(paired or {}), "prices": prices.described(folder), "engine_verdict": verdict,
                                    # where the target's continuations came from: an engine's file, else decoded here
-                                   "continuations": prepared.continuations.describe() if prepared.continuations else None,
+                                   "continuations": (prepared.continuations.describe() if prepared.continuations
+                                                     else None),
                                    "sampling": records[record_key_of(records)].info.get("sampling")})
     if spec.analyze and MODEL in records and prepared.base.greedy:
         studied = Studied(table, records[MODEL], prices.cost, prices.surface if prices.batched else None)
         result.analysis = analyze(studied, progress)
         write_json(folder / ANALYSIS_FILE, result.analysis)
     return result
+
+
+def sweep_checks(table: pd.DataFrame, prices: Prices, probe: LoadProbe, wall_s: float, estimate) -> list:
+    """The sweep's own timing checks: the cost table's, the load probe's, the confirmed policies'
+    measured over predicted, and the wall time (less the cost model's timing) over the plan's estimate."""
+    confirmed = table[table["source"] == "confirmed"]
+    # Our decoder confirms: its measurements are judged against the prediction priced on its costs.
+    measured_column = "predicted_speedup_ours" if prices.engine else "predicted_speedup"
+    return prices.checks + [*probe.checks(), measured_over_predicted(confirmed, measured_column),
+                            wall_over_estimate(wall_s, estimate)]
+
+
+def confirm_stage(spec: SweepSpec, prepared: LoadedSweep, table: pd.DataFrame, configs: list[DecodeConfig],
+                  records: dict, prices: Prices, gamma: int, folder: Path, harder: bool, engines: EngineTools, say,
+                  progress) -> tuple[pd.DataFrame, pd.DataFrame, dict | None, dict | None]:
+    """The timed stage: the best `confirm_top` policies and the best fixed γ timed on our decoder
+    (twice the repeats where the cost table is unreliable: `harder`) and, priced on an engine that
+    `engines` can run, in that engine too. `--confirm-top 0`: replay's answer alone, nothing timed.
+    Returns the table with the measured columns, the samples, the paired verdicts, the engine's verdict."""
+    if spec.confirm_top == 0:
+        return table, pd.DataFrame(), None, None
+    table, samples, paired = confirm(table, configs, {key: sampled.as_one(r) for key, r in records.items()}, spec,
+                                     prepared, progress, repeats=spec.repeats * (2 if harder else 1), say=say)
+    return table, samples, paired, engine_verdict(spec, prepared, records, prices, gamma, folder, engines, say,
+                                                  progress)
 
 
 def record_key_of(records: dict):
@@ -225,7 +248,8 @@ def join_fitted(folder: Path, configs: list[DecodeConfig], records: dict, record
     if learned_fit is None:
         return configs, records
     signal_file, learned_record = learned_fit
-    return configs + [c for c in learned_points(configs, signal_file) if c not in configs], {**records, MODEL: learned_record}
+    return (configs + [c for c in learned_points(configs, signal_file) if c not in configs],
+            {**records, MODEL: learned_record})
 
 
 def simulate_all(folder: Path, configs: list[DecodeConfig], records: dict, prices: Prices,
@@ -262,15 +286,16 @@ def say_replay_plan(spec: SweepSpec, prepared: LoadedSweep, first_ids: list[int]
                     recorded: bool, say: Callable[[str], None]) -> float:
     """Say the plan; returns its estimate in seconds (the recording and confirming it covers)."""
 
-    # Confirmed: the best scheduled few + the best learned, goodput and budget + the best fixed γ, at each batch size.
+    # Confirmed: the best `confirm_top` and the best fixed γ beside them, at each batch size; none at 0.
     sizes = {c.batching.batch_size for c in configs}
-    scheduled = sum(not schedules.of(c).baseline for c in configs) // len(sizes)
     policies = replayed_count(configs)
-    per_token, confirmed = seconds_per_token(prepared.pair, first_ids), (min(spec.confirm_top, scheduled) + 4) * len(sizes)  # + learned (at most), goodput, budget, fixed γ
+    scheduled = (policies - sum(schedules.of(c).baseline for c in configs)) // len(sizes)
+    confirmed = (min(spec.confirm_top, scheduled) + 1) * len(sizes) if spec.confirm_top else 0
+    per_token = seconds_per_token(prepared.pair, first_ids)
     line, seconds = replay_plan(per_token, len(prepared.prompts), prepared.base.verification.max_new_tokens, policies,
                                 confirmed, spec.repeats, recorded=recorded,
                                 from_file=prepared.continuations is not None,
-                                paths=0 if prepared.base.greedy else sampled.PATHS)
+                                paths=0 if prepared.base.greedy else sampled.PATHS, space=len(prepared.points))
     say(line + (" — an upper bound: a batched run takes less than a batch-1 one" if max(sizes) > 1 else ""))
     if spec.precision > 0:
         say(precision_plan(spec.precision, spec.precision_budget_s))
@@ -282,15 +307,21 @@ def write_replay_summary(folder: Path, table: pd.DataFrame, spec: SweepSpec, cos
                          paired: dict | None = None) -> SweepResult:
     """summary.json of a replay sweep; returns it with the confirmed policies, best first."""
     objective = OBJECTIVES[spec.objective[0]]
-    confirmed = rank(table[table["source"] == "confirmed"], objective.name, objective.column("real"))
+    confirmed = table[table["source"] == "confirmed"]
     column = "predicted_speedup_ours" if "predicted_speedup_ours" in confirmed else "predicted_speedup"
-    baseline = schedules.where(confirmed, baseline=True)
+    if len(confirmed):
+        shown = confirmed = rank(confirmed, objective.name, objective.column("real"))
+    else:  # nothing timed (--confirm-top 0): replay's answer, the best predicted policy of each schedule
+        shown = rank(table, objective.name, objective.column("replay")).groupby(
+            ["batch_size", "drafter", "schedule"], sort=False).head(1)
+    baseline = schedules.where(shown, baseline=True)
     summary = {
         "evaluation": "replay", "objective": list(spec.objective), "policies_simulated": len(table),
-        "record": str(record_dir), "cost_model": cost.to_dict(), "cost_model_accuracy": accuracy(confirmed, column),
-        "best": confirmed[~baseline].head(1).to_dict(orient="records"),
-        "classic": confirmed[baseline].to_dict(orient="records"),
-        **{name: confirmed[confirmed["schedule"] == name].to_dict(orient="records")  # "goodput", "budget"
+        "record": str(record_dir), "cost_model": cost.to_dict(),
+        "cost_model_accuracy": accuracy(confirmed, column) if len(confirmed) else None,
+        "best": shown[~baseline].head(1).to_dict(orient="records"),
+        "classic": shown[baseline].to_dict(orient="records"),
+        **{name: shown[shown["schedule"] == name].to_dict(orient="records")  # "goodput", "budget"
            for name in schedules.names(cost_aware=True)},
         "confirmed": confirmed.to_dict(orient="records"),
         "timing_health": timing_health,
@@ -304,9 +335,9 @@ def write_replay_summary(folder: Path, table: pd.DataFrame, spec: SweepSpec, cos
     if (table["batch_size"] > 1).any():
         summary["by_batch_size"] = by_batch_size(table, confirmed, objective)
     if table["drafter"].nunique() > 1:
-        summary["by_drafter"] = by_drafter(confirmed)
+        summary["by_drafter"] = by_drafter(shown)
     write_json(folder / "summary.json", summary)
-    return SweepResult(folder, confirmed, summary, spec)
+    return SweepResult(folder, shown, summary, spec)
 
 
 def by_drafter(confirmed: pd.DataFrame) -> list[dict]:
@@ -335,15 +366,17 @@ def by_batch_size(table: pd.DataFrame, confirmed: pd.DataFrame, objective) -> li
             baseline = schedules.where(group, baseline=True)
             scheduled, fixed = rank(group[~baseline], "speedup", column), rank(group[baseline], "speedup", column)
             row[f"{layout}_predicted"] = {
-                "best_scheduled": scheduled.iloc[0]["config_label"], "best_scheduled_speedup": float(scheduled.iloc[0][column]),
+                "best_scheduled": scheduled.iloc[0]["config_label"],
+                "best_scheduled_speedup": float(scheduled.iloc[0][column]),
                 "best_fixed": fixed.iloc[0]["config_label"], "best_fixed_speedup": float(fixed.iloc[0][column]),
                 "scheduled_over_fixed": float(scheduled.iloc[0][column] / fixed.iloc[0][column])}
         measured = confirmed[confirmed["batch_size"] == batch_size]
-        row["measured"] = measured[["config_label", "schedule", "speedup", "speedup_low", "speedup_high",
-                                    "predicted_speedup", "baseline_tokens_per_s", "spec_tokens_per_s"]
-                                   ].to_dict(orient="records")
-        row["cost_model_accuracy"] = (accuracy(measured, "predicted_speedup_ours" if "predicted_speedup_ours" in measured
-                                               else "predicted_speedup") if len(measured) else None)
+        columns = ["config_label", "schedule", "speedup", "speedup_low", "speedup_high", "predicted_speedup",
+                   "baseline_tokens_per_s", "spec_tokens_per_s"]
+        row["measured"] = [] if measured.empty else measured[columns].to_dict(orient="records")
+        row["cost_model_accuracy"] = (accuracy(measured, "predicted_speedup_ours"
+                                               if "predicted_speedup_ours" in measured else "predicted_speedup")
+                                      if len(measured) else None)
         rows.append(row)
     return rows
 

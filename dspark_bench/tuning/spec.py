@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from dspark_bench.config import SEARCHABLE_FIELDS, DecodeConfig, expand, knob
+from dspark_bench.config import SEARCHABLE_FIELDS, DecodeConfig, expand, knob, same_as
 from dspark_bench.errors import DsparkError, first_line
 from dspark_bench.harness.workload import Workload
 from dspark_bench.objectives import OBJECTIVES
@@ -47,8 +47,9 @@ class SweepSpec(Workload):
     to search, what to optimise, and how long."""
 
     # A sweep decodes its prompts once per trial (or records them once for replay): the first 10
-    # unless the spec or --limit says otherwise.
-    limit: int | None = 10
+    # unless the spec or --limit says otherwise. The workload's `limit` all the same: its help
+    # and bound are its declaration's (checked once, with every other field's, by check_workload).
+    limit: int | None = same_as("limit", of=Workload, default=10)
     space: dict = field(default_factory=lambda: dict(DEFAULT_SPACE))  # param -> list or {low, high, step}
     objective: tuple[str, ...] = ("speedup",)
     method: str = knob("grid", "grid (Optuna's GridSampler) | optuna (TPE).", choices=("grid", "optuna"),
@@ -59,7 +60,9 @@ class SweepSpec(Workload):
                            "| real (a timed run each) | auto.", choices=("auto", "replay", "real"), noun="evaluation",
                            panel=STUDY)
     trials: int = knob(20, "Optuna budget (grid: the whole grid).", at_least=1, panel=STUDY)
-    confirm_top: int = knob(5, "Replay: confirm this many best policies with timed runs.", at_least=0, panel=STUDY)
+    confirm_top: int = knob(5, "Replay: how many policies to confirm with timed runs, in all (the best, then the "
+                                 "best of each kind not yet among them), the best fixed γ timed beside them as the "
+                                 "reference; 0: replay's answer alone, nothing timed.", at_least=0, panel=STUDY)
     sampler_seed: int = 0  # seeds Optuna's sampler (the decodes' own seed is `seed`)
     heartbeat_s: int = 30  # a trial silent this long (x2) was killed and is retried
     # Replay: the analyses of the record are a research question, not "which policy":
@@ -144,12 +147,8 @@ def parse_spec(data: dict, where: str = "sweep spec") -> SweepSpec:
 
 
 def _check_types(spec: SweepSpec, where: str) -> None:
-    """What the declarations (config.check_declared, in check_workload) cannot say: a sweep's
-    own default limit, and the forms a cost model and continuations may take."""
-    for name in ("limit", "max_new_tokens", "threads"):
-        value = getattr(spec, name)
-        if value is not None and (not isinstance(value, int) or value < 1):
-            raise DsparkError(f"{where}: {name} must be a positive integer (got {value!r})")
+    """What the declarations (config.check_declared, in check_workload) cannot say: the forms a
+    cost model and continuations may take."""
     if not isinstance(spec.prices, str) or not spec.prices:
         raise DsparkError(f"{where}: prices must be ours, llamacpp or a cost-model file's path (got {spec.prices!r})")
     given = [spec.continuations] if isinstance(spec.continuations, str) else spec.continuations

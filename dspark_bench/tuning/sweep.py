@@ -45,9 +45,10 @@ if TYPE_CHECKING:
     from dspark_bench.harness.runner import StageProgress
 
 
+from dspark_bench.engines.tools import EngineTools, engine_tools
 from dspark_bench.replay.record_parts import parse_shard  # noqa: F401 (the CLI's --shard)
+from dspark_bench.tuning.preparation import LoadedSweep, SweepResult, check_sampled_replay, prepare
 from dspark_bench.tuning.records import load_or_record, parts_folder
-from dspark_bench.tuning.preparation import EngineTools, LoadedSweep, SweepResult, check_sampled_replay, prepare
 from dspark_bench.tuning.replay_sweep import needs_draft_model, record_plan, replay_sweep
 
 # --- the whole sweep: prepare, run (real or replay), summarise ----------------------------------
@@ -105,7 +106,8 @@ def run_sweep(spec: SweepSpec, out: Path, storage: str | None = None, study_name
     and summary (a SweepResult).
 
     With `say`, the plan and its estimated duration are said before any decoding; `engines`: what
-    measures the prices of an engine --prices names and confirms in it (preparation.EngineTools)."""
+    measures the prices of an engine --prices names and confirms in it (default: what the engines
+    lend here, engines.tools.engine_tools)."""
     if workers < 1:
         raise DsparkError(f"--workers must be at least 1 (got {workers})")
     evaluation = evaluation_for(spec)
@@ -113,6 +115,7 @@ def run_sweep(spec: SweepSpec, out: Path, storage: str | None = None, study_name
         raise DsparkError("--continuations feeds replay's record: a real sweep decodes every policy here "
                           "(drop --evaluation real, or --continuations)")
     check_writable(out)  # before any model loads or prices are measured
+    engines = engines if engines is not None else engine_tools(spec.prices, say)
     prepared = prepare(spec, say, engines, progress)  # prompts read, models loaded, files checked, prices found
     if evaluation == "replay":
         needs_draft_model(prepared.pair)
@@ -129,7 +132,8 @@ def run_sweep(spec: SweepSpec, out: Path, storage: str | None = None, study_name
                                                                "study": study_name}))
     if say:
         trials = grid_size(spec) if spec.method == "grid" else spec.trials
-        per_token = seconds_per_token(prepared.pair, encode(prepared.pair.tokenizer, prepared.prompts[0].text, spec.chat_template))
+        per_token = seconds_per_token(prepared.pair, encode(prepared.pair.tokenizer, prepared.prompts[0].text,
+                                                            spec.chat_template))
         say(real_sweep_plan(per_token, len(prepared.prompts), prepared.base.verification.max_new_tokens,
                             -(-trials // workers), spec.repeats) + (f" with {workers} workers" if workers > 1 else ""))
     return continue_sweep(folder, prepared, workers, progress, storage=storage)
@@ -144,6 +148,7 @@ def run_sweeps(spec: SweepSpec, out: Path, storage: str | None = None, study_nam
     chosen = per_temperature(spec)
     for one in chosen:
         check_sampled_replay(one, points(one))
+    engines = engines if engines is not None else engine_tools(spec.prices, say)  # said once, not per sweep
     results = []
     for one in chosen:
         if say and len(chosen) > 1:
@@ -158,7 +163,8 @@ def check_unchanged(folder: Path, info: dict, prepared: LoadedSweep) -> None:
     models = prepared.pair.describe()
     for key in ("target_fingerprint", "draft_fingerprint"):
         if models[key] != info["models"][key]:
-            raise DsparkError(f"the {key.split('_')[0]} model of {folder} changed since the sweep started; start a new sweep")
+            raise DsparkError(f"the {key.split('_')[0]} model of {folder} changed since the sweep started; "
+                              "start a new sweep")
 
 
 def record_shard(spec: SweepSpec, records_root: Path, shard: tuple[int, int], progress: StageProgress | None = None,

@@ -25,8 +25,8 @@ from dspark_bench.reporting.plots.base import (
                                      short_run,
 )
 from dspark_bench.reporting.plots.batch import batch_sizes, paired_ratios, signal_headroom
-from dspark_bench.reporting.plots.prices import verify_curves
 from dspark_bench.reporting.plots.policies import heatmap_value, speedup_heatmap, temperature_axis, threshold_curves
+from dspark_bench.reporting.plots.prices import verify_curves
 from dspark_bench.reporting.plots.samples import (
                                      confidences_from_rounds,
                                      draft_lengths_from_positions,
@@ -49,7 +49,8 @@ __all__ = [
     "COLORS", "CURVE_METRICS", "THRESHOLD_SCHEDULES", "batch_sizes", "best_row", "complete",
     "confidences_from_record", "confidences_from_rounds", "domain_threshold_curves", "draft_lengths_from_positions",
     "heatmap_value",
-    "names_of", "optimization_history", "paired_ratios", "param_importances", "pareto_front", "position_acceptance", "reliability", "reliability_table", "roc_auc",
+    "names_of", "optimization_history", "paired_ratios", "param_importances", "pareto_front", "position_acceptance",
+    "reliability", "reliability_table", "roc_auc",
     "round_trace", "short_run", "signal_headroom", "speedup_by_group", "speedup_heatmap", "stop_reasons",
-    "temperature_axis", "threshold_curves",
+    "temperature_axis", "threshold_curves", "verify_curves",
 ]

@@ -6,8 +6,7 @@ import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from dspark_bench import schedules
-from dspark_bench import objectives
+from dspark_bench import objectives, schedules
 
 CURVE_METRICS = ("avg_draft_len", "block_acceptance_rate", "accepted_per_round", "speedup")
 THRESHOLD_SCHEDULES = schedules.names(one_threshold=True)  # drawn against their one threshold

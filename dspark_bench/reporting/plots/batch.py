@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from dspark_bench.config import LEARNED
 from dspark_bench.reporting.plots.base import _figure
 
 STYLE = {("best scheduled", "padded"): ("#e6a100", "o"), ("best fixed γ", "padded"): ("#3a63c4", "s"),
@@ -65,7 +66,7 @@ def signal_headroom(rows: pd.DataFrame, title: str = ""):
         part = part.sort_values("auc")
         ax.plot(part["auc"], 100 * part["captured"].clip(upper=1.0), "-", color=f"C{i}", marker="o", ms=4,
                 label=f"B = {b}" if b == 1 else f"B = {b}, packed")
-    own = rows[rows["signal"] == "learned"]["auc"]
+    own = rows[rows["signal"] == LEARNED]["auc"]
     if len(own):
         ax.axvline(float(own.iloc[0]), color="grey", ls=":", lw=1.5)
         ax.annotate("the learned signal", (float(own.iloc[0]), 2), fontsize=8, color="grey", rotation=90,
@@ -94,8 +95,8 @@ def paired_ratios(verdicts: list[dict], title: str = ""):
         color = {"faster": "C2", "slower": "C3"}.get(v["verdict"], "C0")
         ax.errorbar(v["ratio"], y, xerr=[[v["ratio"] - v["low"]], [v["high"] - v["ratio"]]], fmt="o", color=color,
                     capsize=4, ms=6, lw=2)
-        ax.annotate(f"{v['ratio'] - 1:+.1%} [{v['low'] - 1:+.1%}, {v['high'] - 1:+.1%}] {v['verdict']}", (v["ratio"], y),
-                    xytext=(0, -14), textcoords="offset points", fontsize=7, color=color, ha="center")
+        ax.annotate(f"{v['ratio'] - 1:+.1%} [{v['low'] - 1:+.1%}, {v['high'] - 1:+.1%}] {v['verdict']}",
+                    (v["ratio"], y), xytext=(0, -14), textcoords="offset points", fontsize=7, color=color, ha="center")
     ax.axvline(1.0, color="black", lw=1)
     values = [x for v in shown for x in (*v["per_prompt"], v["low"], v["high"]) if np.isfinite(x)] + [1.0]
     pad = 0.08 * (max(values) - min(values) or 0.1)

@@ -8,8 +8,7 @@ from matplotlib.colors import Normalize, TwoSlopeNorm
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
-from dspark_bench import schedules
-from dspark_bench import objectives
+from dspark_bench import objectives, schedules
 from dspark_bench.reporting.plots.base import (
     COLORS,
     CURVE_METRICS,

@@ -10,8 +10,8 @@ from dspark_bench.reporting.plots.base import _figure
 
 
 def verify_curves(models: dict, title: str = ""):
-    """Left: t_verify(k) (+ t_round; t_round_empty at k = 0) over the engine's plain step, k = 0 … its deepest, one line per
-    engine, its draft step as a dotted level; right: the same in milliseconds. Where the left
+    """Left: t_verify(k) (+ t_round; t_round_empty at k = 0) over the engine's plain step, k = 0 … its deepest,
+    one line per engine, its draft step as a dotted level; right: the same in milliseconds. Where the left
     curve climbs steeply from k = 0 to 1, verifying even one drafted token costs most of a step."""
     fig, axes = _figure(11, 4.2, 1, 2)
     relative, absolute = axes[0]

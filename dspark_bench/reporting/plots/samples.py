@@ -53,7 +53,7 @@ def _position_sums(rows: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     return drafted, accepted
 
 
-# --- signal reliability (confidence against acceptance) ----------------------------------------------------------------
+# --- signal reliability (confidence against acceptance) ------------------------------------------
 
 
 def reliability_table(confidences: pd.DataFrame, bins: int = 10) -> pd.DataFrame:
@@ -85,7 +85,8 @@ def reliability(confidences: pd.DataFrame, bins: int = 10, source: str = "", fit
         if fit is not None and metric in fit.curves:
             q = fit.quality.get(metric, {})
             if q:
-                label += f"\n  fit: Brier {q['brier']:.3f} (raw {q['raw_brier']:.3f}), ECE {q['ece']:.3f} (raw {q['raw_ece']:.3f})"
+                label += (f"\n  fit: Brier {q['brier']:.3f} (raw {q['raw_brier']:.3f}), "
+                          f"ECE {q['ece']:.3f} (raw {q['raw_ece']:.3f})")
             grid = np.linspace(0, 1, 201)
             top.plot(grid, fit.curves[metric](grid), "-", color=f"C{i}", lw=1.5, alpha=0.8)
         top.plot(rows["confidence"], rows["acceptance"], "o:" if fit is not None else "o-", color=f"C{i}",
