@@ -42,11 +42,12 @@ DRAFTERS = ("model", "heads", "lookup")
 DEFAULT_MAX_NEW_TOKENS = 128  # tokens per prompt when neither the flags nor the task say
 
 
-def knob(default, help: str, *, choices: tuple = (), at_least=None, above=None, at_most=None, searched: bool = False,
+def knob(default, help: str, *, choices: tuple = (), at_least=None, above=None, at_most=None, below=None,
+         searched: bool = False,
          policy: bool = True, repeats: bool = False, flag: str | None = None, noun: str | None = None,
          panel: str | None = None, path: bool = False):
     """A knob declared once: its default, its help (the CLI option's), the values it may take
-    (`choices`, or bounds: `at_least` or `above` below, `at_most` above; checked in one place,
+    (`choices`, or bounds: `at_least` or `above` below, `at_most` or `below` above; checked in one place,
     check_declared), whether a sweep may search it, whether it belongs to a policy (a calibration
     file stores those), and whether `run` takes several values of it (a grid axis).
     cli/declared.py makes every command's option from this; `flag` names an option whose name is
@@ -54,25 +55,27 @@ def knob(default, help: str, *, choices: tuple = (), at_least=None, above=None, 
     their own); `path`: the option reads a path, stored as a string as the command line normalises it."""
     # A registry (a dict, e.g. schedules.SCHEDULES) stays live: a schedule added to it is a choice.
     meta = {"help": help, "choices": choices if isinstance(choices, dict) else tuple(choices), "at_least": at_least,
-            "above": above, "at_most": at_most, "searched": searched, "policy": policy, "repeats": repeats,
-            "flag": flag, "noun": noun, "panel": panel, "path": path}
+            "above": above, "at_most": at_most, "below": below, "searched": searched, "policy": policy,
+            "repeats": repeats, "flag": flag, "noun": noun, "panel": panel, "path": path}
     return field(default=default, metadata=meta)
 
 
 def within(value, meta) -> bool:
     """Whether a number lies within a declaration's bounds (none: any)."""
-    low, above, high = meta.get("at_least"), meta.get("above"), meta.get("at_most")
-    return (low is None or value >= low) and (above is None or value > above) and (high is None or value <= high)
+    low, above, high, below = meta.get("at_least"), meta.get("above"), meta.get("at_most"), meta.get("below")
+    return ((low is None or value >= low) and (above is None or value > above) and (high is None or value <= high)
+            and (below is None or value < below))
 
 
 def bounds(meta) -> str:
-    """A declaration's bounds as its error says them: "at least 1", "in (0, 1]"."""
-    low, above, high = meta.get("at_least"), meta.get("above"), meta.get("at_most")
+    """A declaration's bounds as its error says them: "at least 1", "in (0, 1]", "in [0, 1)"."""
+    low, above = meta.get("at_least"), meta.get("above")
+    high, closed = (meta.get("at_most"), "]") if meta.get("below") is None else (meta.get("below"), ")")
     if high is None:
         return f"at least {low:g}" if low is not None else f"above {above:g}"
     if low is None and above is None:
-        return f"at most {high:g}"
-    return f"in [{low:g}, {high:g}]" if low is not None else f"in ({above:g}, {high:g}]"
+        return f"at most {high:g}" if closed == "]" else f"below {high:g}"
+    return f"in [{low:g}, {high:g}{closed}" if low is not None else f"in ({above:g}, {high:g}{closed}"
 
 
 def check_declared(part) -> None:
@@ -96,7 +99,8 @@ def check_declared(part) -> None:
             noun = f.metadata.get("noun") or f.name.replace("_", " ")
             raise DsparkError(f"unknown {noun} {value!r}; choose one of {', '.join(choices)}")
         if kind in ("int", "float") and not within(value, f.metadata):
-            raise DsparkError(f"{f.name} must be {bounds(f.metadata)} (got {value:g})")
+            flag = f" ({f.metadata['flag']})" if f.metadata.get("flag") else ""  # the name a user typed too
+            raise DsparkError(f"{f.name}{flag} must be {bounds(f.metadata)} (got {value:g})")
 
 
 @dataclass(frozen=True)

@@ -380,7 +380,8 @@ def test_a_precision_budget_of_nothing_is_refused(saved_pair, prompts_file, tmp_
 
     result = runner.invoke(app, base_args(saved_pair, prompts_file, tmp_path) + ["--precision", "0.03",
                                                                                   "--precision-budget", "0"])
-    assert result.exit_code == 1 and "--precision-budget must be a positive" in one_error_line(result)
+    said = one_error_line(result)
+    assert result.exit_code == 1 and "precision_budget_s (--precision-budget) must be above 0 (got 0)" in said
 
 
 def test_the_sweeps_table_fits_100_columns_with_its_labels_on_one_line(saved_pair, prompts_file, tmp_path):

@@ -163,6 +163,8 @@ def test_a_calibration_file_is_checked_before_anything_is_read(tmp_path):
     (["--temperature", "-1"], "temperature must be at least 0 (got -1)"),
     (["--top-p", "0"], "top_p must be in (0, 1] (got 0)"),
     (["--top-p", "1.5"], "top_p must be in (0, 1] (got 1.5)"),
+    (["--precision", "1"], "precision must be in [0, 1) (got 1)"),
+    (["--precision-budget", "0"], "precision_budget_s (--precision-budget) must be above 0 (got 0)"),
 ])
 def test_a_knobs_bounds_are_checked_before_any_model_loads(command, flags, message, monkeypatch, tmp_path):
     """A bound is its knob's declaration (config.knob), checked with the workload before any work:

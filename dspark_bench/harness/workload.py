@@ -12,7 +12,6 @@ import dataclasses
 from dataclasses import dataclass
 
 from dspark_bench.config import DEFAULT_MAX_NEW_TOKENS, check_declared, knob, same_as
-from dspark_bench.errors import DsparkError
 
 MODELS, PROMPTS, TIMING = "Models", "Prompts", "Timing"  # the --help groups of a workload's options
 
@@ -64,8 +63,9 @@ class Workload:
     # (0: one pass), or until precision_budget_s seconds of further passes are spent.
     precision: float = knob(0.0, "Repeat the headline comparison (best scheduled policy vs best fixed γ, paired on "
                             "the same prompts) until its 95 % interval is within ± this (e.g. 0.03), or "
-                            "--precision-budget runs out (default: one pass).", panel=TIMING)
-    precision_budget_s: float = knob(600.0, "Seconds of further passes --precision may spend.",
+                            "--precision-budget runs out (default: one pass).", at_least=0, below=1, panel=TIMING)
+    # Above 0: a budget of nothing would let --precision run no pass and say it ran.
+    precision_budget_s: float = knob(600.0, "Seconds of further passes --precision may spend.", above=0,
                                      flag="--precision-budget", panel=TIMING)
     # torch's CPU threads for the job (None: torch's own choice). On a machine another process keeps
     # busy, fewer threads than cores stop torch's threads fighting it (timing health says when).
@@ -83,15 +83,8 @@ class Workload:
 
     def check_workload(self) -> None:
         """Refuse settings no decode can run with (a run and a sweep alike), before anything loads:
-        each field as declared (config.check_declared), then what its declaration cannot say."""
+        each field as declared (config.check_declared: its type, choices and bounds)."""
         check_declared(self)
-        if self.precision < 0:
-            raise DsparkError(f"--precision must be a number >= 0 (got {self.precision:g})")
-        if not self.precision_budget_s > 0:  # a budget of nothing would let --precision run no pass and say it ran
-            raise DsparkError("--precision-budget must be a positive number of seconds "
-                              f"(got {self.precision_budget_s:g})")
-        if self.precision >= 1:
-            raise DsparkError(f"--precision is a relative half-width, e.g. 0.03 for ±3 % (got {self.precision:g})")
 
     def use_threads(self) -> None:
         """Set torch's CPU threads as the workload asks, before any model loads."""
