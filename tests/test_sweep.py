@@ -297,6 +297,12 @@ def test_confirm_top_zero_is_replays_answer_alone(saved_pair, prompts_file, tmp_
     scheduled = table[table["schedule"] != "fixed"]
     assert summary["best"][0]["predicted_speedup"] == scheduled["predicted_speedup"].max()
     assert summary["classic"][0]["predicted_speedup"] == table[table["schedule"] == "fixed"]["predicted_speedup"].max()
+    # The report says nothing was measured, with no empty table of measurements.
+    report = runner.invoke(app, ["report", str(folder), "--out", str(tmp_path / "report")])
+    assert report.exit_code == 0, report.output
+    text = (tmp_path / "report" / "report.md").read_text()
+    assert "nothing timed (--confirm-top 0): every speedup here is predicted" in text
+    assert "| measured / predicted |" not in text
 
 def analyze_afterwards(folder: Path) -> None:
     """`dspark-bench analyze` on a finished sweep: the three analyses, every signal's held-out

@@ -277,10 +277,12 @@ def cost_model_blocks(inputs: Inputs) -> list[tuple]:
         sampled = "" if not sampling else (
             " sampled at temperature {temperature:g}, top-p {top_p:g} ({paths} paths × {draws} coin draws per "
             "prompt: expectations, exact in distribution)").format(**sampling)
-        text = (f"{summary.get('policies_simulated', len(rows))} policies simulated from one record{sampled}; the best "
-                f"{len(rows)} confirmed by timed runs. Measured / predicted speedup, median "
-                f"{_fmt(accuracy.get('measured_over_predicted_median'), 2)}; mean absolute error "
-                f"{_fmt(accuracy.get('mean_abs_error'), 3)}.")
+        confirmed = (f"the best {len(rows)} confirmed by timed runs. Measured / predicted speedup, median "
+                     f"{_fmt(accuracy.get('measured_over_predicted_median'), 2)}; mean absolute error "
+                     f"{_fmt(accuracy.get('mean_abs_error'), 3)}." if len(rows)
+                     else "nothing timed (--confirm-top 0): every speedup here is predicted, none measured.")
+        simulated = summary.get("policies_simulated", len(rows))
+        text = f"{simulated} policies simulated from one record{sampled}; {confirmed}"
         prices = (summary.get("prices") or {}).get("label", "our decoder")
         text += f" predicted_speedup is priced on {prices}'s costs" + (
             "; measured on our decoder, so judged against predicted_speedup_ours (our decoder's costs)."
@@ -293,9 +295,10 @@ def cost_model_blocks(inputs: Inputs) -> list[tuple]:
                      + (f" ({empty * 1e3:.2f} ms where the draft came back empty)" if empty is not None else "")
                      + f", plain step {cost['t_plain'] * 1e3:.2f} ms." if cost.get("t_plain") else ".")
         where = f" ({plots.short_run(run_id)})" if len(inputs.summaries) > 1 else ""
-        blocks += [("h3", f"Cost model accuracy{where}"), ("p", text),
-                   ("table", ["configuration", "predicted_speedup", "predicted on our decoder", "speedup [95% CI]",
-                              "measured / predicted"], lines)]
+        blocks += [("h3", f"Cost model accuracy{where}"), ("p", text)]
+        if lines:
+            blocks.append(("table", ["configuration", "predicted_speedup", "predicted on our decoder",
+                                     "speedup [95% CI]", "measured / predicted"], lines))
     return blocks
 
 
