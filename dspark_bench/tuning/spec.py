@@ -280,7 +280,9 @@ def load_spec(path: Path | None, overrides: dict) -> SweepSpec:
             data.setdefault("space", dict(DEFAULT_SPACE))[key.removeprefix("space.")] = value
         else:  # (a copy: a space given whole, such as DENSE_SPACE, is never changed in place)
             data[key] = dict(value) if key == "space" and isinstance(value, dict) else value
-    return parse_spec(data, str(path) if path else "sweep")
+    # Who said what a check refuses: the file, or the file as the flags changed it.
+    where = "sweep" if path is None else f"{path} with the command's flags" if overrides else str(path)
+    return parse_spec(data, where)
 
 
 def base_config(spec: SweepSpec, task_tokens: int | None) -> DecodeConfig:
