@@ -1,7 +1,7 @@
-"""Host syncs per round and CPU speed of the engine before and after the device-side decoder
+"""Host syncs per round and CPU speed of our decoder before and after the device-side decoder
 (issue 14), in one process, interleaved.
 
-The engine of an earlier commit (--before, default 06fb238: the last one before issue 14) is
+The decoder of an earlier commit (--before, default 06fb238: the last one before issue 14) is
 loaded from git beside today's, as its own package. Each prompt is decoded by every variant in
 turn (old, new early-stop, new verify-side), `--repeats` times, greedy and then sampling;
 medians per prompt, and each variant's speed relative to the old engine as a ratio of summed

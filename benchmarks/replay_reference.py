@@ -6,7 +6,7 @@ A benchmark, not a test. On the default pair and a built-in task:
    record, ...): the ratio of summed times with a bootstrap 95 % interval over prompts.
 2. `simulate_grid` on that record over the dense grid of issue 5 (4 metrics × 20 thresholds
    × 8 gamma_max × 4 min_draft_len, the valid points): policies per second, median of 3.
-3. Replay against the real engine, prompt by prompt: for policies spanning every metric and
+3. Replay against our real decoder, prompt by prompt: for policies spanning every metric and
    schedule with gamma_max / min_draft_len at their edges, every round of `simulate` compared
    with `speculative_decode`'s (drafted, accepted, emitted, stop reason, draft tokens, target
    token, draft forwards, confidences within 1e-5). Prints how many prompts and rounds were

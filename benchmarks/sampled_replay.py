@@ -1,4 +1,4 @@
-"""Replay under sampling against the real engine, in distribution (issue 45's validation).
+"""Replay under sampling against our real decoder, in distribution (issue 45's validation).
 
     python benchmarks/sampled_replay.py OUT --part 1/2 &   # real sampled runs, half the jobs
     python benchmarks/sampled_replay.py OUT --part 2/2 &   # the other half (one core each)
@@ -6,7 +6,7 @@
     python benchmarks/sampled_replay.py OUT --report       # the table: OUT/validation.md
 
 On the shipped pair, 20 held-out prompts of code and of prose (each task's last 20: sweeps take
-the first 10), 128 tokens, at T = 0.7, T = 1.0 and T = 1.0 with top-p 0.9. Real: the engine's
+the first 10), 128 tokens, at T = 0.7, T = 1.0 and T = 1.0 with top-p 0.9. Real: our decoder's
 own speculative sampling, 5 seeds per prompt and policy, pooled (rounds, drafted, accepted and
 emitted tokens summed). Replay: one sampled record per domain and setting (replay/sampled.py:
 4 paths per prompt × 4 coin draws), every policy replayed on it. Each metric is a ratio of

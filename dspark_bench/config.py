@@ -43,9 +43,8 @@ DEFAULT_MAX_NEW_TOKENS = 128  # tokens per prompt when neither the flags nor the
 
 
 def knob(default, help: str, *, choices: tuple = (), at_least=None, above=None, at_most=None, below=None,
-         searched: bool = False,
-         policy: bool = True, repeats: bool = False, flag: str | None = None, noun: str | None = None,
-         panel: str | None = None, path: bool = False):
+         searched: bool = False, policy: bool = True, repeats: bool = False, flag: str | None = None,
+         noun: str | None = None, panel: str | None = None, path: bool = False):
     """A knob declared once: its default, its help (the CLI option's), the values it may take
     (`choices`, or bounds: `at_least` or `above` below, `at_most` or `below` above; checked in one place,
     check_declared), whether a sweep may search it, whether it belongs to a policy (a calibration
@@ -111,9 +110,13 @@ class StoppingPolicy:
                        choices=(*METRICS, LEARNED), searched=True, repeats=True, noun="confidence metric")
     schedule: str = knob("threshold", "Stopping rule (goodput and budget need --goodput-model; budget decides for the "
                          "whole batch, see --budget-layout).", choices=schedules.SCHEDULES, searched=True, repeats=True)
-    threshold: float = knob(0.5, "Stop drafting below this confidence.", searched=True, repeats=True)
-    threshold_start: float = knob(0.3, "Ramp schedule: the threshold at draft position 1 ...", searched=True)
-    threshold_end: float = knob(0.8, "... rising linearly to this at gamma_max.", searched=True)
+    # Every metric is normalised to [0, 1], 1 the most confident (confidence.py): one range for all.
+    threshold: float = knob(0.5, "Stop drafting below this confidence.", at_least=0, at_most=1, searched=True,
+                            repeats=True)
+    threshold_start: float = knob(0.3, "Ramp schedule: the threshold at draft position 1 ...", at_least=0, at_most=1,
+                                  searched=True)
+    threshold_end: float = knob(0.8, "... rising linearly to this at gamma_max.", at_least=0, at_most=1,
+                                searched=True)
     gamma_max: int = knob(5, "Most draft tokens per round.", at_least=1, searched=True, repeats=True)
     min_draft_len: int = knob(1, "Fewest draft tokens per round (llama.cpp's rule: a shorter draft is discarded).",
                               at_least=0, searched=True, repeats=True)
@@ -123,7 +126,7 @@ class StoppingPolicy:
     # none under llama.cpp's), the round's draft stops for all of them, so a batch stops paying
     # for the longest drafts of a confident few. 0: each row stops on its own.
     batch_quorum: float = knob(0.0, "B > 1: stop every row's draft once fewer than this share of the rows still "
-                               "draft (0: each row on its own).", searched=True)
+                               "draft (0: each row on its own).", at_least=0, at_most=1, searched=True)
     # How an engine applies the rule (schedule.py): SEMANTICS.
     semantics: str = knob("dspark", "Whose rule: dspark (drops the failing token) | hf (keeps it) | llamacpp (drops "
                           "it; a draft shorter than --min-draft-len is discarded).", choices=SEMANTICS, searched=True,
@@ -292,13 +295,6 @@ def from_dict(values: dict) -> DecodeConfig:
     return DecodeConfig(**{part: PARTS[part](**knobs) for part, knobs in split.items()})
 
 
-def _check_unit(name: str, value: float, metric: str) -> None:
-    # Every metric is normalised to [0, 1] with 1 = most confident (see confidence.py),
-    # so one range check covers all of them.
-    if not 0.0 <= value <= 1.0:
-        raise DsparkError(f"{name} {value:g} is outside the {metric} metric's range [0, 1]")
-
-
 def check_stopping(policy: StoppingPolicy) -> None:
     """The stopping policy's constraints between its knobs (each knob's own range: check_declared)."""
     if policy.metric == LEARNED and not policy.signal_model:
@@ -316,10 +312,6 @@ def check_stopping(policy: StoppingPolicy) -> None:
                           "(drop --semantics)")
     if policy.min_draft_len > policy.gamma_max:
         raise DsparkError(f"min_draft_len ({policy.min_draft_len}) must not exceed gamma_max ({policy.gamma_max})")
-    for name in ("threshold", "threshold_start", "threshold_end"):
-        _check_unit(name, getattr(policy, name), policy.metric)
-    if not 0.0 <= policy.batch_quorum <= 1.0:
-        raise DsparkError(f"batch_quorum {policy.batch_quorum:g} is a share of the batch's rows: it must be in [0, 1]")
 
 
 def check_drafter(config: DecodeConfig) -> None:

@@ -69,11 +69,11 @@ class Schedule:
 
 
 # The names other modules write policies with (a name read here, never spelt out there).
-THRESHOLD, GOODPUT, BUDGET = "threshold", "goodput", "budget"
+THRESHOLD, CUMULATIVE, GOODPUT, BUDGET = "threshold", "cumulative", "goodput", "budget"
 SCHEDULES = {s.name: s for s in (
     Schedule(THRESHOLD, reads=("threshold",), engines=THRESHOLD_ENGINES),
     Schedule("ramp", reads=("threshold_start", "threshold_end")),
-    Schedule("cumulative", reads=("threshold",), cumulative=True),
+    Schedule(CUMULATIVE, reads=("threshold",), cumulative=True),
     Schedule("fixed", baseline=True, engines=(*THRESHOLD_ENGINES, *FIXED_ENGINES)),
     Schedule(GOODPUT, cost_aware=True),
     Schedule(BUDGET, cost_aware=True, whole_batch=True),

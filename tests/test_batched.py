@@ -170,7 +170,7 @@ class Logged:
 
 
 @pytest.mark.parametrize("refill", [True, False])
-def test_batched_replay_charges_the_engine_s_own_steps(llama_pair, refill):
+def test_batched_replay_charges_the_decoder_s_own_steps(llama_pair, refill):
     target, draft = llama_pair
     pair = SimpleNamespace(target=target, draft=draft, eos_ids=frozenset({1}))
     rec = record(pair, PROMPTS, N, 5, topk=5, eos_ids=pair.eos_ids)

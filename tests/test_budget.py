@@ -143,7 +143,7 @@ BATCH_POLICIES = [dict(metric=m, gamma_max=g, min_draft_len=d, budget_layout=lay
 
 
 @pytest.mark.parametrize("fields", BATCH_POLICIES, ids=lambda f: "-".join(map(str, f.values())))
-def test_the_walk_is_the_batched_engine_round_for_round(llama_pair, budget_record, fields):
+def test_the_walk_is_the_batched_decoder_round_for_round(llama_pair, budget_record, fields):
     target, draft = llama_pair
     config = budget_policy(**fields)
     rows = batched_speculative(target, draft, PROMPTS, config, config.batching.batch_size, EOS)
@@ -168,7 +168,7 @@ def test_the_walk_is_the_batched_engine_round_for_round(llama_pair, budget_recor
 
 
 @pytest.mark.parametrize("layout", ["padded", "packed"])
-def test_the_walk_charges_the_engine_s_own_steps(llama_pair, budget_record, layout):
+def test_the_walk_charges_the_decoder_s_own_steps(llama_pair, budget_record, layout):
     target, draft = llama_pair
     config = budget_policy(metric="top1", gamma_max=5, min_draft_len=0, budget_layout=layout, batch_size=3)
     surface = surface_of_model()

@@ -56,7 +56,7 @@ def test_decode_shows_rounds(saved_pair):
 @pytest.mark.parametrize(
     "flags,message",
     [
-        (["--threshold", "1.5"], "outside"),
+        (["--threshold", "1.5"], "threshold must be in [0, 1] (got 1.5)"),
         (["--gamma-max", "0"], "gamma_max must be at least 1"),
         (["--min-draft-len", "6", "--gamma-max", "5"], "must not exceed"),
         (["--target", "/nonexistent/model"], "does not exist"),

@@ -51,8 +51,11 @@ def test_batched_rollouts_equal_each_position_decoded_alone(llama_pair, rows):
         tokens, scores = draft_rollouts(draft, sequence, 9, 21, 5, 5, rows=rows)
         expected, expected_scores = alone(draft, sequence, 9, 21, 5, 5)
     assert np.array_equal(tokens, expected)
+    # The same numbers up to float32 kernel noise: a batch of padded rows and a row alone run
+    # different attention kernels (seen up to 1.2e-5 on an Intel Xeon with torch 2.13), while a
+    # wrong position or step would be off by far more than 1e-4.
     for name in scores:
-        assert np.allclose(scores[name], expected_scores[name], atol=1e-5), name
+        assert np.allclose(scores[name], expected_scores[name], atol=1e-4), name
 
 
 class MaskBlind(torch.nn.Module):
@@ -103,7 +106,7 @@ def assert_same_record(a, b):
         assert np.array_equal(a.confidences[name], b.confidences[name]), name
 
 
-def test_a_record_from_our_engines_continuations_equals_todays_record(workload, ours_file, tmp_path):
+def test_a_record_from_our_decoders_continuations_equals_todays_record(workload, ours_file, tmp_path):
     spec = sweep_spec(workload, ours_file)
     prepared = prepare(spec)
     _, gamma, dirs, ids = record_plan(spec, prepared, tmp_path / "records")

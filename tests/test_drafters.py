@@ -112,7 +112,7 @@ def recorded_drafters():
 
 
 @pytest.mark.parametrize("drafter", ["heads", "lookup"])
-def test_simulated_rounds_equal_the_engine(recorded_drafters, drafter):
+def test_simulated_rounds_equal_our_decoder(recorded_drafters, drafter):
     target, heads, records = recorded_drafters
     rec = records[drafter]
     configs = [c.replace(drafter=drafter, ngram_min=1, ngram_max=2) for c in spanning_policies(6, 30)]

@@ -162,7 +162,7 @@ def gini_goodput_model(tmp_path_factory) -> str:
 
 
 @pytest.mark.parametrize("draft_mode", ["early-stop", "verify-side"])
-def test_replay_with_gini_equals_the_engine(recorded, draft_mode, gini_goodput_model):
+def test_replay_with_gini_equals_our_decoder(recorded, draft_mode, gini_goodput_model):
     pair, rec = recorded
     assert set(confidence.SIGNALS) <= set(rec.confidences)
     compared, reasons = 0, set()

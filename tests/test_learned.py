@@ -236,7 +236,7 @@ def test_the_fit_is_read_again_when_rewritten_and_checked_against_the_models(lea
                              [config])
 
 
-def test_the_context_features_decide_alike_in_the_engines_and_replay(learned_record, tmp_path):
+def test_the_context_features_decide_alike_in_our_decoder_and_replay(learned_record, tmp_path):
     # A signal that reads only what prompt lookup says (drafts on while it found the context's
     # last n-gram before): the engines compute it from their own sequences, replay from the record.
     import json

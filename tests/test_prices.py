@@ -46,9 +46,21 @@ def test_a_cost_model_file_round_trips_with_its_provenance(tmp_path):
     assert json.loads(path.read_text())["format_version"] == cost_file.FORMAT_VERSION
 
 
+def test_a_version_1_cost_model_file_still_loads(tmp_path):
+    """Version 1 named who measured the costs "engine", our decoder included ("ours")."""
+    data = engine_file().to_dict()
+    data = {**{k: v for k, v in data.items() if k != "measured_by"}, "format_version": 1,
+            "engine": data["measured_by"]}
+    (tmp_path / "v1.json").write_text(json.dumps(data))
+    loaded = cost_file.load(tmp_path / "v1.json")
+    assert loaded.label == "llama.cpp b11434" and loaded.measured_by == {"name": "llamacpp", "version": "b11434"}
+    written = loaded.to_dict()
+    assert written["format_version"] == 2 and "engine" not in written and written["measured_by"]["name"] == "llamacpp"
+
+
 @pytest.mark.parametrize("change, message", [
     (lambda d: d.pop("format"), "is not a dspark-bench cost model"),
-    (lambda d: d.update(format_version=2), "has format_version 2"),
+    (lambda d: d.update(format_version=3), "has format_version 3"),
     (lambda d: d.pop("method"), "has no 'method'"),
     (lambda d: d["measured_by"].pop("name"), "names nobody who measured it"),
     (lambda d: d["batch_sizes"]["1"].pop("t_verify"), "lacks t_verify"),

@@ -38,7 +38,7 @@ def recorded(request, llama_pair):
 
 
 @pytest.mark.parametrize("draft_mode", DRAFT_MODES)
-def test_simulated_rounds_equal_the_engine(recorded, draft_mode):
+def test_simulated_rounds_equal_our_decoder(recorded, draft_mode):
     """Replay == engine round for round; in verify-side mode the rule cuts each full draft on the
     device, so the rounds are the same but the draft ran to its limit every time."""
     pair, rec = recorded

@@ -188,7 +188,7 @@ def round_counts(rounds, gamma: int) -> np.ndarray:
     return counts.ravel()
 
 
-def test_replayed_rounds_are_distributed_as_the_engines_sampled_rounds(tiny):
+def test_replayed_rounds_are_distributed_as_our_decoders_sampled_rounds(tiny):
     """The engine at T = 1 with top-p 0.9 over 120 seeds against replay of 120 sampled paths:
     the joint law of (drafted, accepted) per round, by a chi-square test of homogeneity."""
     from scipy.stats import chi2_contingency

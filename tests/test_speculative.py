@@ -123,12 +123,13 @@ def test_ramp_rises_linearly():
 @pytest.mark.parametrize(
     "changes,message",
     [
-        ({"threshold": 1.5}, "outside"),
+        ({"threshold": 1.5}, r"threshold must be in \[0, 1\] \(got 1.5\)"),
         ({"gamma_max": 0}, "gamma_max"),
         ({"min_draft_len": 6, "gamma_max": 5}, "must not exceed"),
         ({"metric": "perplexity"}, "unknown confidence metric"),
         ({"temperature": -1.0}, "temperature"),
-        ({"threshold_end": -0.1}, "outside"),
+        ({"threshold_end": -0.1}, r"threshold_end must be in \[0, 1\] \(got -0.1\)"),
+        ({"batch_quorum": 1.5}, r"batch_quorum must be in \[0, 1\] \(got 1.5\)"),
     ],
 )
 def test_config_refuses_bad_values(changes, message):

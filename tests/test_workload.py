@@ -55,7 +55,7 @@ def test_expand_strict_refuses_what_a_search_space_leaves_out():
         (0, 2), (0, 4), (3, 4)]
     with pytest.raises(DsparkError, match="must not exceed"):
         expand(space)
-    with pytest.raises(DsparkError, match="search space: threshold 1.5 is outside"):
+    with pytest.raises(DsparkError, match=r"search space: threshold must be in \[0, 1\] \(got 1.5\)"):
         expand({"threshold": [1.5]}, strict=False)
 
 

@@ -18,12 +18,16 @@ ROOT = Path(__file__).resolve().parents[1]
 WHERE = ("dspark_bench", "tests", "benchmarks", "tools", "docs", "notebooks", "sweeps", "README.md")
 SUFFIXES = {".py", ".md", ".sh", ".yaml", ".ipynb", ".toml"}
 
+# Words of a phrase may be split across lines (a comment's or a docstring's) or joined by "_" (a
+# name's): GAP joins them; A and Z stand where a word starts and ends, "_" and digits aside.
+GAP = r"(?:[ \t_]|\n[ \t]*(?:#[ \t]*)?)+"
+A, Z = r"(?<![A-Za-z])", r"(?![A-Za-z])"
 # Each pattern is one way of calling our decoder an engine (case-insensitive).
 PATTERNS = [
-    r"\bour(?: own)? engines?\b",  # "our engine", "our own engine"
-    r"\b(?:batched|batch[- ]1|speculative|eager|compiled|pytorch) engines?\b",  # our decoders by their shape
+    rf"{A}our(?:{GAP}own)?{GAP}engines?{Z}",  # "our engine", "our own engine", test_…_our_engines_…
+    rf"{A}(?:batched|batch[- ]1|speculative|eager|compiled|pytorch){GAP}engines?{Z}",  # ours by its shape
     r"\bdecoding[./]engine\b",  # the module that was decoding/engine.py
-    r"\bengine\w*['\"]?\s*(?:[:=]|\bin\b)\s*\(?[^)\n]{0,30}['\"]ours['\"]",  # ours among the engines
+    r"\bengine\w*['\"]?[ \t]*(?:[:=]|\bin\b)[ \t]*\(?[^)\n]{0,30}['\"]ours['\"]",  # ours among the engines
 ]
 FOUND = re.compile("|".join(f"(?:{p})" for p in PATTERNS), re.IGNORECASE)
 # Where only our decoder runs (decoding/, replay's walk), "the engine" can only mean ours; an
@@ -31,7 +35,7 @@ FOUND = re.compile("|".join(f"(?:{p})" for p in PATTERNS), re.IGNORECASE)
 OURS_ONLY = ("dspark_bench/decoding/", "dspark_bench/replay/simulate.py", "dspark_bench/replay/batched.py",
              "dspark_bench/replay/record.py", "dspark_bench/replay/sampled.py", "dspark_bench/replay/learned.py",
              "dspark_bench/replay/acceptance.py", "dspark_bench/replay/record_parts.py")
-THE_ENGINE = re.compile(r"\b(?:the|real) engine\b(?! rule)(?!'s rule)", re.IGNORECASE)
+THE_ENGINE = re.compile(rf"{A}(?:the|real){GAP}engine{Z}(?! rule)(?!'s rule)(?:_s)?(?!_rule)", re.IGNORECASE)
 
 
 def files(root: Path = ROOT):
@@ -45,10 +49,11 @@ def files(root: Path = ROOT):
 
 
 def engine_for_ours(path: Path, root: Path = ROOT) -> list[int]:
-    """The line numbers of `path` where "engine" names our decoder."""
+    """The line numbers of `path` where "engine" names our decoder (where a phrase starts)."""
+    text = path.read_text(errors="replace")
     ours_only = path.relative_to(root).as_posix().startswith(OURS_ONLY)
-    return [i for i, line in enumerate(path.read_text(errors="replace").splitlines(), 1)
-            if FOUND.search(line) or (ours_only and THE_ENGINE.search(line))]
+    found = [*FOUND.finditer(text), *(THE_ENGINE.finditer(text) if ours_only else ())]
+    return sorted({text.count("\n", 0, match.start()) + 1 for match in found})
 
 
 def count(root: Path = ROOT) -> list[str]:

@@ -78,8 +78,8 @@ def rule_policies(batch_sizes, gamma_max: int, max_new_tokens: int) -> list[Deco
     min_draft_len 0–1, at each batch size; and fixed γ."""
     base = DecodeConfig.of(metric=SLOT, max_new_tokens=max_new_tokens)
     gammas, sizes = list(range(1, gamma_max + 1)), sorted(batch_sizes)
-    rules = expand({"schedule": ["threshold", "cumulative"], "threshold": list(THRESHOLDS), "gamma_max": gammas,
-                    "min_draft_len": [0, 1], "batch_size": sizes}, base)
+    rules = expand({"schedule": [schedules.THRESHOLD, schedules.CUMULATIVE], "threshold": list(THRESHOLDS),
+                    "gamma_max": gammas, "min_draft_len": [0, 1], "batch_size": sizes}, base)
     fixed = expand({"gamma_max": gammas, "batch_size": sizes}, base.replace(schedule=schedules.BASELINE))
     return [c for c in rules if c.stopping.min_draft_len <= c.stopping.gamma_max] + fixed
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from dspark_bench.config import LEARNED
 from dspark_bench.errors import DsparkError
 from dspark_bench.replay.acceptance import brier, ece, fit_curve, roc_auc
 from dspark_bench.replay.learned import Tokens, drafted, make_model
@@ -31,13 +32,13 @@ def folds(tokens: Tokens):
 def held_out(tokens: Tokens) -> dict[str, np.ndarray]:
     """Each token's predicted acceptance from a fit that never saw its prompt: the learned signal,
     and each raw metric through its isotonic curve (as the goodput schedule reads it)."""
-    out = {name: np.empty(len(tokens.accepted)) for name in (*tokens.raw, "learned")}
+    out = {name: np.empty(len(tokens.accepted)) for name in (*tokens.raw, LEARNED)}
     for train, test in folds(tokens):
         if len(np.unique(tokens.accepted[train])) < 2:  # a fold of all-accepted tokens: nothing to separate
-            out["learned"][test] = tokens.accepted[train].mean()
+            out[LEARNED][test] = tokens.accepted[train].mean()
         else:
             model = make_model().fit(tokens.features[train], tokens.accepted[train])
-            out["learned"][test] = model.predict_proba(tokens.features[test])[:, 1]
+            out[LEARNED][test] = model.predict_proba(tokens.features[test])[:, 1]
         for metric in tokens.raw:
             curve = fit_curve(tokens.raw[metric][train], tokens.accepted[train])
             out[metric][test] = curve(tokens.raw[metric][test])

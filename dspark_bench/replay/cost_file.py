@@ -5,9 +5,10 @@ prediction is worth: our PyTorch decoder's timings predict our decoder, not llam
 cost-model file holds one decoder's step costs per batch size and its provenance (who measured
 them: an engine, or ours; version, build, machine, the models, how it was measured); a sweep and
 `export` price with any such file (`--prices`). The format is documented in
-docs/engines-and-export.md#cost-model-files; version 1:
+docs/engines-and-export.md#cost-model-files; version 2 (version 1 named "measured_by" "engine",
+ours included, and still loads):
 
-    {"format": "dspark-bench cost model", "format_version": 1,
+    {"format": "dspark-bench cost model", "format_version": 2,
      "measured_by": {"name": "llamacpp", "version": "b11434", "build": {...}},
      "machine": {...}, "models": {"target": ..., "draft": ..., "target_fingerprint": ..., ...},
      "method": "how each number was measured", "measured": "2026-12-03T16:00:00Z",
@@ -35,7 +36,8 @@ from dspark_bench.replay.cost import CostModel, CostSurface
 from dspark_bench.results import cache_dir, machine, write_json  # machine: what every result names
 
 FORMAT = "dspark-bench cost model"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READS = (1, FORMAT_VERSION)  # version 1: "measured_by" was called "engine"
 REQUIRED = ("t_draft", "t_verify", "context_tokens")
 # Every number a batch size's entry may hold (CostModel's fields), each a non-negative finite number.
 SECONDS = ("t_draft", "t_round", "t_round_empty", "t_plain", "t_prefill_target", "t_prefill_draft", "t_heads",
@@ -115,11 +117,11 @@ def from_dict(data, source: str = "") -> CostFile:
     where = f"cost model {source}" if source else "the cost model"
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise DsparkError(f"{where} is not a dspark-bench cost model (its \"format\" is not {FORMAT!r})")
-    if data.get("format_version") != FORMAT_VERSION:
+    if data.get("format_version") not in READS:
         raise DsparkError(f"{where} has format_version {data.get('format_version')!r}; this dspark-bench reads "
-                          f"{FORMAT_VERSION}")
-    if OLD_KEY in data and "measured_by" not in data:
-        data = {**data, "measured_by": data[OLD_KEY]}
+                          f"{' and '.join(map(str, READS))}")
+    if data["format_version"] == 1:  # who measured it was its "engine", ours included
+        data = {key: value for key, value in data.items() if key != OLD_KEY} | {"measured_by": data.get(OLD_KEY)}
     for key, kind in (("measured_by", dict), ("models", dict), ("method", str), ("batch_sizes", dict)):
         if not isinstance(data.get(key), kind) or not data[key]:
             raise DsparkError(f"{where} has no {key!r} ({kind.__name__}): every cost model says where it came from")

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dspark_bench.config import LEARNED
 from dspark_bench.decoding import learned_signal
 from dspark_bench.decoding.confidence import SIGNALS
 from dspark_bench.decoding.learned_signal import CONTEXT, FILE, LearnedSignal
@@ -142,4 +143,4 @@ def with_learned(rec, model: LearnedSignal):
     context = np.stack([signals[m].ravel() for m in CONTEXT], axis=1)
     step = np.broadcast_to(np.arange(shape[2]), shape).ravel()
     values = model(raw, context, step).reshape(shape)
-    return dataclasses.replace(rec, confidences={**rec.confidences, "learned": values})
+    return dataclasses.replace(rec, confidences={**rec.confidences, LEARNED: values})

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pandas as pd
 
 from dspark_bench.analysis.signal_quality import held_out
+from dspark_bench.config import LEARNED
 from dspark_bench.decoding.goodput import load
 from dspark_bench.errors import DsparkError
 from dspark_bench.replay import learned, sampled
@@ -55,10 +56,10 @@ def learned_tokens(rec) -> pd.DataFrame:
     rows of the reliability table; none where the record cannot be held out (one prompt)."""
     try:
         tokens = learned.drafted(rec)
-        probability = held_out(tokens)["learned"]
+        probability = held_out(tokens)[LEARNED]
     except DsparkError:
         return pd.DataFrame()
-    return pd.DataFrame({"metric": "learned", "confidence": probability, "accepted": tokens.accepted})
+    return pd.DataFrame({"metric": LEARNED, "confidence": probability, "accepted": tokens.accepted})
 
 
 def signals_table(inputs) -> str:

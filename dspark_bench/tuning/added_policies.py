@@ -33,8 +33,8 @@ def goodput_points(configs: list[DecodeConfig], model_file: Path) -> list[Decode
 
 
 def budget_points(configs: list[DecodeConfig], model_file: Path) -> list[DecodeConfig]:
-    """The budget schedule where goodput joins, in both layouts at B > 1 (padded: what the batched
-    engine runs; packed: what vLLM, SGLang and TensorRT-LLM run), and at B = 1 (goodput's rule on
+    """The budget schedule where goodput joins, in both layouts at B > 1 (padded: what our batched
+    decoder runs; packed: what vLLM, SGLang and TensorRT-LLM run), and at B = 1 (goodput's rule on
     the cost table)."""
     return list(dict.fromkeys(c.replace(schedule=schedules.BUDGET, budget_layout=layout)
                               for c in goodput_points(configs, model_file) for layout in LAYOUTS
@@ -70,7 +70,7 @@ def write_goodput_model(folder: Path, rec, record_dir: Path, surface) -> Path:
 
 def write_learned_signal(folder: Path, rec, record_dir: Path):
     """Fit the learned signal on the record (kept beside it) and write it into the sweep folder:
-    (its file, the record with the signal at every rollout step, as the engine computes it), or None where the
+    (its file, the record with the signal at every rollout step, as our decoder computes it), or None where the
     record cannot teach one (one prompt; every token accepted, or none)."""
     try:
         fitted = learned.load_or_evaluate(rec, record_dir)

@@ -286,18 +286,20 @@ def say_replay_plan(spec: SweepSpec, prepared: LoadedSweep, first_ids: list[int]
                     recorded: bool, say: Callable[[str], None]) -> float:
     """Say the plan; returns its estimate in seconds (the recording and confirming it covers)."""
 
-    # Confirmed: the best `confirm_top` and the best fixed γ beside them, at each batch size; none at 0.
+    # Confirmed: the best `confirm_top` and the best fixed γ beside them, at each batch size and
+    # drafter (confirm.chosen_kinds); none at 0.
     sizes = {c.batching.batch_size for c in configs}
+    groups = len({(c.batching.batch_size, c.drafting.drafter) for c in configs})
     policies = replayed_count(configs)
-    scheduled = (policies - sum(schedules.of(c).baseline for c in configs)) // len(sizes)
-    confirmed = (min(spec.confirm_top, scheduled) + 1) * len(sizes) if spec.confirm_top else 0
+    scheduled = (policies - sum(schedules.of(c).baseline for c in configs)) // groups
+    confirmed = (min(spec.confirm_top, scheduled) + 1) * groups if spec.confirm_top else 0
     per_token = seconds_per_token(prepared.pair, first_ids)
     line, seconds = replay_plan(per_token, len(prepared.prompts), prepared.base.verification.max_new_tokens, policies,
                                 confirmed, spec.repeats, recorded=recorded,
                                 from_file=prepared.continuations is not None,
                                 paths=0 if prepared.base.greedy else sampled.PATHS, space=len(prepared.points))
     say(line + (" — an upper bound: a batched run takes less than a batch-1 one" if max(sizes) > 1 else ""))
-    if spec.precision > 0:
+    if spec.precision > 0 and confirmed:
         say(precision_plan(spec.precision, spec.precision_budget_s))
     return seconds
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from dspark_bench import schedules
 from dspark_bench.config import SEARCHABLE_FIELDS, DecodeConfig, expand, knob, same_as
 from dspark_bench.errors import DsparkError, first_line
 from dspark_bench.harness.workload import Workload
@@ -25,14 +26,14 @@ PARAMS = SEARCHABLE_FIELDS  # what a search space may name (config.py declares t
 # The base of a space given by flags alone, and the default of real (timed) sweeps: every point
 # costs a decoding pass per prompt, so it stays small.
 DEFAULT_SPACE = {
-    "metric": ["top1"], "schedule": ["threshold"], "threshold": [0.3, 0.5, 0.7], "gamma_max": [4],
+    "metric": ["top1"], "schedule": [schedules.THRESHOLD], "threshold": [0.3, 0.5, 0.7], "gamma_max": [4],
     "min_draft_len": [1],
 }
 # The default under replay, where a policy costs microseconds: every metric and threshold-based
 # schedule over a fine threshold grid, gamma_max 1-8, min_draft_len 0-2 (3,496 valid points; the
 # replay sweep adds every fixed gamma).
 DENSE_SPACE = {
-    "metric": ["top1", "entropy", "topk_mass", "margin"], "schedule": ["threshold", "cumulative"],
+    "metric": ["top1", "entropy", "topk_mass", "margin"], "schedule": [schedules.THRESHOLD, schedules.CUMULATIVE],
     "threshold": {"low": 0.05, "high": 0.95, "step": 0.05}, "gamma_max": {"low": 1, "high": 8},
     "min_draft_len": {"low": 0, "high": 2},
 }
@@ -188,6 +189,9 @@ def _parse_spec(data: dict, where: str) -> SweepSpec:
                           "`run --turns all` / `run --trace` on the policy it finds")
     if (spec.task is None) == (spec.dataset is None):
         raise DsparkError(f"{where}: give exactly one of task or dataset")
+    if spec.confirm_top == 0 and spec.precision > 0 and evaluation_for(spec) == "replay":
+        raise DsparkError(f"{where}: --precision repeats the timed headline pair, and --confirm-top 0 times "
+                          "nothing: drop one of them")
     if not points(spec):
         raise DsparkError(f"{where}: no valid point in the search space (min_draft_len exceeds every gamma_max?)")
     return spec
