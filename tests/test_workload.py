@@ -158,21 +158,27 @@ def test_a_calibration_file_is_checked_before_anything_is_read(tmp_path):
         RunConfig(task="code", calibration=str(broken))
 
 
+# A flag out of its declared bounds -> the one line that refuses it.
+OUT_OF_BOUNDS = {
+    "--temperature -1": "temperature must be at least 0 (got -1)",
+    "--top-p 0": "top_p must be in (0, 1] (got 0)",
+    "--top-p 1.5": "top_p must be in (0, 1] (got 1.5)",
+    "--precision 1": "precision must be in [0, 1) (got 1)",
+    "--precision-budget 0": "precision_budget_s (--precision-budget) must be above 0 (got 0)",
+}
+
+
 @pytest.mark.parametrize("command", ["run", "sweep"])
-@pytest.mark.parametrize("flags,message", [
-    (["--temperature", "-1"], "temperature must be at least 0 (got -1)"),
-    (["--top-p", "0"], "top_p must be in (0, 1] (got 0)"),
-    (["--top-p", "1.5"], "top_p must be in (0, 1] (got 1.5)"),
-    (["--precision", "1"], "precision must be in [0, 1) (got 1)"),
-    (["--precision-budget", "0"], "precision_budget_s (--precision-budget) must be above 0 (got 0)"),
-])
-def test_a_knobs_bounds_are_checked_before_any_model_loads(command, flags, message, monkeypatch, tmp_path):
+@pytest.mark.parametrize("given", OUT_OF_BOUNDS)
+def test_a_knobs_bounds_are_checked_before_any_model_loads(command, given, monkeypatch, tmp_path):
     """A bound is its knob's declaration (config.knob), checked with the workload before any work:
     one line and exit 1, no model loaded, nothing written."""
     import transformers
 
+    flags, message = given.split(), OUT_OF_BOUNDS[given]
+
     def load(*args, **kwargs):
-        raise AssertionError(f"{command} {' '.join(flags)} loaded a model before refusing the flag")
+        raise AssertionError(f"{command} {given} loaded a model before refusing the flag")
 
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", load)
     result = invoke(command, "--task", "code", *flags, "--out", tmp_path / "out")
