@@ -237,7 +237,7 @@ def test_the_quorum_rule_cuts_drafts_and_keeps_the_output(llama_pair):
     cut = [r for row in rows for r in row.result.rounds if r.stop_reason == "quorum"]
     assert cut and all(config.stopping.min_draft_len <= r.drafted < config.stopping.gamma_max for r in cut)
     assert [rounds_of(r.result) for r in rows] != [rounds_of(a) for a in alone]  # the batch changed the rounds
-    with pytest.raises(DsparkError, match="batch_quorum 1.5"):
+    with pytest.raises(DsparkError, match=r"batch_quorum must be in \[0, 1\] \(got 1.5\)"):
         config.replace(batch_quorum=1.5)
 
 

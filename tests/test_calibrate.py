@@ -142,7 +142,8 @@ def broken_files() -> dict:
     unknown_field["domains"]["code"]["policy"]["thresh"] = 0.3
     return {
         "unknown top-level key": (unknown, "unknown top-level key\\(s\\) code"),
-        "threshold 1.5": (bad_threshold, "domain 'code': invalid policy: threshold 1.5"),
+        "threshold 1.5": (bad_threshold,
+                          "domain 'code': invalid policy: threshold must be in \\[0, 1\\] \\(got 1.5\\)"),
         "min_draft_len > gamma_max": (bad_lengths, "global: invalid policy: min_draft_len \\(5\\) must not exceed"),
         "unknown policy field": (unknown_field, "unknown decode setting\\(s\\) thresh"),
         "wrong schema": (valid_data() | {"schema_version": 99}, "schema_version 99 is not supported"),
@@ -274,7 +275,8 @@ def test_outputs_are_never_overwritten_without_force(tmp_path):
     assert lib.check_output(out, force=True) == (out, tmp_path / "calibration.png")
     bad = valid_data()
     bad["global"]["policy"]["threshold"] = 1.5
-    with pytest.raises(DsparkError, match="threshold 1.5"):  # the loader would refuse it: never written
+    # The loader would refuse it: never written.
+    with pytest.raises(DsparkError, match=r"threshold must be in \[0, 1\] \(got 1.5\)"):
         lib.write_calibration(bad, None, out, force=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["calibration.png"]
     lib.write_calibration(valid_data(), None, out, force=True)
