@@ -58,8 +58,12 @@ def engine_for_ours(path: Path, root: Path = ROOT) -> list[int]:
 
 def count(root: Path = ROOT) -> list[str]:
     """Every offending line as `path:line: text`."""
-    return [f"{path.relative_to(root)}:{i}: {path.read_text(errors='replace').splitlines()[i - 1].strip()}"
-            for path in files(root) for i in engine_for_ours(path, root)]
+    found = []
+    for path in files(root):
+        lines = engine_for_ours(path, root)
+        text = path.read_text(errors="replace").splitlines() if lines else []  # read again only where found
+        found += [f"{path.relative_to(root)}:{i}: {text[i - 1].strip()}" for i in lines]
+    return found
 
 
 if __name__ == "__main__":

@@ -136,14 +136,10 @@ def as_parameters(fields: list[dataclasses.Field], many, helps: dict, defaults: 
         assert not missing, f"{command.__name__} takes no parameter {', '.join(missing)}"
         made = {f.name: parameter(f, takes_many(f, many), None, helps.get(f.name),
                                   defaults.get(f.name, None if takes_many(f, many) else f.default)) for f in fields}
-
-        @functools.wraps(command)
-        def wrapper(*args, **kwargs):
-            return command(*args, **kwargs)
-
-        wrapper.__signature__ = signature.replace(parameters=[made.get(p.name, p) for p in
+        # The command itself, called as it is: only the signature Typer reads changes.
+        command.__signature__ = signature.replace(parameters=[made.get(p.name, p) for p in
                                                               signature.parameters.values()])
-        return wrapper
+        return command
 
     return decorate
 
