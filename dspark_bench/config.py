@@ -44,18 +44,18 @@ DEFAULT_MAX_NEW_TOKENS = 128  # tokens per prompt when neither the flags nor the
 
 def knob(default, help: str, *, choices: tuple = (), at_least=None, above=None, at_most=None, below=None,
          searched: bool = False, policy: bool = True, repeats: bool = False, flag: str | None = None,
-         noun: str | None = None, panel: str | None = None, path: bool = False):
+         noun: str | None = None, panel: str | None = None, path: bool = False, check=None):
     """A knob declared once: its default, its help (the CLI option's), the values it may take
-    (`choices`, or bounds: `at_least` or `above` below, `at_most` or `below` above; checked in one place,
-    check_declared), whether a sweep may search it, whether it belongs to a policy (a calibration
-    file stores those), and whether `run` takes several values of it (a grid axis).
-    cli/declared.py makes every command's option from this; `flag` names an option whose name is
-    not the field's, `panel` the --help group of a setting outside DecodeConfig (whose parts name
-    their own); `path`: the option reads a path, stored as a string as the command line normalises it."""
+    (`choices`, or bounds: `at_least` or `above` below, `at_most` or `below` above; or `check`, a function of
+    its part refusing a value of a syntax of its own; all checked in one place, check_declared), whether a
+    sweep may search it, whether it belongs to a policy (a calibration file stores those), and whether `run`
+    takes several values of it (a grid axis). cli/declared.py makes every command's option from this; `flag`
+    names an option whose name is not the field's, `panel` the --help group of a setting outside DecodeConfig
+    (whose parts name their own); `path`: the option reads a path, a string as the command line normalises it."""
     # A registry (a dict, e.g. schedules.SCHEDULES) stays live: a schedule added to it is a choice.
     meta = {"help": help, "choices": choices if isinstance(choices, dict) else tuple(choices), "at_least": at_least,
             "above": above, "at_most": at_most, "below": below, "searched": searched, "policy": policy,
-            "repeats": repeats, "flag": flag, "noun": noun, "panel": panel, "path": path}
+            "repeats": repeats, "flag": flag, "noun": noun, "panel": panel, "path": path, "check": check}
     return field(default=default, metadata=meta)
 
 
@@ -79,7 +79,7 @@ def bounds(meta) -> str:
 
 def check_declared(part) -> None:
     """Each field holds its declared type (a YAML spec or --set can hand any value over), one of
-    its choices, and a number within its bounds."""
+    its choices, a number within its bounds, and what its own `check` accepts."""
     for f in dataclasses.fields(part):
         value, kind = getattr(part, f.name), f.type.removesuffix(" | None")
         if value is None and kind != f.type:
@@ -100,6 +100,8 @@ def check_declared(part) -> None:
         if kind in ("int", "float") and not within(value, f.metadata):
             flag = f" ({f.metadata['flag']})" if f.metadata.get("flag") else ""  # the name a user typed too
             raise DsparkError(f"{f.name}{flag} must be {bounds(f.metadata)} (got {value:g})")
+        if f.metadata.get("check"):  # after the fields declared before it: it may read them
+            f.metadata["check"](part)
 
 
 @dataclass(frozen=True)
@@ -120,6 +122,7 @@ class StoppingPolicy:
     gamma_max: int = knob(5, "Most draft tokens per round.", at_least=1, searched=True, repeats=True)
     min_draft_len: int = knob(1, "Fewest draft tokens per round (llama.cpp's rule: a shorter draft is discarded).",
                               at_least=0, searched=True, repeats=True)
+    depth_policy: str = knob("", schedules.DEPTH_POLICY_HELP, repeats=True, check=schedules.check_depth_policy)
     topk: int = knob(5, "k of the topk_mass metric.", at_least=1)
     # Batch size B > 1, padded layout: once fewer than this share of a round's rows are still
     # drafting (and every row has drafted the positions its rule always keeps: min_draft_len,
@@ -284,11 +287,12 @@ def with_defaults(values: dict) -> dict:
 
 
 def from_dict(values: dict) -> DecodeConfig:
-    """Build a DecodeConfig from flat knobs (any left out at their defaults), refusing knobs it
-    does not know."""
+    """Build a DecodeConfig from flat knobs (any left out at their defaults), refusing knobs it does not
+    know, with those its schedule fixes (Schedule.implied: the depth schedule's gamma_max, its largest)."""
     unknown = sorted(set(values) - set(FIELDS))
     if unknown:
         raise DsparkError(f"unknown decode setting(s) {', '.join(unknown)}; known: {', '.join(sorted(FIELDS))}")
+    values = {**values, **schedules.named(values.get("schedule", "")).implied(values)}
     split = {part: {} for part in PARTS}
     for name, value in values.items():
         split[FIELDS[name]][name] = value
@@ -355,11 +359,11 @@ def expand(space: dict, base: DecodeConfig = DEFAULTS, strict: bool = True) -> l
     Knobs that mean nothing to a policy are set to one value, so that policies that decode alike
     are one policy: the n-gram knobs outside lookup; under goodput the threshold (it has none),
     the rule (HF's keeps its last token, as ours does under goodput) and the goodput model only
-    goodput reads. `strict`: a combination DecodeConfig refuses is an error (run: the flags
-    asked for it); otherwise combinations that break a constraint between knobs
-    (min_draft_len > gamma_max, ngram_min > ngram_max, heads or lookup at batch size > 1, the
-    budget schedule with an engine rule or a quorum) are
-    left out (a search space crosses every value with every other), and any other is an error.
+    goodput reads (and, as from_dict sets them, the knobs a schedule fixes). `strict`: a combination
+    DecodeConfig refuses is an error (run: the flags asked for it); otherwise combinations that break
+    a constraint between knobs (min_draft_len > gamma_max, ngram_min > ngram_max, heads or lookup at
+    batch size > 1, the budget schedule with an engine rule or a quorum) are left out (a search space
+    crosses every value with every other), and any other is an error.
     """
     names = list(space)
     first_threshold = space["threshold"][0] if space.get("threshold") else base.stopping.threshold

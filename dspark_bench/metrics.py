@@ -37,6 +37,44 @@ def round_totals(drafted: np.ndarray, accepted: np.ndarray, emitted: np.ndarray,
     return totals
 
 
+# A sample's round totals per context-depth bucket: one list each, entry b for bucket b of the run's depth edges
+# (depth.DEPTH_LABELS, the edges in summary.json's depth_edges), so the buckets of many rows add up as arrays.
+DEPTH_TOTAL_COLUMNS = tuple(f"{column}_by_depth" for column in TOTAL_COLUMNS)
+
+
+def bucket_totals(bucket: np.ndarray, buckets: int, drafted: np.ndarray, accepted: np.ndarray,
+                  emitted: np.ndarray) -> dict[str, list[int]]:
+    """round_totals' sums per bucket (bucket: each round's index, 0..buckets - 1), as DEPTH_TOTAL_COLUMNS."""
+    per_round = (np.ones(len(drafted), np.int64), drafted, accepted, emitted, (accepted == drafted).astype(np.int64))
+    sums = np.zeros((len(TOTAL_COLUMNS), buckets), np.int64)
+    for row, values in enumerate(per_round):
+        np.add.at(sums[row], np.asarray(bucket, np.int64), np.asarray(values, np.int64))
+    return {name: row.tolist() for name, row in zip(DEPTH_TOTAL_COLUMNS, sums)}
+
+
+def summarize_by_depth(samples: pd.DataFrame, labels) -> pd.DataFrame:
+    """One row per configuration and depth bucket its rounds reached: the bucket's totals and rates
+    from the samples' DEPTH_TOTAL_COLUMNS (entry b named labels[b]); empty where samples lack them."""
+    if samples.empty or not set(DEPTH_TOTAL_COLUMNS) <= set(samples):
+        return pd.DataFrame()
+    rows = []
+    for config_id, group in samples.groupby("config_id", sort=True):
+        per_sample = {column: np.stack(group[f"{column}_by_depth"].to_numpy()) for column in TOTAL_COLUMNS}
+        first_pass = (group["pass"].fillna(0) == 0).to_numpy() if "pass" in group else np.ones(len(group), bool)
+        first = group.iloc[0]
+        for b, label in enumerate(labels):
+            totals = {column: int(per_sample[column][:, b].sum()) for column in TOTAL_COLUMNS}
+            if totals["rounds"] == 0:
+                continue
+            row = {"config_id": config_id, "config_label": first["config_label"]}
+            if "batch_size" in group and pd.notna(first["batch_size"]):
+                row["batch_size"] = int(first["batch_size"])
+            # Prompts with a round in the bucket (several timed passes of one prompt are one prompt).
+            prompts = int(((per_sample["rounds"][:, b] > 0) & first_pass).sum())
+            rows.append({**row, "depth": label, "prompts": prompts, **totals, **rates(totals)})
+    return pd.DataFrame(rows)
+
+
 def rates(totals: dict | pd.Series) -> dict:
     """The headline ratios from totals (numbers, or arrays of them, one per policy); NaN where a
     ratio has nothing to divide by."""

@@ -11,6 +11,8 @@ token it proposed. What differs between them, and what every other part reads:
 - whether it decides with a goodput model instead (`cost_aware`: goodput, budget; decoding/goodput.py),
   and then keeps the token where it stops, as it decides before drafting the next one;
 - whether it decides for the whole batch at once (`whole_batch`: budget; decoding/budget.py);
+- whether it keys its policy by the round's context depth (`by_depth`: depth; a threshold and γ_max
+  per depth bucket of depth.py, each round running its bucket's threshold rule: decoding/schedule.at_depth);
 - whether it is the classic baseline, a fixed draft length (`baseline`), that every policy is
   compared to;
 - which serving engines can run it (`engines`), and how a policy of it is labelled.
@@ -25,6 +27,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dspark_bench.depth import DEPTH_LABELS
+from dspark_bench.errors import DsparkError
+
 # The serving engines an exported policy may run in (engines/export.py's formats).
 THRESHOLD_ENGINES = ("hf", "llamacpp")  # one threshold on the draft's top-1 probability
 FIXED_ENGINES = ("vllm", "sglang", "trtllm")  # a fixed draft length (per batch size)
@@ -38,12 +43,17 @@ class Schedule:
     cost_aware: bool = False  # decides with a goodput model (goodput_model), keeping its last token
     whole_batch: bool = False  # decides for every row of a batch at once
     baseline: bool = False  # a fixed draft length: drafts gamma_max every round
+    by_depth: bool = False  # a threshold and γ_max per context-depth bucket (depth_policy), none per position
     engines: tuple[str, ...] = ()  # serving engines that can run it exactly (given the rest of the policy)
 
     def threshold_at(self, policy, position: int) -> float:
         """The confidence a token at this draft position (1-based) must reach to be kept."""
         if self.baseline:
             return 0.0
+        if self.by_depth:
+            raise DsparkError("a depth policy has a threshold per depth bucket, not per draft position: "
+                              "replay.simulate walks it one policy at a time (a grid walks each bucket's threshold "
+                              "policy: decoding.schedule.at_depth)")
         if "threshold_start" in self.reads:  # a ramp from threshold_start at 1 to threshold_end at gamma_max
             if policy.gamma_max == 1:
                 return policy.threshold_start
@@ -55,12 +65,30 @@ class Schedule:
         """The policy's name in tables and legends (the stopping policy `policy`, its batch aside)."""
         if self.baseline:
             return f"fixed γ={policy.gamma_max}"
+        if self.by_depth:  # each bucket's threshold/γ_max, shallowest first (the last holds deeper)
+            entries = "·".join(depth_entries(policy.depth_policy))
+            return f"{policy.metric} {self.name} {entries} min{policy.min_draft_len}"
         if self.cost_aware:
             packed = " · packed" if self.whole_batch and policy.budget_layout == "packed" else ""
             return f"{policy.metric} {self.name} γ≤{policy.gamma_max} min{policy.min_draft_len}{packed}"
         knob = (f"{policy.threshold_start:g}→{policy.threshold_end:g}" if "threshold_start" in self.reads
                 else f"{policy.threshold:g}")
         return f"{policy.metric} {self.name} {knob} γ≤{policy.gamma_max} min{policy.min_draft_len}"
+
+    def implied(self, knobs: dict) -> dict:
+        """The knobs this schedule fixes, given a policy's flat knobs (config.from_dict: every policy
+        built from knobs has them): off the depth schedule, no depth policy; on it, gamma_max is its
+        largest γ_max (the decoder's caches and replay's records are sized by it), the threshold its
+        shallowest bucket's (it reads none: one value), and the policy written as its label reads. A
+        malformed depth policy is refused under any schedule."""
+        text = knobs.get("depth_policy", "")
+        buckets = depth_policy(text) if isinstance(text, str) else ()  # (not a string: the declared type's check)
+        if not self.by_depth:
+            return {"depth_policy": ""}
+        if not buckets:
+            return {}  # none given: the policy's own check says so
+        return {"gamma_max": max(gamma for _, gamma in buckets), "threshold": buckets[0][0],
+                "depth_policy": ",".join(depth_entries(text))}
 
     @property
     def one_threshold(self) -> bool:
@@ -69,7 +97,7 @@ class Schedule:
 
 
 # The names other modules write policies with (a name read here, never spelt out there).
-THRESHOLD, CUMULATIVE, GOODPUT, BUDGET = "threshold", "cumulative", "goodput", "budget"
+THRESHOLD, CUMULATIVE, GOODPUT, BUDGET, DEPTH = "threshold", "cumulative", "goodput", "budget", "depth"
 SCHEDULES = {s.name: s for s in (
     Schedule(THRESHOLD, reads=("threshold",), engines=THRESHOLD_ENGINES),
     Schedule("ramp", reads=("threshold_start", "threshold_end")),
@@ -77,6 +105,9 @@ SCHEDULES = {s.name: s for s in (
     Schedule("fixed", baseline=True, engines=(*THRESHOLD_ENGINES, *FIXED_ENGINES)),
     Schedule(GOODPUT, cost_aware=True),
     Schedule(BUDGET, cost_aware=True, whole_batch=True),
+    # In no default search space: a search builds depth policies from each bucket's best
+    # (docs/policy-and-metrics.md, "The depth schedule").
+    Schedule(DEPTH, reads=("depth_policy",), by_depth=True),
 )}
 BASELINE = next(name for name, s in SCHEDULES.items() if s.baseline)  # "fixed": what every policy is compared to
 
@@ -89,7 +120,7 @@ def of(policy) -> Schedule:
 def named(name: str) -> Schedule:
     """The schedule called `name`; an unknown name is a schedule with no properties, for the
     config's own check to refuse in one line (config.check_declared)."""
-    return SCHEDULES.get(name) or Schedule(name)
+    return (SCHEDULES.get(name) if isinstance(name, str) else None) or Schedule(name)
 
 
 def where(table, **properties):
@@ -102,3 +133,67 @@ def where(table, **properties):
 def names(**properties) -> tuple[str, ...]:
     """The schedules with `properties`, e.g. names(cost_aware=True)."""
     return tuple(name for name, s in SCHEDULES.items() if all(getattr(s, k) == v for k, v in properties.items()))
+
+
+# --- the depth schedule's policy: a threshold and γ_max per context-depth bucket ---------------------
+
+DEPTH_POLICY_EXAMPLE = "0.5/4,0.3/6,0.2/8"
+# config.StoppingPolicy.depth_policy's help: what the knob holds, which `depth_policy` reads.
+DEPTH_POLICY_HELP = (f"Depth schedule: threshold/gamma_max per context-depth bucket ({', '.join(DEPTH_LABELS)} "
+                     f"tokens), shallowest first, the last holding deeper; e.g. {DEPTH_POLICY_EXAMPLE}. Its gamma_max "
+                     "is the largest.")
+
+
+def depth_policy(text: str) -> tuple[tuple[float, int], ...]:
+    """The depth schedule's (threshold, γ_max) in each depth bucket, in depth.DEPTH_LABELS order,
+    from its knob: "threshold/γ_max" entries, shallowest bucket first, separated by commas (e.g.
+    "0.5/4,0.3/6,0.2/8"); the last entry holds for every deeper bucket. "" is none: (). A
+    malformed one is refused in one line."""
+    if not text.strip():
+        return ()
+    entries = [entry.strip() for entry in text.split(",")]
+    if len(entries) > len(DEPTH_LABELS):
+        raise DsparkError(f"depth_policy {text!r} has {len(entries)} entries; there are {len(DEPTH_LABELS)} depth "
+                          f"buckets ({', '.join(DEPTH_LABELS)})")
+    buckets = []
+    for entry in entries:
+        threshold, _, gamma = entry.partition("/")
+        try:
+            threshold, gamma = float(threshold), int(gamma)
+        except ValueError:
+            raise DsparkError(f"depth_policy entry {entry!r} is not threshold/gamma_max (e.g. "
+                              f"{DEPTH_POLICY_EXAMPLE!r})") from None
+        if not 0 <= threshold <= 1:  # NaN fails too
+            raise DsparkError(f"depth_policy entry {entry!r}: its threshold must be in [0, 1]")
+        if gamma < 1:
+            raise DsparkError(f"depth_policy entry {entry!r}: its gamma_max must be at least 1")
+        buckets.append((threshold, gamma))
+    return tuple(buckets + buckets[-1:] * (len(DEPTH_LABELS) - len(buckets)))
+
+
+def depth_entries(text: str) -> list[str]:
+    """A depth policy's entries as its label writes them: "0.5/4", ..., without the trailing
+    repeats the last entry implies."""
+    buckets = list(depth_policy(text))
+    while len(buckets) > 1 and buckets[-1] == buckets[-2]:
+        buckets.pop()
+    return [f"{threshold:g}/{gamma}" for threshold, gamma in buckets]
+
+
+def check_depth_policy(policy) -> None:
+    """The depth_policy knob, checked with its stopping policy (config.check_declared's hook): well
+    formed under any schedule; under the depth schedule given, with gamma_max its largest γ_max
+    and min_draft_len within its smallest."""
+    buckets = depth_policy(policy.depth_policy)
+    if not of(policy).by_depth:
+        return
+    if not buckets:
+        raise DsparkError(f"the depth schedule needs --depth-policy: threshold/gamma_max per depth bucket "
+                          f"({', '.join(DEPTH_LABELS)}), e.g. {DEPTH_POLICY_EXAMPLE}")
+    gammas = [gamma for _, gamma in buckets]
+    if policy.gamma_max != max(gammas):
+        raise DsparkError(f"gamma_max ({policy.gamma_max}) must be the depth policy's largest gamma_max, "
+                          f"{max(gammas)} ({policy.depth_policy})")
+    if policy.min_draft_len > min(gammas):
+        raise DsparkError(f"min_draft_len ({policy.min_draft_len}) must not exceed the depth policy's smallest "
+                          f"gamma_max, {min(gammas)} ({policy.depth_policy})")

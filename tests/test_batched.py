@@ -82,6 +82,23 @@ def test_batched_greedy_rows_equal_each_prompt_alone(arch, batch_size, request, 
     assert checked == len(METRICS) * len(ROW_SCHEDULES) * len(PROMPTS)
 
 
+def test_a_depth_policys_rows_each_run_their_own_depth(llama_pair):
+    """Each row's round runs its own depth bucket's policy: prompts of 240, 250 and 20 tokens, batched
+    with 30 new tokens each, two rows crossing depth 256 while the third never reaches it, decode as
+    each alone."""
+    target, draft = llama_pair
+    rng = np.random.default_rng(2)
+    prompts = [[int(i) for i in rng.integers(2, tiny.VOCAB, n)] for n in (240, 250, 20)]
+    config = DecodeConfig.of(schedule="depth", depth_policy="0/2,0.3/5", max_new_tokens=30)
+    together = batched_speculative(target, draft, prompts, config, 3)
+    for prompt, row in zip(prompts, together):
+        assert rounds_of(row.result) == rounds_of(speculative_decode(target, draft, prompt, config))
+    shallow = together[2].result.rounds  # threshold 0, γ_max 2 (but the last rounds, cut by the budget)
+    assert {(r.drafted, r.stop_reason) for r in shallow[:-2]} == {(2, "gamma_max")}
+    deep = [r for row in together[:2] for r in row.result.rounds]
+    assert "threshold" in {r.stop_reason for r in deep} and max(r.drafted for r in deep) > 2  # the deep bucket's
+
+
 def test_drained_batches_decode_the_same(llama_pair):
     target, draft = llama_pair
     config = DecodeConfig.of(threshold=0.3, gamma_max=3, max_new_tokens=N)

@@ -74,6 +74,9 @@ def test_decode_shows_rounds(saved_pair):
         (["--batch-size", "2", "--turns", "all"], "use --batch-size 1 with it"),
         (["--draft-mode", "sideways"], "unknown draft mode 'sideways'"),
         (["--draft-mode", "verify-side", "--batch-size", "2"], "run at batch size 1 only"),
+        (["--schedule", "depth"], "the depth schedule needs --depth-policy: threshold/gamma_max per depth bucket"),
+        (["--schedule", "depth", "--depth-policy", "0.5/4;0.3/6"],
+         "depth_policy entry '0.5/4;0.3/6' is not threshold/gamma_max (e.g. '0.5/4,0.3/6,0.2/8')"),
     ],
 )
 def test_bad_inputs_fail_in_one_line(flags, message, first_run, saved_pair, prompts_file, tmp_path):
@@ -102,6 +105,15 @@ def test_bad_inputs_fail_in_one_line(flags, message, first_run, saved_pair, prom
     assert len(lines) == 1 and message in lines[0], result.stderr
     assert folder_digest(folder) == before
     assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == [folder.name]
+
+
+def test_decode_runs_a_depth_policy_named_on_the_command_line(saved_pair):
+    """`--schedule depth --depth-policy`: its gamma_max the largest bucket's (the default 5 is not the policy's)."""
+    target, draft = saved_pair
+    result = invoke("decode", "def add(a, b):", "--target", target, "--draft", draft, "--max-new-tokens", "12",
+                    "--schedule", "depth", "--depth-policy", "0.5/2,0.3/6")
+    assert result.exit_code == 0, result.output
+    assert "tokens_per_round=" in result.output
 
 
 def test_padded_lm_heads_with_one_tokenizer_are_aligned(saved_pair, tmp_path):

@@ -144,6 +144,47 @@ def llamacpp_run(tmp_path_factory) -> Path:
                                                              "--min-draft-len", "0"])
 
 
+def test_a_depth_policy_exports_its_busiest_buckets_policy_and_says_why(llama_pair, tmp_path):
+    """No engine keys its policy by the context's depth: an export of a depth policy says so, and writes
+    the threshold policy of the bucket holding most of its rounds where the engine runs that (llama.cpp,
+    here), else the best policy the engine runs (vLLM: a fixed length); each replayed on the record."""
+    from types import SimpleNamespace
+
+    import numpy as np
+    import tiny
+
+    from dspark_bench.decoding.schedule import bucket_policies
+    from dspark_bench.engines.export import RunPolicies, choose
+    from dspark_bench.replay.cost import CostModel
+    from dspark_bench.replay.simulate import record, simulate_grid, simulate_priced
+
+    target, draft = llama_pair
+    rng = np.random.default_rng(3)
+    prompts = [[int(i) for i in rng.integers(2, tiny.VOCAB, n)] for n in (246, 250, 252)]  # most rounds past 256
+    rec = record(SimpleNamespace(target=target, draft=draft, eos_ids=frozenset()), prompts, 48, 6, topk=5)
+    rec.save(tmp_path / "record")
+    tuned = DecodeConfig.of(schedule="depth", depth_policy="0.6/2,0.3/5", semantics="llamacpp", min_draft_len=0,
+                            max_new_tokens=48)
+    cost = CostModel(t_draft=0.001, t_verify=[0.01 + 0.001 * k for k in range(7)], context_tokens=10)
+    run = RunPolicies(tmp_path, {}, {1: (tuned, 1.1, "predicted")}, tmp_path / "record",
+                      {"kind": "cost_model.json", **cost.to_dict()}, "ours")
+    deep = bucket_policies(tuned)[1]
+    assert deep.label() == "top1 threshold 0.3 γ≤5 min0 · llama.cpp rule"
+    (llamacpp,) = choose(run, "llamacpp")
+    assert llamacpp.exported == deep.replace(max_new_tokens=48)
+    assert llamacpp.reasons[0] == "a policy per context depth (it has one threshold)"
+    assert re.fullmatch(r"its 256-1k bucket's policy \(top1 threshold 0\.3 γ≤5 min0 · llama\.cpp rule\), where "
+                        r"(\d+)% of its rounds on the record run, is written \(there one policy's choice weighs most\)",
+                        llamacpp.reasons[1])
+    assert int(re.search(r"(\d+)%", llamacpp.reasons[1]).group(1)) > 50
+    assert llamacpp.tuned_speedup == pytest.approx(simulate_priced(rec, tuned, cost)[0]["predicted_speedup"].iloc[0])
+    assert llamacpp.exported_speedup == pytest.approx(simulate_grid(rec, [deep], cost)["predicted_speedup"].iloc[0])
+    (vllm,) = choose(run, "vllm")
+    assert vllm.exported.stopping.schedule == "fixed" and vllm.reasons[0] == ("a policy per context depth (it "
+                                                                              "drafts a fixed length)")
+    assert "needs a threshold schedule (it drafts a fixed length) too: the best policy vllm runs" in vllm.reasons[1]
+
+
 def test_sglang_file_is_yaml_with_dashed_names_that_its_parser_reads(tmp_path):
     run = shipped_run(tmp_path, ["--schedule", "fixed", "--gamma-max", "4"])
     result = runner.invoke(app, ["export", str(run), "--format", "sglang", "--out", str(tmp_path)])

@@ -168,8 +168,8 @@ def test_replay_with_gini_equals_our_decoder(recorded, draft_mode, gini_goodput_
     compared, reasons = 0, set()
     configs = list(gini_policies()) + [
         DecodeConfig.of(metric="gini", schedule=s, threshold=0.1, threshold_start=0.05, threshold_end=0.2, gamma_max=G,
-                        min_draft_len=0, max_new_tokens=N,
-                        goodput_model=gini_goodput_model if schedules.named(s).cost_aware else "")
+                        min_draft_len=0, max_new_tokens=N, depth_policy=f"0.1/{G}" if schedules.named(s).by_depth
+                        else "", goodput_model=gini_goodput_model if schedules.named(s).cost_aware else "")
         for s in SCHEDULES]
     for config in configs:
         for prompt, rounds in zip(PROMPTS, simulate(rec, config)):

@@ -9,16 +9,21 @@ import numpy as np
 import pytest
 import tiny
 
+from dspark_bench import schedules
 from dspark_bench.config import DRAFT_MODES, METRICS, SCHEDULES, SEMANTICS, DecodeConfig
 from dspark_bench.decoding.autoregressive import autoregressive_decode
 from dspark_bench.decoding.confidence import SIGNALS
-from dspark_bench.decoding.schedule import discards_below
+from dspark_bench.decoding.schedule import at_depth, discards_below
 from dspark_bench.decoding.speculative import speculative_decode
+from dspark_bench.depth import depth_bucket, round_depths
 from dspark_bench.errors import DsparkError
 from dspark_bench.replay.simulate import CostModel, Record, record, simulate, simulate_grid, spanning_policies
 
 PROMPTS = [[0, 5, 9, 11], [7], [3, 3, 40, 2, 8, 100, 17], [12, 13]]
 N, G = 24, 6
+# What a grid walks: not the depth schedule (its rounds are its buckets' threshold policies': walked
+# alone, test_a_depth_policy_replays_as_our_decoder_runs_it).
+GRID_SCHEDULES = [s for s in SCHEDULES if not schedules.named(s).by_depth]
 
 
 def policies() -> list[DecodeConfig]:
@@ -110,7 +115,7 @@ def test_grid_totals_equal_simulation_on_random_records(seed):
                                             threshold_end=t, gamma_max=gamma, min_draft_len=m, max_new_tokens=40,
                                             semantics=semantics)
                for metric, schedule, t, gamma, m, semantics in itertools.product(
-                   METRICS, SCHEDULES, (0.0, 0.25, 0.6, 1.0), (1, 4, g), (0, 2), SEMANTICS) if m <= gamma]
+                   METRICS, GRID_SCHEDULES, (0.0, 0.25, 0.6, 1.0), (1, 4, g), (0, 2), SEMANTICS) if m <= gamma]
     cost = CostModel(t_draft=0.001, t_verify=[0.01 + 0.002 * k for k in range(g + 1)], context_tokens=10)
     grid = simulate_grid(rec, configs, cost)
     for config, row in zip(configs, grid.itertuples()):
@@ -149,6 +154,37 @@ def test_replay_refuses_what_it_cannot_replay(recorded):
         simulate_grid(rec, [DecodeConfig.of(gamma_max=4, max_new_tokens=N)], short)
     with pytest.raises(DsparkError, match="no policies"):
         simulate_grid(rec, [])
+
+
+def test_a_depth_policy_replays_as_our_decoder_runs_it(llama_pair):
+    """The depth schedule's round at (p, j) is its depth bucket's threshold policy's round there (depth:
+    the prompt's tokens + j): on prompts whose output crosses depth 256, replay gives our decoder's rounds,
+    round for round, under every engine rule; a grid, which walks one threshold per draft position,
+    refuses it in one line that names simulate."""
+    target, draft = llama_pair
+    rng = np.random.default_rng(1)
+    prompts = [[int(i) for i in rng.integers(2, tiny.VOCAB, n)] for n in (236, 250, 40)]
+    n = 40
+    pair = SimpleNamespace(target=target, draft=draft, eos_ids=frozenset())
+    rec = record(pair, prompts, n, G, topk=5)
+    configs = [DecodeConfig.of(schedule="depth", depth_policy=policy, metric=metric, min_draft_len=low,
+                               semantics=semantics, max_new_tokens=n)
+               for policy, metric, low, semantics in (("0/2,0.3/6", "top1", 1, "dspark"), ("0.6/6,0.1/3", "margin", 0,
+                                                      "hf"), ("0.2/4,0.5/5", "top1", 2, "llamacpp"))]
+    buckets = set()
+    for config in configs:
+        for prompt, rounds in zip(prompts, simulate(rec, config)):
+            real = speculative_decode(pair.target, pair.draft, prompt, config).rounds
+            assert [(r.drafted, r.accepted, r.emitted, r.stop_reason, r.draft_tokens, r.target_token, r.draft_forwards)
+                    for r in rounds] == [(r.drafted, r.accepted, r.emitted, r.stop_reason, r.draft_tokens,
+                                          r.target_token, r.draft_forwards) for r in real], config.label()
+            depths = round_depths(len(prompt), [r.emitted for r in rounds])
+            buckets |= set(depth_bucket(depths).tolist())
+            for depth, r in zip(depths, rounds):  # each round within its own bucket's γ_max
+                assert r.drafted <= at_depth(config, int(depth)).stopping.gamma_max
+    assert buckets == {0, 1}
+    with pytest.raises(DsparkError, match="replay.simulate walks it one policy at a time"):
+        simulate_grid(rec, configs[:1])
 
 
 def test_a_new_schedule_is_one_entry_in_the_registry(recorded, monkeypatch):

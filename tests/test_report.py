@@ -249,6 +249,7 @@ def test_report_of_a_traced_run(results):
     assert f"| best | {best['config_label']} | {best['speedup']:.2f}×" in summary
     assert "| classic (best fixed γ) | fixed γ=3 |" in summary and "| autoregressive |" in summary
     assert "### Environment" in summary and "cpu · float32" in summary
+    assert "By depth" not in summary  # short prompts: every round in one depth bucket, nothing new to show
     verdict = json.loads((folder / "summary.json").read_text())["timing_health"]["verdict"]
     assert "Timing health: " in summary and f"| {plots.short_run(folder.name)} | {verdict} |" in summary
     figures = figures_written(folder / "report.md")

@@ -11,12 +11,13 @@ import tiny
 import torch
 from scipy.stats import chisquare
 
-from dspark_bench.config import METRICS, SCHEDULES, SEMANTICS, DecodeConfig
+from dspark_bench.config import DRAFT_MODES, METRICS, SCHEDULES, SEMANTICS, DecodeConfig
 from dspark_bench.decoding import speculative
 from dspark_bench.decoding.autoregressive import autoregressive_decode, hf_generate
 from dspark_bench.decoding.proposal import draft_length
 from dspark_bench.decoding.sampling import distribution
-from dspark_bench.decoding.schedule import threshold_at
+from dspark_bench.decoding.schedule import at_depth, threshold_at
+from dspark_bench.depth import round_depths
 from dspark_bench.errors import DsparkError
 from dspark_bench.harness.runner import sample_row
 
@@ -130,11 +131,53 @@ def test_ramp_rises_linearly():
         ({"temperature": -1.0}, "temperature"),
         ({"threshold_end": -0.1}, r"threshold_end must be in \[0, 1\] \(got -0.1\)"),
         ({"batch_quorum": 1.5}, r"batch_quorum must be in \[0, 1\] \(got 1.5\)"),
+        ({"schedule": "depth"}, r"the depth schedule needs --depth-policy: threshold/gamma_max per depth bucket "
+                                r"\(0-256, 256-1k, 1k-2k, 2k-4k, 4k\+\), e.g. 0.5/4,0.3/6,0.2/8"),
+        ({"schedule": "depth", "depth_policy": "0.5/4;0.3/6"}, "depth_policy entry '0.5/4;0.3/6' is not "
+                                                               "threshold/gamma_max"),
+        ({"depth_policy": "0.5/4,1.5/6"}, r"depth_policy entry '1.5/6': its threshold must be in \[0, 1\]"),
+        ({"depth_policy": "0.5/0"}, "depth_policy entry '0.5/0': its gamma_max must be at least 1"),
+        ({"depth_policy": ",".join(["0.5/4"] * 6)}, "has 6 entries; there are 5 depth buckets"),
+        ({"schedule": "depth", "depth_policy": "0.5/2,0.3/6", "min_draft_len": 3},
+         r"min_draft_len \(3\) must not exceed the depth policy's smallest gamma_max, 2"),
     ],
 )
 def test_config_refuses_bad_values(changes, message):
     with pytest.raises(DsparkError, match=message):
         DecodeConfig.of(**changes)
+
+
+def test_a_depth_policy_is_its_buckets_threshold_policies():
+    config = DecodeConfig.of(schedule="depth", depth_policy="0.5/4, 0.3/6,0.3/6", min_draft_len=0, gamma_max=2)
+    assert config.stopping.gamma_max == 6  # derived: the largest bucket's (a caller's 2 is not the policy's)
+    assert config.stopping.depth_policy == "0.5/4,0.3/6"  # the trailing repeat is implied
+    assert config.label() == "top1 depth 0.5/4·0.3/6 min0"
+    rounds = [at_depth(config, depth).stopping for depth in (0, 255, 256, 1023, 5000)]
+    assert [(p.schedule, p.threshold, p.gamma_max, p.min_draft_len) for p in rounds] == [
+        ("threshold", 0.5, 4, 0), ("threshold", 0.5, 4, 0)] + [("threshold", 0.3, 6, 0)] * 3
+    assert DecodeConfig.of(depth_policy="0.5/4").stopping.depth_policy == ""  # only the depth schedule reads it
+    plain = DecodeConfig.of(threshold=0.4)
+    assert at_depth(plain, 5000) is plain  # any other schedule: the policy itself
+
+
+def test_the_depth_schedule_runs_each_rounds_bucket_and_keeps_the_targets_output(llama_pair):
+    """A 230-token prompt and 48 new tokens cross depth 256: rounds before it draft 2 tokens whatever
+    their confidence (threshold 0, γ_max 2), rounds after it up to 6 at threshold 0.3. Greedy output is
+    the target's own on the host's rule and on the device's (verify-side)."""
+    target, draft = llama_pair
+    prompt = [int(i) for i in np.random.default_rng(0).integers(2, tiny.VOCAB, 230)]
+    config = DecodeConfig.of(schedule="depth", depth_policy="0/2,0.3/6", max_new_tokens=48)
+    expected = autoregressive_decode(target, prompt, config).tokens
+    for draft_mode in DRAFT_MODES:
+        result = speculative.speculative_decode(target, draft, prompt, config.replace(draft_mode=draft_mode))
+        assert result.tokens == expected, draft_mode
+        depths = round_depths(len(prompt), [r.emitted for r in result.rounds])
+        shallow = [r for r, depth in zip(result.rounds, depths) if depth < 256]
+        deep = [r for r, depth in zip(result.rounds, depths) if depth >= 256]
+        assert len(shallow) >= 8 and len(deep) >= 8
+        assert all((r.drafted, r.stop_reason) == (2, "gamma_max") for r in shallow)
+        assert all(r.drafted <= 6 for r in deep) and max(r.drafted for r in deep) > 2  # a bucket ignored fails here
+        assert {r.stop_reason for r in deep} >= {"threshold"}  # 0.3, not the shallow bucket's 0
 
 
 def test_hf_generate_peer_agrees_with_baseline(llama_pair):

@@ -188,6 +188,7 @@ def print_best(result, wide: bool = False) -> None:
     if result.analysis:
         print_analysis(result.analysis)
     print_headline(summary)
+    print_depth_search(summary)
     print_health(summary)
     out_console.print(f"run folder: {folder}")
     if summary.get("evaluation") == "replay" and not result.analysis and not summary.get("sampling"):
@@ -276,6 +277,22 @@ def print_headline(summary: dict) -> None:
                           soft_wrap=True)
     if summary.get("precision"):
         out_console.print(summary["precision"]["sentence"], highlight=False, soft_wrap=True)
+
+
+def print_depth_search(summary: dict) -> None:
+    """A replay sweep whose rounds span depth buckets: each bucket's best policy (predicted), then
+    the depth policy composed of them against the best single policy, paired on the same prompts."""
+    search = summary.get("depth_search")
+    if not search:
+        return
+    rows = [[b["depth_bucket"], b["config_label"], cell(b["predicted_speedup"])] for b in search["per_bucket_best"]]
+    print_small_table("by context depth: each bucket's best policy (replayed, its rounds there priced at their depth)",
+                      ("depth", "best policy there", "predicted"), rows, left=("depth", "best policy there"))
+    verdict = summary.get("depth_verdict")
+    said = verdict["sentence"] if verdict else (f"{search['depth_policy']['config_label']} was not timed "
+                                                "(--confirm-top 0): replay's answer alone")
+    out_console.print(f"depth policy vs best single policy, paired on the same prompts: {said}", style="bold",
+                      highlight=False, soft_wrap=True)
 
 
 def print_verdicts(summary: dict) -> None:

@@ -26,6 +26,14 @@ def models_info():
         report = info()
         for line in describe_reference(report):
             out_console.print(line)
+        from dspark_bench.reference.long import long_pair_paths  # loaded when the command runs, not for --help
+
+        long_report = long_pair_paths()[0].parent / "reference.json"
+        if long_report.is_file():  # the long-context pair, where it is built (docs/depth.md)
+            import json
+
+            for line in describe_long(json.loads(long_report.read_text())):
+                out_console.print(line)
         from dspark_bench.reference import default_heads_path  # loaded when the command runs, not for --help
 
         shipped_heads = default_heads_path() / "heads.json"
@@ -75,6 +83,8 @@ def models_build(
                                                           "or the heads (default 20).")] = None,
     heads: Annotated[bool, typer.Option("--heads", help="Train multi-token heads on the frozen target "
                                                         "(the heads drafter) instead of the pair.")] = False,
+    long: Annotated[bool, typer.Option("--long", help="Build the long-context pair (4,096 tokens) from the shipped "
+                                                      "one instead (default 40 minutes; docs/depth.md).")] = False,
     count: Annotated[int, typer.Option(help="With --heads: how many heads (the longest segment they propose).")] = 4,
     target: str | None,
     export_to: Annotated[Optional[Path], typer.Option(help="With --heads: where the heads go (default: beside the "
@@ -84,8 +94,22 @@ def models_build(
 
     Example: dspark-bench models build --minutes 100
     Example: dspark-bench models build --heads --minutes 20
+    Example: dspark-bench models build --long --minutes 40
     """
     with cli_errors():
+        if long:
+            if heads or target is not None or export_to is not None:
+                raise DsparkError("--long builds the long-context pair from the shipped one: it takes --minutes and "
+                                  "--out only")
+            from dspark_bench.reference.long import build_long  # loaded when the command runs, not for --help
+
+            report = build_long(out or Path("build/long"), 40.0 if minutes is None else minutes)
+            if "interrupted" in report:
+                raise DsparkError(f"the long pair's build stopped in its {report['interrupted']} stage; run the same "
+                                  "command again to resume it")
+            for line in describe_long(report):
+                out_console.print(line)
+            return
         if heads:
             from dspark_bench.harness.train_heads import build_heads  # loaded when the command runs, not for --help
 
@@ -103,6 +127,25 @@ def models_build(
         from dspark_bench.reference import build  # loaded when the command runs, not for --help
 
         build(out=out or Path("build/reference"), minutes=100.0 if minutes is None else minutes)
+
+
+def describe_long(report: dict) -> list:
+    """The long-context pair's held-out loss (and draft/target agreement) per depth bucket, beside
+    the 256-token pair's on the same windows."""
+    lines = []
+    for domain, models in report["heldout_by_depth"].items():
+        view = Table(title=f"long-context pair, held-out {domain}: loss by depth (agreement: the draft's top-1 "
+                           "equals the target's)", title_justify="left")
+        view.add_column("model")
+        for bucket in report["depth_buckets"]:
+            view.add_column(bucket, justify="right")
+        for name, numbers in models.items():
+            view.add_row(name, *(f"{numbers['loss'][b]:.3f}" for b in report["depth_buckets"]))
+            if "agreement_top1" in numbers:
+                view.add_row(f"{name.replace('target', 'pair')}: agreement",
+                             *(f"{numbers['agreement_top1'][b]:.3f}" for b in report["depth_buckets"]))
+        lines.append(view)
+    return lines
 
 
 def describe_heads(info: dict) -> Table:

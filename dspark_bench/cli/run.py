@@ -115,11 +115,23 @@ def print_summary(folder: Path, table, wide: bool = False) -> None:
     if samples["category"].nunique() > 1:
         out_console.print(first(summarize(samples, by=["category"]), "by category"))
     summary = read_summary(folder)
+    print_depths(summary)
     print_verdicts(summary)
     print_health(summary)
     print_llamacpp(folder)
     print_priced(folder)
     out_console.print(f"run folder: {folder}")
+
+
+def print_depths(summary: dict) -> None:
+    """One line where the run's rounds started at more than one depth bucket (summary.json's by_depth)."""
+    from dspark_bench.depth import DEPTH_LABELS  # loaded when the command runs, not for --help
+
+    depths = {row["depth"] for row in summary.get("by_depth") or []}
+    if len(depths) > 1:
+        out_console.print(f"rounds span context depths {', '.join(sorted(depths, key=DEPTH_LABELS.index))}: "
+                          "metrics per depth in summary.json's by_depth (and `dspark-bench report`)",
+                          highlight=False, soft_wrap=True)
 
 
 def print_priced(folder: Path) -> None:

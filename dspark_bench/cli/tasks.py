@@ -21,11 +21,11 @@ def tasks_ls():
 
     with cli_errors():
         view = Table(title="built-in tasks", title_justify="left")
-        for column in ("name", "domain", "prompts", "max new tokens", "version", "source"):
+        for column in ("name", "domain", "prompts", "max new tokens", "version", "pair", "source"):
             view.add_column(column)
-        for spec in registry().values():
+        for spec in registry().values():  # pair: the shipped reference pair it loads when no model is named
             view.add_row(spec.name, spec.domain, str(spec.count), str(spec.max_new_tokens), str(spec.version),
-                         spec.source)
+                         spec.pair, spec.source)
         out_console.print(view)
 
 

@@ -33,7 +33,7 @@ from dspark_bench.decoding.batch_lm import BatchLM
 from dspark_bench.decoding.host import fetch, synchronize
 from dspark_bench.decoding.proposal import Proposal
 from dspark_bench.decoding.sampling import distribution, draw, make_generator, pick
-from dspark_bench.decoding.schedule import forced
+from dspark_bench.decoding.schedule import at_depth, forced
 from dspark_bench.decoding.speculative import close_round, verify
 from dspark_bench.decoding.types import Block, DecodeResult
 
@@ -145,8 +145,9 @@ class SpeculativeStep:
 
     def __call__(self, requests: list[Request]) -> None:
         config = self.config
-        proposals = [Proposal.start(config, config.verification.max_new_tokens - len(r.result.tokens) - 1, batched=True)
-                     for r in requests]
+        # Each row's round runs the policy of its own depth (the depth schedule: its bucket's, at_depth).
+        proposals = [Proposal.start(at_depth(config, len(r.seq)), config.verification.max_new_tokens
+                                    - len(r.result.tokens) - 1, batched=True) for r in requests]
         self.draft_loop(requests, proposals)
         feeds = [r.seq[self.target.lengths[i] :] + p.tokens for i, (r, p) in enumerate(zip(requests, proposals))]
         # Each row's block, copied from the host before the target pass is queued (on CUDA a copy
@@ -197,7 +198,7 @@ class SpeculativeStep:
             scores = confidence.host_scores(config, read, contexts, tokens, [len(p.tokens) for p in proposals])
             for i in range(len(requests)):
                 feeds[i] = []
-                if i not in drafting or not proposals[i].consider(config, scores[i]):
+                if i not in drafting or not proposals[i].consider(proposals[i].config, scores[i]):
                     continue
                 proposals[i].take(tokens[i], probs[i], self.eos_ids)
                 if not proposals[i].done:  # a finished draft's last token is fed next round

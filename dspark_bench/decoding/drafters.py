@@ -3,7 +3,8 @@
 The contract, which the decoder's loop (speculative.speculative_decode) is written against:
   propose(recent, seq, proposal, ...) -> Block   up to proposal.limit tokens from the current
       sequence, each with the distribution it was drawn from (the rejection rule needs it)
-      and a confidence; the scheduler's rule (`Proposal`) decides how many stay;
+      and a confidence; the scheduler's rule (`Proposal`, under the round's policy,
+      proposal.config) decides how many stay;
   observe(target_lm, accepted)                    what the target's verify pass tells it;
   rollback(length)                                forget everything past `length` tokens;
   round_forwards                                  drafting work a round costs, if not one
@@ -39,12 +40,11 @@ class ModelDrafter:
     round_forwards = None  # one per draft step, counted by the proposal
 
     def __init__(self, model: torch.nn.Module, prompt_ids: list[int], config: DecodeConfig, capacity: int):
-        self.config = config
         self.lm = CachedLM(model, config.verification.compiled, capacity, role="draft")
         self.lm.prefill(prompt_ids[:-1])
 
     def propose(self, recent, seq, proposal: Proposal, generator, eos_ids, rule, eos_tensor) -> Block:
-        return draft_block(self.lm, unseen(recent, seq, self.lm), self.config, proposal, generator, eos_ids, rule,
+        return draft_block(self.lm, unseen(recent, seq, self.lm), proposal.config, proposal, generator, eos_ids, rule,
                            eos_tensor, seq)
 
     def observe(self, target_lm: CachedLM, accepted: torch.Tensor) -> None:
@@ -57,12 +57,12 @@ class ModelDrafter:
 class HeadsDrafter:
     round_forwards = 1  # the heads' one pass over a hidden state the target computed anyway (0: none this round)
 
-    def __init__(self, heads: Heads, target_lm: CachedLM, config: DecodeConfig):
-        self.heads, self.config = heads, config
+    def __init__(self, heads: Heads, target_lm: CachedLM):
+        self.heads = heads
         self.hidden = target_lm.hidden[-1] if target_lm.hidden is not None else None  # the prefill's last
 
     def propose(self, recent, seq, proposal: Proposal, generator, eos_ids, rule, eos_tensor) -> Block:
-        config, device = self.config, recent.device
+        config, device = proposal.config, recent.device
         proposal.cap(self.heads.count if self.hidden is not None else 0)  # a one-token prompt has no hidden state yet
         n = proposal.limit
         self.round_forwards = int(n > 0)  # no pass in a round that may draft nothing
@@ -95,11 +95,11 @@ class HeadsDrafter:
 class LookupDrafter:
     round_forwards = 0  # a search on the host, no forward
 
-    def __init__(self, config: DecodeConfig, vocab: int):
-        self.config, self.vocab = config, vocab
+    def __init__(self, vocab: int):
+        self.vocab = vocab
 
     def propose(self, recent, seq, proposal: Proposal, generator, eos_ids, rule, eos_tensor) -> Block:
-        config, device = self.config, recent.device
+        config, device = proposal.config, recent.device
         tokens, votes = lookup.continuation(seq, config.drafting.ngram_min, config.drafting.ngram_max, proposal.limit)
         proposal.cap(len(tokens))
         scores = lookup.scores(votes, self.vocab, config.stopping.topk)[confidence.signal_of(config)]
@@ -132,8 +132,8 @@ def start_drafter(draft, target_lm: CachedLM, prompt_ids: list[int], config: Dec
     if config.drafting.drafter == "heads":
         if not isinstance(draft, Heads):
             raise DsparkError("the heads drafter needs the target's heads (dspark_bench.decoding.heads.load)")
-        return HeadsDrafter(draft, target_lm, config)
-    return LookupDrafter(config, target_lm.model.get_output_embeddings().weight.shape[0])
+        return HeadsDrafter(draft, target_lm)
+    return LookupDrafter(target_lm.model.get_output_embeddings().weight.shape[0])
 
 
 def draft_block(draft_lm: CachedLM, pending: torch.Tensor, config: DecodeConfig, proposal: Proposal, generator,

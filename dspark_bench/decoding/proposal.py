@@ -34,6 +34,7 @@ class Proposal:
     batch_decides: bool = False  # the budget schedule in a batch: the batch's rule ends the draft (budget.py)
     last: bool = False  # the rule ended the draft at the token being taken (keeps_failing)
     discard_below: int = 0  # llama.cpp's rule: a shorter draft is thrown away
+    config: DecodeConfig | None = None  # the policy it was started under (the depth schedule: its round's, at_depth)
 
     @classmethod
     def start(cls, config: DecodeConfig, budget: int, batched: bool = False) -> "Proposal":
@@ -42,7 +43,7 @@ class Proposal:
             limit = 0  # llama.cpp does not draft when the budget allows less than --spec-draft-n-min
         reason = "gamma_max" if limit == config.stopping.gamma_max else "budget"
         return cls([], [], [], reason, 0, limit, done=limit <= 0, discard_below=discards_below(config),
-                   batch_decides=batched and schedules.of(config).whole_batch)
+                   batch_decides=batched and schedules.of(config).whole_batch, config=config)
 
     def cap(self, available: int) -> None:
         """The drafter can propose only `available` tokens this round (heads: its k; lookup: as

@@ -14,10 +14,13 @@ replayed and run exactly:
               (confidence.signal_of).
 The goodput schedule (goodput.py) decides after each token whether to draft the next one, so
 its last token stays too, as under "hf"; so does the budget schedule (budget.py), which decides
-for a whole batch at once and is goodput's rule for one row.
+for a whole batch at once and is goodput's rule for one row. The depth schedule runs, each round,
+the threshold rule of the round's context-depth bucket (`at_depth`).
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 
@@ -25,6 +28,29 @@ from dspark_bench import schedules
 from dspark_bench.config import DecodeConfig
 from dspark_bench.decoding.budget import row_rule
 from dspark_bench.decoding.host_rounding import running
+from dspark_bench.depth import depth_bucket
+
+
+def at_depth(config: DecodeConfig, depth: int) -> DecodeConfig:
+    """The policy a round starting at this context depth (tokens before it: prompt and output so
+    far) runs: under the depth schedule its bucket's threshold policy (`bucket_policies`), under
+    any other schedule `config` itself."""
+    if not schedules.of(config).by_depth:
+        return config
+    return bucket_policies(config)[int(depth_bucket(depth))]
+
+
+def round_policies(config: DecodeConfig) -> tuple[DecodeConfig, ...]:
+    """Every policy `at_depth` may give a round of `config`, each once."""
+    return tuple(dict.fromkeys(bucket_policies(config))) if schedules.of(config).by_depth else (config,)
+
+
+@functools.lru_cache(maxsize=64)
+def bucket_policies(config: DecodeConfig) -> tuple[DecodeConfig, ...]:
+    """A depth policy's plain threshold policy in each depth bucket (depth.DEPTH_LABELS): the
+    bucket's threshold and γ_max, every other knob the policy's own."""
+    return tuple(config.replace(schedule=schedules.THRESHOLD, threshold=threshold, gamma_max=gamma, depth_policy="")
+                 for threshold, gamma in schedules.depth_policy(config.stopping.depth_policy))
 
 
 def threshold_at(config: DecodeConfig, position: int) -> float:
@@ -99,16 +125,19 @@ class DeviceRule:
 def expressible(config: DecodeConfig, fmt: str) -> list[str]:
     """Why `fmt` cannot run `config` exactly (empty: it can)."""
     why, schedule = [], schedules.of(config)
+    # No engine keys its draft policy by the context's depth (vLLM's per-length schedule is an open
+    # RFC, #54801; llama.cpp, HF, SGLang and TensorRT-LLM run one policy at every depth).
+    what = "a policy per context depth" if schedule.by_depth else f"a {schedule.name} schedule"
     if config.stopping.batch_quorum > 0:
         why.append("a batch quorum")
     if fmt in schedules.FIXED_ENGINES:
         if fmt not in schedule.engines:
-            why.append(f"a {schedule.name} schedule (it drafts a fixed length)")
+            why.append(f"{what} (it drafts a fixed length)")
         return why
     if schedule.baseline:
         return why
     if fmt not in schedule.engines:
-        why.append(f"a {schedule.name} schedule (it has one threshold)")
+        why.append(f"{what} (it has one threshold)")
     if config.stopping.metric != "top1":
         why.append(f"the {config.stopping.metric} metric (its threshold is on the top-1 probability)")
     if fmt == "hf":

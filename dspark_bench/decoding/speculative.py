@@ -24,7 +24,7 @@ from dspark_bench.decoding.drafters import start_drafter
 from dspark_bench.decoding.host import fetch
 from dspark_bench.decoding.proposal import Proposal
 from dspark_bench.decoding.sampling import distribution, draw, make_generator
-from dspark_bench.decoding.schedule import DeviceRule
+from dspark_bench.decoding.schedule import DeviceRule, at_depth, round_policies
 from dspark_bench.decoding.types import Block, DecodeResult, Round
 from dspark_bench.errors import DsparkError
 
@@ -48,21 +48,23 @@ def speculative_decode(
     # waits for the work queued before it, like a read. After this, tokens stay on the device.
     if config.verification.draft_mode == "verify-side" and target_lm.device.type == "mps":
         raise DsparkError("the verify-side draft mode decides in float64, which MPS lacks: use early-stop there")
-    rule = DeviceRule(config, target_lm.device) if config.verification.draft_mode == "verify-side" else None
+    rules = ({policy: DeviceRule(policy, target_lm.device) for policy in round_policies(config)}
+             if config.verification.draft_mode == "verify-side" else {})  # each policy a round may run
     eos_tensor = torch.tensor(sorted(eos_ids), dtype=torch.long, device=target_lm.device)
     keep_recent = recent_tokens(config)
     recent = torch.tensor(prompt_ids[-keep_recent:], dtype=torch.long,
                           device=target_lm.device)  # seq's tail, on the device
     seq, result = list(prompt_ids), DecodeResult(tokens=[])
     while len(result.tokens) < config.verification.max_new_tokens:
+        policy = at_depth(config, len(seq))  # the round's: under the depth schedule, its depth bucket's
         # Leave room for the target's own token at the end of the round.
-        proposal = Proposal.start(config, config.verification.max_new_tokens - len(result.tokens) - 1)
-        block = drafter.propose(recent, seq, proposal, generator, eos_ids, rule, eos_tensor)
+        proposal = Proposal.start(policy, config.verification.max_new_tokens - len(result.tokens) - 1)
+        block = drafter.propose(recent, seq, proposal, generator, eos_ids, rules.get(policy), eos_tensor)
         logits = target_lm.forward(torch.cat([unseen(recent, seq, target_lm), block.tokens]),
                                    keep=len(block.tokens) + 1)
         accepted_on_device, token_on_device = verify(logits, block, config, generator)
         drafter.observe(target_lm, accepted_on_device)
-        accepted, target_token = read_round(proposal, block, accepted_on_device, token_on_device, config, eos_ids)
+        accepted, target_token = read_round(proposal, block, accepted_on_device, token_on_device, policy, eos_ids)
         if drafter.round_forwards is not None:  # heads: one pass a round; lookup: none
             proposal.forwards = drafter.round_forwards
         emitted, round_ = close_round(proposal, accepted, target_token, eos_ids)

@@ -29,7 +29,7 @@ from dspark_bench.harness.workload import Workload
 from dspark_bench.prompts import encode
 from dspark_bench.replay import continuations as files
 from dspark_bench.results import check_writable, environment
-from dspark_bench.tasks import load_prompts
+from dspark_bench.tasks import load_prompts, pair_of
 
 DECODERS = ("llamacpp", "ours")  # who continues the target: llama.cpp's server, or our decoder
 
@@ -51,7 +51,8 @@ def encoded(workload: Workload) -> Encoded:
     prompts, _, task_tokens = load_prompts(workload.task, workload.dataset, workload.split, workload.prompt_field,
                                            workload.category_field, workload.limit)
     # The target alone continues; a draft, when given, is loaded only so that the pair is the sweep's.
-    pair = load_pair(workload.target, workload.draft, workload.device, workload.dtype, drafters=("lookup",))
+    pair = load_pair(workload.target, workload.draft, workload.device, workload.dtype, drafters=("lookup",),
+                     pair=pair_of(workload.task))
     ids = [encode(pair.tokenizer, p.text, workload.chat_template) for p in prompts]
     return Encoded(pair, prompts, ids, workload.tokens(task_tokens), workload.runner_settings().eos_ids(pair))
 

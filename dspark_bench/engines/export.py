@@ -16,7 +16,9 @@ Each file is written for a named engine version (versions.py; files.py writes th
 Where the engine cannot express the tuned policy, the export takes the nearest policy it can:
 the best of every policy the engine expresses, replayed on the run's own record with its own
 cost model (or surface, per batch size). Both predicted speedups are reported side by side:
-what deploying on that engine costs.
+what deploying on that engine costs. No engine keys its policy by the context's depth: a depth
+policy's nearest is the threshold policy of the depth bucket holding most of its rounds on the
+record (`stand_in`), itself where the engine runs it, else the nearest to it as above.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ from dspark_bench import objectives, schedules
 from dspark_bench.config import FIELDS, LEARNED, DecodeConfig, expand, from_dict, with_defaults
 from dspark_bench.decoding import learned_signal
 from dspark_bench.decoding.learned_signal import FILE as LEARNED_FILE
-from dspark_bench.decoding.schedule import expressible
+from dspark_bench.decoding.schedule import bucket_policies, expressible
+from dspark_bench.depth import DEPTH_LABELS, depth_bucket, round_depths
 from dspark_bench.engines.files import FILES, NOTES, llamacpp_flags, parse, render  # noqa: F401 (the API)
 from dspark_bench.engines.versions import version_for
 from dspark_bench.errors import DsparkError
@@ -43,7 +46,7 @@ from dspark_bench.replay.batched import predict_batched
 from dspark_bench.replay.cost import CostModel, CostSurface
 from dspark_bench.replay.learned import with_learned
 from dspark_bench.replay.record import resolve_record
-from dspark_bench.replay.simulate import simulate_grid
+from dspark_bench.replay.simulate import simulate, simulate_grid, simulate_priced
 from dspark_bench.results import evaluation_of, read_json, write_text
 
 FORMATS = ("hf", "vllm", "sglang", "trtllm", "llamacpp")
@@ -159,6 +162,14 @@ def replayed(run: RunPolicies, configs: list[DecodeConfig], prices: CostModel | 
     configs = [c.replace(max_new_tokens=rec.max_new_tokens) for c in configs]
     if any(c.stopping.gamma_max > rec.gamma_record for c in configs):
         raise DsparkError(f"the run's record is {rec.gamma_record} tokens deep; it cannot replay a longer draft")
+    walked = [schedules.of(c).by_depth for c in configs]
+    if any(walked):  # a depth policy: walked alone (a grid walks one threshold per draft position), at batch size 1
+        cost = prices or (CostSurface.from_dict({k: v for k, v in run.cost.items() if k != "kind"}).at(1)
+                          if run.cost["kind"] == "cost_surface.json" else CostModel.from_dict(run.cost))
+        rest = iter(replayed(run, [c for c, alone in zip(configs, walked) if not alone], prices)
+                    if not all(walked) else ())
+        return np.array([simulate_priced(rec, c, cost)[0]["predicted_speedup"].iloc[0] if alone else next(rest)
+                         for c, alone in zip(configs, walked)])
     if prices is not None:
         return simulate_grid(rec, configs, prices)["predicted_speedup"].to_numpy()
     if run.cost["kind"] == "cost_surface.json":
@@ -252,7 +263,7 @@ def choose(run: RunPolicies, fmt: str) -> list[Choice]:
             raise DsparkError(f"{fmt} cannot run the best policy ({tuned.label()}): it needs "
                               f"{'; '.join(reasons)}, and {run.folder.name} has no replay record to find the nearest "
                               "policy it can run; export a replay sweep's folder")
-        pool = candidates(fmt, tuned, list(range(1, run.depth + 1)))
+        pool, reasons = nearest_pool(run, fmt, tuned, reasons)
         speedups = replayed(run, [tuned] + pool)
         best = int(np.argmax(speedups[1:]))
         out.append(Choice(batch_size, tuned, float(speedups[0]), pool[best], float(speedups[1 + best]), reasons,
@@ -260,15 +271,46 @@ def choose(run: RunPolicies, fmt: str) -> list[Choice]:
     return cap_schedule(run, fmt, out)
 
 
+def nearest_pool(run: RunPolicies, fmt: str, tuned: DecodeConfig, reasons: list[str]):
+    """The policies the nearest expressible one is chosen from (the best of them by replay), and
+    why `fmt` cannot run `tuned`: every policy the engine expresses; for a depth policy, which no
+    engine keys by depth, its busiest bucket's policy (`stand_in`) alone where the engine runs it,
+    with the words that name it."""
+    pool = candidates(fmt, tuned, list(range(1, run.depth + 1)))
+    if not schedules.of(tuned).by_depth:
+        return pool, reasons
+    near, bucket, share = stand_in(run, tuned)
+    busiest = f"its {bucket} bucket's policy ({near.label()}), where {share:.0%} of its rounds on the record run"
+    lacks = expressible(near, fmt)
+    if lacks:
+        return pool, [*reasons, f"{busiest}, needs {'; '.join(lacks)} too: the best policy {fmt} runs is written"]
+    return [near], [*reasons, f"{busiest}, is written (there one policy's choice weighs most)"]
+
+
+def stand_in(run: RunPolicies, tuned: DecodeConfig) -> tuple[DecodeConfig, str, float]:
+    """What stands in for a depth policy where one policy runs at every depth: the threshold policy of
+    the depth bucket holding most of its rounds on the run's record (where a single policy's choice
+    weighs most in the time; the deepest bucket's would serve only the few longest contexts), its
+    bucket's name and that share of the rounds."""
+    rec = run.rec
+    counts = np.zeros(len(DEPTH_LABELS), dtype=np.int64)
+    walked = simulate(rec, tuned.replace(max_new_tokens=rec.max_new_tokens))
+    for prompt_tokens, rounds in zip(rec.info["prompt_tokens"], walked):
+        counts += np.bincount(depth_bucket(round_depths(prompt_tokens, [r.emitted for r in rounds])),
+                              minlength=len(DEPTH_LABELS))
+    bucket = int(np.argmax(counts))
+    return bucket_policies(tuned)[bucket], DEPTH_LABELS[bucket], float(counts[bucket] / counts.sum())
+
+
 def priced_choice(run: RunPolicies, fmt: str, engine) -> Choice:
     """Batch size 1 on the engine's own measured prices (cost_file.CostFile `engine`): the best of
     every policy the engine expresses, or plain decoding where none is predicted to beat it."""
     tuned, _, _ = run.best[min(run.best)]
     cost = engine.surface.at(1)
-    pool = candidates(fmt, tuned, list(range(1, run.depth + 1)))
+    pool, reasons = nearest_pool(run, fmt, tuned, expressible(tuned, fmt))
     speedups = replayed(run, [tuned] + pool + [DEFAULTS_OF[fmt]], cost)
     best = int(np.argmax(speedups[1:-1]))
-    choice = Choice(1, tuned, float(speedups[0]), pool[best], float(speedups[1 + best]), expressible(tuned, fmt),
+    choice = Choice(1, tuned, float(speedups[0]), pool[best], float(speedups[1 + best]), reasons,
                     engine.label, over_defaults=float(speedups[1 + best] / speedups[-1]))
     if choice.exported_speedup <= 1.0:  # plain decoding: 1× by definition, and why
         rec = run.rec

@@ -26,6 +26,10 @@ context), then sampling each verified position and the cache edits. So:
   (server_scale). A prediction is a test only on policies, prompts and runs other than those,
   and the file's `fitted_on` names them.
 
+Where the workload's prompts reach past the first depth bucket, the passes are also timed at each
+of depth.PRICED_DEPTHS within the servers' context (`-d`), scaled alike: the file's depth axis
+(CostModel.by_depth), so replay prices each round at its own depth on llama.cpp's prices too.
+
 Files are cached by the build, the two GGUF files, the depth and the threads.
 """
 
@@ -44,6 +48,7 @@ import numpy as np
 
 from dspark_bench import schedules
 from dspark_bench.config import DecodeConfig
+from dspark_bench.depth import PRICED_DEPTHS
 from dspark_bench.engines.files import llamacpp_flags
 from dspark_bench.engines.llama_server import LlamaServer, build_info, served  # a run's own interleaved requests
 from dspark_bench.errors import DsparkError
@@ -109,6 +114,25 @@ def pass_costs(binary: Path, target: Path, draft: Path, depth: int, gamma: int,
     verify = [median["target"][k + 1] + median["draft"][k + 1] for k in range(gamma + 1)]
     spread = max(relative_iqr(s) for samples in (target_s, draft_s) for s in samples.values())
     return CostModel(median["draft"][1], verify, depth, spread=spread), median
+
+
+def deep_enough(depth: int, context: int) -> list[int]:
+    """The depths (depth.PRICED_DEPTHS) llama-bench times passes at, besides `depth`: those within
+    the servers' `context`, where the workload reaches past the first depth bucket; else none."""
+    return [d for d in PRICED_DEPTHS if d <= context] if depth > PRICED_DEPTHS[0] else []
+
+
+def depth_passes(bench_binary: Path, target: Path, draft: Path, depths: list[int], gamma: int,
+                 threads: int | None, scale: float, say=None) -> dict:
+    """CostModel.by_depth from llama-bench's `-d` at each depth: the same passes as `pass_costs`,
+    scaled to the server's as the fitted depth's are (server_scale)."""
+    if depths and say:
+        say(f"llama.cpp's passes at depths {', '.join(map(str, depths))} (llama-bench -d)")
+    timed = {}
+    for depth in depths:
+        passes = scaled(pass_costs(bench_binary, target, draft, depth, gamma, threads)[0], scale)
+        timed[depth] = {"t_draft": passes.t_draft, "t_verify": passes.t_verify}
+    return timed
 
 
 def fit_dispersion(per_prompt: list[dict]) -> Check:
@@ -215,6 +239,8 @@ def llamacpp_prices(pair, fit_prompts, fit_ids: list[list[int]], eos, max_new_to
     rec = record(pair, fit_ids, max_new_tokens, gamma, eos_ids=eos)
     scale = server_scale(passes, runs)
     model, per_run = fit_overheads(scaled(passes, scale), rec, runs)
+    model.by_depth = depth_passes(find_bench(binary), target, draft, deep_enough(depth, context), gamma, threads,
+                                  scale, say)
     described = pair.describe()
     prices = CostFile(
         CostSurface({1: model}), {"name": "llamacpp", "version": f"b{build['build_number']}", "build": build},

@@ -1,7 +1,8 @@
 """Load a target/draft pair from Hugging Face names or local paths.
 
 Users' models load exactly as they would online (`from_pretrained(name_or_path)`); without
-`--target/--draft` the project's own offline reference pair is used.
+`--target/--draft` the project's own offline reference pair is used: the 256-token one, or the
+long-context one (reference/long.py) for the tasks built for it (tasks.pair_of).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from dspark_bench.errors import DsparkError, first_line
 from dspark_bench.harness.gguf_read import hf_folder, is_gguf
 from dspark_bench.hub import hub_reachable
 from dspark_bench.reference import default_heads_path, default_pair_paths
+from dspark_bench.reference.long import long_pair_paths
 
 DEVICES = ("auto", "cpu", "cuda", "mps")
 NO_DRAFT = ("the model drafter needs a draft model: pass --draft (sharing the target's vocabulary), "
@@ -122,9 +124,17 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return DTYPES[dtype]
 
 
-def default_pair() -> tuple[str, str]:
-    """Paths of the shipped reference pair."""
+def default_pair(which: str = "short") -> tuple[str, str]:
+    """Paths of a shipped reference pair: the 256-token one ("short") or the long-context one
+    ("long"; one line saying how to build it where it is not built)."""
 
+    if which == "long":
+        target, draft = long_pair_paths()
+        if not all((folder / "config.json").is_file() for folder in (target, draft)):
+            raise DsparkError(f"the long-context reference pair is not built ({target.parent} holds no target "
+                              "and draft): run `dspark-bench models build --long`, or name models with "
+                              "--target / --draft")
+        return str(target), str(draft)
     target, draft = default_pair_paths()
     return str(target), str(draft)
 
@@ -155,15 +165,16 @@ def load_tokenizer(name: str) -> PreTrainedTokenizerBase:
 
 def load_pair(
     target: str | None = None, draft: str | None = None, device: str = "auto", dtype: str = "auto",
-    heads: str | None = None, drafters=("model",),
+    heads: str | None = None, drafters=("model",), pair: str = "short",
 ) -> ModelPair:
     """Load both models (and the target's tokenizer), refusing pairs that cannot work together.
 
     A target alone (no draft) serves the drafters that need no second model (heads, lookup):
     `drafters` names the policies' drafters, and one of them being the model drafter (as by
-    default) refuses it before anything loads. A `.gguf` file loads through its cached HF conversion (gguf_read)."""
+    default) refuses it before anything loads. A `.gguf` file loads through its cached HF conversion (gguf_read).
+    Naming neither model loads the shipped reference pair `pair` names ("short" or "long": tasks.pair_of)."""
     if target is None and draft is None:
-        target, draft = default_pair()
+        target, draft = default_pair(pair)
     elif target is None:
         raise DsparkError("--draft needs a --target: pass both, or neither to use the reference pair")
     elif draft is None and "model" in drafters:
@@ -247,3 +258,20 @@ def model_fingerprint(model: torch.nn.Module, with_config: bool = True) -> str:
             digest.update(f"{name}{tuple(param.shape)}{float(flat.sum()):.6e}".encode())
             digest.update(sample.cpu().numpy().tobytes())
     return digest.hexdigest()[:16]
+
+
+def context_warning(pair: ModelPair, prompts, max_new_tokens: int, chat_template: str = "auto") -> str | None:
+    """One line where a prompt plus max_new_tokens runs past the target's trained context
+    (`max_position_embeddings`): a warning, not an error — a user's model may extrapolate, and the
+    256-token reference pair's numbers past 256 are part of what docs/depth.md compares."""
+    from dspark_bench.prompts import encode  # the core's; here only for the count
+
+    trained = getattr(pair.target.config, "max_position_embeddings", None)
+    if not trained or not prompts:
+        return None
+    longest = max(len(encode(pair.tokenizer, p.text, chat_template)) for p in prompts)
+    if longest + max_new_tokens <= trained:
+        return None
+    return (f"note: the longest prompt is {longest:,} tokens; with {max_new_tokens} new ones it runs past the target's "
+            f"trained context of {trained:,} tokens (a long task's pair: `dspark-bench models build --long`)")
+

@@ -22,12 +22,12 @@ from dspark_bench.decoding.speculative import speculative_decode
 from dspark_bench.errors import DsparkError
 from dspark_bench.harness.calibration_file import load_calibration
 from dspark_bench.harness.hf_cost_model import priced_hf
-from dspark_bench.harness.models import load_pair
+from dspark_bench.harness.models import context_warning, load_pair
 from dspark_bench.harness.runner import RunnerSettings, planned_samples, run_to_folder, stage_steps
 from dspark_bench.harness.workload import Workload
 from dspark_bench.prompts import Prompt, encode, prompts_fingerprint
 from dspark_bench.results import check_writable, read_json
-from dspark_bench.tasks import load_prompts
+from dspark_bench.tasks import load_prompts, pair_of
 
 # The order a run's grid is crossed in (the last varies fastest): the batch size outermost, then
 # the knobs in the order runs have always decoded them; any other knob after these.
@@ -269,7 +269,7 @@ def plan_run(config: RunConfig) -> Planned:
     if config.calibration is not None:
         configs, assignment = calibrated_configs(config.calibration, prompts, configs)
     pair = load_pair(config.target, config.draft, config.device, config.dtype, config.heads,
-                     drafters={c.drafting.drafter for c in configs})
+                     drafters={c.drafting.drafter for c in configs}, pair=pair_of(config.task))
     check_learned_models(pair, configs)
     if any(c.drafting.drafter == "heads" for c in configs):
         pair.heads  # noqa: B018 — load (and check) the heads before anything runs
@@ -329,6 +329,10 @@ def execute(config: RunConfig, out: Path, progress=None, say=None, planned: Plan
 
     check_writable(out)  # before models load
     planned = planned or plan_run(config)
+    longest = max((c.verification.max_new_tokens for c in planned.configs), default=0)
+    warning = context_warning(planned.pair, planned.prompts, longest, config.chat_template) if say else None
+    if warning:
+        say(warning)
     step = stage_steps(progress, "decoding", planned.samples)
     folder, table = run_to_folder(planned.pair, planned.prompts, planned.configs, out, config.settings(),
                                   planned.source, progress=step, assignment=planned.assignment, say=say,

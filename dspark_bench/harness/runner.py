@@ -30,6 +30,8 @@ from dspark_bench.decoding.cached_lm import decode_shapes, warm_compiled
 from dspark_bench.decoding.host import synchronize
 from dspark_bench.decoding.speculative import speculative_decode
 from dspark_bench.decoding.types import DecodeResult
+from dspark_bench.depth import round_depths
+from dspark_bench.harness.depths import depth_fields, depth_summary
 from dspark_bench.harness.health import LoadProbe, baseline_drift, health, identical_rounds, wall_over_estimate
 from dspark_bench.harness.models import ModelPair
 from dspark_bench.harness.plan import precision_plan, run_plan, seconds_per_token
@@ -82,12 +84,13 @@ def sample_row(result: DecodeResult, config: DecodeConfig) -> dict:
     }
 
 
-def round_rows(result: DecodeResult, base: dict) -> list[dict]:
+def round_rows(result: DecodeResult, base: dict, prompt_tokens: int) -> list[dict]:
+    depths = round_depths(prompt_tokens, [r.emitted for r in result.rounds])  # context tokens as each round starts
     return [
-        {**base, "round": i, "drafted": r.drafted, "accepted": r.accepted, "emitted": r.emitted,
-         "stop_reason": r.stop_reason, "draft_tokens": r.draft_tokens, "confidences": r.confidences,
-         "target_token": r.target_token, "draft_forwards": r.draft_forwards}
-        for i, r in enumerate(result.rounds)
+        {**base, "round": i, "depth": int(depth), "drafted": r.drafted, "accepted": r.accepted,
+         "emitted": r.emitted, "stop_reason": r.stop_reason, "draft_tokens": r.draft_tokens,
+         "confidences": r.confidences, "target_token": r.target_token, "draft_forwards": r.draft_forwards}
+        for i, (r, depth) in enumerate(zip(result.rounds, depths))
     ]
 
 
@@ -173,7 +176,7 @@ def iter_samples(
                 base = {"prompt_id": prompt.id, "category": prompt.category, "turn": turn,
                         **config_columns(config, config_id)}
                 row = sample_fields(base, spec, baseline, config, len(ids), base_time, spec_time)
-                yield row, round_rows(spec, base) if settings.trace else []
+                yield row, round_rows(spec, base, len(ids)) if settings.trace else []
                 # The next turn builds on the model's own previous answer.
                 history.append((text, pair.tokenizer.decode(baseline.tokens, skip_special_tokens=True)))
     yield from iter_batched(pair, prompts, configs, settings, assignment)
@@ -222,7 +225,7 @@ def iter_batched(pair: ModelPair, prompts: list[Prompt], configs: list[DecodeCon
             row.update(layout="padded", batching=settings.batching,
                        baseline_latency_per_token_s=baseline.latency_per_token,
                        spec_latency_per_token_s=spec.latency_per_token)
-            yield row, round_rows(spec.result, base) if settings.trace else []
+            yield row, round_rows(spec.result, base, len(prompt_ids)) if settings.trace else []
 
 
 def first_divergence(output: list[int], baseline: list[int]) -> int | None:
@@ -245,6 +248,7 @@ def sample_fields(base: dict, spec: DecodeResult, baseline: DecodeResult, config
         **base,
         **sample_row(spec, config),
         "prompt_tokens": prompt_tokens,
+        **depth_fields(spec.rounds, prompt_tokens),
         "baseline_new_tokens": len(baseline.tokens),
         "baseline_time_s": float(base_time),
         "spec_time_s": float(spec_time),
@@ -378,7 +382,7 @@ def run_to_folder(
     timing_health = health([*probe.checks(), baseline_drift(samples), identical_rounds(samples),
                             wall_over_estimate(wall, estimate)])
     summary = {"configs": table.to_dict(orient="records"), "by_category": by_category.to_dict(orient="records"),
-               "timing_health": timing_health, **paired}
+               **depth_summary(samples), "timing_health": timing_health, **paired}
     folder = write_run(out, "run", run_info, summary, {"samples": samples, "rounds": output.rounds})
     return folder, table
 

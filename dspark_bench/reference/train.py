@@ -115,12 +115,15 @@ def train_model(
     max_steps: int | None = None,
     stop_at_step: int | None = None,
     name: str = "train",
+    init: dict | None = None,
 ):
     """Train (or resume) one model until its time budget or `max_steps` is used up.
 
     The LR schedule runs on progress = elapsed/budget (or step/max_steps), so it is
     the same whether the run was interrupted or not.  `stop_at_step` ends this call
     early with a checkpoint, as a kill would: the next call resumes from there.
+    `init` (a state dict) starts a fresh run from those weights: continued training, as the
+    long-context pair does (reference/long.py); a resumed run reads its checkpoint instead.
     Returns (model, state) where state has step, elapsed_s, tokens_seen, done.
     """
     from transformers import LlamaForCausalLM
@@ -129,6 +132,8 @@ def train_model(
     ckpt_path = stage_dir / "ckpt.pt"
     torch.manual_seed(cfg.seed)
     model = LlamaForCausalLM(model_config)
+    if init is not None:
+        model.load_state_dict(init)
     opt = _optimizer(model, cfg)
     state = _resume(ckpt_path, model, opt, name)
     if state["done"]:

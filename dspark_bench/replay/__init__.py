@@ -5,7 +5,8 @@ position), made from the target decoded here or from an engine's continuations f
 (`continuations`), a prompt at a time, resumably and in shards (`record_parts`); the sampled
 record and replay under sampling (`sampled`: K sampled paths per prompt, replicates on shared
 coins, expectations with intervals); the simulation of policies at batch size 1 (`simulate`)
-and at any batch size in either layout (`batched`); the cost model and cost surface (`cost`) and
+and at any batch size in either layout (`batched`), and the tables their totals become, per
+policy and per depth bucket (`tables`); the cost model and cost surface (`cost`) and
 the cost-model file that carries anyone's costs with their provenance (`cost_file`); the
 acceptance fit the goodput schedule decides with (`acceptance`); and the learned acceptance
 signal's fit (`learned`). Studies of a finished record (the headroom, better signals, held-out

@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -66,9 +66,18 @@ class CostModel:
     # no verification or checkpoint: server-context.cpp, `if (!draft.empty())`), so it costs less
     # than t_round. None: the same as t_round (engines whose drafts are never empty).
     t_round_empty: float | None = None
+    # The same passes timed at other context depths (docs/depth.md): context tokens -> {"t_draft": s,
+    # "t_verify": [s, ...]}. A round is priced at its own depth (`at_depths`); empty: every round at
+    # context_tokens, as cost models were before depth had an axis.
+    by_depth: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        data = dataclasses.asdict(self)
+        if self.by_depth:  # JSON keys are strings; a model without the axis is written as before it
+            data["by_depth"] = {str(d): entry for d, entry in sorted(self.by_depth.items())}
+        else:
+            del data["by_depth"]
+        return data
 
     @classmethod
     def from_dict(cls, data: dict) -> "CostModel":
@@ -77,7 +86,30 @@ class CostModel:
                    float(data.get("t_prefill_draft", 0.0)), float(data.get("t_heads", 0.0)),
                    float(data.get("spread", 0.0)), float(data.get("t_learned", 0.0)), float(data.get("t_round", 0.0)),
                    float(data.get("t_plain", 0.0)),
-                   None if data.get("t_round_empty") is None else float(data["t_round_empty"]))
+                   None if data.get("t_round_empty") is None else float(data["t_round_empty"]),
+                   {int(d): {"t_draft": float(e["t_draft"]), "t_verify": [float(t) for t in e["t_verify"]]}
+                    for d, e in data.get("by_depth", {}).items()})
+
+    def at_depths(self, depths) -> tuple[np.ndarray, np.ndarray]:
+        """(t_draft [n], round costs [n, k]: `round_costs` at each depth in `depths`): linear in depth
+        between the two nearest timed depths, flat below the shallowest, and extrapolated along the
+        deepest two beyond the deepest (a KV-cache read grows linearly with its length). Without a
+        depth axis, every depth costs what context_tokens did."""
+        depths = np.asarray(depths, dtype=np.float64)
+        extra = np.asarray(self.round_costs()) - np.asarray(self.t_verify)  # t_round: not a pass, no depth
+        if not self.by_depth:
+            return np.full(depths.shape, self.t_draft), np.broadcast_to(self.round_costs(), (*depths.shape, len(extra)))
+        timed = sorted(self.by_depth.items())
+        at = np.array([d for d, _ in timed], dtype=np.float64)
+        draft = np.array([e["t_draft"] for _, e in timed])
+        verify = np.array([e["t_verify"][: len(extra)] for _, e in timed])
+        if len(at) == 1:
+            return np.full(depths.shape, draft[0]), np.broadcast_to(verify[0] + extra, (*depths.shape, len(extra)))
+        hi = np.clip(np.searchsorted(at, depths), 1, len(at) - 1)
+        lo = hi - 1
+        w = np.maximum((depths - at[lo]) / (at[hi] - at[lo]), 0.0)[..., None]
+        return ((1 - w[..., 0]) * draft[lo] + w[..., 0] * draft[hi],
+                (1 - w) * verify[lo] + w * verify[hi] + extra)
 
     @property
     def plain_step(self) -> float:
@@ -109,6 +141,17 @@ class CostModel:
         (numbers or arrays): plain decoding's seconds per token (`plain_step`) over the policy's
         own, predicted_time / tokens; the same per-token ratio as a measured speedup."""
         return tokens * self.plain_step / predicted_time
+
+
+@torch.inference_mode()
+def measure_depths(pair, sequence: list[int], gamma: int, depths, repeats: int = 9) -> dict:
+    """`CostModel.by_depth`: the draft step and verify(k) timed with the caches holding the first d
+    tokens of `sequence`, for each depth d in `depths` that it is long enough for."""
+    timed = {}
+    for depth in sorted(d for d in set(depths) if gamma + 1 < d <= len(sequence)):
+        model = measure_cost(pair, sequence[:depth], gamma, repeats=repeats)
+        timed[depth] = {"t_draft": model.t_draft, "t_verify": model.t_verify}
+    return timed
 
 
 @torch.inference_mode()

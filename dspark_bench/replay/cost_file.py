@@ -15,7 +15,9 @@ ours included, and still loads):
      "fitted_on": {...},                       # optional: the runs a fitted term came from
      "batch_sizes": {"1": {"t_draft": s, "t_verify": [s, ...], "t_round": s, "t_plain": s,
                            "t_round_empty": s,          # optional: a round whose draft came back empty
-                           "context_tokens": n, ...}}}
+                           "context_tokens": n, ...,
+                           "by_depth": {"1024": {"t_draft": s, "t_verify": [s, ...]}, ...}}}}
+                                                # optional: the passes at other context depths
 
 A file with a wrong shape, a negative, missing or non-finite entry, or for other models is
 refused in one line, before anything is priced with it.
@@ -165,7 +167,27 @@ def check_entry(entry, where: str) -> CostModel:
         raise DsparkError(f"{where}: t_draft and every t_verify must be more than 0 seconds")
     if not isinstance(entry["context_tokens"], int) or entry["context_tokens"] < 0:
         raise DsparkError(f"{where}: context_tokens is {entry['context_tokens']!r}, not a token count")
+    check_depths(entry.get("by_depth", {}), len(verify), where)
     return CostModel.from_dict(entry)
+
+
+def check_depths(by_depth, lengths: int, where: str) -> None:
+    """The depth axis (optional): context tokens -> {"t_draft", "t_verify"} as positive seconds, each
+    t_verify as long as the entry's own."""
+    if not isinstance(by_depth, dict):
+        raise DsparkError(f"{where}: by_depth is not an object of context depths")
+    for depth, costs in by_depth.items():
+        if not str(depth).isdigit() or int(depth) < 1:
+            raise DsparkError(f"{where}: by_depth key {depth!r} is not a context length in tokens")
+        if not isinstance(costs, dict) or not isinstance(costs.get("t_verify"), list) or "t_draft" not in costs:
+            raise DsparkError(f"{where}: by_depth[{depth}] needs t_draft and a t_verify list")
+        if len(costs["t_verify"]) < lengths:
+            raise DsparkError(f"{where}: by_depth[{depth}] times {len(costs['t_verify'])} verify lengths, "
+                              f"fewer than the entry's {lengths}")
+        for value in (costs["t_draft"], *costs["t_verify"]):
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) \
+                    or value <= 0:
+                raise DsparkError(f"{where}: by_depth[{depth}] holds {value!r}, not a positive number of seconds")
 
 
 def fit_overheads(passes: CostModel, rec, runs) -> tuple[CostModel, list[dict]]:

@@ -25,19 +25,30 @@ import numpy as np
 import pandas as pd
 
 from dspark_bench import schedules
-from dspark_bench.config import FIELDS, LEARNED, METRICS, SEMANTICS, DecodeConfig
+from dspark_bench.config import LEARNED, METRICS, SEMANTICS, DecodeConfig
 from dspark_bench.decoding.budget import row_rule
 from dspark_bench.decoding.confidence import signal_of
 from dspark_bench.decoding.goodput import decisions
-from dspark_bench.decoding.schedule import discards_below, forced, keeps_failing, threshold_at
+from dspark_bench.decoding.schedule import (
+    bucket_policies,
+    discards_below,
+    forced,
+    keeps_failing,
+    round_policies,
+    threshold_at,
+)
 from dspark_bench.decoding.types import Round
+from dspark_bench.depth import DEPTH_LABELS, depth_bucket
 from dspark_bench.errors import DsparkError
-from dspark_bench.metrics import STOP_REASONS, rates
+from dspark_bench.metrics import STOP_REASONS
 
 # Recording and the cost model live in their own modules; replay's users find them here too.
 from dspark_bench.replay.cost import CostModel, measure_cost  # noqa: F401
 from dspark_bench.replay.record import Record, draft_rollouts, record  # noqa: F401
+from dspark_bench.replay.tables import record_depths, tables  # noqa: F401 (record_depths: the depth's users)
 
+# Long: one policy's walk (`simulate`) and the compiled walk of a whole grid are the same rule in two
+# forms, tested equal; kept side by side so a change to one is read beside the other.
 NEVER = 1 << 14  # "no such position" in int arrays (beyond any gamma)
 
 
@@ -131,7 +142,16 @@ def first_failures(rec: Record, config: DecodeConfig) -> np.ndarray:
 def round_plan(rec: Record, config: DecodeConfig):
     """Per (p, j): drafted L, proposals the rule considered s (the draft model's forwards) and
     stop reason code, vectorised over positions (proposal.Proposal's rule: dropped or kept failing
-    token, EOS, limit, what the drafter had (`Proposal.cap`), llama.cpp's discard)."""
+    token, EOS, limit, what the drafter had (`Proposal.cap`), llama.cpp's discard). A depth
+    policy's round at (p, j) is its depth bucket's threshold policy's round there (at_depth: the
+    depth is the prompt's tokens + j)."""
+    if schedules.of(config).by_depth:
+        if "prompt_tokens" not in rec.info:
+            raise DsparkError("the record predates its prompts' lengths, which a depth policy reads: record it again")
+        plans = {policy: round_plan(rec, policy) for policy in round_policies(config)}
+        chosen = [plans[policy] for policy in bucket_policies(config)]  # one per depth bucket
+        bucket = depth_bucket(record_depths(rec))
+        return tuple(np.choose(bucket, [plan[part] for plan in chosen]) for part in range(4))
     P, N, _ = rec.rollout.shape
     budget = config.verification.max_new_tokens - np.arange(N) - 1
     limit = np.minimum(config.stopping.gamma_max, budget)
@@ -193,9 +213,12 @@ def spanning_policies(gamma: int, max_new_tokens: int, goodput_model: str = "") 
     """Every metric × schedule with thresholds, gamma_max and min_draft_len at their edges, each
     engine's rule variant in turn, plus "always draft" and "never draft past min_draft_len": the
     policies replay is checked on against the real decoder (tests and
-    benchmarks/replay_reference.py). Goodput and budget policies only with a goodput model to decide with."""
+    benchmarks/replay_reference.py). Goodput and budget policies only with a goodput model to decide with;
+    no depth policy (each round one of these threshold policies, which a grid cannot walk: tests/test_replay.py
+    checks it alone)."""
     out = []
-    rules = [s.name for s in schedules.SCHEDULES.values() if not s.whole_batch and (not s.cost_aware or goodput_model)]
+    rules = [s.name for s in schedules.SCHEDULES.values()
+             if not s.whole_batch and not s.by_depth and (not s.cost_aware or goodput_model)]
     for i, (metric, schedule) in enumerate(itertools.product(METRICS, rules)):
         gamma_max = (1, min(4, gamma), gamma)[i % 3]
         min_draft_len = (0, 1, gamma_max)[(i // 3) % 3]
@@ -254,10 +277,13 @@ def _round_length(fail, cap, discard_below):  # pragma: no cover (compiled)
 
 @numba.njit(cache=True, nogil=True)
 def _walk(fail, gamma_max, discard_below, matches, available, per_round, lengths, max_new_tokens, verify_cost,
-          counts):  # pragma: no cover
+          draft_cost, bucket, counts, by_depth):  # pragma: no cover
     """The walk of `simulate` for one policy, keeping only totals: rounds, drafted, accepted,
-    full blocks, draft forwards and Σ t_verify(L). Only round starts are visited, without a
-    data-dependent branch in a round (random accept/reject defeats branch prediction)."""
+    full blocks, draft forwards and Σ verify_cost[p, j, L] (a round's price at its own depth).
+    `by_depth[b]` keeps the rounds starting in depth bucket `bucket[p, j]`: the same five counts,
+    emitted tokens, verify seconds and draft seconds (forwards × draft_cost[p, j]). Only round
+    starts are visited, without a data-dependent branch in a round (random accept/reject defeats
+    branch prediction)."""
     rounds = drafted = accepted = full = forwards = 0
     spent = 0.0
     for p in range(len(lengths)):
@@ -273,7 +299,16 @@ def _walk(fail, gamma_max, discard_below, matches, available, per_round, lengths
             accepted += a
             full += a == length
             forwards += spent_forwards
-            spent += verify_cost[length]
+            spent += verify_cost[p, j, length]
+            row = by_depth[bucket[p, j]]
+            row[0] += 1
+            row[1] += length
+            row[2] += a
+            row[3] += a == length
+            row[4] += spent_forwards
+            row[5] += min(a + 1, lengths[p] - j)
+            row[6] += verify_cost[p, j, length]
+            row[7] += spent_forwards * draft_cost[p, j]
             # An accepted EOS is the continuation's last token (`record` stops at EOS): the walk
             # ends there either way, with or without the target's extra token.
             j += a + 1
@@ -283,7 +318,8 @@ def _walk(fail, gamma_max, discard_below, matches, available, per_round, lengths
 
 @numba.njit(cache=True, nogil=True)
 def _walk_grid(signals, signal_of, thresholds, forced, keep, discard_below, gamma_max, groups, matches, eos_step,
-               available, per_round, lengths, max_new_tokens, verify_cost, counts, verify):  # pragma: no cover
+               available, per_round, lengths, max_new_tokens, verify_cost, draft_cost, bucket, counts, verify,
+               by_depth):  # pragma: no cover
     """Every policy's totals. Policies are ordered so that those sharing signal, thresholds,
     forced positions and what happens to a failing token (differing in gamma_max or llama.cpp's
     minimum only) are consecutive: `groups` marks where each run starts, and one table of
@@ -294,7 +330,7 @@ def _walk_grid(signals, signal_of, thresholds, forced, keep, discard_below, gamm
         _first_failures(signals[signal_of[first]], thresholds[first], forced[first], keep[first], eos_step, fail)
         for c in range(first, groups[g + 1]):
             verify[c] = _walk(fail, gamma_max[c], discard_below[c], matches, available, per_round, lengths,
-                              max_new_tokens, verify_cost, counts[c])
+                              max_new_tokens, verify_cost, draft_cost, bucket, counts[c], by_depth[c])
 
 
 def signal_kind(config: DecodeConfig) -> tuple:
@@ -336,6 +372,16 @@ def rule_arrays(configs: list[DecodeConfig]) -> tuple[np.ndarray, np.ndarray, np
 
 def simulate_grid(rec: Record, configs: list[DecodeConfig], cost: "CostModel | None" = None) -> pd.DataFrame:
     """Totals, metrics and (with a cost model) predicted speedup for every policy, one row each."""
+    return simulate_grid_by_depth(rec, configs, cost)[0]
+
+
+def simulate_grid_by_depth(rec: Record, configs: list[DecodeConfig],
+                           cost: "CostModel | None" = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """`simulate_grid`'s table, and the same policies' totals and metrics per depth bucket of the
+    rounds' starts (depth.DEPTH_LABELS; one row per policy and bucket with rounds). A cost model
+    with a depth axis (CostModel.by_depth) prices every round, and plain decoding's every token,
+    at its own depth: the table then holds predicted_baseline_time, and predicted_speedup is
+    baseline over predicted time."""
     if not configs:
         raise DsparkError("no policies to simulate")
     for config in configs:
@@ -358,43 +404,59 @@ def simulate_grid(rec: Record, configs: list[DecodeConfig], cost: "CostModel | N
     order = np.argsort(group_of.ravel(), kind="stable")
     groups = np.flatnonzero(np.diff(group_of.ravel()[order], prepend=-1, append=-2))
     gamma_max = np.array([c.stopping.gamma_max for c in configs], dtype=np.int64)
-    verify_cost = np.asarray(cost.round_costs() if cost else np.zeros(G + 1), dtype=np.float64)  # t_round in
+    depths = record_depths(rec)
+    draft_cost, verify_cost = (cost.at_depths(depths) if cost else
+                               (np.zeros(depths.shape), np.broadcast_to(np.zeros(G + 1), (*depths.shape, G + 1))))
+    drafter = configs[0].drafting.drafter  # one record, one drafter (check_replayable)
+    if cost is not None and drafter != "model":  # the heads' pass and the lookup's search have no depth axis
+        draft_cost = np.full(depths.shape, cost.draft_step(drafter))
+    bucket = depth_bucket(depths).astype(np.int64)
     counts, verify = np.zeros((len(configs), 5), dtype=np.int64), np.zeros(len(configs))
+    by_depth = np.zeros((len(configs), len(DEPTH_LABELS), 8))
     arrays = (signals, signal_of[order], thresholds[order], forced_steps[order], keep[order], discard_below[order],
               gamma_max[order])
     record_arrays = (match_lengths(rec).astype(np.int64), eos_positions(rec).astype(np.int64),
                      rec.available.astype(np.int64), round_forwards(configs[0]), rec.lengths.astype(np.int64),
-                     rec.max_new_tokens, verify_cost)
+                     rec.max_new_tokens, verify_cost, draft_cost, bucket)
 
     def walk(bounds: np.ndarray) -> None:  # compiled without the GIL: threads run it in parallel
-        _walk_grid(*arrays, bounds, *record_arrays, counts, verify)
+        _walk_grid(*arrays, bounds, *record_arrays, counts, verify, by_depth)
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     # Consecutive runs of groups per task (a group's bounds are shared with the next task's).
     cuts = np.unique(np.linspace(0, len(groups) - 1, 4 * cores + 1).astype(int))
     with ThreadPoolExecutor(cores) as pool:
         list(pool.map(walk, [groups[a : b + 1] for a, b in zip(cuts[:-1], cuts[1:])]))
-    counts[order], verify[order] = counts.copy(), verify.copy()  # back to the caller's order
-    return _grid_table(configs, counts, verify, rec, cost)
+    # back to the caller's order
+    counts[order], verify[order], by_depth[order] = counts.copy(), verify.copy(), by_depth.copy()
+    return tables(rec, configs, cost, counts, verify, by_depth, depths, bucket)
 
 
-def _grid_table(configs: list[DecodeConfig], counts: np.ndarray, verify: np.ndarray, rec: Record, cost) -> pd.DataFrame:
-    tokens = int(rec.lengths.sum())
-    totals = {"rounds": counts[:, 0], "drafted_total": counts[:, 1], "accepted_total": counts[:, 2],
-              "emitted_total": np.full(len(configs), tokens), "full_blocks": counts[:, 3]}
-    knobs = [c.to_dict() for c in configs]
-    table = pd.DataFrame({
-        "config_id": np.arange(len(configs)), "config_label": [c.label() for c in configs],
-        **{name: [k[name] for k in knobs] for name in FIELDS},
-        **totals, **rates(totals),
-        "draft_forwards": counts[:, 4], "new_tokens": tokens, "draft_forwards_per_token": counts[:, 4] / max(tokens, 1),
-    })
-    if cost is not None:  # in cost-model seconds; plain decoding takes tokens × its plain step
-        step = np.array([cost.draft_step(c.drafting.drafter, c.stopping.metric == LEARNED) for c in configs])
-        table["predicted_time"] = counts[:, 4] * step + verify  # verify: each round's round_costs()
-        table["predicted_speedup"] = cost.speedup(tokens, table["predicted_time"])
-    return table
-
+def simulate_priced(rec: Record, config: DecodeConfig,
+                    cost: "CostModel | None" = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """`simulate_grid_by_depth`'s two tables for one policy walked round by round by `simulate`:
+    what prices a policy the grid's walk cannot take, a depth schedule's (its threshold and γ_max
+    change with the round's depth)."""
+    depths = record_depths(rec)
+    bucket = depth_bucket(depths).astype(np.int64)
+    G = rec.gamma_record
+    draft_cost, verify_cost = (cost.at_depths(depths) if cost else
+                               (np.zeros(depths.shape), np.broadcast_to(np.zeros(G + 1), (*depths.shape, G + 1))))
+    if cost is not None and config.drafting.drafter != "model":
+        draft_cost = np.full(depths.shape, cost.draft_step(config.drafting.drafter))
+    counts, verify = np.zeros((1, 5), dtype=np.int64), np.zeros(1)
+    by_depth = np.zeros((1, len(DEPTH_LABELS), 8))
+    for p, rounds in enumerate(simulate(rec, config)):
+        j = 0
+        for r in rounds:
+            spent = float(verify_cost[p, j, r.drafted])
+            counts[0] += (1, r.drafted, r.accepted, r.accepted == r.drafted, r.draft_forwards)
+            verify[0] += spent
+            by_depth[0, bucket[p, j]] += (1, r.drafted, r.accepted, r.accepted == r.drafted, r.draft_forwards,
+                                          min(r.accepted + 1, int(rec.lengths[p]) - j), spent,
+                                          r.draft_forwards * draft_cost[p, j])
+            j += r.accepted + 1
+    return tables(rec, [config], cost, counts, verify, by_depth, depths, bucket)
 
 
 __all__ = ["CostModel", "Record", "draft_rollouts", "measure_cost", "record", "simulate", "simulate_grid"]

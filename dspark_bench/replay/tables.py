@@ -1,0 +1,82 @@
+"""The tables replay's walks become: one row per policy (`grid_table`), and one per policy and
+depth bucket (`depth_table`), with predicted speedups where a cost model prices them — each round
+and plain decoding's every token at its own depth where the cost model has a depth axis
+(CostModel.by_depth; docs/depth.md)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from dspark_bench.config import FIELDS, LEARNED, DecodeConfig
+from dspark_bench.depth import DEPTH_LABELS
+from dspark_bench.metrics import rates
+from dspark_bench.replay.cost import CostModel
+from dspark_bench.replay.record import Record
+
+
+def record_depths(rec: Record) -> np.ndarray:
+    """[P, N] the context depth of a round starting at each position: prompt tokens + j."""
+    prompt = np.asarray(rec.info.get("prompt_tokens", [0] * len(rec.lengths)), dtype=np.int64)
+    return prompt[:, None] + np.arange(rec.rollout.shape[1])[None, :]
+
+
+def tables(rec: Record, configs: list[DecodeConfig], cost, counts: np.ndarray, verify: np.ndarray,
+            by_depth: np.ndarray, depths: np.ndarray, bucket: np.ndarray) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """replay.simulate.simulate_grid_by_depth's two tables from its walk's totals (`by_depth[c, b]`:
+    rounds, drafted, accepted, full blocks, draft forwards, emitted, verify and draft seconds)."""
+    plain = plain_by_depth(rec, cost, depths, bucket) if cost is not None and cost.by_depth else None
+    table = grid_table(configs, counts, verify, rec, cost)
+    if plain is not None:  # priced at depth: the draft's seconds and plain decoding's, each at its own depth
+        step = np.array([cost.t_learned if c.stopping.metric == LEARNED else 0.0 for c in configs])  # on the host
+        table["predicted_time"] = by_depth[:, :, 7].sum(axis=1) + counts[:, 4] * step + verify
+        table["predicted_baseline_time"] = plain.sum()
+        table["predicted_speedup"] = table["predicted_baseline_time"] / table["predicted_time"]
+    return table, depth_table(configs, by_depth, plain, cost)
+
+
+def grid_table(configs: list[DecodeConfig], counts: np.ndarray, verify: np.ndarray, rec: Record, cost) -> pd.DataFrame:
+    tokens = int(rec.lengths.sum())
+    totals = {"rounds": counts[:, 0], "drafted_total": counts[:, 1], "accepted_total": counts[:, 2],
+              "emitted_total": np.full(len(configs), tokens), "full_blocks": counts[:, 3]}
+    knobs = [c.to_dict() for c in configs]
+    table = pd.DataFrame({
+        "config_id": np.arange(len(configs)), "config_label": [c.label() for c in configs],
+        **{name: [k[name] for k in knobs] for name in FIELDS},
+        **totals, **rates(totals),
+        "draft_forwards": counts[:, 4], "new_tokens": tokens, "draft_forwards_per_token": counts[:, 4] / max(tokens, 1),
+    })
+    if cost is not None:  # in cost-model seconds; plain decoding takes tokens × its plain step
+        step = np.array([cost.draft_step(c.drafting.drafter, c.stopping.metric == LEARNED) for c in configs])
+        table["predicted_time"] = counts[:, 4] * step + verify  # verify: each round's round_costs()
+        table["predicted_speedup"] = cost.speedup(tokens, table["predicted_time"])
+    return table
+
+
+def plain_by_depth(rec: Record, cost: "CostModel", depths: np.ndarray, bucket: np.ndarray) -> np.ndarray:
+    """Plain decoding's predicted seconds per depth bucket: every generated token's step at its own depth."""
+    steps = cost.at_depths(depths)[1][..., 0] - (cost.round_costs()[0] - cost.t_verify[0])  # a pass, no t_round
+    if cost.t_plain:
+        steps = np.full(depths.shape, cost.t_plain)
+    generated = np.arange(depths.shape[1])[None, :] < rec.lengths[:, None]
+    return np.bincount(bucket[generated], weights=steps[generated], minlength=len(DEPTH_LABELS))
+
+
+def depth_table(configs: list[DecodeConfig], by_depth: np.ndarray, plain, cost) -> pd.DataFrame:
+    """One row per policy and depth bucket with rounds: the bucket's totals and metrics (and its
+    predicted speedup, with a cost model: the bucket's plain time over its rounds' time)."""
+    c, b = np.nonzero(by_depth[:, :, 0])
+    rows = by_depth[c, b]
+    totals = {"rounds": rows[:, 0].astype(np.int64), "drafted_total": rows[:, 1].astype(np.int64),
+              "accepted_total": rows[:, 2].astype(np.int64), "emitted_total": rows[:, 5].astype(np.int64),
+              "full_blocks": rows[:, 3].astype(np.int64)}
+    table = pd.DataFrame({"config_id": c, "depth_bucket": np.asarray(DEPTH_LABELS)[b], **totals, **rates(totals),
+                          "draft_forwards": rows[:, 4].astype(np.int64)})
+    if cost is not None:
+        step = np.array([cost.draft_step(x.drafting.drafter, x.stopping.metric == LEARNED) for x in configs])
+        draft = rows[:, 7] if cost.by_depth else rows[:, 4] * step[c]
+        table["predicted_time"] = draft + rows[:, 6]
+        baseline = plain[b] if plain is not None else table["emitted_total"].to_numpy() * cost.plain_step
+        table["predicted_baseline_time"] = baseline
+        table["predicted_speedup"] = baseline / table["predicted_time"]
+    return table

@@ -1,0 +1,248 @@
+"""Depth: buckets, costs by depth, and replay's totals and prices per depth bucket."""
+
+from __future__ import annotations
+
+import dataclasses
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from dspark_bench.config import DecodeConfig
+from dspark_bench.depth import DEPTH_LABELS, depth_bucket, depth_label, round_depths, spans_depth
+from dspark_bench.errors import DsparkError
+from dspark_bench.replay import cost_file
+from dspark_bench.replay.cost import CostModel
+from dspark_bench.replay.simulate import record, simulate, simulate_grid, simulate_grid_by_depth, simulate_priced
+
+N, G = 24, 5
+# Prompt lengths that put the rounds of one prompt on both sides of 256, one prompt deep in
+# 256-1k and one short: the record's depths are prompt_tokens + j (the tiny model reads any).
+PROMPTS = [[1 + i % 50 for i in range(n)] for n in (245, 300, 6)]
+
+
+def test_buckets_and_labels():
+    assert DEPTH_LABELS == ("0-256", "256-1k", "1k-2k", "2k-4k", "4k+")
+    assert list(depth_bucket([0, 255, 256, 1023, 1024, 4095, 4096, 10**6])) == [0, 0, 1, 1, 2, 3, 4, 4]
+    assert depth_label(1500) == "1k-2k"
+    assert list(round_depths(100, [3, 1, 5])) == [100, 103, 104]
+    assert spans_depth([10, 300]) and not spans_depth([10, 200]) and not spans_depth([10] * 19 + [300])
+
+
+def test_cost_at_depths_interpolates_and_extrapolates():
+    model = CostModel(1.0, [10.0, 11.0, 12.0], 256, t_round=0.5,
+                      by_depth={256: {"t_draft": 1.0, "t_verify": [10.0, 11.0, 12.0]},
+                                1024: {"t_draft": 2.0, "t_verify": [20.0, 21.0, 22.0]}})
+    draft, rounds = model.at_depths(np.array([0, 256, 640, 1024, 1792]))
+    assert draft.tolist() == pytest.approx([1.0, 1.0, 1.5, 2.0, 3.0])  # flat below, linear between, beyond
+    # every round pays t_round on top (an engine's overhead; it has no depth axis)
+    assert rounds[:, 0].tolist() == pytest.approx([10.5, 10.5, 15.5, 20.5, 30.5])
+    assert rounds[2, 2] == pytest.approx(17.0 + 0.5)
+    flat = dataclasses.replace(model, by_depth={})
+    assert flat.at_depths(np.array([5000]))[1][0].tolist() == pytest.approx([10.5, 11.5, 12.5])
+    again = CostModel.from_dict(model.to_dict())
+    assert again.by_depth == model.by_depth and "by_depth" not in flat.to_dict()
+
+
+def cost_entry(**extra) -> dict:
+    return {"format": cost_file.FORMAT, "format_version": 2, "measured_by": {"name": "ours"},
+            "models": {"target": "t"}, "method": "test",
+            "batch_sizes": {"1": {"t_draft": 0.001, "t_verify": [0.01, 0.011], "context_tokens": 256, **extra}}}
+
+
+def test_cost_file_depth_axis_loads_and_bad_ones_are_refused():
+    depths = {"1024": {"t_draft": 0.002, "t_verify": [0.02, 0.021]}}
+    loaded = cost_file.from_dict(cost_entry(by_depth=depths)).surface.at(1)
+    assert loaded.by_depth == {1024: {"t_draft": 0.002, "t_verify": [0.02, 0.021]}}
+    assert cost_file.from_dict(cost_entry()).surface.at(1).by_depth == {}  # a file of one depth, as before
+    for bad, said in (({"x": depths["1024"]}, "not a context length"),
+                      ({"1024": {"t_draft": 0.002, "t_verify": [0.02]}}, "fewer than the entry's 2"),
+                      ({"1024": {"t_draft": -1, "t_verify": [0.02, 0.03]}}, "not a positive number")):
+        with pytest.raises(DsparkError, match=said):
+            cost_file.from_dict(cost_entry(by_depth=bad))
+
+
+@pytest.fixture(scope="module")
+def deep_record(llama_pair):
+    target, draft = llama_pair
+    pair = SimpleNamespace(target=target, draft=draft, eos_ids=frozenset())
+    return record(pair, PROMPTS, N, G, topk=5)
+
+
+def policies() -> list[DecodeConfig]:
+    return [DecodeConfig.of(threshold=t, gamma_max=g, max_new_tokens=N) for t in (0.0, 0.3, 0.7) for g in (2, G)]
+
+
+DEPTH_COST = CostModel(0.001, [0.010, 0.011, 0.012, 0.013, 0.014, 0.015], 256,
+                       by_depth={256: {"t_draft": 0.001, "t_verify": [0.010, 0.011, 0.012, 0.013, 0.014, 0.015]},
+                                 1024: {"t_draft": 0.003, "t_verify": [0.030, 0.031, 0.032, 0.033, 0.034, 0.035]}})
+
+
+def test_depth_totals_add_up_to_the_grid_and_follow_the_rounds(deep_record):
+    configs = policies()
+    table, by_depth = simulate_grid_by_depth(deep_record, configs, DEPTH_COST)
+    assert set(by_depth["depth_bucket"]) == {"0-256", "256-1k"}
+    sums = by_depth.groupby("config_id")[["rounds", "drafted_total", "accepted_total", "emitted_total"]].sum()
+    for column in ("rounds", "drafted_total", "accepted_total", "emitted_total"):
+        assert sums[column].tolist() == table[column].tolist()
+    # Each round lands in the bucket of the depth it starts at, counted from simulate's own rounds.
+    for c, config in enumerate(configs):
+        expected = {}
+        for prompt, rounds in zip(PROMPTS, simulate(deep_record, config)):
+            for depth, r in zip(round_depths(len(prompt), [x.emitted for x in rounds]), rounds):
+                expected[depth_label(depth)] = expected.get(depth_label(depth), 0) + 1
+        got = by_depth[by_depth["config_id"] == c].set_index("depth_bucket")["rounds"].to_dict()
+        assert got == expected, config.label()
+
+
+def test_depth_prices_charge_deeper_rounds_more(deep_record):
+    configs = policies()
+    flat = dataclasses.replace(DEPTH_COST, by_depth={})
+    priced, deep = simulate_grid(deep_record, configs, flat), simulate_grid(deep_record, configs, DEPTH_COST)
+    assert (deep["predicted_time"] > priced["predicted_time"]).all()  # the deep prompt's rounds cost 2-3x
+    assert "predicted_baseline_time" in deep and "predicted_baseline_time" not in priced
+    # The baseline: every generated token's plain step at its own depth, by hand.
+    steps = DEPTH_COST.at_depths(np.array([len(p) + j for p in PROMPTS for j in range(N)]))[1][:, 0]
+    assert deep["predicted_baseline_time"].iloc[0] == pytest.approx(steps.sum())
+    # One policy walked round by round prices exactly as the grid's walk does.
+    for c, config in enumerate(configs):
+        one, one_by_depth = simulate_priced(deep_record, config, DEPTH_COST)
+        assert one["predicted_time"].iloc[0] == pytest.approx(deep["predicted_time"].iloc[c], rel=1e-12)
+        assert one["rounds"].iloc[0] == deep["rounds"].iloc[c]
+        grid_rows = simulate_grid_by_depth(deep_record, [config], DEPTH_COST)[1]
+        assert one_by_depth["predicted_time"].tolist() == pytest.approx(grid_rows["predicted_time"].tolist())
+
+
+def test_depth_search_takes_each_buckets_best_and_replays_it_exactly(deep_record):
+    from dspark_bench import schedules
+    from dspark_bench.tuning.depth_choice import depth_search
+
+    configs = [DecodeConfig.of(threshold=t, gamma_max=g, max_new_tokens=N, metric=m)
+               for m in ("top1", "margin") for t in (0.1, 0.4, 0.8) for g in (1, 3, G)]
+    configs += [DecodeConfig.of(schedule=schedules.BASELINE, gamma_max=g, min_draft_len=0, max_new_tokens=N)
+                for g in (1, 3, G)]
+    choice = depth_search(deep_record, configs, DEPTH_COST)
+    assert choice is not None and schedules.of(choice.config).by_depth
+    rows = choice.by_depth[choice.by_depth["config_id"] < len(configs)]
+    rows = rows.assign(per_token=rows["predicted_time"] / rows["emitted_total"])
+    metric = choice.config.stopping.metric
+    for pick in choice.per_bucket.itertuples():  # each bucket's choice: its family's cheapest per token there
+        pool = rows[(rows["depth_bucket"] == pick.depth_bucket) & rows["config_id"].map(
+            lambda i: configs[i].stopping.metric == metric or schedules.of(configs[i]).baseline)]
+        assert pick.seconds_per_token == pytest.approx(pool["per_token"].min())
+    entries = schedules.depth_policy(choice.config.stopping.depth_policy)
+    for pick, (threshold, gamma) in zip(choice.per_bucket.itertuples(), entries):
+        stop = configs[pick.config_id].stopping
+        assert (threshold, gamma) == ((0.0 if schedules.of(stop).baseline else stop.threshold), stop.gamma_max)
+    exact, _ = simulate_priced(deep_record, choice.config, DEPTH_COST)
+    assert choice.row["predicted_time"].iloc[0] == exact["predicted_time"].iloc[0]
+    best_single = simulate_grid(deep_record, configs, DEPTH_COST)["predicted_time"].min()
+    # Separable up to the rounds that cross a bucket's edge: the composed policy is about as good or better.
+    assert exact["predicted_time"].iloc[0] <= 1.05 * best_single
+
+
+def test_a_workload_in_one_bucket_gets_no_depth_policy(llama_pair):
+    from dspark_bench.tuning.depth_choice import depth_search
+
+    target, draft = llama_pair
+    rec = record(SimpleNamespace(target=target, draft=draft, eos_ids=frozenset()), [[3, 4, 5]], N, G)
+    assert depth_search(rec, policies(), DEPTH_COST) is None
+
+
+def test_llama_cpp_prices_follow_depth_with_llama_bench_d(monkeypatch):
+    """Each depth's passes come from llama-bench's own -d runs at that depth, scaled like the fitted ones."""
+    from pathlib import Path
+
+    from dspark_bench.engines import llamacpp_prices
+
+    calls = []
+
+    def fake_bench(binary, model, sizes, depth, threads):  # a pass: 1 ms a token plus 1 µs per cached token
+        calls.append((model.name, depth))
+        return {n: [0.001 * n + 1e-6 * depth] * 3 for n in sizes}
+
+    monkeypatch.setattr(llamacpp_prices, "bench", fake_bench)
+    assert llamacpp_prices.deep_enough(120, 4200) == []  # a short workload: one depth, as before
+    depths = llamacpp_prices.deep_enough(1500, 3000)
+    assert depths == [256, 1024, 2048]  # within the servers' context only
+    timed = llamacpp_prices.depth_passes(Path("llama-bench"), Path("t.gguf"), Path("d.gguf"), depths, 2, None, 0.5)
+    assert sorted(calls) == sorted((m, d) for m in ("t.gguf", "d.gguf") for d in depths)
+    assert timed[1024]["t_draft"] == pytest.approx(0.5 * (0.001 + 1e-6 * 1024))
+    # verify(k): target + draft passes over k + 1 tokens, as at the fitted depth
+    assert timed[2048]["t_verify"] == pytest.approx([0.5 * 2 * (0.001 * (k + 1) + 1e-6 * 2048) for k in range(3)])
+
+
+def test_a_sweep_over_long_prompts_proposes_a_depth_policy_and_judges_it(saved_pair, tmp_path):
+    """Prompts past the first depth bucket: our passes timed at depth, each bucket's best composed
+    into a depth policy, replayed, confirmed beside the best single one, and the two paired."""
+    import json
+
+    import pandas as pd
+    from typer.testing import CliRunner
+
+    from dspark_bench.cli import app
+
+    words = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
+    rows = [" ".join(words[(i + k) % len(words)] for k in range(n)) for i, n in enumerate((20, 30, 60, 70))]
+    data = tmp_path / "long.jsonl"
+    data.write_text("".join(json.dumps({"prompt": r, "category": "long"}) + "\n" for r in rows))
+    target, draft = saved_pair
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, ["sweep", "--target", target, "--draft", draft, "--dataset", str(data),
+                                      "--out", str(out), "--max-new-tokens", "16", "--threshold", "0.2",
+                                      "--threshold", "0.6", "--gamma-max", "2", "--gamma-max", "4",
+                                      "--confirm-top", "1"])
+    assert result.exit_code == 0, result.output
+    assert "our passes are timed at depths 256, 1,024, 2,048, 4,096" in result.output
+    (folder,) = [p for p in out.iterdir() if p.name != "records"]
+    prices = json.loads((folder / "prices.json").read_text())["batch_sizes"]["1"]
+    assert set(prices["by_depth"]) == {"256"}  # the deepest sequence is under 1,024 tokens: timed where it reaches
+    table = pd.read_parquet(folder / "trials.parquet")
+    depth = table[table["schedule"] == "depth"]
+    assert len(depth) == 1 and depth["source"].iloc[0] == "confirmed"
+    summary = json.loads((folder / "summary.json").read_text())
+    by_depth = summary["depth_search"]
+    assert by_depth["buckets"] == ["0-256", "256-1k"]
+    assert [b["depth_bucket"] for b in by_depth["per_bucket_best"]] == by_depth["buckets"]
+    assert by_depth["depth_policy"]["config_label"] == depth["config_label"].iloc[0]
+    verdict = summary["depth_verdict"]
+    assert verdict["candidate"] == depth["config_label"].iloc[0] and "sentence" in verdict
+    assert set(pd.read_parquet(folder / "depth.parquet")["depth_bucket"]) == {"0-256", "256-1k"}
+    said = " ".join(result.output.split())
+    assert "by context depth: each bucket's best policy" in said
+    assert f"depth policy vs best single policy, paired on the same prompts: {verdict['sentence']}" in said
+
+
+def test_loss_by_depth_averages_each_buckets_positions(llama_pair):
+    """The long pair's report: mean next-token loss over each bucket's positions, and agreement the
+    share of positions where the draft's top-1 is the target's (a model agrees with itself: 1)."""
+    import torch
+
+    from dspark_bench.reference.long import loss_by_depth
+
+    target, draft = llama_pair
+    windows = np.random.default_rng(0).integers(1, 100, size=(2, 301))
+    got = loss_by_depth(target, windows, draft=target, edges=(0, 100, 300))
+    assert list(got["loss"]) == ["0-100", "100-300"] and set(got["agreement_top1"].values()) == {1.0}
+    with torch.inference_mode():
+        ids = torch.from_numpy(windows)
+        losses = torch.nn.functional.cross_entropy(target(ids[:, :300]).logits.transpose(1, 2).float(), ids[:, 1:],
+                                                   reduction="none")
+    assert got["loss"]["0-100"] == pytest.approx(float(losses[:, :100].mean()), abs=1e-4)
+    assert got["loss"]["100-300"] == pytest.approx(float(losses[:, 100:].mean()), abs=1e-4)
+    assert "agreement_top1" not in loss_by_depth(draft, windows, edges=(0, 100, 300))
+
+
+def test_a_prompt_past_the_targets_trained_context_is_said_in_one_line(llama_pair, monkeypatch):
+    import dspark_bench.prompts as prompts_module
+    from dspark_bench.harness.models import context_warning
+    from dspark_bench.prompts import Prompt
+
+    target, _ = llama_pair
+    pair = SimpleNamespace(target=target, tokenizer=None)
+    trained = target.config.max_position_embeddings
+    monkeypatch.setattr(prompts_module, "encode", lambda tokenizer, text, template="auto": list(range(len(text))))
+    assert context_warning(pair, [Prompt("a", "x" * 10)], 8) is None
+    said = context_warning(pair, [Prompt("a", "x" * 10), Prompt("b", "x" * trained)], 8)
+    assert said == (f"note: the longest prompt is {trained:,} tokens; with 8 new ones it runs past the target's "
+                    f"trained context of {trained:,} tokens (a long task's pair: `dspark-bench models build --long`)")
