@@ -172,16 +172,16 @@ def test_llama_cpp_prices_follow_depth_with_llama_bench_d(monkeypatch):
     assert timed[2048]["t_verify"] == pytest.approx([0.5 * 2 * (0.001 * (k + 1) + 1e-6 * 2048) for k in range(3)])
 
 
-def test_a_sweep_over_long_prompts_proposes_a_depth_policy_and_judges_it(saved_pair, tmp_path):
-    """Prompts past the first depth bucket: our passes timed at depth, each bucket's best composed
-    into a depth policy, replayed, confirmed beside the best single one, and the two paired."""
+@pytest.fixture(scope="module")
+def long_sweep(saved_pair, tmp_path_factory):
+    """A replay sweep over prompts past the first depth bucket: its folder and what it printed."""
     import json
 
-    import pandas as pd
     from typer.testing import CliRunner
 
     from dspark_bench.cli import app
 
+    tmp_path = tmp_path_factory.mktemp("long_sweep")
     words = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
     rows = [" ".join(words[(i + k) % len(words)] for k in range(n)) for i, n in enumerate((20, 30, 60, 70))]
     data = tmp_path / "long.jsonl"
@@ -193,8 +193,19 @@ def test_a_sweep_over_long_prompts_proposes_a_depth_policy_and_judges_it(saved_p
                                       "--threshold", "0.6", "--gamma-max", "2", "--gamma-max", "4",
                                       "--confirm-top", "1"])
     assert result.exit_code == 0, result.output
-    assert "our passes are timed at depths 256, 1,024, 2,048, 4,096" in result.output
     (folder,) = [p for p in out.iterdir() if p.name != "records"]
+    return folder, result.output
+
+
+def test_a_sweep_over_long_prompts_proposes_a_depth_policy_and_judges_it(long_sweep):
+    """Prompts past the first depth bucket: our passes timed at depth, each bucket's best composed
+    into a depth policy, replayed, confirmed beside the best single one, and the two paired."""
+    import json
+
+    import pandas as pd
+
+    folder, output = long_sweep
+    assert "our passes are timed at depths 256, 1,024, 2,048, 4,096" in output
     prices = json.loads((folder / "prices.json").read_text())["batch_sizes"]["1"]
     assert set(prices["by_depth"]) == {"256"}  # the deepest sequence is under 1,024 tokens: timed where it reaches
     table = pd.read_parquet(folder / "trials.parquet")
@@ -208,9 +219,102 @@ def test_a_sweep_over_long_prompts_proposes_a_depth_policy_and_judges_it(saved_p
     verdict = summary["depth_verdict"]
     assert verdict["candidate"] == depth["config_label"].iloc[0] and "sentence" in verdict
     assert set(pd.read_parquet(folder / "depth.parquet")["depth_bucket"]) == {"0-256", "256-1k"}
-    said = " ".join(result.output.split())
+    said = " ".join(output.split())
     assert "by context depth: each bucket's best policy" in said
     assert f"depth policy vs best single policy, paired on the same prompts: {verdict['sentence']}" in said
+
+
+def test_the_report_of_a_depth_search_says_each_buckets_best_and_draws_it(long_sweep, tmp_path):
+    """report: figure 14 and the sweep's "By depth" words, each bucket's best as summary.json says."""
+    import json
+
+    from dspark_bench.reporting.report import build_report, figures_written
+
+    folder, _ = long_sweep
+    summary = json.loads((folder / "summary.json").read_text())
+    search, verdict = summary["depth_search"], summary["depth_verdict"]
+    report = build_report(folder, out=tmp_path)
+    assert "plots/depth.png" in figures_written(report) and (tmp_path / "plots" / "depth.png").stat().st_size > 0
+    text = " ".join(report.read_text().split())
+    assert "### By depth" in text and "by context depth: skipped" not in text
+    single = {b["depth_bucket"]: b["predicted_speedup"] for b in search["best_single"]["buckets"]}
+    for best in search["per_bucket_best"]:
+        assert (f"| {best['depth_bucket']} | {best['config_label']} | {best['threshold']:.2f} | {best['gamma_max']} | "
+                f"{best['predicted_speedup']:.3f} | {single[best['depth_bucket']]:.3f} |") in text
+    assert f"Depth policy vs best single policy, paired on the same prompts: {verdict['sentence']}." in text
+    assert f"into the depth policy {search['depth_policy']['config_label']}: predicted" in text
+
+
+def test_the_depth_figure_draws_the_summarys_numbers_and_the_measured_speedups(long_sweep):
+    """Figure 14's lines are summary.json's per-bucket numbers; its measured points are each prompt
+    length bucket's sample_speedup of the policy's timed samples (the depth policy's shared with
+    the policy that did the same work)."""
+    import json
+
+    import pandas as pd
+
+    from dspark_bench.metrics import sample_speedup
+    from dspark_bench.reporting import plots
+    from dspark_bench.reporting.depths import depth_search_rows
+    from dspark_bench.reporting.plots.depth import ROLES
+    from dspark_bench.reporting.report_inputs import load_inputs
+
+    folder, _ = long_sweep
+    search = json.loads((folder / "summary.json").read_text())["depth_search"]
+    fig = plots.depth_axis(depth_search_rows(load_inputs(folder)))
+    accept, gamma, threshold, speed = fig.axes[:4]
+    assert [t.get_text() for t in speed.get_xticklabels()] == search["buckets"]
+
+    def drawn(ax, role):  # a role's line with markers (the depth policy's band has none, a measured point no line)
+        (line,) = [x for x in ax.lines if x.get_color() == ROLES[role] and x.get_marker() not in ("None", "")
+                   and x.get_linestyle() != "None"]
+        return list(line.get_xdata()), list(line.get_ydata())
+
+    for key, role in (("depth_policy", "depth policy"), ("best_single", "best single policy"),
+                      ("best_fixed", "best fixed γ")):
+        buckets = search[key]["buckets"]
+        xs = [search["buckets"].index(b["depth_bucket"]) for b in buckets]
+        assert drawn(accept, role) == (xs, pytest.approx([b["acceptance_rate"] for b in buckets]))
+        assert drawn(speed, role) == (xs, pytest.approx([b["predicted_speedup"] for b in buckets]))
+    chosen = search["per_bucket_best"]
+    assert drawn(gamma, "depth policy")[1] == [b["gamma_max"] for b in chosen]
+    assert drawn(threshold, "depth policy")[1] == pytest.approx([b["threshold"] for b in chosen])
+
+    trials, samples = pd.read_parquet(folder / "trials.parquet"), pd.read_parquet(folder / "samples.parquet")
+    shared = dict(zip(trials["config_label"], trials["same_as"].fillna(trials["config_label"])))
+    points = {c.lines[0].get_color(): list(c.lines[0].get_ydata()) for c in speed.containers}
+    for key, role in (("depth_policy", "depth policy"), ("best_single", "best single policy")):
+        mine = samples[samples["config_label"] == shared[search[key]["config_label"]]]
+        bucket = ["0-256" if n < 256 else "256-1k" for n in mine["prompt_tokens"]]
+        expected = [sample_speedup(group)[0] for _, group in mine.groupby(bucket, sort=True)]
+        assert len(expected) == 2 and points[ROLES[role]] == pytest.approx(expected)
+    assert ROLES["best fixed γ"] not in points  # measured: the two the sweep pairs
+
+
+def test_the_depth_figure_orders_buckets_and_styles_each_task():
+    """Rows in any order: every line runs shallowest bucket first, on DEPTH_LABELS' order; two
+    tasks get a line style each and a legend entry each."""
+    import pandas as pd
+
+    from dspark_bench.reporting import plots
+    from dspark_bench.reporting.plots.depth import ROLES
+
+    buckets = ["2k-4k", "0-256", "1k-2k"]  # 256-1k: no rounds there
+    rows = pd.DataFrame(
+        [{"task": task, "role": role, "source": "replay", "config_label": role, "depth_bucket": b,
+          "acceptance_rate": 0.1 * i + t, "predicted_speedup": 1.0 + i, "gamma_max": None, "threshold": None}
+         for t, task in enumerate(("code", "prose")) for role in ROLES for i, b in enumerate(buckets)]
+        + [{"task": "code", "role": "each bucket's best", "source": "replay", "config_label": "x", "depth_bucket": b,
+            "gamma_max": g, "threshold": 0.5} for b, g in zip(buckets, (2, 6, 4))])
+    fig = plots.depth_axis(rows)
+    accept, gamma = fig.axes[:2]
+    assert [t.get_text() for t in accept.get_xticklabels()] == ["0-256", "1k-2k", "2k-4k"]
+    (chosen,) = gamma.lines
+    xs = list(chosen.get_xdata())  # nudged a little: the tasks side by side
+    assert [round(x) for x in xs] == [0, 1, 2] and list(chosen.get_ydata()) == [6, 4, 2]
+    styles = {line.get_linestyle() for line in accept.lines if line.get_color() == ROLES["best fixed γ"]}
+    assert styles == {"-", "--"}
+    assert {"code", "prose"} <= {t.get_text() for t in fig.legends[0].get_texts()}
 
 
 def test_loss_by_depth_averages_each_buckets_positions(llama_pair):
@@ -246,3 +350,15 @@ def test_a_prompt_past_the_targets_trained_context_is_said_in_one_line(llama_pai
     said = context_warning(pair, [Prompt("a", "x" * 10), Prompt("b", "x" * trained)], 8)
     assert said == (f"note: the longest prompt is {trained:,} tokens; with 8 new ones it runs past the target's "
                     f"trained context of {trained:,} tokens (a long task's pair: `dspark-bench models build --long`)")
+
+
+def test_a_sweep_over_the_depth_schedule_says_it_is_composed_not_searched(saved_pair, prompts_file, tmp_path):
+    from typer.testing import CliRunner
+
+    from dspark_bench.cli import app
+
+    target, draft = saved_pair
+    result = CliRunner().invoke(app, ["sweep", "--target", target, "--draft", draft, "--dataset", str(prompts_file),
+                                      "--out", str(tmp_path), "--schedule", "depth"])
+    assert result.exit_code == 1 and "the depth schedule is not searched: a replay sweep composes" in result.output
+    assert list(tmp_path.iterdir()) == []  # refused before anything is written

@@ -289,8 +289,8 @@ def print_depth_search(summary: dict) -> None:
     print_small_table("by context depth: each bucket's best policy (replayed, its rounds there priced at their depth)",
                       ("depth", "best policy there", "predicted"), rows, left=("depth", "best policy there"))
     verdict = summary.get("depth_verdict")
-    said = verdict["sentence"] if verdict else (f"{search['depth_policy']['config_label']} was not timed "
-                                                "(--confirm-top 0): replay's answer alone")
+    said = verdict["sentence"] if verdict else (f"{search['depth_policy']['config_label']}: no paired verdict "
+                                                "(nothing timed with --confirm-top 0: replay's answer alone)")
     out_console.print(f"depth policy vs best single policy, paired on the same prompts: {said}", style="bold",
                       highlight=False, soft_wrap=True)
 

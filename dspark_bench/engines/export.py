@@ -16,9 +16,8 @@ Each file is written for a named engine version (versions.py; files.py writes th
 Where the engine cannot express the tuned policy, the export takes the nearest policy it can:
 the best of every policy the engine expresses, replayed on the run's own record with its own
 cost model (or surface, per batch size). Both predicted speedups are reported side by side:
-what deploying on that engine costs. No engine keys its policy by the context's depth: a depth
-policy's nearest is the threshold policy of the depth bucket holding most of its rounds on the
-record (`stand_in`), itself where the engine runs it, else the nearest to it as above.
+what deploying on that engine costs. No engine keys its policy by depth: a depth policy's is its
+busiest depth bucket's threshold policy where the engine runs that (`stand_in`), else as above.
 """
 
 from __future__ import annotations
@@ -35,7 +34,7 @@ from dspark_bench.config import FIELDS, LEARNED, DecodeConfig, expand, from_dict
 from dspark_bench.decoding import learned_signal
 from dspark_bench.decoding.learned_signal import FILE as LEARNED_FILE
 from dspark_bench.decoding.schedule import bucket_policies, expressible
-from dspark_bench.depth import DEPTH_LABELS, depth_bucket, round_depths
+from dspark_bench.depth import DEPTH_LABELS
 from dspark_bench.engines.files import FILES, NOTES, llamacpp_flags, parse, render  # noqa: F401 (the API)
 from dspark_bench.engines.versions import version_for
 from dspark_bench.errors import DsparkError
@@ -46,7 +45,7 @@ from dspark_bench.replay.batched import predict_batched
 from dspark_bench.replay.cost import CostModel, CostSurface
 from dspark_bench.replay.learned import with_learned
 from dspark_bench.replay.record import resolve_record
-from dspark_bench.replay.simulate import simulate, simulate_grid, simulate_priced
+from dspark_bench.replay.simulate import simulate_grid, simulate_priced
 from dspark_bench.results import evaluation_of, read_json, write_text
 
 FORMATS = ("hf", "vllm", "sglang", "trtllm", "llamacpp")
@@ -166,8 +165,8 @@ def replayed(run: RunPolicies, configs: list[DecodeConfig], prices: CostModel | 
     if any(walked):  # a depth policy: walked alone (a grid walks one threshold per draft position), at batch size 1
         cost = prices or (CostSurface.from_dict({k: v for k, v in run.cost.items() if k != "kind"}).at(1)
                           if run.cost["kind"] == "cost_surface.json" else CostModel.from_dict(run.cost))
-        rest = iter(replayed(run, [c for c, alone in zip(configs, walked) if not alone], prices)
-                    if not all(walked) else ())
+        rest = iter(replayed(run, [c for c, alone in zip(configs, walked) if not alone], prices) if not all(walked)
+                    else ())
         return np.array([simulate_priced(rec, c, cost)[0]["predicted_speedup"].iloc[0] if alone else next(rest)
                          for c, alone in zip(configs, walked)])
     if prices is not None:
@@ -272,10 +271,9 @@ def choose(run: RunPolicies, fmt: str) -> list[Choice]:
 
 
 def nearest_pool(run: RunPolicies, fmt: str, tuned: DecodeConfig, reasons: list[str]):
-    """The policies the nearest expressible one is chosen from (the best of them by replay), and
-    why `fmt` cannot run `tuned`: every policy the engine expresses; for a depth policy, which no
-    engine keys by depth, its busiest bucket's policy (`stand_in`) alone where the engine runs it,
-    with the words that name it."""
+    """What the nearest expressible policy is the best of by replay, and why `fmt` cannot run `tuned`:
+    every policy the engine expresses; for a depth policy, its busiest bucket's (`stand_in`) alone
+    where the engine runs that, named."""
     pool = candidates(fmt, tuned, list(range(1, run.depth + 1)))
     if not schedules.of(tuned).by_depth:
         return pool, reasons
@@ -288,18 +286,13 @@ def nearest_pool(run: RunPolicies, fmt: str, tuned: DecodeConfig, reasons: list[
 
 
 def stand_in(run: RunPolicies, tuned: DecodeConfig) -> tuple[DecodeConfig, str, float]:
-    """What stands in for a depth policy where one policy runs at every depth: the threshold policy of
-    the depth bucket holding most of its rounds on the run's record (where a single policy's choice
-    weighs most in the time; the deepest bucket's would serve only the few longest contexts), its
-    bucket's name and that share of the rounds."""
-    rec = run.rec
-    counts = np.zeros(len(DEPTH_LABELS), dtype=np.int64)
-    walked = simulate(rec, tuned.replace(max_new_tokens=rec.max_new_tokens))
-    for prompt_tokens, rounds in zip(rec.info["prompt_tokens"], walked):
-        counts += np.bincount(depth_bucket(round_depths(prompt_tokens, [r.emitted for r in rounds])),
-                              minlength=len(DEPTH_LABELS))
-    bucket = int(np.argmax(counts))
-    return bucket_policies(tuned)[bucket], DEPTH_LABELS[bucket], float(counts[bucket] / counts.sum())
+    """A depth policy's stand-in where one policy runs at every depth: the threshold policy of the
+    bucket holding most of its rounds on the record (where one policy's choice weighs most in the
+    time; the deepest bucket's would serve only the few longest contexts), its name and that share."""
+    buckets = simulate_priced(run.rec, tuned.replace(max_new_tokens=run.rec.max_new_tokens))[1]  # rounds per bucket
+    busiest = buckets.loc[buckets["rounds"].idxmax()]
+    near = bucket_policies(tuned)[DEPTH_LABELS.index(busiest["depth_bucket"])]
+    return near, busiest["depth_bucket"], float(busiest["rounds"] / buckets["rounds"].sum())
 
 
 def priced_choice(run: RunPolicies, fmt: str, engine) -> Choice:

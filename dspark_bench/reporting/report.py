@@ -25,6 +25,7 @@ from dspark_bench.errors import DsparkError, first_line
 from dspark_bench.objectives import OBJECTIVES
 from dspark_bench.reporting import plots
 from dspark_bench.reporting.batch_sizes import batch_blocks, batch_rows
+from dspark_bench.reporting.depths import depth_figure
 from dspark_bench.reporting.reliability import acceptance_fit, fit_table, reliability_data, signals_table
 from dspark_bench.reporting.report_inputs import (
     Inputs,
@@ -39,6 +40,8 @@ from dspark_bench.reporting.temperatures import temperature_figure
 from dspark_bench.reporting.text import summary_blocks, to_html, to_markdown
 from dspark_bench.results import check_writable, describe_machine, evaluation_of, provenance, write_bytes, write_text
 
+# Long: every figure's data checks and caption, in the report's order, beside the one writer (the
+# temperature and depth views build theirs in their own modules).
 FORMATS = ("png", "svg")
 GROUPINGS = ("category", "task", "run")
 
@@ -87,6 +90,7 @@ def make_figures(inputs: Inputs, by: str | None = None) -> list[FigureItem]:
     _attempt(items, "engine_costs", "12. What a round costs in each engine", lambda: _engine_costs(inputs))
     _attempt(items, "temperatures", "13. The best policy against the traffic's temperature",
              lambda: temperature_figure(inputs))
+    _attempt(items, "depth", "14. Acceptance, best policy and speedup by context depth", lambda: depth_figure(inputs))
     return items
 
 

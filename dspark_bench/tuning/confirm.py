@@ -36,19 +36,18 @@ def chosen_kinds(ranked: pd.DataFrame, top: int) -> list[pd.DataFrame]:
     """What `confirm` times of one batch size's and drafter's policies, ranked best first: `top`
     policies in all (`--confirm-top`) — the best, then the best of each kind the headroom compares
     that is not yet among them (a per-row rule on the learned signal, each cost-aware schedule), then the next best —
-    the depth policy where there is one, and the best fixed γ beside them: the reference every
+    and beside them the depth policy where there is one and the best fixed γ: the reference every
     verdict is paired against."""
     baseline = schedules.where(ranked, baseline=True)
-    scheduled = ranked[~baseline]
+    # The depth policy, where a sweep composed one, is timed beside the `top` single policies (its
+    # verdict is against the best of them: tuning/depth_choice.py), whatever --confirm-top leaves out.
+    depth = ranked[schedules.where(ranked, by_depth=True)].head(1)
+    scheduled = ranked[~baseline & ~schedules.where(ranked, by_depth=True)]
     per_row = scheduled[~schedules.where(scheduled, cost_aware=True)]
     kinds = [per_row[per_row["metric"] == LEARNED],  # a stopping rule on the learned signal
              *(scheduled[scheduled["schedule"] == name] for name in schedules.names(cost_aware=True))]
     leaders = pd.concat([scheduled.head(1), *(kind.head(1) for kind in kinds), scheduled])
-    # The depth policy, where a sweep composed one, is timed beside them: its verdict is against the
-    # best single policy (tuning/depth_choice.py), whatever --confirm-top leaves out.
-    chosen = leaders.drop_duplicates("config_id").head(top)
-    depth = scheduled[schedules.where(scheduled, by_depth=True)].head(1)
-    return [chosen, depth[~depth["config_id"].isin(chosen["config_id"])], ranked[baseline].head(1)]
+    return [leaders.drop_duplicates("config_id").head(top), depth, ranked[baseline].head(1)]
 
 
 def work_of(config: DecodeConfig, records: dict) -> tuple:

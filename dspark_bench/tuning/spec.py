@@ -296,7 +296,13 @@ def base_config(spec: SweepSpec, task_tokens: int | None) -> DecodeConfig:
 
 
 def points(spec: SweepSpec, base: DecodeConfig | None = None) -> list[DecodeConfig]:
-    """Every valid configuration of the space (config.expand; invalid combinations are never run)."""
+    """Every valid configuration of the space (config.expand; invalid combinations are never run).
+    A depth policy is not searched: a replay sweep composes one (tuning/depth_choice.py)."""
+    composed = [name for name in spec.space.get("schedule", ()) if schedules.named(name).by_depth]
+    if composed:
+        raise DsparkError(f"the {composed[0]} schedule is not searched: a replay sweep composes a depth policy from "
+                          "each depth bucket's best where its rounds span buckets (docs/depth.md); time one with "
+                          "`dspark-bench run --schedule depth --depth-policy ...`")
     return expand(spec.space, base or DecodeConfig.of(max_new_tokens=spec.tokens(None), topk=spec.topk), strict=False)
 
 

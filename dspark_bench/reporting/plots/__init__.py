@@ -9,8 +9,8 @@ or simulated policy (`results.load`), `samples` = one row per prompt × configur
 the per-round trace.
 
 By module: what every figure shares (`base`), figures over policies (`policies`), over samples
-and rounds (`samples`), of searches and calibration (`study`), against batch size (`batch`), and
-each decoder's step costs (`prices`).
+and rounds (`samples`), of searches and calibration (`study`), against batch size (`batch`),
+against context depth (`depth`), and each decoder's step costs (`prices`).
 """
 
 # A record's drafted tokens with their verdicts: the acceptance fit's own extraction.
@@ -25,6 +25,7 @@ from dspark_bench.reporting.plots.base import (
                                      short_run,
 )
 from dspark_bench.reporting.plots.batch import batch_sizes, paired_ratios, signal_headroom
+from dspark_bench.reporting.plots.depth import depth_axis
 from dspark_bench.reporting.plots.policies import heatmap_value, speedup_heatmap, temperature_axis, threshold_curves
 from dspark_bench.reporting.plots.prices import verify_curves
 from dspark_bench.reporting.plots.samples import (
@@ -47,7 +48,8 @@ from dspark_bench.reporting.plots.study import (
 
 __all__ = [
     "COLORS", "CURVE_METRICS", "THRESHOLD_SCHEDULES", "batch_sizes", "best_row", "complete",
-    "confidences_from_record", "confidences_from_rounds", "domain_threshold_curves", "draft_lengths_from_positions",
+    "confidences_from_record", "confidences_from_rounds", "depth_axis", "domain_threshold_curves",
+    "draft_lengths_from_positions",
     "heatmap_value",
     "names_of", "optimization_history", "paired_ratios", "param_importances", "pareto_front", "position_acceptance",
     "reliability", "reliability_table", "roc_auc",
