@@ -6,8 +6,9 @@ a long-prompt task:
 1. Held-out loss and draft/target top-1 agreement per depth bucket, the long pair beside the
    256-token pair on the same held-out windows (measured at export: weights/long/reference.json).
 2. Our passes by depth: one draft step and verify(k) at 256, 1,024, 2,048 and 4,096 tokens of the
-   task's longest prompt and its continuation (replay/cost.py measure_depths: interleaved over k,
-   medians), and the target's one-token pass over the draft step: the cost ratio by depth.
+   task's prompts and their continuations, longest first (replay_sweep.timing_sequence, as a sweep
+   times them; replay/cost.py measure_depths: interleaved over k, medians), and the target's
+   one-token pass over the draft step: the cost ratio by depth.
 3. Replay at depth equals the real decoder: every round of `simulate` against `speculative_decode`
    (drafted, accepted, emitted, stop reason, draft tokens, target token, draft forwards) for the
    policies below on every prompt; and each prompt's greedy output against the target's own.
@@ -15,7 +16,7 @@ a long-prompt task:
    decoding on every prompt (harness.runner: interleaved pairs), replay's prediction for the same
    prompts priced at each round's depth; the median |error| over (policy, bucket).
 
-    python benchmarks/depth.py [--task long-code] [--limit 12] [--max-new-tokens 64]
+    python benchmarks/depth.py [--task long-code] [--limit 12] [--max-new-tokens 64] [--steps 1234]
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from dspark_bench.replay.cost import measure_cost, measure_depths
 from dspark_bench.replay.sampled import rows_of
 from dspark_bench.replay.simulate import record, simulate, simulate_grid
 from dspark_bench.tasks import load_task
+from dspark_bench.tuning.replay_sweep import timing_sequence
 
 GAMMA = 8
 
@@ -123,20 +125,24 @@ def speedups(pair, task_prompts, prompts, rec, cost, configs: list[DecodeConfig]
 
 
 def main() -> None:
-    args = common.parser(__doc__, task="long-code", limit=12, max_new_tokens=64).parse_args()
+    parser = common.parser(__doc__, task="long-code", limit=12, max_new_tokens=64)
+    parser.add_argument("--steps", default="1234", help="which of the numbered measurements to take (default all)")
+    args = parser.parse_args()
     tokens = args.max_new_tokens
     pair = load_pair(None, None, pair="long")
     task_prompts = load_task(args.task, args.limit)
     prompts = [encode(pair.tokenizer, p.text) for p in task_prompts]
     print(f"{pair.target_name} / {pair.draft_name} on {pair.device}; {len(prompts)} {args.task} prompts of "
           f"{min(map(len, prompts)):,}-{max(map(len, prompts)):,} tokens × {tokens} new tokens")
-    losses()
+    if "1" in args.steps:
+        losses()
     rec = record(pair, prompts, tokens, GAMMA, topk=5, eos_ids=pair.eos_ids)
-    longest = int(np.argmax([len(p) for p in prompts]))
-    cost = costs(pair, prompts[longest] + rec.continuation[longest, : int(rec.lengths[longest])].tolist())
+    cost = costs(pair, timing_sequence(rec, prompts, PRICED_DEPTHS[-1]))  # step 4 prices with it
     configs = policies(tokens)
-    equality(pair, prompts, rec, configs, tokens)
-    speedups(pair, task_prompts, prompts, rec, cost, configs)
+    if "3" in args.steps:
+        equality(pair, prompts, rec, configs, tokens)
+    if "4" in args.steps:
+        speedups(pair, task_prompts, prompts, rec, cost, configs)
 
 
 if __name__ == "__main__":

@@ -51,6 +51,15 @@ MIN_BUCKET_SHARE = 0.1  # a bucket with fewer of a workload's rounds is too few 
 PRICED_DEPTHS = (256, 1024, 2048, 4096)
 
 
+def priced_depths(deepest: int, trained: int | None = None) -> tuple[int, ...]:
+    """The PRICED_DEPTHS a workload whose rounds reach `deepest` tokens is timed at: up to the first
+    at or past it (a round is priced between two timed depths, not beyond the last), none past the
+    model's `trained` context unless the workload itself goes there."""
+    reach = next((d for d in PRICED_DEPTHS if d >= deepest), PRICED_DEPTHS[-1])
+    limit = max(trained or reach, deepest)
+    return tuple(d for d in PRICED_DEPTHS if d <= reach and d <= limit)
+
+
 def spans_depth(depths, share: float = MIN_BUCKET_SHARE) -> bool:
     """Whether rounds at these depths fill more than one bucket, each of at least `share` of them:
     only then is a per-depth answer worth giving (a short-prompt workload's rounds sit in the first

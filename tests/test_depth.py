@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from dspark_bench.config import DecodeConfig
-from dspark_bench.depth import DEPTH_LABELS, depth_bucket, depth_label, round_depths, spans_depth
+from dspark_bench.depth import DEPTH_LABELS, depth_bucket, depth_label, priced_depths, round_depths, spans_depth
 from dspark_bench.errors import DsparkError
 from dspark_bench.replay import cost_file
 from dspark_bench.replay.cost import CostModel
@@ -26,6 +26,8 @@ def test_buckets_and_labels():
     assert list(depth_bucket([0, 255, 256, 1023, 1024, 4095, 4096, 10**6])) == [0, 0, 1, 1, 2, 3, 4, 4]
     assert depth_label(1500) == "1k-2k"
     assert list(round_depths(100, [3, 1, 5])) == [100, 103, 104]
+    assert priced_depths(3853, 4096) == (256, 1024, 2048, 4096) and priced_depths(900, 4096) == (256, 1024)
+    assert priced_depths(377, 512) == (256,) and priced_depths(5000, 4096) == (256, 1024, 2048, 4096)
     assert spans_depth([10, 300]) and not spans_depth([10, 200]) and not spans_depth([10] * 19 + [300])
 
 
@@ -205,9 +207,10 @@ def test_a_sweep_over_long_prompts_proposes_a_depth_policy_and_judges_it(long_sw
     import pandas as pd
 
     folder, output = long_sweep
-    assert "our passes are timed at depths 256, 1,024, 2,048, 4,096" in output
+    # Rounds reach 377 tokens; the tiny target reads 512: timed at 256 alone (none past what it reads).
+    assert "our passes are timed at depths 256 and each round is priced at its own depth" in " ".join(output.split())
     prices = json.loads((folder / "prices.json").read_text())["batch_sizes"]["1"]
-    assert set(prices["by_depth"]) == {"256"}  # the deepest sequence is under 1,024 tokens: timed where it reaches
+    assert set(prices["by_depth"]) == {"256"}
     table = pd.read_parquet(folder / "trials.parquet")
     depth = table[table["schedule"] == "depth"]
     assert len(depth) == 1 and depth["source"].iloc[0] == "confirmed"
@@ -362,3 +365,37 @@ def test_a_sweep_over_the_depth_schedule_says_it_is_composed_not_searched(saved_
                                       "--out", str(tmp_path), "--schedule", "depth"])
     assert result.exit_code == 1 and "the depth schedule is not searched: a replay sweep composes" in result.output
     assert list(tmp_path.iterdir()) == []  # refused before anything is written
+
+
+def test_a_grid_with_depth_policies_walks_them_one_at_a_time_in_their_places(deep_record):
+    from dspark_bench import schedules
+
+    depth = DecodeConfig.of(schedule=schedules.DEPTH, depth_policy="0.3/2,0.0/5", max_new_tokens=N)
+    configs = [policies()[0], depth, policies()[3]]
+    table, by_depth = simulate_grid_by_depth(deep_record, configs, DEPTH_COST)
+    assert table["config_id"].tolist() == [0, 1, 2] and table["config_label"].tolist() == [c.label() for c in configs]
+    alone, alone_by_depth = simulate_priced(deep_record, depth, DEPTH_COST)
+    assert table.iloc[1]["predicted_time"] == alone["predicted_time"].iloc[0]
+    assert by_depth[by_depth["config_id"] == 1]["rounds"].tolist() == alone_by_depth["rounds"].tolist()
+    plain = simulate_grid(deep_record, [configs[0], configs[2]], DEPTH_COST)
+    assert table.iloc[[0, 2]]["predicted_time"].tolist() == plain["predicted_time"].tolist()
+
+
+def test_long_prompts_prefills_are_priced_on_both_sides(deep_record):
+    """A measured speedup includes each side's prefill; with the depth axis timing them, replay does too."""
+    entry = {d: {**e, "t_prefill_target": 1e-4 * (1 + d / 1024), "t_prefill_draft": 1e-5}
+             for d, e in DEPTH_COST.by_depth.items()}
+    cost = dataclasses.replace(DEPTH_COST, by_depth=entry)
+    target, draft = cost.prefills([256, 640, 1024])
+    assert target.tolist() == pytest.approx([256 * 1.25e-4, 640 * 1.625e-4, 1024 * 2e-4])
+    assert draft.tolist() == pytest.approx([256e-5, 640e-5, 1024e-5])
+    configs = policies()
+    without, with_prefill = simulate_grid(deep_record, configs, DEPTH_COST), simulate_grid(deep_record, configs, cost)
+    prompt_target, prompt_draft = cost.prefills([len(p) for p in PROMPTS])
+    assert (with_prefill["predicted_baseline_time"] - without["predicted_baseline_time"]).tolist() == pytest.approx(
+        [prompt_target.sum()] * len(configs))
+    assert (with_prefill["predicted_time"] - without["predicted_time"]).tolist() == pytest.approx(
+        [prompt_target.sum() + prompt_draft.sum()] * len(configs))
+    _, by_depth = simulate_grid_by_depth(deep_record, configs, cost)
+    assert by_depth.groupby("config_id")["predicted_time"].sum().tolist() == pytest.approx(
+        with_prefill["predicted_time"].tolist())

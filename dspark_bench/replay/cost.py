@@ -105,11 +105,25 @@ class CostModel:
         verify = np.array([e["t_verify"][: len(extra)] for _, e in timed])
         if len(at) == 1:
             return np.full(depths.shape, draft[0]), np.broadcast_to(verify[0] + extra, (*depths.shape, len(extra)))
-        hi = np.clip(np.searchsorted(at, depths), 1, len(at) - 1)
-        lo = hi - 1
-        w = np.maximum((depths - at[lo]) / (at[hi] - at[lo]), 0.0)[..., None]
+        lo, hi, w = _between(at, depths)
+        w = w[..., None]
         return ((1 - w[..., 0]) * draft[lo] + w[..., 0] * draft[hi],
                 (1 - w) * verify[lo] + w * verify[hi] + extra)
+
+    def prefills(self, prompt_tokens) -> tuple[np.ndarray, np.ndarray]:
+        """(target, draft) seconds of each prompt's prefill, where the depth axis timed them: n tokens
+        at the per-token cost of a prefill that long (interpolated as `at_depths`); zeros otherwise.
+        A measured speedup includes both sides' prefills, which a long prompt makes a large share."""
+        n = np.asarray(prompt_tokens, dtype=np.float64)
+        timed = sorted((d, e) for d, e in self.by_depth.items() if "t_prefill_target" in e)
+        if not timed:
+            return np.zeros(n.shape), np.zeros(n.shape)
+        at = np.array([d for d, _ in timed], dtype=np.float64)
+        per_token = {role: np.array([e[f"t_prefill_{role}"] for _, e in timed]) for role in ("target", "draft")}
+        if len(at) == 1:
+            return n * per_token["target"][0], n * per_token["draft"][0]
+        lo, hi, w = _between(at, n)
+        return tuple(n * ((1 - w) * per_token[role][lo] + w * per_token[role][hi]) for role in ("target", "draft"))
 
     @property
     def plain_step(self) -> float:
@@ -143,14 +157,24 @@ class CostModel:
         return tokens * self.plain_step / predicted_time
 
 
+def _between(at: np.ndarray, depths: np.ndarray):
+    """(lower index, upper index, weight) of each depth between timed depths `at` (sorted, ≥ 2):
+    flat below the first, extrapolated along the last two beyond the last."""
+    hi = np.clip(np.searchsorted(at, depths), 1, len(at) - 1)
+    lo = hi - 1
+    return lo, hi, np.maximum((depths - at[lo]) / (at[hi] - at[lo]), 0.0)
+
+
 @torch.inference_mode()
 def measure_depths(pair, sequence: list[int], gamma: int, depths, repeats: int = 9) -> dict:
     """`CostModel.by_depth`: the draft step and verify(k) timed with the caches holding the first d
-    tokens of `sequence`, for each depth d in `depths` that it is long enough for."""
+    tokens of `sequence`, and the two models' prefill of those d tokens (seconds per token), for
+    each depth d in `depths` that it is long enough for."""
     timed = {}
     for depth in sorted(d for d in set(depths) if gamma + 1 < d <= len(sequence)):
         model = measure_cost(pair, sequence[:depth], gamma, repeats=repeats)
-        timed[depth] = {"t_draft": model.t_draft, "t_verify": model.t_verify}
+        timed[depth] = {"t_draft": model.t_draft, "t_verify": model.t_verify,
+                        **measure_prefill(pair, sequence[:depth])}
     return timed
 
 

@@ -381,9 +381,13 @@ def simulate_grid_by_depth(rec: Record, configs: list[DecodeConfig],
     rounds' starts (depth.DEPTH_LABELS; one row per policy and bucket with rounds). A cost model
     with a depth axis (CostModel.by_depth) prices every round, and plain decoding's every token,
     at its own depth: the table then holds predicted_baseline_time, and predicted_speedup is
-    baseline over predicted time."""
+    baseline over predicted time. Depth policies (their threshold and γ_max change with the
+    round's depth) are walked one at a time (`simulate_priced`) and take their places in order."""
     if not configs:
         raise DsparkError("no policies to simulate")
+    walked = [i for i, c in enumerate(configs) if schedules.of(c).by_depth]
+    if walked:
+        return _with_walked(rec, configs, walked, cost)
     for config in configs:
         check_replayable(rec, config)
     G = rec.gamma_record
@@ -430,6 +434,24 @@ def simulate_grid_by_depth(rec: Record, configs: list[DecodeConfig],
     # back to the caller's order
     counts[order], verify[order], by_depth[order] = counts.copy(), verify.copy(), by_depth.copy()
     return tables(rec, configs, cost, counts, verify, by_depth, depths, bucket)
+
+
+def _with_walked(rec: Record, configs: list[DecodeConfig], walked: list[int],
+                 cost) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """simulate_grid_by_depth's tables with the policies at `walked` walked by `simulate_priced`."""
+    rest = [i for i in range(len(configs)) if i not in set(walked)]
+    parts = [simulate_grid_by_depth(rec, [configs[i] for i in rest], cost)] if rest else []
+    ids = [rest] if rest else []
+    for i in walked:
+        parts.append(simulate_priced(rec, configs[i], cost))
+        ids.append([i])
+    tables, by_depth = [], []
+    for (table, depth_rows), order in zip(parts, ids):
+        order = np.asarray(order)
+        tables.append(table.assign(config_id=order[table["config_id"].to_numpy()]))
+        by_depth.append(depth_rows.assign(config_id=order[depth_rows["config_id"].to_numpy()]))
+    table = pd.concat(tables, ignore_index=True).sort_values("config_id", ignore_index=True)
+    return table, pd.concat(by_depth, ignore_index=True).sort_values(["config_id"], kind="stable", ignore_index=True)
 
 
 def simulate_priced(rec: Record, config: DecodeConfig,

@@ -19,7 +19,7 @@ from dspark_bench import schedules
 from dspark_bench.analysis.analyze import FILE as ANALYSIS_FILE
 from dspark_bench.analysis.analyze import Studied, analyze
 from dspark_bench.config import DEFAULTS, DecodeConfig, expand
-from dspark_bench.depth import PRICED_DEPTHS
+from dspark_bench.depth import PRICED_DEPTHS, priced_depths
 from dspark_bench.engines.tools import EngineTools
 from dspark_bench.errors import DsparkError
 from dspark_bench.harness.health import (
@@ -252,10 +252,11 @@ def time_prices(folder: Path, pair, ids: list[list[int]], records: dict, configs
     batch_sizes = sorted({c.batching.batch_size for c in configs})
     timing = time.perf_counter()
     surface, checks = timed_surface(pair, context, gamma, batch_sizes, drafters={key.drafter for key in records})
-    if max(max(r.info.get("prompt_tokens", [0])) for r in records.values()) > PRICED_DEPTHS[0]:
+    depths = depths_to_price(pair, ids, rec.max_new_tokens)
+    if depths:
         if progress:
-            progress(f"timing the cost model at depths {', '.join(map(str, PRICED_DEPTHS))}", 0, 1)
-        surface.models[1].by_depth = measure_depths(pair, deepest_sequence(rec, ids), gamma, PRICED_DEPTHS)
+            progress(f"timing the cost model at depths {', '.join(map(str, depths))}", 0, 1)
+        surface.models[1].by_depth = measure_depths(pair, timing_sequence(rec, ids, depths[-1]), gamma, depths)
     timing = time.perf_counter() - timing
     if engine is None:
         prices = Prices(surface, surface.at(1), checks, timing, batch_sizes != [1])
@@ -272,11 +273,26 @@ def time_prices(folder: Path, pair, ids: list[list[int]], records: dict, configs
     return prices
 
 
-def deepest_sequence(rec, ids: list[list[int]]) -> list[int]:
-    """The longest prompt with the record's continuation of it: the context our passes are timed in
-    at each depth (a real sequence, so attention reads what it reads in decoding)."""
-    p = max(range(len(ids)), key=lambda i: len(ids[i]))
-    return list(ids[p]) + rec.continuation[p, : int(rec.lengths[p])].tolist()
+def depths_to_price(pair, ids: list[list[int]], max_new_tokens: int) -> tuple[int, ...]:
+    """The depths our passes are timed at (depth.priced_depths): none where every prompt fits the
+    first depth bucket, the priced depths up to the deepest round's otherwise."""
+    if max(len(i) for i in ids) <= PRICED_DEPTHS[0]:
+        return ()
+    trained = getattr(pair.target.config, "max_position_embeddings", None)
+    return priced_depths(max(len(i) for i in ids) + max_new_tokens, trained)
+
+
+def timing_sequence(rec, ids: list[list[int]], length: int) -> list[int]:
+    """The context our passes are timed in at each depth, `length` tokens of real text (attention
+    then reads what it reads in decoding): the longest prompt and the record's continuation of it,
+    then the other prompts and theirs, as far as it takes."""
+    order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
+    sequence: list[int] = []
+    for p in order:
+        sequence += list(ids[p]) + rec.continuation[p, : int(rec.lengths[p])].tolist()
+        if len(sequence) >= length:
+            break
+    return sequence[:length]
 
 
 def check_covers(engine, batch_sizes: list[int], gamma: int) -> None:
@@ -360,9 +376,10 @@ def say_replay_plan(spec: SweepSpec, prepared: LoadedSweep, ids: list[list[int]]
                                 from_file=prepared.continuations is not None,
                                 paths=0 if prepared.base.greedy else sampled.PATHS, space=len(prepared.points))
     say(line + (" — an upper bound: a batched run takes less than a batch-1 one" if max(sizes) > 1 else ""))
-    if deepest_prompt > PRICED_DEPTHS[0]:  # time_prices times our passes at these depths too
+    depths = depths_to_price(prepared.pair, ids, prepared.base.verification.max_new_tokens)
+    if depths:  # time_prices times our passes at these depths too
         say(f"prompts of up to {deepest_prompt:,} tokens: our passes are timed at depths "
-            f"{', '.join(f'{d:,}' for d in PRICED_DEPTHS)} and each round is priced at its own depth")
+            f"{', '.join(f'{d:,}' for d in depths)} and each round is priced at its own depth")
     if spec.precision > 0 and confirmed:
         say(precision_plan(spec.precision, spec.precision_budget_s))
     return seconds
