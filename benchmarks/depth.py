@@ -17,6 +17,7 @@ a long-prompt task:
    prompts priced at each round's depth; the median |error| over (policy, bucket).
 
     python benchmarks/depth.py [--task long-code] [--limit 12] [--max-new-tokens 64] [--steps 1234]
+    python benchmarks/depth.py --limit 24 --longest 4 --steps 3
 """
 
 from __future__ import annotations
@@ -127,11 +128,15 @@ def speedups(pair, task_prompts, prompts, rec, cost, configs: list[DecodeConfig]
 def main() -> None:
     parser = common.parser(__doc__, task="long-code", limit=12, max_new_tokens=64)
     parser.add_argument("--steps", default="1234", help="which of the numbered measurements to take (default all)")
+    parser.add_argument("--longest", type=int, default=None, help="only the task's K longest prompts (of --limit)")
     args = parser.parse_args()
     tokens = args.max_new_tokens
     pair = load_pair(None, None, pair="long")
     task_prompts = load_task(args.task, args.limit)
     prompts = [encode(pair.tokenizer, p.text) for p in task_prompts]
+    if args.longest:  # e.g. the prompts past 3,500 tokens, for step 3
+        keep = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))[: args.longest]
+        task_prompts, prompts = [task_prompts[i] for i in keep], [prompts[i] for i in keep]
     print(f"{pair.target_name} / {pair.draft_name} on {pair.device}; {len(prompts)} {args.task} prompts of "
           f"{min(map(len, prompts)):,}-{max(map(len, prompts)):,} tokens × {tokens} new tokens")
     if "1" in args.steps:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -399,3 +400,28 @@ def test_long_prompts_prefills_are_priced_on_both_sides(deep_record):
     _, by_depth = simulate_grid_by_depth(deep_record, configs, cost)
     assert by_depth.groupby("config_id")["predicted_time"].sum().tolist() == pytest.approx(
         with_prefill["predicted_time"].tolist())
+
+
+def test_the_long_pair_decodes_a_long_prompts_slice_exactly_as_its_target(tmp_path):
+    """The shipped long-context pair on a slice of a long prompt that crosses depth 256 (the long
+    prompts themselves: benchmarks/depth.py): greedy speculative output, under a depth policy and a
+    fixed γ, is the target's own token for token, and replay walks the decoder's rounds."""
+    from dspark_bench import schedules
+    from dspark_bench.decoding.autoregressive import autoregressive_decode
+    from dspark_bench.decoding.speculative import speculative_decode
+    from dspark_bench.harness.models import load_pair
+    from dspark_bench.reference.long import long_pair_paths
+
+    pair = load_pair(None, None, pair="long")
+    assert pair.target_name == str(long_pair_paths()[0]) and pair.target.config.max_position_embeddings == 4096
+    text = (Path(__file__).resolve().parents[1] / "dspark_bench" / "replay" / "simulate.py").read_text()
+    ids = pair.tokenizer(text)["input_ids"][:240]
+    tokens = 40
+    plain = autoregressive_decode(pair.target, ids, DecodeConfig.of(max_new_tokens=tokens), pair.eos_ids).tokens
+    rec = record(pair, [ids], tokens, 6, eos_ids=pair.eos_ids)
+    for config in (DecodeConfig.of(schedule=schedules.DEPTH, depth_policy="0.0/2,0.3/6", max_new_tokens=tokens),
+                   DecodeConfig.of(schedule=schedules.BASELINE, gamma_max=4, min_draft_len=0, max_new_tokens=tokens)):
+        real = speculative_decode(pair.target, pair.draft, ids, config, pair.eos_ids)
+        assert real.tokens == plain, config.label()
+        replayed = simulate(rec, config)[0]
+        assert [(r.drafted, r.accepted) for r in replayed] == [(r.drafted, r.accepted) for r in real.rounds]
