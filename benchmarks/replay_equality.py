@@ -36,9 +36,17 @@ def replayed(folder: Path) -> pd.DataFrame:
 
 def main(before: Path, after: Path) -> int:
     old, new = replayed(before), replayed(after)
-    same = old.equals(new)
-    print(f"trials.parquet: {len(old)} policies before, {len(new)} after; {old.shape[1]} columns compared "
-          f"(left out, timed here: {', '.join(TIMED)}); DataFrame.equals: {same}")
+    # A knob added since BEFORE is a new column: the same result only if every policy holds one
+    # value in it (the knob at its default); a column gone is a result lost.
+    added, gone = [c for c in new if c not in old], [c for c in old if c not in new]
+    one_value = all(new[c].nunique(dropna=False) <= 1 for c in added)
+    if added or gone:
+        print(f"columns added: {', '.join(added) or 'none'} ({'one value each' if one_value else 'VARYING'}); "
+              f"columns gone: {', '.join(gone) or 'none'}")
+    new = new[[c for c in new if c in old]]
+    same = old.equals(new) and one_value and not gone
+    print(f"trials.parquet: {len(old)} policies before, {len(new)} after; {new.shape[1]} columns compared "
+          f"(left out, timed here: {', '.join(TIMED)}); DataFrame.equals: {old.equals(new)}")
     if not same and old.shape == new.shape:
         differ = [c for c in old if not old[c].equals(new[c])]
         print(f"columns that differ: {', '.join(differ)}")

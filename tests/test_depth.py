@@ -208,6 +208,8 @@ def test_a_sweep_over_long_prompts_proposes_a_depth_policy_and_judges_it(long_sw
     import pandas as pd
 
     folder, output = long_sweep
+    # The plan counts the depth policy among the confirmed: the best single one, it, and fixed γ.
+    assert "confirm 3 × 4 prompts" in " ".join(output.split())
     # Rounds reach 377 tokens; the tiny target reads 512: timed at 256 alone (none past what it reads).
     assert "our passes are timed at depths 256 and each round is priced at its own depth" in " ".join(output.split())
     prices = json.loads((folder / "prices.json").read_text())["batch_sizes"]["1"]

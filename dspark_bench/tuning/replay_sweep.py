@@ -19,7 +19,7 @@ from dspark_bench import schedules
 from dspark_bench.analysis.analyze import FILE as ANALYSIS_FILE
 from dspark_bench.analysis.analyze import Studied, analyze
 from dspark_bench.config import DEFAULTS, DecodeConfig, expand
-from dspark_bench.depth import PRICED_DEPTHS, priced_depths
+from dspark_bench.depth import PRICED_DEPTHS, priced_depths, spans_depth
 from dspark_bench.engines.tools import EngineTools
 from dspark_bench.errors import DsparkError
 from dspark_bench.harness.health import (
@@ -370,6 +370,9 @@ def say_replay_plan(spec: SweepSpec, prepared: LoadedSweep, ids: list[list[int]]
     policies = replayed_count(configs)
     scheduled = (policies - sum(schedules.of(c).baseline for c in configs)) // groups
     confirmed = (min(spec.confirm_top, scheduled) + 1) * groups if spec.confirm_top else 0
+    tokens = prepared.base.verification.max_new_tokens
+    if confirmed and prepared.base.greedy and spans_depth([len(i) + j for i in ids for j in range(tokens)]):
+        confirmed += 1  # the depth policy the sweep will compose (tuning/depth_choice.py), timed beside them
     per_token = seconds_per_token(prepared.pair, first_ids)
     line, seconds = replay_plan(per_token, len(prepared.prompts), prepared.base.verification.max_new_tokens, policies,
                                 confirmed, spec.repeats, recorded=recorded,
