@@ -108,13 +108,16 @@ def depth_search(rec, configs: list[DecodeConfig], cost) -> DepthChoice | None:
 
 
 def depth_summary(choice: DepthChoice, table: pd.DataFrame, configs: list[DecodeConfig], rec, cost) -> dict:
-    """summary.json's "by_depth": each bucket's choice, and per bucket the depth policy beside the
-    best single policy and the best fixed γ (each bucket's metrics and predicted speedup)."""
-    column = "speedup" if "speedup" in table and table["speedup"].notna().any() else "predicted_speedup"
-    single = table[~schedules.where(table, by_depth=True) & ~schedules.where(table, baseline=True)]
-    fixed = table[schedules.where(table, baseline=True)]
-    best_single = single.sort_values("predicted_speedup", ascending=False, kind="stable")["config_id"].iloc[0]
-    best_fixed = fixed.sort_values("predicted_speedup", ascending=False, kind="stable")["config_id"].iloc[0]
+    """summary.json's "depth_search": each bucket's choice, and per bucket the depth policy beside
+    the best single policy and the best fixed γ (each bucket's metrics and predicted speedup); the
+    best by measured speedup where the sweep timed them, else by replay's prediction (`ranked_by`)."""
+    table = table[(table["batch_size"] == 1) & (table["drafter"] == "model")]  # where the depth policy runs
+    timed = "speedup" in table and table["speedup"].notna().any()
+    column = "speedup" if timed else "predicted_speedup"
+    ranked = table.dropna(subset=[column]).sort_values(column, ascending=False, kind="stable")
+    single = ranked[~schedules.where(ranked, by_depth=True) & ~schedules.where(ranked, baseline=True)]
+    best_single = single["config_id"].iloc[0]
+    best_fixed = ranked[schedules.where(ranked, baseline=True)]["config_id"].iloc[0]
     shown = ["depth_bucket", "rounds", "emitted_total", "tokens_per_round", "acceptance_rate", "avg_draft_len",
              "predicted_speedup"]
 
