@@ -28,12 +28,16 @@ GOODPUT_MODEL = str(ROOT / "tests" / "data" / "goodput_model.json")
 
 def greedy_policies(max_new_tokens: int):
     """One policy per (metric, schedule), the knobs varied as tests/test_batched.py varies them."""
+    from dspark_bench import schedules
     from dspark_bench.config import METRICS, SCHEDULES, SEMANTICS, DecodeConfig
 
     for i, (metric, schedule) in enumerate(itertools.product(METRICS, SCHEDULES)):
         semantics = "dspark" if schedule == "budget" else SEMANTICS[i % len(SEMANTICS)]
+        # the depth schedule: this threshold and γ_max in the first depth bucket, half the threshold deeper
+        depth_policy = "0.4/4,0.2/4" if schedules.named(schedule).by_depth else ""
         yield DecodeConfig.of(metric=metric, schedule=schedule, threshold=0.4, threshold_start=0.2, threshold_end=0.6,
                               gamma_max=4, min_draft_len=i % 3, max_new_tokens=max_new_tokens, semantics=semantics,
+                              depth_policy=depth_policy,
                               goodput_model=GOODPUT_MODEL if schedule in ("goodput", "budget") else "")
 
 

@@ -183,8 +183,11 @@ def test_a_depth_policy_replays_as_our_decoder_runs_it(llama_pair):
             for depth, r in zip(depths, rounds):  # each round within its own bucket's γ_max
                 assert r.drafted <= at_depth(config, int(depth)).stopping.gamma_max
     assert buckets == {0, 1}
-    with pytest.raises(DsparkError, match="replay.simulate walks it one policy at a time"):
-        simulate_grid(rec, configs[:1])
+    # A grid walks a depth policy one at a time, in its place: its totals are simulate's rounds'.
+    table = simulate_grid(rec, configs[:1])
+    rounds = [r for prompt in simulate(rec, configs[0]) for r in prompt]
+    assert (table["rounds"].iloc[0], table["drafted_total"].iloc[0], table["accepted_total"].iloc[0]) == (
+        len(rounds), sum(r.drafted for r in rounds), sum(r.accepted for r in rounds))
 
 
 def test_a_new_schedule_is_one_entry_in_the_registry(recorded, monkeypatch):
