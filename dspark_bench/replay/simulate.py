@@ -408,13 +408,7 @@ def simulate_grid_by_depth(rec: Record, configs: list[DecodeConfig],
     order = np.argsort(group_of.ravel(), kind="stable")
     groups = np.flatnonzero(np.diff(group_of.ravel()[order], prepend=-1, append=-2))
     gamma_max = np.array([c.stopping.gamma_max for c in configs], dtype=np.int64)
-    depths = record_depths(rec)
-    draft_cost, verify_cost = (cost.at_depths(depths) if cost else
-                               (np.zeros(depths.shape), np.broadcast_to(np.zeros(G + 1), (*depths.shape, G + 1))))
-    drafter = configs[0].drafting.drafter  # one record, one drafter (check_replayable)
-    if cost is not None and drafter != "model":  # the heads' pass and the lookup's search have no depth axis
-        draft_cost = np.full(depths.shape, cost.draft_step(drafter))
-    bucket = depth_bucket(depths).astype(np.int64)
+    depths, bucket, draft_cost, verify_cost = position_prices(rec, cost, configs[0].drafting.drafter)
     counts, verify = np.zeros((len(configs), 5), dtype=np.int64), np.zeros(len(configs))
     by_depth = np.zeros((len(configs), len(DEPTH_LABELS), 8))
     arrays = (signals, signal_of[order], thresholds[order], forced_steps[order], keep[order], discard_below[order],
@@ -434,6 +428,19 @@ def simulate_grid_by_depth(rec: Record, configs: list[DecodeConfig],
     # back to the caller's order
     counts[order], verify[order], by_depth[order] = counts.copy(), verify.copy(), by_depth.copy()
     return tables(rec, configs, cost, counts, verify, by_depth, depths, bucket)
+
+
+def position_prices(rec: Record, cost, drafter: str):
+    """Per position (p, j) of the record: its depth, its depth bucket, one draft forward's price and
+    a round's price by draft length [P, N, G + 1] (zeros without a cost model): the one record, one
+    drafter (check_replayable) — the heads' pass and the lookup's search have no depth axis."""
+    depths = record_depths(rec)
+    G = rec.gamma_record
+    draft_cost, verify_cost = (cost.at_depths(depths) if cost else
+                               (np.zeros(depths.shape), np.broadcast_to(np.zeros(G + 1), (*depths.shape, G + 1))))
+    if cost is not None and drafter != "model":
+        draft_cost = np.full(depths.shape, cost.draft_step(drafter))
+    return depths, depth_bucket(depths).astype(np.int64), draft_cost, verify_cost
 
 
 def _with_walked(rec: Record, configs: list[DecodeConfig], walked: list[int],
@@ -459,13 +466,7 @@ def simulate_priced(rec: Record, config: DecodeConfig,
     """`simulate_grid_by_depth`'s two tables for one policy walked round by round by `simulate`:
     what prices a policy the grid's walk cannot take, a depth schedule's (its threshold and γ_max
     change with the round's depth)."""
-    depths = record_depths(rec)
-    bucket = depth_bucket(depths).astype(np.int64)
-    G = rec.gamma_record
-    draft_cost, verify_cost = (cost.at_depths(depths) if cost else
-                               (np.zeros(depths.shape), np.broadcast_to(np.zeros(G + 1), (*depths.shape, G + 1))))
-    if cost is not None and config.drafting.drafter != "model":
-        draft_cost = np.full(depths.shape, cost.draft_step(config.drafting.drafter))
+    depths, bucket, draft_cost, verify_cost = position_prices(rec, cost, config.drafting.drafter)
     counts, verify = np.zeros((1, 5), dtype=np.int64), np.zeros(1)
     by_depth = np.zeros((1, len(DEPTH_LABELS), 8))
     for p, rounds in enumerate(simulate(rec, config)):
