@@ -49,17 +49,17 @@ def main() -> None:
     ids = [encode(pair.tokenizer, p.text, spec.chat_template) for p in prepared.prompts]
     ratios, parts, started = [], [], time.perf_counter()
     for p, prompt in enumerate(ids):
-        for k in range(sampled.PATHS):
+        for k in range(spec.paths):
             seed = base.verification.seed + sampled.SEED_STRIDE * p + k
             t0 = time.perf_counter()
             autoregressive_decode(pair.target, prompt, base.replace(seed=seed), pair.eos_ids)
             t1 = time.perf_counter()
             parts.append(sampled.record_path(pair, prompt, base, gamma, base.stopping.topk, seed, pair.eos_ids))
             ratios.append((time.perf_counter() - t1) / (t1 - t0))
-    rows = [ids_ for ids_ in ids for _ in range(sampled.PATHS)]
+    rows = [ids_ for ids_ in ids for _ in range(spec.paths)]
     rec = sampled.assemble(parts, rows, base.verification.max_new_tokens, gamma, base.stopping.topk, pair.eos_ids,
-                           base.drafting, {"sampling": sampled.sampling_of(base)})
-    print(f"{origin}; temperature {args.temperature:g}; {len(ids)} prompts × {sampled.PATHS} paths × "
+                           base.drafting, {"sampling": sampled.sampling_of(base, spec.paths)})
+    print(f"{origin}; temperature {args.temperature:g}; {len(ids)} prompts × {spec.paths} paths × "
           f"{args.max_new_tokens} tokens recorded in {time.perf_counter() - started:.0f} s (plain passes included)")
     print(f"recording a path / a plain sampled decode of it: median {statistics.median(ratios):.2f}, "
           f"range {min(ratios):.2f}–{max(ratios):.2f} ({len(ratios)} paths)")

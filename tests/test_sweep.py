@@ -636,24 +636,35 @@ def test_a_sweep_at_a_temperature_replays_its_sampled_record(saved_pair, prompts
     """Sampled traffic: K paths per prompt recorded once, every policy replayed with an interval,
     the best confirmed by real sampled runs; the record is refused for another temperature."""
     args = base_args(saved_pair, prompts_file, tmp_path) + ["--temperature", "1.0", "--top-p", "0.9",
-                                                            "--confirm-top", "1"]
+                                                            "--confirm-top", "1", "--paths", "3"]
+    # Too few paths for an interval: refused in one line, before any work.
+    refused = runner.invoke(app, args + ["--paths", "1"])
+    assert refused.exit_code != 0 and "paths must be at least 2 (got 1)" in refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     text = " ".join(result.output.split())
-    assert "× 4 sampled paths" in text and "sampled at temperature 1, top-p 0.9 (4 paths × 4 coin draws" in text
+    assert "× 3 sampled paths" in text and "sampled at temperature 1, top-p 0.9 (3 paths × 4 coin draws" in text
     folder = only_folder(tmp_path)
     summary = json.loads((folder / "summary.json").read_text())
-    assert summary["sampling"] == {"temperature": 1.0, "top_p": 0.9, "seed": 0, "paths": 4, "draws": 4}
+    precision = summary["sampling"].pop("precision")
+    assert summary["sampling"] == {"temperature": 1.0, "top_p": 0.9, "seed": 0, "paths": 3, "draws": 4}
     table = pd.read_parquet(folder / "trials.parquet")
     # The grid, two fixed γ, goodput and budget at each γ: no learned signal from a sampled record.
     assert len(table) == 4 + 2 + 2 + 2 and not (table["metric"] == "learned").any()
-    assert (table["replicates"] == 4).all()
+    assert (table["replicates"] == 3).all()
     assert ((table["tokens_per_round_low"] <= table["tokens_per_round"])
             & (table["tokens_per_round"] <= table["tokens_per_round_high"])).all()
+    # What the 3 paths bought: each metric's half-width, relative, the median over the replayed policies.
+    replayed = table[table["source"] == "replay"]
+    half = (replayed["tokens_per_round_high"] - replayed["tokens_per_round"]) / replayed["tokens_per_round"]
+    assert precision["half_width"]["tokens_per_round"] == pytest.approx(half.median())
+    assert set(precision["half_width"]) == {"predicted_speedup", "tokens_per_round", "acceptance_rate", "avg_draft_len"}
+    assert "95 % interval over 3 sampled paths per prompt" in text and "--paths K" in text
     # --confirm-top 1: the best policy and the best fixed γ beside it.
     assert (table["source"] == "confirmed").sum() == 2 and (table["temperature"] == 1.0).all()
     (record_dir,) = (tmp_path / "records").iterdir()
-    assert "-t1-p0.9-s0-K4" in record_dir.name
+    assert "-t1-p0.9-s0-K3" in record_dir.name
     # The same sweep again reuses it; another top-p is another record.
     again = runner.invoke(app, args)
     assert again.exit_code == 0 and len(list((tmp_path / "records").iterdir())) == 1

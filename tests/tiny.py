@@ -82,3 +82,31 @@ def policy(**fields):
         fields["depth_policy"] = f"{threshold:g}/{gamma},{threshold / 2:g}/{gamma}"
     return DecodeConfig.of(**fields,
                            goodput_model=GOODPUT_MODEL if fields.get("schedule") in ("goodput", "budget") else "")
+
+
+def markov_llama(transitions) -> LlamaForCausalLM:
+    """A Llama whose next token depends on the current one only, with the given transition
+    probabilities [vocab, vocab] (row: the current token): attention and MLP write nothing, so the
+    last position's state is its token's embedding, which the LM head maps to log P[token]. A
+    Markov chain as a real model, for which speculative sampling's expectations are exact sums."""
+    probs = torch.as_tensor(transitions, dtype=torch.float64)
+    vocab = len(probs)
+    hidden = 2 * vocab  # heads of 2 dims; RoPE needs an even head size
+    config = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2, num_hidden_layers=1,
+                         num_attention_heads=vocab, num_key_value_heads=vocab, max_position_embeddings=64,
+                         bos_token_id=0, eos_token_id=None, pad_token_id=None, tie_word_embeddings=False,
+                         rms_norm_eps=1e-12)
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        for param in model.parameters():
+            param.zero_()
+        for norm in (model.model.norm, model.model.layers[0].input_layernorm,
+                     model.model.layers[0].post_attention_layernorm):
+            norm.weight.fill_(1.0)
+        # Token x's embedding: sqrt(hidden) on axis x (its root mean square is 1, so the final
+        # norm leaves it be); the head's column x is log P[x] / sqrt(hidden).
+        model.model.embed_tokens.weight.copy_(torch.eye(vocab, hidden) * hidden ** 0.5)
+        head = torch.zeros(vocab, hidden, dtype=torch.float64)
+        head[:, :vocab] = probs.log().T / hidden ** 0.5
+        model.lm_head.weight.copy_(head.float())
+    return model

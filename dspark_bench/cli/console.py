@@ -188,6 +188,8 @@ def print_best(result, wide: bool = False) -> None:
     if result.analysis:
         print_analysis(result.analysis)
     print_headline(summary)
+    if (summary.get("sampling") or {}).get("precision"):  # what the sampled paths bought
+        out_console.print(summary["sampling"]["precision"]["sentence"], style="dim", highlight=False, soft_wrap=True)
     print_depth_search(summary)
     print_health(summary)
     out_console.print(f"run folder: {folder}")

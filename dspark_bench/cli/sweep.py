@@ -17,7 +17,7 @@ from dspark_bench.tuning.spec import SweepSpec
 # The knobs whose values the sweep's flags give as its search space (a spec's `space`).
 SPACE = tuple(name for name, f in KNOBS.items() if f.metadata["searched"] and f.metadata["repeats"])
 # A sweep's own settings (SweepSpec declares them); objective and continuations take lists.
-STUDY = ("method", "evaluation", "trials", "confirm_top", "analyze", "prices")
+STUDY = ("method", "evaluation", "trials", "confirm_top", "paths", "analyze", "prices")
 
 
 @with_options("workload", fields_of(Workload, without=("turns", "trace")), unset="the spec's")  # a sweep refuses both

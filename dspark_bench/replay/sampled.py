@@ -41,16 +41,16 @@ from dspark_bench.paired import t_quantile
 from dspark_bench.replay.record import Record, RecordBase, draft_rollouts, read_files, record
 from dspark_bench.results import provenance
 
-# K, the sampled paths per prompt: each costs a plain pass to sample and a draft rollout pass to
-# record. Four give the expectation's interval three degrees of freedom (paths are the
-# replicates; prompts within a path are not independent draws of a policy's speed) at four times
-# a greedy record's cost.
-PATHS = 4
+# K, the sampled paths per prompt, is the sweep's `paths` knob (tuning/spec.py says what it buys).
 DRAWS = 4  # coin draws per path: they narrow the coins' share of the noise, not the paths'
 SEED_STRIDE = 7919  # prompt p's path k is sampled with seed + SEED_STRIDE · p + k
+# A path's rollouts draw from a stream of their own, this far from every path's seed: they once
+# drew from seed + 1, the next path's own seed, which tied path k's rejected tokens to path k + 1's
+# first draws (the replicates were not independent, which the interval over them assumes).
+ROLLOUT_STREAM = 1 << 40
 
 
-def sampling_of(config: DecodeConfig, paths: int = PATHS, draws: int = DRAWS) -> dict:
+def sampling_of(config: DecodeConfig, paths: int, draws: int = DRAWS) -> dict:
     """What a sampled record was sampled with (record.json's "sampling"): replay refuses another."""
     return {"temperature": config.verification.temperature, "top_p": config.verification.top_p,
             "seed": config.verification.seed, "paths": paths, "draws": draws}
@@ -140,7 +140,7 @@ def record_path(pair, ids: list[int], config: DecodeConfig, gamma: int, topk: in
     y = torch.tensor(path, device=device)[:, None]
     residual = (q - p).clamp_min(0.0)
     residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, q)  # p == q: never rejected
-    generator = torch.Generator(device=device).manual_seed(seed + 1)
+    generator = torch.Generator(device=device).manual_seed(seed + ROLLOUT_STREAM)
     rejected = draw(residual, generator)
 
     def choose(step: int, rows: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
@@ -153,8 +153,8 @@ def record_path(pair, ids: list[int], config: DecodeConfig, gamma: int, topk: in
     return PathRecord(path, p.gather(1, y)[:, 0].cpu().numpy(), q.gather(1, y)[:, 0].cpu().numpy(), tokens, scores)
 
 
-def record_sampled(pair, prompt_ids: list[list[int]], config: DecodeConfig, gamma: int, topk: int = 5,
-                   paths: int = PATHS, info: dict | None = None, progress=None, eos_ids: frozenset[int] | None = None,
+def record_sampled(pair, prompt_ids: list[list[int]], config: DecodeConfig, gamma: int, paths: int, topk: int = 5,
+                   info: dict | None = None, progress=None, eos_ids: frozenset[int] | None = None,
                    drafter: Drafting | None = None) -> Record | SampledRecord:
     """`paths` sampled paths of every prompt at `config`'s temperature and top-p, recorded for
     replay: a SampledRecord for the draft model, a greedy-shaped Record over the paths for the
@@ -362,3 +362,24 @@ def expected(tables: list[pd.DataFrame]) -> pd.DataFrame:
         out[f"{column}_low"], out[f"{column}_high"] = out[column] - half, out[column] + half
     out["replicates"] = len(tables)
     return out
+
+
+LABELS = {"predicted_speedup": "predicted speedup", "tokens_per_round": "tokens per round",
+          "acceptance_rate": "acceptance", "avg_draft_len": "draft length"}
+
+
+def precision(table: pd.DataFrame, sampling: dict) -> dict:
+    """What a sampled record's K paths bought: each headline metric's 95 % half-width relative to
+    its value (expected()'s interval), the median over the replayed policies, and a sentence."""
+    replayed = table[table["source"] == "replay"] if "source" in table else table
+    widths = {}
+    for column in [c for c in LABELS if f"{c}_high" in replayed]:
+        values = replayed[column].to_numpy(dtype=float)
+        half = replayed[f"{column}_high"].to_numpy(dtype=float) - values
+        widths[column] = float(np.nanmedian(half / np.where(values > 0, values, np.nan)))
+    said = ", ".join(f"{LABELS[c]} ±{w:.1%}" for c, w in widths.items())
+    sentence = (f"replay's 95 % interval over {sampling['paths']} sampled paths per prompt (× {sampling['draws']} coin "
+                f"draws): {said} (median over {len(replayed):,} policies). It narrows about as 1/√K with --paths K, "
+                "each path a plain decode more to record; a real run's own noise comes on top when the two are held "
+                "against each other (docs/policy-and-metrics.md#replay-under-sampling).")
+    return {"half_width": widths, "policies": len(replayed), "sentence": sentence}

@@ -285,6 +285,8 @@ def cost_model_blocks(inputs: Inputs) -> list[tuple]:
                      else "nothing timed (--confirm-top 0): every speedup here is predicted, none measured.")
         simulated = summary.get("policies_simulated", len(rows))
         text = f"{simulated} policies simulated from one record{sampled}; {confirmed}"
+        if sampling and sampling.get("precision"):
+            text += " " + sampling["precision"]["sentence"]
         prices = (summary.get("prices") or {}).get("label", "our decoder")
         text += f" predicted_speedup is priced on {prices}'s costs" + (
             "; measured on our decoder, so judged against predicted_speedup_ours (our decoder's costs)."

@@ -149,10 +149,11 @@ class Calibrated:
 
 def record_domains(pair, domains: dict[str, list[Prompt]], base: DecodeConfig, gamma: int,
                    progress: StageProgress | None = None, batch_sizes=(1,),
-                   source: Continuations | None = None) -> tuple[dict, object]:
+                   source: Continuations | None = None, paths: int = SweepSpec.paths) -> tuple[dict, object]:
     """A replay record per domain (of `base`'s drafter), and one cost surface at `batch_sizes`
     (timed on the first domain's first prompt); the target's continuations from `source` (an
-    engine's continuations files, checked) where given, else decoded here."""
+    engine's continuations files, checked) where given, else decoded here (at a temperature > 0,
+    `paths` sampled paths per prompt)."""
 
     models, records, first_context = pair.describe(), {}, None
     for domain, prompts in domains.items():
@@ -165,7 +166,7 @@ def record_domains(pair, domains: dict[str, list[Prompt]], base: DecodeConfig, g
             rec = record(pair, ids, base.verification.max_new_tokens, gamma, base.stopping.topk, info,
                          progress=steps, drafter=base.drafting, continuations=given)
         else:  # sampled paths at the spec's temperature (replay/sampled.py)
-            rec = sampled.record_sampled(pair, ids, base, gamma, base.stopping.topk, sampled.PATHS, info, steps,
+            rec = sampled.record_sampled(pair, ids, base, gamma, paths, base.stopping.topk, info, steps,
                                          drafter=base.drafting)
         records[domain] = rec
         if first_context is None:
@@ -298,7 +299,7 @@ def calibrate_domains(spec: SweepSpec, out: Path, tasks: list[str] | None = None
         needs_draft_model(pair)
         source = None if spec.continuations is None else domain_continuations(spec, pair, domains, base)
         records, surface = record_domains(pair, domains, configs[0], max(c.stopping.gamma_max for c in configs),
-                                          progress, batch_sizes, source)
+                                          progress, batch_sizes, source, spec.paths)
     # One calibration per batch size: which policy wins depends on what a step costs at B. The
     # file's own global/domains are the smallest B's; the others go under by_batch_size.
     parts = [calibrate_at(pair, domains, [c for c in configs if c.batching.batch_size == b], spec, records, surface,

@@ -85,8 +85,8 @@ def load_or_record(spec: SweepSpec, prepared: LoadedSweep, gamma: int, ids: list
     eos_ids = spec.runner_settings().eos_ids(pair)
     stage = "recording" if drafter.drafter == "model" else f"recording ({drafter.drafter})"
     if not base.greedy:  # K sampled paths per prompt (replay/sampled.py)
-        rec = sampled.record_sampled(pair, ids, base, gamma, base.stopping.topk, sampled.PATHS, info,
-                                     stage_steps(progress, f"{stage} {sampled.PATHS} sampled paths", len(ids)),
+        rec = sampled.record_sampled(pair, ids, base, gamma, spec.paths, base.stopping.topk, info,
+                                     stage_steps(progress, f"{stage} {spec.paths} sampled paths", len(ids)),
                                      eos_ids, drafter)
     elif prepared.continuations is not None:
         rec = record_from_file(prepared, ids, gamma, drafter, parts_folder(record_dir), info, eos_ids, progress, stage,
@@ -116,7 +116,7 @@ def record_key(spec: SweepSpec, prepared: LoadedSweep, gamma: int, drafter: Draf
             + ("-notemplate" if spec.chat_template == "none" else "")
             + (f"-c{prepared.continuations.fingerprint}" if prepared.continuations is not None else "")
             + ("" if base.greedy
-               else "-t{temperature:g}-p{top_p:g}-s{seed}-K{paths}".format(**sampled.sampling_of(base))))
+               else "-t{temperature:g}-p{top_p:g}-s{seed}-K{paths}".format(**sampled.sampling_of(base, spec.paths))))
 
 
 def record_all(spec: SweepSpec, prepared: LoadedSweep, gamma: int, ids: list[list[int]], configs: list[DecodeConfig],

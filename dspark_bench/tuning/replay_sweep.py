@@ -131,7 +131,7 @@ def replay_sweep(folder: Path, spec: SweepSpec, prepared: LoadedSweep, records_r
                                    # where the target's continuations came from: an engine's file, else decoded here
                                    "continuations": (prepared.continuations.describe() if prepared.continuations
                                                      else None),
-                                   "sampling": records[record_key_of(records)].info.get("sampling")})
+                                   "sampling": sampling_summary(records[record_key_of(records)], table)})
     if spec.analyze and MODEL in records and prepared.base.greedy:
         studied = Studied(table, records[MODEL], prices.cost, prices.surface if prices.batched else None)
         result.analysis = analyze(studied, progress)
@@ -345,6 +345,12 @@ def simulate_all(folder: Path, configs: list[DecodeConfig], records: dict, price
     return pd.concat(parts, ignore_index=True).sort_values("config_id", ignore_index=True).assign(source="replay")
 
 
+def sampling_summary(rec, table: pd.DataFrame) -> dict | None:
+    """How a sampled record was sampled and what its paths bought (replay/sampled.precision); None: greedy."""
+    sampling = rec.info.get("sampling")
+    return None if sampling is None else {**sampling, "precision": sampled.precision(table, sampling)}
+
+
 def priced(rec, configs: list[DecodeConfig], surface, cost, batched: bool) -> pd.DataFrame:
     """The policies replayed on `rec`, priced on `surface` (at B > 1, both layouts) or `cost`; a
     sampled record's expectations over its replicates (replay/sampled.py)."""
@@ -377,7 +383,7 @@ def say_replay_plan(spec: SweepSpec, prepared: LoadedSweep, ids: list[list[int]]
     line, seconds = replay_plan(per_token, len(prepared.prompts), prepared.base.verification.max_new_tokens, policies,
                                 confirmed, spec.repeats, recorded=recorded,
                                 from_file=prepared.continuations is not None,
-                                paths=0 if prepared.base.greedy else sampled.PATHS, space=len(prepared.points))
+                                paths=0 if prepared.base.greedy else spec.paths, space=len(prepared.points))
     say(line + (" — an upper bound: a batched run takes less than a batch-1 one" if max(sizes) > 1 else ""))
     depths = depths_to_price(prepared.pair, ids, prepared.base.verification.max_new_tokens)
     if depths:  # time_prices times our passes at these depths too
