@@ -5,15 +5,18 @@
     python benchmarks/sampled_bias.py OUT --report       # the tables: OUT/bias.md, OUT/bias.json
 
 Registered before the runs. The shipped pair, 20 held-out prompts of code and of prose (each
-task's prompts 20-39: sweeps take the first 10), 64 new tokens, T in {0.3, 0.7, 1.0}, top-p 1,
-five policies (fixed γ 3 and 6, top1 0.4 γ≤8 min 1, top1 0.6 γ≤6, entropy 0.6 γ≤4).
+task's prompts 20-39: sweeps take the first 10), 48 new tokens, T in {0.3, 0.7, 1.0}, top-p 1,
+five policies (fixed γ 3 and 6, top1 0.4 γ≤8 min 1, top1 0.6 γ≤6, entropy 0.6 γ≤4). T = 0.5 is
+left to the tiny pair and the exact sums (benchmarks/sampled_tiny.py): on 2 cores the 120 jobs
+here take about an hour, a fourth temperature 20 minutes more.
 - Real: our decoder's speculative sampling, 10 seeds per prompt and policy (seeds 100-109).
 - Replay: per prompt, one sampled record of K = 16 paths (replay/sampled.py, path seeds 0-15),
   every policy replayed on it under the record's 4 coin draws per path.
 - Bias: tokens per round (and acceptance) replayed over real, minus 1, each a ratio of totals over
   the prompts; its 95 % interval a bootstrap over prompts, the same prompts drawn for both sides,
   so that it holds the real runs' own noise (their seeds) beside replay's (its paths and coins).
-  Per temperature, pooled over domains and policies; and per domain and policy.
+  Per temperature, pooled over domains and policies (one draw of prompts per domain, shared by
+  its policies, which share prompts, paths and seeds); and per domain and policy.
 - Coverage: how often the real value falls inside replay's own interval (Student's t over the K
   replicates, as a sweep reports it) and inside the interval of the difference.
 - What K buys: replay's 95 % half-width on tokens per round with the first K of the 16 paths
@@ -38,7 +41,7 @@ from dspark_bench.config import DecodeConfig  # noqa: E402
 from dspark_bench.paired import t_quantile  # noqa: E402
 from dspark_bench.replay import sampled  # noqa: E402
 
-TOKENS, SEEDS, PATHS, GAMMA, PROMPTS = 64, 10, 16, 8, 20
+TOKENS, SEEDS, PATHS, GAMMA, PROMPTS = 48, 10, 16, 8, 20
 DOMAINS, TEMPERATURES = ("code", "prose"), (0.3, 0.7, 1.0)
 POLICIES = {
     "fixed γ=3": dict(schedule="fixed", gamma_max=3, min_draft_len=0),
@@ -133,16 +136,18 @@ def sides(found: dict, domain: str, temperature: float, policy: str, prompts: li
     return real, replay
 
 
-def bias(cells: list[tuple[np.ndarray, np.ndarray]], metric: str, rng, draws: int = 2000) -> list[float]:
-    """replay / real - 1 of totals pooled over `cells` (pairs of [prompts, 4]), with a 95 %
-    bootstrap interval: each cell's prompts redrawn, the same draw for both of its sides."""
-    def point(picks) -> float:
-        real = np.concatenate([c[0][p] for c, p in zip(cells, picks)])
-        replay = np.concatenate([c[1][p] for c, p in zip(cells, picks)])
+def bias(cells: list[tuple[str, np.ndarray, np.ndarray]], metric: str, rng, draws: int = 2000) -> list[float]:
+    """replay / real - 1 of totals pooled over `cells` ((domain, real, replay), each side [prompts, 4]),
+    with a 95 % bootstrap interval: each domain's prompts redrawn, one draw for both sides and for
+    every cell of the domain."""
+    def point(picks: dict) -> float:
+        real = np.concatenate([c[1][picks[c[0]]] for c in cells])
+        replay = np.concatenate([c[2][picks[c[0]]] for c in cells])
         return ratio(replay, metric) / ratio(real, metric) - 1
 
-    everyone = [np.arange(len(c[0])) for c in cells]
-    boot = [point([rng.integers(0, len(c[0]), len(c[0])) for c in cells]) for _ in range(draws)]
+    sizes = {c[0]: len(c[1]) for c in cells}
+    everyone = {domain: np.arange(n) for domain, n in sizes.items()}
+    boot = [point({domain: rng.integers(0, n, n) for domain, n in sizes.items()}) for _ in range(draws)]
     return [point(everyone), *np.percentile(boot, [2.5, 97.5])]
 
 
@@ -164,10 +169,10 @@ def report(out: Path) -> None:
               "| T | prompts per domain | tokens/round real | replay | replay/real − 1 [95 %] | acceptance "
               "replay/real − 1 [95 %] |", "|---|---|---|---|---|---|"]
     for t in temperatures:
-        cells = [sides(found, d, t, p, common[t]) for d in DOMAINS for p in POLICIES]
+        cells = [(d, *sides(found, d, t, p, common[t])) for d in DOMAINS for p in POLICIES]
         tpr, acc = bias(cells, "tokens_per_round", rng), bias(cells, "acceptance", rng)
-        real = ratio(np.concatenate([c[0] for c in cells]), "tokens_per_round")
-        rep = ratio(np.concatenate([c[1] for c in cells]), "tokens_per_round")
+        real = ratio(np.concatenate([c[1] for c in cells]), "tokens_per_round")
+        rep = ratio(np.concatenate([c[2] for c in cells]), "tokens_per_round")
         data[f"T{t:g}"] = {"prompts": len(common[t]), "tokens_per_round_bias": tpr, "acceptance_bias": acc}
         lines.append(f"| {t:g} | {len(common[t])} | {real:.3f} | {rep:.3f} | {tpr[0]:+.1%} [{tpr[1]:+.1%}, "
                      f"{tpr[2]:+.1%}] | {acc[0]:+.1%} [{acc[1]:+.1%}, {acc[2]:+.1%}] |")
@@ -180,7 +185,7 @@ def report(out: Path) -> None:
             for p in POLICIES:
                 real, replay = sides(found, d, t, p, common[t])
                 value, half = replay_interval(found, d, t, p, common[t], PATHS)
-                b = bias([(real, replay)], "tokens_per_round", rng)
+                b = bias([(d, real, replay)], "tokens_per_round", rng)
                 truth = ratio(real, "tokens_per_round")
                 own, diff = abs(value - truth) <= half, b[1] <= 0 <= b[2]
                 inside_own, inside_diff, cells_seen = inside_own + own, inside_diff + diff, cells_seen + 1

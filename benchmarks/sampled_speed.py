@@ -1,6 +1,6 @@
 """What replay under sampling costs (issue 45): recording, in plain passes, and replay's speed.
 
-    python benchmarks/sampled_speed.py --task code --limit 10 --max-new-tokens 128 --temperature 1.0
+    python benchmarks/sampled_speed.py --task code --limit 10 --max-new-tokens 128 --temperature 1.0 --paths 4
 
 On the shipped pair and the task's first prompts (its sweep's), at the temperature given:
 - recording: each path recorded (replay/sampled.record_path: the sampled plain decode that draws
@@ -39,9 +39,11 @@ PRICES = Path(__file__).parent / "gpu_inputs" / "cpu-prices-shipped-pair.json"
 def main() -> None:
     arguments = parser(__doc__, task="code", limit=10, max_new_tokens=128)
     arguments.add_argument("--temperature", type=float, default=1.0, help="the traffic's temperature (default 1.0)")
+    arguments.add_argument("--paths", type=int, default=None, help="sampled paths per prompt (default: the sweep's)")
     args = arguments.parse_args()
     spec, origin = resolve_spec(None, {"task": args.task, "limit": args.limit, "max_new_tokens": args.max_new_tokens,
-                                       "temperature": args.temperature})
+                                       "temperature": args.temperature,
+                                       **({"paths": args.paths} if args.paths else {})})
     prepared = prepare(spec)
     pair, base = prepared.pair, prepared.base
     configs = replay_space(prepared.points, base)

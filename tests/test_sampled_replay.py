@@ -233,14 +233,14 @@ def test_at_temperature_zero_a_sampled_record_replays_as_the_greedy_one(tiny):
 
 
 def test_every_stream_a_sampled_record_draws_from_is_its_own(tiny, monkeypatch):
-    """Each path is sampled from its seed and its rollouts from a stream of their own. The rollouts
-    were once seeded seed + 1, the next path's own seed, so that path k's rejected tokens reused
-    path k + 1's draws and the replicates the interval counts as independent were not."""
+    """Each path is sampled from its seed and its rollouts from a stream of their own: every
+    generator a record seeds starts a different stream (compared by its first draws, since a CPU
+    generator reads only a seed's low 32 bits: distinct seeds need not be distinct streams)."""
     import torch
 
-    seeds = []
+    seeds, Generator = [], torch.Generator
 
-    class Recording(torch.Generator):
+    class Recording(Generator):
         def manual_seed(self, seed):
             seeds.append(seed)
             return super().manual_seed(seed)
@@ -249,7 +249,30 @@ def test_every_stream_a_sampled_record_draws_from_is_its_own(tiny, monkeypatch):
     config = DecodeConfig.of(max_new_tokens=6, temperature=1.0)
     sampled.record_sampled(tiny, [[5, 17, 42], [3, 8]], config, 2, paths=3, eos_ids=frozenset())
     assert len(seeds) == 2 * 2 * 3  # a path's own and its rollouts', for 3 paths of 2 prompts
-    assert len(set(seeds)) == len(seeds), sorted(seeds)
+    starts = {tuple(torch.rand(8, generator=Generator().manual_seed(seed)).tolist()) for seed in seeds}
+    assert len(starts) == len(seeds), sorted(seeds)
+
+
+def test_a_paths_rejected_token_is_independent_of_its_own_token():
+    """Given a rejection, the rejected token is norm(max(q - p, 0)) whatever the path's token is
+    (the argument's step 3). The Markov Llamas from the token 1, where both p and the residual
+    have more than one token: over 1,500 paths the first position's rejected token and path
+    token pass a chi-square test of independence, and the rejected token's law is the residual's.
+    Drawn from the path's own stream (the same exponentials), they fail both at p < 1e-10."""
+    from types import SimpleNamespace
+
+    from scipy.stats import chi2_contingency, chisquare
+
+    import tiny
+
+    models = SimpleNamespace(target=tiny.markov_llama(P), draft=tiny.markov_llama(Q), eos_ids=frozenset())
+    config = DecodeConfig.of(max_new_tokens=2, temperature=1.0, seed=11)
+    rec = sampled.record_sampled(models, [[1]], config, 1, paths=1500, eos_ids=frozenset())
+    token, rejected = rec.paths[:, 0], rec.rollout[:, 0, 0]
+    table = np.array([[np.sum((token == y) & (rejected == r)) for r in range(3)] for y in range(3)])
+    assert chi2_contingency(table[:, table.sum(axis=0) > 0]).pvalue > 1e-3, table
+    law = residual(Q[1], P[1])  # norm(max(q - p, 0)) after the token 1: [0.8, 0.2, 0]
+    assert (rejected != 2).all() and chisquare(np.bincount(rejected, minlength=3)[:2], law[:2] * 1500).pvalue > 1e-3
 
 
 def round_counts(rounds, gamma: int) -> np.ndarray:

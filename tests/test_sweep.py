@@ -640,7 +640,7 @@ def test_a_sweep_at_a_temperature_replays_its_sampled_record(saved_pair, prompts
     # Too few paths for an interval: refused in one line, before any work.
     refused = runner.invoke(app, args + ["--paths", "1"])
     assert refused.exit_code != 0 and "paths must be at least 2 (got 1)" in refused.stderr
-    assert len(refused.stderr.strip().splitlines()) == 1
+    assert len(refused.stderr.strip().splitlines()) == 1 and not (tmp_path / "records").exists()
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     text = " ".join(result.output.split())
@@ -664,7 +664,7 @@ def test_a_sweep_at_a_temperature_replays_its_sampled_record(saved_pair, prompts
     # --confirm-top 1: the best policy and the best fixed γ beside it.
     assert (table["source"] == "confirmed").sum() == 2 and (table["temperature"] == 1.0).all()
     (record_dir,) = (tmp_path / "records").iterdir()
-    assert "-t1-p0.9-s0-K3" in record_dir.name
+    assert record_dir.name.endswith("-t1-p0.9-s0-K3-r2")
     # The same sweep again reuses it; another top-p is another record.
     again = runner.invoke(app, args)
     assert again.exit_code == 0 and len(list((tmp_path / "records").iterdir())) == 1

@@ -44,10 +44,15 @@ from dspark_bench.results import provenance
 # K, the sampled paths per prompt, is the sweep's `paths` knob (tuning/spec.py says what it buys).
 DRAWS = 4  # coin draws per path: they narrow the coins' share of the noise, not the paths'
 SEED_STRIDE = 7919  # prompt p's path k is sampled with seed + SEED_STRIDE · p + k
-# A path's rollouts draw from a stream of their own, this far from every path's seed: they once
-# drew from seed + 1, the next path's own seed, which tied path k's rejected tokens to path k + 1's
-# first draws (the replicates were not independent, which the interval over them assumes).
-ROLLOUT_STREAM = 1 << 40
+
+
+def rollout_seed(seed: int) -> int:
+    """The seed of the rollouts of the path sampled with `seed`: a stream that no path samples from,
+    so that a path's rejected tokens are independent of its own tokens and of every other path's
+    (the interval over paths takes them for independent draws). Neither seed + 1 (the next path's
+    seed) nor seed + 2^40 (a CPU generator reads a seed's low 32 bits only: the path's own stream)
+    would do; SeedSequence spreads every bit of the seed over all 64."""
+    return int(np.random.SeedSequence([seed, 1]).generate_state(1, np.uint64)[0])
 
 
 def sampling_of(config: DecodeConfig, paths: int, draws: int = DRAWS) -> dict:
@@ -140,7 +145,7 @@ def record_path(pair, ids: list[int], config: DecodeConfig, gamma: int, topk: in
     y = torch.tensor(path, device=device)[:, None]
     residual = (q - p).clamp_min(0.0)
     residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, q)  # p == q: never rejected
-    generator = torch.Generator(device=device).manual_seed(seed + ROLLOUT_STREAM)
+    generator = torch.Generator(device=device).manual_seed(rollout_seed(seed))
     rejected = draw(residual, generator)
 
     def choose(step: int, rows: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
@@ -375,11 +380,12 @@ def precision(table: pd.DataFrame, sampling: dict) -> dict:
     widths = {}
     for column in [c for c in LABELS if f"{c}_high" in replayed]:
         values = replayed[column].to_numpy(dtype=float)
-        half = replayed[f"{column}_high"].to_numpy(dtype=float) - values
-        widths[column] = float(np.nanmedian(half / np.where(values > 0, values, np.nan)))
+        relative = (replayed[f"{column}_high"].to_numpy(dtype=float) - values)[values > 0] / values[values > 0]
+        if len(relative):  # a metric that is 0 for every policy has no relative width
+            widths[column] = float(np.median(relative))
     said = ", ".join(f"{LABELS[c]} ±{w:.1%}" for c, w in widths.items())
     sentence = (f"replay's 95 % interval over {sampling['paths']} sampled paths per prompt (× {sampling['draws']} coin "
-                f"draws): {said} (median over {len(replayed):,} policies). It narrows about as 1/√K with --paths K, "
-                "each path a plain decode more to record; a real run's own noise comes on top when the two are held "
-                "against each other (docs/policy-and-metrics.md#replay-under-sampling).")
+                f"draws): {said} (median over {len(replayed):,} policies). --paths K narrows it as t(K-1)/√K, each "
+                "path a plain decode and a rollout pass more to record; a real run's own noise comes on top when "
+                "the two are held against each other (docs/policy-and-metrics.md#which-temperatures-are-validated).")
     return {"half_width": widths, "policies": len(replayed), "sentence": sentence}

@@ -66,10 +66,11 @@ class SweepSpec(Workload):
                                  "reference; 0: replay's answer alone, nothing timed.", at_least=0, panel=STUDY)
     # Replay at a temperature > 0: K sampled paths per prompt (replay/sampled.py), the replicates of
     # the 95 % interval on every predicted metric. Each costs a plain decode and a draft rollout
-    # to record; the half-width narrows about as t(K - 1) / √K. The default is the measured
-    # trade-off (docs/policy-and-metrics.md#replay-under-sampling).
-    paths: int = knob(8, "Replay at a temperature > 0: sampled paths per prompt (each costs a plain decode to "
-                      "record; the predicted metrics' 95 % interval narrows about as 1/√K).", at_least=2, panel=STUDY)
+    # pass to record; the half-width narrows as t(K - 1) / √K. The default is the measured
+    # trade-off (docs/policy-and-metrics.md#which-temperatures-are-validated).
+    paths: int = knob(8, "Replay at a temperature > 0: sampled paths per prompt, each a plain decode and a draft "
+                      "rollout pass to record; the predicted metrics' 95 % interval narrows as t(K-1)/√K (8 "
+                      "paths: about half of 4's).", at_least=2, panel=STUDY)
     sampler_seed: int = 0  # seeds Optuna's sampler (the decodes' own seed is `seed`)
     heartbeat_s: int = 30  # a trial silent this long (x2) was killed and is retried
     # Replay: the analyses of the record are a research question, not "which policy":
