@@ -173,12 +173,16 @@ def tempered(m: np.ndarray, temperature: float, top_p: float = 1.0) -> np.ndarra
     m = m / m.sum(axis=1, keepdims=True)
     order = np.argsort(-m, axis=1)
     ranked = np.take_along_axis(m, order, axis=1)
+    before = ranked.cumsum(axis=1) - ranked
+    # A mass before some token equal to top-p (0.6 + 0.3 against 0.9) is a tie that float32 and
+    # float64 break differently: the models would keep a token the truth drops. Refused.
+    assert top_p == 1.0 or np.abs(before - top_p).min() > 1e-3, f"top-p {top_p} ties a row's nucleus edge"
     kept = np.zeros_like(m)
-    np.put_along_axis(kept, order, np.where(ranked.cumsum(axis=1) - ranked < top_p, ranked, 0.0), axis=1)
+    np.put_along_axis(kept, order, np.where(before < top_p, ranked, 0.0), axis=1)
     return kept / kept.sum(axis=1, keepdims=True)
 
 
-@pytest.mark.parametrize("temperature, top_p", [(0.3, 1.0), (0.5, 0.9)])
+@pytest.mark.parametrize("temperature, top_p", [(0.3, 1.0), (0.5, 0.88)])
 def test_below_temperature_1_the_decoder_and_replay_on_real_models_meet_the_exact_expectations(temperature, top_p):
     """The Markov pair as two real Llamas (tiny.markov_llama): our decoder, and replay of a record
     that replay/sampled.py makes from their forwards (p and q at the temperature and top-p, the
