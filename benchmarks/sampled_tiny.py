@@ -21,13 +21,14 @@ noisy copy as the draft), the prompt [7, 21, 33, 2], 16 new tokens, at 16 cells:
   against replayed, with a 95 % bootstrap interval over sequences of replay / real - 1.
 Every setting's result is a file (OUT/tiny-*.npz): rerun to resume.
 
---exact holds each side to the truth alone. The 3-token Markov pair of tests/test_sampled_replay.py
-as two real Llamas (tests/tiny.markov_llama), 5 new tokens from the token 0, at 8 settings (the
-same temperatures; top-p 1 and 0.88, since 0.9 ties the pair's nucleus edges at T = 1, where
-float32 and float64 keep different tokens) x policy in {fixed γ=3, top1 0.8 γ≤3}: the decoder's mean rounds, drafted and accepted
-tokens per sequence over EXACT_RUNS seeds, and replay's over a record of EXACT_RUNS paths (4 coin
-draws each; its standard error over paths), each against the exact sums of the tempered
-matrices (test_sampled_replay.Exact). A side is off where |z| > 3.5 (0.05 over 96 comparisons).
+--exact holds each side to the truth alone. The 3-token Markov pair of
+tests/test_sampled_replay.py as two real Llamas (tests/tiny.markov_llama), 5 new tokens from the
+token 0, at 8 settings (the same temperatures; top-p 1 and 0.88, since 0.9 ties the pair's nucleus
+edges at T = 1, where float32 and float64 keep different tokens) x policy in {fixed γ=3, top1 0.8
+γ≤3}: the decoder's mean rounds, drafted and accepted tokens per sequence over EXACT_RUNS seeds,
+and replay's over a record of EXACT_RUNS paths (4 coin draws each; its standard error over paths),
+each against the exact sums of the tempered matrices (test_sampled_replay.Exact). A side is off
+where |z| > 3.5 (0.05 over 96 comparisons).
 """
 
 from __future__ import annotations
