@@ -40,6 +40,7 @@ sys.path.insert(0, str(ROOT))
 from dspark_bench.config import DecodeConfig  # noqa: E402
 from dspark_bench.paired import t_quantile  # noqa: E402
 from dspark_bench.replay import sampled  # noqa: E402
+from sampled_replay import FIELDS, totals  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 
 TOKENS, SEEDS, PATHS, GAMMA, PROMPTS = 48, 10, 16, 8, 20
 DOMAINS, TEMPERATURES = ("code", "prose"), (0.3, 0.7, 1.0)
@@ -50,17 +51,11 @@ POLICIES = {
     "top1 0.6 γ≤6": dict(threshold=0.6, gamma_max=6, min_draft_len=0),
     "entropy 0.6 γ≤4": dict(metric="entropy", threshold=0.6, gamma_max=4, min_draft_len=0),
 }
-FIELDS = ("rounds", "drafted", "accepted", "emitted")
 KS = (2, 4, 8, 16)
 
 
 def config_of(temperature: float, policy: str) -> DecodeConfig:
     return DecodeConfig.of(max_new_tokens=TOKENS, temperature=temperature, **POLICIES[policy])
-
-
-def totals(rounds) -> list[int]:
-    return [len(rounds), sum(r.drafted for r in rounds), sum(r.accepted for r in rounds),
-            sum(r.emitted for r in rounds)]
 
 
 def jobs() -> list[tuple[str, float, int]]:
