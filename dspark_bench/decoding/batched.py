@@ -46,7 +46,9 @@ class Request:
     seq: list[int] = field(default_factory=list)
     result: DecodeResult = field(default_factory=lambda: DecodeResult(tokens=[]))
     time_s: float = 0.0  # this request's share of the run's wall time
-    admitted: float = 0.0  # clock when it joined the batch ...
+    arrival: float = 0.0  # clock when it arrived (all 0 when every prompt waits at the start) ...
+    admitted: float = 0.0  # ... when it joined the batch ...
+    first_token: float = 0.0  # ... when its first step (its first tokens) ended ...
     finished: float = 0.0  # ... and when it left
 
     def done(self, config: DecodeConfig, eos_ids: frozenset[int]) -> bool:
@@ -66,7 +68,7 @@ def _clock(device: torch.device) -> float:
 
 def serving(prompts: list[list[int]], config: DecodeConfig, batch_size: int, lms: list[BatchLM],
             step: Callable[[list[Request]], None], eos_ids: frozenset[int], refill: bool = True,
-            seeds: list[int] | None = None) -> Iterator[None]:
+            seeds: list[int] | None = None, arrivals: list[float] | None = None) -> Iterator[None]:
     """Decode every prompt, at most `batch_size` at once; `step` advances every active row.
 
     A generator: it pauses after each step, so two of them (baseline and speculative) can take
@@ -76,17 +78,27 @@ def serving(prompts: list[list[int]], config: DecodeConfig, batch_size: int, lms
     `admitted` / `finished` marks are read on that own-time clock.
 
     Each request samples from its own generator, seeded as a batch-1 decode of its prompt is
-    (the config's seed) unless `seeds` gives one per prompt."""
+    (the config's seed) unless `seeds` gives one per prompt.
+
+    `arrivals` (seconds on that clock, non-decreasing, one per prompt; None: all waiting at 0) makes
+    it a server under load: a request joins at a step boundary once it has arrived, and an empty
+    server jumps its clock to the next arrival (it does nothing meanwhile, so nothing is slept:
+    baseline and speculative can still take turns). replay/load.py replays the same server."""
     device = lms[0].device
     waiting = deque(range(len(prompts)))
+    arrive = list(arrivals) if arrivals is not None else [0.0] * len(prompts)
     seeds = seeds if seeds is not None else [config.verification.seed] * len(prompts)
     requests = [Request(list(p), make_generator(config, device, seed), index, seq=list(p))
                 for index, (p, seed) in enumerate(zip(prompts, seeds))]
     active: list[int] = []  # request index of each batch row, in row order
     own = 0.0  # seconds this decoder has run so far
+    for request, at in zip(requests, arrive):
+        request.arrival = at
     while waiting or active:
+        if not active and arrive[waiting[0]] > own:
+            own = arrive[waiting[0]]  # idle until the next request arrives
         if waiting and len(active) < batch_size and (refill or not active):
-            while waiting and len(active) < batch_size:
+            while waiting and len(active) < batch_size and arrive[waiting[0]] <= own:
                 index = waiting.popleft()
                 requests[index].admitted = own
                 start = _clock(device)
@@ -98,6 +110,7 @@ def serving(prompts: list[list[int]], config: DecodeConfig, batch_size: int, lms
                 active.append(index)
         start = _clock(device)
         stepped = list(active)
+        starting = [i for i in stepped if not requests[i].result.tokens]
         step([requests[i] for i in stepped])
         done = {i for i in stepped if requests[i].done(config, eos_ids)}
         for row in reversed(range(len(active))):
@@ -109,6 +122,8 @@ def serving(prompts: list[list[int]], config: DecodeConfig, batch_size: int, lms
             lm.tidy()
         elapsed = _clock(device) - start  # the step with its cache upkeep, shared by its rows
         own += elapsed
+        for i in starting:
+            requests[i].first_token = own
         for i in stepped:
             requests[i].time_s += elapsed / len(stepped)
             if i in done:
@@ -251,18 +266,18 @@ class AutoregressiveStep:
 
 def speculative_serving(target, draft, prompts: list[list[int]], config: DecodeConfig, batch_size: int,
                         eos_ids: frozenset[int] = frozenset(), refill: bool = True,
-                        seeds: list[int] | None = None) -> Iterator[None]:
+                        seeds: list[int] | None = None, arrivals: list[float] | None = None) -> Iterator[None]:
     target_lm, draft_lm = BatchLM(target), BatchLM(draft)
     return serving(prompts, config, batch_size, [target_lm, draft_lm],
-                   SpeculativeStep(target_lm, draft_lm, config, eos_ids), eos_ids, refill, seeds)
+                   SpeculativeStep(target_lm, draft_lm, config, eos_ids), eos_ids, refill, seeds, arrivals)
 
 
 def autoregressive_serving(target, prompts: list[list[int]], config: DecodeConfig, batch_size: int,
                            eos_ids: frozenset[int] = frozenset(), refill: bool = True,
-                           seeds: list[int] | None = None) -> Iterator[None]:
+                           seeds: list[int] | None = None, arrivals: list[float] | None = None) -> Iterator[None]:
     target_lm = BatchLM(target)
     return serving(prompts, config, batch_size, [target_lm], AutoregressiveStep(target_lm, config, eos_ids), eos_ids,
-                   refill, seeds)
+                   refill, seeds, arrivals)
 
 
 @torch.inference_mode()

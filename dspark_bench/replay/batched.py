@@ -45,34 +45,51 @@ TOTALS = ("rounds", "drafted_total", "accepted_total", "full_blocks", "draft_for
 
 
 @numba.njit(cache=True, nogil=True)
-def _admit(slot_p, slot_j, next_p, P, active, refill, prefill):  # pragma: no cover (compiled)
-    """Fill free slots from the waiting prompts, in order: (next prompt, active rows, the
-    admitted prompts' prefill seconds)."""
-    spent = 0.0
+def _admit(slot_p, slot_j, next_p, P, active, refill, prefill, clock, arrive):  # pragma: no cover (compiled)
+    """Fill free slots, in order, from the requests that have arrived by `clock` (`arrive`: each
+    request's arrival, all 0 when every prompt waits at the start), each paying its own prefill
+    one after another, as the batched decoder admits them (one arriving meanwhile joins too). An
+    empty server first waits for the next arrival. Returns (next request, active rows, clock)."""
+    if active == 0 and next_p < P and arrive[next_p] > clock:
+        clock = arrive[next_p]  # idle until the next request arrives
     if refill or active == 0:
         for s in range(len(slot_p)):
-            if slot_p[s] < 0 and next_p < P:
+            if slot_p[s] < 0 and next_p < P and arrive[next_p] <= clock:
                 slot_p[s], slot_j[s] = next_p, 0
-                spent += prefill[next_p]
+                clock += prefill[next_p]
                 next_p += 1
                 active += 1
-    return next_p, active, spent
+    return next_p, active, clock
+
+
+@numba.njit(cache=True, nogil=True)
+def _stamp(rows, starts, clock, first, end):  # pragma: no cover (compiled)
+    """After a step ends at `clock`: the first token of each row that started there (`starts` 0),
+    and the latest token of every row (its last step's is its end)."""
+    for r in range(len(rows)):
+        if rows[r] >= 0:
+            if starts[r] == 0:
+                first[rows[r]] = clock
+            end[rows[r]] = clock
 
 
 @numba.njit(cache=True, nogil=True)
 def _walk_batched(fail, gamma_max, min_draft_len, discard_below, quorum, matches, lengths, max_new_tokens, batch_size,
-                  refill, t_draft, t_verify, prefill):  # pragma: no cover (compiled)
-    """Predicted seconds of one policy at `batch_size`: (padded, packed)."""
+                  refill, t_draft, t_verify, prefill, arrive, first, end):  # pragma: no cover (compiled)
+    """Predicted seconds of one policy at `batch_size`: (padded, packed). The padded layout's
+    clock (the one this engine runs) admits arrivals and stamps each request's first and last
+    token into `first` / `end`."""
     P, G = len(lengths), t_verify.shape[1] - 1
     slot_p, slot_j = np.full(batch_size, -1), np.zeros(batch_size, np.int64)
     length, forwards = np.zeros(batch_size, np.int64), np.zeros(batch_size, np.int64)
     drafting = np.zeros(G + 2, np.int64)  # rows whose draft ran at least j forwards
     next_p, active, padded, packed = 0, 0, 0.0, 0.0
     while True:
-        next_p, active, spent = _admit(slot_p, slot_j, next_p, P, active, refill, prefill)
-        padded, packed = padded + spent, packed + spent
+        next_p, active, clock = _admit(slot_p, slot_j, next_p, P, active, refill, prefill, padded, arrive)
+        padded, packed = clock, packed + clock - padded
         if active == 0:
             return padded, packed
+        rows, starts = slot_p.copy(), slot_j.copy()
         drafting[:] = 0
         for s in range(batch_size):  # each row's own draft: its length and its draft forwards
             p = slot_p[s]
@@ -104,6 +121,7 @@ def _walk_batched(fail, gamma_max, min_draft_len, discard_below, quorum, matches
                 slot_p[s] = -1
                 leaving += 1
         padded += most * t_draft[active] + t_verify[active, longest]
+        _stamp(rows, starts, padded, first, end)
         for step in range(1, most + 1):
             packed += t_draft[drafting[step]]
         packed += packed_verify(t_verify[active], tokens, active)
@@ -113,19 +131,19 @@ def _walk_batched(fail, gamma_max, min_draft_len, discard_below, quorum, matches
 @numba.njit(cache=True, nogil=True)
 def _walk_budget(alpha, eos_step, matches, lengths, max_new_tokens, gamma_max, min_draft_len, batch_size, refill,
                  packed_rule, rule_draft, rule_verify, t_draft, t_verify, prefill, drafted_at,
-                 counts):  # pragma: no cover (compiled)
+                 counts, arrive, first, end):  # pragma: no cover (compiled)
     """The budget schedule's walk (decoding/budget.py): its rows' drafts are decided together, by
     `decide` after every draft step on the batch's fitted acceptances `alpha` [P, N, G], as the
     batched decoder decides them. Predicted seconds (padded, packed); drafted_at[p, j]: what the
     round at j drafted (left alone where no round starts); counts: rounds, drafted, accepted,
-    full blocks, draft forwards."""
+    full blocks, draft forwards; arrivals and first / last tokens as `_walk_batched`'s."""
     P = len(lengths)
     slot_p, slot_j = np.full(batch_size, -1), np.zeros(batch_size, np.int64)
     go = np.zeros(batch_size, dtype=np.bool_)  # decide's answer, row by row
     next_p, active, padded, packed = 0, 0, 0.0, 0.0
     while True:
-        next_p, active, spent = _admit(slot_p, slot_j, next_p, P, active, refill, prefill)
-        padded, packed = padded + spent, packed + spent
+        next_p, active, clock = _admit(slot_p, slot_j, next_p, P, active, refill, prefill, padded, arrive)
+        padded, packed = clock, packed + clock - padded
         if active == 0:
             return padded, packed
         live = np.flatnonzero(slot_p >= 0)  # the batch's rows (their order changes no decision)
@@ -167,22 +185,25 @@ def _walk_budget(alpha, eos_step, matches, lengths, max_new_tokens, gamma_max, m
                 slot_p[live[r]] = -1
                 leaving += 1
         padded += steps * t_draft[n] + t_verify[n, length.max()]
+        _stamp(keys, starts, padded, first, end)
         packed += draft_seconds(steps_with, t_draft, 0) + packed_verify(t_verify[n], tokens, n)
         active -= leaving
 
 
 @numba.njit(cache=True, nogil=True)
-def _walk_baseline(lengths, batch_size, refill, t_verify, prefill):  # pragma: no cover (compiled)
-    """Predicted seconds of batched autoregressive decoding: one t_verify(b, 0) per step."""
+def _walk_baseline(lengths, batch_size, refill, t_verify, prefill, arrive, first,
+                   end):  # pragma: no cover (compiled)
+    """Predicted seconds of batched autoregressive decoding: one t_verify(b, 0) per step (arrivals
+    and first / last tokens as `_walk_batched`'s)."""
     P = len(lengths)
     slot_p, slot_j = np.full(batch_size, -1), np.zeros(batch_size, np.int64)
     next_p, active, spent = 0, 0, 0.0
     while True:
-        next_p, active, admitted = _admit(slot_p, slot_j, next_p, P, active, refill, prefill)
-        spent += admitted
+        next_p, active, spent = _admit(slot_p, slot_j, next_p, P, active, refill, prefill, spent, arrive)
         if active == 0:
             return spent
         spent += t_verify[active, 0]
+        _stamp(slot_p, slot_j, spent, first, end)
         for s in range(batch_size):
             if slot_p[s] >= 0:
                 slot_j[s] += 1
@@ -194,12 +215,28 @@ def _walk_baseline(lengths, batch_size, refill, t_verify, prefill):  # pragma: n
 def predict_batched(rec: Record, configs: list[DecodeConfig], surface: CostSurface,
                     refill: bool = True) -> pd.DataFrame:
     """Per policy, at its own batch_size: predicted seconds and speedup, padded and packed, and
-    the batched baseline's predicted seconds."""
+    the batched baseline's predicted seconds (every prompt waiting at the start)."""
+    table = pd.DataFrame(list(walks(rec, configs, surface, refill)))
+    table = table.sort_values("config_id").reset_index(drop=True)
+    table["predicted_speedup"] = table["predicted_baseline_time"] / table["predicted_time"]
+    table["predicted_speedup_packed"] = table["predicted_baseline_time"] / table["predicted_time_packed"]
+    return table
+
+
+def walks(rec: Record, configs: list[DecodeConfig], surface: CostSurface, refill: bool = True,
+          arrive: np.ndarray | None = None, per_request=None):
+    """Each policy's walk at its own batch_size, one row (a dict) each, in no set order. `arrive`:
+    each record row's arrival (seconds; None: all at 0), in the order they arrive; where given,
+    `per_request(first, end)` (each row's first and last token, on the padded clock) adds its
+    columns to the row, and the plain decoding of each batch size is a row of its own
+    (config_id -1)."""
     deepest = max(c.stopping.gamma_max for c in configs)
     if min(len(m.t_verify) for m in surface.models.values()) <= deepest:
         raise DsparkError(f"the cost surface times drafts shorter than gamma_max {deepest}; measure it again")
     matches, eos = match_lengths(rec).astype(np.int64), eos_positions(rec).astype(np.int64)
     lengths = rec.lengths.astype(np.int64)
+    arrive = np.zeros(len(lengths)) if arrive is None else np.asarray(arrive, dtype=np.float64)
+    first, end = np.zeros(len(lengths)), np.zeros(len(lengths))
     signals, signal_of = _signals(rec, configs)
     thresholds = _thresholds(configs, rec.gamma_record)
     # A learned policy's draft steps cost what its signal adds too (CostModel.t_learned).
@@ -210,49 +247,55 @@ def predict_batched(rec: Record, configs: list[DecodeConfig], surface: CostSurfa
     prompt = np.maximum(np.asarray(rec.info.get("prompt_tokens", [1] * len(lengths)), dtype=np.float64) - 1, 0)
     prefill_base = prompt * alone.t_prefill_target
     prefill_spec = prompt * (alone.t_prefill_target + alone.t_prefill_draft)
-    baseline = {b: _walk_baseline(lengths, b, refill, verify, prefill_base) for (b, _), (_, verify) in tables.items()}
+    baseline = {}
+    for (b, _), (_, verify) in tables.items():
+        if b not in baseline:
+            baseline[b] = _walk_baseline(lengths, b, refill, verify, prefill_base, arrive, first, end)
+            if per_request is not None:
+                yield {"config_id": -1, "batch_size": b, "predicted_time": baseline[b], **per_request(first, end)}
     fail = np.empty(matches.shape, dtype=np.int64)
-    rows, last_key = [], None
+    last_key = None
     forced_steps, keep, discard_below = rule_arrays(configs)
     order = sorted(range(len(configs)), key=lambda c: (signal_of[c], forced_steps[c], keep[c], tuple(thresholds[c])))
     for c in order:
         config = configs[c]
         draft, verify = tables[(config.batching.batch_size, config.stopping.metric == LEARNED)]
         if schedules.of(config).whole_batch:  # its rows decide together: a walk of its own
-            rows.append({"config_id": c,
-                         **walk_budget(rec, config, draft, verify, prefill_spec, refill, matches, eos)[0],
-                         "predicted_baseline_time": baseline[config.batching.batch_size]})
-            continue
-        key = (signal_of[c], forced_steps[c], keep[c], tuple(thresholds[c]))
-        if key != last_key:  # policies that stop at the same draft steps share one failure table
-            _first_failures(signals[signal_of[c]], thresholds[c], forced_steps[c], keep[c], eos, fail)
-            last_key = key
-        padded, packed = _walk_batched(fail, config.stopping.gamma_max, forced_steps[c], discard_below[c],
-                                       config.stopping.batch_quorum, matches, lengths, rec.max_new_tokens,
-                                       config.batching.batch_size, refill, draft, verify, prefill_spec)
-        rows.append({"config_id": c, "predicted_time": padded, "predicted_time_packed": packed,
-                     "predicted_baseline_time": baseline[config.batching.batch_size]})
-    table = pd.DataFrame(rows).sort_values("config_id").reset_index(drop=True)
-    table["predicted_speedup"] = table["predicted_baseline_time"] / table["predicted_time"]
-    table["predicted_speedup_packed"] = table["predicted_baseline_time"] / table["predicted_time_packed"]
-    return table
+            row = walk_budget(rec, config, draft, verify, prefill_spec, refill, matches, eos, arrive, first, end)[0]
+        else:
+            key = (signal_of[c], forced_steps[c], keep[c], tuple(thresholds[c]))
+            if key != last_key:  # policies that stop at the same draft steps share one failure table
+                _first_failures(signals[signal_of[c]], thresholds[c], forced_steps[c], keep[c], eos, fail)
+                last_key = key
+            padded, packed = _walk_batched(fail, config.stopping.gamma_max, forced_steps[c], discard_below[c],
+                                           config.stopping.batch_quorum, matches, lengths, rec.max_new_tokens,
+                                           config.batching.batch_size, refill, draft, verify, prefill_spec,
+                                           arrive, first, end)
+            row = {"predicted_time": padded, "predicted_time_packed": packed}
+        row = {"config_id": c, **row, "predicted_baseline_time": baseline[config.batching.batch_size]}
+        yield row if per_request is None else {**row, **per_request(first, end)}
 
 
 def walk_budget(rec: Record, config: DecodeConfig, draft: np.ndarray, verify: np.ndarray, prefill: np.ndarray,
-                refill: bool = True, matches: np.ndarray | None = None,
-                eos: np.ndarray | None = None) -> tuple[dict, np.ndarray]:
+                refill: bool = True, matches: np.ndarray | None = None, eos: np.ndarray | None = None,
+                arrive: np.ndarray | None = None, first: np.ndarray | None = None,
+                end: np.ndarray | None = None) -> tuple[dict, np.ndarray]:
     """One budget policy at its batch size: (its predicted times and totals, drafted_at [P, N]:
     what the round at each position drafted, -1 where no round starts), priced by `draft` /
-    `verify` (the surface's tables at its B) and deciding with its own goodput model's."""
+    `verify` (the surface's tables at its B) and deciding with its own goodput model's; arrivals
+    and first / last tokens as `walks`'."""
     rule = budget.rule_for(config)
     alpha = rule.curve(rec.confidences[signal_of(config)].astype(np.float64))  # as Proposal fits each score
     matches = match_lengths(rec).astype(np.int64) if matches is None else matches
     eos = eos_positions(rec).astype(np.int64) if eos is None else eos
     drafted_at, counts = np.full(matches.shape, -1, dtype=np.int64), np.zeros(5, dtype=np.int64)
+    P = len(rec.lengths)
+    arrive = np.zeros(P) if arrive is None else arrive
+    first, end = (np.zeros(P) if first is None else first), (np.zeros(P) if end is None else end)
     padded, packed = _walk_budget(alpha, eos, matches, rec.lengths.astype(np.int64), rec.max_new_tokens,
                                   config.stopping.gamma_max, config.stopping.min_draft_len, config.batching.batch_size,
                                   refill, rule.packed, rule.t_draft, rule.t_verify, draft, verify,
-                                  prefill, drafted_at, counts)
+                                  prefill, drafted_at, counts, arrive, first, end)
     totals = dict(zip(TOTALS, counts.tolist()))
     return {"predicted_time": padded, "predicted_time_packed": packed, **totals}, drafted_at
 

@@ -1,0 +1,204 @@
+"""Replay under load (replay/load.py): requests arriving over time, served by continuous batching.
+
+The replay must be the batched decoder's own server: with every step costing what the cost
+surface says (a clock that the steps advance by their own prices), the decoder under the same
+arrivals stamps every request's first and last token where the walk does, to the float.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+import pytest
+import tiny
+from test_batched import PROMPTS, SURFACE, Logged
+from test_budget import MODEL as BUDGET_MODEL
+
+from dspark_bench.config import DecodeConfig
+from dspark_bench.decoding import batched as batched_decoder
+from dspark_bench.decoding.batch_lm import BatchLM
+from dspark_bench.decoding.batched import AutoregressiveStep, SpeculativeStep, serve
+from dspark_bench.errors import DsparkError
+from dspark_bench.harness.load_run import load_run
+from dspark_bench.replay import load
+from dspark_bench.replay.batched import predict_batched, walks
+from dspark_bench.replay.simulate import record
+
+N = 12
+# Two at once, one mid-run, a gap the server idles through, then a burst beyond the batch.
+ARRIVALS = np.array([0.0, 0.0, 0.04, 0.05, 0.6, 3.0, 3.0, 3.0, 3.001])
+B = 3
+POLICIES = [
+    DecodeConfig.of(metric="entropy", threshold=0.5, gamma_max=5, max_new_tokens=N, batch_size=B),
+    DecodeConfig.of(schedule="fixed", gamma_max=3, max_new_tokens=N, batch_size=B),
+    DecodeConfig.of(metric="top1", threshold=0.6, gamma_max=5, min_draft_len=1, batch_quorum=0.5, max_new_tokens=N,
+                    batch_size=B),
+    DecodeConfig.of(schedule="goodput", goodput_model=tiny.GOODPUT_MODEL, gamma_max=5, min_draft_len=0,
+                    max_new_tokens=N, batch_size=B),
+    DecodeConfig.of(schedule="budget", goodput_model=str(BUDGET_MODEL), gamma_max=4, max_new_tokens=N,
+                    batch_size=B),
+]
+
+
+@pytest.fixture(scope="module")
+def setting(llama_pair):
+    target, draft = llama_pair
+    pair = SimpleNamespace(target=target, draft=draft, eos_ids=frozenset({1}))
+    ids = [PROMPTS[i % len(PROMPTS)] for i in range(len(ARRIVALS))]
+    return pair, ids, record(pair, ids, N, 5, topk=5, eos_ids=pair.eos_ids)
+
+
+class Priced(Logged):
+    """A step that advances a clock by what the surface charges for it (padded layout)."""
+
+    def __init__(self, step, clock: list[float], t_draft, t_verify):
+        super().__init__(step)
+        self.clock, self.t_draft, self.t_verify = clock, t_draft, t_verify
+
+    def __call__(self, requests):
+        super().__call__(requests)
+        rows, forwards, longest, _ = self.steps[-1]
+        self.clock[0] += forwards * self.t_draft[rows] + self.t_verify[rows, longest]
+
+
+def served_on_the_surface(monkeypatch, pair, ids, config, plain: bool) -> list:
+    """The batched decoder serving ARRIVALS, its clock the surface's prices of its own steps."""
+    clock = [0.0]
+    monkeypatch.setattr(batched_decoder, "_clock", lambda device: clock[0])
+    t_draft, t_verify = SURFACE.tables(B)
+    target_lm, draft_lm = BatchLM(pair.target), BatchLM(pair.draft)
+    step = (AutoregressiveStep(target_lm, config, pair.eos_ids) if plain
+            else SpeculativeStep(target_lm, draft_lm, config, pair.eos_ids))
+    lms = [target_lm] if plain else [target_lm, draft_lm]
+    return serve(ids, config, B, lms, Priced(step, clock, t_draft, t_verify), pair.eos_ids, True, None,
+                 list(ARRIVALS))
+
+
+def walked(rec, configs) -> dict:
+    """Each walk's (first, last token) stamps, by config_id (-1: plain decoding)."""
+    stamps = {}
+
+    def keep(first, end):
+        return {"first": first.copy(), "end": end.copy()}
+
+    for row in walks(rec, configs, SURFACE, True, ARRIVALS, keep):
+        stamps[row["config_id"]] = (row["first"], row["end"])
+    return stamps
+
+
+def test_the_load_replay_is_the_decoder_s_own_server(monkeypatch, setting):
+    pair, ids, rec = setting
+    stamps = walked(rec, POLICIES)
+    for config_id, config in [(-1, POLICIES[1])] + list(enumerate(POLICIES)):
+        served = served_on_the_surface(monkeypatch, pair, ids, config, plain=config_id < 0)
+        first, end = stamps[config_id]
+        assert [r.arrival for r in served] == list(ARRIVALS)
+        assert all(r.admitted >= r.arrival for r in served)  # nobody joins before it arrives
+        np.testing.assert_allclose([r.first_token for r in served], first, rtol=1e-12, err_msg=config.label())
+        np.testing.assert_allclose([r.finished for r in served], end, rtol=1e-12, err_msg=config.label())
+    # The server stood empty between 0.6's request and 3.0's: the burst starts at its arrival.
+    assert min(stamps[-1][0][5:]) > 3.0 and max(stamps[-1][1][:5]) < 3.0
+
+
+def test_every_request_waiting_at_the_start_is_the_batched_walk(setting):
+    _, _, rec = setting
+    predicted = predict_batched(rec, POLICIES, SURFACE)
+    at_once = load.Arrivals(np.zeros(len(rec.lengths)), "at once", np.inf)
+    table = load.replay_load(rec, POLICIES, SURFACE, [at_once], B)
+    plain = table[table["config_id"] < 0].iloc[0]
+    assert plain["makespan_s"] == pytest.approx(predicted["predicted_baseline_time"].iloc[0], rel=1e-12)
+    policies = table[table["config_id"] >= 0].sort_values("config_id")
+    np.testing.assert_allclose(policies["makespan_s"], predicted["predicted_time"], rtol=1e-12)
+    tokens = rec.lengths.sum()
+    np.testing.assert_allclose(policies["throughput"], tokens / predicted["predicted_time"], rtol=1e-12)
+    assert list(policies["config_label"]) == [c.policy_label() for c in POLICIES]
+
+
+def test_serving_metrics_by_hand():
+    arrive, first, end = np.array([0.0, 1.0, 1.0]), np.array([0.5, 1.5, 3.0]), np.array([2.5, 2.0, 3.0])
+    tokens = np.array([5, 2, 1])
+    out = load.serving_metrics(arrive, first, end, tokens, tpot_limit=0.4)
+    # TPOT: (2.5 - 0.5) / 4 = 0.5 and (2.0 - 1.5) / 1 = 0.5; the one-token request has none.
+    assert out["tpot_p50_s"] == pytest.approx(0.5) and out["tpot_p99_s"] == pytest.approx(0.5)
+    assert out["ttft_p50_s"] == pytest.approx(0.5)
+    assert out["ttft_p99_s"] == pytest.approx(np.percentile([0.5, 0.5, 2.0], 99))
+    assert out["throughput"] == pytest.approx(8 / 3.0)
+    assert out["goodput"] == pytest.approx(1 / 3.0)  # only the one-token request is within 0.4 s per token
+    assert load.serving_metrics(arrive, first, end, tokens, tpot_limit=0.5)["goodput"] == pytest.approx(8 / 3.0)
+    assert load.serving_metrics(arrive, first, end, tokens, ttft_limit=1.0)["goodput"] == pytest.approx(7 / 3.0)
+
+
+def test_poisson_arrivals_are_seeded_and_at_their_rate():
+    a, b = load.poisson(4.0, 4000, seed=3), load.poisson(4.0, 4000, seed=3)
+    assert np.array_equal(a.times, b.times) and a.times[0] == 0.0 and np.all(np.diff(a.times) >= 0)
+    assert not np.array_equal(a.times, load.poisson(4.0, 4000, seed=4).times)
+    assert (len(a.times) - 1) / a.times[-1] == pytest.approx(4.0, rel=0.05)
+    for bad in (0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(DsparkError, match="arrival rate must be a number above 0"):
+            load.poisson(bad, 10)
+
+
+def test_a_trace_is_read_and_a_bad_one_refused_in_one_line(tmp_path: Path):
+    good = tmp_path / "arrivals.txt"
+    good.write_text("arrival_s\n# seconds\n10.0\n10.5\n12\n")
+    trace = load.read_trace(good)
+    assert list(trace.times) == [0.0, 0.5, 2.0] and trace.rate == pytest.approx(1.0)
+    cases = {"missing.txt": None, "words.txt": "0\nsoon\n", "backwards.txt": "0\n2\n1\n", "empty.txt": "# none\n",
+             "negative.txt": "-1\n"}
+    messages = {"missing.txt": "cannot read the arrival trace", "words.txt": "words.txt:2: an arrival time",
+                "backwards.txt": "must not decrease", "empty.txt": "holds no arrival time",
+                "negative.txt": "finite number >= 0"}
+    for name, text in cases.items():
+        if text is not None:
+            (tmp_path / name).write_text(text)
+        with pytest.raises(DsparkError, match=messages[name]) as err:
+            load.read_trace(tmp_path / name)
+        assert "\n" not in str(err.value)
+
+
+def test_a_max_batch_beyond_the_surface_is_refused(setting):
+    _, _, rec = setting
+    with pytest.raises(DsparkError, match="--max-batch 9 is beyond the cost surface, measured up to B = 8"):
+        load.replay_load(rec, POLICIES, SURFACE, [load.poisson(1.0, 4)], 9)
+
+
+def test_more_requests_than_prompts_repeat_the_prompts(setting):
+    _, _, rec = setting
+    tiled = load.requests_of(rec, 20)
+    assert np.array_equal(tiled.lengths, rec.lengths[np.arange(20) % len(rec.lengths)])
+    assert np.array_equal(tiled.rollout[len(rec.lengths)], rec.rollout[0])
+
+
+def test_verdicts_pick_per_rate(setting):
+    _, _, rec = setting
+    loads = [load.poisson(rate, 30, seed=1) for rate in (0.5, 50.0)]
+    table = load.replay_load(rec, POLICIES, SURFACE, loads, B)
+    assert len(table) == 2 * (len(POLICIES) + 1)
+    out = load.verdicts(table, "throughput")
+    assert [v["arrival_rate"] for v in out] == [0.5, 50.0]
+    for v, (_, group) in zip(out, table.groupby("arrival_rate")):
+        assert v["best"]["throughput"] == pytest.approx(group[group["config_id"] >= 0]["throughput"].max())
+        assert v["best_fixed"]["config_label"] == "fixed γ=3 · B=3"
+        assert v["plain"]["config_label"] == load.PLAIN
+    low = load.verdicts(table, "tpot_p50")[1]
+    assert low["best"]["tpot_p50_s"] == pytest.approx(table[(table["arrival_rate"] == 50.0)
+                                                            & (table["config_id"] >= 0)]["tpot_p50_s"].min())
+    # A limit nothing meets leaves no best policy, said as such.
+    assert load.verdicts(table, "throughput", tpot_limit=1e-9)[0]["best"] is None
+    with pytest.raises(DsparkError, match="unknown load objective"):
+        load.verdicts(table, "latency")
+
+
+def test_a_real_load_run_serves_every_request_losslessly(setting):
+    pair, ids, _ = setting
+    arrivals = load.Arrivals(ARRIVALS / 100, "test", 1.0)
+    summary, requests = load_run(pair, PROMPTS, POLICIES[:2], arrivals, B, pair.eos_ids)
+    assert list(summary["config_label"]) == [load.PLAIN] + [c.policy_label() for c in POLICIES[:2]]
+    assert summary["identical"].all()
+    assert (requests["admitted_s"] >= requests["arrival_s"]).all()
+    assert (requests["finished_s"] >= requests["first_token_s"]).all()
+    assert (summary["throughput"] > 0).all() and (summary["tpot_p99_s"] >= summary["tpot_p50_s"]).all()
+    assert isinstance(requests, pd.DataFrame) and len(requests) == 3 * len(ARRIVALS)
