@@ -325,9 +325,11 @@ def analyze_afterwards(folder: Path) -> None:
 def test_replay_sweep_over_batch_sizes_confirms_the_best_at_each(saved_pair, prompts_file, tmp_path):
     from dspark_bench.reporting.report import build_report, figures_written
 
-    # --confirm-top 4: at each B the best, then the best learned, goodput and budget policy.
+    # --confirm-top 4: at each B the best, then the best learned, goodput and budget policy; and
+    # every policy replayed under load at two arrival rates.
     args = base_args(saved_pair, prompts_file, tmp_path) + ["--batch-size", "1", "--batch-size", "2",
-                                                            "--confirm-top", "4", "--analyze"]
+                                                            "--confirm-top", "4", "--analyze", "--arrival-rate", "50",
+                                                            "--arrival-rate", "0.5", "--requests", "12"]
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     # Per batch size: 4 + 2 fixed γ + 2 goodput + the budget (2 at B = 1, 2 × 2 layouts at B = 2) + learned.
@@ -380,11 +382,37 @@ def test_replay_sweep_over_batch_sizes_confirms_the_best_at_each(saved_pair, pro
     assert "plots/batch_sizes.png" in figures_written(report) and "plots/signal_headroom.png" in figures_written(report)
     assert "### How good a signal would have to be" in report.read_text()
     text = report.read_text()
+    check_under_load(folder, table, summary, result.output, text, figures_written(report))
     assert "## Batch sizes" in text and "predicted" in text and "at batch size 1" in text
     assert "| top1 |" in text and "Brier (fit)" in text  # the acceptance fit's quality, per metric
     assert "## Headroom" in text and "exact optimum" in text
     assert "| learned |" in text and "Held out by prompt" in text  # the reliability figure's signals table
     check_exports(folder, tmp_path)
+
+
+def check_under_load(folder: Path, table: pd.DataFrame, summary: dict, output: str, report: str, figures) -> None:
+    """The load stage of a sweep over B = 1, 2 at two arrival rates: every B = 2 policy of the draft
+    model (the sweep's ids) and plain decoding at each rate, the best per rate by throughput,
+    and the console, report and figure saying so."""
+    load = pd.read_parquet(folder / "load.parquet")
+    served = table[(table["batch_size"] == 2) & (table["drafter"] == "model")]
+    assert set(load["config_id"]) == set(served["config_id"]) | {-1}
+    assert len(load) == 2 * (len(served) + 1) and sorted(load["arrival_rate"].unique()) == [0.5, 50.0]
+    assert (load["requests"] == 12).all() and (load["tpot_p99_s"] >= load["tpot_p50_s"]).all()
+    labels = dict(zip(served["config_id"], served["config_label"]))
+    for row in load[load["config_id"] >= 0].itertuples():  # the label names the policy, at the server's B
+        assert row.config_label == labels[row.config_id]
+    entry = summary["load"]
+    assert entry["max_batch"] == 2 and entry["points"] == len(load) and entry["objective"] == "throughput"
+    for by_rate in entry["by_rate"]:
+        here = load[(load["arrival_rate"] == by_rate["arrival_rate"]) & (load["config_id"] >= 0)]
+        assert by_rate["best"]["throughput"] == pytest.approx(here["throughput"].max())
+        assert by_rate["plain"]["config_label"] == "plain decoding"
+    # Past saturation the server runs full; at 0.5 requests/s a 12-token request is served alone.
+    light, heavy = (load[(load["arrival_rate"] == r) & (load["config_id"] < 0)].iloc[0] for r in (0.5, 50.0))
+    assert heavy["throughput"] > light["throughput"] and heavy["ttft_p99_s"] > light["ttft_p99_s"]
+    assert "under load (replayed, 12 requests, up to 2 at once" in output and entry["verdict"] in output
+    assert "## Under load" in report and "plots/under_load.png" in figures
 
 
 def check_exports(folder: Path, tmp_path: Path) -> None:

@@ -191,6 +191,7 @@ def print_best(result, wide: bool = False) -> None:
     if (summary.get("sampling") or {}).get("precision"):  # what the sampled paths bought
         out_console.print(summary["sampling"]["precision"]["sentence"], style="dim", highlight=False, soft_wrap=True)
     print_depth_search(summary)
+    print_under_load(summary)
     print_health(summary)
     out_console.print(f"run folder: {folder}")
     if summary.get("evaluation") == "replay" and not result.analysis and not summary.get("sampling"):
@@ -295,6 +296,29 @@ def print_depth_search(summary: dict) -> None:
                                                 "(nothing timed with --confirm-top 0: replay's answer alone)")
     out_console.print(f"depth policy vs best single policy, paired on the same prompts: {said}", style="bold",
                       highlight=False, soft_wrap=True)
+
+
+def print_under_load(summary: dict) -> None:
+    """A sweep under load: per arrival rate, the best policy beside the best fixed γ and plain
+    decoding, each as throughput and p50 / p99 time per output token (replayed)."""
+    load = summary.get("load")
+    if not load:
+        return
+
+    def served(entry) -> str:
+        if entry is None:
+            return "none within the limit"
+        return (f"{entry['config_label']}: {entry['throughput']:.0f} tok/s, TPOT {entry['tpot_p50_s'] * 1e3:.0f} / "
+                f"{entry['tpot_p99_s'] * 1e3:.0f} ms")
+
+    rows = [[row["arrival"], served(row["best"]), served(row["best_fixed"]), served(row["plain"])]
+            for row in load["by_rate"]]
+    limit = f", p99 TPOT within {load['tpot_limit_s'] * 1e3:g} ms" if load.get("tpot_limit_s") else ""
+    print_small_table(f"under load (replayed, {load['requests']} requests, up to {load['max_batch']} at once; best by "
+                      f"{load['objective']}{limit}): throughput, TPOT p50 / p99",
+                      ("load", "best", "best fixed γ", "plain decoding"), rows,
+                      left=("load", "best", "best fixed γ", "plain decoding"))
+    out_console.print(load["verdict"], style="bold", highlight=False, soft_wrap=True)
 
 
 def print_verdicts(summary: dict) -> None:

@@ -65,6 +65,9 @@ class CommandOptions:
     shard: str | None = knob(None, "With --continuations: record only shard I/N of the prompts (machine I of N) and "
                              "stop; the sweep without --shard assembles every shard's parts. 1/1: record every "
                              "prompt, and stop.")
+    arrival_rate: float | None = knob(None, "Replay under load: requests arriving per second (a Poisson process); "
+                                      "repeatable, one load each: the best policy per rate (docs/batch-sizes.md).",
+                                      repeats=True, panel="Under load")
     set_: str | None = knob(None, "Override any spec field: key=value (YAML value), e.g. space.threshold=[0.2,0.4].",
                             flag="--set", repeats=True)
     # --- regress: the baseline, what is compared with it, and how closely

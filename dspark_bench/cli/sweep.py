@@ -17,17 +17,19 @@ from dspark_bench.tuning.spec import SweepSpec
 # The knobs whose values the sweep's flags give as its search space (a spec's `space`).
 SPACE = tuple(name for name, f in KNOBS.items() if f.metadata["searched"] and f.metadata["repeats"])
 # A sweep's own settings (SweepSpec declares them); objective and continuations take lists.
-STUDY = ("method", "evaluation", "trials", "confirm_top", "paths", "analyze", "prices")
+STUDY = ("method", "evaluation", "trials", "confirm_top", "paths", "analyze", "prices",
+         "arrival_trace", "requests", "max_batch", "load_objective", "tpot_limit")
 
 
 @with_options("workload", fields_of(Workload, without=("turns", "trace")), unset="the spec's")  # a sweep refuses both
 @with_options("space", knob_fields(SPACE), many=True, unset="the spec's")
 @with_options("study_flags", fields_of(SweepSpec, STUDY), unset="the spec's")
-@command_options("spec", "objective", "storage", "study", "workers", "resume", "continuations", "shard", "set_", "out",
-                 "wide")
+@command_options("spec", "objective", "storage", "study", "workers", "resume", "continuations", "shard", "arrival_rate",
+                 "set_", "out", "wide")
 def sweep(
     *, spec: Path | None, objective: str | None, storage: str | None, study: str | None, workers: int,
-    resume: Path | None, continuations: Path | None, shard: str | None, set_: list[str] | None, out: Path, wide: bool,
+    resume: Path | None, continuations: Path | None, shard: str | None, arrival_rate: list[float] | None,
+    set_: list[str] | None, out: Path, wide: bool,
     worker_only: Annotated[bool, typer.Option(hidden=True)] = False,
     workload: dict | None = None, space: dict | None = None, study_flags: dict | None = None,
 ):
@@ -36,12 +38,14 @@ def sweep(
     Example: dspark-bench sweep --task code --spec sweeps/code.yaml --limit 10
     Example: dspark-bench sweep --task code --drafter model --drafter heads --drafter lookup
     Example: dspark-bench sweep --task code --continuations continuations.jsonl
+    Example: dspark-bench sweep --task code --batch-size 1 --batch-size 8 --arrival-rate 1 --arrival-rate 4
     """
     from dspark_bench.tuning import spec as specs  # loaded when the command runs, not for --help
 
     with cli_errors():
         flags = {**workload, **space, **study_flags, "objective": objective,
-                 "continuations": None if continuations is None else str(continuations)}
+                 "continuations": None if continuations is None else str(continuations),
+                 "arrival_rates": arrival_rate or None}
         # The spec first, every field checked as declared: a flag out of bounds is refused in the
         # seconds tuning.spec takes to load, before the sweep's own libraries (torch, Optuna) do.
         chosen, origin = (specs.resolve_spec(spec, specs.command_overrides(flags, set_ or []))

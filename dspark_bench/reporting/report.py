@@ -38,6 +38,7 @@ from dspark_bench.reporting.report_inputs import (
 )
 from dspark_bench.reporting.temperatures import temperature_figure
 from dspark_bench.reporting.text import summary_blocks, to_html, to_markdown
+from dspark_bench.reporting.under_load import load_blocks, load_figure
 from dspark_bench.results import check_writable, describe_machine, evaluation_of, provenance, write_bytes, write_text
 
 # Long: every figure's data checks and caption, in the report's order, beside the one writer (the
@@ -91,6 +92,8 @@ def make_figures(inputs: Inputs, by: str | None = None) -> list[FigureItem]:
     _attempt(items, "temperatures", "13. The best policy against the traffic's temperature",
              lambda: temperature_figure(inputs))
     _attempt(items, "depth", "14. Acceptance, best policy and speedup by context depth", lambda: depth_figure(inputs))
+    _attempt(items, "under_load", "15. Throughput and time per output token against the arrival rate",
+             lambda: load_figure(inputs))
     return items
 
 
@@ -368,6 +371,7 @@ def build_report(paths, out: Path | None = None, fmt: str = "png", by: str | Non
     blocks += summary_blocks(inputs)
     if inputs.batched is not None:
         blocks += batch_blocks(inputs.batched)
+    blocks += load_blocks(inputs)
     blocks.append(("h2", "Figures"))
     html_blocks = list(blocks)
     mime = {"png": "image/png", "svg": "image/svg+xml"}[fmt]

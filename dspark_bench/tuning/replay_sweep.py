@@ -53,6 +53,7 @@ from dspark_bench.tuning.depth_choice import DepthChoice, depth_search, depth_su
 from dspark_bench.tuning.preparation import LoadedSweep, SweepResult
 from dspark_bench.tuning.records import drafter_groups, record_all, record_key
 from dspark_bench.tuning.spec import SweepSpec
+from dspark_bench.tuning.under_load import load_stage
 
 if TYPE_CHECKING:
     from dspark_bench.harness.runner import StageProgress
@@ -124,6 +125,7 @@ def replay_sweep(folder: Path, spec: SweepSpec, prepared: LoadedSweep, records_r
     write_parquet(folder / "trials.parquet", table)
     if not samples.empty:
         write_parquet(folder / "samples.parquet", samples)
+    load = load_stage(folder, spec, configs, records.get(MODEL), prices.surface, say)
     checks = sweep_checks(table, prices, probe, time.perf_counter() - started - prices.timing_s, estimate)
     record_dir = record_dirs.get(MODEL, next(iter(record_dirs.values())))
     result = write_replay_summary(folder, table, spec, prices.cost, record_dir, health(checks), not cost_unreliable,
@@ -131,7 +133,8 @@ def replay_sweep(folder: Path, spec: SweepSpec, prepared: LoadedSweep, records_r
                                    # where the target's continuations came from: an engine's file, else decoded here
                                    "continuations": (prepared.continuations.describe() if prepared.continuations
                                                      else None),
-                                   "sampling": sampling_summary(records[record_key_of(records)], table)})
+                                   "sampling": sampling_summary(records[record_key_of(records)], table),
+                                   "load": load})
     if spec.analyze and MODEL in records and prepared.base.greedy:
         studied = Studied(table, records[MODEL], prices.cost, prices.surface if prices.batched else None)
         result.analysis = analyze(studied, progress)

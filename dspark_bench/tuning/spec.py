@@ -20,8 +20,10 @@ from dspark_bench.config import SEARCHABLE_FIELDS, DecodeConfig, expand, knob, s
 from dspark_bench.errors import DsparkError, first_line
 from dspark_bench.harness.workload import Workload
 from dspark_bench.objectives import OBJECTIVES
+from dspark_bench.replay.load import LOAD_OBJECTIVES, read_trace
 
 STUDY = "Study"  # the --help group of a sweep's own settings
+LOAD = "Under load"  # the --help group of replay under load (replay/load.py)
 PARAMS = SEARCHABLE_FIELDS  # what a search space may name (config.py declares them)
 # The base of a space given by flags alone, and the default of real (timed) sweeps: every point
 # costs a decoding pass per prompt, so it stays small.
@@ -85,6 +87,21 @@ class SweepSpec(Workload):
     # Temperature as an axis: one sweep per temperature listed (each its own record and folder),
     # in place of `temperature`; `report` of their folders draws the best policy against it.
     temperatures: tuple[float, ...] = ()
+    # Replay under load (replay/load.py, docs/batch-sizes.md#under-load): every policy at max_batch rows
+    # serving requests that arrive at each rate (`sweep --arrival-rate R`, repeatable) or by a trace.
+    arrival_rates: tuple[float, ...] = ()
+    arrival_trace: str | None = knob(None, "Replay under load: a trace of arrival times, seconds, one per line (as "
+                                     "well as or instead of --arrival-rate).", path=True, panel=LOAD)
+    requests: int = knob(200, "Replay under load: requests per arrival rate, the prompts in turn (a Poisson "
+                         "process seeded by --seed).", at_least=1, panel=LOAD)
+    max_batch: int | None = knob(None, "Replay under load: most requests decoded at once, at most the sweep's "
+                                 "largest --batch-size (default: that).", at_least=1, panel=LOAD)
+    load_objective: str = knob("throughput", "Replay under load: the best policy per rate by throughput (output "
+                               "tokens/s, within --tpot-limit at p99 if given) | tpot_p50 (lowest median time per "
+                               "output token) | goodput (tokens/s of the requests within --tpot-limit).",
+                               choices=tuple(LOAD_OBJECTIVES), noun="load objective", panel=LOAD)
+    tpot_limit: float | None = knob(None, "Replay under load: the time per output token a request may take, "
+                                    "seconds (throughput: at p99; goodput: each request's).", above=0, panel=LOAD)
     # Replay: the target's greedy continuations from the engine that serves it, a continuations
     # file (replay/continuations.py) or several (one per task, say), instead of decoding the
     # target here; None: decoded here.
@@ -142,6 +159,45 @@ def _parse_temperatures(values: object, where: str) -> tuple[float, ...]:
     return tuple(float(v) for v in values)
 
 
+def _parse_rates(values: object, where: str) -> tuple[float, ...]:
+    """A spec's `arrival_rates`: distinct numbers above 0, requests per second (one load each)."""
+    values = list(values) if isinstance(values, (list, tuple)) else [values]
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v) and v > 0 for v in values) \
+            or len(set(values)) != len(values):
+        raise DsparkError(f"{where}: an arrival rate must be a number above 0 requests per second, each given once "
+                          f"(got {', '.join(map(str, values))})")
+    return tuple(sorted(float(v) for v in values))
+
+
+def under_load(spec: SweepSpec) -> bool:
+    """Whether the sweep replays its policies under load too."""
+    return bool(spec.arrival_rates) or spec.arrival_trace is not None
+
+
+def max_batch_of(spec: SweepSpec) -> int:
+    """The rows a server under load decodes at once: the spec's, else its largest batch size."""
+    return spec.max_batch or max(point.batching.batch_size for point in points(spec))
+
+
+def _check_load(spec: SweepSpec, where: str) -> None:
+    """Refuse, before any work, a load the sweep cannot replay."""
+    if not under_load(spec):
+        return
+    if evaluation_for(spec) != "replay":
+        raise DsparkError(f"{where}: replay under load (--arrival-rate, --arrival-trace) needs --evaluation replay")
+    if not any(point.drafting.drafter == "model" for point in points(spec)):
+        raise DsparkError(f"{where}: replay under load serves the draft model's policies (the batched decoder's "
+                          "drafter); the search space has none")
+    sizes = sorted({point.batching.batch_size for point in points(spec)})
+    if max_batch_of(spec) > sizes[-1]:  # the surface is timed at the sweep's batch sizes, interpolated between
+        raise DsparkError(f"{where}: --max-batch {spec.max_batch} is beyond the cost surface, timed at the sweep's "
+                          f"batch sizes ({', '.join(map(str, sizes))}); add --batch-size {spec.max_batch}")
+    if spec.load_objective == "goodput" and spec.tpot_limit is None:
+        raise DsparkError(f"{where}: --load-objective goodput counts the requests within --tpot-limit: give one")
+    if spec.arrival_trace is not None:
+        read_trace(spec.arrival_trace)  # an unreadable trace is refused now, not after the sweep's recording
+
+
 def per_temperature(spec: SweepSpec) -> list[SweepSpec]:
     """The sweeps a spec stands for: one per temperature it lists, else itself."""
     return [dataclasses.replace(spec, temperature=t, temperatures=()) for t in spec.temperatures] or [spec]
@@ -176,6 +232,8 @@ def _parse_spec(data: dict, where: str) -> SweepSpec:
         data["space"] = _parse_space(data["space"])
     if "temperatures" in data:
         data["temperatures"] = _parse_temperatures(data["temperatures"], where)
+    if "arrival_rates" in data:
+        data["arrival_rates"] = _parse_rates(data["arrival_rates"], where)
     if isinstance(data.get("objective"), str):
         data["objective"] = tuple(x.strip() for x in data["objective"].split(","))
     elif "objective" in data:
@@ -201,6 +259,7 @@ def _parse_spec(data: dict, where: str) -> SweepSpec:
                           "nothing: drop one of them")
     if not points(spec):
         raise DsparkError(f"{where}: no valid point in the search space (min_draft_len exceeds every gamma_max?)")
+    _check_load(spec, where)
     return spec
 
 
