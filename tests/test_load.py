@@ -22,7 +22,7 @@ from dspark_bench.decoding import batched as batched_decoder
 from dspark_bench.decoding.batch_lm import BatchLM
 from dspark_bench.decoding.batched import AutoregressiveStep, SpeculativeStep, serve
 from dspark_bench.errors import DsparkError
-from dspark_bench.harness.load_run import load_run
+from dspark_bench.harness.load_run import in_decode_ratios, in_decode_surface, load_run, priced
 from dspark_bench.replay import load
 from dspark_bench.replay.batched import predict_batched, walks
 from dspark_bench.replay.simulate import record
@@ -64,7 +64,7 @@ class Priced(Logged):
         self.clock[0] += forwards * self.t_draft[rows] + self.t_verify[rows, longest]
 
 
-def served_on_the_surface(monkeypatch, pair, ids, config, plain: bool) -> list:
+def served_on_the_surface(monkeypatch, pair, ids, config, plain: bool, trace=None) -> list:
     """The batched decoder serving ARRIVALS, its clock the surface's prices of its own steps."""
     clock = [0.0]
     monkeypatch.setattr(batched_decoder, "_clock", lambda device: clock[0])
@@ -74,7 +74,7 @@ def served_on_the_surface(monkeypatch, pair, ids, config, plain: bool) -> list:
             else SpeculativeStep(target_lm, draft_lm, config, pair.eos_ids))
     lms = [target_lm] if plain else [target_lm, draft_lm]
     return serve(ids, config, B, lms, Priced(step, clock, t_draft, t_verify), pair.eos_ids, True, None,
-                 list(ARRIVALS))
+                 list(ARRIVALS), trace)
 
 
 def walked(rec, configs) -> dict:
@@ -93,7 +93,14 @@ def test_the_load_replay_is_the_decoder_s_own_server(monkeypatch, setting):
     pair, ids, rec = setting
     stamps = walked(rec, POLICIES)
     for config_id, config in [(-1, POLICIES[1])] + list(enumerate(POLICIES)):
-        served = served_on_the_surface(monkeypatch, pair, ids, config, plain=config_id < 0)
+        trace = []
+        served = served_on_the_surface(monkeypatch, pair, ids, config, plain=config_id < 0, trace=trace)
+        # The trace prices as the walk does: every step at what its clock advanced, joins free here.
+        steps = pd.DataFrame([{"config_id": config_id, "learned": False, "kind": e[0], "rows": e[1],
+                               **({"tokens": e[2]} if e[0] == "join" else {"forwards": e[2], "longest": e[3]}),
+                               "seconds": e[-1]} for e in trace])
+        assert (steps["kind"] == "join").sum() == len(ARRIVALS)
+        np.testing.assert_allclose(priced(steps, SURFACE), steps["seconds"], rtol=1e-9, atol=1e-15)
         first, end = stamps[config_id]
         assert [r.arrival for r in served] == list(ARRIVALS)
         assert all(r.admitted >= r.arrival for r in served)  # nobody joins before it arrives
@@ -195,10 +202,70 @@ def test_verdicts_pick_per_rate(setting):
 def test_a_real_load_run_serves_every_request_losslessly(setting):
     pair, ids, _ = setting
     arrivals = load.Arrivals(ARRIVALS / 100, "test", 1.0)
-    summary, requests = load_run(pair, PROMPTS, POLICIES[:2], arrivals, B, pair.eos_ids)
+    summary, requests, steps = load_run(pair, PROMPTS, POLICIES[:2], arrivals, B, pair.eos_ids)
     assert list(summary["config_label"]) == [load.PLAIN] + [c.policy_label() for c in POLICIES[:2]]
     assert summary["identical"].all()
     assert (requests["admitted_s"] >= requests["arrival_s"]).all()
     assert (requests["finished_s"] >= requests["first_token_s"]).all()
     assert (summary["throughput"] > 0).all() and (summary["tpot_p99_s"] >= summary["tpot_p50_s"]).all()
     assert isinstance(requests, pd.DataFrame) and len(requests) == 3 * len(ARRIVALS)
+    assert sorted(steps["config_id"].unique()) == [-1, 0, 1] and (steps["kind"] == "join").sum() == 3 * len(ARRIVALS)
+    ratios = in_decode_ratios(steps, SURFACE)
+    assert (ratios["ratio"] > 0).all() and ratios["count"].sum() == len(steps)
+    # Scaled by those ratios, the surface charges each row count's steps what they took, in all.
+    scaled = in_decode_surface(SURFACE, ratios.assign(seconds=ratios["priced"] * 1.5))
+    assert scaled.at(8).t_verify == pytest.approx([1.5 * t for t in SURFACE.at(8).t_verify])
+    assert scaled.at(1).t_draft == pytest.approx(1.5 * SURFACE.at(1).t_draft)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--arrival-rate", "0"], "an arrival rate must be a number above 0 requests per second, each given once "
+                              "(got 0.0)"),
+    (["--arrival-rate", "2", "--arrival-rate", "2"], "each given once"),
+    (["--arrival-trace", "no-such-trace.txt"], "cannot read the arrival trace no-such-trace.txt"),
+    (["--arrival-rate", "1", "--max-batch", "16"], "--max-batch 16 is beyond the cost surface, timed at the sweep's "
+                                                   "batch sizes (1, 8); add --batch-size 16"),
+    (["--arrival-rate", "1", "--load-objective", "goodput"], "--load-objective goodput counts the requests within "
+                                                             "--tpot-limit: give one"),
+    (["--arrival-rate", "1", "--load-objective", "p90"], "unknown load objective 'p90'"),
+    (["--arrival-rate", "1", "--requests", "0"], "requests must be at least 1 (got 0)"),
+    (["--arrival-rate", "1", "--tpot-limit", "-1"], "tpot_limit must be above 0 (got -1)"),
+    (["--arrival-rate", "1", "--evaluation", "real"], "replay under load (--arrival-rate, --arrival-trace) needs "
+                                                      "--evaluation replay"),
+])
+def test_a_bad_load_is_refused_in_one_line_before_any_work(tmp_path, monkeypatch, flags, message):
+    from cli_helpers import invoke, one_error_line
+
+    monkeypatch.chdir(tmp_path)
+    result = invoke("sweep", "--task", "code", "--batch-size", "1", "--batch-size", "8", *flags,
+                    "--out", tmp_path / "out")
+    assert result.exit_code == 1
+    assert message in one_error_line(result)
+    assert not (tmp_path / "out").exists()  # nothing recorded, nothing written
+
+
+def test_the_surface_timed_beside_a_run_covers_every_cell(llama_pair):
+    from dspark_bench.decoding.batched import interleave
+    from dspark_bench.replay.cost import SurfaceSampler
+
+    target, draft = llama_pair
+    pair = SimpleNamespace(target=target, draft=draft, device=target.device)
+    context = PROMPTS[-1] + PROMPTS[2]
+    sampler = SurfaceSampler(pair, context, 3, [1, 2])
+    with pytest.raises(DsparkError, match="no timing of"):  # nothing timed yet
+        sampler.surface()
+    turns = []
+
+    def decoder():
+        for _ in range(3 * len(sampler.cells)):
+            turns.append(sampler.turns)
+            yield
+        return []
+
+    interleave(decoder(), decoder(), beside=sampler.step)  # one pass per turn of both
+    assert turns[::2] == list(range(1, 3 * len(sampler.cells) + 1))
+    surface = sampler.surface()
+    assert sorted(surface.models) == [1, 2]
+    for model in surface.models.values():
+        assert model.t_draft > 0 and len(model.t_verify) == 4 and min(model.t_verify) > 0 and model.t_learned >= 0
+    assert surface.at(1).t_prefill_target > 0 and surface.at(1).t_prefill_draft > 0

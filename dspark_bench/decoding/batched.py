@@ -68,7 +68,8 @@ def _clock(device: torch.device) -> float:
 
 def serving(prompts: list[list[int]], config: DecodeConfig, batch_size: int, lms: list[BatchLM],
             step: Callable[[list[Request]], None], eos_ids: frozenset[int], refill: bool = True,
-            seeds: list[int] | None = None, arrivals: list[float] | None = None) -> Iterator[None]:
+            seeds: list[int] | None = None, arrivals: list[float] | None = None,
+            trace: list | None = None) -> Iterator[None]:
     """Decode every prompt, at most `batch_size` at once; `step` advances every active row.
 
     A generator: it pauses after each step, so two of them (baseline and speculative) can take
@@ -83,7 +84,11 @@ def serving(prompts: list[list[int]], config: DecodeConfig, batch_size: int, lms
     `arrivals` (seconds on that clock, non-decreasing, one per prompt; None: all waiting at 0) makes
     it a server under load: a request joins at a step boundary once it has arrived, and an empty
     server jumps its clock to the next arrival (it does nothing meanwhile, so nothing is slept:
-    baseline and speculative can still take turns). replay/load.py replays the same server."""
+    baseline and speculative can still take turns). replay/load.py replays the same server.
+
+    `trace` receives what each admission and step cost on that clock, as replay prices them:
+    ("join", rows in the batch, the prompt's tokens but its last, seconds) and ("step", rows, the
+    most draft forwards of a row, the longest draft, seconds); plain decoding's steps draft none."""
     device = lms[0].device
     waiting = deque(range(len(prompts)))
     arrive = list(arrivals) if arrivals is not None else [0.0] * len(prompts)
@@ -107,6 +112,8 @@ def serving(prompts: list[list[int]], config: DecodeConfig, batch_size: int, lms
                 elapsed = _clock(device) - start
                 requests[index].time_s += elapsed
                 own += elapsed
+                if trace is not None:
+                    trace.append(("join", len(active), len(requests[index].prompt) - 1, elapsed))
                 active.append(index)
         start = _clock(device)
         stepped = list(active)
@@ -122,6 +129,10 @@ def serving(prompts: list[list[int]], config: DecodeConfig, batch_size: int, lms
             lm.tidy()
         elapsed = _clock(device) - start  # the step with its cache upkeep, shared by its rows
         own += elapsed
+        if trace is not None:
+            rounds = [requests[i].result.rounds[-1] for i in stepped if requests[i].result.rounds]
+            trace.append(("step", len(stepped), max((r.draft_forwards for r in rounds), default=0),
+                          max((r.drafted for r in rounds), default=0), elapsed))
         for i in starting:
             requests[i].first_token = own
         for i in stepped:
@@ -137,11 +148,14 @@ def serve(*args, **kwargs) -> list[Request]:
     return interleave(serving(*args, **kwargs))[0]
 
 
-def interleave(*decoders: Iterator[None]) -> list[list[Request]]:
-    """Run decoders (`serving` generators) a step each in turn until all are done; each one's requests."""
+def interleave(*decoders: Iterator[None], beside: Callable[[], None] | None = None) -> list[list[Request]]:
+    """Run decoders (`serving` generators) a step each in turn until all are done; each one's requests.
+    `beside`: called once per turn of them all (work timed beside theirs, sharing their drift)."""
     results: list = [None] * len(decoders)
     running = list(range(len(decoders)))
     while running:
+        if beside is not None:
+            beside()
         for index in list(running):
             try:
                 next(decoders[index])
@@ -266,18 +280,20 @@ class AutoregressiveStep:
 
 def speculative_serving(target, draft, prompts: list[list[int]], config: DecodeConfig, batch_size: int,
                         eos_ids: frozenset[int] = frozenset(), refill: bool = True,
-                        seeds: list[int] | None = None, arrivals: list[float] | None = None) -> Iterator[None]:
+                        seeds: list[int] | None = None, arrivals: list[float] | None = None,
+                        trace: list | None = None) -> Iterator[None]:
     target_lm, draft_lm = BatchLM(target), BatchLM(draft)
     return serving(prompts, config, batch_size, [target_lm, draft_lm],
-                   SpeculativeStep(target_lm, draft_lm, config, eos_ids), eos_ids, refill, seeds, arrivals)
+                   SpeculativeStep(target_lm, draft_lm, config, eos_ids), eos_ids, refill, seeds, arrivals, trace)
 
 
 def autoregressive_serving(target, prompts: list[list[int]], config: DecodeConfig, batch_size: int,
                            eos_ids: frozenset[int] = frozenset(), refill: bool = True,
-                           seeds: list[int] | None = None, arrivals: list[float] | None = None) -> Iterator[None]:
+                           seeds: list[int] | None = None, arrivals: list[float] | None = None,
+                           trace: list | None = None) -> Iterator[None]:
     target_lm = BatchLM(target)
     return serving(prompts, config, batch_size, [target_lm], AutoregressiveStep(target_lm, config, eos_ids), eos_ids,
-                   refill, seeds, arrivals)
+                   refill, seeds, arrivals, trace)
 
 
 @torch.inference_mode()

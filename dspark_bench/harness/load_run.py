@@ -9,35 +9,44 @@ share the machine's drift at a fine grain, and each counts its own time only (do
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pandas as pd
 import torch
 
-from dspark_bench.config import DecodeConfig
+from dspark_bench.config import LEARNED, DecodeConfig
 from dspark_bench.decoding.batched import autoregressive_serving, interleave, speculative_serving
 from dspark_bench.errors import DsparkError
+from dspark_bench.replay.cost import CostSurface, SurfaceSampler
 from dspark_bench.replay.load import PLAIN, Arrivals, serving_metrics
 
 
 @torch.inference_mode()
 def load_run(pair, prompt_ids: list[list[int]], configs: list[DecodeConfig], arrivals: Arrivals, max_batch: int,
-             eos_ids: frozenset[int], tpot_limit: float | None = None,
-             ttft_limit: float | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+             eos_ids: frozenset[int], tpot_limit: float | None = None, ttft_limit: float | None = None,
+             sampler: SurfaceSampler | None = None) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """Plain decoding and every policy serving `arrivals` (request i: prompt i mod prompts) at up
     to `max_batch` rows: (one row per server with serving_metrics' columns and `identical`, every
-    request's output equal to plain decoding's, where greedy; every request's times)."""
+    request's output equal to plain decoding's, where greedy; every request's times; every
+    admission and step each server timed: `serving`'s trace, by config_id). `sampler` times one pass
+    of the cost surface per turn of the servers, beside them."""
     if not prompt_ids:
         raise DsparkError("a load run needs at least one prompt")
     ids = [prompt_ids[i % len(prompt_ids)] for i in range(arrivals.requests)]
     configs = [c.replace(batch_size=max_batch) for c in configs]
     times = [float(t) for t in arrivals.times]
     plain_config = configs[0] if configs else DecodeConfig().replace(batch_size=max_batch)
-    servers = [autoregressive_serving(pair.target, ids, plain_config, max_batch, eos_ids, True, None, times)]
+    traces = [[] for _ in range(len(configs) + 1)]
+    servers = [autoregressive_serving(pair.target, ids, plain_config, max_batch, eos_ids, True, None, times,
+                                      traces[0])]
     if any(c.drafting.drafter != "model" for c in configs):
         raise DsparkError("a load run drafts with the draft model (the batched decoder's only drafter)")
-    servers += [speculative_serving(pair.target, pair.draft, ids, c, max_batch, eos_ids, True, None, times)
-                for c in configs]
-    served = interleave(*servers)
+    servers += [speculative_serving(pair.target, pair.draft, ids, c, max_batch, eos_ids, True, None, times, trace)
+                for c, trace in zip(configs, traces[1:])]
+    served = interleave(*servers, beside=sampler.step if sampler is not None else None)
+    if sampler is not None:
+        sampler.complete()  # a run too short to time every cell beside it
     plain = [r.result.tokens for r in served[0]]
     rows, requests = [], []
     for index, (label, finished) in enumerate(zip([PLAIN] + [c.policy_label() for c in configs], served)):
@@ -52,4 +61,59 @@ def load_run(pair, prompt_ids: list[list[int]], configs: list[DecodeConfig], arr
         requests.append(pd.DataFrame({"config_id": index - 1, "request": np.arange(len(finished)), "arrival_s": arrive,
                                       "admitted_s": [r.admitted for r in finished], "first_token_s": first,
                                       "finished_s": end, "tokens": tokens.astype(int)}))
-    return pd.DataFrame(rows), pd.concat(requests, ignore_index=True)
+    learned = [False] + [c.stopping.metric == LEARNED for c in configs]  # its draft steps cost t_learned too
+    steps = pd.DataFrame([{"config_id": index - 1, "learned": learned[index], "kind": entry[0], "rows": entry[1],
+                           **({"tokens": entry[2]} if entry[0] == "join" else
+                              {"forwards": entry[2], "longest": entry[3]}), "seconds": entry[-1]}
+                          for index, trace in enumerate(traces) for entry in trace])
+    return pd.DataFrame(rows), pd.concat(requests, ignore_index=True), steps
+
+
+def priced(steps: pd.DataFrame, surface: CostSurface) -> np.ndarray:
+    """What the cost surface charges for each traced admission and step (load_run's `steps`), as
+    the load replay charges it: a join its prompt's prefill (the draft's too on a speculative
+    server), a step forwards · t_draft(rows) + t_verify(rows, longest)."""
+    tables = {learned: surface.tables(int(steps["rows"].max()), learned) for learned in (False, True)}
+    alone = surface.at(min(surface.models))
+    out = np.zeros(len(steps))
+    for i, step in enumerate(steps.itertuples()):
+        if step.kind == "join":
+            out[i] = step.tokens * (alone.t_prefill_target + (alone.t_prefill_draft if step.config_id >= 0 else 0.0))
+        else:
+            t_draft, t_verify = tables[bool(step.learned)]
+            rows = int(step.rows)
+            out[i] = step.forwards * t_draft[rows] + t_verify[rows, int(step.longest)]
+    return out
+
+
+def in_decode_ratios(steps: pd.DataFrame, surface: CostSurface) -> pd.DataFrame:
+    """How far a traced run's own admissions and steps took from what `surface` charges for them:
+    seconds / priced, per kind and row count (1: the surface is exact for this run)."""
+    table = steps.assign(priced=priced(steps, surface))
+    return (table.groupby(["kind", "rows"]).agg(count=("seconds", "size"), seconds=("seconds", "sum"),
+                                                priced=("priced", "sum"))
+            .assign(ratio=lambda t: t["seconds"] / t["priced"]).reset_index())
+
+
+def in_decode_surface(surface: CostSurface, ratios: pd.DataFrame) -> CostSurface:
+    """`surface` with every measured batch size's passes scaled by how much longer traced runs' own
+    steps took than what they were priced (`ratios`: in_decode_ratios of one or more runs, pooled;
+    for a batch size the runs never had, the nearest row count they had), and the prefill by the
+    same for their admissions: prices as the decoder paid them inside a run, where an isolated
+    pass on a static batch (`SurfaceSampler`) misses what a live batch adds (wider caches with
+    holes, rows joining and leaving)."""
+    pooled = ratios.groupby(["kind", "rows"])[["seconds", "priced"]].sum()
+    steps = pooled.loc["step"]
+    observed = steps.index.to_numpy()
+    models = {}
+    for b, model in surface.models.items():
+        nearest = steps.loc[observed[np.abs(observed - b).argmin()]]
+        ratio = float(nearest["seconds"] / nearest["priced"])
+        models[b] = dataclasses.replace(model, t_draft=model.t_draft * ratio, t_learned=model.t_learned * ratio,
+                                        t_verify=[t * ratio for t in model.t_verify])
+    if "join" in pooled.index.get_level_values("kind"):
+        joins = pooled.loc["join"].sum()
+        ratio, first = float(joins["seconds"] / joins["priced"]), min(models)
+        models[first] = dataclasses.replace(models[first], t_prefill_target=models[first].t_prefill_target * ratio,
+                                            t_prefill_draft=models[first].t_prefill_draft * ratio)
+    return CostSurface(models)

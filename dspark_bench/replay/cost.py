@@ -32,6 +32,7 @@ from dspark_bench.decoding.heads import target_hidden
 from dspark_bench.decoding.host import fetch, synchronize
 from dspark_bench.decoding.learned_signal import LearnedSignal, feature_names
 from dspark_bench.decoding.types import Round
+from dspark_bench.errors import DsparkError
 
 
 @dataclass
@@ -297,6 +298,30 @@ class CostSurface:
                             for b, m in self.models.items()}, batch_size)
 
 
+def batch_of(pair, context: list[int], rows: int) -> tuple[BatchLM, BatchLM, list[int]]:
+    """Target and draft caches of `rows` rows holding `context`, of different lengths as a real
+    batch's are (left holes in the cache, so a pass runs the masked attention the engine runs:
+    equal rows would take a faster unmasked path); and the rows' lengths."""
+    spread = max(1, min(32, len(context) // 2))  # a short context still leaves every row tokens
+    lengths = [len(context) - (row * 7) % spread for row in range(rows)]
+    target, draft = BatchLM(pair.target), BatchLM(pair.draft)
+    for length in lengths:
+        target.add(context[:length])
+        draft.add(context[:length])
+    return target, draft, lengths
+
+
+def time_pass(pair, lm: BatchLM, tokens: list[int], lengths: list[int]) -> float:
+    """Seconds of one pass feeding every row `tokens`, with the cache upkeep after it (rolled back)."""
+    synchronize(pair.device)
+    start = time.perf_counter()
+    lm.forward([tokens] * len(lengths))
+    synchronize(pair.device)
+    lm.rollback(lengths)
+    lm.tidy()
+    return time.perf_counter() - start
+
+
 @torch.inference_mode()
 def measure_surface(pair, context: list[int], gamma: int, batch_sizes, repeats: int = 7,
                     drafters=("model",)) -> CostSurface:
@@ -307,34 +332,17 @@ def measure_surface(pair, context: list[int], gamma: int, batch_sizes, repeats: 
                                      **measure_prefill(pair, context))}
     filler = context[-gamma - 1 :] * (gamma + 1)
     for b in sorted(set(batch_sizes) - {1}):
-        # Rows of different lengths, as a real batch has: left holes in the cache, so the pass
-        # runs the masked attention the engine runs (equal rows would take a faster unmasked path).
-        spread = max(1, min(32, len(context) // 2))  # a short context still leaves every row tokens
-        lengths = [len(context) - (row * 7) % spread for row in range(b)]
-        target, draft = BatchLM(pair.target), BatchLM(pair.draft)
-        for length in lengths:
-            target.add(context[:length])
-            draft.add(context[:length])
-
-        def clock(lm, tokens):
-            synchronize(pair.device)
-            start = time.perf_counter()
-            lm.forward([tokens] * b)
-            synchronize(pair.device)
-            lm.rollback(lengths)
-            lm.tidy()
-            return time.perf_counter() - start
-
+        target, draft, lengths = batch_of(pair, context, b)
         samples = {k: [] for k in range(-1, gamma + 1)}
-        learned_step = (learned_clock(pair, context, b, lambda: clock(draft, filler[:1]))
+        learned_step = (learned_clock(pair, context, b, lambda: time_pass(pair, draft, filler[:1], lengths))
                         if "model" in drafters else None)
         learned = []
         for _ in range(repeats + 1):  # the first pass warms up
-            samples[-1].append(clock(draft, filler[:1]))
+            samples[-1].append(time_pass(pair, draft, filler[:1], lengths))
             if learned_step:
                 learned.append(learned_step())
             for k in range(gamma + 1):
-                samples[k].append(clock(target, filler[: k + 1]))
+                samples[k].append(time_pass(pair, target, filler[: k + 1], lengths))
         median = {k: statistics.median(v[1:]) for k, v in samples.items()}
         models[b] = CostModel(median[-1], [median[k] for k in range(gamma + 1)], len(context), b,
                               spread=worst_spread(v[1:] for v in samples.values()),
@@ -342,18 +350,77 @@ def measure_surface(pair, context: list[int], gamma: int, batch_sizes, repeats: 
     return CostSurface(models)
 
 
+class SurfaceSampler:
+    """The cost surface timed beside running decodes, one pass per `step()`, so that its timings
+    share the machine's drift with the decodes it takes turns with (harness/load_run.py: this
+    machine's speed can move 1.5x within minutes, which a surface timed before a run cannot see).
+
+    t_draft(B) and t_verify(B, k) through the batched decoder's own cache at every B, B = 1 too (a
+    batched decoder with one live row runs BatchLM, not the batch-1 decoder's cache), and each
+    model's batch-1 prefill per prompt token, and what the learned signal adds to a draft step at
+    every B (`learned_clock`), the cells in turn."""
+
+    def __init__(self, pair, context: list[int], gamma: int, batch_sizes):
+        self.pair, self.context = pair, context
+        self.batches = {b: batch_of(pair, context, b) for b in sorted(set(batch_sizes) | {1})}
+        self.filler = context[-gamma - 1 :] * (gamma + 1)
+        self.learned = {b: learned_clock(pair, context, b, lambda lm=draft, rows=lengths: time_pass(
+            pair, lm, self.filler[:1], rows)) for b, (_, draft, lengths) in self.batches.items()}
+        self.cells = ([(b, k) for b in self.batches for k in (*range(-1, gamma + 1), "learned")]
+                      + [(0, "target"), (0, "draft")])
+        self.samples = {cell: [] for cell in self.cells}
+        self.turns = 0
+
+    @torch.inference_mode()
+    def step(self) -> None:
+        """Time the next cell once."""
+        b, what = cell = self.cells[self.turns % len(self.cells)]
+        self.turns += 1
+        if b == 0:
+            self.samples[cell].append(time_prefill(self.pair, getattr(self.pair, what), self.context))
+            return
+        if what == "learned":
+            self.samples[cell].append(self.learned[b]())
+            return
+        target, draft, lengths = self.batches[b]
+        lm, tokens = (draft, self.filler[:1]) if what == -1 else (target, self.filler[: what + 1])
+        self.samples[cell].append(time_pass(self.pair, lm, tokens, lengths))
+
+    def complete(self) -> None:
+        """Time each cell a short run left with fewer than two timings (one is a warm-up)."""
+        while any(len(values) < 2 for values in self.samples.values()):
+            self.step()
+
+    def surface(self) -> CostSurface:
+        """The medians so far (each cell's first timing, a warm-up, left out)."""
+        short = [cell for cell, values in self.samples.items() if len(values) < 2]
+        if short:
+            raise DsparkError(f"the cost surface beside the run has no timing of {short[0]} yet: too short a run")
+        median = {cell: statistics.median(values[1:]) for cell, values in self.samples.items()}
+        gamma = max(k for b, k in self.cells if b > 0 and k != "learned")
+        models = {b: CostModel(median[(b, -1)], [median[(b, k)] for k in range(gamma + 1)], len(self.context), b,
+                               spread=worst_spread(self.samples[(b, k)][1:] for k in range(-1, gamma + 1)),
+                               t_learned=max(median[(b, "learned")], 0.0))
+                  for b in self.batches}
+        models[1] = dataclasses.replace(models[1], t_prefill_target=median[(0, "target")] / len(self.context),
+                                        t_prefill_draft=median[(0, "draft")] / len(self.context))
+        return CostSurface(models)
+
+
+def time_prefill(pair, model, context: list[int]) -> float:
+    """Seconds of a batch-1 prefill of `context`."""
+    synchronize(pair.device)
+    start = time.perf_counter()
+    CachedLM(model).prefill(context)
+    synchronize(pair.device)
+    return time.perf_counter() - start
+
+
 def measure_prefill(pair, context: list[int], repeats: int = 5) -> dict:
     """Seconds per prompt token of a batch-1 prefill of `context`, target and draft (medians)."""
 
-    def clock(model) -> float:
-        synchronize(pair.device)
-        start = time.perf_counter()
-        CachedLM(model).prefill(context)
-        synchronize(pair.device)
-        return time.perf_counter() - start
-
     times = {name: [] for name in ("target", "draft")}
     for _ in range(repeats + 1):  # the first pass warms up
-        times["target"].append(clock(pair.target))
-        times["draft"].append(clock(pair.draft))
+        times["target"].append(time_prefill(pair, pair.target, context))
+        times["draft"].append(time_prefill(pair, pair.draft, context))
     return {f"t_prefill_{name}": statistics.median(t[1:]) / len(context) for name, t in times.items()}

@@ -37,8 +37,8 @@ from dspark_bench.replay.record import Record
 PLAIN = "plain decoding"  # the label of the baseline's rows (config_id -1)
 # What the best policy at a load is chosen by (docs/batch-sizes.md#under-load).
 LOAD_OBJECTIVES = {
-    "throughput": "output tokens per second, among the policies whose p99 TPOT is within --tpot-limit (if given)",
     "tpot_p50": "the lowest median time per output token",
+    "throughput": "output tokens per second, among the policies whose p99 TPOT is within --tpot-limit (if given)",
     "goodput": "output tokens per second of the requests whose TPOT (and TTFT) met their limits",
 }
 PERCENTILES = (50, 99)
