@@ -60,14 +60,19 @@ def main() -> None:
     ids = [encode(prepared.pair.tokenizer, p.text, spec.chat_template) for p in prepared.prompts]
     rec = sweep_record(folder)
     context = ids[0] + rec.continuation[0, : int(rec.lengths[0]) // 2].tolist()  # as the sweep timed its surface
+    # The batches beside the runs hold the requests themselves, each halfway through its output, in a
+    # fixed shuffled order: a batch of B is about as wide as B of the run's requests make it.
+    order = np.random.default_rng(0).permutation(len(ids))
+    rows = [ids[p] + rec.continuation[p, : int(rec.lengths[p]) // 2].tolist() for p in order]
     sizes = sorted(int(b) for b in read_json(folder / "cost_surface.json", "cost surface")["batch_sizes"])
     real, moment, ratios, surfaces = [], [], [], {}
     for rate in spec.arrival_rates:
         arrivals = poisson(rate, spec.requests, spec.seed)  # the load stage's own arrivals
         started = time.perf_counter()
         # The machine's speed drifts (1.5x within minutes here): the surface is timed again beside
-        # this rate's runs, one pass per turn of the servers, and replay prices them on it.
-        sampler = SurfaceSampler(prepared.pair, context, rec.gamma_record, sizes)
+        # this rate's runs, one pass per turn of the servers, on batches of the run's own requests,
+        # and replay prices them on it.
+        sampler = SurfaceSampler(prepared.pair, context, rec.gamma_record, sizes, rows)
         measured, _, steps = load_run(prepared.pair, ids, configs, arrivals, summary["max_batch"],
                                       spec.runner_settings().eos_ids(prepared.pair), sampler=sampler)
         measured["config_id"] = [-1] + chosen

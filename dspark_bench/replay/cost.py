@@ -298,17 +298,23 @@ class CostSurface:
                             for b, m in self.models.items()}, batch_size)
 
 
-def batch_of(pair, context: list[int], rows: int) -> tuple[BatchLM, BatchLM, list[int]]:
-    """Target and draft caches of `rows` rows holding `context`, of different lengths as a real
-    batch's are (left holes in the cache, so a pass runs the masked attention the engine runs:
-    equal rows would take a faster unmasked path); and the rows' lengths."""
-    spread = max(1, min(32, len(context) // 2))  # a short context still leaves every row tokens
-    lengths = [len(context) - (row * 7) % spread for row in range(rows)]
+def batch_of(pair, context: list[int], rows: int, contexts: list[list[int]] | None = None
+             ) -> tuple[BatchLM, BatchLM, list[int]]:
+    """Target and draft caches of `rows` rows, and the rows' lengths. Each row holds `context` cut
+    to a different length, as a real batch's rows differ (left holes in the cache, so a pass runs
+    the masked attention the engine runs: equal rows would take a faster unmasked path); or, given
+    `contexts`, row r holds contexts[r mod their number], so that the batch is as wide as one of
+    those requests' (its longest row sets every pass's width)."""
+    if contexts:
+        chosen = [contexts[row % len(contexts)] for row in range(rows)]
+    else:
+        spread = max(1, min(32, len(context) // 2))  # a short context still leaves every row tokens
+        chosen = [context[: len(context) - (row * 7) % spread] for row in range(rows)]
     target, draft = BatchLM(pair.target), BatchLM(pair.draft)
-    for length in lengths:
-        target.add(context[:length])
-        draft.add(context[:length])
-    return target, draft, lengths
+    for row in chosen:
+        target.add(row)
+        draft.add(row)
+    return target, draft, [len(row) for row in chosen]
 
 
 def time_pass(pair, lm: BatchLM, tokens: list[int], lengths: list[int]) -> float:
@@ -324,15 +330,16 @@ def time_pass(pair, lm: BatchLM, tokens: list[int], lengths: list[int]) -> float
 
 @torch.inference_mode()
 def measure_surface(pair, context: list[int], gamma: int, batch_sizes, repeats: int = 7,
-                    drafters=("model",)) -> CostSurface:
-    """t_draft(B) and t_verify(B, k) for every B (and 1): B rows holding `context`, timed through
-    the batched decoder's own cache (BatchLM), k interleaved to share drift. B = 1 is `measure_cost`."""
+                    drafters=("model",), contexts: list[list[int]] | None = None) -> CostSurface:
+    """t_draft(B) and t_verify(B, k) for every B (and 1): B rows holding `context` (or, given
+    `contexts`, those in turn: `batch_of`), timed through the batched decoder's own cache (BatchLM),
+    k interleaved to share drift. B = 1 is `measure_cost`."""
 
     models = {1: dataclasses.replace(measure_cost(pair, context, gamma, drafters=drafters),
                                      **measure_prefill(pair, context))}
     filler = context[-gamma - 1 :] * (gamma + 1)
     for b in sorted(set(batch_sizes) - {1}):
-        target, draft, lengths = batch_of(pair, context, b)
+        target, draft, lengths = batch_of(pair, context, b, contexts)
         samples = {k: [] for k in range(-1, gamma + 1)}
         learned_step = (learned_clock(pair, context, b, lambda: time_pass(pair, draft, filler[:1], lengths))
                         if "model" in drafters else None)
@@ -356,13 +363,14 @@ class SurfaceSampler:
     machine's speed can move 1.5x within minutes, which a surface timed before a run cannot see).
 
     t_draft(B) and t_verify(B, k) through the batched decoder's own cache at every B, B = 1 too (a
-    batched decoder with one live row runs BatchLM, not the batch-1 decoder's cache), and each
+    batched decoder with one live row runs BatchLM, not the batch-1 decoder's cache); its rows
+    `contexts` in turn where given (the run's own requests: `batch_of`), else `context`; and each
     model's batch-1 prefill per prompt token, and what the learned signal adds to a draft step at
     every B (`learned_clock`), the cells in turn."""
 
-    def __init__(self, pair, context: list[int], gamma: int, batch_sizes):
+    def __init__(self, pair, context: list[int], gamma: int, batch_sizes, contexts: list[list[int]] | None = None):
         self.pair, self.context = pair, context
-        self.batches = {b: batch_of(pair, context, b) for b in sorted(set(batch_sizes) | {1})}
+        self.batches = {b: batch_of(pair, context, b, contexts) for b in sorted(set(batch_sizes) | {1})}
         self.filler = context[-gamma - 1 :] * (gamma + 1)
         self.learned = {b: learned_clock(pair, context, b, lambda lm=draft, rows=lengths: time_pass(
             pair, lm, self.filler[:1], rows)) for b, (_, draft, lengths) in self.batches.items()}

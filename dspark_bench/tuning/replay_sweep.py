@@ -7,6 +7,7 @@ sweep works on is prepared in preparation.py, shared with the real (grid / Optun
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,7 +38,7 @@ from dspark_bench.paired import compare
 from dspark_bench.prompts import encode
 from dspark_bench.replay import cost_file, sampled
 from dspark_bench.replay.batched import simulate_with_surface
-from dspark_bench.replay.cost import measure_depths
+from dspark_bench.replay.cost import measure_depths, measure_surface
 from dspark_bench.replay.simulate import simulate_grid, simulate_priced
 from dspark_bench.results import write_json, write_parquet
 from dspark_bench.tuning.added_policies import (
@@ -248,13 +249,16 @@ def time_prices(folder: Path, pair, ids: list[list[int]], records: dict, configs
     and cost_surface.json at B > 1). Prompts (`ids`) longer than the first depth bucket's edge get
     our passes timed at depth too (depth.PRICED_DEPTHS; CostModel.by_depth)."""
     rec, first_ids = next(iter(records.values())), ids[0]
-    # The cost model is timed with the cache at a realistic length: a prompt plus half its output.
+    # The cost model is timed with the cache at a realistic length: a prompt plus half its output;
+    # a batch of B, with the prompts' own (a batch is as wide as its longest row makes it).
     context = first_ids + rec.continuation[0, : int(rec.lengths[0]) // 2].tolist()
+    rows = halfway(rec, ids)
     if progress:
         progress("timing the cost model", 0, 1)
     batch_sizes = sorted({c.batching.batch_size for c in configs})
     timing = time.perf_counter()
-    surface, checks = timed_surface(pair, context, gamma, batch_sizes, drafters={key.drafter for key in records})
+    surface, checks = timed_surface(pair, context, gamma, batch_sizes, drafters={key.drafter for key in records},
+                                    measure=functools.partial(measure_surface, contexts=rows))
     depths = depths_to_price(pair, ids, rec.max_new_tokens)
     if depths:
         if progress:
@@ -274,6 +278,14 @@ def time_prices(folder: Path, pair, ids: list[list[int]], records: dict, configs
     if prices.batched:
         write_json(folder / "cost_surface.json", prices.surface.to_dict())
     return prices
+
+
+def halfway(rec, ids: list[list[int]]) -> list[list[int]]:
+    """Each prompt halfway through its recorded output (a sampled record's first path), in a fixed
+    shuffled order: the rows a batch of the surface holds, so that its width is a real batch's."""
+    paths = (rec.info.get("sampling") or {}).get("paths", 1)
+    order = np.random.default_rng(0).permutation(len(ids))
+    return [ids[p] + rec.continuation[p * paths, : int(rec.lengths[p * paths]) // 2].tolist() for p in order]
 
 
 def depths_to_price(pair, ids: list[list[int]], max_new_tokens: int) -> tuple[int, ...]:
