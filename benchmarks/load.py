@@ -22,13 +22,16 @@ import common  # benchmarks/ is on sys.path when run as a script
 import numpy as np
 import pandas as pd
 
+from dspark_bench import schedules
 from dspark_bench.decoding.learned_signal import LearnedSignal
 from dspark_bench.engines.export import policy_of
 from dspark_bench.harness.load_run import in_decode_ratios, in_decode_surface, load_run
+from dspark_bench.objectives import rank_under_load
 from dspark_bench.prompts import encode
 from dspark_bench.replay import learned, sampled
-from dspark_bench.replay.cost import CostSurface, SurfaceSampler
-from dspark_bench.replay.load import poisson, rank_under_load, replay_load
+from dspark_bench.replay.beside import SurfaceSampler
+from dspark_bench.replay.cost import CostSurface, halfway
+from dspark_bench.replay.load import poisson, replay_load
 from dspark_bench.replay.record import resolve_record
 from dspark_bench.results import describe_machine, environment, read_json
 from dspark_bench.tuning.added_policies import LEARNED_FILE
@@ -62,8 +65,7 @@ def main() -> None:
     context = ids[0] + rec.continuation[0, : int(rec.lengths[0]) // 2].tolist()  # as the sweep timed its surface
     # The batches beside the runs hold the requests themselves, each halfway through its output, in a
     # fixed shuffled order: a batch of B is about as wide as B of the run's requests make it.
-    order = np.random.default_rng(0).permutation(len(ids))
-    rows = [ids[p] + rec.continuation[p, : int(rec.lengths[p]) // 2].tolist() for p in order]
+    rows = halfway(rec, ids)
     sizes = sorted(int(b) for b in read_json(folder / "cost_surface.json", "cost surface")["batch_sizes"])
     real, moment, ratios, surfaces = [], [], [], {}
     for rate in spec.arrival_rates:
@@ -117,13 +119,14 @@ def choose(table: pd.DataFrame, summary: dict) -> list[int]:
     heaviest rate (by the sweep's load objective), each once."""
     heavy = table[(table["arrival_rate"] == table["arrival_rate"].max()) & (table["config_id"] >= 0)]
     objective, limit = summary["objective"], summary.get("tpot_limit_s")
-    picks = [rank_under_load(heavy[heavy["schedule"] == kind], objective, limit) for kind in ("fixed", "budget")]
+    picks = [rank_under_load(heavy[schedules.where(heavy, **kind)], objective, limit)
+             for kind in ({"baseline": True}, {"whole_batch": True})]
     picks.append(rank_under_load(heavy, objective, limit))
     return list(dict.fromkeys(int(p["config_id"].iloc[0]) for p in picks if not p.empty))
 
 
 def compared(table: pd.DataFrame, real: pd.DataFrame) -> pd.DataFrame:
-    """Per (rate, policy): each metric replayed and measured, and measured / replayed - 1."""
+    """Per (rate, policy): each metric replayed and measured, and replayed / measured - 1."""
     keys = ["arrival_rate", "config_id"]
     joined = real.merge(table, on=keys, suffixes=("_real", "_replay"))
     rows = joined[keys + ["config_label_real"]].rename(columns={"config_label_real": "policy"})

@@ -72,3 +72,24 @@ def best(table: pd.DataFrame, objective: str = "speedup", column: str | None = N
     if column is None or column not in table or table[column].notna().sum() == 0:
         return None
     return rank(table, objective, column).iloc[0]
+
+
+# --- under load (replay/load.py): the best policy at an arrival rate -----------------------------
+
+LOAD_OBJECTIVES = {
+    "tpot_p50": "the lowest median time per output token",
+    "throughput": "output tokens per second, among the policies whose p99 TPOT is within --tpot-limit (if given)",
+    "goodput": "output tokens per second of the requests whose TPOT met --tpot-limit",
+}
+
+
+def rank_under_load(group: pd.DataFrame, objective: str, tpot_limit: float | None = None) -> pd.DataFrame:
+    """One load's policies, best first by `objective` (LOAD_OBJECTIVES); ties go to the lower p50 TPOT.
+    Under `throughput` with a TPOT limit, policies over it at p99 are left out."""
+    if objective not in LOAD_OBJECTIVES:
+        raise DsparkError(f"unknown load objective {objective!r}; choose one of {', '.join(LOAD_OBJECTIVES)}")
+    if objective == "throughput" and tpot_limit is not None:
+        group = group[group["tpot_p99_s"] <= tpot_limit]
+    if objective == "tpot_p50":
+        return group.sort_values(["tpot_p50_s", "throughput"], ascending=[True, False], kind="stable")
+    return group.sort_values([objective, "tpot_p50_s"], ascending=[False, True], kind="stable")

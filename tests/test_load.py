@@ -7,6 +7,7 @@ arrivals stamps every request's first and last token where the walk does, to the
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -25,12 +26,18 @@ from dspark_bench.errors import DsparkError
 from dspark_bench.harness.load_run import in_decode_ratios, in_decode_surface, load_run, priced
 from dspark_bench.replay import load
 from dspark_bench.replay.batched import predict_batched, walks
+from dspark_bench.replay.cost import CostSurface
 from dspark_bench.replay.simulate import record
 
 N = 12
-# Two at once, one mid-run, a gap the server idles through, then a burst beyond the batch.
-ARRIVALS = np.array([0.0, 0.0, 0.04, 0.05, 0.6, 3.0, 3.0, 3.0, 3.001])
+# Two at once, one mid-run, a gap the server idles through, then a burst: its third request
+# arrives while the first two are prefilled and joins with them, its fourth waits for a free row.
+ARRIVALS = np.array([0.0, 0.0, 0.04, 0.05, 0.6, 3.0, 3.0, 3.02, 3.03])
 B = 3
+# Prefill seconds per prompt token (target, draft): a burst's prefills outlast 0.02 s.
+PREFILL = (4e-3, 1e-3)
+PRICES = CostSurface({**SURFACE.models, 1: dataclasses.replace(SURFACE.at(1), t_prefill_target=PREFILL[0],
+                                                               t_prefill_draft=PREFILL[1])})
 POLICIES = [
     DecodeConfig.of(metric="entropy", threshold=0.5, gamma_max=5, max_new_tokens=N, batch_size=B),
     DecodeConfig.of(schedule="fixed", gamma_max=3, max_new_tokens=N, batch_size=B),
@@ -65,10 +72,18 @@ class Priced(Logged):
 
 
 def served_on_the_surface(monkeypatch, pair, ids, config, plain: bool, trace=None) -> list:
-    """The batched decoder serving ARRIVALS, its clock the surface's prices of its own steps."""
+    """The batched decoder serving ARRIVALS, its clock the surface's prices of its own steps and
+    of each request's prefill."""
     clock = [0.0]
     monkeypatch.setattr(batched_decoder, "_clock", lambda device: clock[0])
-    t_draft, t_verify = SURFACE.tables(B)
+    add = BatchLM.add
+
+    def priced_add(lm, tokens):
+        add(lm, tokens)
+        clock[0] += len(tokens) * PREFILL[0 if lm.model is pair.target else 1]
+
+    monkeypatch.setattr(BatchLM, "add", priced_add)
+    t_draft, t_verify = PRICES.tables(B)
     target_lm, draft_lm = BatchLM(pair.target), BatchLM(pair.draft)
     step = (AutoregressiveStep(target_lm, config, pair.eos_ids) if plain
             else SpeculativeStep(target_lm, draft_lm, config, pair.eos_ids))
@@ -84,7 +99,7 @@ def walked(rec, configs) -> dict:
     def keep(first, end):
         return {"first": first.copy(), "end": end.copy()}
 
-    for row in walks(rec, configs, SURFACE, True, ARRIVALS, keep):
+    for row in walks(rec, configs, PRICES, True, ARRIVALS, keep):
         stamps[row["config_id"]] = (row["first"], row["end"])
     return stamps
 
@@ -95,26 +110,29 @@ def test_the_load_replay_is_the_decoder_s_own_server(monkeypatch, setting):
     for config_id, config in [(-1, POLICIES[1])] + list(enumerate(POLICIES)):
         trace = []
         served = served_on_the_surface(monkeypatch, pair, ids, config, plain=config_id < 0, trace=trace)
-        # The trace prices as the walk does: every step at what its clock advanced, joins free here.
+        # The trace prices as the walk does: every step and join at what its clock advanced.
         steps = pd.DataFrame([{"config_id": config_id, "learned": False, "kind": e[0], "rows": e[1],
                                **({"tokens": e[2]} if e[0] == "join" else {"forwards": e[2], "longest": e[3]}),
                                "seconds": e[-1]} for e in trace])
         assert (steps["kind"] == "join").sum() == len(ARRIVALS)
-        np.testing.assert_allclose(priced(steps, SURFACE), steps["seconds"], rtol=1e-9, atol=1e-15)
+        np.testing.assert_allclose(priced(steps, PRICES), steps["seconds"], rtol=1e-9, atol=1e-15)
         first, end = stamps[config_id]
         assert [r.arrival for r in served] == list(ARRIVALS)
         assert all(r.admitted >= r.arrival for r in served)  # nobody joins before it arrives
         np.testing.assert_allclose([r.first_token for r in served], first, rtol=1e-12, err_msg=config.label())
         np.testing.assert_allclose([r.finished for r in served], end, rtol=1e-12, err_msg=config.label())
-    # The server stood empty between 0.6's request and 3.0's: the burst starts at its arrival.
+    # The server stood empty between 0.6's request and 3.0's: the burst starts at its arrival; the
+    # request arriving at 3.02 joined during the first two's prefills, the one at 3.03 after.
     assert min(stamps[-1][0][5:]) > 3.0 and max(stamps[-1][1][:5]) < 3.0
+    served = served_on_the_surface(monkeypatch, pair, ids, POLICIES[1], plain=False)
+    assert served[5].admitted == 3.0 and served[7].admitted < served[5].first_token < served[8].admitted
 
 
 def test_every_request_waiting_at_the_start_is_the_batched_walk(setting):
     _, _, rec = setting
-    predicted = predict_batched(rec, POLICIES, SURFACE)
+    predicted = predict_batched(rec, POLICIES, PRICES)
     at_once = load.Arrivals(np.zeros(len(rec.lengths)), "at once", np.inf)
-    table = load.replay_load(rec, POLICIES, SURFACE, [at_once], B)
+    table = load.replay_load(rec, POLICIES, PRICES, [at_once], B)
     plain = table[table["config_id"] < 0].iloc[0]
     assert plain["makespan_s"] == pytest.approx(predicted["predicted_baseline_time"].iloc[0], rel=1e-12)
     policies = table[table["config_id"] >= 0].sort_values("config_id")
@@ -246,7 +264,7 @@ def test_a_bad_load_is_refused_in_one_line_before_any_work(tmp_path, monkeypatch
 
 def test_the_surface_timed_beside_a_run_covers_every_cell(llama_pair):
     from dspark_bench.decoding.batched import interleave
-    from dspark_bench.replay.cost import SurfaceSampler
+    from dspark_bench.replay.beside import SurfaceSampler
 
     target, draft = llama_pair
     pair = SimpleNamespace(target=target, draft=draft, device=target.device)

@@ -411,7 +411,7 @@ def check_under_load(folder: Path, table: pd.DataFrame, summary: dict, output: s
     # Past saturation the server runs full; at 0.5 requests/s a 12-token request is served alone.
     light, heavy = (load[(load["arrival_rate"] == r) & (load["config_id"] < 0)].iloc[0] for r in (0.5, 50.0))
     assert heavy["throughput"] > light["throughput"] and heavy["ttft_p99_s"] > light["ttft_p99_s"]
-    assert "under load (replayed, 12 requests, up to 2 at once" in output and entry["verdict"] in output
+    assert "under load (replayed, 12 requests per rate, up to 2 at once" in output and entry["verdict"] in output
     assert "## Under load" in report and "plots/under_load.png" in figures
 
 

@@ -14,6 +14,9 @@ from rich.text import Text
 
 from dspark_bench.errors import DsparkError
 
+# Long: every table a finished command prints (a sweep's best, its verdicts, by depth, under load,
+# its health) shares this one console and layout; split up, each part would restate them.
+
 
 def _console(stderr: bool = False) -> Console:
     # Tables of metrics are wide: off a terminal (CI logs, pipes) do not wrap them at 80 columns.
@@ -313,8 +316,9 @@ def print_under_load(summary: dict) -> None:
 
     rows = [[row["arrival"], served(row["best"]), served(row["best_fixed"]), served(row["plain"])]
             for row in load["by_rate"]]
-    limit = f", p99 TPOT within {load['tpot_limit_s'] * 1e3:g} ms" if load.get("tpot_limit_s") else ""
-    print_small_table(f"under load (replayed, {load['requests']} requests, up to {load['max_batch']} at once; best by "
+    limit = (f", p99 TPOT within {load['tpot_limit_s'] * 1e3:g} ms" if load.get("tpot_limit_s")
+             and load["objective"] == "throughput" else "")
+    print_small_table(f"under load (replayed, {load['requests']}, up to {load['max_batch']} at once; best by "
                       f"{load['objective']}{limit}): throughput, TPOT p50 / p99",
                       ("load", "best", "best fixed γ", "plain decoding"), rows,
                       left=("load", "best", "best fixed γ", "plain decoding"))

@@ -67,7 +67,7 @@ class CommandOptions:
                              "prompt, and stop.")
     arrival_rate: float | None = knob(None, "Replay under load: requests arriving per second (a Poisson process); "
                                       "repeatable, one load each: the best policy per rate (docs/batch-sizes.md).",
-                                      repeats=True, panel="Under load")
+                                      repeats=True, panel="Under load")  # tuning/spec.py's LOAD panel
     set_: str | None = knob(None, "Override any spec field: key=value (YAML value), e.g. space.threshold=[0.2,0.4].",
                             flag="--set", repeats=True)
     # --- regress: the baseline, what is compared with it, and how closely

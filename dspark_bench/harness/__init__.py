@@ -8,8 +8,9 @@ own timings (`health`), paired verdicts against the best fixed γ and the precis
 (`verdicts`), `run --decoder hf` priced on HF's own costs (`hf_cost_model`), the calibration file a run decodes
 with (`calibration_file`),
 training multi-token heads on a target (`train_heads`), a pair as GGUF files for llama.cpp
-(`gguf`), GGUF model files opened as cached HF folders (`gguf_read`), and a run's rounds and prompts
-cut by context depth (`depths`).
+(`gguf`), GGUF model files opened as cached HF folders (`gguf_read`), a run's rounds and prompts
+cut by context depth (`depths`), and a real load run, the batched decoder serving requests as they
+arrive (`load_run`).
 
 May import: `replay`, `decoding`, `tasks`, `reference` and the core modules; never `tuning`,
 `reporting`, `engines` or `cli`.

@@ -18,7 +18,8 @@ import torch
 from dspark_bench.config import LEARNED, DecodeConfig
 from dspark_bench.decoding.batched import autoregressive_serving, interleave, speculative_serving
 from dspark_bench.errors import DsparkError
-from dspark_bench.replay.cost import CostSurface, SurfaceSampler
+from dspark_bench.replay.beside import SurfaceSampler
+from dspark_bench.replay.cost import CostSurface
 from dspark_bench.replay.load import PLAIN, Arrivals, serving_metrics
 
 
@@ -111,8 +112,8 @@ def in_decode_surface(surface: CostSurface, ratios: pd.DataFrame) -> CostSurface
         ratio = float(nearest["seconds"] / nearest["priced"])
         models[b] = dataclasses.replace(model, t_draft=model.t_draft * ratio, t_learned=model.t_learned * ratio,
                                         t_verify=[t * ratio for t in model.t_verify])
-    if "join" in pooled.index.get_level_values("kind"):
-        joins = pooled.loc["join"].sum()
+    joins = pooled.loc["join"].sum() if "join" in pooled.index.get_level_values("kind") else None
+    if joins is not None and joins["priced"] > 0:  # a surface without prefill prices has none to scale
         ratio, first = float(joins["seconds"] / joins["priced"]), min(models)
         models[first] = dataclasses.replace(models[first], t_prefill_target=models[first].t_prefill_target * ratio,
                                             t_prefill_draft=models[first].t_prefill_draft * ratio)

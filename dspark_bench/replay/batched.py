@@ -46,20 +46,23 @@ TOTALS = ("rounds", "drafted_total", "accepted_total", "full_blocks", "draft_for
 
 @numba.njit(cache=True, nogil=True)
 def _admit(slot_p, slot_j, next_p, P, active, refill, prefill, clock, arrive):  # pragma: no cover (compiled)
-    """Fill free slots, in order, from the requests that have arrived by `clock` (`arrive`: each
+    """Fill free slots, in order, from the requests that have arrived by the clock (`arrive`: each
     request's arrival, all 0 when every prompt waits at the start), each paying its own prefill
     one after another, as the batched decoder admits them (one arriving meanwhile joins too). An
-    empty server first waits for the next arrival. Returns (next request, active rows, clock)."""
+    empty server first waits for the next arrival. Returns (next request, active rows, the clock
+    once done waiting, the prefills' seconds): with no wait the clock is `clock` itself, so a
+    walk without arrivals adds what it always added."""
     if active == 0 and next_p < P and arrive[next_p] > clock:
         clock = arrive[next_p]  # idle until the next request arrives
+    spent = 0.0
     if refill or active == 0:
         for s in range(len(slot_p)):
-            if slot_p[s] < 0 and next_p < P and arrive[next_p] <= clock:
+            if slot_p[s] < 0 and next_p < P and arrive[next_p] <= clock + spent:
                 slot_p[s], slot_j[s] = next_p, 0
-                clock += prefill[next_p]
+                spent += prefill[next_p]
                 next_p += 1
                 active += 1
-    return next_p, active, clock
+    return next_p, active, clock, spent
 
 
 @numba.njit(cache=True, nogil=True)
@@ -83,13 +86,14 @@ def _walk_batched(fail, gamma_max, min_draft_len, discard_below, quorum, matches
     slot_p, slot_j = np.full(batch_size, -1), np.zeros(batch_size, np.int64)
     length, forwards = np.zeros(batch_size, np.int64), np.zeros(batch_size, np.int64)
     drafting = np.zeros(G + 2, np.int64)  # rows whose draft ran at least j forwards
+    rows, starts = np.empty(batch_size, np.int64), np.empty(batch_size, np.int64)  # a step's rows, as it began
     next_p, active, padded, packed = 0, 0, 0.0, 0.0
     while True:
-        next_p, active, clock = _admit(slot_p, slot_j, next_p, P, active, refill, prefill, padded, arrive)
-        padded, packed = clock, packed + clock - padded
+        next_p, active, clock, spent = _admit(slot_p, slot_j, next_p, P, active, refill, prefill, padded, arrive)
+        padded, packed = clock + spent, packed + (clock - padded) + spent
         if active == 0:
             return padded, packed
-        rows, starts = slot_p.copy(), slot_j.copy()
+        rows[:], starts[:] = slot_p, slot_j
         drafting[:] = 0
         for s in range(batch_size):  # each row's own draft: its length and its draft forwards
             p = slot_p[s]
@@ -142,8 +146,8 @@ def _walk_budget(alpha, eos_step, matches, lengths, max_new_tokens, gamma_max, m
     go = np.zeros(batch_size, dtype=np.bool_)  # decide's answer, row by row
     next_p, active, padded, packed = 0, 0, 0.0, 0.0
     while True:
-        next_p, active, clock = _admit(slot_p, slot_j, next_p, P, active, refill, prefill, padded, arrive)
-        padded, packed = clock, packed + clock - padded
+        next_p, active, clock, spent = _admit(slot_p, slot_j, next_p, P, active, refill, prefill, padded, arrive)
+        padded, packed = clock + spent, packed + (clock - padded) + spent
         if active == 0:
             return padded, packed
         live = np.flatnonzero(slot_p >= 0)  # the batch's rows (their order changes no decision)
@@ -199,7 +203,8 @@ def _walk_baseline(lengths, batch_size, refill, t_verify, prefill, arrive, first
     slot_p, slot_j = np.full(batch_size, -1), np.zeros(batch_size, np.int64)
     next_p, active, spent = 0, 0, 0.0
     while True:
-        next_p, active, spent = _admit(slot_p, slot_j, next_p, P, active, refill, prefill, spent, arrive)
+        next_p, active, clock, admitted = _admit(slot_p, slot_j, next_p, P, active, refill, prefill, spent, arrive)
+        spent = clock + admitted
         if active == 0:
             return spent
         spent += t_verify[active, 0]

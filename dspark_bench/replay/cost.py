@@ -32,7 +32,6 @@ from dspark_bench.decoding.heads import target_hidden
 from dspark_bench.decoding.host import fetch, synchronize
 from dspark_bench.decoding.learned_signal import LearnedSignal, feature_names
 from dspark_bench.decoding.types import Round
-from dspark_bench.errors import DsparkError
 
 
 @dataclass
@@ -317,6 +316,14 @@ def batch_of(pair, context: list[int], rows: int, contexts: list[list[int]] | No
     return target, draft, [len(row) for row in chosen]
 
 
+def halfway(rec, ids: list[list[int]]) -> list[list[int]]:
+    """Each prompt halfway through its recorded output (a sampled record's first path), in a fixed
+    shuffled order: the rows a batch of the surface holds, so that its width is a real batch's."""
+    paths = (rec.info.get("sampling") or {}).get("paths", 1)
+    order = np.random.default_rng(0).permutation(len(ids))
+    return [ids[p] + rec.continuation[p * paths, : int(rec.lengths[p * paths]) // 2].tolist() for p in order]
+
+
 def time_pass(pair, lm: BatchLM, tokens: list[int], lengths: list[int]) -> float:
     """Seconds of one pass feeding every row `tokens`, with the cache upkeep after it (rolled back)."""
     synchronize(pair.device)
@@ -351,68 +358,10 @@ def measure_surface(pair, context: list[int], gamma: int, batch_sizes, repeats: 
             for k in range(gamma + 1):
                 samples[k].append(time_pass(pair, target, filler[: k + 1], lengths))
         median = {k: statistics.median(v[1:]) for k, v in samples.items()}
-        models[b] = CostModel(median[-1], [median[k] for k in range(gamma + 1)], len(context), b,
+        models[b] = CostModel(median[-1], [median[k] for k in range(gamma + 1)], max(lengths), b,
                               spread=worst_spread(v[1:] for v in samples.values()),
                               t_learned=max(statistics.median(learned[1:]), 0.0) if learned else 0.0)
     return CostSurface(models)
-
-
-class SurfaceSampler:
-    """The cost surface timed beside running decodes, one pass per `step()`, so that its timings
-    share the machine's drift with the decodes it takes turns with (harness/load_run.py: this
-    machine's speed can move 1.5x within minutes, which a surface timed before a run cannot see).
-
-    t_draft(B) and t_verify(B, k) through the batched decoder's own cache at every B, B = 1 too (a
-    batched decoder with one live row runs BatchLM, not the batch-1 decoder's cache); its rows
-    `contexts` in turn where given (the run's own requests: `batch_of`), else `context`; and each
-    model's batch-1 prefill per prompt token, and what the learned signal adds to a draft step at
-    every B (`learned_clock`), the cells in turn."""
-
-    def __init__(self, pair, context: list[int], gamma: int, batch_sizes, contexts: list[list[int]] | None = None):
-        self.pair, self.context = pair, context
-        self.batches = {b: batch_of(pair, context, b, contexts) for b in sorted(set(batch_sizes) | {1})}
-        self.filler = context[-gamma - 1 :] * (gamma + 1)
-        self.learned = {b: learned_clock(pair, context, b, lambda lm=draft, rows=lengths: time_pass(
-            pair, lm, self.filler[:1], rows)) for b, (_, draft, lengths) in self.batches.items()}
-        self.cells = ([(b, k) for b in self.batches for k in (*range(-1, gamma + 1), "learned")]
-                      + [(0, "target"), (0, "draft")])
-        self.samples = {cell: [] for cell in self.cells}
-        self.turns = 0
-
-    @torch.inference_mode()
-    def step(self) -> None:
-        """Time the next cell once."""
-        b, what = cell = self.cells[self.turns % len(self.cells)]
-        self.turns += 1
-        if b == 0:
-            self.samples[cell].append(time_prefill(self.pair, getattr(self.pair, what), self.context))
-            return
-        if what == "learned":
-            self.samples[cell].append(self.learned[b]())
-            return
-        target, draft, lengths = self.batches[b]
-        lm, tokens = (draft, self.filler[:1]) if what == -1 else (target, self.filler[: what + 1])
-        self.samples[cell].append(time_pass(self.pair, lm, tokens, lengths))
-
-    def complete(self) -> None:
-        """Time each cell a short run left with fewer than two timings (one is a warm-up)."""
-        while any(len(values) < 2 for values in self.samples.values()):
-            self.step()
-
-    def surface(self) -> CostSurface:
-        """The medians so far (each cell's first timing, a warm-up, left out)."""
-        short = [cell for cell, values in self.samples.items() if len(values) < 2]
-        if short:
-            raise DsparkError(f"the cost surface beside the run has no timing of {short[0]} yet: too short a run")
-        median = {cell: statistics.median(values[1:]) for cell, values in self.samples.items()}
-        gamma = max(k for b, k in self.cells if b > 0 and k != "learned")
-        models = {b: CostModel(median[(b, -1)], [median[(b, k)] for k in range(gamma + 1)], len(self.context), b,
-                               spread=worst_spread(self.samples[(b, k)][1:] for k in range(-1, gamma + 1)),
-                               t_learned=max(median[(b, "learned")], 0.0))
-                  for b in self.batches}
-        models[1] = dataclasses.replace(models[1], t_prefill_target=median[(0, "target")] / len(self.context),
-                                        t_prefill_draft=median[(0, "draft")] / len(self.context))
-        return CostSurface(models)
 
 
 def time_prefill(pair, model, context: list[int]) -> float:

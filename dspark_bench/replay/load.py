@@ -21,8 +21,6 @@ record's rows are its paths (sampled.as_one). Deterministic given the arrivals' 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -30,80 +28,20 @@ import pandas as pd
 from dspark_bench import schedules
 from dspark_bench.config import DecodeConfig
 from dspark_bench.errors import DsparkError
+from dspark_bench.objectives import rank_under_load
+from dspark_bench.replay.arrivals import Arrivals, poisson, read_trace  # noqa: F401 (this module's words too)
 from dspark_bench.replay.batched import walks
 from dspark_bench.replay.cost import CostSurface
 from dspark_bench.replay.record import Record
+from dspark_bench.replay.sampled import rows_of
 
 PLAIN = "plain decoding"  # the label of the baseline's rows (config_id -1)
-# What the best policy at a load is chosen by (docs/batch-sizes.md#under-load).
-LOAD_OBJECTIVES = {
-    "tpot_p50": "the lowest median time per output token",
-    "throughput": "output tokens per second, among the policies whose p99 TPOT is within --tpot-limit (if given)",
-    "goodput": "output tokens per second of the requests whose TPOT (and TTFT) met their limits",
-}
 PERCENTILES = (50, 99)
-
-
-@dataclass(frozen=True)
-class Arrivals:
-    """When each request arrives: seconds from the first (non-decreasing), and what made them."""
-
-    times: np.ndarray
-    label: str  # "poisson 2 req/s", "trace arrivals.txt"
-    rate: float  # offered requests per second: a Poisson process's own, a trace's mean
-
-    @property
-    def requests(self) -> int:
-        return len(self.times)
-
-
-def poisson(rate: float, requests: int, seed: int = 0) -> Arrivals:
-    """`requests` arrivals of a Poisson process at `rate` per second, the first at 0."""
-    if not (isinstance(rate, (int, float)) and math.isfinite(rate) and rate > 0):
-        raise DsparkError(f"an arrival rate must be a number above 0 requests per second (got {rate!r})")
-    if requests < 1:
-        raise DsparkError(f"a load needs at least 1 request (got {requests})")
-    gaps = np.random.default_rng([seed, requests]).exponential(1.0 / rate, requests)
-    gaps[0] = 0.0
-    return Arrivals(np.cumsum(gaps), f"poisson {rate:g} req/s", float(rate))
-
-
-def read_trace(path: str | Path) -> Arrivals:
-    """A trace file: one arrival time in seconds per line (a first line `arrival_s` and `#`
-    comments allowed), non-decreasing; times count from the first."""
-    path = Path(path)
-    try:
-        lines = path.read_text().splitlines()
-    except (OSError, UnicodeDecodeError) as err:
-        raise DsparkError(f"cannot read the arrival trace {path}: {getattr(err, 'strerror', None) or err}") from None
-    times = []
-    for number, line in enumerate(lines, 1):
-        text = line.split("#")[0].strip().rstrip(",")
-        if not text or (number == 1 and text == "arrival_s"):
-            continue
-        try:
-            value = float(text)
-        except ValueError:
-            raise DsparkError(f"{path}:{number}: an arrival time in seconds, not {text!r}") from None
-        if not math.isfinite(value) or value < 0:
-            raise DsparkError(f"{path}:{number}: an arrival time must be a finite number >= 0 (got {text})")
-        if times and value < times[-1]:
-            raise DsparkError(f"{path}:{number}: arrival times must not decrease ({value:g} after {times[-1]:g})")
-        times.append(value)
-    if not times:
-        raise DsparkError(f"the arrival trace {path} holds no arrival time")
-    times = np.asarray(times) - times[0]
-    rate = (len(times) - 1) / times[-1] if times[-1] > 0 else math.inf
-    return Arrivals(times, f"trace {path.name}", float(rate))
 
 
 def requests_of(rec: Record, requests: int) -> Record:
     """`requests` rows of `rec`, row i mod rows for request i (a greedy-shaped record)."""
-    rows = np.arange(requests) % len(rec.lengths)
-    info = {**rec.info, "prompt_tokens": [rec.info.get("prompt_tokens", [1] * len(rec.lengths))[i] for i in rows]}
-    return Record(rec.continuation[rows], rec.lengths[rows], rec.rollout[rows],
-                  {name: values[rows] for name, values in rec.confidences.items()}, rec.eos_ids, info,
-                  rec.available[rows], None if rec.matches is None else rec.matches[rows])
+    return rows_of(rec, np.arange(requests) % len(rec.lengths))
 
 
 def serving_metrics(arrive: np.ndarray, first: np.ndarray, end: np.ndarray, tokens: np.ndarray,
@@ -166,18 +104,6 @@ def replay_load(rec: Record, configs: list[DecodeConfig], surface: CostSurface, 
     table["config_label"] = [PLAIN if c < 0 else configs[c].policy_label() for c in table["config_id"]]
     table["schedule"] = ["" if c < 0 else configs[c].stopping.schedule for c in table["config_id"]]
     return table.drop(columns=[c for c in ("batch_size", "predicted_baseline_time") if c in table])
-
-
-def rank_under_load(group: pd.DataFrame, objective: str, tpot_limit: float | None = None) -> pd.DataFrame:
-    """One load's policies, best first by `objective` (LOAD_OBJECTIVES); ties go to the lower p50 TPOT.
-    Under `throughput` with a TPOT limit, policies over it at p99 are left out."""
-    if objective not in LOAD_OBJECTIVES:
-        raise DsparkError(f"unknown load objective {objective!r}; choose one of {', '.join(LOAD_OBJECTIVES)}")
-    if objective == "throughput" and tpot_limit is not None:
-        group = group[group["tpot_p99_s"] <= tpot_limit]
-    if objective == "tpot_p50":
-        return group.sort_values(["tpot_p50_s", "throughput"], ascending=[True, False], kind="stable")
-    return group.sort_values([objective, "tpot_p50_s"], ascending=[False, True], kind="stable")
 
 
 COLUMNS = ["config_label", "throughput", "goodput", "tpot_p50_s", "tpot_p99_s", "ttft_p50_s", "ttft_p99_s",

@@ -292,11 +292,12 @@ class RoundSteps:
 
 
 def rows_of(rec: Record, rows: np.ndarray) -> Record:
-    """Some rows of a greedy-shaped record (the lookup's over sampled paths: one path's rows)."""
+    """Some rows of a greedy-shaped record, in `rows`' order, a row as often as it names it (the
+    lookup's over sampled paths: one path's rows; replay under load: its requests' rows)."""
     info = {**rec.info, "prompt_tokens": [rec.info["prompt_tokens"][i] for i in rows]}
     return Record(rec.continuation[rows], rec.lengths[rows], rec.rollout[rows],
                   {name: values[rows] for name, values in rec.confidences.items()}, rec.eos_ids, info,
-                  rec.available[rows])
+                  rec.available[rows], None if rec.matches is None else rec.matches[rows])
 
 
 def replicates(rec, seed: int = 0) -> list[Record]:

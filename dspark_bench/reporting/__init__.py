@@ -1,9 +1,10 @@
 """Reporting: run folders turned into figures, a report and a CI verdict.
 
 The report (`report`, its words in `text`, what it reads in `report_inputs`, its batch-size view in
-`batch_sizes`, its depth view in `depths`, its signal-reliability data in `reliability`, its temperature view
-in `temperatures`, published results in `literature.yaml`), the figures (`plots`), and the regression
-benchmark (`regress`) against stored baseline runs (`stored_runs`).
+`batch_sizes`, its depth view in `depths`, its signal-reliability data in `reliability`, its
+temperature view in `temperatures`, its view under load in `under_load`, published results in
+`literature.yaml`), the figures (`plots`), and the regression benchmark (`regress`) against stored
+baseline runs (`stored_runs`).
 
 Beside `tuning`, not above it: neither imports the other. May import `engines`, `harness`
 (regress re-runs a stored run), `analysis`, `replay`, `decoding`, `tasks`, `reference` and the

@@ -7,6 +7,7 @@ real load runs."""
 from __future__ import annotations
 
 import pandas as pd
+from matplotlib.ticker import NullFormatter
 
 from dspark_bench.reporting.plots.base import _figure
 from dspark_bench.reporting.report_inputs import Inputs, Skip
@@ -44,8 +45,8 @@ def load_blocks(inputs: Inputs) -> list[tuple]:
             lines.append([row["arrival"] if role == "best" else "", role, *_served(row[key])])
     limit = (f" with p99 TPOT within {load['tpot_limit_s'] * 1e3:g} ms" if load.get("tpot_limit_s")
              and load["objective"] == "throughput" else "")
-    text = (f"Replayed under load: {load['requests']} requests per load (the prompts in turn), arriving as a Poisson "
-            f"process at each rate (or by the trace), joining a continuous batch of up to {load['max_batch']} rows at "
+    text = (f"Replayed under load: {load['requests']} (the prompts in turn), arriving as a Poisson process at "
+            f"each rate (or by the trace), joining a continuous batch of up to {load['max_batch']} rows at "
             f"a step boundary and leaving when done; every step priced on the cost surface at its live rows, each "
             f"request's prefill its own (padded layout, the batched decoder's). The best of {load['policies']:,} "
             f"policies by {load['objective']}{limit}. TPOT: a request's time per output token after its first; "
@@ -68,19 +69,21 @@ def load_figure(inputs: Inputs):
               ("tpot_p99_s", "TPOT p99 (ms)", 1e3)]
     series = [("plain decoding", table[table["config_id"] < 0], PLAIN_STYLE)]
     series += [(label, table[table["config_label"] == label], STYLES[i % len(STYLES)]) for i, label in enumerate(shown)]
+    rates = sorted(table["arrival_rate"].unique())
     for ax, (column, name, scale) in zip(axes[0], panels):
         for label, rows, (color, marker) in series:
             rows = rows.sort_values("arrival_rate")
             ax.plot(rows["arrival_rate"], rows[column] * scale, "-", color=color, marker=marker, label=label)
         ax.set_xscale("log")
-        if column == "throughput":  # it follows the offered load, decades apart, until the server saturates
-            ax.set_yscale("log")
+        ax.set_xticks(rates, [f"{r:g}" for r in rates])  # the rates themselves, not a log axis's decades
+        ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_xlabel("arrival rate (requests/s)")
         ax.set_ylabel(name)
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=7, loc="upper left")
-    caption = (f"Replayed under load ({load['requests']} requests per rate, up to {load['max_batch']} at once): "
-               "plain decoding and each policy that was the best, or the best fixed γ, at some rate. Throughput "
-               "follows the offered load until the server saturates; past it, requests queue and TPOT grows. "
+    caption = (f"Replayed under load ({load['requests']}, up to {load['max_batch']} at once): plain decoding and "
+               "each policy that was the best, or the best fixed γ, at some rate. Throughput follows the offered "
+               "load until the server saturates; past it requests queue, which raises their time to the first "
+               "token, while TPOT levels off at what a step of the full batch takes. "
                f"{load['verdict'][0].upper()}{load['verdict'][1:]}.")
     return fig, caption

@@ -46,7 +46,7 @@ from dspark_bench.objectives import rank
 from dspark_bench.prompts import Prompt, encode, prompts_fingerprint
 from dspark_bench.replay import sampled
 from dspark_bench.replay.continuations import Continuations, open_for
-from dspark_bench.replay.cost import measure_surface
+from dspark_bench.replay.cost import halfway, measure_surface
 from dspark_bench.replay.simulate import record
 from dspark_bench.results import environment
 from dspark_bench.tasks import get_task, load_dataset_prompts, load_task, pair_of
@@ -155,7 +155,7 @@ def record_domains(pair, domains: dict[str, list[Prompt]], base: DecodeConfig, g
     engine's continuations files, checked) where given, else decoded here (at a temperature > 0,
     `paths` sampled paths per prompt)."""
 
-    models, records, first_context = pair.describe(), {}, None
+    models, records, first_context, rows = pair.describe(), {}, None, []
     for domain, prompts in domains.items():
         ids = [encode(pair.tokenizer, p.text) for p in prompts]
         info = {"models": models, "prompts_fingerprint": prompts_fingerprint(prompts), "domain": domain,
@@ -169,12 +169,15 @@ def record_domains(pair, domains: dict[str, list[Prompt]], base: DecodeConfig, g
             rec = sampled.record_sampled(pair, ids, base, gamma, paths, base.stopping.topk, info, steps,
                                          drafter=base.drafting)
         records[domain] = rec
+        rows += halfway(rec, ids)  # a batch of the surface holds the domains' prompts (cost.halfway)
         if first_context is None:
             # Timed with the cache at a realistic length: a prompt plus half its output.
             first_context = ids[0] + rec.continuation[0, : int(rec.lengths[0]) // 2].tolist()
     if progress:
         progress("timing the cost model", 0, 1)
-    return records, measure_surface(pair, first_context, gamma, batch_sizes, drafters=(base.drafting.drafter,))
+    order = np.random.default_rng(0).permutation(len(rows))  # the domains mixed, as a server's batch is
+    return records, measure_surface(pair, first_context, gamma, batch_sizes, drafters=(base.drafting.drafter,),
+                                    contexts=[rows[i] for i in order])
 
 
 def measure_domains(pair, domains: dict[str, list[Prompt]], chosen: dict[str, DecodeConfig],

@@ -38,7 +38,7 @@ from dspark_bench.paired import compare
 from dspark_bench.prompts import encode
 from dspark_bench.replay import cost_file, sampled
 from dspark_bench.replay.batched import simulate_with_surface
-from dspark_bench.replay.cost import measure_depths, measure_surface
+from dspark_bench.replay.cost import halfway, measure_depths, measure_surface
 from dspark_bench.replay.simulate import simulate_grid, simulate_priced
 from dspark_bench.results import write_json, write_parquet
 from dspark_bench.tuning.added_policies import (
@@ -278,14 +278,6 @@ def time_prices(folder: Path, pair, ids: list[list[int]], records: dict, configs
     if prices.batched:
         write_json(folder / "cost_surface.json", prices.surface.to_dict())
     return prices
-
-
-def halfway(rec, ids: list[list[int]]) -> list[list[int]]:
-    """Each prompt halfway through its recorded output (a sampled record's first path), in a fixed
-    shuffled order: the rows a batch of the surface holds, so that its width is a real batch's."""
-    paths = (rec.info.get("sampling") or {}).get("paths", 1)
-    order = np.random.default_rng(0).permutation(len(ids))
-    return [ids[p] + rec.continuation[p * paths, : int(rec.lengths[p * paths]) // 2].tolist() for p in order]
 
 
 def depths_to_price(pair, ids: list[list[int]], max_new_tokens: int) -> tuple[int, ...]:

@@ -19,8 +19,8 @@ from dspark_bench import schedules
 from dspark_bench.config import SEARCHABLE_FIELDS, DecodeConfig, expand, knob, same_as
 from dspark_bench.errors import DsparkError, first_line
 from dspark_bench.harness.workload import Workload
-from dspark_bench.objectives import OBJECTIVES
-from dspark_bench.replay.load import LOAD_OBJECTIVES, read_trace
+from dspark_bench.objectives import LOAD_OBJECTIVES, OBJECTIVES
+from dspark_bench.replay.arrivals import read_trace
 
 STUDY = "Study"  # the --help group of a sweep's own settings
 LOAD = "Under load"  # the --help group of replay under load (replay/load.py)
@@ -182,8 +182,12 @@ def max_batch_of(spec: SweepSpec) -> int:
 
 
 def _check_load(spec: SweepSpec, where: str) -> None:
-    """Refuse, before any work, a load the sweep cannot replay."""
+    """Refuse, before any work, a load the sweep cannot replay, and a load's setting without a load."""
     if not under_load(spec):
+        given = [flag for flag, value in (("--max-batch", spec.max_batch), ("--tpot-limit", spec.tpot_limit))
+                 if value is not None]
+        if given:
+            raise DsparkError(f"{where}: {given[0]} sets replay under load: give --arrival-rate or --arrival-trace")
         return
     if evaluation_for(spec) != "replay":
         raise DsparkError(f"{where}: replay under load (--arrival-rate, --arrival-trace) needs --evaluation replay")

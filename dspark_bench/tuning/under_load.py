@@ -44,7 +44,9 @@ def load_stage(folder: Path, spec: SweepSpec, configs: list[DecodeConfig], rec, 
     write_parquet(folder / FILE, table)
     seconds = time.perf_counter() - started
     by_rate = verdicts(table, spec.load_objective, spec.tpot_limit)
-    summary = {"max_batch": max_batch, "requests": spec.requests, "objective": spec.load_objective,
+    counts = [f"{spec.requests} requests per rate"] if spec.arrival_rates else []
+    counts += [f"{load.requests} requests in the trace" for load in loads[len(spec.arrival_rates):]]
+    summary = {"max_batch": max_batch, "requests": "; ".join(counts), "objective": spec.load_objective,
                "tpot_limit_s": spec.tpot_limit, "policies": len(chosen), "points": len(table), "seconds": seconds,
                "table": FILE, "by_rate": by_rate, "verdict": verdict(by_rate)}
     if say:
