@@ -9,9 +9,10 @@ batch size in either layout (`batched`), and the tables their totals become, per
 depth bucket (`tables`); the cost model and cost surface (`cost`, and timed beside running decodes
 in `beside`), replay under load (`load`: requests arriving at a rate or by a trace, `arrivals`,
 served by continuous batching) and the cost-model file that carries anyone's costs with their
-provenance (`cost_file`); the acceptance fit the goodput schedule decides with (`acceptance`); and
-the learned acceptance signal's fit (`learned`). Studies of a finished record (the headroom, better
-signals, held-out signal quality) are the `analysis` layer's, above this one.
+provenance (`cost_file`); the acceptance fit the goodput schedule decides with (`acceptance`); the
+learned acceptance signal's fit (`learned`); and timed replay (`timed`), a policy's replayed rounds
+run on real passes, so that their time checks the prices alone. Studies of a finished record (the
+headroom, better signals, held-out signal quality) are the `analysis` layer's, above this one.
 
 May import: `decoding` and the core modules. Nothing here times whole runs, sweeps or reports.
 """

@@ -1,0 +1,62 @@
+"""Timed replay (replay/timed.py): the rounds replay says a policy makes, run on real passes. On
+the pair that made the record, each round's draft and acceptance as those passes compute them
+are the forced ones, for every schedule; on another pair the rounds still run, with the record's
+acceptance."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import tiny
+from test_batched import GREEDY_POLICIES, PROMPTS, N
+
+from dspark_bench.decoding.speculative import speculative_decode
+from dspark_bench.errors import DsparkError
+from dspark_bench.replay.simulate import record, simulate
+from dspark_bench.replay.timed import timed_plain, timed_replay
+
+
+@pytest.fixture(scope="module")
+def recorded(llama_pair):
+    target, draft = llama_pair
+    pair = SimpleNamespace(target=target, draft=draft, eos_ids=frozenset({1}))
+    return pair, record(pair, PROMPTS, N, 5, topk=5, eos_ids=pair.eos_ids)
+
+
+@pytest.mark.parametrize("config", GREEDY_POLICIES, ids=lambda c: c.label())
+def test_the_forced_rounds_are_the_rounds_the_passes_make(recorded, config):
+    pair, rec = recorded
+    timed = timed_replay(pair, rec, PROMPTS, config)
+    for prompt, run, rounds in zip(PROMPTS, timed, simulate(rec, config)):
+        decoded = speculative_decode(pair.target, pair.draft, prompt, config, pair.eos_ids)
+        assert run.tokens == decoded.tokens  # the target's own greedy output
+        assert run.accepted == run.forced == [r.accepted for r in decoded.rounds]
+        assert run.drafted == [r.draft_tokens for r in rounds]
+        assert run.seconds > 0
+
+
+def test_another_pair_runs_the_record_s_rounds(recorded):
+    _, rec = recorded
+    target = tiny.llama(seed=7)
+    other = SimpleNamespace(target=target, draft=tiny.noisy_copy(target, 0.5))
+    config = GREEDY_POLICIES[0]
+    timed = timed_replay(other, rec, PROMPTS, config)
+    assert [run.forced for run in timed] == [[r.accepted for r in rounds] for rounds in simulate(rec, config)]
+    assert [len(run.tokens) for run in timed] == rec.lengths.tolist()  # the record's tokens, committed
+
+
+def test_timed_replay_refuses_what_it_cannot_force(recorded):
+    pair, rec = recorded
+    with pytest.raises(DsparkError, match="needs the record's 6 prompts"):
+        timed_replay(pair, rec, PROMPTS[:2], GREEDY_POLICIES[0])
+    with pytest.raises(DsparkError, match="greedy record's rounds"):
+        timed_replay(pair, rec, PROMPTS, GREEDY_POLICIES[0].replace(temperature=1.0))
+
+
+def test_plain_decoding_is_timed_on_the_record_s_tokens(recorded):
+    pair, rec = recorded
+    timed = timed_plain(pair, rec, PROMPTS)
+    assert len(timed) == len(PROMPTS) and all(seconds > 0 and same for seconds, same in timed)
+    target = tiny.llama(seed=7)  # another target chooses other tokens, and is timed all the same
+    assert not all(same for _, same in timed_plain(SimpleNamespace(target=target), rec, PROMPTS))
