@@ -14,10 +14,14 @@ Stages, each written to stages.json under --out as it ends, so a cut run resumes
   replay       the shipped pair's code record replayed on those prices, beside the shipped pair's
                own prices on this device and (--cpu-prices) on a CPU: the best policy and best fixed γ
   compiled     the --size pair's plain step compiled (torch.compile, CUDA graphs) against the bound
+  timed        timed replay (issue 53): the shipped pair's rounds for fixed γ 2, 4, 6 and two threshold
+               policies run on the --size pair's real passes beside its plain decoding, each measured
+               speedup beside replay's prediction on that pair's prices (a few prompts: eager passes
+               at 8B shapes are slow; not yet timed on a device)
   speed        (only when named) the shipped pair's decoders timed: benchmarks/gpu_speed.py
 Prints one table (also gpu-table.md) and exits 1 if a stage failed or a check did not hold.
 
-    bash benchmarks/gpu.sh --out results/gpu                          # every stage but speed (about 6 min on an H200)
+    bash benchmarks/gpu.sh --out results/gpu                          # every stage but speed (about 6 min on an H200 before timed)
     bash benchmarks/gpu.sh --out results/gpu --resume results/gpu/stages.json   # finish a cut run
     bash benchmarks/gpu.sh --stages speed --limit 10                  # the shipped pair's decoders timed
     bash benchmarks/gpu.sh --device cpu --smoke                       # the dry run on a CPU (tests/test_gpu_bench.py)
@@ -35,7 +39,7 @@ import gpu_report
 import gpu_stages
 import torch
 
-DEFAULT_STAGES = ("machine", "correctness", "syncs", "prices", "replay", "compiled")
+DEFAULT_STAGES = ("machine", "correctness", "syncs", "prices", "replay", "compiled", "timed")
 ALL_STAGES = (*DEFAULT_STAGES, "speed")
 INPUTS = Path(__file__).resolve().parent / "gpu_inputs"  # what a device run reads: made on a CPU, committed
 CPU_PRICES = INPUTS / "cpu-prices-shipped-pair.json"

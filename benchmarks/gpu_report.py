@@ -9,7 +9,7 @@ import math
 def table(state: dict, args) -> str:
     parts = [f"# GPU run · {args.size} priced · {args.task} record {args.limit} × {args.max_new_tokens}\n"]
     for stage, write in (("machine", machine), ("correctness", correctness), ("syncs", syncs), ("prices", prices),
-                         ("compiled", compiled), ("replay", replay), ("speed", speed)):
+                         ("compiled", compiled), ("replay", replay), ("timed", timed), ("speed", speed)):
         if stage not in state:
             continue
         result = state[stage]
@@ -108,6 +108,14 @@ def replay(r: dict) -> str:
     return section(f"the shipped pair's record replayed on each device's prices ({r['prompts']} prompts × "
                    f"{r['max_new_tokens']}, {r['policies']:,} policies)",
                    ["prices", "pick", "policy", "predicted speedup", "tokens/round"], rows)
+
+
+def timed(r: dict) -> str:
+    rows = [[t["policy"], t["rounds"], f"{t['predicted_speedup']:.3f}", f"{t['measured_speedup']:.3f}",
+             f"{t['error']:+.1%}"] for t in r["rows"]]
+    return section(f"timed replay: the shipped pair's rounds on the priced pair's passes ({r['prompts']} prompts × "
+                   f"{r['max_new_tokens']}; {r['within_10pct']} of {len(r['rows'])} within ±10 %)",
+                   ["policy", "rounds", "predicted speedup", "measured speedup", "predicted / measured − 1"], rows)
 
 
 def speed(r: dict) -> str:

@@ -174,6 +174,46 @@ def replay(ctx: Context) -> dict:
             "prices": {name: m.to_dict() for name, m in named.items()}, "picks": picks}
 
 
+def timed(ctx: Context) -> dict:
+    """Timed replay (replay/timed.py) at --size: the shipped pair's rounds for five policies run on
+    the random pair's real passes, interleaved with its plain decoding of the same tokens, beside
+    replay's prediction on that pair's own prices: the measured speedup of the --size pair with the
+    shipped pair's acceptance checks the prices alone."""
+    import numpy as np
+
+    from dspark_bench.config import DecodeConfig
+    from dspark_bench.replay.cost import measure_cost
+    from dspark_bench.replay.simulate import record, simulate, simulate_grid
+    from dspark_bench.replay.timed import timed_plain, timed_replay
+
+    args, shipped, pair = ctx.args, ctx.shipped, ctx.priced
+    _, ids = ctx.prompts(min(args.limit, 4))  # each policy runs every round at --size: a few prompts
+    N, G = args.max_new_tokens, min(args.gamma, 6)
+    rec = record(SimpleNamespace(target=shipped.target, draft=shipped.draft, eos_ids=shipped.eos_ids), ids, N, G)
+    # The --size pair reads the record's ids in its own vocabulary (random weights: any ids do).
+    vocab = min(pair.target.config.vocab_size, pair.draft.config.vocab_size)
+    ids = [[t % vocab for t in p] for p in ids]
+    rec = dataclasses.replace(rec, continuation=np.where(rec.continuation >= 0, rec.continuation % vocab, -1),
+                              rollout=np.where(rec.rollout >= 0, rec.rollout % vocab, -1))
+    cost = measure_cost(pair, ids[0] + rec.continuation[0, : int(rec.lengths[0]) // 2].tolist(), G)
+    configs = [DecodeConfig.of(schedule="fixed", gamma_max=g, max_new_tokens=N) for g in sorted({2, 4, G})]
+    configs += [DecodeConfig.of(threshold=t, gamma_max=G, max_new_tokens=N) for t in (0.3, 0.6)]
+    predicted = simulate_grid(rec, configs, cost)["predicted_speedup"].tolist()
+    plain, seconds = [], [[] for _ in configs]
+    for _ in range(1 if args.smoke else 2):  # plain decoding between the policies, twice over
+        plain.append(sum(t for t, _ in timed_plain(pair, rec, ids)))
+        for index, config in enumerate(configs):
+            seconds[index].append(sum(run.seconds for run in timed_replay(pair, rec, ids, config)))
+    rows = []
+    for config, spent, guess in zip(configs, seconds, predicted):
+        measured = sum(plain) / sum(spent)
+        rows.append({"policy": config.label(), "predicted_speedup": guess, "measured_speedup": measured,
+                     "error": guess / measured - 1, "rounds": sum(len(r) for r in simulate(rec, config))})
+        ctx.say(f"timed replay {config.label()}: predicted {guess:.3f}×, measured {measured:.3f}×")
+    return {"prompts": len(ids), "max_new_tokens": N, "gamma": G, "cost": cost.to_dict(), "rows": rows,
+            "within_10pct": sum(abs(r["error"]) <= 0.10 for r in rows)}
+
+
 def compiled(ctx: Context) -> dict:
     pair, context, args = ctx.priced, ctx.priced_context, ctx.args
     step = gpu_prices.plain_step(pair.target, context, True, 10 if args.smoke else 100)

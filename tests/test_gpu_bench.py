@@ -15,7 +15,7 @@ from dspark_bench.config import METRICS, SCHEDULES
 from dspark_bench.replay import cost_file
 
 ROOT = Path(__file__).resolve().parents[1]
-STAGES = ("machine", "correctness", "syncs", "prices", "replay", "compiled", "speed")
+STAGES = ("machine", "correctness", "syncs", "prices", "replay", "compiled", "timed", "speed")
 
 
 def gpu_sh(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
@@ -80,6 +80,20 @@ def test_replay_picks_on_each_price(dry_run):
     assert all(p["policy"].startswith("fixed") == (p["pick"] == "best fixed γ") for p in picks)
     cost_file.load(out / "cost-model-cpu-shipped-pair.json")
     assert stages["compiled"]["ratio_compiled"] > 0
+
+
+def test_timed_replay_stage(dry_run):
+    """Five policies' rounds (--smoke: γ ≤ 4, so fixed γ 2 and 4 and two thresholds) run on the priced
+    pair's passes, each beside replay's prediction on that pair's prices, in the run's table."""
+    out, _, stages = dry_run
+    rows = stages["timed"]["rows"]
+    assert [r["policy"] for r in rows] == ["fixed γ=2", "fixed γ=4", "top1 threshold 0.3 γ≤4 min1",
+                                           "top1 threshold 0.6 γ≤4 min1"]
+    for row in rows:
+        assert row["measured_speedup"] > 0 and row["rounds"] > 0
+        assert row["error"] == pytest.approx(row["predicted_speedup"] / row["measured_speedup"] - 1)
+    table = (out / "gpu-table.md").read_text()
+    assert "## timed replay: the shipped pair's rounds on the priced pair's passes" in table
 
 
 def test_speed_stage_rows(dry_run):
