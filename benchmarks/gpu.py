@@ -21,7 +21,7 @@ Stages, each written to stages.json under --out as it ends, so a cut run resumes
   speed        (only when named) the shipped pair's decoders timed: benchmarks/gpu_speed.py
 Prints one table (also gpu-table.md) and exits 1 if a stage failed or a check did not hold.
 
-    bash benchmarks/gpu.sh --out results/gpu                          # every stage but speed (about 6 min on an H200 before timed)
+    bash benchmarks/gpu.sh --out results/gpu                          # all but speed (6 min on an H200 before timed)
     bash benchmarks/gpu.sh --out results/gpu --resume results/gpu/stages.json   # finish a cut run
     bash benchmarks/gpu.sh --stages speed --limit 10                  # the shipped pair's decoders timed
     bash benchmarks/gpu.sh --device cpu --smoke                       # the dry run on a CPU (tests/test_gpu_bench.py)
