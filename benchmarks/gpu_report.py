@@ -111,11 +111,12 @@ def replay(r: dict) -> str:
 
 
 def timed(r: dict) -> str:
-    rows = [[t["policy"], t["rounds"], f"{t['predicted_speedup']:.3f}", f"{t['measured_speedup']:.3f}",
-             f"{t['error']:+.1%}"] for t in r["rows"]]
+    rows = [[t["policy"], t["rounds"], f"{t['predicted_speedup']:.3f}",
+             f"{t['measured_speedup']:.3f} [{t['low']:.3f}, {t['high']:.3f}]", f"{t['error']:+.1%}"] for t in r["rows"]]
     return section(f"timed replay: the shipped pair's rounds on the priced pair's passes ({r['prompts']} prompts × "
                    f"{r['max_new_tokens']}; {r['within_10pct']} of {len(r['rows'])} within ±10 %)",
-                   ["policy", "rounds", "predicted speedup", "measured speedup", "predicted / measured − 1"], rows)
+                   ["policy", "rounds", "predicted speedup", "measured speedup [min, max over repeats]",
+                    "predicted / measured − 1"], rows)
 
 
 def speed(r: dict) -> str:

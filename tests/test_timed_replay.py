@@ -11,6 +11,7 @@ import pytest
 import tiny
 from test_batched import GREEDY_POLICIES, PROMPTS, N
 
+from dspark_bench.decoding.cached_lm import CachedLM
 from dspark_bench.decoding.speculative import speculative_decode
 from dspark_bench.errors import DsparkError
 from dspark_bench.replay.simulate import record, simulate
@@ -24,12 +25,29 @@ def recorded(llama_pair):
     return pair, record(pair, PROMPTS, N, 5, topk=5, eos_ids=pair.eos_ids)
 
 
+def passes(monkeypatch, pair) -> list:
+    """Every CachedLM pass from now on: (which model, tokens fed, logits kept)."""
+    seen, forward = [], CachedLM.forward
+
+    def logged(lm, tokens, keep=1, eager=False):
+        seen.append(("target" if lm.model is pair.target else "draft", len(tokens), keep))
+        return forward(lm, tokens, keep, eager)
+
+    monkeypatch.setattr(CachedLM, "forward", logged)
+    return seen
+
+
 @pytest.mark.parametrize("config", GREEDY_POLICIES, ids=lambda c: c.label())
-def test_the_forced_rounds_are_the_rounds_the_passes_make(recorded, config):
+def test_the_forced_rounds_are_the_rounds_the_passes_make(recorded, config, monkeypatch):
     pair, rec = recorded
+    forced = passes(monkeypatch, pair)
     timed = timed_replay(pair, rec, PROMPTS, config)
-    for prompt, run, rounds in zip(PROMPTS, timed, simulate(rec, config)):
-        decoded = speculative_decode(pair.target, pair.draft, prompt, config, pair.eos_ids)
+    forced_passes = list(forced)
+    forced.clear()
+    decoded_all = [speculative_decode(pair.target, pair.draft, prompt, config, pair.eos_ids) for prompt in PROMPTS]
+    # The same passes, of the same shapes, in the same order as the decoder's own (prefills too).
+    assert forced_passes == forced
+    for prompt, run, rounds, decoded in zip(PROMPTS, timed, simulate(rec, config), decoded_all):
         assert run.tokens == decoded.tokens  # the target's own greedy output
         assert run.accepted == run.forced == [r.accepted for r in decoded.rounds]
         assert run.drafted == [r.draft_tokens for r in rounds]
@@ -52,6 +70,10 @@ def test_timed_replay_refuses_what_it_cannot_force(recorded):
         timed_replay(pair, rec, PROMPTS[:2], GREEDY_POLICIES[0])
     with pytest.raises(DsparkError, match="greedy record's rounds"):
         timed_replay(pair, rec, PROMPTS, GREEDY_POLICIES[0].replace(temperature=1.0))
+    for change, what in (({"draft_mode": "verify-side"}, "verify-side"), ({"compiled": True}, "compiled"),
+                         ({"batch_size": 2}, "batch size above 1")):
+        with pytest.raises(DsparkError, match=f"eager passes, not .*{what}"):
+            timed_replay(pair, rec, PROMPTS, GREEDY_POLICIES[0].replace(**change))
 
 
 def test_plain_decoding_is_timed_on_the_record_s_tokens(recorded):

@@ -9,7 +9,9 @@ one token a step; the target verifies what it has not seen plus the kept draft),
 commits the record's own tokens. On the pair that made the record, each round's tokens and
 acceptance as the passes compute them equal the forced ones (tests/test_timed_replay.py); on
 any other pair of the same vocabulary (a GPU-sized random pair, say) the rounds run with the
-record's acceptance, and only their time is read.
+record's acceptance, and only their time is read. It checks the prices, the passes replay charges
+for: tokens go to the device from host lists and no confidence is computed, so it is not the
+decoder's own wall time (that is `run`'s).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dspark_bench.config import DecodeConfig
+from dspark_bench.config import LEARNED, DecodeConfig
 from dspark_bench.decoding.cached_lm import CachedLM
 from dspark_bench.decoding.host import synchronize
 from dspark_bench.errors import DsparkError
@@ -44,6 +46,14 @@ def timed_replay(pair, rec: Record, prompt_ids: list[list[int]], config: DecodeC
     models): one TimedPrompt per prompt."""
     if not config.greedy or config.drafting.drafter != "model":
         raise DsparkError("timed replay forces a greedy record's rounds onto the draft model's passes")
+    # What it does not run, it must not time as if it did: verify-side drafting (a draft to the
+    # limit), compiled passes (no warm-up here), the learned signal's host work, a batch.
+    unlike = [what for what, differs in (
+        ("the verify-side draft mode", config.verification.draft_mode == "verify-side"),
+        ("compiled passes", config.verification.compiled), ("the learned signal", config.stopping.metric == LEARNED),
+        ("a batch size above 1", config.batching.batch_size > 1)) if differs]
+    if unlike:
+        raise DsparkError(f"timed replay runs the batch-1 early-stop decoder's eager passes, not {unlike[0]}")
     if len(prompt_ids) != len(rec.lengths):
         raise DsparkError(f"timed replay needs the record's {len(rec.lengths)} prompts (got {len(prompt_ids)})")
     rounds = simulate(rec, config)
