@@ -80,7 +80,7 @@ def _stamp(rows, starts, clock, first, end):  # pragma: no cover (compiled)
 def _walk_batched(fail, gamma_max, min_draft_len, discard_below, quorum, matches, lengths, max_new_tokens, batch_size,
                   refill, t_draft, t_verify, prefill, arrive, first, end):  # pragma: no cover (compiled)
     """Predicted seconds of one policy at `batch_size`: (padded, packed). The padded layout's
-    clock (the one this engine runs) admits arrivals and stamps each request's first and last
+    clock (the layout the batched decoder runs) admits arrivals and stamps each request's first and last
     token into `first` / `end`."""
     P, G = len(lengths), t_verify.shape[1] - 1
     slot_p, slot_j = np.full(batch_size, -1), np.zeros(batch_size, np.int64)

@@ -301,7 +301,7 @@ def batch_of(pair, context: list[int], rows: int, contexts: list[list[int]] | No
              ) -> tuple[BatchLM, BatchLM, list[int]]:
     """Target and draft caches of `rows` rows, and the rows' lengths. Each row holds `context` cut
     to a different length, as a real batch's rows differ (left holes in the cache, so a pass runs
-    the masked attention the engine runs: equal rows would take a faster unmasked path); or, given
+    the masked attention the batched decoder runs: equal rows would take a faster unmasked path); or, given
     `contexts`, row r holds contexts[r mod their number], so that the batch is as wide as one of
     those requests' (its longest row sets every pass's width)."""
     if contexts:
