@@ -30,11 +30,13 @@ Prints one table (also gpu-table.md) and exits 1 if a stage failed or a check di
 from __future__ import annotations
 
 import json
+import sys
 import time
 import traceback
 from pathlib import Path
 
 import common  # benchmarks/ is on sys.path when run as a script
+import gpu_prices
 import gpu_report
 import gpu_stages
 import torch
@@ -67,6 +69,8 @@ def arguments():
     parser.add_argument("--draft")
     parser.add_argument("--no-compile", action="store_true", help="the speed stage: eager rows only")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes and counts: the CPU dry run")
+    parser.add_argument("--allow-cpu", action="store_true", help="run the full-size stages on a machine without "
+                        "CUDA anyway (they build --size's pair in RAM: tens of GB for llama-8b-1b)")
     args = parser.parse_args()
     args.stages = [s.strip() for s in args.stages.split(",") if s.strip()]
     unknown = [s for s in args.stages if s not in ALL_STAGES]
@@ -92,14 +96,52 @@ def shrink(args) -> None:
     cached_lm.COMPILE_OPTIONS["backend"] = "eager"
 
 
+PRICED = ("prices", "compiled", "timed")  # the stages that build --size's pair
+
+
+def plan(args, device: torch.device) -> list[str]:
+    """What the run will do and build, said before anything is built."""
+    lines = [f"plan: stages {', '.join(args.stages)} on {device}"]
+    if any(stage in PRICED for stage in args.stages):
+        sizes = gpu_prices.resident_bytes(args.size, args.price_dtype)
+        lines.append(f"plan: builds the {args.size} pair with random weights in {args.price_dtype} on {device} "
+                     f"({sizes['target_params'] / 1e9:.2f} B + {sizes['draft_params'] / 1e9:.2f} B parameters, "
+                     f"{sizes['bytes'] / 1e9:.1f} GB) for {', '.join(s for s in args.stages if s in PRICED)}")
+    return lines
+
+
+def refusal(args, device: torch.device) -> str | None:
+    """Why this run should not start here: the full-size stages on a machine without CUDA build
+    an 8B-shaped pair in RAM (19.5 GB resident, found when one ran on a CPU without a word)."""
+    if device.type == "cuda" or args.smoke or args.allow_cpu or not any(s in PRICED for s in args.stages):
+        return None
+    return (f"no CUDA device here ({device}): the {'/'.join(s for s in args.stages if s in PRICED)} stages would "
+            f"build the {args.size} pair in this machine's memory; pass --smoke for the dry run, --stages without "
+            "them, or --allow-cpu to run them here anyway")
+
+
 def main() -> int:
     args = arguments()
-    args.out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
 
     def say(line: str) -> None:
         print(f"[{time.perf_counter() - start:6.0f} s] {line}", flush=True)
 
+    from dspark_bench.errors import DsparkError
+    from dspark_bench.harness.models import resolve_device
+
+    try:
+        device = resolve_device(args.device)
+    except DsparkError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    for line in plan(args, device):
+        say(line)
+    refused = refusal(args, device)
+    if refused:
+        print(f"error: {refused}", file=sys.stderr)
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
     state = json.loads(args.resume.read_text()) if args.resume else {}
     context = gpu_stages.Context(args, say, state)
     for stage in args.stages:

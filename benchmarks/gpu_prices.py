@@ -48,6 +48,18 @@ def build_model(config: dict, device: torch.device, dtype: torch.dtype) -> torch
     return model.eval()
 
 
+def resident_bytes(size: str, dtype: str) -> dict:
+    """What building `size`'s pair holds in memory: its parameters counted on the meta device
+    (nothing allocated)."""
+    entry = shapes(size)
+    counts = {}
+    for role in ("target", "draft"):
+        model = build_model(entry[role], torch.device("meta"), DTYPES[dtype])
+        counts[f"{role}_params"] = sum(p.numel() for p in model.parameters())
+    element = torch.empty(0, dtype=DTYPES[dtype]).element_size()
+    return {**counts, "bytes": (counts["target_params"] + counts["draft_params"]) * element}
+
+
 def build_pair(size: str, device: torch.device, dtype: str):
     """The target and draft of `size`, as a ModelPair (no tokenizer: the prices feed token ids)."""
     from dspark_bench.harness.models import ModelPair

@@ -44,6 +44,9 @@ def test_run_writes_a_complete_run_folder(first_run):
     machine = info["environment"]["machine"]
     assert machine["cpu"] and machine["cpu_cores"] >= 1 and machine["torch_threads"] >= 1
     assert {"blas", "gpu"} <= set(machine)
+    # On a CPU nothing is captured (decoding/capture.py), and run.json says so.
+    assert info["capture"] == {"default": "eager", "eager_flag": False, "mode": "eager", "policies": {"eager": 2}}
+    assert info["config"]["eager"] is False
 
 
 def test_decode_shows_rounds(saved_pair):

@@ -141,3 +141,17 @@ def test_step_bytes_count_what_a_step_reads():
     kv = gpu_prices.step_bytes(target, 100)["kv_bytes"]
     assert kv == 4 * 2 * t["num_hidden_layers"] * t["num_key_value_heads"] * t["head_dim"] * 100
     assert next(target.parameters()).dtype == torch.float32 and d["tie_word_embeddings"]
+
+
+def test_full_size_on_a_cpu_is_refused_with_its_plan(tmp_path):
+    """Without CUDA and without --smoke the run says what it would build and builds nothing (one
+    run on a CPU built the 8B-shaped pair in 19.5 GB of RAM without a word)."""
+    env_python = Path(sys.executable).parent
+    out = tmp_path / "out"
+    result = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu.sh"), "--device", "cpu", "--out", str(out),
+                             "--stages", "machine,timed"], capture_output=True, text=True, timeout=300,
+                            env={"PATH": f"{env_python}:/usr/bin:/bin", "HOME": str(tmp_path)})
+    assert result.returncode == 2
+    assert "builds the llama-8b-1b pair" in result.stdout and "18.5 GB" in result.stdout  # 8.03 B + 1.24 B in bf16
+    assert result.stderr.strip().splitlines() == [result.stderr.strip()]  # one line
+    assert "--allow-cpu" in result.stderr and not out.exists()

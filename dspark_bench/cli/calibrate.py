@@ -14,8 +14,8 @@ from dspark_bench.tuning.spec import SweepSpec
 
 # What a calibration's flags override of its spec: the models, how prompts are read and decoded,
 # and the search space of the knobs that matter per domain.
-WORKLOAD = ("split", "prompt_field", "category_field", "limit", "target", "draft", "device", "dtype", "repeats",
-            "max_new_tokens", "temperature")
+WORKLOAD = ("split", "prompt_field", "category_field", "limit", "target", "draft", "device", "dtype", "eager",
+            "repeats", "max_new_tokens", "temperature")
 SPACE = ("metric", "threshold", "gamma_max", "min_draft_len", "batch_size")
 
 

@@ -15,7 +15,7 @@ from dspark_bench.config import DEFAULT_MAX_NEW_TOKENS, DecodeConfig
 from dspark_bench.harness.workload import Workload
 
 # One generation: one value of each knob (batching aside: one prompt), and the models it runs on.
-MODELS = ("target", "draft", "heads", "device", "dtype", "chat_template")
+MODELS = ("target", "draft", "heads", "device", "dtype", "eager", "chat_template")
 
 
 @with_options("models", fields_of(Workload, MODELS))
@@ -36,7 +36,7 @@ def decode(
         config = DecodeConfig.of(**{**knobs, "max_new_tokens": DEFAULT_MAX_NEW_TOKENS if tokens is None else tokens})
         pair, config, result = decode_once(text, config, models["target"], models["draft"], models["device"],
                                            models["dtype"], models["chat_template"], calibration, domain,
-                                           models["heads"])
+                                           models["heads"], models["eager"])
         if calibration is not None:
             out_console.print(f"policy: {config.label()}", highlight=False)
         show_rounds(text, pair.tokenizer, result, config)

@@ -4,6 +4,7 @@ The shared types of a decode (`types`: Round, DecodeResult, Block), our speculat
 decoder at batch size 1 (`speculative`) and batched with continuous batching (`batched`), the plain
 autoregressive and HF-assisted decoders it is measured against (`autoregressive`), the drafters
 (`drafters`: the draft model, `heads`, `lookup`), the KV caches (`cached_lm`, `batch_lm`),
+which passes run from captured CUDA graphs (`capture`),
 sampling (`sampling`), confidence metrics (`confidence`; the learned signal, `learned_signal`), stopping
 rules and engine rules (`schedule`), the budget schedule deciding for a whole batch (`budget`), the goodput rule and
 its acceptance curves (`goodput`, with `host_rounding` for device math that rounds as the host does), a

@@ -113,13 +113,23 @@ def static_cache(model: torch.nn.Module, capacity: int, role: str = "target") ->
     cache, size = caches.get(role, (None, 0))
     if cache is None or size < capacity:
         size = -(-max(capacity, 1) // 256) * 256  # grow in steps, so most decodes reuse it
+        why = static_blocker(model)
+        if why:
+            raise DsparkError(f"--compile needs a static KV cache, not possible with {why}; run without --compile")
         cache = StaticCache(config=model.config, max_cache_len=size)
-        if any(layer.is_sliding or not hasattr(layer, "cumulative_length") for layer in cache.layers):
-            raise DsparkError("--compile needs a model without sliding-window attention layers and transformers "
-                              ">= 5 (a static cache rolled back by length); run without --compile")
         caches[role] = (cache, size)
     cache.reset()  # back to empty on the device (lengths to 0); the old entries are overwritten
     return cache
+
+
+def static_blocker(model: torch.nn.Module) -> str | None:
+    """Why this model's cache cannot be a static one rolled back by length (None: it can)."""
+    layers = StaticCache(config=model.config, max_cache_len=1).layers  # layers allocate at first use
+    if any(getattr(layer, "is_sliding", False) for layer in layers):
+        return "sliding-window attention layers"
+    if any(not hasattr(layer, "cumulative_length") for layer in layers):
+        return "transformers below 5 (its static cache cannot be rolled back by length)"
+    return None
 
 
 def compiled_forward(model: torch.nn.Module):

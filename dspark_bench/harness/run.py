@@ -15,7 +15,7 @@ from pathlib import Path
 
 from dspark_bench import schedules
 from dspark_bench.config import KNOBS, LEARNED, DecodeConfig, expand, from_dict, with_defaults
-from dspark_bench.decoding import budget, learned_signal
+from dspark_bench.decoding import budget, capture, learned_signal
 from dspark_bench.decoding.budget import row_rule
 from dspark_bench.decoding.schedule import expressible
 from dspark_bench.decoding.speculative import speculative_decode
@@ -270,6 +270,8 @@ def plan_run(config: RunConfig) -> Planned:
         configs, assignment = calibrated_configs(config.calibration, prompts, configs)
     pair = load_pair(config.target, config.draft, config.device, config.dtype, config.heads,
                      drafters={c.drafting.drafter for c in configs}, pair=pair_of(config.task))
+    if config.decoder == "ours":  # on CUDA our passes run from captured graphs unless --eager
+        configs = capture.captured(configs, pair.device, config.eager, (pair.target, pair.draft))
     check_learned_models(pair, configs)
     if any(c.drafting.drafter == "heads" for c in configs):
         pair.heads  # noqa: B018 — load (and check) the heads before anything runs
@@ -336,7 +338,8 @@ def execute(config: RunConfig, out: Path, progress=None, say=None, planned: Plan
     step = stage_steps(progress, "decoding", planned.samples)
     folder, table = run_to_folder(planned.pair, planned.prompts, planned.configs, out, config.settings(),
                                   planned.source, progress=step, assignment=planned.assignment, say=say,
-                                  run_config=config.to_dict(), precision=(config.precision, config.precision_budget_s))
+                                  run_config=config.to_dict(), precision=(config.precision, config.precision_budget_s),
+                                  eager=config.eager)
     if config.decoder == "hf" and all(c.greedy for c in planned.configs) and config.calibration is None:
         priced_hf(planned, folder, config.settings(), progress, say)  # replay priced on HF's own costs, beside ours
     return folder, table
@@ -355,12 +358,14 @@ def rerun_from(run_file: Path, out: Path, progress=None, say=None):
 
 def decode_once(text: str, config: DecodeConfig, target: str | None = None, draft: str | None = None,
                 device: str = "auto", dtype: str = "auto", chat_template: str = "auto",
-                calibration: Path | None = None, domain: str | None = None, heads: str | None = None):
+                calibration: Path | None = None, domain: str | None = None, heads: str | None = None,
+                eager: bool = False):
     """`dspark-bench decode`: one speculative generation of `text` (with a calibration: the policy
     of `domain`, or the global one). Returns (pair, the policy used, DecodeResult)."""
 
     if calibration is not None:
         config = load_calibration(calibration).policy_for(domain or "", strict=domain is not None, base=config)
     pair = load_pair(target, draft, device, dtype, heads, drafters={config.drafting.drafter})
+    config = capture.captured([config], pair.device, eager, (pair.target, pair.draft))[0]
     ids = encode(pair.tokenizer, text, chat_template)
     return pair, config, speculative_decode(pair.target, pair.drafter_for(config), ids, config, pair.eos_ids)

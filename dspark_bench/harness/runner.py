@@ -24,6 +24,7 @@ import pandas as pd
 import torch
 
 from dspark_bench.config import DecodeConfig
+from dspark_bench.decoding import capture
 from dspark_bench.decoding.autoregressive import autoregressive_decode, hf_assisted_decode
 from dspark_bench.decoding.batched import autoregressive_serving, interleave, speculative_serving
 from dspark_bench.decoding.cached_lm import decode_shapes, warm_compiled
@@ -350,12 +351,14 @@ def run_to_folder(
     say: Callable[[str], None] | None = None,
     run_config: dict | None = None,
     precision: tuple[float, float] = (0.0, 600.0),
+    eager: bool = False,
 ) -> tuple[Path, pd.DataFrame]:
     """`run`, then write the run folder; returns it and the per-config summary table.
 
     With `say`, the plan and its estimated duration are said before decoding starts. Each policy
     is compared with the best fixed γ on the same prompts (harness/verdicts.py); `precision`
-    (target, seconds) sharpens the headline pair's interval, pass after pass."""
+    (target, seconds) sharpens the headline pair's interval, pass after pass; `eager`: whether
+    --eager turned CUDA's captured passes off (run.json's `capture` says how each policy ran)."""
     check_writable(out)
     estimate = say_plan(pair, prompts, configs, settings, assignment, say) if say else None
     if say and precision[0] > 0:
@@ -377,6 +380,7 @@ def run_to_folder(
         "assignment": assignment,
         "settings": dataclasses.asdict(settings),
         "models": pair.describe(),
+        "capture": capture.describe(configs, pair.device, eager, (pair.target, pair.draft)),
         "prompts": {"count": len(prompts), "fingerprint": prompts_fingerprint(prompts), **(source or {})},
     }
     timing_health = health([*probe.checks(), baseline_drift(samples), identical_rounds(samples),

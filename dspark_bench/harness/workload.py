@@ -28,6 +28,10 @@ class Workload:
     device: str = knob("auto", "Where the models run.", choices=("auto", "cpu", "cuda", "mps"), panel=MODELS)
     dtype: str = knob("auto", "auto: fp32 on CPU, bf16 on CUDA.", choices=("auto", "float32", "bfloat16", "float16"),
                       panel=MODELS)
+    # On CUDA a policy's passes run from captured CUDA graphs unless told not to (decoding/capture.py).
+    eager: bool = knob(False, "On CUDA, run every pass eagerly instead of from captured CUDA graphs (the default "
+                       "there: static KV cache, one graph per pass length; docs/gpu.md). No effect on a CPU.",
+                       panel=MODELS)
     # --- prompts: exactly one of task and dataset
     task: str | None = knob(None, "Built-in task (see `dspark-bench tasks ls`); several comma-separated "
                             "(code,humaneval) run side by side, each its own category.", panel=PROMPTS)

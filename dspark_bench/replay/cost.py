@@ -179,11 +179,16 @@ def measure_depths(pair, sequence: list[int], gamma: int, depths, repeats: int =
 
 
 @torch.inference_mode()
-def measure_cost(pair, context: list[int], gamma: int, repeats: int = 15, drafters=("model",)) -> CostModel:
+def measure_cost(pair, context: list[int], gamma: int, repeats: int = 15, drafters=("model",),
+                 compiled: bool = False) -> CostModel:
     """Median timings with the caches holding `context`, interleaved across k to share drift;
-    with "heads" among `drafters`, the heads' pass too."""
+    with "heads" among `drafters`, the heads' pass too. `compiled`: the passes the compiled decoder
+    runs (static caches, torch.compile; captured CUDA graphs on CUDA: decoding/capture.py), each
+    shape met three times before the clock counts (its graph is recorded on the third call)."""
 
-    target, draft = CachedLM(pair.target), CachedLM(pair.draft)
+    capacity = len(context) + gamma + 2
+    target = CachedLM(pair.target, compiled, capacity)
+    draft = CachedLM(pair.draft, compiled, capacity, role="draft")
     target.prefill(context)
     draft.prefill(context)
     samples = {k: [] for k in range(-1, gamma + 1)}  # -1: the draft step
@@ -202,7 +207,8 @@ def measure_cost(pair, context: list[int], gamma: int, repeats: int = 15, drafte
         samples[-2] = []
     learned_step = learned_clock(pair, context, 1, lambda: clock(draft, filler[:1])) if "model" in drafters else None
     learned = []
-    for _ in range(repeats + 2):  # the first two passes warm up
+    warm = 3 if compiled else 2  # the first passes warm up (compiled: compile, then record the graph)
+    for _ in range(repeats + warm):
         samples[-1].append(clock(draft, filler[:1]))
         if heads_step:
             samples[-2].append(heads_step())
@@ -210,10 +216,10 @@ def measure_cost(pair, context: list[int], gamma: int, repeats: int = 15, drafte
             learned.append(learned_step())
         for k in range(gamma + 1):
             samples[k].append(clock(target, filler[: k + 1]))
-    median = {k: statistics.median(v[2:]) for k, v in samples.items()}
+    median = {k: statistics.median(v[warm:]) for k, v in samples.items()}
     return CostModel(median[-1], [median[k] for k in range(gamma + 1)], len(context), t_heads=median.get(-2, 0.0),
-                     spread=worst_spread(v[2:] for v in samples.values()),
-                     t_learned=max(statistics.median(learned[2:]), 0.0) if learned else 0.0)
+                     spread=worst_spread(v[warm:] for v in samples.values()),
+                     t_learned=max(statistics.median(learned[warm:]), 0.0) if learned else 0.0)
 
 
 def relative_iqr(values) -> float:
@@ -337,12 +343,14 @@ def time_pass(pair, lm: BatchLM, tokens: list[int], lengths: list[int]) -> float
 
 @torch.inference_mode()
 def measure_surface(pair, context: list[int], gamma: int, batch_sizes, repeats: int = 7,
-                    drafters=("model",), contexts: list[list[int]] | None = None) -> CostSurface:
+                    drafters=("model",), contexts: list[list[int]] | None = None,
+                    compiled: bool = False) -> CostSurface:
     """t_draft(B) and t_verify(B, k) for every B (and 1): B rows holding `context` (or, given
     `contexts`, those in turn: `batch_of`), timed through the batched decoder's own cache (BatchLM),
-    k interleaved to share drift. B = 1 is `measure_cost`."""
+    k interleaved to share drift. B = 1 is `measure_cost` (`compiled`: its compiled passes, what a
+    batch-1 decode runs on CUDA by default; the batched decoder's passes are eager)."""
 
-    models = {1: dataclasses.replace(measure_cost(pair, context, gamma, drafters=drafters),
+    models = {1: dataclasses.replace(measure_cost(pair, context, gamma, drafters=drafters, compiled=compiled),
                                      **measure_prefill(pair, context))}
     filler = context[-gamma - 1 :] * (gamma + 1)
     for b in sorted(set(batch_sizes) - {1}):

@@ -29,6 +29,7 @@ import pandas as pd
 
 from dspark_bench import schedules
 from dspark_bench.config import DEFAULT_MAX_NEW_TOKENS, POLICY_FIELDS, DecodeConfig
+from dspark_bench.decoding import capture
 from dspark_bench.errors import DsparkError
 from dspark_bench.harness.calibration_file import (
     SCHEMA_VERSION,
@@ -149,11 +150,12 @@ class Calibrated:
 
 def record_domains(pair, domains: dict[str, list[Prompt]], base: DecodeConfig, gamma: int,
                    progress: StageProgress | None = None, batch_sizes=(1,),
-                   source: Continuations | None = None, paths: int = SweepSpec.paths) -> tuple[dict, object]:
+                   source: Continuations | None = None, paths: int = SweepSpec.paths,
+                   compiled: bool = False) -> tuple[dict, object]:
     """A replay record per domain (of `base`'s drafter), and one cost surface at `batch_sizes`
     (timed on the first domain's first prompt); the target's continuations from `source` (an
     engine's continuations files, checked) where given, else decoded here (at a temperature > 0,
-    `paths` sampled paths per prompt)."""
+    `paths` sampled paths per prompt); `compiled`: batch 1 priced on compiled passes."""
 
     models, records, first_context, rows = pair.describe(), {}, None, []
     for domain, prompts in domains.items():
@@ -177,7 +179,7 @@ def record_domains(pair, domains: dict[str, list[Prompt]], base: DecodeConfig, g
         progress("timing the cost model", 0, 1)
     order = np.random.default_rng(0).permutation(len(rows))  # the domains mixed, as a server's batch is
     return records, measure_surface(pair, first_context, gamma, batch_sizes, drafters=(base.drafting.drafter,),
-                                    contexts=[rows[i] for i in order])
+                                    contexts=[rows[i] for i in order], compiled=compiled)
 
 
 def measure_domains(pair, domains: dict[str, list[Prompt]], chosen: dict[str, DecodeConfig],
@@ -291,6 +293,7 @@ def calibrate_domains(spec: SweepSpec, out: Path, tasks: list[str] | None = None
     pair = pair or load_pair(spec.target, spec.draft, spec.device, spec.dtype, spec.heads,
                              drafters={c.drafting.drafter for c in configs},
                              pair=pair_of(",".join(tasks) if tasks else (None if spec.dataset else spec.task)))
+    configs = capture.captured(configs, pair.device, spec.eager, (pair.target, pair.draft))  # CUDA: graphs
     batch_sizes = sorted({c.batching.batch_size for c in configs})
     if spec.continuations is not None and evaluation != "replay":
         raise DsparkError("--continuations feeds replay's records: a real calibration decodes every policy here")
@@ -302,7 +305,7 @@ def calibrate_domains(spec: SweepSpec, out: Path, tasks: list[str] | None = None
         needs_draft_model(pair)
         source = None if spec.continuations is None else domain_continuations(spec, pair, domains, base)
         records, surface = record_domains(pair, domains, configs[0], max(c.stopping.gamma_max for c in configs),
-                                          progress, batch_sizes, source, spec.paths)
+                                          progress, batch_sizes, source, spec.paths, capture.at_batch_one(configs))
     # One calibration per batch size: which policy wins depends on what a step costs at B. The
     # file's own global/domains are the smallest B's; the others go under by_batch_size.
     parts = [calibrate_at(pair, domains, [c for c in configs if c.batching.batch_size == b], spec, records, surface,

@@ -20,6 +20,7 @@ from dspark_bench import schedules
 from dspark_bench.analysis.analyze import FILE as ANALYSIS_FILE
 from dspark_bench.analysis.analyze import Studied, analyze
 from dspark_bench.config import DEFAULTS, DecodeConfig, expand
+from dspark_bench.decoding import capture
 from dspark_bench.depth import PRICED_DEPTHS, priced_depths, spans_depth
 from dspark_bench.engines.tools import EngineTools
 from dspark_bench.errors import DsparkError
@@ -258,7 +259,8 @@ def time_prices(folder: Path, pair, ids: list[list[int]], records: dict, configs
     batch_sizes = sorted({c.batching.batch_size for c in configs})
     timing = time.perf_counter()
     surface, checks = timed_surface(pair, context, gamma, batch_sizes, drafters={key.drafter for key in records},
-                                    measure=functools.partial(measure_surface, contexts=rows))
+                                    measure=functools.partial(measure_surface, contexts=rows,
+                                                              compiled=capture.at_batch_one(configs)))
     depths = depths_to_price(pair, ids, rec.max_new_tokens)
     if depths:
         if progress:
@@ -267,7 +269,8 @@ def time_prices(folder: Path, pair, ids: list[list[int]], records: dict, configs
     timing = time.perf_counter() - timing
     if engine is None:
         prices = Prices(surface, surface.at(1), checks, timing, batch_sizes != [1])
-        cost_file.ours(surface, pair).save(folder / PRICES_FILE)
+        cost_file.ours(surface, pair, capture=capture.pass_mode(capture.at_batch_one(configs), pair.device)
+                       ).save(folder / PRICES_FILE)
     else:
         check_covers(engine, batch_sizes, gamma)
         prices = Prices(engine.surface, engine.surface.at(min(engine.surface.models)), checks, timing,

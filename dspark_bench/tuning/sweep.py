@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Callable
 import optuna
 import pandas as pd
 
+from dspark_bench.decoding import capture
 from dspark_bench.errors import DsparkError
 from dspark_bench.harness.plan import real_sweep_plan, seconds_per_token
 from dspark_bench.objectives import rank
@@ -55,7 +56,9 @@ from dspark_bench.tuning.replay_sweep import needs_draft_model, record_plan, rep
 
 
 def run_info(spec: SweepSpec, prepared: LoadedSweep, extra: dict) -> dict:
-    return {"spec": spec.to_dict(), "base_config": prepared.base.to_dict(), "models": prepared.pair.describe(),
+    pair = prepared.pair
+    return {"spec": spec.to_dict(), "base_config": prepared.base.to_dict(), "models": pair.describe(),
+            "capture": capture.describe(prepared.points, pair.device, spec.eager, (pair.target, pair.draft)),
             "prompts": {"count": len(prepared.prompts), "fingerprint": prompts_fingerprint(prepared.prompts),
                         **prepared.source}, **extra}
 

@@ -1,0 +1,82 @@
+"""Capture: on CUDA every pass after the prefill runs from a captured CUDA graph, by default.
+
+An eager pass on a GPU costs what launching its kernels one by one costs: on an H200 the
+8B-shaped plain step took 12.3× its bandwidth bound eager and verify(k) was flat in k
+(docs/gpu.md). The engines a user deploys (vLLM, SGLang, TensorRT-LLM) capture their passes in
+CUDA graphs, so prices, confirmations and picks made on eager passes describe our loop, not
+theirs. So on CUDA a policy the capture path can run decodes through it: the static KV cache and
+torch.compile's "reduce-overhead" mode (cached_lm.py), one graph per input length — the draft's
+1 and 2 tokens, verify's 1 … gamma_max + 1 — warmed before any clock runs. `--eager` opts out;
+on a CPU (no graphs) nothing changes unless `--compile` asks for the compiled path there.
+
+What is not captured runs eagerly and is said so in the run's metadata (`describe`): a batch
+above 1 (the padded batched cache, batch_lm.py, is not static), a drafter other than the draft
+model, a model whose cache cannot be static (sliding-window layers).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dspark_bench.config import DecodeConfig
+from dspark_bench.decoding.cached_lm import static_blocker
+
+GRAPHS, EAGER, COMPILED = "cuda-graphs", "eager", "compiled"  # COMPILED: --compile without graphs (a CPU)
+
+
+def blocker(config: DecodeConfig, models=()) -> str | None:
+    """Why this policy's passes cannot be captured (None: they can)."""
+    if config.batching.batch_size > 1:
+        return "batch size above 1 (the padded batched cache is not static)"
+    if config.drafting.drafter != "model":
+        return f"the {config.drafting.drafter} drafter"
+    for model in models:
+        why = static_blocker(model)
+        if why:
+            return why
+    return None
+
+
+def default_on(device: torch.device, eager: bool) -> bool:
+    """Whether passes are captured unless a policy cannot be: on CUDA, unless --eager."""
+    return device.type == "cuda" and not eager
+
+
+def captured(configs: list[DecodeConfig], device: torch.device, eager: bool, models=()) -> list[DecodeConfig]:
+    """`configs` with the capture path turned on where it is the default and the policy allows it
+    (the others as they were: an explicit --compile stays)."""
+    if not default_on(device, eager):
+        return list(configs)
+    return [c if c.verification.compiled or blocker(c, models) else c.replace(compiled=True) for c in configs]
+
+
+def at_batch_one(configs: list[DecodeConfig]) -> bool:
+    """Whether batch 1's passes are priced compiled: as the policies decode them."""
+    return any(c.verification.compiled for c in configs if c.batching.batch_size == 1)
+
+
+def pass_mode(compiled: bool, device: torch.device) -> str:
+    """How passes run: from CUDA graphs, compiled without graphs (a CPU), or eagerly."""
+    if not compiled:
+        return EAGER
+    return GRAPHS if device.type == "cuda" else COMPILED
+
+
+def mode_of(config: DecodeConfig, device: torch.device) -> str:
+    return pass_mode(config.verification.compiled, device)
+
+
+def describe(configs: list[DecodeConfig], device: torch.device, eager: bool, models=()) -> dict:
+    """The run's metadata: the default on this device, whether --eager was given, how many
+    policies ran each way, and why those that ran eagerly under a capturing default did."""
+    on = default_on(device, eager)
+    modes, because = {}, {}
+    for config in configs:
+        mode = mode_of(config, device)
+        modes[mode] = modes.get(mode, 0) + 1
+        why = blocker(config, models) if on and mode == EAGER else None
+        if why:
+            because[why] = because.get(why, 0) + 1
+    return {"default": GRAPHS if device.type == "cuda" else EAGER, "eager_flag": eager,
+            "mode": next(iter(modes)) if len(modes) == 1 else "mixed", "policies": modes,
+            **({"eager_because": because} if because else {})}
