@@ -4,6 +4,7 @@ numbers or why it has none."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 
 def table(state: dict, args) -> str:
@@ -90,6 +91,28 @@ def prices(r: dict) -> str:
         m = batch[b]
         lines.append(f"| {b} | {ms(m['t_draft'])} | " + " | ".join(ms(t) for t in m["t_verify"])
                      + f" | {m.get('spread', 0):.3f} |")
+    return "\n".join(lines) + "\n" + (captured(r["captured"]) if r.get("captured") else "")
+
+
+def captured(c: dict) -> str:
+    """Batch 1 as a decode runs it on CUDA by default: captured passes alone, and inside decodes."""
+    alone, inside, detail = c["alone"], c["in_decode"], c["in_decode_detail"]
+    gamma = len(alone["t_verify"]) - 1
+    lines = ["\n### captured passes at B = 1 (compiled; one CUDA graph per length on CUDA)\n",
+             f"- target step {ms(alone['t_verify'][0])} ms = **{c['target_step_over_bound']:.2f}×** its bound "
+             f"({ms(c['target_bound_s'])} ms); draft step {ms(alone['t_draft'])} ms = "
+             f"**{c['draft_step_over_bound']:.2f}×** its bound ({ms(c['draft_bound_s'])} ms)",
+             f"- verify({c['verify_tokens']}) / verify(1) (tokens fed): **{c['verify_8_over_1']:.2f}**",
+             f"- inside running decodes (CUDA events, no sync between passes; {detail['rounds']} rounds, "
+             f"{detail['plain_steps']} plain steps): round overhead **{ms(inside['t_round'])} ms** (a round's time "
+             f"past its passes: never below 0 by construction); plain step {ms(inside['t_plain'])} ms whole, its pass "
+             f"{ms(detail['plain_pass'])} ms; a catch-up draft pass of 2 tokens {ms(detail['catch_up_draft'])} ms; "
+             f"unfed lengths scaled by {detail['verify_scaled_by']:.3f}",
+             f"- files: {', '.join(Path(f).name for f in c['files'].values())}\n",
+             "| timed | t_draft | " + " | ".join(f"k={k}" for k in range(gamma + 1)) + " |",
+             "|---|---|" + "---|" * (gamma + 1)]
+    for name, m in (("alone, between syncs", alone), ("inside decodes", inside)):
+        lines.append(f"| {name} | {ms(m['t_draft'])} | " + " | ".join(ms(t) for t in m["t_verify"]) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -111,12 +134,18 @@ def replay(r: dict) -> str:
 
 
 def timed(r: dict) -> str:
+    inside = "predicted_in_decode" in r["rows"][0]
     rows = [[t["policy"], t["rounds"], f"{t['predicted_speedup']:.3f}",
-             f"{t['measured_speedup']:.3f} [{t['low']:.3f}, {t['high']:.3f}]", f"{t['error']:+.1%}"] for t in r["rows"]]
-    return section(f"timed replay: the shipped pair's rounds on the priced pair's passes ({r['prompts']} prompts × "
-                   f"{r['max_new_tokens']}; {r['within_10pct']} of {len(r['rows'])} within ±10 %)",
+             f"{t['measured_speedup']:.3f} [{t['low']:.3f}, {t['high']:.3f}]", f"{t['error']:+.1%}"]
+            + ([f"{t['predicted_in_decode']:.3f}", f"{t['error_in_decode']:+.1%}"] if inside else [])
+            for t in r["rows"]]
+    within = f"{r['within_10pct']} of {len(r['rows'])} within ±10 %"
+    if inside:
+        within += f" on prices alone, {r['within_10pct_in_decode']} on prices in decode"
+    return section(f"timed replay: the shipped pair's rounds on the priced pair's captured passes ({r['prompts']} "
+                   f"prompts × {r['max_new_tokens']}; {within})",
                    ["policy", "rounds", "predicted speedup", "measured speedup [min, max over repeats]",
-                    "predicted / measured − 1"], rows)
+                    "predicted / measured − 1"] + (["predicted (in decode)", "− 1"] if inside else []), rows)
 
 
 def speed(r: dict) -> str:

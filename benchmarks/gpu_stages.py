@@ -125,11 +125,50 @@ def prices(ctx: Context) -> dict:
     agrees = abs(surface.at(1).t_verify[0] / eager["seconds"] - 1) < 0.25
     slug = device_slug(ctx)
     files = gpu_prices.cost_files(surface, rounds["t_round"], pair, args.size, machine_info(), args.out, slug)
+    captured = captured_prices(ctx, pair, context, args.gamma, needed, slug)
     return {"size": args.size, "dtype": args.price_dtype, "context_tokens": len(context), **needed,
             "bandwidth_bound_s": bound, "eager_step": eager, "surface": surface.to_dict(), "rounds": rounds,
-            "files": files, "surface_agrees_with_step": agrees,
+            "files": files, "surface_agrees_with_step": agrees, "captured": captured,
             # The dry run's tiny models time at the noise level of a shared CPU: said, not failed on.
             "holds": agrees or args.smoke}
+
+
+def captured_prices(ctx: Context, pair, context: list[int], gamma: int, needed: dict, slug: str) -> dict:
+    """Batch 1's passes as a decode on CUDA runs them by default (compiled, each length its own
+    CUDA graph: decoding/capture.py), timed alone between syncs and inside running decodes
+    (decoding/pass_clock.py: CUDA events, no sync between passes), beside the draft step's and
+    the target step's bandwidth bounds."""
+    from dspark_bench.config import DecodeConfig
+    from dspark_bench.replay import cost_file
+    from dspark_bench.replay.cost import CostSurface, measure_cost
+    from dspark_bench.replay.in_decode import measure_in_decode
+
+    args = ctx.args
+    alone = measure_cost(pair, context, gamma, compiled=True, drafters=())
+    ctx.say("captured t_verify(k) at B = 1, ms: " + ", ".join(f"{t * 1e3:.2f}" for t in alone.t_verify)
+            + f"; draft step {alone.t_draft * 1e3:.2f}")
+    tokens = 8 if args.smoke else 32
+    configs = [DecodeConfig.of(schedule="fixed", gamma_max=g, min_draft_len=0, max_new_tokens=tokens, compiled=True)
+               for g in sorted({1, max(gamma // 2, 1), gamma})]
+    inside, detail = measure_in_decode(pair, [context], configs, alone)
+    ctx.say(f"in decode: t_draft {inside.t_draft * 1e3:.2f} ms, t_verify(γ) {inside.t_verify[-1] * 1e3:.2f} ms, "
+            f"round overhead {inside.t_round * 1e3:.2f} ms, plain step {inside.t_plain * 1e3:.2f} ms")
+    bandwidth = ctx.bandwidth
+    draft_bound = gpu_prices.step_bytes(pair.draft, len(context))["bytes"] / bandwidth
+    files = {}
+    for name, model, how in (("captured", alone, "compiled passes timed alone between syncs (measure_cost)"),
+                             ("in-decode", inside, "compiled passes timed inside running fixed-γ decodes with "
+                              "CUDA events (replay/in_decode.py)")):
+        path = args.out / f"cost-model-{slug}-{args.size}-{name}.json"
+        files[name] = str(cost_file.ours(CostSurface({1: model}), pair, f"benchmarks/gpu.py prices: {how}",
+                                         capture="cuda-graphs" if ctx.device.type == "cuda" else "compiled").save(path))
+    return {"alone": alone.to_dict(), "in_decode": inside.to_dict(), "in_decode_detail": detail, "files": files,
+            "target_bound_s": needed["bytes"] / bandwidth, "draft_bound_s": draft_bound,
+            "target_step_over_bound": alone.t_verify[0] / (needed["bytes"] / bandwidth),
+            "draft_step_over_bound": alone.t_draft / draft_bound,
+            # verify(8) / verify(1) in tokens fed: a pass of 8 new positions (k = 7) over the 1-token step
+            # (of gamma + 1 where gamma is below 7: the dry run's)
+            "verify_tokens": min(8, gamma + 1), "verify_8_over_1": alone.t_verify[min(7, gamma)] / alone.t_verify[0]}
 
 
 def device_slug(ctx: Context) -> str:
@@ -160,8 +199,12 @@ def replay(ctx: Context) -> dict:
         named["shipped pair, CPU"] = cost_file.load(args.cpu_prices).surface.at(1)
     if "prices" in ctx.state and ctx.state["prices"].get("done"):
         at_one = ctx.state["prices"]["surface"]["batch_sizes"]["1"]
-        named[f"{args.size}, {device_slug(ctx)}"] = dataclasses.replace(
+        named[f"{args.size}, {device_slug(ctx)}, eager"] = dataclasses.replace(
             CostModel.from_dict(at_one), t_round=ctx.state["prices"]["rounds"]["t_round"])
+        captured = ctx.state["prices"].get("captured")
+        if captured:
+            named[f"{args.size}, {device_slug(ctx)}, captured"] = CostModel.from_dict(captured["alone"])
+            named[f"{args.size}, {device_slug(ctx)}, captured in decode"] = CostModel.from_dict(captured["in_decode"])
     spec, _ = resolve_spec(task_spec(args.task), {"task": args.task, "max_new_tokens": N})
     base = DecodeConfig.of(max_new_tokens=N)
     fixed = [base.replace(schedule="fixed", gamma_max=g, min_draft_len=0) for g in range(1, G + 1)]
@@ -183,6 +226,7 @@ def timed(ctx: Context) -> dict:
 
     from dspark_bench.config import DecodeConfig
     from dspark_bench.replay.cost import measure_cost
+    from dspark_bench.replay.in_decode import measure_in_decode
     from dspark_bench.replay.simulate import record, simulate, simulate_grid
     from dspark_bench.replay.timed import timed_plain, timed_replay
 
@@ -199,29 +243,40 @@ def timed(ctx: Context) -> dict:
         rec = dataclasses.replace(rec, continuation=np.where(rec.continuation >= 0, rec.continuation % vocab, -1),
                                   rollout=np.where(rec.rollout >= 0, rec.rollout % vocab, -1),
                                   eos_ids=tuple(sorted({e % vocab for e in rec.eos_ids})))
-    cost = measure_cost(pair, ids[0] + rec.continuation[0, : int(rec.lengths[0]) // 2].tolist(), G)
-    configs = [DecodeConfig.of(schedule="fixed", gamma_max=g, max_new_tokens=N) for g in sorted({2, 4, G})]
-    configs += [DecodeConfig.of(threshold=t, gamma_max=G, max_new_tokens=N) for t in (0.3, 0.6)]
+    # The passes a decode runs by default there: captured on CUDA (compiled on the dry run's CPU).
+    context = ids[0] + rec.continuation[0, : int(rec.lengths[0]) // 2].tolist()
+    cost = measure_cost(pair, context, G, compiled=True, drafters=())
+    configs = [DecodeConfig.of(schedule="fixed", gamma_max=g, max_new_tokens=N, compiled=True)
+               for g in sorted({2, 4, G})]
+    configs += [DecodeConfig.of(threshold=t, gamma_max=G, max_new_tokens=N, compiled=True) for t in (0.3, 0.6)]
+    inside, _ = measure_in_decode(pair, [context], configs[:3], cost)  # the same passes, priced in decode
     predicted = simulate_grid(rec, configs, cost)["predicted_speedup"].tolist()
-    timed_plain(pair, rec, ids[:1])  # a warm-up pass, untimed, so that no side pays the first run's costs
+    predicted_inside = simulate_grid(rec, configs, inside)["predicted_speedup"].tolist()
+    timed_plain(pair, rec, ids, compiled=True)  # warm-ups, untimed: every shape met before a clock runs
+    for config in configs:
+        timed_replay(pair, rec, ids, config)
     plain, seconds = [], [[] for _ in configs]
     for repeat in range(2 if args.smoke else 3):  # plain and every policy in turn, the order rotated
         order = [-1, *range(len(configs))]
         for index in order[repeat % len(order):] + order[: repeat % len(order)]:
             if index < 0:
-                plain.append(sum(t for t, _ in timed_plain(pair, rec, ids)))
+                plain.append(sum(t for t, _ in timed_plain(pair, rec, ids, compiled=True)))
             else:
                 seconds[index].append(sum(run.seconds for run in timed_replay(pair, rec, ids, configs[index])))
     rows = []
-    for config, spent, guess in zip(configs, seconds, predicted):
+    for config, spent, guess, guess_inside in zip(configs, seconds, predicted, predicted_inside):
         ratios = [p / s for p, s in zip(plain, spent)]  # each repeat's plain over its policy
         measured = float(np.median(ratios))
         rows.append({"policy": config.label(), "predicted_speedup": guess, "measured_speedup": measured,
                      "low": min(ratios), "high": max(ratios), "error": guess / measured - 1,
+                     "predicted_in_decode": guess_inside, "error_in_decode": guess_inside / measured - 1,
                      "rounds": sum(len(r) for r in simulate(rec, config))})
-        ctx.say(f"timed replay {config.label()}: predicted {guess:.3f}×, measured {measured:.3f}×")
-    return {"prompts": len(ids), "max_new_tokens": N, "gamma": G, "cost": cost.to_dict(), "rows": rows,
-            "within_10pct": sum(abs(r["error"]) <= 0.10 for r in rows)}
+        ctx.say(f"timed replay {config.label()}: predicted {guess:.3f}× (in decode {guess_inside:.3f}×), "
+                f"measured {measured:.3f}×")
+    return {"prompts": len(ids), "max_new_tokens": N, "gamma": G, "cost": cost.to_dict(),
+            "cost_in_decode": inside.to_dict(), "rows": rows,
+            "within_10pct": sum(abs(r["error"]) <= 0.10 for r in rows),
+            "within_10pct_in_decode": sum(abs(r["error_in_decode"]) <= 0.10 for r in rows)}
 
 
 def compiled(ctx: Context) -> dict:

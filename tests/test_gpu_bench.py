@@ -70,12 +70,25 @@ def test_prices_are_cost_model_files_that_load(dry_run):
     assert prices["rounds"]["per_gamma"]  # fitted from fixed-gamma decodes, one row per gamma
     assert with_round.models["shapes"] == "benchmarks/gpu_shapes.json#tiny"
     assert prices["bandwidth_bound_s"] > 0 and prices["eager_step"]["seconds"] > prices["bandwidth_bound_s"]
+    # Batch 1 as CUDA decodes it by default (compiled here, through dynamo's eager backend), timed
+    # alone and inside running decodes: two more files, naming how their passes ran.
+    captured = prices["captured"]
+    alone = cost_file.load(out / "cost-model-cpu-tiny-captured.json")
+    inside = cost_file.load(out / "cost-model-cpu-tiny-in-decode.json")
+    assert alone.measured_by["build"]["capture"] == inside.measured_by["build"]["capture"] == "compiled"
+    assert inside.surface.at(1).t_round == captured["in_decode"]["t_round"] >= 0
+    assert inside.surface.at(1).t_plain > 0 and len(inside.surface.at(1).t_verify) == 5
+    assert captured["in_decode_detail"]["rounds"] > 0 and "4" in captured["in_decode_detail"]["verify_passes"]
+    assert captured["target_step_over_bound"] > 1 and captured["draft_step_over_bound"] > 1
+    table = (out / "gpu-table.md").read_text()
+    assert "### captured passes at B = 1" in table and "inside running decodes" in table
 
 
 def test_replay_picks_on_each_price(dry_run):
     out, _, stages = dry_run
     picks = stages["replay"]["picks"]
-    assert {p["prices"] for p in picks} == {"shipped pair, cpu", "shipped pair, CPU", "tiny, cpu"}
+    assert {p["prices"] for p in picks} == {"shipped pair, cpu", "shipped pair, CPU", "tiny, cpu, eager",
+                                            "tiny, cpu, captured", "tiny, cpu, captured in decode"}
     assert {p["pick"] for p in picks} == {"best policy", "best fixed γ"}
     assert all(p["policy"].startswith("fixed") == (p["pick"] == "best fixed γ") for p in picks)
     cost_file.load(out / "cost-model-cpu-shipped-pair.json")
@@ -87,13 +100,15 @@ def test_timed_replay_stage(dry_run):
     pair's passes, each beside replay's prediction on that pair's prices, in the run's table."""
     out, _, stages = dry_run
     rows = stages["timed"]["rows"]
-    assert [r["policy"] for r in rows] == ["fixed γ=2", "fixed γ=4", "top1 threshold 0.3 γ≤4 min1",
-                                           "top1 threshold 0.6 γ≤4 min1"]
+    assert [r["policy"] for r in rows] == ["fixed γ=2 · compiled", "fixed γ=4 · compiled",
+                                           "top1 threshold 0.3 γ≤4 min1 · compiled",
+                                           "top1 threshold 0.6 γ≤4 min1 · compiled"]
     for row in rows:
         assert row["measured_speedup"] > 0 and row["rounds"] > 0
         assert row["error"] == pytest.approx(row["predicted_speedup"] / row["measured_speedup"] - 1)
+        assert row["error_in_decode"] == pytest.approx(row["predicted_in_decode"] / row["measured_speedup"] - 1)
     table = (out / "gpu-table.md").read_text()
-    assert "## timed replay: the shipped pair's rounds on the priced pair's passes" in table
+    assert "## timed replay: the shipped pair's rounds on the priced pair's captured passes" in table
 
 
 def test_speed_stage_rows(dry_run):

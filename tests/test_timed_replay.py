@@ -70,10 +70,22 @@ def test_timed_replay_refuses_what_it_cannot_force(recorded):
         timed_replay(pair, rec, PROMPTS[:2], GREEDY_POLICIES[0])
     with pytest.raises(DsparkError, match="greedy record's rounds"):
         timed_replay(pair, rec, PROMPTS, GREEDY_POLICIES[0].replace(temperature=1.0))
-    for change, what in (({"draft_mode": "verify-side"}, "verify-side"), ({"compiled": True}, "compiled"),
-                         ({"batch_size": 2}, "batch size above 1")):
-        with pytest.raises(DsparkError, match=f"eager passes, not .*{what}"):
+    for change, what in (({"draft_mode": "verify-side"}, "verify-side"), ({"batch_size": 2}, "batch size above 1")):
+        with pytest.raises(DsparkError, match=f"decoder's passes, not .*{what}"):
             timed_replay(pair, rec, PROMPTS, GREEDY_POLICIES[0].replace(**change))
+
+
+def test_compiled_passes_force_the_same_rounds(recorded, monkeypatch):
+    """The passes the decoder runs on CUDA by default (compiled; dynamo's eager backend here):
+    every round's acceptance as they compute it is still the forced one."""
+    from dspark_bench.decoding import cached_lm
+
+    monkeypatch.setitem(cached_lm.COMPILE_OPTIONS, "backend", "eager")
+    pair, rec = recorded
+    config = GREEDY_POLICIES[0].replace(compiled=True)
+    timed = timed_replay(pair, rec, PROMPTS, config)
+    assert [run.accepted for run in timed] == [run.forced for run in timed]
+    assert all(same for _, same in timed_plain(pair, rec, PROMPTS, compiled=True))
 
 
 def test_plain_decoding_is_timed_on_the_record_s_tokens(recorded):

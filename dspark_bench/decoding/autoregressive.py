@@ -14,6 +14,7 @@ import torch
 
 from dspark_bench import schedules
 from dspark_bench.config import DecodeConfig
+from dspark_bench.decoding import pass_clock
 from dspark_bench.decoding.cached_lm import CachedLM
 from dspark_bench.decoding.sampling import choose, distribution, make_generator
 from dspark_bench.decoding.types import DecodeResult, Round
@@ -28,6 +29,7 @@ def autoregressive_decode(
     generator = make_generator(config, target_lm.device)
     result, pending = DecodeResult(tokens=[]), prompt_ids[-1:]
     while len(result.tokens) < config.verification.max_new_tokens:
+        pass_clock.round_starts()  # a plain step is a round of one pass (timed only inside pass_clock.timing)
         logits = target_lm.forward(pending)[-1]
         result.target_forwards += 1
         probs = None if config.greedy else distribution(logits, config)  # greedy needs only argmax
@@ -36,6 +38,7 @@ def autoregressive_decode(
         if token in eos_ids:
             break
         pending = [token]
+    pass_clock.decode_ends()
     return result
 
 

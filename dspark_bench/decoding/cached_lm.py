@@ -20,6 +20,7 @@ import weakref
 import torch
 from transformers import DynamicCache, StaticCache
 
+from dspark_bench.decoding import pass_clock
 from dspark_bench.errors import DsparkError
 
 # torch.compile options; tests swap in dynamo's "eager" backend to check the wiring without code generation.
@@ -42,6 +43,7 @@ class CachedLM:
         keep the last hidden states of each forward's kept positions too (`self.hidden`, the
         heads drafter's input)."""
         self.model = model
+        self.role = role
         self.keep_hidden = hidden
         self.hidden: torch.Tensor | None = None  # [keep, hidden] of the last forward, if kept
         self.device = next(model.parameters()).device
@@ -61,6 +63,12 @@ class CachedLM:
         kwargs = {self._cache_name: self.cache, "use_cache": True}
         if self._can_keep:
             kwargs["logits_to_keep"] = keep
+        start = pass_clock.before_pass()  # None unless a decode is being priced (pass_clock.timing)
+        logits = self._forward(ids, keep, eager, kwargs)
+        pass_clock.after_pass(start, self.role, ids.shape[1])
+        return logits
+
+    def _forward(self, ids: torch.Tensor, keep: int, eager: bool, kwargs: dict) -> torch.Tensor:
         if self.keep_hidden:
             out = self.model(input_ids=ids, output_hidden_states=True, **kwargs)
             self.hidden = out.hidden_states[-1][0, -keep:]

@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from dspark_bench.config import DecodeConfig
+from dspark_bench.decoding import pass_clock
 from dspark_bench.decoding.cached_lm import CachedLM, unseen
 from dspark_bench.decoding.drafters import start_drafter
 from dspark_bench.decoding.host import fetch
@@ -56,6 +57,7 @@ def speculative_decode(
                           device=target_lm.device)  # seq's tail, on the device
     seq, result = list(prompt_ids), DecodeResult(tokens=[])
     while len(result.tokens) < config.verification.max_new_tokens:
+        pass_clock.round_starts()  # in-decode prices: timed only inside pass_clock.timing
         policy = at_depth(config, len(seq))  # the round's: under the depth schedule, its depth bucket's
         # Leave room for the target's own token at the end of the round.
         proposal = Proposal.start(policy, config.verification.max_new_tokens - len(result.tokens) - 1)
@@ -79,6 +81,7 @@ def speculative_decode(
         drafter.rollback(len(seq) - 1)
         if emitted[-1] in eos_ids:
             break
+    pass_clock.decode_ends()
     return result
 
 

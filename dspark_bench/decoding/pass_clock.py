@@ -1,0 +1,111 @@
+"""In-decode prices: every pass a running decode makes, timed where it runs.
+
+Prices timed pass by pass between syncs (replay/cost.py) are not what the passes cost inside a
+decode: on the H200 the eager round came out 13–57 ms *cheaper* than its passes timed alone, and on
+this CPU a live batch's step cost up to 1.26× its isolated price (docs/gpu.md,
+docs/batch-sizes.md). So inside `timing(device)` the batch-1 decoder's passes are timed as they
+run: `CachedLM.forward` puts a mark before and after each pass, and the decoder marks each round's
+start and its decode's end. On CUDA a mark is a recorded CUDA event, so nothing waits between
+marks and the decode runs as it does untimed; the events are read once, when the block ends. On a
+CPU, where work runs as it is issued, a mark is the clock.
+
+`Timing.passes` then holds (role, tokens fed, seconds) per pass inside a round, and
+`Timing.rounds` each round's seconds and what its passes took: the difference is the round's
+overhead (the host's decisions, its reads of the device, the launches between passes), which a
+price from whole decodes less isolated passes could only estimate, below zero at times.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import torch
+
+
+@dataclass
+class Timing:
+    device: torch.device
+    marks: list = field(default_factory=list)  # (kind, detail, mark): "round", "end", "pass"
+    passes: list[tuple[str, int, float]] = field(default_factory=list)  # (role, tokens, seconds), rounds only
+    rounds: list[tuple[float, float]] = field(default_factory=list)  # (round seconds, its passes' seconds)
+
+    def mark(self):
+        if self.device.type == "cuda":
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    def between(self, start, end) -> float:
+        if self.device.type == "cuda":
+            return start.elapsed_time(end) / 1e3  # milliseconds
+        return end - start
+
+    def settle(self) -> None:
+        """Read every mark (one wait for the device) into `passes` and `rounds`."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        opened, spent = None, 0.0  # the open round's start mark and its passes' seconds
+        for kind, detail, mark in self.marks:
+            if kind == "pass":
+                if opened is not None:  # a prefill, before any round, is not a round's pass
+                    seconds = self.between(*mark)
+                    self.passes.append((*detail, seconds))
+                    spent += seconds
+                continue
+            if opened is not None:
+                self.rounds.append((self.between(opened, mark), spent))
+            opened, spent = (mark if kind == "round" else None), 0.0
+        self.marks.clear()
+
+    def medians(self) -> dict[tuple[str, int], tuple[float, int]]:
+        """(role, tokens fed) -> (median seconds, passes)."""
+        groups: dict[tuple[str, int], list[float]] = {}
+        for role, tokens, seconds in self.passes:
+            groups.setdefault((role, tokens), []).append(seconds)
+        return {key: (statistics.median(values), len(values)) for key, values in sorted(groups.items())}
+
+    def overhead(self) -> float:
+        """The median round's seconds beyond its passes."""
+        return statistics.median(total - passes for total, passes in self.rounds) if self.rounds else 0.0
+
+
+_ACTIVE: list[Timing] = []  # the open timing block, if any (blocks do not nest)
+
+
+@contextmanager
+def timing(device: torch.device) -> Iterator[Timing]:
+    """Time every pass and round of the batch-1 decodes run inside the block."""
+    if _ACTIVE:
+        raise RuntimeError("pass_clock.timing blocks do not nest")
+    clock = Timing(device)
+    _ACTIVE.append(clock)
+    try:
+        yield clock
+    finally:
+        _ACTIVE.clear()
+    clock.settle()
+
+
+def round_starts() -> None:
+    if _ACTIVE:
+        _ACTIVE[0].marks.append(("round", None, _ACTIVE[0].mark()))
+
+
+def decode_ends() -> None:
+    if _ACTIVE:
+        _ACTIVE[0].marks.append(("end", None, _ACTIVE[0].mark()))
+
+
+def before_pass():
+    """The mark a pass starts at (None when nothing is timed)."""
+    return _ACTIVE[0].mark() if _ACTIVE else None
+
+
+def after_pass(start, role: str, tokens: int) -> None:
+    if _ACTIVE and start is not None:
+        _ACTIVE[0].marks.append(("pass", (role, tokens), (start, _ACTIVE[0].mark())))

@@ -1,0 +1,124 @@
+"""In-decode prices (decoding/pass_clock.py, replay/in_decode.py): every pass of a running decode
+timed where it runs, rounds and their overhead, and the cost model they imply."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from dspark_bench.config import DecodeConfig
+from dspark_bench.decoding import pass_clock
+from dspark_bench.decoding.autoregressive import autoregressive_decode
+from dspark_bench.decoding.speculative import speculative_decode
+from dspark_bench.replay.cost import CostModel
+from dspark_bench.replay.in_decode import cost_from, measure_in_decode
+
+CPU = torch.device("cpu")
+PROMPT = [5, 9, 2, 7, 11, 3, 8]
+
+
+@pytest.mark.parametrize("config", [DecodeConfig.of(threshold=0.3, gamma_max=4, max_new_tokens=30),
+                                    DecodeConfig.of(schedule="fixed", gamma_max=3, max_new_tokens=30)])
+def test_every_pass_of_every_round_is_timed(llama_pair, config):
+    target, draft = llama_pair
+    start = time.perf_counter()
+    with pass_clock.timing(CPU) as timing:
+        result = speculative_decode(target, draft, PROMPT, config)
+    wall = time.perf_counter() - start
+    assert len(timing.rounds) == len(result.rounds)
+    # the prefills are not a round's passes; each round: its draft steps and one verify of k + 1
+    verify = sorted(tokens for role, tokens, _ in timing.passes if role == "target")
+    assert verify == sorted(r.drafted + 1 for r in result.rounds)
+    drafts = [tokens for role, tokens, _ in timing.passes if role == "draft"]
+    assert len(drafts) == sum(r.draft_forwards for r in result.rounds) and set(drafts) <= {1, 2}
+    assert all(total >= passes > 0 for total, passes in timing.rounds)  # a round holds its passes
+    assert 0 < sum(total for total, _ in timing.rounds) < wall
+    assert timing.overhead() >= 0 and not timing.marks
+
+
+def test_plain_decoding_is_a_round_per_token(llama_pair):
+    target, _ = llama_pair
+    config = DecodeConfig.of(max_new_tokens=12)
+    with pass_clock.timing(CPU) as timing:
+        result = autoregressive_decode(target, PROMPT, config)
+    assert len(timing.rounds) == len(result.tokens) == 12
+    assert [(role, tokens) for role, tokens, _ in timing.passes] == [("target", 1)] * 12
+
+
+def test_nothing_is_timed_outside_a_block_and_blocks_do_not_nest(llama_pair):
+    target, _ = llama_pair
+    assert pass_clock.before_pass() is None
+    autoregressive_decode(target, PROMPT, DecodeConfig.of(max_new_tokens=3))  # no block: nothing kept
+    with pass_clock.timing(CPU):
+        with pytest.raises(RuntimeError, match="do not nest"):
+            with pass_clock.timing(CPU):
+                pass
+
+
+class FakeEvent:
+    """torch.cuda.Event's timing part: record() stamps the clock, elapsed_time is milliseconds."""
+
+    def __init__(self, enable_timing: bool):
+        assert enable_timing
+        self.at = None
+
+    def record(self):
+        self.at = time.perf_counter()
+
+    def elapsed_time(self, end: "FakeEvent") -> float:
+        return (end.at - self.at) * 1e3
+
+
+def test_on_cuda_marks_are_events_read_once_at_the_end(monkeypatch):
+    """The CUDA branch on a CPU: marks are events (never a sync inside the block), settled in
+    seconds by a single synchronize when the block ends."""
+    syncs = []
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: syncs.append(device))
+    with pass_clock.timing(torch.device("cuda")) as timing:
+        pass_clock.round_starts()
+        start = pass_clock.before_pass()
+        time.sleep(0.02)
+        pass_clock.after_pass(start, "target", 3)
+        time.sleep(0.01)
+        pass_clock.decode_ends()
+        assert syncs == [] and isinstance(start, FakeEvent)
+    assert len(syncs) == 1
+    ((role, tokens, seconds),) = timing.passes
+    assert (role, tokens) == ("target", 3) and 0.02 <= seconds < 0.2
+    ((total, passes),) = timing.rounds
+    assert passes == seconds and total - passes >= 0.01
+
+
+def timing_of(passes, rounds) -> pass_clock.Timing:
+    timing = pass_clock.Timing(CPU)
+    timing.passes, timing.rounds = passes, rounds
+    return timing
+
+
+def test_the_cost_model_takes_what_the_decodes_measured():
+    isolated = CostModel(t_draft=1.0, t_verify=[2.0, 2.2, 2.4, 2.6], context_tokens=100)
+    spec = timing_of([("draft", 1, 0.5), ("draft", 1, 0.7), ("draft", 1, 0.6), ("draft", 2, 0.9),
+                      ("target", 2, 3.0), ("target", 2, 3.4), ("target", 4, 3.9)],
+                     [(5.0, 4.0), (6.0, 4.5), (5.5, 5.0)])
+    plain = timing_of([("target", 1, 1.8)] * 3, [(2.0, 1.8), (2.1, 1.8), (1.9, 1.8)])
+    model, detail = cost_from(spec, plain, isolated)
+    assert model.t_draft == 0.6 and detail["catch_up_draft"] == 0.9  # the 2-token catch-up kept apart
+    assert model.t_verify[1] == 3.2 and model.t_verify[3] == 3.9  # k = 1 and k = 3 were fed
+    scale = (3.2 / 2.2 + 3.9 / 2.6) / 2  # the median of the seen ones' ratios to their isolated prices
+    assert model.t_verify[0] == pytest.approx(2.0 * scale) and model.t_verify[2] == pytest.approx(2.4 * scale)
+    assert model.t_round == 1.0  # median of 1.0, 1.5, 0.5
+    assert model.t_plain == 2.0 and model.plain_step == 2.0
+    assert detail["verify_passes"] == {1: 2, 3: 1} and detail["rounds"] == 3
+
+
+def test_measure_in_decode_on_real_decodes(llama_pair):
+    target, draft = llama_pair
+    pair = type("Pair", (), {"target": target, "draft": draft, "device": CPU})()
+    isolated = CostModel(t_draft=1.0, t_verify=[1.0] * 5, context_tokens=8)
+    configs = [DecodeConfig.of(schedule="fixed", gamma_max=g, max_new_tokens=16) for g in (2, 4)]
+    model, detail = measure_in_decode(pair, [PROMPT, PROMPT[:4]], configs, isolated)
+    assert set(detail["verify_passes"]) >= {2, 4} and detail["plain_steps"] == 32
+    assert 0 < model.t_draft < 0.5 and model.t_round >= 0 and model.t_plain >= detail["plain_pass"] > 0
