@@ -129,6 +129,40 @@ def plain_step(model: torch.nn.Module, context: list[int], compiled: bool, repea
 
 
 @torch.inference_mode()
+def profile_step(model: torch.nn.Module, context: list[int], compiled: bool, steps: int, out: Path) -> dict:
+    """Where a plain step's time goes (issue 53's "profile the compiled step"): torch.profiler over
+    `steps` steps after the warm-ups, its table (by device time on CUDA, else by CPU time) written to
+    `out`, the heaviest ops returned. A captured step shows as its graph's replay and, where CUPTI sees
+    into graphs, the kernels inside it."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from dspark_bench.decoding.cached_lm import CachedLM
+    from dspark_bench.decoding.host import synchronize
+
+    device = next(model.parameters()).device
+    lm = CachedLM(model, compiled, len(context) + 8)
+    lm.prefill(context[:-1])
+    for _ in range(3):  # compiled: compile, then record the graph
+        lm.forward(context[-1:])
+        lm.rollback(len(context) - 1)
+    synchronize(device)
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            lm.forward(context[-1:])
+            lm.rollback(len(context) - 1)
+        synchronize(device)
+    key = "self_device_time_total" if cuda else "self_cpu_time_total"
+    averages = prof.key_averages()
+    out.write_text(averages.table(sort_by=key, row_limit=40))
+    rows = sorted(averages, key=lambda e: getattr(e, key, 0.0), reverse=True)
+    top = [{"name": e.key, "calls": e.count, "self_device_ms": getattr(e, "self_device_time_total", 0.0) / 1e3 / steps,
+            "self_cpu_ms": e.self_cpu_time_total / 1e3 / steps} for e in rows[:12]]
+    return {"steps": steps, "sorted_by": key, "table": out.name, "top_per_step": top}
+
+
+@torch.inference_mode()
 def round_overheads(pair, context: list[int], cost, gammas, tokens: tuple[int, int], repeats: int) -> dict:
     """What a round of our decoder costs beyond its draft steps and its verify pass (t_round), at
     batch 1: fixed-gamma decodes of two lengths, the difference of their seconds over the

@@ -104,8 +104,11 @@ def captured(c: dict) -> str:
              f"**{c['draft_step_over_bound']:.2f}×** its bound ({ms(c['draft_bound_s'])} ms)",
              f"- verify({c['verify_tokens']}) / verify(1) (tokens fed): **{c['verify_8_over_1']:.2f}**",
              f"- inside running decodes (CUDA events, no sync between passes; {detail['rounds']} rounds, "
-             f"{detail['plain_steps']} plain steps): round overhead **{ms(inside['t_round'])} ms** (a round's time "
-             f"past its passes: never below 0 by construction); plain step {ms(inside['t_plain'])} ms whole, its pass "
+             f"{detail['plain_steps']} plain steps): a round's time past its passes (never below 0: a round "
+             f"holds its passes) **{ms(inside['t_round'])} ms** a round + **{ms(detail['per_step_overhead'])} ms** a "
+             f"draft step (median round {ms(detail['median_round_overhead'])} ms); t_draft = the draft pass "
+             f"{ms(detail['draft_pass'])} ms + that step's host work; plain step {ms(inside['t_plain'])} ms whole, "
+             f"its pass "
              f"{ms(detail['plain_pass'])} ms; a catch-up draft pass of 2 tokens {ms(detail['catch_up_draft'])} ms; "
              f"unfed lengths scaled by {detail['verify_scaled_by']:.3f}",
              f"- files: {', '.join(Path(f).name for f in c['files'].values())}\n",
@@ -122,7 +125,14 @@ def compiled(r: dict) -> str:
             f"| bound | {ms(r['bandwidth_bound_s'])} | 1.00 |\n"
             f"| eager | {ms(e['seconds'])} | {r['ratio_eager']:.2f} |\n"
             f"| compiled (CUDA graphs on CUDA; compile and capture {c['warm_s']:.0f} s) | {ms(c['seconds'])} | "
-            f"**{r['ratio_compiled']:.2f}** |\n")
+            f"**{r['ratio_compiled']:.2f}** |\n" + (profile(r["profile"]) if r.get("profile") else ""))
+
+
+def profile(p: dict) -> str:
+    rows = [[e["name"][:80], e["calls"] // p["steps"], f"{e['self_device_ms']:.3f}", f"{e['self_cpu_ms']:.3f}"]
+            for e in p["top_per_step"]]
+    return "\n" + section(f"the compiled step profiled ({p['steps']} steps, by {p['sorted_by']}; the whole table in "
+                          f"{p['table']})", ["op", "calls a step", "device ms a step", "CPU ms a step"], rows)
 
 
 def replay(r: dict) -> str:

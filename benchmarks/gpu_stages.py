@@ -286,8 +286,12 @@ def compiled(ctx: Context) -> dict:
     bound = gpu_prices.step_bytes(pair.target, len(context))["bytes"] / ctx.bandwidth
     ctx.say(f"plain step compiled {step['seconds'] * 1e3:.2f} ms (compile {step['warm_s']:.0f} s), eager "
             f"{eager['seconds'] * 1e3:.2f} ms, bound {bound * 1e3:.2f} ms: {step['seconds'] / bound:.2f}×")
+    profiled = gpu_prices.profile_step(pair.target, context, True, 5 if args.smoke else 20,
+                                       Path(args.out) / "profile-compiled-step.txt")
+    ctx.say("compiled step, heaviest: " + ", ".join(f"{r['name']} {max(r['self_device_ms'], r['self_cpu_ms']):.3f} ms"
+                                                    for r in profiled["top_per_step"][:4]))
     return {"compiled_step": step, "eager_step": eager, "bandwidth_bound_s": bound,
-            "ratio_compiled": step["seconds"] / bound, "ratio_eager": eager["seconds"] / bound}
+            "ratio_compiled": step["seconds"] / bound, "ratio_eager": eager["seconds"] / bound, "profile": profiled}
 
 
 def speed(ctx: Context) -> dict:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import pandas as pd
 import pytest
 import tiny
 import torch
@@ -96,13 +97,33 @@ def test_prices_of_compiled_passes_warm_each_shape_first(llama_pair, monkeypatch
 
 
 @pytest.mark.parametrize("flag", [[], ["--eager"]])
-def test_decode_and_run_take_eager(saved_pair, prompts_file, tmp_path, flag):
+def test_run_captures_where_capture_is_the_default_unless_eager(saved_pair, prompts_file, tmp_path, flag,
+                                                                monkeypatch):
+    """The CUDA default's wiring, on a CPU: with capture made the default here, `run` decodes the
+    batch-1 policy (and its baseline) compiled, the B = 2 one eagerly, each still the target's own
+    output, and run.json says how and why; --eager turns it off."""
+    from dspark_bench.decoding import cached_lm
+
+    monkeypatch.setitem(cached_lm.COMPILE_OPTIONS, "backend", "eager")
+    monkeypatch.setattr(capture, "default_on", lambda device, eager: not eager)
     target, draft = saved_pair
     result = invoke("run", "--target", target, "--draft", draft, "--dataset", prompts_file, "--out", tmp_path,
-                    "--threshold", "0.3", "--max-new-tokens", "8", "--limit", "1", *flag)
+                    "--threshold", "0.3", "--max-new-tokens", "8", "--limit", "2", "--batch-size", "1",
+                    "--batch-size", "2", *flag)
     assert result.exit_code == 0, result.output
     (folder,) = [p for p in tmp_path.iterdir() if not p.name.startswith(".")]
     info = json.loads((folder / "run.json").read_text())
-    assert info["capture"]["eager_flag"] is bool(flag) and info["capture"]["mode"] == "eager"
+    samples = pd.read_parquet(folder / "samples.parquet")
+    assert samples["identical_to_baseline"].all()
+    by_size = samples.groupby("batch_size")["compiled"].all().to_dict()
+    if flag:
+        assert by_size == {1: False, 2: False}
+        assert info["capture"]["eager_flag"] is True and info["capture"]["policies"] == {"eager": 2}
+    else:
+        assert by_size == {1: True, 2: False}
+        assert info["capture"]["policies"] == {"compiled": 1, "eager": 1}
+        assert info["capture"]["eager_because"] == {"batch size above 1 (the padded batched cache is not static)": 1}
+    assert [c["compiled"] for c in info["configs"]] == [False, False]  # what was asked: a rerun asks it again
     decoded = invoke("decode", "def f(x):", "--target", target, "--draft", draft, "--max-new-tokens", "6", *flag)
     assert decoded.exit_code == 0, decoded.output
+    assert ("compiled" in decoded.output) is not bool(flag)  # the policy it decoded with, as it ran

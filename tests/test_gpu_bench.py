@@ -93,6 +93,9 @@ def test_replay_picks_on_each_price(dry_run):
     assert all(p["policy"].startswith("fixed") == (p["pick"] == "best fixed γ") for p in picks)
     cost_file.load(out / "cost-model-cpu-shipped-pair.json")
     assert stages["compiled"]["ratio_compiled"] > 0
+    profiled = stages["compiled"]["profile"]  # where the compiled step's time goes, its heaviest ops first
+    assert profiled["top_per_step"][0]["self_cpu_ms"] >= profiled["top_per_step"][-1]["self_cpu_ms"] > 0
+    assert "aten::" in (out / profiled["table"]).read_text()
 
 
 def test_timed_replay_stage(dry_run):

@@ -33,8 +33,9 @@ def test_every_pass_of_every_round_is_timed(llama_pair, config):
     assert verify == sorted(r.drafted + 1 for r in result.rounds)
     drafts = [tokens for role, tokens, _ in timing.passes if role == "draft"]
     assert len(drafts) == sum(r.draft_forwards for r in result.rounds) and set(drafts) <= {1, 2}
-    assert all(total >= passes > 0 for total, passes in timing.rounds)  # a round holds its passes
-    assert 0 < sum(total for total, _ in timing.rounds) < wall
+    assert all(total >= passes > 0 for total, passes, _ in timing.rounds)  # a round holds its passes
+    assert [drafts for _, _, drafts in timing.rounds] == [r.draft_forwards for r in result.rounds]
+    assert 0 < sum(total for total, _, _ in timing.rounds) < wall
     assert timing.overhead() >= 0 and not timing.marks
 
 
@@ -88,8 +89,18 @@ def test_on_cuda_marks_are_events_read_once_at_the_end(monkeypatch):
     assert len(syncs) == 1
     ((role, tokens, seconds),) = timing.passes
     assert (role, tokens) == ("target", 3) and 0.02 <= seconds < 0.2
-    ((total, passes),) = timing.rounds
+    ((total, passes, drafts),) = timing.rounds
+    assert drafts == 0
     assert passes == seconds and total - passes >= 0.01
+
+
+def test_the_overhead_fit_never_goes_below_zero():
+    falling = timing_of([], [(5.0, 3.0, 1), (5.0, 3.5, 4)])  # more steps, less past the passes
+    assert falling.overhead_fit() == (pytest.approx(1.75), 0.0)
+    steep = timing_of([], [(1.0, 1.0, 1), (4.0, 1.0, 3)])  # a line through a < 0: through the origin instead
+    a, b = steep.overhead_fit()
+    assert a == 0.0 and b == pytest.approx(3.0 * 3 / 10)
+    assert timing_of([], [(2.0, 1.0, 2), (3.0, 1.0, 2)]).overhead_fit() == (1.5, 0.0)  # one step count: per round
 
 
 def timing_of(passes, rounds) -> pass_clock.Timing:
@@ -102,14 +113,17 @@ def test_the_cost_model_takes_what_the_decodes_measured():
     isolated = CostModel(t_draft=1.0, t_verify=[2.0, 2.2, 2.4, 2.6], context_tokens=100)
     spec = timing_of([("draft", 1, 0.5), ("draft", 1, 0.7), ("draft", 1, 0.6), ("draft", 2, 0.9),
                       ("target", 2, 3.0), ("target", 2, 3.4), ("target", 4, 3.9)],
-                     [(5.0, 4.0), (6.0, 4.5), (5.5, 5.0)])
-    plain = timing_of([("target", 1, 1.8)] * 3, [(2.0, 1.8), (2.1, 1.8), (1.9, 1.8)])
+                     [(5.0, 4.0, 1), (6.25, 4.5, 2), (7.5, 5.0, 3)])  # past the passes: 1.0, 1.75, 2.5
+    plain = timing_of([("target", 1, 1.8)] * 3, [(2.0, 1.8, 0), (2.1, 1.8, 0), (1.9, 1.8, 0)])
     model, detail = cost_from(spec, plain, isolated)
-    assert model.t_draft == 0.6 and detail["catch_up_draft"] == 0.9  # the 2-token catch-up kept apart
+    # 1.0, 1.75, 2.5 over 1, 2, 3 draft steps: 0.25 a round and 0.75 a step, a step's added to its pass
+    assert model.t_round == pytest.approx(0.25) and detail["per_step_overhead"] == pytest.approx(0.75)
+    assert model.t_draft == pytest.approx(0.6 + 0.75) and detail["draft_pass"] == 0.6
+    assert detail["catch_up_draft"] == 0.9  # the 2-token catch-up kept apart
     assert model.t_verify[1] == 3.2 and model.t_verify[3] == 3.9  # k = 1 and k = 3 were fed
     scale = (3.2 / 2.2 + 3.9 / 2.6) / 2  # the median of the seen ones' ratios to their isolated prices
     assert model.t_verify[0] == pytest.approx(2.0 * scale) and model.t_verify[2] == pytest.approx(2.4 * scale)
-    assert model.t_round == 1.0  # median of 1.0, 1.5, 0.5
+    assert detail["median_round_overhead"] == 1.75
     assert model.t_plain == 2.0 and model.plain_step == 2.0
     assert detail["verify_passes"] == {1: 2, 3: 1} and detail["rounds"] == 3
 
@@ -120,5 +134,5 @@ def test_measure_in_decode_on_real_decodes(llama_pair):
     isolated = CostModel(t_draft=1.0, t_verify=[1.0] * 5, context_tokens=8)
     configs = [DecodeConfig.of(schedule="fixed", gamma_max=g, max_new_tokens=16) for g in (2, 4)]
     model, detail = measure_in_decode(pair, [PROMPT, PROMPT[:4]], configs, isolated)
-    assert set(detail["verify_passes"]) >= {2, 4} and detail["plain_steps"] == 32
+    assert set(detail["verify_passes"]) >= {2, 4} and detail["plain_steps"] == 2 * 32  # 2 repeats × 2 prompts × 16
     assert 0 < model.t_draft < 0.5 and model.t_round >= 0 and model.t_plain >= detail["plain_pass"] > 0

@@ -39,6 +39,10 @@ def decode(
                                            models["heads"], models["eager"])
         if calibration is not None:
             out_console.print(f"policy: {config.label()}", highlight=False)
+        if config.verification.compiled:  # captured by default on CUDA (decoding/capture.py)
+            from dspark_bench.decoding.capture import mode_of  # torch: loaded when the command runs
+
+            out_console.print(f"passes: {mode_of(config, pair.device)} (--eager: eager passes)", highlight=False)
         show_rounds(text, pair.tokenizer, result, config)
 
 

@@ -8,8 +8,8 @@ which passes run from captured CUDA graphs (`capture`),
 sampling (`sampling`), confidence metrics (`confidence`; the learned signal, `learned_signal`), stopping
 rules and engine rules (`schedule`), the budget schedule deciding for a whole batch (`budget`), the goodput rule and
 its acceptance curves (`goodput`, with `host_rounding` for device math that rounds as the host does), a
-round's draft under the host's rule (`proposal`), and every device-to-host read and clock
-synchronisation (`host`).
+round's draft under the host's rule (`proposal`), every device-to-host read and clock
+synchronisation (`host`), and each pass and round of a running decode timed where it runs (`pass_clock`).
 
 May import: only the core modules at the top of the package (config, errors, results, ...);
 never `tasks` or `reference`. Nothing here knows about replay, timing, sweeps or reports.

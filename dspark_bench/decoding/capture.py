@@ -50,9 +50,10 @@ def captured(configs: list[DecodeConfig], device: torch.device, eager: bool, mod
     return [c if c.verification.compiled or blocker(c, models) else c.replace(compiled=True) for c in configs]
 
 
-def at_batch_one(configs: list[DecodeConfig]) -> bool:
-    """Whether batch 1's passes are priced compiled: as the policies decode them."""
-    return any(c.verification.compiled for c in configs if c.batching.batch_size == 1)
+def priced_captured(configs: list[DecodeConfig], device: torch.device, eager: bool, models=()) -> bool:
+    """Whether batch 1's passes are priced compiled: as these policies decode them here."""
+    ran = captured(configs, device, eager, models)
+    return any(c.verification.compiled for c in ran if c.batching.batch_size == 1)
 
 
 def pass_mode(compiled: bool, device: torch.device) -> str:
@@ -80,3 +81,8 @@ def describe(configs: list[DecodeConfig], device: torch.device, eager: bool, mod
     return {"default": GRAPHS if device.type == "cuda" else EAGER, "eager_flag": eager,
             "mode": next(iter(modes)) if len(modes) == 1 else "mixed", "policies": modes,
             **({"eager_because": because} if because else {})}
+
+
+def as_run(configs: list[DecodeConfig], device: torch.device, eager: bool, models=(), ours: bool = True) -> dict:
+    """run.json's `capture`: how a run decodes these configs (our decoder captures; HF's does not)."""
+    return describe(captured(configs, device, eager, models) if ours else list(configs), device, eager, models)

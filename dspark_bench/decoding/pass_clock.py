@@ -23,6 +23,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Iterator
 
+import numpy as np
 import torch
 
 
@@ -31,7 +32,8 @@ class Timing:
     device: torch.device
     marks: list = field(default_factory=list)  # (kind, detail, mark): "round", "end", "pass"
     passes: list[tuple[str, int, float]] = field(default_factory=list)  # (role, tokens, seconds), rounds only
-    rounds: list[tuple[float, float]] = field(default_factory=list)  # (round seconds, its passes' seconds)
+    # (round seconds, its passes' seconds, its draft passes)
+    rounds: list[tuple[float, float, int]] = field(default_factory=list)
 
     def mark(self):
         if self.device.type == "cuda":
@@ -49,18 +51,24 @@ class Timing:
         """Read every mark (one wait for the device) into `passes` and `rounds`."""
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        opened, spent = None, 0.0  # the open round's start mark and its passes' seconds
+        opened, spent, drafts = None, 0.0, 0  # the open round's start mark, its passes' seconds, its draft passes
         for kind, detail, mark in self.marks:
             if kind == "pass":
                 if opened is not None:  # a prefill, before any round, is not a round's pass
                     seconds = self.between(*mark)
                     self.passes.append((*detail, seconds))
                     spent += seconds
+                    drafts += detail[0] == "draft"
                 continue
             if opened is not None:
-                self.rounds.append((self.between(opened, mark), spent))
-            opened, spent = (mark if kind == "round" else None), 0.0
+                self.rounds.append((self.between(opened, mark), spent, drafts))
+            opened, spent, drafts = (mark if kind == "round" else None), 0.0, 0
         self.marks.clear()
+
+    def absorb(self, other: "Timing") -> None:
+        """Take `other`'s settled passes and rounds (decodes timed block by block, interleaved)."""
+        self.passes += other.passes
+        self.rounds += other.rounds
 
     def medians(self) -> dict[tuple[str, int], tuple[float, int]]:
         """(role, tokens fed) -> (median seconds, passes)."""
@@ -71,7 +79,24 @@ class Timing:
 
     def overhead(self) -> float:
         """The median round's seconds beyond its passes."""
-        return statistics.median(total - passes for total, passes in self.rounds) if self.rounds else 0.0
+        return statistics.median(total - passes for total, passes, _ in self.rounds) if self.rounds else 0.0
+
+    def overhead_fit(self) -> tuple[float, float]:
+        """(per round, per draft step): the rounds' seconds beyond their passes, fitted by least
+        squares as a + b × draft passes (an early-stop draft step has host work of its own between
+        passes: its confidence, its read, the rule), neither below 0."""
+        if not self.rounds:
+            return 0.0, 0.0
+        extra = np.array([total - passes for total, passes, _ in self.rounds])
+        steps = np.array([drafts for _, _, drafts in self.rounds], dtype=float)
+        if np.ptp(steps) > 0:
+            b, a = np.polyfit(steps, extra, 1)
+            if b >= 0 and a >= 0:
+                return float(a), float(b)
+            if b < 0:  # no per-step work to see: all of it per round
+                return max(float(np.mean(extra)), 0.0), 0.0
+            return 0.0, max(float(np.sum(extra * steps) / np.sum(steps * steps)), 0.0)  # through the origin
+        return max(float(np.mean(extra)), 0.0), 0.0
 
 
 _ACTIVE: list[Timing] = []  # the open timing block, if any (blocks do not nest)

@@ -270,8 +270,6 @@ def plan_run(config: RunConfig) -> Planned:
         configs, assignment = calibrated_configs(config.calibration, prompts, configs)
     pair = load_pair(config.target, config.draft, config.device, config.dtype, config.heads,
                      drafters={c.drafting.drafter for c in configs}, pair=pair_of(config.task))
-    if config.decoder == "ours":  # on CUDA our passes run from captured graphs unless --eager
-        configs = capture.captured(configs, pair.device, config.eager, (pair.target, pair.draft))
     check_learned_models(pair, configs)
     if any(c.drafting.drafter == "heads" for c in configs):
         pair.heads  # noqa: B018 — load (and check) the heads before anything runs
@@ -338,8 +336,7 @@ def execute(config: RunConfig, out: Path, progress=None, say=None, planned: Plan
     step = stage_steps(progress, "decoding", planned.samples)
     folder, table = run_to_folder(planned.pair, planned.prompts, planned.configs, out, config.settings(),
                                   planned.source, progress=step, assignment=planned.assignment, say=say,
-                                  run_config=config.to_dict(), precision=(config.precision, config.precision_budget_s),
-                                  eager=config.eager)
+                                  run_config=config.to_dict(), precision=(config.precision, config.precision_budget_s))
     if config.decoder == "hf" and all(c.greedy for c in planned.configs) and config.calibration is None:
         priced_hf(planned, folder, config.settings(), progress, say)  # replay priced on HF's own costs, beside ours
     return folder, table

@@ -292,7 +292,11 @@ def run(
     progress: Callable[[], None] | None = None,
     assignment: list[list[int]] | None = None,
 ) -> RunOutput:
-    """Every (prompt, config), measured; `progress` is called after each sample."""
+    """Every (prompt, config), measured; `progress` is called after each sample. On CUDA our decoder
+    runs each config its passes can be captured for from CUDA graphs, unless settings.eager
+    (decoding/capture.py): the samples' columns say how each ran; config_id indexes `configs`."""
+    if settings.decoder == "ours":
+        configs = capture.captured(configs, pair.device, settings.eager, (pair.target, pair.draft))
     sample_rows, trace_rows = [], []
     for row, rounds in iter_samples(pair, prompts, configs, settings, assignment):
         sample_rows.append(row)
@@ -351,14 +355,13 @@ def run_to_folder(
     say: Callable[[str], None] | None = None,
     run_config: dict | None = None,
     precision: tuple[float, float] = (0.0, 600.0),
-    eager: bool = False,
 ) -> tuple[Path, pd.DataFrame]:
     """`run`, then write the run folder; returns it and the per-config summary table.
 
     With `say`, the plan and its estimated duration are said before decoding starts. Each policy
     is compared with the best fixed γ on the same prompts (harness/verdicts.py); `precision`
-    (target, seconds) sharpens the headline pair's interval, pass after pass; `eager`: whether
-    --eager turned CUDA's captured passes off (run.json's `capture` says how each policy ran)."""
+    (target, seconds) sharpens the headline pair's interval, pass after pass. run.json's `capture`
+    says how each policy's passes ran (`run` captures them on CUDA unless --eager)."""
     check_writable(out)
     estimate = say_plan(pair, prompts, configs, settings, assignment, say) if say else None
     if say and precision[0] > 0:
@@ -380,7 +383,8 @@ def run_to_folder(
         "assignment": assignment,
         "settings": dataclasses.asdict(settings),
         "models": pair.describe(),
-        "capture": capture.describe(configs, pair.device, eager, (pair.target, pair.draft)),
+        "capture": capture.as_run(configs, pair.device, settings.eager, (pair.target, pair.draft),
+                                  ours=settings.decoder == "ours"),
         "prompts": {"count": len(prompts), "fingerprint": prompts_fingerprint(prompts), **(source or {})},
     }
     timing_health = health([*probe.checks(), baseline_drift(samples), identical_rounds(samples),

@@ -102,7 +102,7 @@ class Workload:
         """How every timed or recorded decode of this workload runs."""
         return RunnerSettings(repeats=self.repeats, warmup=self.warmup, trace=self.trace,
                               chat_template=self.chat_template, turns=self.turns, ignore_eos=self.ignore_eos,
-                              batching=self.batching, decoder=decoder)
+                              batching=self.batching, eager=self.eager, decoder=decoder)
 
 
 WORKLOAD_FIELDS = tuple(f.name for f in dataclasses.fields(Workload))
@@ -124,6 +124,7 @@ class RunnerSettings:
     # (as benchmark suites' "ignore EOS" does), so sampled outputs have equal lengths.
     ignore_eos: bool = same_as("ignore_eos", of=Workload)
     batching: str = same_as("batching", of=Workload)  # B > 1: "refill" rows as they finish, or "drain"
+    eager: bool = same_as("eager", of=Workload)  # CUDA: no captured passes (decoding/capture.py)
     decoder: str = "ours"  # the speculative side: our decoder, or "hf" assisted generation under HF's rule
 
     def eos_ids(self, pair) -> frozenset[int]:

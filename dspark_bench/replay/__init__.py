@@ -7,7 +7,8 @@ and replay under sampling (`sampled`: K sampled paths per prompt, replicates on 
 expectations with intervals); the simulation of policies at batch size 1 (`simulate`) and at any
 batch size in either layout (`batched`), and the tables their totals become, per policy and per
 depth bucket (`tables`); the cost model and cost surface (`cost`, and timed beside running decodes
-in `beside`), replay under load (`load`: requests arriving at a rate or by a trace, `arrivals`,
+in `beside`, or inside them in `in_decode`),
+replay under load (`load`: requests arriving at a rate or by a trace, `arrivals`,
 served by continuous batching) and the cost-model file that carries anyone's costs with their
 provenance (`cost_file`); the acceptance fit the goodput schedule decides with (`acceptance`); the
 learned acceptance signal's fit (`learned`); and timed replay (`timed`), a policy's replayed rounds

@@ -2,8 +2,9 @@
 
 `measure_in_decode` runs plain decoding and a few speculative policies on the pair, every pass and
 round timed where it runs (CUDA events on a GPU, no sync between them), and returns the cost
-model they imply: t_draft and t_verify(k) the median passes of each length, t_round the median
-round's time past its passes, t_plain plain decoding's whole step. A pass length no decode fed
+model they imply: t_verify(k) the median pass of each length; the rounds' time past their passes
+fitted as a part per round (t_round) and a part per draft step (the host's work between draft
+passes, added to the median draft pass for t_draft); t_plain plain decoding's whole step. A pass length no decode fed
 (a k no policy verified) keeps the isolated price scaled by how the seen lengths moved.
 """
 
@@ -29,12 +30,14 @@ def cost_from(spec: pass_clock.Timing, plain: pass_clock.Timing, isolated: CostM
     ratios = [seconds / isolated.t_verify[k] for k, (seconds, _) in seen.items() if isolated.t_verify[k] > 0]
     scale = float(np.median(ratios)) if ratios else 1.0
     t_verify = [seen[k][0] if k in seen else isolated.t_verify[k] * scale for k in range(len(isolated.t_verify))]
-    t_draft, drafts = medians.get(("draft", 1), (isolated.t_draft, 0))
-    plain_steps = [total for total, _ in plain.rounds]
+    draft_pass, drafts = medians.get(("draft", 1), (isolated.t_draft, 0))
+    per_round, per_step = spec.overhead_fit()
+    plain_steps = [total for total, _, _ in plain.rounds]
     t_plain = statistics.median(plain_steps) if plain_steps else 0.0
-    model = dataclasses.replace(isolated, t_draft=t_draft, t_verify=t_verify, t_round=spec.overhead(),
+    model = dataclasses.replace(isolated, t_draft=draft_pass + per_step, t_verify=t_verify, t_round=per_round,
                                 t_plain=t_plain, by_depth={})
     detail = {"draft_passes": drafts, "verify_passes": {k: n for k, (_, n) in seen.items()},
+              "draft_pass": draft_pass, "per_step_overhead": per_step, "median_round_overhead": spec.overhead(),
               "verify_scaled_by": scale, "rounds": len(spec.rounds), "plain_steps": len(plain_steps),
               "plain_pass": plain.medians().get(("target", 1), (0.0, 0))[0],
               "catch_up_draft": medians.get(("draft", 2), (None, 0))[0]}
@@ -43,23 +46,28 @@ def cost_from(spec: pass_clock.Timing, plain: pass_clock.Timing, isolated: CostM
 
 @torch.inference_mode()
 def measure_in_decode(pair, prompt_ids: list[list[int]], configs: list[DecodeConfig], isolated: CostModel,
-                      eos_ids: frozenset[int] = frozenset()) -> tuple[CostModel, dict]:
-    """Decode every prompt plainly and under every config (untimed once first, so compiled passes
-    meet their shapes before the clock runs), then again with every pass timed: the cost model
-    of those decodes (`cost_from`)."""
-    def plain_all():
+                      eos_ids: frozenset[int] = frozenset(), repeats: int = 2) -> tuple[CostModel, dict]:
+    """Decode every prompt plainly and under every config, untimed once (compiled passes meet
+    their shapes before the clock runs), then `repeats` times with every pass timed, plain and
+    speculative interleaved prompt by prompt in a rotating order, so that both share the machine's
+    drift (prices from two separate stretches of time disagree by its drift): the cost model of
+    those decodes (`cost_from`)."""
+    def decode(side, ids):
+        if side is None:
+            return autoregressive_decode(pair.target, ids, configs[0], eos_ids)
+        return speculative_decode(pair.target, pair.draft, ids, side, eos_ids)
+
+    sides = [None, *configs]
+    for ids in prompt_ids:
+        for side in sides:
+            decode(side, ids)
+    plain, spec = pass_clock.Timing(pair.device), pass_clock.Timing(pair.device)
+    turn = 0
+    for _ in range(repeats):
         for ids in prompt_ids:
-            autoregressive_decode(pair.target, ids, configs[0], eos_ids)
-
-    def spec_all():
-        for config in configs:
-            for ids in prompt_ids:
-                speculative_decode(pair.target, pair.draft, ids, config, eos_ids)
-
-    plain_all()
-    spec_all()
-    with pass_clock.timing(pair.device) as plain:
-        plain_all()
-    with pass_clock.timing(pair.device) as spec:
-        spec_all()
+            turn += 1
+            for side in sides[turn % len(sides):] + sides[: turn % len(sides)]:
+                with pass_clock.timing(pair.device) as timed:
+                    decode(side, ids)
+                (plain if side is None else spec).absorb(timed)
     return cost_from(spec, plain, isolated)

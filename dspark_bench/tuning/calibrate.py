@@ -183,7 +183,7 @@ def record_domains(pair, domains: dict[str, list[Prompt]], base: DecodeConfig, g
 
 
 def measure_domains(pair, domains: dict[str, list[Prompt]], chosen: dict[str, DecodeConfig],
-                    global_policy: DecodeConfig, repeats: int,
+                    global_policy: DecodeConfig, settings: RunnerSettings,
                     progress: StageProgress | None = None) -> dict[str, pd.DataFrame]:
     """Timed runs of each domain's policy and the global one on that domain's prompts.
 
@@ -194,7 +194,7 @@ def measure_domains(pair, domains: dict[str, list[Prompt]], chosen: dict[str, De
     for domain, prompts in domains.items():
         configs = list(dict.fromkeys([chosen[domain], global_policy]))
         step = stage_steps(progress, f"timing {domain}", len(prompts) * len(configs))
-        output = run(pair, prompts, configs, RunnerSettings(repeats=repeats), progress=step).samples
+        output = run(pair, prompts, configs, settings, progress=step).samples
         frames = [output[output["config_id"] == configs.index(chosen[domain])].assign(role="domain"),
                   output[output["config_id"] == configs.index(global_policy)].assign(role="global")]
         samples[domain] = pd.concat(frames, ignore_index=True)
@@ -293,7 +293,6 @@ def calibrate_domains(spec: SweepSpec, out: Path, tasks: list[str] | None = None
     pair = pair or load_pair(spec.target, spec.draft, spec.device, spec.dtype, spec.heads,
                              drafters={c.drafting.drafter for c in configs},
                              pair=pair_of(",".join(tasks) if tasks else (None if spec.dataset else spec.task)))
-    configs = capture.captured(configs, pair.device, spec.eager, (pair.target, pair.draft))  # CUDA: graphs
     batch_sizes = sorted({c.batching.batch_size for c in configs})
     if spec.continuations is not None and evaluation != "replay":
         raise DsparkError("--continuations feeds replay's records: a real calibration decodes every policy here")
@@ -305,7 +304,9 @@ def calibrate_domains(spec: SweepSpec, out: Path, tasks: list[str] | None = None
         needs_draft_model(pair)
         source = None if spec.continuations is None else domain_continuations(spec, pair, domains, base)
         records, surface = record_domains(pair, domains, configs[0], max(c.stopping.gamma_max for c in configs),
-                                          progress, batch_sizes, source, spec.paths, capture.at_batch_one(configs))
+                                          progress, batch_sizes, source, spec.paths,
+                                          capture.priced_captured(configs, pair.device, spec.eager,
+                                                                  (pair.target, pair.draft)))
     # One calibration per batch size: which policy wins depends on what a step costs at B. The
     # file's own global/domains are the smallest B's; the others go under by_batch_size.
     parts = [calibrate_at(pair, domains, [c for c in configs if c.batching.batch_size == b], spec, records, surface,
@@ -342,22 +343,27 @@ def calibrate_at(pair, domains: dict[str, list[Prompt]], configs: list[DecodeCon
         choice = choose_from_records(records, configs, cost, objective)
     else:
         cost = None
-        choice = choose_from_samples(search_real(pair, domains, configs, spec.repeats, progress), configs, objective)
+        choice = choose_from_samples(search_real(pair, domains, configs, timing_of(spec), progress), configs, objective)
     chosen = {domain: choice.best(domain) for domain in domains}
     global_policy = choice.best()
-    samples = measure_domains(pair, domains, chosen, global_policy, spec.repeats, progress)
+    samples = measure_domains(pair, domains, chosen, global_policy, timing_of(spec), progress)
     model = surface.at(batch_size) if surface is not None else None
     return calibration_data(choice, chosen, global_policy, samples, records, pair.describe(), evaluation, model), choice
 
 
-def search_real(pair, domains: dict[str, list[Prompt]], configs: list[DecodeConfig], repeats: int,
+def timing_of(spec: SweepSpec) -> RunnerSettings:
+    """How a calibration times its runs: the spec's repeats, captured on CUDA unless --eager."""
+    return RunnerSettings(repeats=spec.repeats, eager=spec.eager)
+
+
+def search_real(pair, domains: dict[str, list[Prompt]], configs: list[DecodeConfig], settings: RunnerSettings,
                 progress: StageProgress | None = None) -> dict[str, pd.DataFrame]:
     """Sampling (no replay): every policy of the grid, timed on every domain's prompts."""
 
     samples = {}
     for domain, prompts in domains.items():
         step = stage_steps(progress, f"searching {domain}", len(prompts) * len(configs))
-        samples[domain] = run(pair, prompts, configs, RunnerSettings(repeats=repeats), progress=step).samples
+        samples[domain] = run(pair, prompts, configs, settings, progress=step).samples
     return samples
 
 

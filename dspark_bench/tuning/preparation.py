@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Callable
 import pandas as pd
 
 from dspark_bench.config import LEARNED, DecodeConfig
-from dspark_bench.decoding import capture
 from dspark_bench.engines.tools import EngineTools
 from dspark_bench.errors import DsparkError
 from dspark_bench.harness.models import context_warning, load_pair
@@ -101,8 +100,6 @@ def prepare(spec: SweepSpec, say: Callable[[str], None] | None = None, engines: 
     check_sampled_replay(spec, configs)
     pair = load_pair(spec.target, spec.draft, spec.device, spec.dtype, spec.heads,
                      drafters={c.drafting.drafter for c in configs}, pair=pair_of(spec.task))
-    # On CUDA the policies (and the fixed γ they are held against, made from `base`) run captured.
-    base, *configs = capture.captured([base, *configs], pair.device, spec.eager, (pair.target, pair.draft))
     prepared = LoadedSweep(pair, prompts, base, source, points=configs)
     warning = context_warning(pair, prompts, base.verification.max_new_tokens, spec.chat_template) if say else None
     if warning:

@@ -111,7 +111,7 @@ def replay_sweep(folder: Path, spec: SweepSpec, prepared: LoadedSweep, records_r
         spec, prepared, ids, configs, all((d / "record.json").is_file() for d in record_dirs.values()), say)
     records = record_all(spec, prepared, gamma, ids, configs, record_dirs, progress)
     probe.sample("recorded")
-    prices = time_prices(folder, prepared.pair, ids, records, configs, gamma, progress, prepared.prices)
+    prices = time_prices(folder, prepared.pair, ids, records, configs, gamma, progress, prepared.prices, spec.eager)
     probe.sample("cost model timed")
     configs, records = join_fitted(folder, configs, records, record_dirs, prices.surface)
     table = simulate_all(folder, configs, records, prices, progress)
@@ -243,7 +243,7 @@ class Prices:
 
 
 def time_prices(folder: Path, pair, ids: list[list[int]], records: dict, configs: list[DecodeConfig], gamma: int,
-                progress: StageProgress | None, engine=None) -> Prices:
+                progress: StageProgress | None, engine=None, eager: bool = False) -> Prices:
     """Time our cost surface (re-timed while its checks fail: replay ranks thousands of policies
     with it), take the engine's prices (`engine`, a cost_file.CostFile) instead where given, and write
     the prices used into the sweep folder (prices.json, the cost-model file; cost_model.json,
@@ -257,10 +257,11 @@ def time_prices(folder: Path, pair, ids: list[list[int]], records: dict, configs
     if progress:
         progress("timing the cost model", 0, 1)
     batch_sizes = sorted({c.batching.batch_size for c in configs})
+    # Batch 1 priced on the passes its decodes run: captured on CUDA unless --eager (decoding/capture.py).
+    compiled = capture.priced_captured(configs, pair.device, eager, (pair.target, pair.draft))
     timing = time.perf_counter()
     surface, checks = timed_surface(pair, context, gamma, batch_sizes, drafters={key.drafter for key in records},
-                                    measure=functools.partial(measure_surface, contexts=rows,
-                                                              compiled=capture.at_batch_one(configs)))
+                                    measure=functools.partial(measure_surface, contexts=rows, compiled=compiled))
     depths = depths_to_price(pair, ids, rec.max_new_tokens)
     if depths:
         if progress:
@@ -269,8 +270,7 @@ def time_prices(folder: Path, pair, ids: list[list[int]], records: dict, configs
     timing = time.perf_counter() - timing
     if engine is None:
         prices = Prices(surface, surface.at(1), checks, timing, batch_sizes != [1])
-        cost_file.ours(surface, pair, capture=capture.pass_mode(capture.at_batch_one(configs), pair.device)
-                       ).save(folder / PRICES_FILE)
+        cost_file.ours(surface, pair, capture=capture.pass_mode(compiled, pair.device)).save(folder / PRICES_FILE)
     else:
         check_covers(engine, batch_sizes, gamma)
         prices = Prices(engine.surface, engine.surface.at(min(engine.surface.models)), checks, timing,
