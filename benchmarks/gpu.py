@@ -10,16 +10,21 @@ Stages, each written to stages.json under --out as it ends, so a cut run resumes
   syncs        host syncs per round: host.fetch's count and CUDA's own sync debug mode
   prices       a --size pair with random weights built on the device: the plain step against the
                bandwidth bound, t_verify(k) for k = 0..gamma at B = 1, 8, 32, the draft step, the
-               round's overhead; written as cost-model files that name the device
+               round's overhead; written as cost-model files that name the device. Then batch 1's
+               captured passes (what a decode runs there by default) alone, against their bounds,
+               and inside running decodes (CUDA events): two more cost-model files
   replay       the shipped pair's code record replayed on those prices, beside the shipped pair's
                own prices on this device and (--cpu-prices) on a CPU: the best policy and best fixed γ
-  compiled     the --size pair's plain step compiled (torch.compile, CUDA graphs) against the bound
+  compiled     the --size pair's plain step compiled (torch.compile, CUDA graphs) against the bound,
+               and profiled (torch.profiler: profile-compiled-step.txt)
   timed        timed replay (issue 53): the shipped pair's rounds for fixed γ 2, 4, 6 and two threshold
-               policies run on the --size pair's real passes beside its plain decoding, each measured
-               speedup beside replay's prediction on that pair's prices (a few prompts: eager passes
-               at 8B shapes are slow; not yet timed on a device)
+               policies run on the --size pair's captured passes beside its plain decoding, each measured
+               speedup beside replay's prediction on that pair's captured prices, timed alone and in
+               decode (not yet timed on a device)
   speed        (only when named) the shipped pair's decoders timed: benchmarks/gpu_speed.py
-Prints one table (also gpu-table.md) and exits 1 if a stage failed or a check did not hold.
+Prints one table (also gpu-table.md) and exits 1 if a stage failed or a check did not hold. Says
+its plan first; without CUDA it refuses the stages that build --size's pair (exit 2) unless given
+--smoke or --allow-cpu.
 
     bash benchmarks/gpu.sh --out results/gpu                          # all but speed (6 min on an H200 before timed)
     bash benchmarks/gpu.sh --out results/gpu --resume results/gpu/stages.json   # finish a cut run
