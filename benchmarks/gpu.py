@@ -21,6 +21,8 @@ Stages, each written to stages.json under --out as it ends, so a cut run resumes
                policies run on the --size pair's captured passes beside its plain decoding, each measured
                speedup beside replay's prediction on that pair's captured prices, timed alone and in
                decode (not yet timed on a device)
+  batches      verify(k) and the draft step captured at B = 1 and each --batch-size (one CUDA graph per
+               (B, k), as the engines capture them), beside the prices stage's eager surface
   speed        (only when named) the shipped pair's decoders timed: benchmarks/gpu_speed.py
 Prints one table (also gpu-table.md) and exits 1 if a stage failed or a check did not hold. Says
 its plan first; without CUDA it refuses the stages that build --size's pair (exit 2) unless given
@@ -46,7 +48,7 @@ import gpu_report
 import gpu_stages
 import torch
 
-DEFAULT_STAGES = ("machine", "correctness", "syncs", "prices", "replay", "compiled", "timed")
+DEFAULT_STAGES = ("machine", "correctness", "syncs", "prices", "replay", "compiled", "timed", "batches")
 ALL_STAGES = (*DEFAULT_STAGES, "speed")
 INPUTS = Path(__file__).resolve().parent / "gpu_inputs"  # what a device run reads: made on a CPU, committed
 CPU_PRICES = INPUTS / "cpu-prices-shipped-pair.json"
@@ -101,7 +103,7 @@ def shrink(args) -> None:
     cached_lm.COMPILE_OPTIONS["backend"] = "eager"
 
 
-PRICED = ("prices", "compiled", "timed")  # the stages that build --size's pair
+PRICED = ("prices", "compiled", "timed", "batches")  # the stages that build --size's pair
 
 
 def plan(args, device: torch.device) -> list[str]:

@@ -70,7 +70,31 @@ def greedy_identity(pair, ids: list[list[int]], max_new_tokens: int, batch_size:
     # Both paths must be exercised, or equality would prove little.
     return {"decodes": checked, "policies": len(policies), "prompts": len(ids), "batch_size": batch_size,
             "identical": not differ and accepted > 0 and rejected > 0, "differ": differ[:20],
-            "accepted_tokens": accepted, "rejected_rounds": rejected}
+            "accepted_tokens": accepted, "rejected_rounds": rejected,
+            "captured": captured_identity(pair, ids, policies, expected)}
+
+
+def captured_identity(pair, ids: list[list[int]], policies, eager_expected: list[list[int]]) -> dict:
+    """The captured path (what CUDA decodes by default: compiled passes, a CUDA graph per length)
+    against its own baseline, token for token, every policy at batch 1 in both draft modes; and
+    whether that baseline is the eager one's (compiled kernels may round otherwise after a near-tie)."""
+    from dspark_bench.decoding.autoregressive import autoregressive_decode
+    from dspark_bench.decoding.speculative import speculative_decode
+
+    eos = pair.eos_ids
+    expected = [autoregressive_decode(pair.target, p, policies[0].replace(compiled=True), eos).tokens for p in ids]
+    checked, differ, accepted = 0, [], 0
+    for config in policies:
+        for mode in ("early-stop", "verify-side"):
+            policy = config.replace(draft_mode=mode, compiled=True)
+            for p, prompt in enumerate(ids):
+                result = speculative_decode(pair.target, pair.draft, prompt, policy, eos)
+                checked += 1
+                accepted += sum(r.accepted for r in result.rounds)
+                if result.tokens != expected[p]:
+                    differ.append(f"{policy.label()} · prompt {p}")
+    return {"decodes": checked, "identical": not differ and accepted > 0, "differ": differ[:20],
+            "baseline_equals_eager": expected == eager_expected}
 
 
 def bf16_divergence(prompts, device: str, say, max_new_tokens: int) -> dict:

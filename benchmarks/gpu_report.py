@@ -10,7 +10,8 @@ from pathlib import Path
 def table(state: dict, args) -> str:
     parts = [f"# GPU run · {args.size} priced · {args.task} record {args.limit} × {args.max_new_tokens}\n"]
     for stage, write in (("machine", machine), ("correctness", correctness), ("syncs", syncs), ("prices", prices),
-                         ("compiled", compiled), ("replay", replay), ("timed", timed), ("speed", speed)):
+                         ("compiled", compiled), ("replay", replay), ("timed", timed), ("batches", batches),
+                         ("speed", speed)):
         if stage not in state:
             continue
         result = state[stage]
@@ -48,6 +49,11 @@ def correctness(r: dict) -> str:
              f"prompts): **{'identical' if g['identical'] else 'DIFFERENT'}** to the target's own "
              f"({g['accepted_tokens']} tokens accepted, {g['rejected_rounds']} rounds with a rejection)"
              + (f"; differ: {'; '.join(g['differ'])}" if g["differ"] else ""),
+             f"- greedy, fp32, captured (compiled passes, a CUDA graph per length on CUDA; batch 1, both draft "
+             f"modes): {g['captured']['decodes']} decodes "
+             f"**{'identical' if g['captured']['identical'] else 'DIFFERENT'}** to the captured baseline, which is "
+             f"{'' if g['captured']['baseline_equals_eager'] else 'NOT '}the eager one's"
+             + (f"; differ: {'; '.join(g['captured']['differ'])}" if g["captured"]["differ"] else ""),
              f"- sampling (T = 1, top-p 0.9, first two tokens, {s['samples']} samples): chi-square p = "
              f"{s['p_value']:.3f}; a broken rule (resampling from p) p = {s['broken_rule_p_value']:.2g}: "
              f"**{'lossless' if s['lossless'] else 'NOT SHOWN LOSSLESS'}**",
@@ -156,6 +162,17 @@ def timed(r: dict) -> str:
                    f"prompts × {r['max_new_tokens']}; {within})",
                    ["policy", "rounds", "predicted speedup", "measured speedup [min, max over repeats]",
                     "predicted / measured − 1"] + (["predicted (in decode)", "− 1"] if inside else []), rows)
+
+
+def batches(r: dict) -> str:
+    rows = []
+    for b, m in sorted(r["captured"].items(), key=lambda item: int(item[0])):
+        for how, entry in (("captured", m), ("eager", r["eager"].get(b))):
+            if entry:
+                rows.append([b, how, ms(entry["t_draft"])] + [ms(t) for t in entry["t_verify"]])
+    gamma = len(next(iter(r["captured"].values()))["t_verify"]) - 1
+    return section(f"verify(k) and the draft step captured per (B, k) ({r['size']}, context {r['context_tokens']}; "
+                   "ms, k + 1 tokens a row)", ["B", "passes", "t_draft", *(f"k={k}" for k in range(gamma + 1))], rows)
 
 
 def speed(r: dict) -> str:

@@ -81,13 +81,14 @@ def correctness(ctx: Context) -> dict:
     smoke = ctx.args.smoke
     prompts, ids = ctx.prompts(2 if smoke else 3)
     greedy = gpu_checks.greedy_identity(ctx.shipped, ids, 8 if smoke else 32, 2 if smoke else 3)
-    ctx.say(f"greedy fp32: {greedy['decodes']} decodes, identical: {greedy['identical']}")
+    ctx.say(f"greedy fp32: {greedy['decodes']} decodes, identical: {greedy['identical']}; captured: "
+            f"{greedy['captured']['decodes']} decodes, identical: {greedy['captured']['identical']}")
     bf16 = gpu_checks.bf16_divergence(prompts[:2] if smoke else ctx.prompts(8)[0], str(ctx.device), ctx.say,
                                       8 if smoke else 64)
     sampling = gpu_checks.sampling_chi_square(ctx.device, 600 if smoke else 2000)
     ctx.say(f"sampling: p = {sampling['p_value']:.3f}, a broken rule p = {sampling['broken_rule_p_value']:.2g}")
     return {"greedy": greedy, "bf16": bf16, "sampling": sampling,
-            "holds": greedy["identical"] and sampling["lossless"]}
+            "holds": greedy["identical"] and greedy["captured"]["identical"] and sampling["lossless"]}
 
 
 def syncs(ctx: Context) -> dict:
@@ -292,6 +293,23 @@ def compiled(ctx: Context) -> dict:
                                                     for r in profiled["top_per_step"][:4]))
     return {"compiled_step": step, "eager_step": eager, "bandwidth_bound_s": bound,
             "ratio_compiled": step["seconds"] / bound, "ratio_eager": eager["seconds"] / bound, "profile": profiled}
+
+
+def batches(ctx: Context) -> dict:
+    """verify(k) and the draft step captured at each --batch-size (and 1): what an engine that
+    captures one CUDA graph per (B, k) pays, beside our eager batched surface (the prices stage's)."""
+    pair, context, args = ctx.priced, ctx.priced_context, ctx.args
+    repeats = 3 if args.smoke else 10
+    rows = {}
+    for b in [1, *args.batch_size]:
+        target = gpu_prices.captured_batch(pair.target, context, b, args.gamma, repeats)
+        draft = gpu_prices.captured_batch(pair.draft, context, b, 0, repeats)
+        rows[str(b)] = {"t_draft": draft["t_verify"][0], "t_verify": target["t_verify"]}
+        ctx.say(f"captured B = {b}: t_draft {draft['t_verify'][0] * 1e3:.2f} ms, t_verify(k) ms: "
+                + ", ".join(f"{t * 1e3:.2f}" for t in target["t_verify"]))
+    eager = (ctx.state.get("prices") or {}).get("surface", {}).get("batch_sizes", {})
+    return {"size": args.size, "context_tokens": len(context), "captured": rows,
+            "eager": {b: eager[b] for b in rows if b in eager}}
 
 
 def speed(ctx: Context) -> dict:

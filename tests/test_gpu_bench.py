@@ -15,7 +15,7 @@ from dspark_bench.config import METRICS, SCHEDULES
 from dspark_bench.replay import cost_file
 
 ROOT = Path(__file__).resolve().parents[1]
-STAGES = ("machine", "correctness", "syncs", "prices", "replay", "compiled", "timed", "speed")
+STAGES = ("machine", "correctness", "syncs", "prices", "replay", "compiled", "timed", "batches", "speed")
 
 
 def gpu_sh(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
@@ -39,6 +39,9 @@ def test_every_stage_is_done_and_its_checks_hold(dry_run):
     assert [s for s in STAGES if not stages[s]["done"]] == []
     greedy, sampling = stages["correctness"]["greedy"], stages["correctness"]["sampling"]
     assert greedy["identical"] and greedy["differ"] == [] and greedy["accepted_tokens"] > 0
+    # the captured path (compiled; dynamo's eager backend on this dry run): every policy, both modes
+    assert greedy["captured"]["identical"] and greedy["captured"]["decodes"] == 2 * 2 * greedy["policies"]
+    assert greedy["captured"]["baseline_equals_eager"]
     assert greedy["policies"] == len(METRICS) * len(SCHEDULES) == 35  # every metric × schedule (depth's included)
     assert sampling["p_value"] > 0.001 and sampling["broken_rule_p_value"] < 1e-4
     bf16 = stages["correctness"]["bf16"]["rows"]  # reported, not required: bf16 may part after a near-tie
@@ -173,3 +176,14 @@ def test_full_size_on_a_cpu_is_refused_with_its_plan(tmp_path):
     assert "builds the llama-8b-1b pair" in result.stdout and "18.5 GB" in result.stdout  # 8.03 B + 1.24 B in bf16
     assert result.stderr.strip().splitlines() == [result.stderr.strip()]  # one line
     assert "--allow-cpu" in result.stderr and not out.exists()
+
+
+def test_batches_stage_captures_each_batch_size(dry_run):
+    """verify(k) and the draft step from captured passes (compiled; the dry run's eager backend) at
+    B = 1 and each --batch-size, beside the prices stage's eager surface."""
+    out, _, stages = dry_run
+    batches = stages["batches"]
+    assert sorted(batches["captured"], key=int) == ["1", "2"] and sorted(batches["eager"], key=int) == ["1", "2"]
+    for entry in batches["captured"].values():
+        assert len(entry["t_verify"]) == 5 and entry["t_draft"] > 0 and min(entry["t_verify"]) > 0
+    assert "## verify(k) and the draft step captured per (B, k)" in (out / "gpu-table.md").read_text()
