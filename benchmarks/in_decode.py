@@ -20,19 +20,16 @@ import statistics
 import time
 
 import common  # benchmarks/ is on sys.path when run as a script
-from timed_replay import GAMMA, policies
+from timed_replay import GAMMA, policies, recorded
 
 from dspark_bench.config import DecodeConfig
 from dspark_bench.decoding import pass_clock
 from dspark_bench.decoding.autoregressive import autoregressive_decode
 from dspark_bench.decoding.speculative import speculative_decode
-from dspark_bench.prompts import encode
 from dspark_bench.replay.cost import measure_cost
 from dspark_bench.replay.in_decode import measure_in_decode
-from dspark_bench.replay.simulate import record, simulate_grid
+from dspark_bench.replay.simulate import simulate_grid
 from dspark_bench.results import describe_machine, environment
-from dspark_bench.tuning.preparation import prepare
-from dspark_bench.tuning.spec import resolve_spec, task_spec
 
 
 def rounds_seconds(pair, prompt: list[int], config, speculative: bool) -> tuple[float, list[int]]:
@@ -48,14 +45,8 @@ def rounds_seconds(pair, prompt: list[int], config, speculative: bool) -> tuple[
 def main() -> None:
     args = common.parser(__doc__, task="code", limit=8, max_new_tokens=64, repeats=3,
                          out="results/in-decode").parse_args()
-    spec, _ = resolve_spec(task_spec(args.task), {"task": args.task, "limit": args.limit,
-                                                   "max_new_tokens": args.max_new_tokens})
-    prepared = prepare(spec)
-    pair = prepared.pair
-    ids = [encode(pair.tokenizer, p.text, spec.chat_template) for p in prepared.prompts]
-    rec = record(pair, ids, args.max_new_tokens, GAMMA, eos_ids=pair.eos_ids)
+    pair, ids, rec, context = recorded(args)
     expected = [rec.continuation[p, : int(rec.lengths[p])].tolist() for p in range(len(ids))]
-    context = ids[0] + rec.continuation[0, : int(rec.lengths[0]) // 2].tolist()
     started = time.perf_counter()
     alone = measure_cost(pair, context, GAMMA)
     configs = policies(args.max_new_tokens)

@@ -35,15 +35,21 @@ def policies(max_new_tokens: int) -> list[DecodeConfig]:
                                     max_new_tokens=max_new_tokens) for t in (0.3, 0.6)]
 
 
-def main() -> None:
-    args = common.parser(__doc__, task="code", limit=8, max_new_tokens=64, repeats=3, out="results/timed").parse_args()
+def recorded(args):
+    """The shipped pair, --task's first --limit prompts' ids, their record GAMMA deep, and the context
+    prices are timed at (the first prompt halfway through its output)."""
     spec, _ = resolve_spec(task_spec(args.task), {"task": args.task, "limit": args.limit,
                                                    "max_new_tokens": args.max_new_tokens})
     prepared = prepare(spec)
     pair = prepared.pair
     ids = [encode(pair.tokenizer, p.text, spec.chat_template) for p in prepared.prompts]
     rec = record(pair, ids, args.max_new_tokens, GAMMA, eos_ids=pair.eos_ids)
-    context = ids[0] + rec.continuation[0, : int(rec.lengths[0]) // 2].tolist()
+    return pair, ids, rec, ids[0] + rec.continuation[0, : int(rec.lengths[0]) // 2].tolist()
+
+
+def main() -> None:
+    args = common.parser(__doc__, task="code", limit=8, max_new_tokens=64, repeats=3, out="results/timed").parse_args()
+    pair, ids, rec, context = recorded(args)
     cost = measure_cost(pair, context, GAMMA)
     configs = policies(args.max_new_tokens)
     predicted = simulate_grid(rec, configs, cost)
