@@ -10,9 +10,9 @@ Stages, each written to stages.json under --out as it ends, so a cut run resumes
   syncs        host syncs per round: host.fetch's count and CUDA's own sync debug mode
   prices       a --size pair with random weights built on the device: the plain step against the
                bandwidth bound, t_verify(k) for k = 0..gamma at B = 1, 8, 32, the draft step, the
-               round's overhead; written as cost-model files that name the device. Then batch 1's
-               captured passes (what a decode runs there by default) alone, against their bounds,
-               and inside running decodes (CUDA events): two more cost-model files
+               round's overhead; written as cost-model files that name the device
+  captured     batch 1's captured passes (what a decode runs there by default) alone, against their
+               bounds, and inside running decodes (CUDA events): two more cost-model files
   replay       the shipped pair's code record replayed on those prices, beside the shipped pair's
                own prices on this device and (--cpu-prices) on a CPU: the best policy and best fixed γ
   compiled     the --size pair's plain step compiled (torch.compile, CUDA graphs) against the bound,
@@ -48,7 +48,7 @@ import gpu_report
 import gpu_stages
 import torch
 
-DEFAULT_STAGES = ("machine", "correctness", "syncs", "prices", "replay", "compiled", "timed", "batches")
+DEFAULT_STAGES = ("machine", "correctness", "syncs", "prices", "captured", "replay", "compiled", "timed", "batches")
 ALL_STAGES = (*DEFAULT_STAGES, "speed")
 INPUTS = Path(__file__).resolve().parent / "gpu_inputs"  # what a device run reads: made on a CPU, committed
 CPU_PRICES = INPUTS / "cpu-prices-shipped-pair.json"
@@ -103,7 +103,7 @@ def shrink(args) -> None:
     cached_lm.COMPILE_OPTIONS["backend"] = "eager"
 
 
-PRICED = ("prices", "compiled", "timed", "batches")  # the stages that build --size's pair
+PRICED = ("prices", "captured", "compiled", "timed", "batches")  # the stages that build --size's pair
 
 
 def plan(args, device: torch.device) -> list[str]:

@@ -83,7 +83,7 @@ def captured_identity(pair, ids: list[list[int]], policies, eager_expected: list
 
     eos = pair.eos_ids
     expected = [autoregressive_decode(pair.target, p, policies[0].replace(compiled=True), eos).tokens for p in ids]
-    checked, differ, accepted = 0, [], 0
+    checked, differ, accepted, rejected = 0, [], 0, 0
     for config in policies:
         for mode in ("early-stop", "verify-side"):
             policy = config.replace(draft_mode=mode, compiled=True)
@@ -91,9 +91,10 @@ def captured_identity(pair, ids: list[list[int]], policies, eager_expected: list
                 result = speculative_decode(pair.target, pair.draft, prompt, policy, eos)
                 checked += 1
                 accepted += sum(r.accepted for r in result.rounds)
+                rejected += sum(r.accepted < r.drafted for r in result.rounds)
                 if result.tokens != expected[p]:
                     differ.append(f"{policy.label()} · prompt {p}")
-    return {"decodes": checked, "identical": not differ and accepted > 0, "differ": differ[:20],
+    return {"decodes": checked, "identical": not differ and accepted > 0 and rejected > 0, "differ": differ[:20],
             "baseline_equals_eager": expected == eager_expected}
 
 

@@ -249,7 +249,8 @@ def cost_files(surface, t_round: float, pair, size: str, machine: dict, out: Pat
               "target_params": sum(p.numel() for p in pair.target.parameters()),
               "draft_params": sum(p.numel() for p in pair.draft.parameters())}
     measured_by = {"name": "ours", "version": f"torch {torch.__version__}",
-              "build": {"device": str(pair.device), "gpu": (machine.get("gpu") or {}).get("name")}}
+              "build": {"device": str(pair.device), "gpu": (machine.get("gpu") or {}).get("name"), "capture": "eager",
+                        "context_tokens": surface.at(1).context_tokens}}
     method = ("benchmarks/gpu.py: interleaved medians of timed forwards with the caches at "
               f"{surface.at(1).context_tokens} tokens (replay/cost.py measure_surface); t_round from fixed-gamma "
               "decodes of two lengths less replay's price of their rounds (gpu_prices.round_overheads)")

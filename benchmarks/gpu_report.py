@@ -10,6 +10,7 @@ from pathlib import Path
 def table(state: dict, args) -> str:
     parts = [f"# GPU run · {args.size} priced · {args.task} record {args.limit} × {args.max_new_tokens}\n"]
     for stage, write in (("machine", machine), ("correctness", correctness), ("syncs", syncs), ("prices", prices),
+                         ("captured", captured),
                          ("compiled", compiled), ("replay", replay), ("timed", timed), ("batches", batches),
                          ("speed", speed)):
         if stage not in state:
@@ -97,14 +98,14 @@ def prices(r: dict) -> str:
         m = batch[b]
         lines.append(f"| {b} | {ms(m['t_draft'])} | " + " | ".join(ms(t) for t in m["t_verify"])
                      + f" | {m.get('spread', 0):.3f} |")
-    return "\n".join(lines) + "\n" + (captured(r["captured"]) if r.get("captured") else "")
+    return "\n".join(lines) + "\n"
 
 
 def captured(c: dict) -> str:
     """Batch 1 as a decode runs it on CUDA by default: captured passes alone, and inside decodes."""
     alone, inside, detail = c["alone"], c["in_decode"], c["in_decode_detail"]
     gamma = len(alone["t_verify"]) - 1
-    lines = ["\n### captured passes at B = 1 (compiled; one CUDA graph per length on CUDA)\n",
+    lines = ["## captured passes at B = 1 (compiled; one CUDA graph per length on CUDA)\n",
              f"- target step {ms(alone['t_verify'][0])} ms = **{c['target_step_over_bound']:.2f}×** its bound "
              f"({ms(c['target_bound_s'])} ms); draft step {ms(alone['t_draft'])} ms = "
              f"**{c['draft_step_over_bound']:.2f}×** its bound ({ms(c['draft_bound_s'])} ms)",

@@ -126,25 +126,26 @@ def prices(ctx: Context) -> dict:
     agrees = abs(surface.at(1).t_verify[0] / eager["seconds"] - 1) < 0.25
     slug = device_slug(ctx)
     files = gpu_prices.cost_files(surface, rounds["t_round"], pair, args.size, machine_info(), args.out, slug)
-    captured = captured_prices(ctx, pair, context, args.gamma, needed, slug)
     return {"size": args.size, "dtype": args.price_dtype, "context_tokens": len(context), **needed,
             "bandwidth_bound_s": bound, "eager_step": eager, "surface": surface.to_dict(), "rounds": rounds,
-            "files": files, "surface_agrees_with_step": agrees, "captured": captured,
+            "files": files, "surface_agrees_with_step": agrees,
             # The dry run's tiny models time at the noise level of a shared CPU: said, not failed on.
             "holds": agrees or args.smoke}
 
 
-def captured_prices(ctx: Context, pair, context: list[int], gamma: int, needed: dict, slug: str) -> dict:
+def captured(ctx: Context) -> dict:
     """Batch 1's passes as a decode on CUDA runs them by default (compiled, each length its own
     CUDA graph: decoding/capture.py), timed alone between syncs and inside running decodes
     (decoding/pass_clock.py: CUDA events, no sync between passes), beside the draft step's and
-    the target step's bandwidth bounds."""
+    the target step's bandwidth bounds. A stage of its own: a compile or capture failing here
+    leaves the eager prices standing."""
     from dspark_bench.config import DecodeConfig
     from dspark_bench.replay import cost_file
     from dspark_bench.replay.cost import CostSurface, measure_cost
     from dspark_bench.replay.in_decode import measure_in_decode
 
-    args = ctx.args
+    args, pair, context, slug = ctx.args, ctx.priced, ctx.priced_context, device_slug(ctx)
+    gamma, needed = args.gamma, gpu_prices.step_bytes(pair.target, len(ctx.priced_context))
     alone = measure_cost(pair, context, gamma, compiled=True, drafters=())
     ctx.say("captured t_verify(k) at B = 1, ms: " + ", ".join(f"{t * 1e3:.2f}" for t in alone.t_verify)
             + f"; draft step {alone.t_draft * 1e3:.2f}")
@@ -202,10 +203,10 @@ def replay(ctx: Context) -> dict:
         at_one = ctx.state["prices"]["surface"]["batch_sizes"]["1"]
         named[f"{args.size}, {device_slug(ctx)}, eager"] = dataclasses.replace(
             CostModel.from_dict(at_one), t_round=ctx.state["prices"]["rounds"]["t_round"])
-        captured = ctx.state["prices"].get("captured")
-        if captured:
-            named[f"{args.size}, {device_slug(ctx)}, captured"] = CostModel.from_dict(captured["alone"])
-            named[f"{args.size}, {device_slug(ctx)}, captured in decode"] = CostModel.from_dict(captured["in_decode"])
+    if ctx.state.get("captured", {}).get("done"):
+        captured = ctx.state["captured"]
+        named[f"{args.size}, {device_slug(ctx)}, captured"] = CostModel.from_dict(captured["alone"])
+        named[f"{args.size}, {device_slug(ctx)}, captured in decode"] = CostModel.from_dict(captured["in_decode"])
     spec, _ = resolve_spec(task_spec(args.task), {"task": args.task, "max_new_tokens": N})
     base = DecodeConfig.of(max_new_tokens=N)
     fixed = [base.replace(schedule="fixed", gamma_max=g, min_draft_len=0) for g in range(1, G + 1)]

@@ -18,6 +18,7 @@ from dspark_bench.decoding import capture
 from dspark_bench.decoding.autoregressive import autoregressive_decode
 from dspark_bench.decoding.cached_lm import static_blocker
 from dspark_bench.decoding.speculative import speculative_decode
+from dspark_bench.errors import DsparkError
 from dspark_bench.replay.cost import measure_cost
 
 CUDA, CPU = torch.device("cuda"), torch.device("cpu")
@@ -50,6 +51,28 @@ def test_eager_and_the_cpu_change_nothing():
     assert described == {"default": "cuda-graphs", "eager_flag": True, "mode": "eager", "policies": {"eager": 3}}
     explicit = [POLICIES[0].replace(compiled=True)]  # --compile on a CPU: compiled, no graphs
     assert capture.describe(explicit, CPU, False)["mode"] == "compiled"
+
+
+def test_eager_with_compile_is_refused():
+    with pytest.raises(DsparkError, match="--eager and --compile ask for opposite passes"):
+        capture.captured([POLICIES[0].replace(compiled=True)], CPU, eager=True)
+
+
+def test_a_model_without_a_static_cache_is_not_captured_and_asked_once(monkeypatch):
+    from dspark_bench.decoding import cached_lm
+
+    calls = []
+
+    def broken(config, max_cache_len):
+        calls.append(config)
+        raise ValueError("no attention layers")
+
+    monkeypatch.setattr(cached_lm, "StaticCache", broken)
+    model = tiny.llama(seed=3)
+    for _ in range(3):
+        (kept,) = capture.captured(POLICIES[:1], CUDA, eager=False, models=(model,))
+        assert not kept.verification.compiled
+    assert static_blocker(model).startswith("a model without a static cache (ValueError") and len(calls) == 1
 
 
 def test_a_sliding_window_model_is_not_captured():
@@ -121,6 +144,7 @@ def test_run_captures_where_capture_is_the_default_unless_eager(saved_pair, prom
         assert info["capture"]["eager_flag"] is True and info["capture"]["policies"] == {"eager": 2}
     else:
         assert by_size == {1: True, 2: False}
+        assert not samples["config_label"].str.contains("compiled").any()  # the labels asked for: callers match by them
         assert info["capture"]["policies"] == {"compiled": 1, "eager": 1}
         assert info["capture"]["eager_because"] == {"batch size above 1 (the padded batched cache is not static)": 1}
     assert [c["compiled"] for c in info["configs"]] == [False, False]  # what was asked: a rerun asks it again

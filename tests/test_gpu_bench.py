@@ -15,7 +15,7 @@ from dspark_bench.config import METRICS, SCHEDULES
 from dspark_bench.replay import cost_file
 
 ROOT = Path(__file__).resolve().parents[1]
-STAGES = ("machine", "correctness", "syncs", "prices", "replay", "compiled", "timed", "batches", "speed")
+STAGES = ("machine", "correctness", "syncs", "prices", "captured", "replay", "compiled", "timed", "batches", "speed")
 
 
 def gpu_sh(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
@@ -75,7 +75,7 @@ def test_prices_are_cost_model_files_that_load(dry_run):
     assert prices["bandwidth_bound_s"] > 0 and prices["eager_step"]["seconds"] > prices["bandwidth_bound_s"]
     # Batch 1 as CUDA decodes it by default (compiled here, through dynamo's eager backend), timed
     # alone and inside running decodes: two more files, naming how their passes ran.
-    captured = prices["captured"]
+    captured = stages["captured"]
     alone = cost_file.load(out / "cost-model-cpu-tiny-captured.json")
     inside = cost_file.load(out / "cost-model-cpu-tiny-in-decode.json")
     assert alone.measured_by["build"]["capture"] == inside.measured_by["build"]["capture"] == "compiled"
@@ -84,7 +84,7 @@ def test_prices_are_cost_model_files_that_load(dry_run):
     assert captured["in_decode_detail"]["rounds"] > 0 and "4" in captured["in_decode_detail"]["verify_passes"]
     assert captured["target_step_over_bound"] > 1 and captured["draft_step_over_bound"] > 1
     table = (out / "gpu-table.md").read_text()
-    assert "### captured passes at B = 1" in table and "inside running decodes" in table
+    assert "## captured passes at B = 1" in table and "inside running decodes" in table
 
 
 def test_replay_picks_on_each_price(dry_run):

@@ -65,7 +65,7 @@ class FakeEvent:
         assert enable_timing
         self.at = None
 
-    def record(self):
+    def record(self, stream=None):
         self.at = time.perf_counter()
 
     def elapsed_time(self, end: "FakeEvent") -> float:
@@ -78,6 +78,7 @@ def test_on_cuda_marks_are_events_read_once_at_the_end(monkeypatch):
     syncs = []
     monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: syncs.append(device))
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: None)
     with pass_clock.timing(torch.device("cuda")) as timing:
         pass_clock.round_starts()
         start = pass_clock.before_pass()
@@ -112,7 +113,8 @@ def timing_of(passes, rounds) -> pass_clock.Timing:
 def test_the_cost_model_takes_what_the_decodes_measured():
     isolated = CostModel(t_draft=1.0, t_verify=[2.0, 2.2, 2.4, 2.6], context_tokens=100)
     spec = timing_of([("draft", 1, 0.5), ("draft", 1, 0.7), ("draft", 1, 0.6), ("draft", 2, 0.9),
-                      ("target", 2, 3.0), ("target", 2, 3.4), ("target", 4, 3.9)],
+                      ("target", 2, 3.0), ("target", 2, 3.4), ("target", 2, 3.2), ("target", 4, 3.9),
+                      ("target", 4, 3.8), ("target", 4, 4.0), ("target", 3, 9.9)],  # k = 2 fed once: not enough
                      [(5.0, 4.0, 1), (6.25, 4.5, 2), (7.5, 5.0, 3)])  # past the passes: 1.0, 1.75, 2.5
     plain = timing_of([("target", 1, 1.8)] * 3, [(2.0, 1.8, 0), (2.1, 1.8, 0), (1.9, 1.8, 0)])
     model, detail = cost_from(spec, plain, isolated)
@@ -125,7 +127,7 @@ def test_the_cost_model_takes_what_the_decodes_measured():
     assert model.t_verify[0] == pytest.approx(2.0 * scale) and model.t_verify[2] == pytest.approx(2.4 * scale)
     assert detail["median_round_overhead"] == 1.75
     assert model.t_plain == 2.0 and model.plain_step == 2.0
-    assert detail["verify_passes"] == {1: 2, 3: 1} and detail["rounds"] == 3
+    assert detail["verify_passes"] == {1: 3, 3: 3} and detail["rounds"] == 3
 
 
 def test_measure_in_decode_on_real_decodes(llama_pair):

@@ -42,7 +42,9 @@ def decode(
         if config.verification.compiled:  # captured by default on CUDA (decoding/capture.py)
             from dspark_bench.decoding.capture import mode_of  # torch: loaded when the command runs
 
-            out_console.print(f"passes: {mode_of(config, pair.device)} (--eager: eager passes)", highlight=False)
+            mode = mode_of(config, pair.device)
+            out_console.print(f"passes: {mode}" + (" (--eager: eager passes)" if mode == "cuda-graphs" else ""),
+                              highlight=False)
         show_rounds(text, pair.tokenizer, result, config)
 
 

@@ -130,9 +130,22 @@ def static_cache(model: torch.nn.Module, capacity: int, role: str = "target") ->
     return cache
 
 
+_BLOCKERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> static_blocker's answer
+
+
 def static_blocker(model: torch.nn.Module) -> str | None:
-    """Why this model's cache cannot be a static one rolled back by length (None: it can)."""
-    layers = StaticCache(config=model.config, max_cache_len=1).layers  # layers allocate at first use
+    """Why this model's cache cannot be a static one rolled back by length (None: it can); asked
+    once per model (a sweep asks for every policy)."""
+    if model not in _BLOCKERS:
+        _BLOCKERS[model] = _static_blocker(model)
+    return _BLOCKERS[model]
+
+
+def _static_blocker(model: torch.nn.Module) -> str | None:
+    try:
+        layers = StaticCache(config=model.config, max_cache_len=1).layers  # layers allocate at first use
+    except Exception as error:  # a model transformers cannot give a static cache (remote code, no attention)
+        return f"a model without a static cache ({type(error).__name__}: {error})"
     if any(getattr(layer, "is_sliding", False) for layer in layers):
         return "sliding-window attention layers"
     if any(not hasattr(layer, "cumulative_length") for layer in layers):

@@ -20,6 +20,7 @@ import torch
 
 from dspark_bench.config import DecodeConfig
 from dspark_bench.decoding.cached_lm import static_blocker
+from dspark_bench.errors import DsparkError
 
 GRAPHS, EAGER, COMPILED = "cuda-graphs", "eager", "compiled"  # COMPILED: --compile without graphs (a CPU)
 
@@ -45,15 +46,18 @@ def default_on(device: torch.device, eager: bool) -> bool:
 def captured(configs: list[DecodeConfig], device: torch.device, eager: bool, models=()) -> list[DecodeConfig]:
     """`configs` with the capture path turned on where it is the default and the policy allows it
     (the others as they were: an explicit --compile stays)."""
+    if eager and any(c.verification.compiled for c in configs):
+        raise DsparkError("--eager and --compile ask for opposite passes: drop one")
     if not default_on(device, eager):
         return list(configs)
     return [c if c.verification.compiled or blocker(c, models) else c.replace(compiled=True) for c in configs]
 
 
 def priced_captured(configs: list[DecodeConfig], device: torch.device, eager: bool, models=()) -> bool:
-    """Whether batch 1's passes are priced compiled: as these policies decode them here."""
-    ran = captured(configs, device, eager, models)
-    return any(c.verification.compiled for c in ran if c.batching.batch_size == 1)
+    """Whether batch 1's passes are priced compiled: when every batch-1 policy decodes them so here
+    (a space mixing in the heads or lookup drafter, which run eagerly, is priced eagerly)."""
+    ran = [c for c in captured(configs, device, eager, models) if c.batching.batch_size == 1]
+    return bool(ran) and all(c.verification.compiled for c in ran)
 
 
 def pass_mode(compiled: bool, device: torch.device) -> str:
@@ -79,10 +83,19 @@ def describe(configs: list[DecodeConfig], device: torch.device, eager: bool, mod
         if why:
             because[why] = because.get(why, 0) + 1
     return {"default": GRAPHS if device.type == "cuda" else EAGER, "eager_flag": eager,
-            "mode": next(iter(modes)) if len(modes) == 1 else "mixed", "policies": modes,
+            "mode": next(iter(modes)) if len(modes) == 1 else ("mixed" if modes else "none"), "policies": modes,
             **({"eager_because": because} if because else {})}
 
 
 def as_run(configs: list[DecodeConfig], device: torch.device, eager: bool, models=(), ours: bool = True) -> dict:
     """run.json's `capture`: how a run decodes these configs (our decoder captures; HF's does not)."""
     return describe(captured(configs, device, eager, models) if ours else list(configs), device, eager, models)
+
+
+def labelled_as_asked(frame, asked: list[DecodeConfig]):
+    """A run's rows (config_id indexing `asked`) under the labels their callers gave them: a
+    captured policy runs as `label · compiled`, but the sweep, its confirmations and reports find
+    its rows by the label it was asked for (its `compiled` column says how it ran)."""
+    if frame is not None and "config_label" in frame:
+        frame["config_label"] = [asked[int(i)].label() for i in frame["config_id"]]
+    return frame

@@ -38,7 +38,7 @@ class Timing:
     def mark(self):
         if self.device.type == "cuda":
             event = torch.cuda.Event(enable_timing=True)
-            event.record()
+            event.record(torch.cuda.current_stream(self.device))  # the models' device, not the current one
             return event
         return time.perf_counter()
 

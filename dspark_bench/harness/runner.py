@@ -42,6 +42,9 @@ from dspark_bench.metrics import position_acceptance, rates, round_totals, speed
 from dspark_bench.prompts import Prompt, encode, prompts_fingerprint
 from dspark_bench.results import check_writable, write_run
 
+# Long: the one place that times decoding — warm-ups (compiled and captured ones included), batch 1
+# and batched, interleaved sides — and writes the run folder; split, the timing rules would part.
+
 
 def speculative_decoder(settings: RunnerSettings):
     """The speculative decoder a run times against the baseline: ours, or HF assisted generation."""
@@ -140,8 +143,11 @@ def warm_compiled_steps(pair: ModelPair, prompts: list[Prompt], configs: list[De
     sees, and again on a new static cache: every length a compiled policy feeds, on caches as
     long as the run's longest decode, then one whole decode — before any clock runs."""
 
-    longest_prompt = max(len(encode(pair.tokenizer, p.text, settings.chat_template)) for p in prompts)
-    capacity = longest_prompt + max(c.verification.max_new_tokens + c.stopping.gamma_max + 1 for c in configs)
+    answer = max(c.verification.max_new_tokens + c.stopping.gamma_max + 1 for c in configs)
+    # The longest cache a decode fills: a prompt and its answer; under --turns all, each turn holds
+    # the earlier turns and their answers too (64 tokens a turn for the chat template's markers).
+    capacity = max(sum(len(encode(pair.tokenizer, text, settings.chat_template)) + answer + 64
+                       for text in conversation(p, settings)) for p in prompts)
     shapes = decode_shapes(max(c.stopping.gamma_max for c in configs))
     warm_compiled(pair.target, shapes["target"], capacity)
     warm_compiled(pair.draft, shapes["draft"], capacity, role="draft")
@@ -292,21 +298,25 @@ def run(
     progress: Callable[[], None] | None = None,
     assignment: list[list[int]] | None = None,
 ) -> RunOutput:
-    """Every (prompt, config), measured; `progress` is called after each sample. On CUDA our decoder
-    runs each config its passes can be captured for from CUDA graphs, unless settings.eager
-    (decoding/capture.py): the samples' columns say how each ran; config_id indexes `configs`."""
-    if settings.decoder == "ours":
-        configs = capture.captured(configs, pair.device, settings.eager, (pair.target, pair.draft))
+    """Every (prompt, config), measured (`as_run`: captured on CUDA; the `compiled` column says how
+    each ran); `progress` is called after each sample."""
     sample_rows, trace_rows = [], []
-    for row, rounds in iter_samples(pair, prompts, configs, settings, assignment):
+    for row, rounds in iter_samples(pair, prompts, as_run(pair, configs, settings), settings, assignment):
         sample_rows.append(row)
         trace_rows += rounds
         if progress:
             progress()
-    samples = pd.DataFrame(sample_rows)
+    samples = capture.labelled_as_asked(pd.DataFrame(sample_rows), configs)
     if "identical_to_baseline" in samples:
         samples["identical_to_baseline"] = samples["identical_to_baseline"].astype("boolean")
-    return RunOutput(samples, pd.DataFrame(trace_rows) if settings.trace else None)
+    return RunOutput(samples, capture.labelled_as_asked(pd.DataFrame(trace_rows), configs) if settings.trace else None)
+
+
+def as_run(pair: ModelPair, configs: list[DecodeConfig], settings: RunnerSettings) -> list[DecodeConfig]:
+    """The configs as `run` decodes them: captured on CUDA where they can be, unless --eager."""
+    if settings.decoder != "ours":
+        return list(configs)
+    return capture.captured(configs, pair.device, settings.eager, (pair.target, pair.draft))
 
 
 def another_pass(pair: ModelPair, prompts: list[Prompt], configs: list[DecodeConfig], settings: RunnerSettings,
@@ -363,7 +373,7 @@ def run_to_folder(
     (target, seconds) sharpens the headline pair's interval, pass after pass. run.json's `capture`
     says how each policy's passes ran (`run` captures them on CUDA unless --eager)."""
     check_writable(out)
-    estimate = say_plan(pair, prompts, configs, settings, assignment, say) if say else None
+    estimate = say_plan(pair, prompts, as_run(pair, configs, settings), settings, assignment, say) if say else None
     if say and precision[0] > 0:
         say(precision_plan(*precision))
     probe, started = LoadProbe(), time.perf_counter()
@@ -383,8 +393,8 @@ def run_to_folder(
         "assignment": assignment,
         "settings": dataclasses.asdict(settings),
         "models": pair.describe(),
-        "capture": capture.as_run(configs, pair.device, settings.eager, (pair.target, pair.draft),
-                                  ours=settings.decoder == "ours"),
+        "capture": capture.describe(as_run(pair, configs, settings), pair.device, settings.eager,
+                                    (pair.target, pair.draft)),
         "prompts": {"count": len(prompts), "fingerprint": prompts_fingerprint(prompts), **(source or {})},
     }
     timing_health = health([*probe.checks(), baseline_drift(samples), identical_rounds(samples),

@@ -166,13 +166,13 @@ def _between(at: np.ndarray, depths: np.ndarray):
 
 
 @torch.inference_mode()
-def measure_depths(pair, sequence: list[int], gamma: int, depths, repeats: int = 9) -> dict:
+def measure_depths(pair, sequence: list[int], gamma: int, depths, repeats: int = 9, compiled: bool = False) -> dict:
     """`CostModel.by_depth`: the draft step and verify(k) timed with the caches holding the first d
     tokens of `sequence`, and the two models' prefill of those d tokens (seconds per token), for
-    each depth d in `depths` that it is long enough for."""
+    each depth d in `depths` that it is long enough for (`compiled`: as measure_cost's)."""
     timed = {}
     for depth in sorted(d for d in set(depths) if gamma + 1 < d <= len(sequence)):
-        model = measure_cost(pair, sequence[:depth], gamma, repeats=repeats)
+        model = measure_cost(pair, sequence[:depth], gamma, repeats=repeats, compiled=compiled)
         timed[depth] = {"t_draft": model.t_draft, "t_verify": model.t_verify,
                         **measure_prefill(pair, sequence[:depth])}
     return timed

@@ -22,10 +22,13 @@ from dspark_bench.decoding.autoregressive import autoregressive_decode
 from dspark_bench.decoding.speculative import speculative_decode
 from dspark_bench.replay.cost import CostModel
 
+MIN_PASSES = 3  # a pass length fed fewer times is priced from the isolated price, scaled
+
 
 def cost_from(spec: pass_clock.Timing, plain: pass_clock.Timing, isolated: CostModel) -> tuple[CostModel, dict]:
     """The in-decode cost model, and per price what it was and how many passes measured it."""
-    medians = spec.medians()
+    every = spec.medians()
+    medians = {key: value for key, value in every.items() if value[1] >= MIN_PASSES}
     seen = {k: medians[("target", k + 1)] for k in range(len(isolated.t_verify)) if ("target", k + 1) in medians}
     ratios = [seconds / isolated.t_verify[k] for k, (seconds, _) in seen.items() if isolated.t_verify[k] > 0]
     scale = float(np.median(ratios)) if ratios else 1.0
@@ -40,15 +43,15 @@ def cost_from(spec: pass_clock.Timing, plain: pass_clock.Timing, isolated: CostM
               "draft_pass": draft_pass, "per_step_overhead": per_step, "median_round_overhead": spec.overhead(),
               "verify_scaled_by": scale, "rounds": len(spec.rounds), "plain_steps": len(plain_steps),
               "plain_pass": plain.medians().get(("target", 1), (0.0, 0))[0],
-              "catch_up_draft": medians.get(("draft", 2), (None, 0))[0]}
+              "catch_up_draft": every.get(("draft", 2), (None, 0))[0]}
     return model, detail
 
 
 @torch.inference_mode()
 def measure_in_decode(pair, prompt_ids: list[list[int]], configs: list[DecodeConfig], isolated: CostModel,
                       eos_ids: frozenset[int] = frozenset(), repeats: int = 2) -> tuple[CostModel, dict]:
-    """Decode every prompt plainly and under every config, untimed once (compiled passes meet
-    their shapes before the clock runs), then `repeats` times with every pass timed, plain and
+    """Decode every prompt plainly and under every config, untimed (compiled: three times, so that
+    every shape's graph is recorded before the clock runs), then `repeats` times with every pass timed, plain and
     speculative interleaved prompt by prompt in a rotating order, so that both share the machine's
     drift (prices from two separate stretches of time disagree by its drift): the cost model of
     those decodes (`cost_from`)."""
@@ -58,9 +61,11 @@ def measure_in_decode(pair, prompt_ids: list[list[int]], configs: list[DecodeCon
         return speculative_decode(pair.target, pair.draft, ids, side, eos_ids)
 
     sides = [None, *configs]
-    for ids in prompt_ids:
-        for side in sides:
-            decode(side, ids)
+    warm = 3 if any(c.verification.compiled for c in configs) else 1  # a CUDA graph is recorded at a shape's 3rd call
+    for _ in range(warm):
+        for ids in prompt_ids:
+            for side in sides:
+                decode(side, ids)
     plain, spec = pass_clock.Timing(pair.device), pass_clock.Timing(pair.device)
     turn = 0
     for _ in range(repeats):

@@ -266,17 +266,19 @@ def time_prices(folder: Path, pair, ids: list[list[int]], records: dict, configs
     if depths:
         if progress:
             progress(f"timing the cost model at depths {', '.join(map(str, depths))}", 0, 1)
-        surface.models[1].by_depth = measure_depths(pair, timing_sequence(rec, ids, depths[-1]), gamma, depths)
+        surface.models[1].by_depth = measure_depths(pair, timing_sequence(rec, ids, depths[-1]), gamma, depths,
+                                                    compiled=compiled)
     timing = time.perf_counter() - timing
+    ours = cost_file.ours(surface, pair, capture=capture.pass_mode(compiled, pair.device))
     if engine is None:
         prices = Prices(surface, surface.at(1), checks, timing, batch_sizes != [1])
-        cost_file.ours(surface, pair, capture=capture.pass_mode(compiled, pair.device)).save(folder / PRICES_FILE)
+        ours.save(folder / PRICES_FILE)
     else:
         check_covers(engine, batch_sizes, gamma)
         prices = Prices(engine.surface, engine.surface.at(min(engine.surface.models)), checks, timing,
                         batch_sizes != [1], surface, engine)
         engine.save(folder / PRICES_FILE)
-        cost_file.ours(surface, pair).save(folder / OURS_FILE)  # what predicted_speedup_ours priced with
+        ours.save(folder / OURS_FILE)  # what predicted_speedup_ours priced with
     write_json(folder / "cost_model.json", prices.cost.to_dict())
     if prices.batched:
         write_json(folder / "cost_surface.json", prices.surface.to_dict())
