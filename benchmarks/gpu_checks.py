@@ -46,22 +46,12 @@ def greedy_identity(pair, ids: list[list[int]], max_new_tokens: int, batch_size:
     (early-stop and verify-side) and, for the schedules that decide per row, batched."""
     from dspark_bench.decoding.autoregressive import autoregressive_decode
     from dspark_bench.decoding.batched import batched_speculative
-    from dspark_bench.decoding.speculative import speculative_decode
 
     eos = pair.eos_ids
     policies = list(greedy_policies(max_new_tokens))
     expected = [autoregressive_decode(pair.target, p, policies[0], eos).tokens for p in ids]
-    checked, differ, accepted, rejected = 0, [], 0, 0
+    checked, differ, accepted, rejected = at_batch_one(pair, ids, policies, expected)
     for config in policies:
-        for mode in ("early-stop", "verify-side"):
-            policy = config.replace(draft_mode=mode)
-            for p, prompt in enumerate(ids):
-                result = speculative_decode(pair.target, pair.draft, prompt, policy, eos)
-                checked += 1
-                accepted += sum(r.accepted for r in result.rounds)
-                rejected += sum(r.accepted < r.drafted for r in result.rounds)
-                if result.tokens != expected[p]:
-                    differ.append(f"{policy.label()} · prompt {p}")
         if config.stopping.schedule != "budget":  # budget decides for the whole batch: its own test
             for p, request in enumerate(batched_speculative(pair.target, pair.draft, ids, config, batch_size, eos)):
                 checked += 1
@@ -74,26 +64,34 @@ def greedy_identity(pair, ids: list[list[int]], max_new_tokens: int, batch_size:
             "captured": captured_identity(pair, ids, policies, expected)}
 
 
-def captured_identity(pair, ids: list[list[int]], policies, eager_expected: list[list[int]]) -> dict:
-    """The captured path (what CUDA decodes by default: compiled passes, a CUDA graph per length)
-    against its own baseline, token for token, every policy at batch 1 in both draft modes; and
-    whether that baseline is the eager one's (compiled kernels may round otherwise after a near-tie)."""
-    from dspark_bench.decoding.autoregressive import autoregressive_decode
+def at_batch_one(pair, ids: list[list[int]], policies, expected: list[list[int]], **changes):
+    """Every policy (with `changes`) at batch 1 in both draft modes against `expected`: (decodes,
+    those that differ, tokens accepted, rounds holding a rejection)."""
     from dspark_bench.decoding.speculative import speculative_decode
 
-    eos = pair.eos_ids
-    expected = [autoregressive_decode(pair.target, p, policies[0].replace(compiled=True), eos).tokens for p in ids]
     checked, differ, accepted, rejected = 0, [], 0, 0
     for config in policies:
         for mode in ("early-stop", "verify-side"):
-            policy = config.replace(draft_mode=mode, compiled=True)
+            policy = config.replace(draft_mode=mode, **changes)
             for p, prompt in enumerate(ids):
-                result = speculative_decode(pair.target, pair.draft, prompt, policy, eos)
+                result = speculative_decode(pair.target, pair.draft, prompt, policy, pair.eos_ids)
                 checked += 1
                 accepted += sum(r.accepted for r in result.rounds)
                 rejected += sum(r.accepted < r.drafted for r in result.rounds)
                 if result.tokens != expected[p]:
                     differ.append(f"{policy.label()} · prompt {p}")
+    return checked, differ, accepted, rejected
+
+
+def captured_identity(pair, ids: list[list[int]], policies, eager_expected: list[list[int]]) -> dict:
+    """The captured path (what CUDA decodes by default: compiled passes, a CUDA graph per length)
+    against its own baseline, token for token, every policy at batch 1 in both draft modes; and
+    whether that baseline is the eager one's (compiled kernels may round otherwise after a near-tie)."""
+    from dspark_bench.decoding.autoregressive import autoregressive_decode
+
+    captured = policies[0].replace(compiled=True)
+    expected = [autoregressive_decode(pair.target, p, captured, pair.eos_ids).tokens for p in ids]
+    checked, differ, accepted, rejected = at_batch_one(pair, ids, policies, expected, compiled=True)
     return {"decodes": checked, "identical": not differ and accepted > 0 and rejected > 0, "differ": differ[:20],
             "baseline_equals_eager": expected == eager_expected}
 
