@@ -180,11 +180,15 @@ def test_comparable_names_every_difference(baseline):
     new["prompts"]["fingerprint"] = "y"
     new["configs"][0].update(max_new_tokens=99, temperature=0.7, threshold=0.3)
     new["settings"]["turns"] = "all"
+    new["capture"]["mode"] = "cuda-graphs"
     reasons = " | ".join(lib.comparable(old, new))
     for what in ("draft fingerprint", "dtype", "device type", "prompts fingerprint", "max_new_tokens",
-                 "temperature", "config 0 differs (threshold 0.2 → 0.3)", "setting turns"):
+                 "temperature", "config 0 differs (threshold 0.2 → 0.3)", "setting turns",
+                 "capture mode differs (baseline 'eager', current 'cuda-graphs')"):
         assert what in reasons, what
     assert "target fingerprint" not in reasons
+    del old["capture"]  # a run.json from before it said how its passes ran: they ran eagerly
+    assert lib.comparable(old, json.loads((baseline / "run.json").read_text())) == []
 
 
 def _with_speedup(record: lib.RunRecord, factor: float, timing: str | None = None) -> lib.RunRecord:

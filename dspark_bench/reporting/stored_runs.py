@@ -197,6 +197,9 @@ def comparable(baseline_run: dict, current_run: dict, batch_sizes: list[int] | N
     differs("dtype", old_models["dtype"], new_models["dtype"])
     differs("device type", _device_type(old_models), _device_type(new_models))
     differs("prompts fingerprint", baseline_run["prompts"]["fingerprint"], current_run["prompts"]["fingerprint"])
+    # Captured passes (CUDA's default) and eager ones time different loops; a run made before
+    # run.json said how its passes ran ran them eagerly.
+    differs("capture mode", _capture_mode(baseline_run), _capture_mode(current_run))
     old_configs, new_configs = ([with_defaults(c) for c in run["configs"]] for run in (baseline_run, current_run))
     # Named on their own: the generation settings most likely to be changed by hand.
     for key in ("max_new_tokens", "temperature"):
@@ -212,6 +215,10 @@ def comparable(baseline_run: dict, current_run: dict, batch_sizes: list[int] | N
         differs(f"setting {key}", baseline_run["settings"].get(key, defaults[key]),
                 current_run["settings"].get(key, defaults[key]))
     return reasons
+
+
+def _capture_mode(run: dict) -> str:
+    return (run.get("capture") or {}).get("mode", "eager")
 
 
 # ---------------------------------------------------------------------------------------------
