@@ -87,11 +87,6 @@ def describe(configs: list[DecodeConfig], device: torch.device, eager: bool, mod
             **({"eager_because": because} if because else {})}
 
 
-def as_run(configs: list[DecodeConfig], device: torch.device, eager: bool, models=(), ours: bool = True) -> dict:
-    """run.json's `capture`: how a run decodes these configs (our decoder captures; HF's does not)."""
-    return describe(captured(configs, device, eager, models) if ours else list(configs), device, eager, models)
-
-
 def labelled_as_asked(frame, asked: list[DecodeConfig]):
     """A run's rows (config_id indexing `asked`) under the labels their callers gave them: a
     captured policy runs as `label · compiled`, but the sweep, its confirmations and reports find

@@ -57,8 +57,10 @@ from dspark_bench.tuning.replay_sweep import needs_draft_model, record_plan, rep
 
 def run_info(spec: SweepSpec, prepared: LoadedSweep, extra: dict) -> dict:
     pair = prepared.pair
+    models = (pair.target, pair.draft)
     return {"spec": spec.to_dict(), "base_config": prepared.base.to_dict(), "models": pair.describe(),
-            "capture": capture.as_run(prepared.points, pair.device, spec.eager, (pair.target, pair.draft)),
+            "capture": capture.describe(capture.captured(prepared.points, pair.device, spec.eager, models),
+                                        pair.device, spec.eager, models),
             "prompts": {"count": len(prepared.prompts), "fingerprint": prompts_fingerprint(prepared.prompts),
                         **prepared.source}, **extra}
 
