@@ -45,23 +45,17 @@ def greedy_identity(pair, ids: list[list[int]], max_new_tokens: int, batch_size:
     """Speculative greedy output against the target's own, token for token: every policy at batch 1
     (early-stop and verify-side) and, for the schedules that decide per row, batched."""
     from dspark_bench.decoding.autoregressive import autoregressive_decode
-    from dspark_bench.decoding.batched import batched_speculative
 
-    eos = pair.eos_ids
     policies = list(greedy_policies(max_new_tokens))
-    expected = [autoregressive_decode(pair.target, p, policies[0], eos).tokens for p in ids]
+    expected = [autoregressive_decode(pair.target, p, policies[0], pair.eos_ids).tokens for p in ids]
     checked, differ, accepted, rejected = at_batch_one(pair, ids, policies, expected)
-    for config in policies:
-        if config.stopping.schedule != "budget":  # budget decides for the whole batch: its own test
-            for p, request in enumerate(batched_speculative(pair.target, pair.draft, ids, config, batch_size, eos)):
-                checked += 1
-                if request.result.tokens != expected[p]:
-                    differ.append(f"{config.label()} · B={batch_size} · prompt {p}")
+    batched = batched_identity(pair, ids, policies, expected, batch_size)
+    checked, differ = checked + batched["decodes"], differ + batched["differ"]
     # Both paths must be exercised, or equality would prove little.
     return {"decodes": checked, "policies": len(policies), "prompts": len(ids), "batch_size": batch_size,
             "identical": not differ and accepted > 0 and rejected > 0, "differ": differ[:20],
             "accepted_tokens": accepted, "rejected_rounds": rejected,
-            "captured": captured_identity(pair, ids, policies, expected)}
+            "captured": captured_identity(pair, ids, policies, expected, batch_size)}
 
 
 def at_batch_one(pair, ids: list[list[int]], policies, expected: list[list[int]], **changes):
@@ -83,17 +77,37 @@ def at_batch_one(pair, ids: list[list[int]], policies, expected: list[list[int]]
     return checked, differ, accepted, rejected
 
 
-def captured_identity(pair, ids: list[list[int]], policies, eager_expected: list[list[int]]) -> dict:
+def captured_identity(pair, ids: list[list[int]], policies, eager_expected: list[list[int]], batch_size: int) -> dict:
     """The captured path (what CUDA decodes by default: compiled passes, a CUDA graph per length)
-    against its own baseline, token for token, every policy at batch 1 in both draft modes; and
-    whether that baseline is the eager one's (compiled kernels may round otherwise after a near-tie)."""
+    against its own baseline, token for token, every policy at batch 1 in both draft modes and
+    batched; and whether that baseline is the eager one's (compiled kernels may round otherwise
+    after a near-tie)."""
     from dspark_bench.decoding.autoregressive import autoregressive_decode
 
     captured = policies[0].replace(compiled=True)
     expected = [autoregressive_decode(pair.target, p, captured, pair.eos_ids).tokens for p in ids]
     checked, differ, accepted, rejected = at_batch_one(pair, ids, policies, expected, compiled=True)
-    return {"decodes": checked, "identical": not differ and accepted > 0 and rejected > 0, "differ": differ[:20],
-            "baseline_equals_eager": expected == eager_expected}
+    batched = batched_identity(pair, ids, [c.replace(compiled=True) for c in policies], expected, batch_size)
+    return {"decodes": checked + batched["decodes"], "identical": not differ and accepted > 0 and rejected > 0
+            and not batched["differ"], "differ": (differ + batched["differ"])[:20],
+            "batched_decodes": batched["decodes"], "baseline_equals_eager": expected == eager_expected}
+
+
+def batched_identity(pair, ids: list[list[int]], policies, expected: list[list[int]], batch_size: int) -> dict:
+    """The batched decoder (captured where `policies` are compiled: static_batch_lm.py) against
+    `expected`, for the schedules that decide per row (budget decides for the whole batch)."""
+    from dspark_bench.decoding.batched import batched_speculative
+
+    checked, differ = 0, []
+    for config in policies:
+        if config.stopping.schedule == "budget":
+            continue
+        decoded = batched_speculative(pair.target, pair.draft, ids, config, batch_size, pair.eos_ids)
+        for p, request in enumerate(decoded):
+            checked += 1
+            if request.result.tokens != expected[p]:
+                differ.append(f"{config.label()} · B={batch_size} · prompt {p}")
+    return {"decodes": checked, "differ": differ}
 
 
 def bf16_divergence(prompts, device: str, say, max_new_tokens: int) -> dict:

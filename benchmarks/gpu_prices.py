@@ -129,40 +129,6 @@ def plain_step(model: torch.nn.Module, context: list[int], compiled: bool, repea
 
 
 @torch.inference_mode()
-def captured_batch(model: torch.nn.Module, context: list[int], rows: int, gamma: int, repeats: int) -> dict:
-    """t_verify(k) for k = 0..gamma (a pass of k + 1 tokens) with `rows` rows, each holding
-    `context`, from captured passes: a static cache of `rows` rows and the compiled forward, each
-    shape warmed three times (CUDA graph recorded on the third), then `repeats` timed, interleaved
-    across k. What an engine capturing one graph per (B, k) bucket pays for a batched step; our
-    batched decoder does not run it (its padded cache is not static)."""
-    from transformers import StaticCache
-
-    from dspark_bench.decoding.cached_lm import _forward_kwargs, compiled_forward, move_back
-    from dspark_bench.decoding.host import synchronize
-
-    device = next(model.parameters()).device
-    cache = StaticCache(config=model.config, max_cache_len=len(context) + gamma + 8)
-    name, can_keep = _forward_kwargs(model)
-    ids = torch.tensor([context[:-1]] * rows, device=device)
-    model(input_ids=ids, **{name: cache, "use_cache": True})  # lays the cache out, eagerly
-    forward = compiled_forward(model)
-    filler = (context[-gamma - 1:] * (gamma + 1))[: gamma + 1]
-    samples = {k: [] for k in range(gamma + 1)}
-    for i in range(repeats + 3):  # the first three calls of each shape compile and record
-        for k in range(gamma + 1):
-            feed = torch.tensor([filler[: k + 1]] * rows, device=device)
-            kwargs = {name: cache, "use_cache": True, **({"logits_to_keep": k + 1} if can_keep else {})}
-            synchronize(device)
-            start = time.perf_counter()
-            forward(input_ids=feed, **kwargs).logits.clone()
-            synchronize(device)
-            if i >= 3:
-                samples[k].append(time.perf_counter() - start)
-            move_back(cache, k + 1)
-    return {"rows": rows, "t_verify": [statistics.median(samples[k]) for k in range(gamma + 1)], "repeats": repeats}
-
-
-@torch.inference_mode()
 def profile_step(model: torch.nn.Module, context: list[int], compiled: bool, steps: int, out: Path) -> dict:
     """Where a plain step's time goes (issue 53's "profile the compiled step"): torch.profiler over
     `steps` steps after the warm-ups, its table (by device time on CUDA, else by CPU time) written to

@@ -51,7 +51,8 @@ def correctness(r: dict) -> str:
              f"({g['accepted_tokens']} tokens accepted, {g['rejected_rounds']} rounds with a rejection)"
              + (f"; differ: {'; '.join(g['differ'])}" if g["differ"] else ""),
              f"- greedy, fp32, captured (compiled passes, a CUDA graph per length on CUDA; batch 1, both draft "
-             f"modes): {g['captured']['decodes']} decodes "
+             f"modes, and batched at B = {g['batch_size']}, {g['captured'].get('batched_decodes', 0)} of them): "
+             f"{g['captured']['decodes']} decodes "
              f"**{'identical' if g['captured']['identical'] else 'DIFFERENT'}** to the captured baseline, which is "
              f"{'' if g['captured']['baseline_equals_eager'] else 'NOT '}the eager one's"
              + (f"; differ: {'; '.join(g['captured']['differ'])}" if g["captured"]["differ"] else ""),

@@ -297,17 +297,19 @@ def compiled(ctx: Context) -> dict:
 
 
 def batches(ctx: Context) -> dict:
-    """verify(k) and the draft step captured at each --batch-size (and 1): what an engine that
-    captures one CUDA graph per (B, k) pays, beside our eager batched surface (the prices stage's)."""
+    """verify(k) and the draft step at B = 1 and each --batch-size from the captured passes our
+    batched decoder runs by default on CUDA (static batched caches, one CUDA graph per (B, k):
+    decoding/static_batch_lm.py), beside the eager surface (the prices stage's)."""
+    from dspark_bench.replay.cost import measure_surface
+
     pair, context, args = ctx.priced, ctx.priced_context, ctx.args
-    repeats = 3 if args.smoke else 10
+    surface = measure_surface(pair, context, args.gamma, args.batch_size, repeats=3 if args.smoke else 10,
+                              drafters=(), compiled=True)
     rows = {}
-    for b in [1, *args.batch_size]:
-        target = gpu_prices.captured_batch(pair.target, context, b, args.gamma, repeats)
-        draft = gpu_prices.captured_batch(pair.draft, context, b, 0, repeats)
-        rows[str(b)] = {"t_draft": draft["t_verify"][0], "t_verify": target["t_verify"]}
-        ctx.say(f"captured B = {b}: t_draft {draft['t_verify'][0] * 1e3:.2f} ms, t_verify(k) ms: "
-                + ", ".join(f"{t * 1e3:.2f}" for t in target["t_verify"]))
+    for b, model in sorted(surface.models.items()):
+        rows[str(b)] = {"t_draft": model.t_draft, "t_verify": list(model.t_verify)}
+        ctx.say(f"captured B = {b}: t_draft {model.t_draft * 1e3:.2f} ms, t_verify(k) ms: "
+                + ", ".join(f"{t * 1e3:.2f}" for t in model.t_verify))
     eager = (ctx.state.get("prices") or {}).get("surface", {}).get("batch_sizes", {})
     return {"size": args.size, "context_tokens": len(context), "captured": rows,
             "eager": {b: eager[b] for b in rows if b in eager}}

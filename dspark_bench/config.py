@@ -183,7 +183,8 @@ class Verification:
                            "sync per draft step) | verify-side (draft gamma_max, cut on the device; one sync per "
                            "round). Batch size 1.", choices=DRAFT_MODES, policy=False, repeats=True, noun="draft mode")
     compiled: bool = knob(False, "Static KV cache and torch.compile'd draft/verify steps (CUDA graphs on a GPU), both "
-                          "sides. Batch size 1; pays on a GPU, not on a CPU (see README).", policy=False,
+                          "sides; batched on a static cache of B slots. Pays on a GPU, not on a CPU (see README).",
+                          policy=False,
                           flag="--compile")
     temperature: float = knob(0.0, "0 = greedy verification; > 0 = lossless rejection sampling.", at_least=0.0,
                               policy=False)
@@ -342,8 +343,6 @@ def check_combination(config: DecodeConfig) -> None:
     if config.verification.draft_mode == "verify-side" and batched:
         raise DsparkError("the verify-side draft mode runs at batch size 1 only (batched decoding drafts early-stop)")
     check_drafter(config)
-    if config.verification.compiled and batched:
-        raise DsparkError("compiled decoding runs at batch size 1 only (the batched cache is not static)")
 
 
 # The policy every field defaults to: the one place the defaults are written (flags, run configs

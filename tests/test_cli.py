@@ -76,7 +76,7 @@ def test_decode_shows_rounds(saved_pair):
          "calibration file '/nonexistent/calibration.yaml' does not exist"),
         (["--batch-size", "2", "--turns", "all"], "use --batch-size 1 with it"),
         (["--draft-mode", "sideways"], "unknown draft mode 'sideways'"),
-        (["--draft-mode", "verify-side", "--batch-size", "2"], "run at batch size 1 only"),
+        (["--draft-mode", "verify-side", "--batch-size", "2"], "verify-side runs at batch size 1 only"),
         (["--schedule", "depth"], "the depth schedule needs --depth-policy: threshold/gamma_max per depth bucket"),
         (["--schedule", "depth", "--depth-policy", "0.5/4;0.3/6"],
          "depth_policy entry '0.5/4;0.3/6' is not threshold/gamma_max (e.g. '0.5/4,0.3/6,0.2/8')"),

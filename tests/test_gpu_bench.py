@@ -39,8 +39,11 @@ def test_every_stage_is_done_and_its_checks_hold(dry_run):
     assert [s for s in STAGES if not stages[s]["done"]] == []
     greedy, sampling = stages["correctness"]["greedy"], stages["correctness"]["sampling"]
     assert greedy["identical"] and greedy["differ"] == [] and greedy["accepted_tokens"] > 0
-    # the captured path (compiled; dynamo's eager backend on this dry run): every policy, both modes
-    assert greedy["captured"]["identical"] and greedy["captured"]["decodes"] == 2 * 2 * greedy["policies"]
+    # the captured path (compiled; dynamo's eager backend on this dry run): every policy, both modes,
+    # and batched (2 prompts) every policy whose schedule decides per row (budget, one per metric, does not)
+    captured = greedy["captured"]
+    assert captured["identical"] and captured["batched_decodes"] == 2 * (greedy["policies"] - len(METRICS))
+    assert captured["decodes"] == 2 * 2 * greedy["policies"] + captured["batched_decodes"]
     assert greedy["captured"]["baseline_equals_eager"]
     assert greedy["policies"] == len(METRICS) * len(SCHEDULES) == 35  # every metric × schedule (depth's included)
     assert sampling["p_value"] > 0.001 and sampling["broken_rule_p_value"] < 1e-4

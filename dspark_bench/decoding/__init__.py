@@ -3,7 +3,8 @@
 The shared types of a decode (`types`: Round, DecodeResult, Block), our speculative
 decoder at batch size 1 (`speculative`) and batched with continuous batching (`batched`), the plain
 autoregressive and HF-assisted decoders it is measured against (`autoregressive`), the drafters
-(`drafters`: the draft model, `heads`, `lookup`), the KV caches (`cached_lm`, `batch_lm`),
+(`drafters`: the draft model, `heads`, `lookup`), the KV caches (`cached_lm`, `batch_lm`; the
+batched one static, for captured passes: `static_batch_lm`),
 which passes run from captured CUDA graphs (`capture`),
 sampling (`sampling`), confidence metrics (`confidence`; the learned signal, `learned_signal`), stopping
 rules and engine rules (`schedule`), the budget schedule deciding for a whole batch (`budget`), the goodput rule and

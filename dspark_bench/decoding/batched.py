@@ -35,6 +35,7 @@ from dspark_bench.decoding.proposal import Proposal
 from dspark_bench.decoding.sampling import distribution, draw, make_generator, pick
 from dspark_bench.decoding.schedule import at_depth, forced
 from dspark_bench.decoding.speculative import close_round, verify
+from dspark_bench.decoding.static_batch_lm import StaticBatchLM, batch_lm
 from dspark_bench.decoding.types import Block, DecodeResult
 
 
@@ -168,7 +169,8 @@ def interleave(*decoders: Iterator[None], beside: Callable[[], None] | None = No
 class SpeculativeStep:
     """One speculative round for every row of the batch."""
 
-    def __init__(self, target: BatchLM, draft: BatchLM, config: DecodeConfig, eos_ids: frozenset[int]):
+    def __init__(self, target: BatchLM | StaticBatchLM, draft: BatchLM | StaticBatchLM, config: DecodeConfig,
+                 eos_ids: frozenset[int]):
         self.target, self.draft, self.config, self.eos_ids = target, draft, config, eos_ids
         self.budget = budget.rule_for(config) if schedules.of(config).whole_batch else None
 
@@ -262,7 +264,7 @@ class SpeculativeStep:
 class AutoregressiveStep:
     """One plain decoding step for every row: the batched baseline."""
 
-    def __init__(self, target: BatchLM, config: DecodeConfig, eos_ids: frozenset[int]):
+    def __init__(self, target: BatchLM | StaticBatchLM, config: DecodeConfig, eos_ids: frozenset[int]):
         self.target, self.config, self.eos_ids = target, config, eos_ids
 
     def __call__(self, requests: list[Request]) -> None:
@@ -282,7 +284,8 @@ def speculative_serving(target, draft, prompts: list[list[int]], config: DecodeC
                         eos_ids: frozenset[int] = frozenset(), refill: bool = True,
                         seeds: list[int] | None = None, arrivals: list[float] | None = None,
                         trace: list | None = None) -> Iterator[None]:
-    target_lm, draft_lm = BatchLM(target), BatchLM(draft)
+    target_lm = batch_lm(target, config, prompts, batch_size)
+    draft_lm = batch_lm(draft, config, prompts, batch_size, role="draft")
     return serving(prompts, config, batch_size, [target_lm, draft_lm],
                    SpeculativeStep(target_lm, draft_lm, config, eos_ids), eos_ids, refill, seeds, arrivals, trace)
 
@@ -291,7 +294,7 @@ def autoregressive_serving(target, prompts: list[list[int]], config: DecodeConfi
                            eos_ids: frozenset[int] = frozenset(), refill: bool = True,
                            seeds: list[int] | None = None, arrivals: list[float] | None = None,
                            trace: list | None = None) -> Iterator[None]:
-    target_lm = BatchLM(target)
+    target_lm = batch_lm(target, config, prompts, batch_size)
     return serving(prompts, config, batch_size, [target_lm], AutoregressiveStep(target_lm, config, eos_ids), eos_ids,
                    refill, seeds, arrivals, trace)
 

@@ -111,21 +111,22 @@ def move_back(cache: StaticCache, tokens: int) -> None:
 
 # One static cache per (model, role) and one compiled forward per model, reused by every decode:
 # a new cache (new addresses) or a new compiled function would compile and capture again.
-_STATIC: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {role: (cache, size)}
+_STATIC: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {(role, rows): (cache, size)}
 _COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def static_cache(model: torch.nn.Module, capacity: int, role: str = "target") -> StaticCache:
-    """The model's static cache for `role`, emptied, holding at least `capacity` tokens."""
+def static_cache(model: torch.nn.Module, capacity: int, role: str = "target", rows: int = 1) -> StaticCache:
+    """The model's static cache for `role` (and `rows` rows: the batched decoder's,
+    static_batch_lm.py), emptied, holding at least `capacity` tokens."""
     caches = _STATIC.setdefault(model, {})
-    cache, size = caches.get(role, (None, 0))
+    cache, size = caches.get((role, rows), (None, 0))
     if cache is None or size < capacity:
         size = -(-max(capacity, 1) // 256) * 256  # grow in steps, so most decodes reuse it
         why = static_blocker(model)
         if why:
             raise DsparkError(f"--compile needs a static KV cache, not possible with {why}; run without --compile")
         cache = StaticCache(config=model.config, max_cache_len=size)
-        caches[role] = (cache, size)
+        caches[role, rows] = (cache, size)
     cache.reset()  # back to empty on the device (lengths to 0); the old entries are overwritten
     return cache
 

@@ -6,12 +6,13 @@ An eager pass on a GPU costs what launching its kernels one by one costs: on an 
 CUDA graphs, so prices, confirmations and picks made on eager passes describe our loop, not
 theirs. So on CUDA a policy the capture path can run decodes through it: the static KV cache and
 torch.compile's "reduce-overhead" mode (cached_lm.py), one graph per input length — the draft's
-1 and 2 tokens, verify's 1 … gamma_max + 1 — warmed before any clock runs. `--eager` opts out;
-on a CPU (no graphs) nothing changes unless `--compile` asks for the compiled path there.
+1 and 2 tokens, verify's 1 … gamma_max + 1 — warmed before any clock runs. A batch above 1 does
+the same on a static batched cache (static_batch_lm.py): one graph per (B, k), B the batch size.
+`--eager` opts out; on a CPU (no graphs) nothing changes unless `--compile` asks for the compiled
+path there.
 
-What is not captured runs eagerly and is said so in the run's metadata (`describe`): a batch
-above 1 (the padded batched cache, batch_lm.py, is not static), a drafter other than the draft
-model, a model whose cache cannot be static (sliding-window layers).
+What is not captured runs eagerly and is said so in the run's metadata (`describe`): a drafter
+other than the draft model, a model whose cache cannot be static (sliding-window layers).
 """
 
 from __future__ import annotations
@@ -27,8 +28,6 @@ GRAPHS, EAGER, COMPILED = "cuda-graphs", "eager", "compiled"  # COMPILED: --comp
 
 def blocker(config: DecodeConfig, models=()) -> str | None:
     """Why this policy's passes cannot be captured (None: they can)."""
-    if config.batching.batch_size > 1:
-        return "batch size above 1 (the padded batched cache is not static)"
     if config.drafting.drafter != "model":
         return f"the {config.drafting.drafter} drafter"
     for model in models:
@@ -54,9 +53,9 @@ def captured(configs: list[DecodeConfig], device: torch.device, eager: bool, mod
 
 
 def priced_captured(configs: list[DecodeConfig], device: torch.device, eager: bool, models=()) -> bool:
-    """Whether batch 1's passes are priced compiled: when every batch-1 policy decodes them so here
-    (a space mixing in the heads or lookup drafter, which run eagerly, is priced eagerly)."""
-    ran = [c for c in captured(configs, device, eager, models) if c.batching.batch_size == 1]
+    """Whether the passes are priced compiled: when every policy decodes them so here (a space
+    mixing in the heads or lookup drafter, which run eagerly, is priced eagerly)."""
+    ran = captured(configs, device, eager, models)
     return bool(ran) and all(c.verification.compiled for c in ran)
 
 

@@ -112,9 +112,8 @@ def check(config: RunConfig) -> None:
     if config.decoder == "hf" and max(config.batch_sizes) > 1:
         raise DsparkError("--decoder hf decodes one request at a time (HF assisted generation has no batching); "
                           "use --batch-size 1")
-    if max(config.batch_sizes) > 1 and (True in config.values("compiled")
-                                        or "verify-side" in config.values("draft_mode")):
-        raise DsparkError("--compile and --draft-mode verify-side run at batch size 1 only; use --batch-size 1")
+    if max(config.batch_sizes) > 1 and "verify-side" in config.values("draft_mode"):
+        raise DsparkError("--draft-mode verify-side runs at batch size 1 only; use --batch-size 1")
     if config.calibration is not None and config.policies is not None:
         raise DsparkError("a calibration chooses the policies; a run cannot also list them")
     if config.calibration is not None:

@@ -30,6 +30,7 @@ from dspark_bench.decoding.batched import autoregressive_serving, interleave, sp
 from dspark_bench.decoding.cached_lm import decode_shapes, warm_compiled
 from dspark_bench.decoding.host import synchronize
 from dspark_bench.decoding.speculative import speculative_decode
+from dspark_bench.decoding.static_batch_lm import StaticBatchLM, capacity_for
 from dspark_bench.decoding.types import DecodeResult
 from dspark_bench.depth import round_depths
 from dspark_bench.harness.depths import depth_fields, depth_summary
@@ -193,8 +194,8 @@ def iter_samples(
 def measure_batched(pair: ModelPair, prompt_ids: list[list[int]], config: DecodeConfig, settings: RunnerSettings,
                     offset: int = 0):
     """Both sides over all prompts at batch size B, taking turns step by step (the side that
-    steps first alternates by repeat): (baseline requests, speculative requests, per-prompt
-    median time shares of each side)."""
+    steps first alternates by repeat; captured, run by run: static_batch_lm.py): (baseline
+    requests, speculative requests, per-prompt median time shares of each side)."""
 
     eos, refill, B = settings.eos_ids(pair), settings.batching == "refill", config.batching.batch_size
     base_times, spec_times = [], []
@@ -202,10 +203,35 @@ def measure_batched(pair: ModelPair, prompt_ids: list[list[int]], config: Decode
         decoders = [autoregressive_serving(pair.target, prompt_ids, config, B, eos, refill),
                     speculative_serving(pair.target, pair.draft, prompt_ids, config, B, eos, refill)]
         first = (repeat + offset) % 2
-        baseline, spec = interleave(*decoders[first:], *decoders[:first])[::1 if first == 0 else -1]
+        ordered = decoders[first:] + decoders[:first]
+        if config.verification.compiled:  # one static cache per model and role: the sides take turns by run
+            sides = [interleave(decoder)[0] for decoder in ordered]
+        else:
+            sides = interleave(*ordered)
+        baseline, spec = sides[::1 if first == 0 else -1]
         base_times.append([r.time_s for r in baseline])
         spec_times.append([r.time_s for r in spec])
     return baseline, spec, np.median(base_times, axis=0), np.median(spec_times, axis=0)
+
+
+@torch.inference_mode()
+def warm_static_batch(pair: ModelPair, prompt_ids: list[list[int]], config: DecodeConfig) -> None:
+    """A captured batched decode's passes compiled (on CUDA, captured) before any clock runs: every
+    length it feeds, on static caches as wide as its run's (a wider one later would compile again)."""
+    slots = max(1, min(config.batching.batch_size, len(prompt_ids)))
+    capacity = capacity_for(prompt_ids, config)
+    shapes = decode_shapes(config.stopping.gamma_max)
+    for model, role in ((pair.target, "target"), (pair.draft, "draft")):
+        lm = StaticBatchLM(model, slots, capacity, role)
+        for _ in range(slots):
+            lm.add([0])
+        for tokens, _ in shapes[role]:
+            for _ in range(3):  # reduce-overhead records its CUDA graph on the third call
+                lm.forward([[0] * tokens] * slots)
+                lm.rollback([1] * slots)
+                lm.tidy()
+        for row in reversed(range(slots)):
+            lm.remove(row)
 
 
 def iter_batched(pair: ModelPair, prompts: list[Prompt], configs: list[DecodeConfig], settings: RunnerSettings,
@@ -218,6 +244,8 @@ def iter_batched(pair: ModelPair, prompts: list[Prompt], configs: list[DecodeCon
             continue
         chosen = [p for i, p in enumerate(prompts) if assignment is None or config_id in assignment[i]]
         ids = [encode(pair.tokenizer, p.text, settings.chat_template) for p in chosen]
+        if config.verification.compiled and ids:
+            warm_static_batch(pair, ids, config)
         if config.batching.batch_size not in warmed and ids and settings.warmup > 0:
             short = config.replace(max_new_tokens=min(16, config.verification.max_new_tokens))
             measure_batched(pair, ids[: config.batching.batch_size], short, dataclasses.replace(settings, repeats=1))

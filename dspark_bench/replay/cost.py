@@ -31,6 +31,7 @@ from dspark_bench.decoding.confidence import learned_scores, top1, top_count
 from dspark_bench.decoding.heads import target_hidden
 from dspark_bench.decoding.host import fetch, synchronize
 from dspark_bench.decoding.learned_signal import LearnedSignal, feature_names
+from dspark_bench.decoding.static_batch_lm import StaticBatchLM
 from dspark_bench.decoding.types import Round
 
 
@@ -303,19 +304,26 @@ class CostSurface:
                             for b, m in self.models.items()}, batch_size)
 
 
-def batch_of(pair, context: list[int], rows: int, contexts: list[list[int]] | None = None
-             ) -> tuple[BatchLM, BatchLM, list[int]]:
+def batch_of(pair, context: list[int], rows: int, contexts: list[list[int]] | None = None,
+             compiled: bool = False, gamma: int = 8) -> tuple[BatchLM | StaticBatchLM, BatchLM | StaticBatchLM,
+                                                              list[int]]:
     """Target and draft caches of `rows` rows, and the rows' lengths. Each row holds `context` cut
     to a different length, as a real batch's rows differ (left holes in the cache, so a pass runs
     the masked attention the batched decoder runs: equal rows would take a faster unmasked path); or, given
     `contexts`, row r holds contexts[r mod their number], so that the batch is as wide as one of
-    those requests' (its longest row sets every pass's width)."""
+    those requests' (its longest row sets every pass's width). `compiled`: the captured batched
+    decoder's static caches (static_batch_lm.py), wide enough for a verify block of `gamma`."""
     if contexts:
         chosen = [contexts[row % len(contexts)] for row in range(rows)]
     else:
         spread = max(1, min(32, len(context) // 2))  # a short context still leaves every row tokens
         chosen = [context[: len(context) - (row * 7) % spread] for row in range(rows)]
-    target, draft = BatchLM(pair.target), BatchLM(pair.draft)
+    if compiled:
+        width = max(len(row) for row in chosen) + gamma + 2
+        target = StaticBatchLM(pair.target, rows, width)
+        draft = StaticBatchLM(pair.draft, rows, width, role="draft")
+    else:
+        target, draft = BatchLM(pair.target), BatchLM(pair.draft)
     for row in chosen:
         target.add(row)
         draft.add(row)
@@ -330,7 +338,7 @@ def halfway(rec, ids: list[list[int]]) -> list[list[int]]:
     return [ids[p] + rec.continuation[p * paths, : int(rec.lengths[p * paths]) // 2].tolist() for p in order]
 
 
-def time_pass(pair, lm: BatchLM, tokens: list[int], lengths: list[int]) -> float:
+def time_pass(pair, lm: BatchLM | StaticBatchLM, tokens: list[int], lengths: list[int]) -> float:
     """Seconds of one pass feeding every row `tokens`, with the cache upkeep after it (rolled back)."""
     synchronize(pair.device)
     start = time.perf_counter()
@@ -347,28 +355,29 @@ def measure_surface(pair, context: list[int], gamma: int, batch_sizes, repeats: 
                     compiled: bool = False) -> CostSurface:
     """t_draft(B) and t_verify(B, k) for every B (and 1): B rows holding `context` (or, given
     `contexts`, those in turn: `batch_of`), timed through the batched decoder's own cache (BatchLM),
-    k interleaved to share drift. B = 1 is `measure_cost` (`compiled`: its compiled passes, what a
-    batch-1 decode runs on CUDA by default; the batched decoder's passes are eager)."""
+    k interleaved to share drift. B = 1 is `measure_cost`. `compiled`: the compiled passes at
+    every B (static caches; CUDA graphs on CUDA), what a decode runs there by default."""
 
     models = {1: dataclasses.replace(measure_cost(pair, context, gamma, drafters=drafters, compiled=compiled),
                                      **measure_prefill(pair, context))}
     filler = context[-gamma - 1 :] * (gamma + 1)
     for b in sorted(set(batch_sizes) - {1}):
-        target, draft, lengths = batch_of(pair, context, b, contexts)
+        target, draft, lengths = batch_of(pair, context, b, contexts, compiled, gamma)
         samples = {k: [] for k in range(-1, gamma + 1)}
         learned_step = (learned_clock(pair, context, b, lambda: time_pass(pair, draft, filler[:1], lengths))
                         if "model" in drafters else None)
         learned = []
-        for _ in range(repeats + 1):  # the first pass warms up
+        warm = 3 if compiled else 1  # the first passes warm up (compiled: compile, then record the graph)
+        for _ in range(repeats + warm):
             samples[-1].append(time_pass(pair, draft, filler[:1], lengths))
             if learned_step:
                 learned.append(learned_step())
             for k in range(gamma + 1):
                 samples[k].append(time_pass(pair, target, filler[: k + 1], lengths))
-        median = {k: statistics.median(v[1:]) for k, v in samples.items()}
+        median = {k: statistics.median(v[warm:]) for k, v in samples.items()}
         models[b] = CostModel(median[-1], [median[k] for k in range(gamma + 1)], max(lengths), b,
-                              spread=worst_spread(v[1:] for v in samples.values()),
-                              t_learned=max(statistics.median(learned[1:]), 0.0) if learned else 0.0)
+                              spread=worst_spread(v[warm:] for v in samples.values()),
+                              t_learned=max(statistics.median(learned[warm:]), 0.0) if learned else 0.0)
     return CostSurface(models)
 
 
