@@ -115,9 +115,11 @@ _STATIC: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {(r
 _COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def static_cache(model: torch.nn.Module, capacity: int, role: str = "target", rows: int = 1) -> StaticCache:
+def static_cache(model: torch.nn.Module, capacity: int, role: str = "target", rows: int = 1,
+                 empty: bool = True) -> StaticCache:
     """The model's static cache for `role` (and `rows` rows: the batched decoder's,
-    static_batch_lm.py), emptied, holding at least `capacity` tokens."""
+    static_batch_lm.py), holding at least `capacity` tokens; emptied unless `empty` is False (a
+    batched decode empties it when it takes it: another may still be using it)."""
     caches = _STATIC.setdefault(model, {})
     cache, size = caches.get((role, rows), (None, 0))
     if cache is None or size < capacity:
@@ -127,7 +129,8 @@ def static_cache(model: torch.nn.Module, capacity: int, role: str = "target", ro
             raise DsparkError(f"--compile needs a static KV cache, not possible with {why}; run without --compile")
         cache = StaticCache(config=model.config, max_cache_len=size)
         caches[role, rows] = (cache, size)
-    cache.reset()  # back to empty on the device (lengths to 0); the old entries are overwritten
+    if empty:
+        cache.reset()  # back to empty on the device (lengths to 0); the old entries are overwritten
     return cache
 
 

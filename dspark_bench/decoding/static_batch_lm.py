@@ -51,7 +51,7 @@ class StaticBatchLM:
         self.model, self.role, self.compiled, self.pad_id = model, role, compiled, pad_id
         self.device = next(model.parameters()).device
         self.slots = slots
-        self.cache = static_cache(model, capacity, role, rows=slots)
+        self.cache = static_cache(model, capacity, role, rows=slots, empty=False)  # emptied when taken
         self._cache_name, self._can_keep = _forward_kwargs(model)
         self._lay_out()
         self.capacity = self.cache.layers[0].max_cache_len
@@ -59,6 +59,9 @@ class StaticBatchLM:
         self.columns = 0  # the cache's length: columns written so far, every slot's
         self.slot_of: list[int] = []  # each row's slot, in row order
         self.lengths: list[int] = []
+        # slot_of on the device, rebuilt as rows join and leave: a copy to the device after a pass
+        # would wait for the pass (a copy waits for the work queued before it), and forward reads it then.
+        self._rows_at = torch.zeros(0, dtype=torch.long, device=self.device)
 
     @property
     def rows(self) -> int:
@@ -71,7 +74,7 @@ class StaticBatchLM:
             ids = torch.full((self.slots, 1), self.pad_id, dtype=torch.long, device=self.device)
             with torch.inference_mode():  # as every decode runs: its tensors are updated in place there
                 self.model(input_ids=ids, **{self._cache_name: self.cache, "use_cache": True})
-        self.cache.reset()
+            self.cache.reset()
 
     def take(self) -> None:
         """Claim the model's cache for this decode (an empty batch starts it from column 0)."""
@@ -108,10 +111,12 @@ class StaticBatchLM:
                 self._move_to(len(tokens))
         self.slot_of.append(slot)
         self.lengths.append(len(tokens))
+        self._rows_at = torch.tensor(self.slot_of, dtype=torch.long, device=self.device)
 
     def remove(self, row: int) -> None:
         self.mask[self.slot_of.pop(row)] = 0
         del self.lengths[row]
+        self._rows_at = torch.tensor(self.slot_of, dtype=torch.long, device=self.device)
 
     def forward(self, feeds: list[list[int]]) -> torch.Tensor:
         """Feed row i the tokens feeds[i] after its own; logits [B, n, vocab], n the longest feed
@@ -124,8 +129,9 @@ class StaticBatchLM:
             raise DsparkError(f"the static batch's {self.capacity} columns cannot hold its rows; please report this")
         ids = torch.full((self.slots, n), self.pad_id, dtype=torch.long)
         positions = torch.arange(n).repeat(self.slots, 1)
-        # A free slot attends to its own new columns only: a row that sees no column would turn to
-        # NaN, and a NaN key stays in the cache for the next request, where a mask cannot hide it.
+        # A free slot attends to its own new columns: no kernel is handed a row that sees no column.
+        # Kernels differ on what such a row gives (this CPU's SDPA: zeros; others NaN), and a NaN
+        # key would stay in the slot's columns for its next request, where a mask cannot hide it.
         new = torch.ones(self.slots, n, dtype=torch.long)
         for slot, feed, length in zip(self.slot_of, feeds, self.lengths):
             ids[slot, : len(feed)] = torch.tensor(feed, dtype=torch.long)
@@ -135,8 +141,7 @@ class StaticBatchLM:
         logits = self._call(ids.to(self.device), positions.to(self.device))
         self.columns += n
         self.lengths = [length + len(feed) for length, feed in zip(self.lengths, feeds)]
-        # Indexing copies: a graph's next replay overwrites its output.
-        return logits[torch.tensor(self.slot_of, dtype=torch.long, device=self.device)]
+        return logits[self._rows_at]  # a copy: a graph's next replay overwrites its output
 
     def _call(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         kwargs = {self._cache_name: self.cache, "use_cache": True, "attention_mask": self.mask,
@@ -187,11 +192,12 @@ class StaticBatchLM:
         self.columns = columns
 
 
-def capacity_for(prompts: list[list[int]], config: DecodeConfig) -> int:
+def capacity_for(prompts: list[list[int]], max_new_tokens: int, gamma_max: int) -> int:
     """Columns a batched decode of `prompts` needs: its longest row with its answer and a verify
-    block, and a quarter more for holes, so that compacting is rare."""
-    longest = max((len(p) for p in prompts), default=1) + config.verification.max_new_tokens
-    longest += config.stopping.gamma_max + 2
+    block, and a quarter more for holes, so that compacting is rare. Captured batches are priced
+    at this width too (cost.measure_surface's `width`): a static pass attends over every column,
+    so a narrower cache would price it cheaper than the decode runs it."""
+    longest = max((len(p) for p in prompts), default=1) + max_new_tokens + gamma_max + 2
     return longest + longest // 4
 
 
@@ -201,4 +207,5 @@ def batch_lm(model: torch.nn.Module, config: DecodeConfig, prompts: list[list[in
     (decoding/capture.py), BatchLM's growing one otherwise."""
     if not config.verification.compiled:
         return BatchLM(model)
-    return StaticBatchLM(model, max(1, min(batch_size, len(prompts))), capacity_for(prompts, config), role)
+    capacity = capacity_for(prompts, config.verification.max_new_tokens, config.stopping.gamma_max)
+    return StaticBatchLM(model, max(1, min(batch_size, len(prompts))), capacity, role)

@@ -219,7 +219,7 @@ def warm_static_batch(pair: ModelPair, prompt_ids: list[list[int]], config: Deco
     """A captured batched decode's passes compiled (on CUDA, captured) before any clock runs: every
     length it feeds, on static caches as wide as its run's (a wider one later would compile again)."""
     slots = max(1, min(config.batching.batch_size, len(prompt_ids)))
-    capacity = capacity_for(prompt_ids, config)
+    capacity = capacity_for(prompt_ids, config.verification.max_new_tokens, config.stopping.gamma_max)
     shapes = decode_shapes(config.stopping.gamma_max)
     for model, role in ((pair.target, "target"), (pair.draft, "draft")):
         lm = StaticBatchLM(model, slots, capacity, role)

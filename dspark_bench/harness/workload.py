@@ -30,7 +30,8 @@ class Workload:
                       panel=MODELS)
     # On CUDA a policy's passes run from captured CUDA graphs unless told not to (decoding/capture.py).
     eager: bool = knob(False, "On CUDA, run every pass eagerly instead of from captured CUDA graphs (the default "
-                       "there: static KV cache, one graph per pass length and batch size; docs/gpu.md). No effect on a CPU; "
+                       "there: static KV cache, one graph per pass length and batch size; "
+                       "docs/gpu.md). No effect on a CPU; "
                        "refused with --compile.", panel=MODELS)
     # --- prompts: exactly one of task and dataset
     task: str | None = knob(None, "Built-in task (see `dspark-bench tasks ls`); several comma-separated "

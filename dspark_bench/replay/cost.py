@@ -305,23 +305,22 @@ class CostSurface:
 
 
 def batch_of(pair, context: list[int], rows: int, contexts: list[list[int]] | None = None,
-             compiled: bool = False, gamma: int = 8) -> tuple[BatchLM | StaticBatchLM, BatchLM | StaticBatchLM,
-                                                              list[int]]:
+             compiled: bool = False, gamma: int = 8, width: int = 0
+             ) -> tuple[BatchLM | StaticBatchLM, BatchLM | StaticBatchLM, list[int]]:
     """Target and draft caches of `rows` rows, and the rows' lengths. Each row holds `context` cut
     to a different length, as a real batch's rows differ (left holes in the cache, so a pass runs
     the masked attention the batched decoder runs: equal rows would take a faster unmasked path); or, given
     `contexts`, row r holds contexts[r mod their number], so that the batch is as wide as one of
-    those requests' (its longest row sets every pass's width). `compiled`: the captured batched
-    decoder's static caches (static_batch_lm.py), wide enough for a verify block of `gamma`."""
+    those requests' (its longest row sets every pass's width). `compiled`: the captured decoder's
+    static caches (static_batch_lm.py) of `width` columns, or what a verify of `gamma` needs."""
     if contexts:
         chosen = [contexts[row % len(contexts)] for row in range(rows)]
     else:
         spread = max(1, min(32, len(context) // 2))  # a short context still leaves every row tokens
         chosen = [context[: len(context) - (row * 7) % spread] for row in range(rows)]
     if compiled:
-        width = max(len(row) for row in chosen) + gamma + 2
-        target = StaticBatchLM(pair.target, rows, width)
-        draft = StaticBatchLM(pair.draft, rows, width, role="draft")
+        width = max(width, max(map(len, chosen)) + gamma + 2)
+        target, draft = StaticBatchLM(pair.target, rows, width), StaticBatchLM(pair.draft, rows, width, role="draft")
     else:
         target, draft = BatchLM(pair.target), BatchLM(pair.draft)
     for row in chosen:
@@ -352,17 +351,18 @@ def time_pass(pair, lm: BatchLM | StaticBatchLM, tokens: list[int], lengths: lis
 @torch.inference_mode()
 def measure_surface(pair, context: list[int], gamma: int, batch_sizes, repeats: int = 7,
                     drafters=("model",), contexts: list[list[int]] | None = None,
-                    compiled: bool = False) -> CostSurface:
+                    compiled: bool = False, width: int = 0) -> CostSurface:
     """t_draft(B) and t_verify(B, k) for every B (and 1): B rows holding `context` (or, given
     `contexts`, those in turn: `batch_of`), timed through the batched decoder's own cache (BatchLM),
     k interleaved to share drift. B = 1 is `measure_cost`. `compiled`: the compiled passes at
-    every B (static caches; CUDA graphs on CUDA), what a decode runs there by default."""
+    every B (static caches; CUDA graphs on CUDA), what a decode runs there by default, B > 1 on
+    caches of `width` columns (static_batch_lm.capacity_for of the decodes priced)."""
 
     models = {1: dataclasses.replace(measure_cost(pair, context, gamma, drafters=drafters, compiled=compiled),
                                      **measure_prefill(pair, context))}
     filler = context[-gamma - 1 :] * (gamma + 1)
     for b in sorted(set(batch_sizes) - {1}):
-        target, draft, lengths = batch_of(pair, context, b, contexts, compiled, gamma)
+        target, draft, lengths = batch_of(pair, context, b, contexts, compiled, gamma, width)
         samples = {k: [] for k in range(-1, gamma + 1)}
         learned_step = (learned_clock(pair, context, b, lambda: time_pass(pair, draft, filler[:1], lengths))
                         if "model" in drafters else None)

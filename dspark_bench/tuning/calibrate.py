@@ -30,6 +30,7 @@ import pandas as pd
 from dspark_bench import schedules
 from dspark_bench.config import DEFAULT_MAX_NEW_TOKENS, POLICY_FIELDS, DecodeConfig
 from dspark_bench.decoding import capture
+from dspark_bench.decoding.static_batch_lm import capacity_for
 from dspark_bench.errors import DsparkError
 from dspark_bench.harness.calibration_file import (
     SCHEMA_VERSION,
@@ -155,11 +156,13 @@ def record_domains(pair, domains: dict[str, list[Prompt]], base: DecodeConfig, g
     """A replay record per domain (of `base`'s drafter), and one cost surface at `batch_sizes`
     (timed on the first domain's first prompt); the target's continuations from `source` (an
     engine's continuations files, checked) where given, else decoded here (at a temperature > 0,
-    `paths` sampled paths per prompt); `compiled`: batch 1 priced on compiled passes."""
+    `paths` sampled paths per prompt); `compiled`: priced on compiled passes (B > 1 on static
+    caches as wide as a batch of every domain's prompts would take)."""
 
-    models, records, first_context, rows = pair.describe(), {}, None, []
+    models, records, first_context, rows, every = pair.describe(), {}, None, [], []
     for domain, prompts in domains.items():
         ids = [encode(pair.tokenizer, p.text) for p in prompts]
+        every += ids
         info = {"models": models, "prompts_fingerprint": prompts_fingerprint(prompts), "domain": domain,
                 "prompt_ids": [p.id for p in prompts], **({"continuations": source.describe()} if source else {})}
         given = [source.continuation(p.id) for p in prompts] if source else None
@@ -179,7 +182,8 @@ def record_domains(pair, domains: dict[str, list[Prompt]], base: DecodeConfig, g
         progress("timing the cost model", 0, 1)
     order = np.random.default_rng(0).permutation(len(rows))  # the domains mixed, as a server's batch is
     return records, measure_surface(pair, first_context, gamma, batch_sizes, drafters=(base.drafting.drafter,),
-                                    contexts=[rows[i] for i in order], compiled=compiled)
+                                    contexts=[rows[i] for i in order], compiled=compiled,
+                                    width=capacity_for(every, base.verification.max_new_tokens, gamma))
 
 
 def measure_domains(pair, domains: dict[str, list[Prompt]], chosen: dict[str, DecodeConfig],

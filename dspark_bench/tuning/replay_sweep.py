@@ -21,6 +21,7 @@ from dspark_bench.analysis.analyze import FILE as ANALYSIS_FILE
 from dspark_bench.analysis.analyze import Studied, analyze
 from dspark_bench.config import DEFAULTS, DecodeConfig, expand
 from dspark_bench.decoding import capture
+from dspark_bench.decoding.static_batch_lm import capacity_for
 from dspark_bench.depth import PRICED_DEPTHS, priced_depths, spans_depth
 from dspark_bench.engines.tools import EngineTools
 from dspark_bench.errors import DsparkError
@@ -257,11 +258,14 @@ def time_prices(folder: Path, pair, ids: list[list[int]], records: dict, configs
     if progress:
         progress("timing the cost model", 0, 1)
     batch_sizes = sorted({c.batching.batch_size for c in configs})
-    # Batch 1 priced on the passes its decodes run: captured on CUDA unless --eager (decoding/capture.py).
+    # Priced on the passes the decodes run: captured on CUDA unless --eager (decoding/capture.py).
     compiled = capture.priced_captured(configs, pair.device, eager, (pair.target, pair.draft))
     timing = time.perf_counter()
+    # B > 1 priced on static caches as wide as the decodes' (a captured pass attends over all of them).
+    width = max(capacity_for(ids, c.verification.max_new_tokens, c.stopping.gamma_max) for c in configs)
     surface, checks = timed_surface(pair, context, gamma, batch_sizes, drafters={key.drafter for key in records},
-                                    measure=functools.partial(measure_surface, contexts=rows, compiled=compiled))
+                                    measure=functools.partial(measure_surface, contexts=rows, compiled=compiled,
+                                                              width=width))
     depths = depths_to_price(pair, ids, rec.max_new_tokens)
     if depths:
         if progress:
