@@ -144,8 +144,9 @@ def test_one_static_cache_serves_one_batch_at_a_time():
 
 
 def test_batched_prices_of_captured_passes(llama_pair, monkeypatch):
-    """measure_surface(compiled=True) times B > 1 through the captured decoder's static caches,
-    after three warm-ups a shape."""
+    """measure_surface(compiled=True) times B > 1 through the captured decoder's static caches, as
+    wide as the decodes' (`width`: a captured pass attends over every column), after three
+    warm-ups a shape."""
     calls = []
     real = cached_lm.compiled_forward
     monkeypatch.setattr(cached_lm, "compiled_forward", lambda model: calls.append(model) or real(model))
@@ -154,13 +155,13 @@ def test_batched_prices_of_captured_passes(llama_pair, monkeypatch):
     target, draft = llama_pair
     pair = type("Pair", (), {"target": target, "draft": draft, "device": torch.device("cpu")})()
     surface = measure_surface(pair, list(range(3, 30)), gamma=2, batch_sizes=[3], repeats=2, drafters=(),
-                              compiled=True)
+                              compiled=True, width=600)
     at3 = surface.at(3)
     assert at3.batch_size == 3 and len(at3.t_verify) == 3
     # B = 1 (measure_cost's 3 warm-ups + its 15 repeats a shape: the draft step, k = 0..2) and B = 3
     # (3 warm-ups + 2 repeats a shape, the same shapes): every timed pass went through the compiled forward
     assert calls.count(draft) == 18 + 5 and calls.count(target) == 3 * 18 + 3 * 5
-    assert ("target", 3) in cached_lm._STATIC[target] and ("draft", 3) in cached_lm._STATIC[draft]
+    assert cached_lm._STATIC[target]["target", 3][1] >= 600 and cached_lm._STATIC[draft]["draft", 3][1] >= 600
 
 
 def test_a_warmed_captured_batch_compiles_nothing_more_when_it_runs():
@@ -177,8 +178,7 @@ def test_a_warmed_captured_batch_compiles_nothing_more_when_it_runs():
     config = DecodeConfig.of(threshold=0.4, gamma_max=4, max_new_tokens=20, batch_size=3, compiled=True)
     warm_static_batch(pair, PROMPTS, config)
     graphs = counters["stats"]["unique_graphs"]
-    assert graphs > 0
     rows = batched_speculative(target, draft, PROMPTS, config, 3, EOS)
     batched_autoregressive(target, PROMPTS, config, 3, EOS)
     assert counters["stats"]["unique_graphs"] == graphs
-    assert any(r.accepted < r.drafted for request in rows for r in request.result.rounds)  # every verify length fed
+    assert any(r.accepted < r.drafted for request in rows for r in request.result.rounds)  # rollbacks happened
