@@ -130,7 +130,7 @@ class StaticBatchLM:
         ids = torch.full((self.slots, n), self.pad_id, dtype=torch.long)
         positions = torch.arange(n).repeat(self.slots, 1)
         # A free slot attends to its own new columns: no kernel is handed a row that sees no column.
-        # Kernels differ on what such a row gives (this CPU's SDPA: zeros; others NaN), and a NaN
+        # Kernels differ on what such a row gives (this CPU's SDPA: finite values; others NaN), and a NaN
         # key would stay in the slot's columns for its next request, where a mask cannot hide it.
         new = torch.ones(self.slots, n, dtype=torch.long)
         for slot, feed, length in zip(self.slot_of, feeds, self.lengths):
