@@ -22,6 +22,16 @@ from dspark_bench.decoding.cached_lm import _forward_kwargs
 from dspark_bench.errors import DsparkError
 
 
+def prefill_alone(model: torch.nn.Module, tokens: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Each layer's keys and values [1, heads, len(tokens), dim] of `tokens` prefilled alone: a row
+    about to join a batch (here, or a static batch: static_batch_lm.py)."""
+    cache_name, can_keep = _forward_kwargs(model)
+    alone = DynamicCache()
+    ids = torch.tensor([tokens], dtype=torch.long, device=next(model.parameters()).device)
+    model(input_ids=ids, **{cache_name: alone, "use_cache": True, **({"logits_to_keep": 1} if can_keep else {})})
+    return [(layer.keys, layer.values) for layer in alone.layers]
+
+
 class BatchLM:
     def __init__(self, model: torch.nn.Module, pad_id: int = 0):
         self.model = model
@@ -53,11 +63,7 @@ class BatchLM:
 
     def add(self, tokens: list[int]) -> None:
         """A new last row whose cache holds `tokens` (a prompt but its last token), prefilled alone."""
-        kv = None
-        if tokens:
-            alone = DynamicCache()
-            self._call(torch.tensor([tokens], device=self.device), alone, keep=1)
-            kv = [(layer.keys, layer.values) for layer in alone.layers]
+        kv = prefill_alone(self.model, tokens) if tokens else None
         columns = self.mask.shape[1]
         if kv is not None and not self._initialized():
             # Nothing cached yet: earlier rows (all without a prefill) get empty tensors to join.

@@ -109,6 +109,16 @@ def move_back(cache: StaticCache, tokens: int) -> None:
             layer.cumulative_length -= tokens
 
 
+def set_length(cache: StaticCache, tokens: int) -> None:
+    """Set a static cache's length to `tokens` in place (static_batch_lm.py moves it both ways);
+    as in move_back, a layer counts in a device tensor, or in an int in older transformers."""
+    for layer in cache.layers:
+        if isinstance(layer.cumulative_length, torch.Tensor):
+            layer.cumulative_length.fill_(tokens)
+        else:
+            layer.cumulative_length = tokens
+
+
 # One static cache per (model, role) and one compiled forward per model, reused by every decode:
 # a new cache (new addresses) or a new compiled function would compile and capture again.
 _STATIC: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {(role, rows): (cache, size)}

@@ -32,11 +32,10 @@ from __future__ import annotations
 import weakref
 
 import torch
-from transformers import DynamicCache
 
 from dspark_bench.config import DecodeConfig
-from dspark_bench.decoding.batch_lm import BatchLM
-from dspark_bench.decoding.cached_lm import _forward_kwargs, compiled_forward, static_cache
+from dspark_bench.decoding.batch_lm import BatchLM, prefill_alone
+from dspark_bench.decoding.cached_lm import _forward_kwargs, compiled_forward, set_length, static_cache
 from dspark_bench.errors import DsparkError
 
 _OWNER: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # static cache -> the decode using it
@@ -99,13 +98,9 @@ class StaticBatchLM:
         slot = free[0]
         self.mask[slot] = 0
         if tokens:
-            alone = DynamicCache()
-            ids = torch.tensor([tokens], dtype=torch.long, device=self.device)
-            kwargs = {self._cache_name: alone, "use_cache": True, **({"logits_to_keep": 1} if self._can_keep else {})}
-            self.model(input_ids=ids, **kwargs)
-            for layer, prefilled in zip(self.cache.layers, alone.layers):
-                layer.keys[slot, :, : len(tokens)] = prefilled.keys[0]
-                layer.values[slot, :, : len(tokens)] = prefilled.values[0]
+            for layer, (keys, values) in zip(self.cache.layers, prefill_alone(self.model, tokens)):
+                layer.keys[slot, :, : len(tokens)] = keys[0]
+                layer.values[slot, :, : len(tokens)] = values[0]
             self.mask[slot, : len(tokens)] = 1
             if len(tokens) > self.columns:  # the other rows get holes up to where this one ends
                 self._move_to(len(tokens))
@@ -183,13 +178,27 @@ class StaticBatchLM:
     def _move_to(self, columns: int) -> None:
         """Set the cache's length to `columns`, in place (its address is a graph's input); nothing
         past it is real to any row."""
-        for layer in self.cache.layers:
-            if isinstance(layer.cumulative_length, torch.Tensor):
-                layer.cumulative_length.fill_(columns)
-            else:  # transformers releases whose static layers count in a Python int
-                layer.cumulative_length = columns
+        set_length(self.cache, columns)
         self.mask[:, columns:] = 0
         self.columns = columns
+
+
+@torch.inference_mode()
+def warm_batched(model: torch.nn.Module, slots: int, capacity: int, shapes: list[tuple[int, int]],
+                 role: str = "target") -> None:
+    """Compile (and on CUDA capture) the batched pass for every (tokens fed, _) in `shapes` on the
+    model's static cache of `slots` rows and `capacity` columns, as cached_lm.warm_compiled does at
+    batch 1 (decode_shapes gives the shapes)."""
+    lm = StaticBatchLM(model, slots, capacity, role)
+    for _ in range(slots):
+        lm.add([0])
+    for tokens, _ in shapes:
+        for _ in range(3):  # reduce-overhead records its CUDA graph on the third call
+            lm.forward([[0] * tokens] * slots)
+            lm.rollback([1] * slots)
+            lm.tidy()
+    for row in reversed(range(slots)):
+        lm.remove(row)
 
 
 def capacity_for(prompts: list[list[int]], max_new_tokens: int, gamma_max: int) -> int:

@@ -37,7 +37,7 @@ def load_run(pair, prompt_ids: list[list[int]], configs: list[DecodeConfig], arr
     ids = [prompt_ids[i % len(prompt_ids)] for i in range(arrivals.requests)]
     if any(c.verification.compiled for c in configs):  # each static cache serves one decode at a time
         raise DsparkError("a load run's servers decode side by side, which captured passes cannot (one static "
-                          "cache per model): drop --compile")
+                          "cache per model): give it policies that are not compiled")
     configs = [c.replace(batch_size=max_batch) for c in configs]
     times = [float(t) for t in arrivals.times]
     plain_config = configs[0] if configs else DecodeConfig().replace(batch_size=max_batch)

@@ -30,7 +30,7 @@ from dspark_bench.decoding.batched import autoregressive_serving, interleave, sp
 from dspark_bench.decoding.cached_lm import decode_shapes, warm_compiled
 from dspark_bench.decoding.host import synchronize
 from dspark_bench.decoding.speculative import speculative_decode
-from dspark_bench.decoding.static_batch_lm import StaticBatchLM, capacity_for
+from dspark_bench.decoding.static_batch_lm import capacity_for, warm_batched
 from dspark_bench.decoding.types import DecodeResult
 from dspark_bench.depth import round_depths
 from dspark_bench.harness.depths import depth_fields, depth_summary
@@ -221,17 +221,8 @@ def warm_static_batch(pair: ModelPair, prompt_ids: list[list[int]], config: Deco
     slots = max(1, min(config.batching.batch_size, len(prompt_ids)))
     capacity = capacity_for(prompt_ids, config.verification.max_new_tokens, config.stopping.gamma_max)
     shapes = decode_shapes(config.stopping.gamma_max)
-    for model, role in ((pair.target, "target"), (pair.draft, "draft")):
-        lm = StaticBatchLM(model, slots, capacity, role)
-        for _ in range(slots):
-            lm.add([0])
-        for tokens, _ in shapes[role]:
-            for _ in range(3):  # reduce-overhead records its CUDA graph on the third call
-                lm.forward([[0] * tokens] * slots)
-                lm.rollback([1] * slots)
-                lm.tidy()
-        for row in reversed(range(slots)):
-            lm.remove(row)
+    warm_batched(pair.target, slots, capacity, shapes["target"])
+    warm_batched(pair.draft, slots, capacity, shapes["draft"], role="draft")
 
 
 def iter_batched(pair: ModelPair, prompts: list[Prompt], configs: list[DecodeConfig], settings: RunnerSettings,
