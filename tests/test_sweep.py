@@ -721,8 +721,10 @@ def test_a_spec_listing_temperatures_sweeps_each(saved_pair, prompts_file, tmp_p
     args = base_args(saved_pair, prompts_file, tmp_path) + ["--confirm-top", "0", "--set", "temperatures=[0, 0.8]"]
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
-    folders = sorted(p for p in tmp_path.iterdir() if p.name != "records")
-    temperatures = [json.loads((f / "run.json").read_text())["spec"]["temperature"] for f in folders]
+    folders = [p for p in tmp_path.iterdir() if p.name != "records"]
+    # Sorted by temperature, not by folder name: two sweeps in one second are named in random order
+    # (results.py: the second, then a random suffix).
+    temperatures = sorted(json.loads((f / "run.json").read_text())["spec"]["temperature"] for f in folders)
     assert temperatures == [0.0, 0.8] and len(list((tmp_path / "records").iterdir())) == 2
     assert "the best policy against temperature: dspark-bench report" in " ".join(result.output.split())
     # A temperature a sampled record cannot serve is refused before the first sweep decodes.
