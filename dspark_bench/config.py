@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import math
 from dataclasses import dataclass, field
 
 from dspark_bench import schedules
 from dspark_bench.errors import DsparkError
+from dspark_bench.knobs import Needs, check_declared, knob
 
 # The confidence metrics a policy may read (decoding/confidence.py): gini is Σ p², the complement of
 # the Gini impurity. The default search spaces (tuning/spec.py) name theirs and leave gini out.
@@ -42,66 +42,14 @@ DRAFTERS = ("model", "heads", "lookup")
 DEFAULT_MAX_NEW_TOKENS = 128  # tokens per prompt when neither the flags nor the task say
 
 
-def knob(default, help: str, *, choices: tuple = (), at_least=None, above=None, at_most=None, below=None,
-         searched: bool = False, policy: bool = True, repeats: bool = False, flag: str | None = None,
-         noun: str | None = None, panel: str | None = None, path: bool = False, check=None):
-    """A knob declared once: its default, its help (the CLI option's), the values it may take
-    (`choices`, or bounds: `at_least` or `above` below, `at_most` or `below` above; or `check`, a function of
-    its part refusing a value of a syntax of its own; all checked in one place, check_declared), whether a
-    sweep may search it, whether it belongs to a policy (a calibration file stores those), and whether `run`
-    takes several values of it (a grid axis). cli/declared.py makes every command's option from this; `flag`
-    names an option whose name is not the field's, `panel` the --help group of a setting outside DecodeConfig
-    (whose parts name their own); `path`: the option reads a path, a string as the command line normalises it."""
-    # A registry (a dict, e.g. schedules.SCHEDULES) stays live: a schedule added to it is a choice.
-    meta = {"help": help, "choices": choices if isinstance(choices, dict) else tuple(choices), "at_least": at_least,
-            "above": above, "at_most": at_most, "below": below, "searched": searched, "policy": policy,
-            "repeats": repeats, "flag": flag, "noun": noun, "panel": panel, "path": path, "check": check}
-    return field(default=default, metadata=meta)
+def read_by_schedule(name: str) -> Needs:
+    """A knob only the schedules that read it use (Schedule.reads)."""
+    readers = [s.name for s in schedules.SCHEDULES.values() if name in s.reads]
+    return Needs(f"a schedule that reads it ({' or '.join(readers)})", lambda w, c: name in schedules.of(c).reads)
 
 
-def within(value, meta) -> bool:
-    """Whether a number lies within a declaration's bounds (none: any)."""
-    low, above, high, below = meta.get("at_least"), meta.get("above"), meta.get("at_most"), meta.get("below")
-    return ((low is None or value >= low) and (above is None or value > above) and (high is None or value <= high)
-            and (below is None or value < below))
-
-
-def bounds(meta) -> str:
-    """A declaration's bounds as its error says them: "at least 1", "in (0, 1]", "in [0, 1)"."""
-    low, above = meta.get("at_least"), meta.get("above")
-    high, closed = (meta.get("at_most"), "]") if meta.get("below") is None else (meta.get("below"), ")")
-    if high is None:
-        return f"at least {low:g}" if low is not None else f"above {above:g}"
-    if low is None and above is None:
-        return f"at most {high:g}" if closed == "]" else f"below {high:g}"
-    return f"in [{low:g}, {high:g}{closed}" if low is not None else f"in ({above:g}, {high:g}{closed}"
-
-
-def check_declared(part) -> None:
-    """Each field holds its declared type (a YAML spec or --set can hand any value over), one of
-    its choices, a number within its bounds, and what its own `check` accepts."""
-    for f in dataclasses.fields(part):
-        value, kind = getattr(part, f.name), f.type.removesuffix(" | None")
-        if value is None and kind != f.type:
-            continue
-        if kind == "int" and (not isinstance(value, int) or isinstance(value, bool)):
-            raise DsparkError(f"{f.name} must be an integer (got {value!r})")
-        if kind == "float" and (not isinstance(value, (int, float)) or isinstance(value, bool)
-                                or not math.isfinite(value)):
-            raise DsparkError(f"{f.name} must be a finite number (got {value!r})")
-        if kind == "bool" and not isinstance(value, bool):
-            raise DsparkError(f"{f.name} must be true or false (got {value!r})")
-        if kind == "str" and not isinstance(value, str):
-            raise DsparkError(f"{f.name} must be a {'path' if f.name.endswith('_model') else 'name'} (got {value!r})")
-        choices = f.metadata.get("choices")
-        if choices and value not in choices:
-            noun = f.metadata.get("noun") or f.name.replace("_", " ")
-            raise DsparkError(f"unknown {noun} {value!r}; choose one of {', '.join(choices)}")
-        if kind in ("int", "float") and not within(value, f.metadata):
-            flag = f" ({f.metadata['flag']})" if f.metadata.get("flag") else ""  # the name a user typed too
-            raise DsparkError(f"{f.name}{flag} must be {bounds(f.metadata)} (got {value:g})")
-        if f.metadata.get("check"):  # after the fields declared before it: it may read them
-            f.metadata["check"](part)
+SAMPLED = Needs("a temperature above 0 (greedy verification samples nothing)", lambda w, c: not c.greedy)
+BATCHED = Needs("a batch size above 1", lambda w, c: c.batching.batch_size > 1)
 
 
 @dataclass(frozen=True)
@@ -114,22 +62,27 @@ class StoppingPolicy:
                          "whole batch, see --budget-layout).", choices=schedules.SCHEDULES, searched=True, repeats=True)
     # Every metric is normalised to [0, 1], 1 the most confident (confidence.py): one range for all.
     threshold: float = knob(0.5, "Stop drafting below this confidence.", at_least=0, at_most=1, searched=True,
-                            repeats=True)
+                            repeats=True, needs=read_by_schedule("threshold"))
     threshold_start: float = knob(0.3, "Ramp schedule: the threshold at draft position 1 ...", at_least=0, at_most=1,
-                                  searched=True)
+                                  searched=True, needs=read_by_schedule("threshold_start"))
     threshold_end: float = knob(0.8, "... rising linearly to this at gamma_max.", at_least=0, at_most=1,
-                                searched=True)
+                                searched=True, needs=read_by_schedule("threshold_end"))
     gamma_max: int = knob(5, "Most draft tokens per round.", at_least=1, searched=True, repeats=True)
     min_draft_len: int = knob(1, "Fewest draft tokens per round (llama.cpp's rule: a shorter draft is discarded).",
                               at_least=0, searched=True, repeats=True)
-    depth_policy: str = knob("", schedules.DEPTH_POLICY_HELP, repeats=True, check=schedules.check_depth_policy)
-    topk: int = knob(5, "k of the topk_mass metric.", at_least=1)
+    depth_policy: str = knob("", schedules.DEPTH_POLICY_HELP, repeats=True, check=schedules.check_depth_policy,
+                             needs=read_by_schedule("depth_policy"))
+    # The learned signal reads topk_mass among its raw signals (decoding/learned_signal.py).
+    topk: int = knob(5, "k of the topk_mass metric.", at_least=1,
+                     needs=Needs("the topk_mass or learned metric", lambda w, c: c.stopping.metric in ("topk_mass",
+                                                                                                     LEARNED)))
     # Batch size B > 1, padded layout: once fewer than this share of a round's rows are still
     # drafting (and every row has drafted the positions its rule always keeps: min_draft_len,
     # none under llama.cpp's), the round's draft stops for all of them, so a batch stops paying
     # for the longest drafts of a confident few. 0: each row stops on its own.
     batch_quorum: float = knob(0.0, "B > 1: stop every row's draft once fewer than this share of the rows still "
-                               "draft (0: each row on its own).", at_least=0, at_most=1, searched=True)
+                               "draft (0: each row on its own).", at_least=0, at_most=1, searched=True,
+                               needs=BATCHED)
     # How an engine applies the rule (schedule.py): SEMANTICS.
     semantics: str = knob("dspark", "Whose rule: dspark (drops the failing token) | hf (keeps it) | llamacpp (drops "
                           "it; a draft shorter than --min-draft-len is discarded).", choices=SEMANTICS, searched=True,
@@ -138,18 +91,25 @@ class StoppingPolicy:
     # folder's goodput_model.json (goodput.py; they have no threshold, this is their data); metric
     # "learned" reads its learned_signal.json (learned_signal.py).
     goodput_model: str = knob("", "The goodput and budget schedules' acceptance fit and step costs: a replay sweep's "
-                              "folder (or its goodput_model.json).", path=True)
+                              "folder (or its goodput_model.json).", path=True,
+                              needs=Needs("a goodput or budget schedule", lambda w, c: schedules.of(c).cost_aware))
     # "budget": the layout it prices a pass in (LAYOUTS) — padded, as the batched decoder runs, or
     # packed, as vLLM, SGLang and TensorRT-LLM run (then predicted only). One row: the same rule.
     budget_layout: str = knob("padded", "Budget schedule: price each pass as the padded layout does (its longest "
                               "row; what this decoder runs) or the packed one (its total tokens; vLLM, SGLang, "
-                              "TensorRT-LLM).", choices=LAYOUTS, noun="budget layout")
+                              "TensorRT-LLM).", choices=LAYOUTS, noun="budget layout",
+                              needs=Needs("the budget schedule at a batch size above 1",
+                                          lambda w, c: schedules.of(c).whole_batch and c.batching.batch_size > 1))
     signal_model: str = knob("", "Metric learned: the fitted signal, a replay sweep's folder (or its "
-                             "learned_signal.json).", path=True)
+                             "learned_signal.json).", path=True,
+                             needs=Needs("the learned metric", lambda w, c: c.stopping.metric == LEARNED))
 
     def __post_init__(self) -> None:
         check_declared(self)
         check_stopping(self)
+
+
+LOOKUP = Needs("the lookup drafter", lambda w, c: c.drafting.drafter == "lookup")
 
 
 @dataclass(frozen=True)
@@ -160,8 +120,8 @@ class Drafting:
                         "--heads) | lookup (prompt lookup: n-gram matching, no model).", choices=DRAFTERS,
                         searched=True, repeats=True)
     # "lookup": match the context's last n-gram, the longest of ngram_max..ngram_min that occurred before.
-    ngram_min: int = knob(1, "Lookup drafter: the shortest n-gram matched.", searched=True)
-    ngram_max: int = knob(3, "Lookup drafter: the longest n-gram matched (tried first).", searched=True)
+    ngram_min: int = knob(1, "Lookup drafter: the shortest n-gram matched.", searched=True, needs=LOOKUP)
+    ngram_max: int = knob(3, "Lookup drafter: the longest n-gram matched (tried first).", searched=True, needs=LOOKUP)
 
     def __post_init__(self) -> None:
         check_declared(self)
@@ -189,7 +149,7 @@ class Verification:
     temperature: float = knob(0.0, "0 = greedy verification; > 0 = lossless rejection sampling.", at_least=0.0,
                               policy=False)
     top_p: float = knob(1.0, "Nucleus filter, applied to target and draft alike.", above=0.0, at_most=1.0,
-                        policy=False)
+                        policy=False, needs=SAMPLED)
     max_new_tokens: int = knob(DEFAULT_MAX_NEW_TOKENS, "Tokens to generate per prompt (default: the task's, else "
                                f"{DEFAULT_MAX_NEW_TOKENS}).", at_least=1, policy=False)
     seed: int = knob(0, "Sampling seed (seeds each decode's generator).", policy=False)

@@ -119,7 +119,7 @@ def of(policy) -> Schedule:
 
 def named(name: str) -> Schedule:
     """The schedule called `name`; an unknown name is a schedule with no properties, for the
-    config's own check to refuse in one line (config.check_declared)."""
+    config's own check to refuse in one line (knobs.check_declared)."""
     return (SCHEDULES.get(name) if isinstance(name, str) else None) or Schedule(name)
 
 
@@ -181,7 +181,7 @@ def depth_entries(text: str) -> list[str]:
 
 
 def check_depth_policy(policy) -> None:
-    """The depth_policy knob, checked with its stopping policy (config.check_declared's hook): well
+    """The depth_policy knob, checked with its stopping policy (knobs.check_declared's hook): well
     formed under any schedule; under the depth schedule given, with gamma_max its largest γ_max
     and min_draft_len within its smallest."""
     buckets = depth_policy(policy.depth_policy)

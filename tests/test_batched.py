@@ -259,7 +259,7 @@ def test_the_quorum_rule_cuts_drafts_and_keeps_the_output(llama_pair):
 
 
 def test_first_divergence():
-    from dspark_bench.harness.runner import first_divergence
+    from dspark_bench.harness.samples import first_divergence
 
     assert first_divergence([1, 2, 3], [1, 2, 3]) is None
     assert first_divergence([1, 2, 4], [1, 2, 3]) == 2

@@ -51,7 +51,7 @@ def options_of(path: tuple[str, ...]) -> dict:
 
 
 def test_knob_options_are_made_from_their_declarations():
-    """Every knob (config.knob) is an option of `run` and `decode`, with the declared help, default
+    """Every knob (knobs.knob) is an option of `run` and `decode`, with the declared help, default
     and repeatability; none is written by hand (cli/declared.py makes them)."""
     from dspark_bench.config import KNOBS
     from dspark_bench.harness.workload import WORKLOAD_FIELDS, Workload

@@ -175,7 +175,7 @@ def test_verify_side_refuses_batches():
 
 
 def test_identical_share_and_first_divergence():
-    from dspark_bench.harness.runner import first_divergence, identical_share
+    from dspark_bench.harness.samples import first_divergence, identical_share
 
     assert identical_share([1, 2, 3, 4], [1, 2, 3, 4]) == 1.0 and first_divergence([1, 2], [1, 2]) is None
     # after a near-tie the outputs part and mostly stay apart: 2 of 4 positions still agree

@@ -19,7 +19,7 @@ from dspark_bench.decoding.sampling import distribution
 from dspark_bench.decoding.schedule import at_depth, threshold_at
 from dspark_bench.depth import round_depths
 from dspark_bench.errors import DsparkError
-from dspark_bench.harness.runner import sample_row
+from dspark_bench.harness.samples import sample_row
 
 PROMPTS = [[0, 5, 9, 11], [7], [3, 3, 40, 2, 8, 100, 17]]
 

@@ -171,7 +171,7 @@ OUT_OF_BOUNDS = {
 @pytest.mark.parametrize("command", ["run", "sweep"])
 @pytest.mark.parametrize("given", OUT_OF_BOUNDS)
 def test_a_knobs_bounds_are_checked_before_any_model_loads(command, given, monkeypatch, tmp_path):
-    """A bound is its knob's declaration (config.knob), checked with the workload before any work:
+    """A bound is its knob's declaration (knobs.knob), checked with the workload before any work:
     one line and exit 1, no model loaded, nothing written."""
     import transformers
 

@@ -1,4 +1,4 @@
-"""Command-line options made from the declarations (config.knob): a knob's option is written
+"""Command-line options made from the declarations (knobs.knob): a knob's option is written
 nowhere else.
 
 `with_options(knobs=[...])` adds one option per declared field to a command's own parameters,
@@ -84,7 +84,7 @@ def as_stored(value):
 
 
 def fields_of(cls, names=None, without=()) -> list[dataclasses.Field]:
-    """A dataclass's declared fields (those made by config.knob), `names` alone if given, none of `without`."""
+    """A dataclass's declared fields (those made by knobs.knob), `names` alone if given, none of `without`."""
     declared = [f for f in dataclasses.fields(cls) if "help" in f.metadata and f.name not in without]
     return [f for f in declared if names is None or f.name in names]
 

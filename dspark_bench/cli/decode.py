@@ -50,7 +50,7 @@ def decode(
 
 def show_rounds(text: str, tokenizer, result, config: DecodeConfig) -> None:
     """The prompt and every round, then the generation's policy metrics and stop reasons."""
-    from dspark_bench.harness.runner import sample_row  # loaded when the command runs, not for --help
+    from dspark_bench.harness.samples import sample_row  # loaded when the command runs, not for --help
 
     markers = not out_console.is_terminal or out_console.no_color
     out_console.print(Text(text, style="dim") + render_rounds(tokenizer, result, markers))

@@ -1,4 +1,4 @@
-"""The commands' own options, declared once each (config.knob), as the knobs and the workload's
+"""The commands' own options, declared once each (knobs.knob), as the knobs and the workload's
 settings are: --out means one thing with one flag whichever command takes it, and its help, default
 and type are written here only.
 
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dspark_bench.cli.declared import REQUIRED, with_options
-from dspark_bench.config import knob
+from dspark_bench.knobs import knob
 from dspark_bench.reporting.regress import DEFAULT_SPEED_TOLERANCE, DEFAULT_TOLERANCE
 
 __all__ = ["REQUIRED", "CommandOptions", "command_options"]

@@ -65,8 +65,11 @@ class RunConfig(Workload):
 
     def space(self) -> dict:
         """The grid's axes as a search space (config.expand's), crossed in GRID_ORDER: the knobs
-        a run has always crossed, and any other knob given several values."""
-        others = [name for name, values in self.grid.items() if name not in GRID_ORDER and len(values) > 1]
+        a run has always crossed, any other knob given several values, and the knobs a schedule reads
+        (set in the base, the default schedule would drop them: the threshold schedule, a depth policy)."""
+        read = {name for schedule in schedules.SCHEDULES.values() for name in schedule.reads}
+        others = [name for name, values in self.grid.items() if name not in GRID_ORDER
+                  and (len(values) > 1 or name in read)]
         return {name: self.values(name) for name in (*GRID_ORDER, *others)}
 
     def fixed_knobs(self) -> dict:
@@ -121,6 +124,7 @@ def check(config: RunConfig) -> None:
     if config.policies is not None and not config.policies:
         raise DsparkError("the run lists no policy to decode")
     configs = config.decode_configs()  # every policy of the grid is valid (one clear line if not)
+    config.check_needs(configs, given=config.grid)  # and every knob given does something to one of them
     if config.decoder == "hf" and any(c.verification.compiled or c.verification.draft_mode != "early-stop"
                                       for c in configs):
         raise DsparkError("--decoder hf runs HF's own generate loop: drop --compile and --draft-mode")
@@ -143,7 +147,7 @@ def check(config: RunConfig) -> None:
 
 def check_grid(grid: dict) -> None:
     """The grid names knobs (config.KNOBS), each with at least one value; whether the values
-    are in range is each policy's own check (config.check_declared), when it is built."""
+    are in range is each policy's own check (knobs.check_declared), when it is built."""
     if not isinstance(grid, dict):
         raise DsparkError(f"a run's grid maps knobs to their values (got {grid!r})")
     unknown = sorted(set(grid) - set(KNOBS))

@@ -32,19 +32,16 @@ from dspark_bench.decoding.host import synchronize
 from dspark_bench.decoding.speculative import speculative_decode
 from dspark_bench.decoding.static_batch_lm import capacity_for, warm_batched
 from dspark_bench.decoding.types import DecodeResult
-from dspark_bench.depth import round_depths
-from dspark_bench.harness.depths import depth_fields, depth_summary
+from dspark_bench.harness.depths import depth_summary
 from dspark_bench.harness.health import LoadProbe, baseline_drift, health, identical_rounds, wall_over_estimate
 from dspark_bench.harness.models import ModelPair
 from dspark_bench.harness.plan import precision_plan, run_plan, seconds_per_token
+from dspark_bench.harness.samples import config_columns, round_rows, sample_fields
 from dspark_bench.harness.verdicts import judge, with_schedules
 from dspark_bench.harness.workload import RunnerSettings  # declared beside the workload; still importable here
-from dspark_bench.metrics import position_acceptance, rates, round_totals, speedup_ratio, summarize
+from dspark_bench.metrics import summarize
 from dspark_bench.prompts import Prompt, encode, prompts_fingerprint
 from dspark_bench.results import check_writable, write_run
-
-# Long: the one place that times decoding — warm-ups (compiled and captured ones included), batch 1
-# and batched, interleaved sides — and writes the run folder; split, the timing rules would part.
 
 
 def speculative_decoder(settings: RunnerSettings):
@@ -66,41 +63,6 @@ def timed(fn: Callable[[], DecodeResult], device: torch.device) -> tuple[DecodeR
     result = fn()
     synchronize(device)
     return result, time.perf_counter() - start
-
-
-def sample_row(result: DecodeResult, config: DecodeConfig) -> dict:
-    """Per-sample metrics of one speculative decode."""
-    drafted = np.array([r.drafted for r in result.rounds], dtype=np.int64)
-    accepted = np.array([r.accepted for r in result.rounds], dtype=np.int64)
-    emitted = np.array([r.emitted for r in result.rounds], dtype=np.int64)
-    totals = round_totals(drafted, accepted, emitted, [r.stop_reason for r in result.rounds])
-    position_drafted, position_accepted = position_acceptance(drafted, accepted, config.stopping.gamma_max)
-    new_tokens = len(result.tokens)
-    return {
-        **totals,
-        **rates(totals),
-        "new_tokens": new_tokens,
-        "target_forwards": result.target_forwards,
-        "draft_forwards": result.draft_forwards,
-        "target_forwards_per_token": result.target_forwards / new_tokens if new_tokens else np.nan,
-        "draft_forwards_per_token": result.draft_forwards / new_tokens if new_tokens else np.nan,
-        "position_drafted": position_drafted,
-        "position_accepted": position_accepted,
-    }
-
-
-def round_rows(result: DecodeResult, base: dict, prompt_tokens: int) -> list[dict]:
-    depths = round_depths(prompt_tokens, [r.emitted for r in result.rounds])  # context tokens as each round starts
-    return [
-        {**base, "round": i, "depth": int(depth), "drafted": r.drafted, "accepted": r.accepted,
-         "emitted": r.emitted, "stop_reason": r.stop_reason, "draft_tokens": r.draft_tokens,
-         "confidences": r.confidences, "target_token": r.target_token, "draft_forwards": r.draft_forwards}
-        for i, (r, depth) in enumerate(zip(result.rounds, depths))
-    ]
-
-
-def config_columns(config: DecodeConfig, config_id: int) -> dict:
-    return {"config_id": config_id, "config_label": config.label(), **config.to_dict()}
 
 
 def measure(pair: ModelPair, prompt_ids: list[int], config: DecodeConfig, repeats: int, eos: frozenset[int],
@@ -252,42 +214,6 @@ def iter_batched(pair: ModelPair, prompts: list[Prompt], configs: list[DecodeCon
                        baseline_latency_per_token_s=baseline.latency_per_token,
                        spec_latency_per_token_s=spec.latency_per_token)
             yield row, round_rows(spec.result, base, len(prompt_ids)) if settings.trace else []
-
-
-def first_divergence(output: list[int], baseline: list[int]) -> int | None:
-    """The first position where two outputs differ (a length difference counts); None if equal."""
-    if output == baseline:
-        return None
-    return next((i for i, (a, b) in enumerate(zip(output, baseline)) if a != b), min(len(output), len(baseline)))
-
-
-def identical_share(output: list[int], baseline: list[int]) -> float:
-    """The share of positions where two outputs hold the same token (over the longer one)."""
-    longest = max(len(output), len(baseline))
-    return sum(a == b for a, b in zip(output, baseline)) / longest if longest else 1.0
-
-
-def sample_fields(base: dict, spec: DecodeResult, baseline: DecodeResult, config: DecodeConfig, prompt_tokens: int,
-                  base_time: float, spec_time: float) -> dict:
-    """One sample row: the policy metrics of `spec`, both sides' times and outputs."""
-    return {
-        **base,
-        **sample_row(spec, config),
-        "prompt_tokens": prompt_tokens,
-        **depth_fields(spec.rounds, prompt_tokens),
-        "baseline_new_tokens": len(baseline.tokens),
-        "baseline_time_s": float(base_time),
-        "spec_time_s": float(spec_time),
-        "speedup": float(speedup_ratio(base_time, len(baseline.tokens), spec_time, len(spec.tokens))),
-        # Only greedy outputs must be identical; sampled ones differ by design.
-        "identical_to_baseline": (spec.tokens == baseline.tokens) if config.greedy else None,
-        # Where they part (greedy): in reduced precision a k-token verify pass and k single-token
-        # passes, or a batched pass and a single-row one, can round a near-tie differently.
-        "first_divergence": first_divergence(spec.tokens, baseline.tokens) if config.greedy else None,
-        "identical_share": identical_share(spec.tokens, baseline.tokens) if config.greedy else None,
-        "output_ids": spec.tokens,
-        "baseline_ids": baseline.tokens,
-    }
 
 
 # Progress of a long job in stages: progress(stage description, done, total).

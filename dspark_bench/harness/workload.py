@@ -11,9 +11,12 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from dspark_bench.config import DEFAULT_MAX_NEW_TOKENS, check_declared, knob, same_as
+from dspark_bench.config import BATCHED, DEFAULT_MAX_NEW_TOKENS, KNOBS, same_as
+from dspark_bench.errors import DsparkError
+from dspark_bench.knobs import Needs, check_declared, knob
 
 MODELS, PROMPTS, TIMING = "Models", "Prompts", "Timing"  # the --help groups of a workload's options
+DATASET = Needs("--dataset (a task's prompts come as its file says)", lambda w, c: w.dataset is not None)
 
 
 @dataclass(frozen=True)
@@ -37,9 +40,11 @@ class Workload:
     task: str | None = knob(None, "Built-in task (see `dspark-bench tasks ls`); several comma-separated "
                             "(code,humaneval) run side by side, each its own category.", panel=PROMPTS)
     dataset: str | None = knob(None, "Your prompts: JSONL/JSON/CSV/Parquet/text file, or a hub id.", panel=PROMPTS)
-    split: str = knob("train", "Dataset split (hub datasets).", panel=PROMPTS)
-    prompt_field: str | None = knob(None, "Column holding the prompt (default: guessed).", panel=PROMPTS)
-    category_field: str | None = knob(None, "Column holding the category (default: guessed).", panel=PROMPTS)
+    split: str = knob("train", "Dataset split (hub datasets).", panel=PROMPTS, needs=DATASET)
+    prompt_field: str | None = knob(None, "Column holding the prompt (default: guessed).", panel=PROMPTS,
+                                    needs=DATASET)
+    category_field: str | None = knob(None, "Column holding the category (default: guessed).", panel=PROMPTS,
+                                      needs=DATASET)
     limit: int | None = knob(None, "Use only the first N prompts.", at_least=1, panel=PROMPTS)
     turns: str = knob("first", "Multi-turn prompts: the first turn, or all (each turn on the model's own answer).",
                       choices=("first", "all"), noun="--turns", panel=PROMPTS)
@@ -62,7 +67,7 @@ class Workload:
     # batching), or the batch empties before the next starts ("drain")
     batching: str = knob("refill", "B > 1: refill (a finished row's place goes to the next prompt, as continuous "
                          "batching does) | drain (each batch empties first).", choices=("refill", "drain"),
-                         noun="--batching", panel=TIMING)
+                         noun="--batching", panel=TIMING, needs=BATCHED)
     # The headline comparison (the best scheduled policy against the best fixed γ, paired on the
     # same prompts) timed again, pass after pass, until its 95 % interval is within ±precision
     # (0: one pass), or until precision_budget_s seconds of further passes are spent.
@@ -71,7 +76,8 @@ class Workload:
                             "--precision-budget runs out (default: one pass).", at_least=0, below=1, panel=TIMING)
     # Above 0: a budget of nothing would let --precision run no pass and say it ran.
     precision_budget_s: float = knob(600.0, "Seconds of further passes --precision may spend.", above=0,
-                                     flag="--precision-budget", panel=TIMING)
+                                     flag="--precision-budget", panel=TIMING,
+                                     needs=Needs("--precision", lambda w, c: w.precision > 0))
     # torch's CPU threads for the job (None: torch's own choice). On a machine another process keeps
     # busy, fewer threads than cores stop torch's threads fighting it (timing health says when).
     threads: int | None = knob(None, "torch's CPU threads (default: torch's own); on a busy machine, fewer than the "
@@ -88,8 +94,22 @@ class Workload:
 
     def check_workload(self) -> None:
         """Refuse settings no decode can run with (a run and a sweep alike), before anything loads:
-        each field as declared (config.check_declared: its type, choices and bounds)."""
+        each field as declared (knobs.check_declared: its type, choices and bounds)."""
         check_declared(self)
+
+    def check_needs(self, policies: list, given: dict | None = None) -> None:
+        """Refuse, before any work, a knob set where it has no effect (its declaration's `needs`):
+        one of this workload's fields away from its default, or a policy knob the run's grid or the
+        sweep's space gives values other than its default (`given`: knob -> values), that no policy
+        of it would read."""
+        declared = {f.name: f for f in dataclasses.fields(self)}
+        changed = [name for name, f in declared.items() if f.default is not dataclasses.MISSING
+                   and getattr(self, name) != f.default]
+        changed += [name for name, values in (given or {}).items() if set(values) != {KNOBS[name].default}]
+        for name in dict.fromkeys(changed):
+            needs = (declared[name] if name in declared else KNOBS[name]).metadata.get("needs")
+            if needs is not None and not any(needs.holds(self, policy) for policy in policies):
+                raise DsparkError(f"--{name.replace('_', '-')} has no effect here: it needs {needs.what}")
 
     def use_threads(self) -> None:
         """Set torch's CPU threads as the workload asks, before any model loads."""

@@ -16,14 +16,18 @@ import numpy as np
 import yaml
 
 from dspark_bench import schedules
-from dspark_bench.config import SEARCHABLE_FIELDS, DecodeConfig, expand, knob, same_as
+from dspark_bench.config import SEARCHABLE_FIELDS, DecodeConfig, expand, same_as
 from dspark_bench.errors import DsparkError, first_line
 from dspark_bench.harness.workload import Workload
+from dspark_bench.knobs import Needs, knob
 from dspark_bench.objectives import LOAD_OBJECTIVES, OBJECTIVES
 from dspark_bench.replay.arrivals import read_trace
 
 STUDY = "Study"  # the --help group of a sweep's own settings
 LOAD = "Under load"  # the --help group of replay under load (replay/load.py)
+# What a sweep's own knobs need to have any effect (knobs.Needs; SweepSpec.check_needs refuses them without).
+REPLAY = Needs("replay (--evaluation replay or auto)", lambda w, c: evaluation_for(w) == "replay")
+LOADED = Needs("replay under load (--arrival-rate or --arrival-trace)", lambda w, c: under_load(w))
 PARAMS = SEARCHABLE_FIELDS  # what a search space may name (config.py declares them)
 # The base of a space given by flags alone, and the default of real (timed) sweeps: every point
 # costs a decoding pass per prompt, so it stays small.
@@ -62,28 +66,31 @@ class SweepSpec(Workload):
     evaluation: str = knob("auto", "How policies are evaluated: replay (record once, simulate all, confirm the best) "
                            "| real (a timed run each) | auto.", choices=("auto", "replay", "real"), noun="evaluation",
                            panel=STUDY)
-    trials: int = knob(20, "Optuna budget (grid: the whole grid).", at_least=1, panel=STUDY)
+    trials: int = knob(20, "Optuna budget (grid: the whole grid).", at_least=1, panel=STUDY,
+                       needs=Needs("--method optuna (a grid runs the whole grid)", lambda w, c: w.method == "optuna"))
     confirm_top: int = knob(5, "Replay: how many policies to confirm with timed runs, in all (the best, then the "
                                  "best of each kind not yet among them), the best fixed γ timed beside them as the "
-                                 "reference; 0: replay's answer alone, nothing timed.", at_least=0, panel=STUDY)
+                                 "reference; 0: replay's answer alone, nothing timed.", at_least=0, panel=STUDY, needs=REPLAY)
     # Replay at a temperature > 0: K sampled paths per prompt (replay/sampled.py), the replicates of
     # the 95 % interval on every predicted metric. Each costs a plain decode and a draft rollout
     # pass to record; the half-width narrows as t(K - 1) / √K. The default is the measured
     # trade-off (docs/policy-and-metrics.md#which-temperatures-are-validated).
     paths: int = knob(8, "Replay at a temperature > 0: sampled paths per prompt, each a plain decode and a draft "
                       "rollout pass to record; the predicted metrics' 95 % interval narrows as t(K-1)/√K (8 "
-                      "paths: about half of 4's).", at_least=2, panel=STUDY)
+                      "paths: about half of 4's).", at_least=2, panel=STUDY,
+                      needs=Needs("replay at a temperature above 0 (greedy replay follows the one greedy path)",
+                                  lambda w, c: not c.greedy and evaluation_for(w) == "replay"))
     sampler_seed: int = 0  # seeds Optuna's sampler (the decodes' own seed is `seed`)
     heartbeat_s: int = 30  # a trial silent this long (x2) was killed and is retried
     # Replay: the analyses of the record are a research question, not "which policy":
     # `dspark-bench analyze SWEEP` runs them later as well.
     analyze: bool = knob(False, "Replay: also study the record (the oracle's headroom, each signal's held-out "
                          "quality, how good a signal would have to be) into analysis.json; `dspark-bench analyze` "
-                         "does it later.", flag="--analyze", panel=STUDY)
+                         "does it later.", flag="--analyze", panel=STUDY, needs=REPLAY)
     # Whose costs replay prices rounds with (replay/cost_file.py).
     prices: str = knob("ours", "Replay: whose costs price each round: ours (timed here) | llamacpp (llama.cpp's, "
                        "measured by the sweep or `run --decoder llamacpp`, cached) | a cost-model file "
-                       "(docs/engines-and-export.md#cost-model-files).", panel=STUDY)
+                       "(docs/engines-and-export.md#cost-model-files).", panel=STUDY, needs=REPLAY)
     # Temperature as an axis: one sweep per temperature listed (each its own record and folder),
     # in place of `temperature`; `report` of their folders draws the best policy against it.
     temperatures: tuple[float, ...] = ()
@@ -93,17 +100,19 @@ class SweepSpec(Workload):
     arrival_trace: str | None = knob(None, "Replay under load: a trace of arrival times, seconds, one per line (as "
                                      "well as or instead of --arrival-rate).", path=True, panel=LOAD)
     requests: int = knob(200, "Replay under load: requests per arrival rate, the prompts in turn (a Poisson "
-                         "process seeded by --seed).", at_least=1, panel=LOAD)
+                         "process seeded by --seed).", at_least=1, panel=LOAD, needs=LOADED)
     max_batch: int | None = knob(None, "Replay under load: most requests decoded at once, at most the sweep's "
-                                 "largest --batch-size (default: that).", at_least=1, panel=LOAD)
+                                 "largest --batch-size (default: that).", at_least=1, panel=LOAD, needs=LOADED)
     # tpot_p50 by default: below saturation throughput follows the offered load whatever the policy,
     # while a request's time per token is what the policy changes at every rate.
     load_objective: str = knob("tpot_p50", "Replay under load: the best policy per rate by tpot_p50 (lowest median "
                                "time per output token) | throughput (output tokens/s, within --tpot-limit at p99 if "
                                "given) | goodput (tokens/s of the requests within --tpot-limit).",
-                               choices=tuple(LOAD_OBJECTIVES), noun="load objective", panel=LOAD)
+                               choices=tuple(LOAD_OBJECTIVES), noun="load objective", panel=LOAD,
+                               needs=LOADED)
     tpot_limit: float | None = knob(None, "Replay under load: the time per output token a request may take, "
-                                    "seconds (throughput: at p99; goodput: each request's).", above=0, panel=LOAD)
+                                    "seconds (throughput: at p99; goodput: each request's).", above=0, panel=LOAD,
+                                    needs=LOADED)
     # Replay: the target's greedy continuations from the engine that serves it, a continuations
     # file (replay/continuations.py) or several (one per task, say), instead of decoding the
     # target here; None: decoded here.
@@ -184,11 +193,7 @@ def max_batch_of(spec: SweepSpec) -> int:
 def _check_load(spec: SweepSpec, where: str) -> None:
     """Refuse, before any work, a load the sweep cannot replay, and a load's setting without a load."""
     if not under_load(spec):
-        given = [flag for flag, value in (("--max-batch", spec.max_batch), ("--tpot-limit", spec.tpot_limit))
-                 if value is not None]
-        if given:
-            raise DsparkError(f"{where}: {given[0]} sets replay under load: give --arrival-rate or --arrival-trace")
-        return
+        return  # a load's own settings without a load: SweepSpec.check_needs
     if evaluation_for(spec) != "replay":
         raise DsparkError(f"{where}: replay under load (--arrival-rate, --arrival-trace) needs --evaluation replay")
     if not any(point.drafting.drafter == "model" for point in points(spec)):
@@ -217,7 +222,7 @@ def parse_spec(data: dict, where: str = "sweep spec") -> SweepSpec:
 
 
 def _check_types(spec: SweepSpec, where: str) -> None:
-    """What the declarations (config.check_declared, in check_workload) cannot say: the forms a
+    """What the declarations (knobs.check_declared, in check_workload) cannot say: the forms a
     cost model and continuations may take."""
     if not isinstance(spec.prices, str) or not spec.prices:
         raise DsparkError(f"{where}: prices must be ours, llamacpp or a cost-model file's path (got {spec.prices!r})")
@@ -265,6 +270,11 @@ def _parse_spec(data: dict, where: str) -> SweepSpec:
                           "nothing: drop one of them")
     if not points(spec):
         raise DsparkError(f"{where}: no valid point in the search space (min_draft_len exceeds every gamma_max?)")
+    try:  # a knob that would do nothing here (its declaration's needs), over every temperature's points
+        spec.check_needs([p for one in per_temperature(spec) for p in points(one, base_config(one, None))],
+                         given={k: v for k, v in spec.space.items() if DEFAULT_SPACE.get(k) != v})
+    except DsparkError as err:
+        raise DsparkError(f"{where}: {err}") from None
     _check_load(spec, where)
     return spec
 
