@@ -199,6 +199,17 @@ def cached_prices(where: Path, gamma: int, depth: int, say=None) -> CostFile | N
     return None
 
 
+def how_measured(scale: float) -> str:
+    """The cost-model file's own account of how its prices were taken."""
+    return ("t_verify(k): llama-bench -p k+1 -n 0 -d DEPTH, target + draft (the server passes every target batch "
+            "through the draft too); t_draft: the draft's -p 1; medians of "
+            f"{REPETITIONS * INVOCATIONS} repetitions over {INVOCATIONS} runs, sizes shuffled. t_plain, t_round: "
+            f"fitted on llama-server's timings.predicted_ms of fixed γ={' and '.join(map(str, FIT_GAMMAS))} and plain "
+            "runs: the median per round of what each took beyond replay's passes (fitted_on); t_round_empty: the same "
+            f"per empty round of a p-min 1 run; every pass scaled by {scale:.3f}, the server's plain step over "
+            "llama-bench's one-token target pass where llama-bench's is the slower (server_scale)")
+
+
 def llamacpp_prices(pair, fit_prompts, fit_ids: list[list[int]], eos, max_new_tokens: int, gamma: int,
                     binary: Path, version, target: Path, draft: Path, threads: int | None,
                     say=None, progress=None) -> CostFile:
@@ -245,14 +256,7 @@ def llamacpp_prices(pair, fit_prompts, fit_ids: list[list[int]], eos, max_new_to
     prices = CostFile(
         CostSurface({1: model}), {"name": "llamacpp", "version": f"b{build['build_number']}", "build": build},
         {"target": str(target), "draft": str(draft), "target_fingerprint": described["target_fingerprint"],
-         "draft_fingerprint": described["draft_fingerprint"]},
-        "t_verify(k): llama-bench -p k+1 -n 0 -d DEPTH, target + draft (the server passes every target batch "
-        "through the draft too); t_draft: the draft's -p 1; medians of "
-        f"{REPETITIONS * INVOCATIONS} repetitions over {INVOCATIONS} runs, sizes shuffled. t_plain, t_round: fitted "
-        f"on llama-server's timings.predicted_ms of fixed γ={' and '.join(map(str, FIT_GAMMAS))} and plain runs: the "
-        "median per round of what each took beyond replay's passes (fitted_on); t_round_empty: the same per empty "
-        f"round of a p-min 1 run; every pass scaled by {scale:.3f}, the server's plain step over llama-bench's "
-        "one-token target pass where llama-bench's is the slower (server_scale)",
+         "draft_fingerprint": described["draft_fingerprint"]}, how_measured(scale),
         {**machine(), "threads": threads or "llama.cpp's default"}, now(),
         {"policies": [p.label() for p in policies], "prompts": [p.id for p in fit_prompts], "runs": per_run,
          "pass_scale": scale,

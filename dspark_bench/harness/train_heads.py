@@ -27,9 +27,9 @@ from dspark_bench.decoding import heads as heads_mod
 from dspark_bench.errors import DsparkError
 from dspark_bench.harness.models import load_tokenizer, model_fingerprint
 from dspark_bench.reference import corpus as corpus_mod
-from dspark_bench.reference.data import _read_jsonl, encode_stream, stage_corpus
+from dspark_bench.reference.data import read_jsonl, encode_stream, stage_corpus
 from dspark_bench.reference.setup import TRAIN_BYTES, Reporter, log
-from dspark_bench.reference.train import WEIGHTS_DIR, _install_sigterm, batch_at, default_pair_paths
+from dspark_bench.reference.train import WEIGHTS_DIR, install_sigterm, batch_at, default_pair_paths
 from dspark_bench.results import atomic_write
 
 HEADS = 4  # k: the longest segment the heads propose
@@ -55,12 +55,12 @@ def corpus_tokens(out: Path, tokenizer) -> tuple[np.ndarray, dict[str, np.ndarra
     stage_corpus(out, TRAIN_BYTES)
     train_path = out / "heads_tokens_train.npy"
     if not train_path.exists():
-        docs = _read_jsonl(out / "corpus_train.jsonl")
+        docs = read_jsonl(out / "corpus_train.jsonl")
         array = encode_stream(tokenizer, [d["text"] for d in docs])
         atomic_write(train_path, lambda partial: np.save(partial, array))
     held = {}
     for domain in corpus_mod.DOMAINS:
-        docs = _read_jsonl(out / f"corpus_heldout_{domain}.jsonl")
+        docs = read_jsonl(out / f"corpus_heldout_{domain}.jsonl")
         held[domain] = encode_stream(tokenizer, [d["text"] for d in docs])[:HELD_OUT_TOKENS]
     return np.load(train_path), held
 
@@ -144,7 +144,7 @@ def train_heads(target, tokens: np.ndarray, out: Path, budget_s: float, count: i
             {"heads": heads.state_dict(), "optimizer": opt.state_dict(), "state": dict(state), "count": count},
             partial))
 
-    old_handler = _install_sigterm()
+    old_handler = install_sigterm()
     try:
         train_steps(target, heads, opt, tokens, state, budget_s, save, max_steps)
     finally:

@@ -79,7 +79,7 @@ def _write_jsonl(path: Path, docs) -> None:
     atomic_write(path, write)
 
 
-def _read_jsonl(path: Path) -> list[dict]:
+def read_jsonl(path: Path) -> list[dict]:
     with path.open(encoding="utf-8") as f:
         return [json.loads(line) for line in f]
 
@@ -92,18 +92,18 @@ def stage_tokenizer(out: Path, vocab_size: int = VOCAB_SIZE) -> dict:
     tok_dir = out / "tokenizer"
     if not (tok_dir / "tokenizer.json").exists():
         log("tokenizer: training byte-level BPE")
-        texts = [d["text"] for d in _read_jsonl(out / "corpus_train.jsonl")]
+        texts = [d["text"] for d in read_jsonl(out / "corpus_train.jsonl")]
         save_tokenizer(train_tokenizer(texts, vocab_size), tok_dir)
     tokenizer = load_tokenizer(tok_dir)
     counts = {}
     train_path = out / "tokens_train.npy"
     if not train_path.exists():
-        docs = _read_jsonl(out / "corpus_train.jsonl")
+        docs = read_jsonl(out / "corpus_train.jsonl")
         _save_npy(train_path, encode_stream(tokenizer, [d["text"] for d in docs]))
     for domain in corpus_mod.DOMAINS:
         path = out / f"tokens_val_{domain}.npy"
         if not path.exists():
-            docs = _read_jsonl(out / f"corpus_heldout_{domain}.jsonl")
+            docs = read_jsonl(out / f"corpus_heldout_{domain}.jsonl")
             _save_npy(path, encode_stream(tokenizer, [d["text"] for d in docs])[:VAL_TOKENS])
         counts[f"val_{domain}"] = int(np.load(path, mmap_mode="r").shape[0])
     counts["train"] = int(np.load(train_path, mmap_mode="r").shape[0])

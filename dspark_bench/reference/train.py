@@ -150,7 +150,7 @@ def train_model(
     if teacher is not None:
         teacher.eval()
     # SIGTERM (kill, nohup shutdown) becomes an exception so the finally-block checkpoints.
-    old_handler = _install_sigterm()
+    old_handler = install_sigterm()
     try:
         _run_steps(model, opt, cfg, tokens, state, teacher, budget_s, max_steps, stop_at_step, name, save)
     finally:
@@ -212,7 +212,7 @@ def _run_steps(model, opt, cfg: TrainConfig, tokens, state: dict, teacher, budge
         state["done"] = finished()
 
 
-def _install_sigterm():
+def install_sigterm():
     def handler(signum, frame):
         raise KeyboardInterrupt("SIGTERM")
     try:
