@@ -34,12 +34,13 @@ from dspark_bench.decoding.speculative import speculative_decode
 from dspark_bench.depth import DEPTH_LABELS, PRICED_DEPTHS, depth_bucket
 from dspark_bench.harness.models import load_pair
 from dspark_bench.harness.runner import RunnerSettings, run
+from dspark_bench.measure.cost_model import measure_cost, measure_depths
+from dspark_bench.measure.recording import record
 from dspark_bench.metrics import sample_speedup
 from dspark_bench.prompts import encode
 from dspark_bench.reference.long import long_pair_paths
-from dspark_bench.replay.cost import measure_cost, measure_depths
 from dspark_bench.replay.sampled import rows_of
-from dspark_bench.replay.simulate import record, simulate, simulate_grid
+from dspark_bench.replay.simulate import simulate, simulate_grid
 from dspark_bench.tasks import load_task
 from dspark_bench.tuning.replay_sweep import timing_sequence
 

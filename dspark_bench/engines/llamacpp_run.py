@@ -48,11 +48,11 @@ from dspark_bench.harness.gguf_read import is_gguf
 from dspark_bench.harness.hf_cost_model import fit_prompts as spare_prompts
 from dspark_bench.harness.run import RunConfig, execute, plan_run
 from dspark_bench.harness.runner import stage_steps
+from dspark_bench.measure.cost_model import measure_cost
+from dspark_bench.measure.recording import record
 from dspark_bench.metrics import rates, summarize
 from dspark_bench.prompts import encode
 from dspark_bench.replay import cost_file
-from dspark_bench.replay.cost import measure_cost
-from dspark_bench.replay.record import record
 from dspark_bench.replay.simulate import simulate, simulate_grid
 from dspark_bench.results import check_writable, write_json, write_parquet
 

@@ -27,11 +27,12 @@ from dspark_bench import schedules
 from dspark_bench.config import DecodeConfig
 from dspark_bench.errors import DsparkError
 from dspark_bench.harness.runner import run, stage_steps
+from dspark_bench.measure.cost_model import measure_cost
+from dspark_bench.measure.recording import record
 from dspark_bench.metrics import summarize
 from dspark_bench.prompts import encode
 from dspark_bench.replay import cost_file
-from dspark_bench.replay.cost import CostSurface, measure_cost
-from dspark_bench.replay.record import record
+from dspark_bench.replay.cost import CostSurface
 from dspark_bench.replay.simulate import simulate_grid
 from dspark_bench.results import write_json
 from dspark_bench.tasks import load_prompts

@@ -29,14 +29,13 @@ from dspark_bench.decoding.confidence import signal_of
 from dspark_bench.errors import DsparkError
 from dspark_bench.metrics import rates
 from dspark_bench.replay.cost import CostSurface
+from dspark_bench.replay.record import Record
+from dspark_bench.replay.rounds import eos_positions, match_lengths
 from dspark_bench.replay.simulate import (
-    Record,
-    _first_failures,
-    _round_length,
-    _signals,
-    _thresholds,
-    eos_positions,
-    match_lengths,
+    failure_codes,
+    grid_signals,
+    grid_thresholds,
+    round_length,
     rule_arrays,
     simulate_grid,
 )
@@ -100,7 +99,7 @@ def _walk_batched(fail, gamma_max, min_draft_len, discard_below, quorum, matches
             if p >= 0:
                 j = slot_j[s]
                 cap = min(gamma_max, max_new_tokens - j - 1)
-                length[s], forwards[s] = _round_length(fail[p, j], cap, discard_below)
+                length[s], forwards[s] = round_length(fail[p, j], cap, discard_below)
                 drafting[1 : forwards[s] + 1] += 1
         cut = G + 1  # the quorum rule: every row stops after the first step too few rows outlast
         if quorum > 0:
@@ -242,8 +241,8 @@ def walks(rec: Record, configs: list[DecodeConfig], surface: CostSurface, refill
     lengths = rec.lengths.astype(np.int64)
     arrive = np.zeros(len(lengths)) if arrive is None else np.asarray(arrive, dtype=np.float64)
     first, end = np.zeros(len(lengths)), np.zeros(len(lengths))
-    signals, signal_of = _signals(rec, configs)
-    thresholds = _thresholds(configs, rec.gamma_record)
+    signals, signal_of = grid_signals(rec, configs)
+    thresholds = grid_thresholds(configs, rec.gamma_record)
     # A learned policy's draft steps cost what its signal adds too (CostModel.t_learned).
     tables = {(b, learned): surface.tables(b, learned)
               for b, learned in {(c.batching.batch_size, c.stopping.metric == LEARNED) for c in configs}}
@@ -270,7 +269,7 @@ def walks(rec: Record, configs: list[DecodeConfig], surface: CostSurface, refill
         else:
             key = (signal_of[c], forced_steps[c], keep[c], tuple(thresholds[c]))
             if key != last_key:  # policies that stop at the same draft steps share one failure table
-                _first_failures(signals[signal_of[c]], thresholds[c], forced_steps[c], keep[c], eos, fail)
+                failure_codes(signals[signal_of[c]], thresholds[c], forced_steps[c], keep[c], eos, fail)
                 last_key = key
             padded, packed = _walk_batched(fail, config.stopping.gamma_max, forced_steps[c], discard_below[c],
                                            config.stopping.batch_quorum, matches, lengths, rec.max_new_tokens,

@@ -242,19 +242,18 @@ def now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def ours(surface: CostSurface, pair, method: str = "", capture: str = "eager") -> CostFile:
-    """Our decoder's timed surface (cost.measure_surface) as a cost-model file; `capture`: how its
-    batch-1 passes ran (decoding/capture.py: eager, compiled, cuda-graphs)."""
-    import torch  # only for its version string
-
+def ours(surface: CostSurface, pair, method: str = "", capture: str = "eager", *, version: str) -> CostFile:
+    """Our decoder's cost model over B (measure/cost_model.py's measure_surface) as a cost-model file;
+    `capture`: how its batch-1 passes ran (decoding/capture.py: eager, compiled, cuda-graphs);
+    `version`: what ran the passes (measure.cost_model.torch_version: replay imports no torch)."""
     described = pair.describe()
     models = {key: described[key] for key in ("target", "draft", "target_fingerprint", "draft_fingerprint", "dtype")
               if key in described}
     context = surface.at(min(surface.models)).context_tokens  # the cache length its passes were timed at
     build = {"device": str(pair.device), "capture": capture, "context_tokens": context}
-    return CostFile(surface, {"name": OURS, "version": f"torch {torch.__version__}", "build": build},
+    return CostFile(surface, {"name": OURS, "version": version, "build": build},
                     models, method or "interleaved medians of timed forwards with the caches at a realistic "
-                    "length (replay/cost.py: measure_surface)", machine(), now())
+                    "length (measure/cost_model.py: measure_surface)", machine(), now())
 
 
 def cache_home() -> Path:
