@@ -7,7 +7,7 @@ a long-prompt task:
    256-token pair on the same held-out windows (measured at export: weights/long/reference.json).
 2. Our passes by depth: one draft step and verify(k) at 256, 1,024, 2,048 and 4,096 tokens of the
    task's prompts and their continuations, longest first (replay_sweep.timing_sequence, as a sweep
-   times them; replay/cost.py measure_depths: interleaved over k, medians), and the target's
+   times them; measure/cost_model.py measure_depths: interleaved over k, medians), and the target's
    one-token pass over the draft step: the cost ratio by depth.
 3. Replay at depth equals the real decoder: every round of `simulate` against `speculative_decode`
    (drafted, accepted, emitted, stop reason, draft tokens, target token, draft forwards) for the

@@ -224,7 +224,7 @@ def replay(ctx: Context) -> dict:
 
 
 def timed(ctx: Context) -> dict:
-    """Timed replay (replay/timed.py) at --size: the shipped pair's rounds for five policies run on
+    """Timed replay (measure/timed.py) at --size: the shipped pair's rounds for five policies run on
     the random pair's real passes, interleaved with its plain decoding of the same tokens, beside
     replay's prediction on that pair's own prices: the measured speedup of the --size pair with the
     shipped pair's acceptance checks the prices alone."""

@@ -2,10 +2,10 @@
 (issue 53's in-decode prices, here on the CPU).
 
 Records the shipped pair on held-out prompts, prices it twice — each pass alone between syncs
-(replay/cost.py measure_cost) and inside running decodes of fixed γ 5 and a top1 threshold 0.45
-policy on the first two prompts (replay/in_decode.py) — then decodes every prompt with plain decoding and five policies
+(measure/cost_model.py measure_cost) and inside running decodes of fixed γ 5 and a top1 threshold 0.45
+policy on the first two prompts (measure/in_decode.py) — then decodes every prompt with plain decoding and five policies
 (fixed γ 2, 4, 6 and two threshold policies) interleaved, each round timed where it runs
-(decoding/pass_clock.py; prefills are left out on both sides, as replay leaves them out), prompt by
+(measure/pass_clock.py; prefills are left out on both sides, as replay leaves them out), prompt by
 prompt in a rotating order so that every side shares the machine's drift, and sets
 each measured speedup beside the two predictions. Greedy: the decoder's rounds are replay's, so
 the predictions differ from the measurement by their prices only. Writes in_decode.md and .json.

@@ -2,7 +2,7 @@
 
 Records the shipped pair on held-out prompts, times its cost model, then runs the rounds replay
 says five policies make (fixed γ 2, 4, 6 and two threshold policies) on real passes
-(replay/timed.py), interleaved with plain decoding of the same tokens, and sets each measured
+(measure/timed.py), interleaved with plain decoding of the same tokens, and sets each measured
 speedup beside the one replay predicts on that cost model. Every round's acceptance as the passes
 compute it is checked against the forced one. Writes timed_replay.md and .json into --out.
 

@@ -1,4 +1,4 @@
-"""Timed replay (replay/timed.py): the rounds replay says a policy makes, run on real passes. On
+"""Timed replay (measure/timed.py): the rounds replay says a policy makes, run on real passes. On
 the pair that made the record, each round's draft and acceptance as those passes compute them
 are the forced ones, for every schedule; on another pair the rounds still run, with the record's
 acceptance."""

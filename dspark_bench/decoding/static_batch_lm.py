@@ -204,7 +204,7 @@ def warm_batched(model: torch.nn.Module, slots: int, capacity: int, shapes: list
 def capacity_for(prompts: list[list[int]], max_new_tokens: int, gamma_max: int) -> int:
     """Columns a batched decode of `prompts` needs: its longest row with its answer and a verify
     block, and a quarter more for holes, so that compacting is rare. Captured batches are priced
-    at this width too (cost.measure_surface's `width`): a static pass attends over every column,
+    at this width too (measure.cost_model.measure_surface's `width`): a static pass attends over every column,
     so a narrower cache would price it cheaper than the decode runs it."""
     longest = max((len(p) for p in prompts), default=1) + max_new_tokens + gamma_max + 2
     return longest + longest // 4

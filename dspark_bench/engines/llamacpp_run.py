@@ -11,7 +11,7 @@ prompts as the same token ids:
 - our decoder against our baseline (harness.runner, the usual run folder), every policy;
 - replay's prediction of each policy under llama.cpp's rule, on a record of these prompts, priced
   on llama.cpp's own costs (engines/llamacpp_prices.py: measured with llama-bench, the server's
-  overheads fitted on other prompts) and on our decoder's (replay/cost.py).
+  overheads fitted on other prompts) and on our decoder's (measure/cost_model.py).
 
 What llama.cpp did comes from each response's `timings` (`draft_n`, `draft_n_accepted`, the
 generation phase's `predicted_ms`) and the change of the server's counters over the request

@@ -158,7 +158,7 @@ def batch_of(pair, context: list[int], rows: int, contexts: list[list[int]] | No
 
 def halfway(rec, ids: list[list[int]]) -> list[list[int]]:
     """Each prompt halfway through its recorded output (a sampled record's first path), in a fixed
-    shuffled order: the rows a batch of the surface holds, so that its width is a real batch's."""
+    shuffled order: the rows a batch of the cost model over B holds, so that its width is a real batch's."""
     paths = (rec.info.get("sampling") or {}).get("paths", 1)
     order = np.random.default_rng(0).permutation(len(ids))
     return [ids[p] + rec.continuation[p * paths, : int(rec.lengths[p * paths]) // 2].tolist() for p in order]

@@ -1,11 +1,11 @@
-"""Replay at any batch size: one batch-1 record and the cost surface predict every policy at B.
+"""Replay at any batch size: one batch-1 record and a cost model over B predict every policy at B.
 
 Under greedy verification a row's rounds do not depend on the other rows (tests/test_batched.py
 checks it against the batched decoder), so the record fixes every row's rounds; only what a step
 costs depends on the batch. The walk below replays the batched decoder's schedule exactly —
 prompts join in order as rows finish (or after the batch drains), a round drafts until its
 last row stops, and its one verify pass covers every row — and charges each round from the
-cost surface at the number of rows it really had, and each request its own prefill when it
+cost model over B at the number of rows it really had, and each request its own prefill when it
 joins (target, plus draft on the speculative side; as the batched decoder runs it):
 
     padded:  max_i s_i · t_draft(b) + t_verify(b, max_i L_i)
@@ -286,7 +286,7 @@ def walk_budget(rec: Record, config: DecodeConfig, draft: np.ndarray, verify: np
                 end: np.ndarray | None = None) -> tuple[dict, np.ndarray]:
     """One budget policy at its batch size: (its predicted times and totals, drafted_at [P, N]:
     what the round at each position drafted, -1 where no round starts), priced by `draft` /
-    `verify` (the surface's tables at its B) and deciding with its own goodput model's; arrivals
+    `verify` (the cost model's tables at its B) and deciding with its own goodput model's; arrivals
     and first / last tokens as `walks`'."""
     rule = budget.rule_for(config)
     alpha = rule.curve(rec.confidences[signal_of(config)].astype(np.float64))  # as Proposal fits each score

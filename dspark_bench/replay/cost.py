@@ -34,7 +34,7 @@ class CostModel:
     context_tokens: int  # cache length the timings were taken at
     batch_size: int = 1  # rows in each timed pass
     # Seconds per prompt token of one request's prefill (batch 1), target and draft: a request
-    # joining a running batch pays it (cost surface only; batch-1 replay leaves prefill out).
+    # joining a running batch pays it (a cost model over B only; batch-1 replay leaves prefill out).
     t_prefill_target: float = 0.0
     t_prefill_draft: float = 0.0
     t_heads: float = 0.0  # one pass of the target's heads over a hidden state (the heads drafter's round)

@@ -153,7 +153,7 @@ def round_length(fail, cap, discard_below):  # pragma: no cover (compiled)
 def _walk(fail, gamma_max, discard_below, matches, available, per_round, lengths, max_new_tokens, verify_cost,
           draft_cost, bucket, counts, by_depth):  # pragma: no cover
     """The walk of `simulate` for one policy, keeping only totals: rounds, drafted, accepted,
-    full blocks, draft forwards and Σ verify_cost[p, j, L] (a round's price at its own depth).
+    full blocks, draft forwards and Σ verify_cost[p, j, L] (a round's cost at its own depth).
     `by_depth[b]` keeps the rounds starting in depth bucket `bucket[p, j]`: the same five counts,
     emitted tokens, verify seconds and draft seconds (forwards × draft_cost[p, j]). Only round
     starts are visited, without a data-dependent branch in a round (random accept/reject defeats
@@ -282,7 +282,7 @@ def simulate_grid_by_depth(rec: Record, configs: list[DecodeConfig],
     order = np.argsort(group_of.ravel(), kind="stable")
     groups = np.flatnonzero(np.diff(group_of.ravel()[order], prepend=-1, append=-2))
     gamma_max = np.array([c.stopping.gamma_max for c in configs], dtype=np.int64)
-    depths, bucket, draft_cost, verify_cost = position_prices(rec, cost, configs[0].drafting.drafter)
+    depths, bucket, draft_cost, verify_cost = position_costs(rec, cost, configs[0].drafting.drafter)
     counts, verify = np.zeros((len(configs), 5), dtype=np.int64), np.zeros(len(configs))
     by_depth = np.zeros((len(configs), len(DEPTH_LABELS), 8))
     arrays = (signals, signal_of[order], thresholds[order], forced_steps[order], keep[order], discard_below[order],
@@ -304,9 +304,9 @@ def simulate_grid_by_depth(rec: Record, configs: list[DecodeConfig],
     return tables(rec, configs, cost, counts, verify, by_depth, depths, bucket)
 
 
-def position_prices(rec: Record, cost, drafter: str):
-    """Per position (p, j) of the record: its depth, its depth bucket, one draft forward's price and
-    a round's price by draft length [P, N, G + 1] (zeros without a cost model): the one record, one
+def position_costs(rec: Record, cost, drafter: str):
+    """Per position (p, j) of the record: its depth, its depth bucket, one draft forward's cost and
+    a round's cost by draft length [P, N, G + 1] (zeros without a cost model): the one record, one
     drafter (check_replayable) — the heads' pass and the lookup's search have no depth axis."""
     depths = record_depths(rec)
     G = rec.gamma_record
@@ -340,7 +340,7 @@ def simulate_priced(rec: Record, config: DecodeConfig,
     """`simulate_grid_by_depth`'s two tables for one policy walked round by round by `simulate`:
     what prices a policy the grid's walk cannot take, a depth schedule's (its threshold and γ_max
     change with the round's depth)."""
-    depths, bucket, draft_cost, verify_cost = position_prices(rec, cost, config.drafting.drafter)
+    depths, bucket, draft_cost, verify_cost = position_costs(rec, cost, config.drafting.drafter)
     counts, verify = np.zeros((1, 5), dtype=np.int64), np.zeros(1)
     by_depth = np.zeros((1, len(DEPTH_LABELS), 8))
     for p, rounds in enumerate(simulate(rec, config)):

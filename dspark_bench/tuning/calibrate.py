@@ -174,7 +174,7 @@ def record_domains(pair, domains: dict[str, list[Prompt]], base: DecodeConfig, g
             rec = sampled_recording.record_sampled(pair, ids, base, gamma, paths, base.stopping.topk, info, steps,
                                          drafter=base.drafting)
         records[domain] = rec
-        rows += halfway(rec, ids)  # a batch of the surface holds the domains' prompts (cost.halfway)
+        rows += halfway(rec, ids)  # a batch of the surface holds the domains' prompts (cost_model.halfway)
         if first_context is None:
             # Timed with the cache at a realistic length: a prompt plus half its output.
             first_context = ids[0] + rec.continuation[0, : int(rec.lengths[0]) // 2].tolist()

@@ -2,7 +2,7 @@
 it holds, loaded or recorded. Recorded from the target decoded here, or from the engine's
 continuations file (`--continuations`): the file checked against the sweep's prompts before
 anything is written, then the drafter's proposals made a prompt at a time into a parts folder
-beside the record (replay/record_parts.py: a kill loses one prompt, shards of prompts merge),
+beside the record (measure/record_parts.py: a kill loses one prompt, shards of prompts merge),
 assembled into the record once every part is there.
 """
 
