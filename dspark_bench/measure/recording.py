@@ -47,7 +47,7 @@ def draft_rollouts(draft: torch.nn.Module, sequence: list[int], prompt_len: int,
 
     `choose(step, positions, logits)` picks each step's tokens and `probs_of(logits)` gives the
     distribution the confidences are read from: greedy by default; a sampled record
-    (replay/sampled.py) draws from the processed distribution, its first step from the residual.
+    (measure/sampled_recording.py) draws from the processed distribution, its first step from the residual.
     """
     device, dtype = next(draft.parameters()).device, next(draft.parameters()).dtype  # the mask: the model's dtype
     cache_name, can_keep = forward_kwargs(draft)

@@ -38,7 +38,7 @@ def record_path(pair, ids: list[int], config: DecodeConfig, gamma: int, topk: in
                 eos_ids: frozenset[int]) -> PathRecord:
     """Sample the target's path (a plain decode at the config's temperature and top-p, `seed`),
     read p and q along it (one forward of each model), draw each position's rejected token from
-    the residual and roll the draft out from it (record.draft_rollouts, sampling)."""
+    the residual and roll the draft out from it (recording.draft_rollouts, sampling)."""
     path = autoregressive_decode(pair.target, ids, config.replace(seed=seed), eos_ids).tokens
     n, device = len(path), next(pair.draft.parameters()).device
     context = torch.tensor([ids + path[:-1]], device=device)

@@ -117,7 +117,7 @@ def record_key(spec: SweepSpec, prepared: LoadedSweep, gamma: int, drafter: Draf
             + ("-noeos" if spec.ignore_eos else "")
             + ("-notemplate" if spec.chat_template == "none" else "")
             + (f"-c{prepared.continuations.fingerprint}" if prepared.continuations is not None else "")
-            # "-r2": the rollouts' own stream (sampled.rollout_seed); a record made before it is made again
+            # "-r2": the rollouts' own stream (sampled_recording.rollout_seed); a record made before it is made again
             + ("" if base.greedy
                else "-t{temperature:g}-p{top_p:g}-s{seed}-K{paths}-r2".format(**sampled.sampling_of(base, spec.paths))))
 
