@@ -23,9 +23,9 @@ import pandas as pd
 
 from dspark_bench.config import from_dict
 from dspark_bench.harness.models import load_pair
+from dspark_bench.measure.recording import record
 from dspark_bench.prompts import encode
 from dspark_bench.replay.continuations import open_for
-from dspark_bench.replay.record import record
 from dspark_bench.replay.simulate import simulate
 from dspark_bench.tasks import load_prompts
 

@@ -7,7 +7,7 @@ a long-prompt task:
    256-token pair on the same held-out windows (measured at export: weights/long/reference.json).
 2. Our passes by depth: one draft step and verify(k) at 256, 1,024, 2,048 and 4,096 tokens of the
    task's prompts and their continuations, longest first (replay_sweep.timing_sequence, as a sweep
-   times them; replay/cost.py measure_depths: interleaved over k, medians), and the target's
+   times them; measure/cost_model.py measure_depths: interleaved over k, medians), and the target's
    one-token pass over the draft step: the cost ratio by depth.
 3. Replay at depth equals the real decoder: every round of `simulate` against `speculative_decode`
    (drafted, accepted, emitted, stop reason, draft tokens, target token, draft forwards) for the
@@ -34,12 +34,13 @@ from dspark_bench.decoding.speculative import speculative_decode
 from dspark_bench.depth import DEPTH_LABELS, PRICED_DEPTHS, depth_bucket
 from dspark_bench.harness.models import load_pair
 from dspark_bench.harness.runner import RunnerSettings, run
+from dspark_bench.measure.cost_model import measure_cost, measure_depths
+from dspark_bench.measure.recording import record
 from dspark_bench.metrics import sample_speedup
 from dspark_bench.prompts import encode
 from dspark_bench.reference.long import long_pair_paths
-from dspark_bench.replay.cost import measure_cost, measure_depths
 from dspark_bench.replay.sampled import rows_of
-from dspark_bench.replay.simulate import record, simulate, simulate_grid
+from dspark_bench.replay.simulate import simulate, simulate_grid
 from dspark_bench.tasks import load_task
 from dspark_bench.tuning.replay_sweep import timing_sequence
 

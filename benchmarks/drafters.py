@@ -23,10 +23,10 @@ from dspark_bench import schedules
 from dspark_bench.config import DecodeConfig
 from dspark_bench.harness.models import load_pair
 from dspark_bench.harness.run import RunConfig, execute
+from dspark_bench.measure.cost_model import measure_cost
+from dspark_bench.measure.recording import record
 from dspark_bench.objectives import rank
 from dspark_bench.prompts import encode
-from dspark_bench.replay.cost import measure_cost
-from dspark_bench.replay.record import record
 from dspark_bench.replay.simulate import simulate_grid
 from dspark_bench.reporting.report import build_report
 from dspark_bench.tasks import get_task, load_task

@@ -42,12 +42,13 @@ def main() -> None:
     from dspark_bench.engines.export import candidates
     from dspark_bench.harness.models import load_pair
     from dspark_bench.harness.runner import RunnerSettings, run
+    from dspark_bench.measure.cost_model import measure_surface
+    from dspark_bench.measure.recording import record
     from dspark_bench.metrics import summarize
     from dspark_bench.prompts import encode
     from dspark_bench.replay.acceptance import fit_record
     from dspark_bench.replay.batched import predict_batched
-    from dspark_bench.replay.cost import measure_surface
-    from dspark_bench.replay.simulate import record, simulate_grid
+    from dspark_bench.replay.simulate import simulate_grid
     from dspark_bench.results import describe_machine, environment
     from dspark_bench.tasks import load_prompts
     from dspark_bench.tuning.spec import points, resolve_spec, task_spec

@@ -218,8 +218,8 @@ def cost_files(surface, t_round: float, pair, size: str, machine: dict, out: Pat
               "build": {"device": str(pair.device), "gpu": (machine.get("gpu") or {}).get("name"), "capture": "eager",
                         "context_tokens": surface.at(1).context_tokens}}
     method = ("benchmarks/gpu.py: interleaved medians of timed forwards with the caches at "
-              f"{surface.at(1).context_tokens} tokens (replay/cost.py measure_surface); t_round from fixed-gamma "
-              "decodes of two lengths less replay's price of their rounds (gpu_prices.round_overheads)")
+              f"{surface.at(1).context_tokens} tokens (measure/cost_model.py measure_surface); t_round from "
+              "fixed-gamma decodes of two lengths less replay's price of their rounds (gpu_prices.round_overheads)")
     at_one = dataclasses.replace(surface.at(1), t_round=t_round)
     paths = {}
     for name, costs in ((f"cost-model-{slug}-{size}.json", CostSurface({1: at_one})),

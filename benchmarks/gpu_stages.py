@@ -105,7 +105,7 @@ def syncs(ctx: Context) -> dict:
 
 
 def prices(ctx: Context) -> dict:
-    from dspark_bench.replay.cost import measure_surface
+    from dspark_bench.measure.cost_model import measure_surface
     from dspark_bench.results import machine as machine_info
 
     pair, context, args = ctx.priced, ctx.priced_context, ctx.args
@@ -136,13 +136,14 @@ def prices(ctx: Context) -> dict:
 def captured(ctx: Context) -> dict:
     """Batch 1's passes as a decode on CUDA runs them by default (compiled, each length its own
     CUDA graph: decoding/capture.py), timed alone between syncs and inside running decodes
-    (decoding/pass_clock.py: CUDA events, no sync between passes), beside the draft step's and
+    (measure/pass_clock.py: CUDA events, no sync between passes), beside the draft step's and
     the target step's bandwidth bounds. A stage of its own: a compile or capture failing here
     leaves the eager prices standing."""
     from dspark_bench.config import DecodeConfig
+    from dspark_bench.measure.cost_model import measure_cost, torch_version
+    from dspark_bench.measure.in_decode import measure_in_decode
     from dspark_bench.replay import cost_file
-    from dspark_bench.replay.cost import CostSurface, measure_cost
-    from dspark_bench.replay.in_decode import measure_in_decode
+    from dspark_bench.replay.cost import CostSurface
 
     args, pair, context, slug = ctx.args, ctx.priced, ctx.priced_context, device_slug(ctx)
     gamma, needed = args.gamma, gpu_prices.step_bytes(pair.target, len(ctx.priced_context))
@@ -160,10 +161,11 @@ def captured(ctx: Context) -> dict:
     files = {}
     for name, model, how in (("captured", alone, "compiled passes timed alone between syncs (measure_cost)"),
                              ("in-decode", inside, "compiled passes timed inside running fixed-γ decodes with "
-                              "CUDA events (replay/in_decode.py)")):
+                              "CUDA events (measure/in_decode.py)")):
         path = args.out / f"cost-model-{slug}-{args.size}-{name}.json"
         files[name] = str(cost_file.ours(CostSurface({1: model}), pair, f"benchmarks/gpu.py prices: {how}",
-                                         capture="cuda-graphs" if ctx.device.type == "cuda" else "compiled").save(path))
+                                         capture="cuda-graphs" if ctx.device.type == "cuda" else "compiled",
+                                         version=torch_version()).save(path))
     return {"alone": alone.to_dict(), "in_decode": inside.to_dict(), "in_decode_detail": detail, "files": files,
             "target_bound_s": needed["bytes"] / bandwidth, "draft_bound_s": draft_bound,
             "target_step_over_bound": alone.t_verify[0] / (needed["bytes"] / bandwidth),
@@ -183,9 +185,10 @@ def device_slug(ctx: Context) -> str:
 
 def replay(ctx: Context) -> dict:
     from dspark_bench.config import DecodeConfig
+    from dspark_bench.measure.cost_model import measure_surface, torch_version
+    from dspark_bench.measure.recording import record
     from dspark_bench.replay import cost_file
-    from dspark_bench.replay.cost import CostModel, measure_surface
-    from dspark_bench.replay.simulate import record
+    from dspark_bench.replay.cost import CostModel
     from dspark_bench.tuning.spec import points, resolve_spec, task_spec
 
     args, pair = ctx.args, ctx.shipped
@@ -195,7 +198,8 @@ def replay(ctx: Context) -> dict:
     rec = record(SimpleNamespace(target=pair.target, draft=pair.draft, eos_ids=pair.eos_ids), ids, N, G)
     context = ids[0] + rec.continuation[0, : int(rec.lengths[0]) // 2].tolist()
     surface = measure_surface(pair, context, G, [1])
-    mine = cost_file.ours(surface, pair).save(args.out / f"cost-model-{device_slug(ctx)}-shipped-pair.json")
+    mine = cost_file.ours(surface, pair, version=torch_version()).save(
+        args.out / f"cost-model-{device_slug(ctx)}-shipped-pair.json")
     named = {f"shipped pair, {device_slug(ctx)}": surface.at(1)}
     if args.cpu_prices:
         named["shipped pair, CPU"] = cost_file.load(args.cpu_prices).surface.at(1)
@@ -220,17 +224,18 @@ def replay(ctx: Context) -> dict:
 
 
 def timed(ctx: Context) -> dict:
-    """Timed replay (replay/timed.py) at --size: the shipped pair's rounds for five policies run on
+    """Timed replay (measure/timed.py) at --size: the shipped pair's rounds for five policies run on
     the random pair's real passes, interleaved with its plain decoding of the same tokens, beside
     replay's prediction on that pair's own prices: the measured speedup of the --size pair with the
     shipped pair's acceptance checks the prices alone."""
     import numpy as np
 
     from dspark_bench.config import DecodeConfig
-    from dspark_bench.replay.cost import measure_cost
-    from dspark_bench.replay.in_decode import measure_in_decode
-    from dspark_bench.replay.simulate import record, simulate, simulate_grid
-    from dspark_bench.replay.timed import timed_plain, timed_replay
+    from dspark_bench.measure.cost_model import measure_cost
+    from dspark_bench.measure.in_decode import measure_in_decode
+    from dspark_bench.measure.recording import record
+    from dspark_bench.measure.timed import timed_plain, timed_replay
+    from dspark_bench.replay.simulate import simulate, simulate_grid
 
     args, shipped, pair = ctx.args, ctx.shipped, ctx.priced
     _, ids = ctx.prompts(min(args.limit, 4))  # each policy runs every round at --size: a few prompts
@@ -300,7 +305,7 @@ def batches(ctx: Context) -> dict:
     """verify(k) and the draft step at B = 1 and each --batch-size from the captured passes our
     batched decoder runs by default on CUDA (static batched caches, one CUDA graph per (B, k):
     decoding/static_batch_lm.py), beside the eager surface (the prices stage's)."""
-    from dspark_bench.replay.cost import measure_surface
+    from dspark_bench.measure.cost_model import measure_surface
 
     pair, context, args = ctx.priced, ctx.priced_context, ctx.args
     surface = measure_surface(pair, context, args.gamma, args.batch_size, repeats=3 if args.smoke else 10,

@@ -2,10 +2,10 @@
 (issue 53's in-decode prices, here on the CPU).
 
 Records the shipped pair on held-out prompts, prices it twice — each pass alone between syncs
-(replay/cost.py measure_cost) and inside running decodes of fixed γ 5 and a top1 threshold 0.45
-policy on the first two prompts (replay/in_decode.py) — then decodes every prompt with plain decoding and five policies
+(measure/cost_model.py measure_cost) and inside running decodes of fixed γ 5 and a top1 threshold 0.45
+policy on the first two prompts (measure/in_decode.py) — then decodes every prompt with plain decoding and five policies
 (fixed γ 2, 4, 6 and two threshold policies) interleaved, each round timed where it runs
-(decoding/pass_clock.py; prefills are left out on both sides, as replay leaves them out), prompt by
+(measure/pass_clock.py; prefills are left out on both sides, as replay leaves them out), prompt by
 prompt in a rotating order so that every side shares the machine's drift, and sets
 each measured speedup beside the two predictions. Greedy: the decoder's rounds are replay's, so
 the predictions differ from the measurement by their prices only. Writes in_decode.md and .json.
@@ -23,11 +23,11 @@ import common  # benchmarks/ is on sys.path when run as a script
 from timed_replay import GAMMA, policies, recorded
 
 from dspark_bench.config import DecodeConfig
-from dspark_bench.decoding import pass_clock
 from dspark_bench.decoding.autoregressive import autoregressive_decode
 from dspark_bench.decoding.speculative import speculative_decode
-from dspark_bench.replay.cost import measure_cost
-from dspark_bench.replay.in_decode import measure_in_decode
+from dspark_bench.measure import pass_clock
+from dspark_bench.measure.cost_model import measure_cost
+from dspark_bench.measure.in_decode import measure_in_decode
 from dspark_bench.replay.simulate import simulate_grid
 from dspark_bench.results import describe_machine, environment
 
@@ -36,9 +36,9 @@ def rounds_seconds(pair, prompt: list[int], config, speculative: bool) -> tuple[
     """Seconds of one decode's rounds (its prefills left out), and its output."""
     with pass_clock.timing(pair.device) as timing:
         if speculative:
-            output = speculative_decode(pair.target, pair.draft, prompt, config, pair.eos_ids).tokens
+            output = speculative_decode(pair.target, pair.draft, prompt, config, pair.eos_ids, timing).tokens
         else:
-            output = autoregressive_decode(pair.target, prompt, config, pair.eos_ids).tokens
+            output = autoregressive_decode(pair.target, prompt, config, pair.eos_ids, timing).tokens
     return sum(total for total, _, _ in timing.rounds), output
 
 

@@ -26,11 +26,12 @@ from dspark_bench import schedules
 from dspark_bench.decoding.learned_signal import LearnedSignal
 from dspark_bench.engines.export import policy_of
 from dspark_bench.harness.load_run import in_decode_ratios, in_decode_surface, load_run
+from dspark_bench.measure.beside import SurfaceSampler
+from dspark_bench.measure.cost_model import halfway
 from dspark_bench.objectives import rank_under_load
 from dspark_bench.prompts import encode
 from dspark_bench.replay import learned, sampled
-from dspark_bench.replay.beside import SurfaceSampler
-from dspark_bench.replay.cost import CostSurface, halfway
+from dspark_bench.replay.cost import CostSurface
 from dspark_bench.replay.load import poisson, replay_load
 from dspark_bench.replay.record import resolve_record
 from dspark_bench.results import describe_machine, environment, read_json

@@ -29,11 +29,11 @@ from common import parser  # benchmarks/ is on sys.path when a script runs
 from transformers import DynamicCache
 
 from dspark_bench.decoding import confidence
-from dspark_bench.decoding.cached_lm import _forward_kwargs
+from dspark_bench.decoding.cached_lm import forward_kwargs
 from dspark_bench.engines.continuations import write_continuations
 from dspark_bench.harness.workload import Workload
+from dspark_bench.measure import recording
 from dspark_bench.metrics import bootstrap_ratio
-from dspark_bench.replay import record as recording
 from dspark_bench.replay.continuations import open_for
 
 GAMMA = 8
@@ -42,7 +42,7 @@ GAMMA = 8
 @torch.inference_mode()
 def padded_rollouts(draft, sequence, prompt_len, positions, steps, topk, batch=64):
     """The rollouts as replay/record.py computed them before (the reference for `before`)."""
-    cache_name, _ = _forward_kwargs(draft)
+    cache_name, _ = forward_kwargs(draft)
     tokens = np.zeros((positions, steps), dtype=np.int64)
     scores = {m: np.zeros((positions, steps), dtype=np.float32) for m in confidence.SIGNALS}
     for start in range(0, positions, batch):

@@ -30,9 +30,10 @@ from dspark_bench.decoding.autoregressive import autoregressive_decode
 from dspark_bench.decoding.speculative import speculative_decode
 from dspark_bench.harness.models import load_pair
 from dspark_bench.harness.runner import timed
+from dspark_bench.measure.recording import record
 from dspark_bench.metrics import bootstrap_ratio
 from dspark_bench.prompts import encode
-from dspark_bench.replay.simulate import Record, record, simulate, spanning_policies
+from dspark_bench.replay.simulate import Record, simulate, spanning_policies
 from dspark_bench.tasks import load_task
 
 

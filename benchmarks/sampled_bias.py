@@ -38,6 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from dspark_bench.config import DecodeConfig  # noqa: E402
+from dspark_bench.measure import sampled_recording  # noqa: E402
 from dspark_bench.paired import t_quantile  # noqa: E402
 from dspark_bench.replay import sampled  # noqa: E402
 from sampled_replay import FIELDS, totals  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
@@ -71,8 +72,8 @@ def run(out: Path, part: tuple[int, int]) -> None:
 
     from dspark_bench.decoding.speculative import speculative_decode
     from dspark_bench.harness.models import load_pair
+    from dspark_bench.measure.recording import record
     from dspark_bench.prompts import encode
-    from dspark_bench.replay.record import record
     from dspark_bench.replay.simulate import simulate
     from dspark_bench.tasks import load_prompts
 
@@ -90,7 +91,7 @@ def run(out: Path, part: tuple[int, int]) -> None:
                                                    .replace(seed=100 + s), pair.eos_ids).rounds) for s in range(SEEDS)]
                 for policy in POLICIES}
         decoded = time.perf_counter()
-        rec = sampled.record_sampled(pair, [ids], config_of(temperature, "fixed γ=6"), GAMMA, paths=PATHS)
+        rec = sampled_recording.record_sampled(pair, [ids], config_of(temperature, "fixed γ=6"), GAMMA, paths=PATHS)
         recorded = time.perf_counter()
         record(pair, [ids], TOKENS, GAMMA, eos_ids=pair.eos_ids)  # a greedy record of the prompt, for its cost
         greedy_s = time.perf_counter() - recorded

@@ -34,6 +34,7 @@ sys.path.insert(0, str(ROOT))
 from dspark_bench.config import DecodeConfig  # noqa: E402
 from dspark_bench.decoding.speculative import speculative_decode  # noqa: E402
 from dspark_bench.harness.models import load_pair  # noqa: E402
+from dspark_bench.measure import sampled_recording  # noqa: E402
 from dspark_bench.prompts import encode  # noqa: E402
 from dspark_bench.replay import sampled  # noqa: E402
 from dspark_bench.replay.simulate import simulate  # noqa: E402
@@ -133,7 +134,7 @@ def run_replay(out: Path) -> None:
             if path.is_file():
                 continue
             started = time.perf_counter()
-            rec = sampled.record_sampled(pair, ids, config_of(setting, "fixed γ=6"), GAMMA, PATHS)
+            rec = sampled_recording.record_sampled(pair, ids, config_of(setting, "fixed γ=6"), GAMMA, PATHS)
             recorded = time.perf_counter() - started
             result = {how or "replay": {policy: per_prompt(wrong(rec, how) if how else rec, config_of(setting, policy),
                                                            len(ids)).tolist() for policy in POLICIES}

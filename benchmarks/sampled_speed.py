@@ -3,7 +3,7 @@
     python benchmarks/sampled_speed.py --task code --limit 10 --max-new-tokens 128 --temperature 1.0 --paths 4
 
 On the shipped pair and the task's first prompts (its sweep's), at the temperature given:
-- recording: each path recorded (replay/sampled.record_path: the sampled plain decode that draws
+- recording: each path recorded (measure/sampled_recording.record_path: the sampled plain decode that draws
   the path, one forward of each model along it, the rejected tokens and the draft's rollouts)
   beside a plain sampled decode of the same prompt and seed, interleaved path by path in one
   process; the ratio per path, its median and range;
@@ -24,6 +24,7 @@ from common import parser  # benchmarks/ is on sys.path when run as a script
 
 from dspark_bench.decoding.autoregressive import autoregressive_decode
 from dspark_bench.decoding.goodput import GoodputModel
+from dspark_bench.measure import sampled_recording
 from dspark_bench.prompts import encode
 from dspark_bench.replay import cost_file, sampled
 from dspark_bench.replay.acceptance import fit_record
@@ -56,7 +57,8 @@ def main() -> None:
             t0 = time.perf_counter()
             autoregressive_decode(pair.target, prompt, base.replace(seed=seed), pair.eos_ids)
             t1 = time.perf_counter()
-            parts.append(sampled.record_path(pair, prompt, base, gamma, base.stopping.topk, seed, pair.eos_ids))
+            parts.append(sampled_recording.record_path(pair, prompt, base, gamma, base.stopping.topk, seed,
+                                                       pair.eos_ids))
             ratios.append((time.perf_counter() - t1) / (t1 - t0))
     rows = [ids_ for ids_ in ids for _ in range(spec.paths)]
     rec = sampled.assemble(parts, rows, base.verification.max_new_tokens, gamma, base.stopping.topk, pair.eos_ids,

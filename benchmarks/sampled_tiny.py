@@ -46,6 +46,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
 from dspark_bench.config import DecodeConfig  # noqa: E402
+from dspark_bench.measure import sampled_recording  # noqa: E402
 from dspark_bench.replay import sampled  # noqa: E402
 
 SEEDS, TOKENS, GAMMA, PROMPT = 2000, 16, 4, [7, 21, 33, 2]
@@ -102,8 +103,8 @@ def run(out: Path, part: tuple[int, int]) -> None:
         if n % part[1] != part[0] - 1 or path.is_file():
             continue
         started, arrays = time.perf_counter(), {}
-        rec = sampled.record_sampled(pair, [PROMPT], config_of(setting, "fixed γ=4"), GAMMA, paths=SEEDS,
-                                     eos_ids=frozenset())
+        rec = sampled_recording.record_sampled(pair, [PROMPT], config_of(setting, "fixed γ=4"), GAMMA, paths=SEEDS,
+                                               eos_ids=frozenset())
         for policy in POLICIES:
             config = config_of(setting, policy)
             arrays[f"real {policy}"] = np.stack([counts(speculative_decode(
@@ -222,7 +223,8 @@ def exact(out: Path) -> None:
             config = DecodeConfig.of(max_new_tokens=N, temperature=setting[0], top_p=setting[1], **knobs)
             real = np.array([sums(speculative_decode(models.target, models.draft, [0], config.replace(
                 seed=100_000 + s)).rounds) for s in range(EXACT_RUNS)], dtype=float)
-            rec = sampled.record_sampled(models, [[0]], config, knobs["gamma_max"], EXACT_RUNS, eos_ids=frozenset())
+            rec = sampled_recording.record_sampled(models, [[0]], config, knobs["gamma_max"], EXACT_RUNS,
+                                                   eos_ids=frozenset())
             replay = np.array([np.mean([sums(draw) for draw in simulate(replicate, config)], axis=0)
                                for replicate in sampled.replicates(rec)])  # per path, its draws averaged
             z = {"decoder": z_of(real, truth), "replay": z_of(replay, truth)}

@@ -2,7 +2,7 @@
 
 Records the shipped pair on held-out prompts, times its cost model, then runs the rounds replay
 says five policies make (fixed γ 2, 4, 6 and two threshold policies) on real passes
-(replay/timed.py), interleaved with plain decoding of the same tokens, and sets each measured
+(measure/timed.py), interleaved with plain decoding of the same tokens, and sets each measured
 speedup beside the one replay predicts on that cost model. Every round's acceptance as the passes
 compute it is checked against the forced one. Writes timed_replay.md and .json into --out.
 
@@ -18,10 +18,11 @@ import time
 import common  # benchmarks/ is on sys.path when run as a script
 
 from dspark_bench.config import DecodeConfig
+from dspark_bench.measure.cost_model import measure_cost
+from dspark_bench.measure.recording import record
+from dspark_bench.measure.timed import timed_plain, timed_replay
 from dspark_bench.prompts import encode
-from dspark_bench.replay.cost import measure_cost
-from dspark_bench.replay.simulate import record, simulate_grid
-from dspark_bench.replay.timed import timed_plain, timed_replay
+from dspark_bench.replay.simulate import simulate_grid
 from dspark_bench.results import describe_machine, environment
 from dspark_bench.tuning.preparation import prepare
 from dspark_bench.tuning.spec import resolve_spec, task_spec

@@ -47,7 +47,7 @@ def round_depths(prompt_tokens: int, emitted) -> np.ndarray:
 MIN_BUCKET_SHARE = 0.1  # a bucket with fewer of a workload's rounds is too few to choose a policy on
 
 # The depths our cost model is timed at when a workload's rounds reach past the first bucket
-# (replay/cost.py measure_depths): the bucket edges, where the buckets' rounds are priced between.
+# (measure/cost_model.py measure_depths): the bucket edges, where the buckets' rounds are priced between.
 PRICED_DEPTHS = (256, 1024, 2048, 4096)
 
 

@@ -28,9 +28,10 @@ from dspark_bench.decoding.batched import (
 )
 from dspark_bench.decoding.speculative import speculative_decode
 from dspark_bench.errors import DsparkError
+from dspark_bench.measure.recording import record
 from dspark_bench.replay.batched import predict_batched
 from dspark_bench.replay.cost import CostModel, CostSurface
-from dspark_bench.replay.simulate import record, simulate, simulate_grid, spanning_policies
+from dspark_bench.replay.simulate import simulate, simulate_grid, spanning_policies
 
 PROMPTS = [[2, 5, 7], [9], [11, 3, 4, 5, 6], [4, 8], [15, 16, 23, 42], [30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40]]
 N = 14

@@ -25,9 +25,10 @@ from dspark_bench.decoding.budget import cost_tables, decide, draft_seconds, pac
 from dspark_bench.decoding.goodput import GoodputRule, load
 from dspark_bench.decoding.speculative import speculative_decode
 from dspark_bench.errors import DsparkError
+from dspark_bench.measure.recording import record
 from dspark_bench.replay.batched import predict_batched, walk_budget
 from dspark_bench.replay.cost import CostModel, CostSurface
-from dspark_bench.replay.simulate import record, simulate
+from dspark_bench.replay.simulate import simulate
 
 EOS = frozenset({1})
 # tiny.GOODPUT_MODEL's curves with cheap draft steps (its own costs stop nearly every batched draft

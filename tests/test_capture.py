@@ -19,7 +19,7 @@ from dspark_bench.decoding.autoregressive import autoregressive_decode
 from dspark_bench.decoding.cached_lm import static_blocker
 from dspark_bench.decoding.speculative import speculative_decode
 from dspark_bench.errors import DsparkError
-from dspark_bench.replay.cost import measure_cost
+from dspark_bench.measure.cost_model import measure_cost
 
 CUDA, CPU = torch.device("cuda"), torch.device("cpu")
 POLICIES = [DecodeConfig.of(threshold=0.4, gamma_max=4), DecodeConfig.of(threshold=0.4, gamma_max=4, batch_size=4),

@@ -17,8 +17,8 @@ from dspark_bench.decoding import confidence
 from dspark_bench.engines.continuations import write_continuations
 from dspark_bench.errors import DsparkError
 from dspark_bench.harness.workload import Workload
-from dspark_bench.replay import record_parts
-from dspark_bench.replay.record import draft_rollouts, record
+from dspark_bench.measure import record_parts
+from dspark_bench.measure.recording import draft_rollouts, record
 from dspark_bench.replay.simulate import simulate, spanning_policies
 from dspark_bench.tuning.preparation import prepare
 from dspark_bench.tuning.records import load_or_record

@@ -12,9 +12,10 @@ import pytest
 from dspark_bench.config import DecodeConfig
 from dspark_bench.depth import DEPTH_LABELS, depth_bucket, depth_label, priced_depths, round_depths, spans_depth
 from dspark_bench.errors import DsparkError
+from dspark_bench.measure.recording import record
 from dspark_bench.replay import cost_file
 from dspark_bench.replay.cost import CostModel
-from dspark_bench.replay.simulate import record, simulate, simulate_grid, simulate_grid_by_depth, simulate_priced
+from dspark_bench.replay.simulate import simulate, simulate_grid, simulate_grid_by_depth, simulate_priced
 
 N, G = 24, 5
 # Prompt lengths that put the rounds of one prompt on both sides of 256, one prompt deep in

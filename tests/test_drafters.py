@@ -17,7 +17,8 @@ from dspark_bench.decoding.autoregressive import autoregressive_decode
 from dspark_bench.decoding.proposal import Proposal
 from dspark_bench.decoding.speculative import speculative_decode
 from dspark_bench.errors import DsparkError
-from dspark_bench.replay.simulate import record, simulate, simulate_grid, spanning_policies
+from dspark_bench.measure.recording import record
+from dspark_bench.replay.simulate import simulate, simulate_grid, spanning_policies
 
 PROMPTS = [[1, 2, 3, 4, 5, 1, 2, 3], [7], [5, 6, 7, 5, 6, 7, 5, 6], [9, 3]]
 

@@ -155,8 +155,9 @@ def test_a_depth_policy_exports_its_busiest_buckets_policy_and_says_why(llama_pa
 
     from dspark_bench.decoding.schedule import bucket_policies
     from dspark_bench.engines.export import RunPolicies, choose
+    from dspark_bench.measure.recording import record
     from dspark_bench.replay.cost import CostModel
-    from dspark_bench.replay.simulate import record, simulate_grid, simulate_priced
+    from dspark_bench.replay.simulate import simulate_grid, simulate_priced
 
     target, draft = llama_pair
     rng = np.random.default_rng(3)

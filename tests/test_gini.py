@@ -21,7 +21,8 @@ from dspark_bench.config import METRICS, SCHEDULES, SEMANTICS, DecodeConfig
 from dspark_bench.decoding import confidence, lookup, speculative
 from dspark_bench.decoding.autoregressive import autoregressive_decode
 from dspark_bench.decoding.host import fetch
-from dspark_bench.replay.simulate import record, simulate
+from dspark_bench.measure.recording import record
+from dspark_bench.replay.simulate import simulate
 
 PROMPTS = [[0, 5, 9, 11], [7], [3, 3, 40, 2, 8, 100, 17]]
 N, G = 24, 6

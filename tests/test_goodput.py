@@ -14,7 +14,8 @@ from dspark_bench.decoding import goodput
 from dspark_bench.decoding.proposal import draft_length
 from dspark_bench.errors import DsparkError
 from dspark_bench.replay.acceptance import AcceptanceFit, brier, drafted_tokens, ece, fit_record
-from dspark_bench.replay.simulate import Record, match_lengths
+from dspark_bench.replay.rounds import match_lengths
+from dspark_bench.replay.simulate import Record
 
 
 def test_the_seed_example_under_each_engine_s_rule():
@@ -141,8 +142,9 @@ def test_hf_assisted_generation_runs_the_exported_policy_round_for_round():
     from dspark_bench.decoding.autoregressive import hf_assistant_settings, hf_assisted_decode
     from dspark_bench.decoding.speculative import speculative_decode
     from dspark_bench.harness.models import load_pair
+    from dspark_bench.measure.recording import record
     from dspark_bench.prompts import encode
-    from dspark_bench.replay.simulate import record, simulate
+    from dspark_bench.replay.simulate import simulate
     from dspark_bench.tasks import load_prompts
 
     pair = load_pair(device="cpu")

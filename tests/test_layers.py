@@ -126,6 +126,36 @@ def test_the_command_line_loads_without_torch():
     assert done.stdout.strip() == "False"
 
 
+def torch_importers(package: Path) -> list[str]:
+    """Modules under `package` that import torch or transformers themselves (any import statement,
+    inside functions too)."""
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            if any(name.split(".")[0] in ("torch", "transformers") for name in names):
+                found.append(str(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path.name))
+                break
+    return found
+
+
+def test_replay_imports_no_torch():
+    """replay/ computes from records and cost models; what runs or times models is measure/'s.
+
+    Only replay's own imports are held: importing replay in a fresh interpreter still loads torch,
+    through the decoding modules it shares with the decoders (the schedule's rules, the confidence
+    signals, goodput's decisions, `Round`), which import torch for the decoders' device code."""
+    assert torch_importers(PACKAGE / "replay") == []
+
+
+def test_the_torch_check_finds_an_import(tmp_path):
+    (tmp_path / "a.py").write_text("import numpy\n\n\ndef f():\n    import torch.nn  # late\n")
+    (tmp_path / "b.py").write_text("from transformers import DynamicCache\n")
+    (tmp_path / "c.py").write_text("from .torch import x\nimport torchvision_like as t\n")
+    assert torch_importers(tmp_path) == ["a.py", "b.py"]
+
+
 def test_no_module_branches_on_a_schedule_s_name(tmp_path):
     """A schedule is one object in dspark_bench/schedules.py; every other module reads its
     properties (tools/schedule_branches.py finds comparisons with a schedule's name)."""

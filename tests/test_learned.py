@@ -14,7 +14,7 @@ from dspark_bench.decoding.learned_signal import CONTEXT, LearnedSignal, agreeme
 from dspark_bench.errors import DsparkError
 from dspark_bench.replay import learned
 from dspark_bench.replay.record import Record
-from dspark_bench.replay.simulate import match_lengths
+from dspark_bench.replay.rounds import match_lengths
 
 SIGNALS = ("top1", "entropy", "topk_mass", "margin", "llamacpp_top1")
 
@@ -124,7 +124,7 @@ def learned_record(llama_pair, tmp_path_factory):
     """A record of the tiny pair, its learned signal fitted and saved, and the record with it."""
     from types import SimpleNamespace
 
-    from dspark_bench.replay.simulate import record
+    from dspark_bench.measure.recording import record
     from dspark_bench.results import write_json
 
     target, draft = llama_pair

@@ -24,10 +24,10 @@ from dspark_bench.decoding.batch_lm import BatchLM
 from dspark_bench.decoding.batched import AutoregressiveStep, SpeculativeStep, serve
 from dspark_bench.errors import DsparkError
 from dspark_bench.harness.load_run import in_decode_ratios, in_decode_surface, load_run, priced
+from dspark_bench.measure.recording import record
 from dspark_bench.replay import load
 from dspark_bench.replay.batched import predict_batched, walks
 from dspark_bench.replay.cost import CostSurface
-from dspark_bench.replay.simulate import record
 
 N = 12
 # Two at once, one mid-run, a gap the server idles through, then a burst: its third request
@@ -266,7 +266,7 @@ def test_a_bad_load_is_refused_in_one_line_before_any_work(tmp_path, monkeypatch
 
 def test_the_surface_timed_beside_a_run_covers_every_cell(llama_pair):
     from dspark_bench.decoding.batched import interleave
-    from dspark_bench.replay.beside import SurfaceSampler
+    from dspark_bench.measure.beside import SurfaceSampler
 
     target, draft = llama_pair
     pair = SimpleNamespace(target=target, draft=draft, device=target.device)

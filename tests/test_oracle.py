@@ -11,7 +11,8 @@ import pytest
 from dspark_bench.analysis.oracle import headroom, oracle, oracle_lengths, perfect_stopping, round_cost
 from dspark_bench.config import DecodeConfig
 from dspark_bench.replay.cost import CostModel
-from dspark_bench.replay.simulate import Record, match_lengths, simulate_grid
+from dspark_bench.replay.rounds import match_lengths
+from dspark_bench.replay.simulate import Record, simulate_grid
 
 
 def small_record(seed: int, P: int = 3, n: int = 7, g: int = 3) -> Record:

@@ -14,8 +14,8 @@ from cli_helpers import invoke
 from dspark_bench import paired
 from dspark_bench.config import DecodeConfig
 from dspark_bench.harness import health, verdicts
+from dspark_bench.measure.recording import record
 from dspark_bench.metrics import bootstrap_speedup
-from dspark_bench.replay.simulate import record
 from dspark_bench.tuning.confirm import same_work
 
 

@@ -1,4 +1,4 @@
-"""In-decode prices (decoding/pass_clock.py, replay/in_decode.py): every pass of a running decode
+"""In-decode costs (measure/pass_clock.py, measure/in_decode.py): every pass of a running decode
 timed where it runs, rounds and their overhead, and the cost model they imply."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from dspark_bench.config import DecodeConfig
-from dspark_bench.decoding import pass_clock
 from dspark_bench.decoding.autoregressive import autoregressive_decode
 from dspark_bench.decoding.speculative import speculative_decode
+from dspark_bench.measure import pass_clock
+from dspark_bench.measure.in_decode import cost_from, measure_in_decode
 from dspark_bench.replay.cost import CostModel
-from dspark_bench.replay.in_decode import cost_from, measure_in_decode
 
 CPU = torch.device("cpu")
 PROMPT = [5, 9, 2, 7, 11, 3, 8]
@@ -25,7 +25,7 @@ def test_every_pass_of_every_round_is_timed(llama_pair, config):
     target, draft = llama_pair
     start = time.perf_counter()
     with pass_clock.timing(CPU) as timing:
-        result = speculative_decode(target, draft, PROMPT, config)
+        result = speculative_decode(target, draft, PROMPT, config, clock=timing)
     wall = time.perf_counter() - start
     assert len(timing.rounds) == len(result.rounds)
     # the prefills are not a round's passes; each round: its draft steps and one verify of k + 1
@@ -43,19 +43,21 @@ def test_plain_decoding_is_a_round_per_token(llama_pair):
     target, _ = llama_pair
     config = DecodeConfig.of(max_new_tokens=12)
     with pass_clock.timing(CPU) as timing:
-        result = autoregressive_decode(target, PROMPT, config)
+        result = autoregressive_decode(target, PROMPT, config, clock=timing)
     assert len(timing.rounds) == len(result.tokens) == 12
     assert [(role, tokens) for role, tokens, _ in timing.passes] == [("target", 1)] * 12
 
 
-def test_nothing_is_timed_outside_a_block_and_blocks_do_not_nest(llama_pair):
+def test_a_decode_given_no_clock_times_nothing(llama_pair):
+    """The clock is the decode's argument, not a module's state: a decode run inside a timing
+    block without it leaves the block's clock empty, and two clocks time two decodes apart."""
     target, _ = llama_pair
-    assert pass_clock.before_pass() is None
-    autoregressive_decode(target, PROMPT, DecodeConfig.of(max_new_tokens=3))  # no block: nothing kept
-    with pass_clock.timing(CPU):
-        with pytest.raises(RuntimeError, match="do not nest"):
-            with pass_clock.timing(CPU):
-                pass
+    config = DecodeConfig.of(max_new_tokens=3)
+    with pass_clock.timing(CPU) as idle, pass_clock.timing(CPU) as timing:
+        autoregressive_decode(target, PROMPT, config)  # no clock: nothing kept
+        autoregressive_decode(target, PROMPT, config, clock=timing)
+    assert idle.rounds == [] and idle.passes == []
+    assert len(timing.rounds) == 3
 
 
 class FakeEvent:
@@ -80,12 +82,12 @@ def test_on_cuda_marks_are_events_read_once_at_the_end(monkeypatch):
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: syncs.append(device))
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: None)
     with pass_clock.timing(torch.device("cuda")) as timing:
-        pass_clock.round_starts()
-        start = pass_clock.before_pass()
+        timing.round_starts()
+        start = timing.before_pass()
         time.sleep(0.02)
-        pass_clock.after_pass(start, "target", 3)
+        timing.after_pass(start, "target", 3)
         time.sleep(0.01)
-        pass_clock.decode_ends()
+        timing.decode_ends()
         assert syncs == [] and isinstance(start, FakeEvent)
     assert len(syncs) == 1
     ((role, tokens, seconds),) = timing.passes

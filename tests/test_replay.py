@@ -17,7 +17,8 @@ from dspark_bench.decoding.schedule import at_depth, discards_below
 from dspark_bench.decoding.speculative import speculative_decode
 from dspark_bench.depth import depth_bucket, round_depths
 from dspark_bench.errors import DsparkError
-from dspark_bench.replay.simulate import CostModel, Record, record, simulate, simulate_grid, spanning_policies
+from dspark_bench.measure.recording import record
+from dspark_bench.replay.simulate import CostModel, Record, simulate, simulate_grid, spanning_policies
 
 PROMPTS = [[0, 5, 9, 11], [7], [3, 3, 40, 2, 8, 100, 17], [12, 13]]
 N, G = 24, 6

@@ -14,6 +14,7 @@ import pytest
 
 from dspark_bench.config import DecodeConfig
 from dspark_bench.errors import DsparkError
+from dspark_bench.measure import sampled_recording
 from dspark_bench.replay import sampled
 from dspark_bench.replay.simulate import simulate_grid
 
@@ -203,7 +204,7 @@ def test_below_temperature_1_the_decoder_and_replay_on_real_models_meet_the_exac
     real = np.mean([[len(rounds), sum(r.drafted for r in rounds), sum(r.accepted for r in rounds)]
                     for rounds in (speculative_decode(models.target, models.draft, [0], config.replace(seed=10_000 + s))
                                    .rounds for s in range(600))], axis=0)
-    rec = sampled.record_sampled(models, [[0]], config, G, paths=600, eos_ids=frozenset())
+    rec = sampled_recording.record_sampled(models, [[0]], config, G, paths=600, eos_ids=frozenset())
     replayed = per_sequence(rec, policy, temperature, top_p)
     assert np.allclose(real, truth, rtol=0.045), (real, truth)
     assert np.allclose(replayed, truth, rtol=0.045), (replayed, truth)
@@ -223,12 +224,13 @@ def tiny(saved_pair):
 
 def test_at_temperature_zero_a_sampled_record_replays_as_the_greedy_one(tiny):
     from dspark_bench.config import expand
-    from dspark_bench.replay.record import record
+    from dspark_bench.measure.recording import record
 
     ids = [[5, 17, 42, 9], [3, 8]]
     greedy = record(tiny, ids, 16, 4, eos_ids=frozenset())
     config = DecodeConfig.of(max_new_tokens=16)
-    (replicate,) = sampled.replicates(sampled.record_sampled(tiny, ids, config, 4, paths=1, eos_ids=frozenset()))
+    made = sampled_recording.record_sampled(tiny, ids, config, 4, paths=1, eos_ids=frozenset())
+    (replicate,) = sampled.replicates(made)
     configs = expand({"threshold": [0.1, 0.3, 0.6], "gamma_max": [1, 2, 4], "min_draft_len": [0, 1]}, config)
     columns = ["rounds", "drafted_total", "accepted_total", "full_blocks", "draft_forwards"]
     draws = replicate.info["sampling"]["draws"]
@@ -251,7 +253,7 @@ def test_every_stream_a_sampled_record_draws_from_is_its_own(tiny, monkeypatch):
 
     monkeypatch.setattr(torch, "Generator", Recording)
     config = DecodeConfig.of(max_new_tokens=6, temperature=1.0)
-    sampled.record_sampled(tiny, [[5, 17, 42], [3, 8]], config, 2, paths=3, eos_ids=frozenset())
+    sampled_recording.record_sampled(tiny, [[5, 17, 42], [3, 8]], config, 2, paths=3, eos_ids=frozenset())
     assert len(seeds) == 2 * 2 * 3  # a path's own and its rollouts', for 3 paths of 2 prompts
     starts = {tuple(torch.rand(8, generator=Generator().manual_seed(seed)).tolist()) for seed in seeds}
     assert len(starts) == len(seeds), sorted(seeds)
@@ -265,13 +267,12 @@ def test_a_paths_rejected_token_is_independent_of_its_own_token():
     Drawn from the path's own stream (the same exponentials), they fail both at p < 1e-10."""
     from types import SimpleNamespace
 
-    from scipy.stats import chi2_contingency, chisquare
-
     import tiny
+    from scipy.stats import chi2_contingency, chisquare
 
     models = SimpleNamespace(target=tiny.markov_llama(P), draft=tiny.markov_llama(Q), eos_ids=frozenset())
     config = DecodeConfig.of(max_new_tokens=2, temperature=1.0, seed=11)
-    rec = sampled.record_sampled(models, [[1]], config, 1, paths=1500, eos_ids=frozenset())
+    rec = sampled_recording.record_sampled(models, [[1]], config, 1, paths=1500, eos_ids=frozenset())
     token, rejected = rec.paths[:, 0], rec.rollout[:, 0, 0]
     table = np.array([[np.sum((token == y) & (rejected == r)) for r in range(3)] for y in range(3)])
     assert chi2_contingency(table[:, table.sum(axis=0) > 0]).pvalue > 1e-3, table
@@ -299,7 +300,7 @@ def test_replayed_rounds_are_distributed_as_our_decoders_sampled_rounds(tiny):
     config = DecodeConfig.of(max_new_tokens=16, temperature=1.0, top_p=0.9, threshold=0.3, gamma_max=gamma)
     real = [r for seed in range(runs) for r in
             speculative_decode(tiny.target, tiny.draft, ids, config.replace(seed=1000 + seed)).rounds]
-    rec = sampled.record_sampled(tiny, [ids], config, gamma, paths=runs, eos_ids=frozenset())
+    rec = sampled_recording.record_sampled(tiny, [ids], config, gamma, paths=runs, eos_ids=frozenset())
 
     def pvalue(rec) -> float:
         replayed = [r for rep in sampled.replicates(rec) for prompt in simulate(rep, config) for r in prompt]

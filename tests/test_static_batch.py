@@ -22,7 +22,7 @@ from dspark_bench.decoding.batched import batched_autoregressive, batched_specul
 from dspark_bench.decoding.speculative import speculative_decode
 from dspark_bench.decoding.static_batch_lm import StaticBatchLM
 from dspark_bench.errors import DsparkError
-from dspark_bench.replay.cost import measure_surface
+from dspark_bench.measure.cost_model import measure_surface
 
 EOS = frozenset({1})
 

@@ -1,4 +1,4 @@
-"""Timed replay (replay/timed.py): the rounds replay says a policy makes, run on real passes. On
+"""Timed replay (measure/timed.py): the rounds replay says a policy makes, run on real passes. On
 the pair that made the record, each round's draft and acceptance as those passes compute them
 are the forced ones, for every schedule; on another pair the rounds still run, with the record's
 acceptance."""
@@ -14,8 +14,9 @@ from test_batched import GREEDY_POLICIES, PROMPTS, N
 from dspark_bench.decoding.cached_lm import CachedLM
 from dspark_bench.decoding.speculative import speculative_decode
 from dspark_bench.errors import DsparkError
-from dspark_bench.replay.simulate import record, simulate
-from dspark_bench.replay.timed import timed_plain, timed_replay
+from dspark_bench.measure.recording import record
+from dspark_bench.measure.timed import timed_plain, timed_replay
+from dspark_bench.replay.simulate import simulate
 
 
 @pytest.fixture(scope="module")

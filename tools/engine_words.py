@@ -32,9 +32,10 @@ PATTERNS = [
 FOUND = re.compile("|".join(f"(?:{p})" for p in PATTERNS), re.IGNORECASE)
 # Where only our decoder runs (decoding/, replay's walk), "the engine" can only mean ours; an
 # engine's *rule* (`--semantics`) is a serving engine's, and stays.
-OURS_ONLY = ("dspark_bench/decoding/", "dspark_bench/replay/simulate.py", "dspark_bench/replay/batched.py",
-             "dspark_bench/replay/record.py", "dspark_bench/replay/sampled.py", "dspark_bench/replay/learned.py",
-             "dspark_bench/replay/acceptance.py", "dspark_bench/replay/record_parts.py")
+OURS_ONLY = ("dspark_bench/decoding/", "dspark_bench/replay/simulate.py", "dspark_bench/replay/rounds.py",
+             "dspark_bench/replay/batched.py", "dspark_bench/replay/record.py", "dspark_bench/replay/sampled.py",
+             "dspark_bench/replay/learned.py", "dspark_bench/replay/acceptance.py", "dspark_bench/measure/recording.py",
+             "dspark_bench/measure/sampled_recording.py", "dspark_bench/measure/record_parts.py")
 THE_ENGINE = re.compile(rf"{A}(?:the|real){GAP}engine{Z}(?! rule)(?!'s rule)(?:_s)?(?!_rule)", re.IGNORECASE)
 
 

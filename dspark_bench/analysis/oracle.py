@@ -30,7 +30,8 @@ from dspark_bench.replay.acceptance import accepted_steps
 from dspark_bench.replay.batched import simulate_with_surface
 from dspark_bench.replay.cost import CostModel, CostSurface
 from dspark_bench.replay.record import Record
-from dspark_bench.replay.simulate import match_lengths, simulate_grid
+from dspark_bench.replay.rounds import match_lengths
+from dspark_bench.replay.simulate import simulate_grid
 
 
 def round_cost(cost: CostModel, k: int, drafter: str = "model") -> float:

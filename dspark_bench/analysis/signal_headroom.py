@@ -42,7 +42,8 @@ from dspark_bench.replay.batched import simulate_with_surface
 from dspark_bench.replay.cost import CostModel, CostSurface
 from dspark_bench.replay.learned import used_steps
 from dspark_bench.replay.record import Record
-from dspark_bench.replay.simulate import match_lengths, simulate_grid
+from dspark_bench.replay.rounds import match_lengths
+from dspark_bench.replay.simulate import simulate_grid
 
 BETAS = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, float("inf"))
 THRESHOLDS = tuple(round(t, 2) for t in np.arange(0.02, 0.99, 0.03))  # 33: the rules' grid on each signal

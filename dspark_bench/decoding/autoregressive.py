@@ -14,22 +14,25 @@ import torch
 
 from dspark_bench import schedules
 from dspark_bench.config import DecodeConfig
-from dspark_bench.decoding import pass_clock
 from dspark_bench.decoding.cached_lm import CachedLM
 from dspark_bench.decoding.sampling import choose, distribution, make_generator
-from dspark_bench.decoding.types import DecodeResult, Round
+from dspark_bench.decoding.types import DecodeResult, PassClock, Round
 
 
 @torch.inference_mode()
 def autoregressive_decode(
-    target: torch.nn.Module, prompt_ids: list[int], config: DecodeConfig, eos_ids: frozenset[int] = frozenset()
+    target: torch.nn.Module, prompt_ids: list[int], config: DecodeConfig, eos_ids: frozenset[int] = frozenset(),
+    clock: PassClock | None = None,
 ) -> DecodeResult:
-    target_lm = CachedLM(target, config.verification.compiled, len(prompt_ids) + config.verification.max_new_tokens)
+    """`clock`: times every pass and step (in-decode costs: measure/pass_clock.py), None for none."""
+    target_lm = CachedLM(target, config.verification.compiled, len(prompt_ids) + config.verification.max_new_tokens,
+                         clock=clock)
     target_lm.prefill(prompt_ids[:-1])
     generator = make_generator(config, target_lm.device)
     result, pending = DecodeResult(tokens=[]), prompt_ids[-1:]
     while len(result.tokens) < config.verification.max_new_tokens:
-        pass_clock.round_starts()  # a plain step is a round of one pass (timed only inside pass_clock.timing)
+        if clock is not None:  # a plain step is a round of one pass
+            clock.round_starts()
         logits = target_lm.forward(pending)[-1]
         result.target_forwards += 1
         probs = None if config.greedy else distribution(logits, config)  # greedy needs only argmax
@@ -38,7 +41,8 @@ def autoregressive_decode(
         if token in eos_ids:
             break
         pending = [token]
-    pass_clock.decode_ends()
+    if clock is not None:
+        clock.decode_ends()
     return result
 
 

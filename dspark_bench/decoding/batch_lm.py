@@ -18,14 +18,14 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from dspark_bench.decoding.cached_lm import _forward_kwargs
+from dspark_bench.decoding.cached_lm import forward_kwargs
 from dspark_bench.errors import DsparkError
 
 
 def prefill_alone(model: torch.nn.Module, tokens: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Each layer's keys and values [1, heads, len(tokens), dim] of `tokens` prefilled alone: a row
     about to join a batch (here, or a static batch: static_batch_lm.py)."""
-    cache_name, can_keep = _forward_kwargs(model)
+    cache_name, can_keep = forward_kwargs(model)
     alone = DynamicCache()
     ids = torch.tensor([tokens], dtype=torch.long, device=next(model.parameters()).device)
     model(input_ids=ids, **{cache_name: alone, "use_cache": True, **({"logits_to_keep": 1} if can_keep else {})})
@@ -40,7 +40,7 @@ class BatchLM:
         self.cache = DynamicCache()
         self.mask = torch.zeros(0, 0, dtype=torch.long, device=self.device)
         self.lengths: list[int] = []
-        self._cache_name, self._can_keep = _forward_kwargs(model)
+        self._cache_name, self._can_keep = forward_kwargs(model)
 
     @property
     def rows(self) -> int:

@@ -91,57 +91,76 @@ def serving(prompts: list[list[int]], config: DecodeConfig, batch_size: int, lms
     ("join", rows in the batch, the prompt's tokens but its last, seconds) and ("step", rows, the
     most draft forwards of a row, the longest draft, seconds); plain decoding's steps draft none."""
     device = lms[0].device
-    waiting = deque(range(len(prompts)))
     arrive = list(arrivals) if arrivals is not None else [0.0] * len(prompts)
     seeds = seeds if seeds is not None else [config.verification.seed] * len(prompts)
-    requests = [Request(list(p), make_generator(config, device, seed), index, seq=list(p))
-                for index, (p, seed) in enumerate(zip(prompts, seeds))]
-    active: list[int] = []  # request index of each batch row, in row order
-    own = 0.0  # seconds this decoder has run so far
-    for request, at in zip(requests, arrive):
-        request.arrival = at
-    while waiting or active:
-        if not active and arrive[waiting[0]] > own:
-            own = arrive[waiting[0]]  # idle until the next request arrives
-        if waiting and len(active) < batch_size and (refill or not active):
-            while waiting and len(active) < batch_size and arrive[waiting[0]] <= own:
-                index = waiting.popleft()
-                requests[index].admitted = own
-                start = _clock(device)
-                for lm in lms:
-                    lm.add(requests[index].prompt[:-1])
-                elapsed = _clock(device) - start
-                requests[index].time_s += elapsed
-                own += elapsed
-                if trace is not None:
-                    trace.append(("join", len(active), len(requests[index].prompt) - 1, elapsed))
-                active.append(index)
-        start = _clock(device)
-        stepped = list(active)
+    requests = [Request(list(p), make_generator(config, device, seed), index, seq=list(p), arrival=at)
+                for index, (p, seed, at) in enumerate(zip(prompts, seeds, arrive))]
+    server = Server(requests, deque(range(len(prompts))), lms, device, trace)
+    while server.waiting or server.active:
+        if not server.active and arrive[server.waiting[0]] > server.own:
+            server.own = arrive[server.waiting[0]]  # idle until the next request arrives
+        if server.waiting and len(server.active) < batch_size and (refill or not server.active):
+            server.admit(batch_size)
+        server.step(step, config, eos_ids)
+        yield
+    return requests
+
+
+@dataclass
+class Server:
+    """A serving decode between its steps: the requests, those waiting (in arrival order) and those
+    in the batch (`active`: request index of each batch row, in row order), and the decoder's
+    own-time clock (`own`: seconds it has run so far, idle jumps included)."""
+
+    requests: list[Request]
+    waiting: deque
+    lms: list
+    device: torch.device
+    trace: list | None
+    active: list[int] = field(default_factory=list)
+    own: float = 0.0
+
+    def admit(self, batch_size: int) -> None:
+        """Prefill every arrived request the batch has room for, each on its own clock."""
+        while self.waiting and len(self.active) < batch_size and self.requests[self.waiting[0]].arrival <= self.own:
+            request = self.requests[self.waiting.popleft()]
+            request.admitted = self.own
+            start = _clock(self.device)
+            for lm in self.lms:
+                lm.add(request.prompt[:-1])
+            elapsed = _clock(self.device) - start
+            request.time_s += elapsed
+            self.own += elapsed
+            if self.trace is not None:
+                self.trace.append(("join", len(self.active), len(request.prompt) - 1, elapsed))
+            self.active.append(request.index)
+
+    def step(self, step: Callable[[list[Request]], None], config: DecodeConfig, eos_ids: frozenset[int]) -> None:
+        """One step of every row, the finished rows removed, and its time shared by the rows."""
+        requests, start = self.requests, _clock(self.device)
+        stepped = list(self.active)
         starting = [i for i in stepped if not requests[i].result.tokens]
         step([requests[i] for i in stepped])
         done = {i for i in stepped if requests[i].done(config, eos_ids)}
-        for row in reversed(range(len(active))):
-            if active[row] in done:
-                for lm in lms:
+        for row in reversed(range(len(self.active))):
+            if self.active[row] in done:
+                for lm in self.lms:
                     lm.remove(row)
-                del active[row]
-        for lm in lms:  # what the rows that left (and rolled-back drafts) no longer need
+                del self.active[row]
+        for lm in self.lms:  # what the rows that left (and rolled-back drafts) no longer need
             lm.tidy()
-        elapsed = _clock(device) - start  # the step with its cache upkeep, shared by its rows
-        own += elapsed
-        if trace is not None:
+        elapsed = _clock(self.device) - start  # the step with its cache upkeep, shared by its rows
+        self.own += elapsed
+        if self.trace is not None:
             rounds = [requests[i].result.rounds[-1] for i in stepped if requests[i].result.rounds]
-            trace.append(("step", len(stepped), max((r.draft_forwards for r in rounds), default=0),
-                          max((r.drafted for r in rounds), default=0), elapsed))
+            self.trace.append(("step", len(stepped), max((r.draft_forwards for r in rounds), default=0),
+                               max((r.drafted for r in rounds), default=0), elapsed))
         for i in starting:
-            requests[i].first_token = own
+            requests[i].first_token = self.own
         for i in stepped:
             requests[i].time_s += elapsed / len(stepped)
             if i in done:
-                requests[i].finished = own
-        yield
-    return requests
+                requests[i].finished = self.own
 
 
 def serve(*args, **kwargs) -> list[Request]:

@@ -20,16 +20,17 @@ import weakref
 import torch
 from transformers import DynamicCache, StaticCache
 
-from dspark_bench.decoding import pass_clock
+from dspark_bench.decoding.types import PassClock
 from dspark_bench.errors import DsparkError
 
 # torch.compile options; tests swap in dynamo's "eager" backend to check the wiring without code generation.
 COMPILE_OPTIONS: dict = {}
 
 
-def _forward_kwargs(model) -> tuple[str, bool]:
-    # transformers 5 renamed `past_key_values` to `cache`; older models and remote code still
-    # use the old name. `logits_to_keep` saves the LM head over positions we do not read.
+def forward_kwargs(model) -> tuple[str, bool]:
+    """(the name `model.forward` takes its cache by, whether it takes `logits_to_keep`): transformers 5
+    renamed `past_key_values` to `cache`, older models and remote code still use the old name;
+    `logits_to_keep` saves the LM head over positions we do not read."""
     params = inspect.signature(model.forward).parameters
     cache_name = "cache" if "cache" in params else "past_key_values"
     return cache_name, "logits_to_keep" in params
@@ -37,12 +38,14 @@ def _forward_kwargs(model) -> tuple[str, bool]:
 
 class CachedLM:
     def __init__(self, model: torch.nn.Module, compiled: bool = False, capacity: int = 0, role: str = "target",
-                 hidden: bool = False):
+                 hidden: bool = False, clock: PassClock | None = None):
         """`capacity`: the most tokens this decode will hold (compiled: the static cache's size);
         `role`: whose static cache it takes (a model drafting for itself holds two); `hidden`:
         keep the last hidden states of each forward's kept positions too (`self.hidden`, the
-        heads drafter's input)."""
+        heads drafter's input); `clock`: times every pass (in-decode costs: measure/pass_clock.py),
+        None for none."""
         self.model = model
+        self.clock = clock
         self.role = role
         self.keep_hidden = hidden
         self.hidden: torch.Tensor | None = None  # [keep, hidden] of the last forward, if kept
@@ -50,7 +53,7 @@ class CachedLM:
         self.compiled = compiled
         self.cache = static_cache(model, capacity, role) if compiled else DynamicCache()
         self.length = 0
-        self._cache_name, self._can_keep = _forward_kwargs(model)
+        self._cache_name, self._can_keep = forward_kwargs(model)
 
     def forward(self, tokens: list[int] | torch.Tensor, keep: int = 1, eager: bool = False) -> torch.Tensor:
         """Feed `tokens` after the cached ones; logits of the last `keep` positions [keep, vocab].
@@ -63,9 +66,11 @@ class CachedLM:
         kwargs = {self._cache_name: self.cache, "use_cache": True}
         if self._can_keep:
             kwargs["logits_to_keep"] = keep
-        start = pass_clock.before_pass()  # None unless a decode is being priced (pass_clock.timing)
+        if self.clock is None:
+            return self._forward(ids, keep, eager, kwargs)
+        start = self.clock.before_pass()
         logits = self._forward(ids, keep, eager, kwargs)
-        pass_clock.after_pass(start, self.role, ids.shape[1])
+        self.clock.after_pass(start, self.role, ids.shape[1])
         return logits
 
     def _forward(self, ids: torch.Tensor, keep: int, eager: bool, kwargs: dict) -> torch.Tensor:

@@ -32,15 +32,16 @@ from dspark_bench.decoding.host import fetch
 from dspark_bench.decoding.proposal import Proposal
 from dspark_bench.decoding.sampling import distribution, pick
 from dspark_bench.decoding.schedule import DeviceRule
-from dspark_bench.decoding.types import Block
+from dspark_bench.decoding.types import Block, PassClock
 from dspark_bench.errors import DsparkError
 
 
 class ModelDrafter:
     round_forwards = None  # one per draft step, counted by the proposal
 
-    def __init__(self, model: torch.nn.Module, prompt_ids: list[int], config: DecodeConfig, capacity: int):
-        self.lm = CachedLM(model, config.verification.compiled, capacity, role="draft")
+    def __init__(self, model: torch.nn.Module, prompt_ids: list[int], config: DecodeConfig, capacity: int,
+                 clock: PassClock | None = None):
+        self.lm = CachedLM(model, config.verification.compiled, capacity, role="draft", clock=clock)
         self.lm.prefill(prompt_ids[:-1])
 
     def propose(self, recent, seq, proposal: Proposal, generator, eos_ids, rule, eos_tensor) -> Block:
@@ -128,7 +129,7 @@ def start_drafter(draft, target_lm: CachedLM, prompt_ids: list[int], config: Dec
     if config.drafting.drafter == "model":
         if not isinstance(draft, torch.nn.Module) or isinstance(draft, Heads):
             raise DsparkError("the model drafter needs a draft model")
-        return ModelDrafter(draft, prompt_ids, config, capacity)
+        return ModelDrafter(draft, prompt_ids, config, capacity, target_lm.clock)  # timed by the target's clock
     if config.drafting.drafter == "heads":
         if not isinstance(draft, Heads):
             raise DsparkError("the heads drafter needs the target's heads (dspark_bench.decoding.heads.load)")

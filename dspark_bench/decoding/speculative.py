@@ -19,14 +19,13 @@ from __future__ import annotations
 import torch
 
 from dspark_bench.config import DecodeConfig
-from dspark_bench.decoding import pass_clock
 from dspark_bench.decoding.cached_lm import CachedLM, unseen
 from dspark_bench.decoding.drafters import start_drafter
 from dspark_bench.decoding.host import fetch
 from dspark_bench.decoding.proposal import Proposal
 from dspark_bench.decoding.sampling import distribution, draw, make_generator
 from dspark_bench.decoding.schedule import DeviceRule, at_depth, round_policies
-from dspark_bench.decoding.types import Block, DecodeResult, Round
+from dspark_bench.decoding.types import Block, DecodeResult, PassClock, Round
 from dspark_bench.errors import DsparkError
 
 
@@ -37,11 +36,14 @@ def speculative_decode(
     prompt_ids: list[int],
     config: DecodeConfig,
     eos_ids: frozenset[int] = frozenset(),
+    clock: PassClock | None = None,
 ) -> DecodeResult:
     """`draft`: what config.drafting.drafter drafts with — the draft model, the target's heads, or
-    nothing (lookup); drafters.py."""
+    nothing (lookup); drafters.py. `clock`: times every pass and round (in-decode costs:
+    measure/pass_clock.py), None for none."""
     capacity = len(prompt_ids) + config.verification.max_new_tokens + config.stopping.gamma_max + 1
-    target_lm = CachedLM(target, config.verification.compiled, capacity, hidden=config.drafting.drafter == "heads")
+    target_lm = CachedLM(target, config.verification.compiled, capacity, hidden=config.drafting.drafter == "heads",
+                         clock=clock)
     target_lm.prefill(prompt_ids[:-1])
     drafter = start_drafter(draft, target_lm, prompt_ids, config, capacity)
     generator = make_generator(config, target_lm.device)
@@ -57,7 +59,8 @@ def speculative_decode(
                           device=target_lm.device)  # seq's tail, on the device
     seq, result = list(prompt_ids), DecodeResult(tokens=[])
     while len(result.tokens) < config.verification.max_new_tokens:
-        pass_clock.round_starts()  # in-decode prices: timed only inside pass_clock.timing
+        if clock is not None:
+            clock.round_starts()
         policy = at_depth(config, len(seq))  # the round's: under the depth schedule, its depth bucket's
         # Leave room for the target's own token at the end of the round.
         proposal = Proposal.start(policy, config.verification.max_new_tokens - len(result.tokens) - 1)
@@ -81,7 +84,8 @@ def speculative_decode(
         drafter.rollback(len(seq) - 1)
         if emitted[-1] in eos_ids:
             break
-    pass_clock.decode_ends()
+    if clock is not None:
+        clock.decode_ends()
     return result
 
 

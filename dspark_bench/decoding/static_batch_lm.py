@@ -35,7 +35,7 @@ import torch
 
 from dspark_bench.config import DecodeConfig
 from dspark_bench.decoding.batch_lm import BatchLM, prefill_alone
-from dspark_bench.decoding.cached_lm import _forward_kwargs, compiled_forward, set_length, static_cache
+from dspark_bench.decoding.cached_lm import compiled_forward, forward_kwargs, set_length, static_cache
 from dspark_bench.errors import DsparkError
 
 _OWNER: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # static cache -> the decode using it
@@ -51,7 +51,7 @@ class StaticBatchLM:
         self.device = next(model.parameters()).device
         self.slots = slots
         self.cache = static_cache(model, capacity, role, rows=slots, empty=False)  # emptied when taken
-        self._cache_name, self._can_keep = _forward_kwargs(model)
+        self._cache_name, self._can_keep = forward_kwargs(model)
         self._lay_out()
         self.capacity = self.cache.layers[0].max_cache_len
         self.mask = torch.zeros(slots, self.capacity, dtype=torch.long, device=self.device)
@@ -204,7 +204,7 @@ def warm_batched(model: torch.nn.Module, slots: int, capacity: int, shapes: list
 def capacity_for(prompts: list[list[int]], max_new_tokens: int, gamma_max: int) -> int:
     """Columns a batched decode of `prompts` needs: its longest row with its answer and a verify
     block, and a quarter more for holes, so that compacting is rare. Captured batches are priced
-    at this width too (cost.measure_surface's `width`): a static pass attends over every column,
+    at this width too (measure.cost_model.measure_surface's `width`): a static pass attends over every column,
     so a narrower cache would price it cheaper than the decode runs it."""
     longest = max((len(p) for p in prompts), default=1) + max_new_tokens + gamma_max + 2
     return longest + longest // 4

@@ -1,8 +1,10 @@
-"""What every decoder shares: a round's record, a decode's result, a draft block on the device."""
+"""What every decoder shares: a round's record, a decode's result, a draft block on the device,
+and the clock a decode may be timed by."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 
@@ -39,3 +41,18 @@ class Block:
     # early-stop ones were read on the host and live in the Proposal)
     kept: torch.Tensor | int  # how many of the n the rule keeps: n (early-stop, an int) or a 0-d
     # tensor the device decided (verify-side)
+
+
+class PassClock(Protocol):
+    """What times a running decode pass by pass (measure/pass_clock.py's `Timing`): a decoder given
+    one marks each round's start and its decode's end, and its caches mark each pass; a decoder
+    given None (the default) times nothing."""
+
+    def round_starts(self) -> None: ...
+
+    def decode_ends(self) -> None: ...
+
+    def before_pass(self):
+        """The mark a pass starts at."""
+
+    def after_pass(self, start, role: str, tokens: int) -> None: ...

@@ -55,10 +55,10 @@ from dspark_bench.errors import DsparkError
 from dspark_bench.harness.health import Check, LoadProbe, cost_dispersion, grade, health
 from dspark_bench.harness.hf_cost_model import FIT_GAMMAS  # the fixed γ an engine's own costs are fitted on
 from dspark_bench.harness.runner import stage_steps
+from dspark_bench.measure.recording import record
 from dspark_bench.replay.cost import CostModel, CostSurface, relative_iqr
 from dspark_bench.replay.cost_file import CostFile, cache_home, fit_overheads, machine, now, plain_seconds_per_token
 from dspark_bench.replay.cost_file import load as load_file
-from dspark_bench.replay.record import record
 
 # The fit's empty-draft run: p-min 1 stops every draft at its first token (t_round_empty).
 EMPTY_FIT = dict(schedule=schedules.THRESHOLD, metric="top1", threshold=1.0, gamma_max=1)

@@ -11,7 +11,7 @@ prompts as the same token ids:
 - our decoder against our baseline (harness.runner, the usual run folder), every policy;
 - replay's prediction of each policy under llama.cpp's rule, on a record of these prompts, priced
   on llama.cpp's own costs (engines/llamacpp_prices.py: measured with llama-bench, the server's
-  overheads fitted on other prompts) and on our decoder's (replay/cost.py).
+  overheads fitted on other prompts) and on our decoder's (measure/cost_model.py).
 
 What llama.cpp did comes from each response's `timings` (`draft_n`, `draft_n_accepted`, the
 generation phase's `predicted_ms`) and the change of the server's counters over the request
@@ -48,11 +48,11 @@ from dspark_bench.harness.gguf_read import is_gguf
 from dspark_bench.harness.hf_cost_model import fit_prompts as spare_prompts
 from dspark_bench.harness.run import RunConfig, execute, plan_run
 from dspark_bench.harness.runner import stage_steps
+from dspark_bench.measure.cost_model import measure_cost
+from dspark_bench.measure.recording import record
 from dspark_bench.metrics import rates, summarize
 from dspark_bench.prompts import encode
 from dspark_bench.replay import cost_file
-from dspark_bench.replay.cost import measure_cost
-from dspark_bench.replay.record import record
 from dspark_bench.replay.simulate import simulate, simulate_grid
 from dspark_bench.results import check_writable, write_json, write_parquet
 

@@ -45,8 +45,9 @@ import pandas as pd
 import torch
 
 from dspark_bench.config import LEARNED
+from dspark_bench.measure.cost_model import measure_surface
 from dspark_bench.paired import compare
-from dspark_bench.replay.cost import CostSurface, measure_surface, relative_iqr
+from dspark_bench.replay.cost import CostSurface, relative_iqr
 
 VERDICTS = ("ok", "noisy", "unreliable")
 ADVICE = ("another process was likely running, or a shared machine's own speed moved — re-run on an idle "

@@ -5,7 +5,7 @@ predicts each of its policies round for round (HF's rule, `--semantics hf`); wha
 there is HF's, not our decoder's: its `generate` loop, candidate generator and cache cropping cost
 more per round than our decoder's. So its cost model (replay/cost_file.py) is:
 
-- t_draft and t_verify(k): the same models' forwards as our decoder runs them (replay/cost.py's
+- t_draft and t_verify(k): the same models' forwards as our decoder runs them (measure/cost_model.py's
   measure_cost: HF's loop calls these very modules);
 - t_plain and t_round: fitted on timed runs of fixed γ = 5 and 7 (FIT_GAMMAS), HF assisted
   against our baseline, on prompts set apart for fitting (the source's last FIT_PROMPTS, not decoded by the
@@ -27,11 +27,12 @@ from dspark_bench import schedules
 from dspark_bench.config import DecodeConfig
 from dspark_bench.errors import DsparkError
 from dspark_bench.harness.runner import run, stage_steps
+from dspark_bench.measure.cost_model import measure_cost
+from dspark_bench.measure.recording import record
 from dspark_bench.metrics import summarize
 from dspark_bench.prompts import encode
 from dspark_bench.replay import cost_file
-from dspark_bench.replay.cost import CostSurface, measure_cost
-from dspark_bench.replay.record import record
+from dspark_bench.replay.cost import CostSurface
 from dspark_bench.replay.simulate import simulate_grid
 from dspark_bench.results import write_json
 from dspark_bench.tasks import load_prompts
@@ -87,8 +88,8 @@ def hf_prices(pair, spare, settings, max_new_tokens: int, gamma: int, progress=N
         CostSurface({1: model}), {"name": "hf", "version": f"transformers {transformers.__version__}",
                                   "build": {"torch": torch.__version__, "device": str(pair.device)}},
         {key: described[key] for key in ("target", "draft", "target_fingerprint", "draft_fingerprint", "dtype")},
-        "t_draft, t_verify(k): the models' forwards timed as our decoder runs them (replay/cost.py measure_cost), "
-        "which HF's loop calls too; t_plain (our baseline) and t_round: fitted "
+        "t_draft, t_verify(k): the models' forwards timed as our decoder runs them "
+        "(measure/cost_model.py measure_cost), which HF's loop calls too; t_plain (our baseline) and t_round: fitted "
         f"on fixed γ={' and '.join(map(str, FIT_GAMMAS))} HF assisted runs against our baseline (fitted_on)",
         cost_file.machine(),  # torch_threads among its keys
         cost_file.now(), {"policies": [p.label() for p in policies], "prompts": [p.id for p in spare], "runs": per_run})

@@ -18,7 +18,7 @@ import torch
 from dspark_bench.config import LEARNED, DecodeConfig
 from dspark_bench.decoding.batched import autoregressive_serving, interleave, speculative_serving
 from dspark_bench.errors import DsparkError
-from dspark_bench.replay.beside import SurfaceSampler
+from dspark_bench.measure.beside import SurfaceSampler
 from dspark_bench.replay.cost import CostSurface
 from dspark_bench.replay.load import PLAIN, Arrivals, serving_metrics
 

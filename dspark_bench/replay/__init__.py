@@ -1,19 +1,19 @@
-"""Replay: every policy's outcome from recorded decoding, greedy or sampled, and what it costs.
+"""Replay: every policy's outcome computed from records and cost models, greedy or sampled.
 
 The greedy record (`record`: the target's greedy continuation and the drafter's rollout at every
-position), made from the target decoded here or from an engine's continuations file
-(`continuations`), a prompt at a time, resumably and in shards (`record_parts`); the sampled record
-and replay under sampling (`sampled`: K sampled paths per prompt, replicates on shared coins,
-expectations with intervals); the simulation of policies at batch size 1 (`simulate`) and at any
-batch size in either layout (`batched`), and the tables their totals become, per policy and per
-depth bucket (`tables`); the cost model and cost surface (`cost`, and timed beside running decodes
-in `beside`, or inside them in `in_decode`),
-replay under load (`load`: requests arriving at a rate or by a trace, `arrivals`,
-served by continuous batching) and the cost-model file that carries anyone's costs with their
-provenance (`cost_file`); the acceptance fit the goodput schedule decides with (`acceptance`); the
-learned acceptance signal's fit (`learned`); and timed replay (`timed`), a policy's replayed rounds
-run on real passes, so that their time checks the prices alone. Studies of a finished record (the
-headroom, better signals, held-out signal quality) are the `analysis` layer's, above this one.
+position, saved and read back; the target's half may come from an engine's continuations file,
+`continuations`); the sampled record and replay under sampling (`sampled`: K sampled paths per
+prompt, replicates on shared coins, expectations with intervals); what fixes a round at each
+position for a policy (`rounds`), the simulation of policies at batch size 1 (`simulate`) and at
+any batch size in either layout (`batched`), and the tables their totals become, per policy and
+per depth bucket (`tables`); the cost model and the cost model over B (`cost`), replay under load
+(`load`: requests arriving at a rate or by a trace, `arrivals`, served by continuous batching) and
+the cost-model file that carries anyone's costs with their provenance (`cost_file`); the
+acceptance fit the goodput schedule decides with (`acceptance`); the learned acceptance signal's
+fit (`learned`). Making records and measuring cost models run the models, and are the `measure`
+layer's, above this one; studies of a finished record (the headroom, better signals, held-out
+signal quality) are the `analysis` layer's.
 
-May import: `decoding` and the core modules. Nothing here times whole runs, sweeps or reports.
+May import: `decoding` and the core modules. Nothing here imports torch, runs a model or reads a
+clock (tests/test_layers.py holds it).
 """

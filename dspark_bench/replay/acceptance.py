@@ -24,7 +24,7 @@ import pandas as pd
 from dspark_bench.config import METRICS
 from dspark_bench.decoding.goodput import AcceptanceFit, Curve
 from dspark_bench.errors import DsparkError
-from dspark_bench.replay.simulate import match_lengths
+from dspark_bench.replay.rounds import match_lengths
 
 ECE_BINS = 10
 

@@ -1,11 +1,11 @@
-"""Replay at any batch size: one batch-1 record and the cost surface predict every policy at B.
+"""Replay at any batch size: one batch-1 record and a cost model over B predict every policy at B.
 
 Under greedy verification a row's rounds do not depend on the other rows (tests/test_batched.py
 checks it against the batched decoder), so the record fixes every row's rounds; only what a step
 costs depends on the batch. The walk below replays the batched decoder's schedule exactly —
 prompts join in order as rows finish (or after the batch drains), a round drafts until its
 last row stops, and its one verify pass covers every row — and charges each round from the
-cost surface at the number of rows it really had, and each request its own prefill when it
+cost model over B at the number of rows it really had, and each request its own prefill when it
 joins (target, plus draft on the speculative side; as the batched decoder runs it):
 
     padded:  max_i s_i · t_draft(b) + t_verify(b, max_i L_i)
@@ -29,14 +29,13 @@ from dspark_bench.decoding.confidence import signal_of
 from dspark_bench.errors import DsparkError
 from dspark_bench.metrics import rates
 from dspark_bench.replay.cost import CostSurface
+from dspark_bench.replay.record import Record
+from dspark_bench.replay.rounds import eos_positions, match_lengths
 from dspark_bench.replay.simulate import (
-    Record,
-    _first_failures,
-    _round_length,
-    _signals,
-    _thresholds,
-    eos_positions,
-    match_lengths,
+    failure_codes,
+    grid_signals,
+    grid_thresholds,
+    round_length,
     rule_arrays,
     simulate_grid,
 )
@@ -100,7 +99,7 @@ def _walk_batched(fail, gamma_max, min_draft_len, discard_below, quorum, matches
             if p >= 0:
                 j = slot_j[s]
                 cap = min(gamma_max, max_new_tokens - j - 1)
-                length[s], forwards[s] = _round_length(fail[p, j], cap, discard_below)
+                length[s], forwards[s] = round_length(fail[p, j], cap, discard_below)
                 drafting[1 : forwards[s] + 1] += 1
         cut = G + 1  # the quorum rule: every row stops after the first step too few rows outlast
         if quorum > 0:
@@ -242,8 +241,8 @@ def walks(rec: Record, configs: list[DecodeConfig], surface: CostSurface, refill
     lengths = rec.lengths.astype(np.int64)
     arrive = np.zeros(len(lengths)) if arrive is None else np.asarray(arrive, dtype=np.float64)
     first, end = np.zeros(len(lengths)), np.zeros(len(lengths))
-    signals, signal_of = _signals(rec, configs)
-    thresholds = _thresholds(configs, rec.gamma_record)
+    signals, signal_of = grid_signals(rec, configs)
+    thresholds = grid_thresholds(configs, rec.gamma_record)
     # A learned policy's draft steps cost what its signal adds too (CostModel.t_learned).
     tables = {(b, learned): surface.tables(b, learned)
               for b, learned in {(c.batching.batch_size, c.stopping.metric == LEARNED) for c in configs}}
@@ -270,7 +269,7 @@ def walks(rec: Record, configs: list[DecodeConfig], surface: CostSurface, refill
         else:
             key = (signal_of[c], forced_steps[c], keep[c], tuple(thresholds[c]))
             if key != last_key:  # policies that stop at the same draft steps share one failure table
-                _first_failures(signals[signal_of[c]], thresholds[c], forced_steps[c], keep[c], eos, fail)
+                failure_codes(signals[signal_of[c]], thresholds[c], forced_steps[c], keep[c], eos, fail)
                 last_key = key
             padded, packed = _walk_batched(fail, config.stopping.gamma_max, forced_steps[c], discard_below[c],
                                            config.stopping.batch_quorum, matches, lengths, rec.max_new_tokens,
@@ -287,7 +286,7 @@ def walk_budget(rec: Record, config: DecodeConfig, draft: np.ndarray, verify: np
                 end: np.ndarray | None = None) -> tuple[dict, np.ndarray]:
     """One budget policy at its batch size: (its predicted times and totals, drafted_at [P, N]:
     what the round at each position drafted, -1 where no round starts), priced by `draft` /
-    `verify` (the surface's tables at its B) and deciding with its own goodput model's; arrivals
+    `verify` (the cost model's tables at its B) and deciding with its own goodput model's; arrivals
     and first / last tokens as `walks`'."""
     rule = budget.rule_for(config)
     alpha = rule.curve(rec.confidences[signal_of(config)].astype(np.float64))  # as Proposal fits each score

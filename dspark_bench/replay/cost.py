@@ -1,11 +1,11 @@
-"""The cost model: this machine's step costs, measured, and the speedup they predict.
+"""The cost model: what each pass costs on a machine, and the speedup it predicts.
 
-`t_draft` is one draft step and `t_verify(k)` one target pass over k + 1 new positions, each
-the median of interleaved timings with the caches at a realistic length (docs/sweeps-and-replay.md). The cost
-surface holds one such model per batch size B, timed with B rows in the batched decoder's own
-cache (`t_draft(B)`, `t_verify(B, k)`): what replay needs to predict a policy at any B. Each
-model also holds `t_learned`, what the learned signal adds to a draft step of its B rows (it runs
-on the host), which replay charges to the learned policies' draft steps.
+`t_draft` is one draft step and `t_verify(k)` one target pass over k + 1 new positions (measured
+by measure/cost_model.py, or read from an engine's cost-model file: `cost_file`). A cost model
+over B (`CostSurface`) holds one cost model per batch size B, timed with B rows in the batched
+decoder's own cache (`t_draft(B)`, `t_verify(B, k)`): what replay needs to predict a policy at
+any B. Each cost model also holds `t_learned`, what the learned signal adds to a draft step of
+its B rows (it runs on the host), which replay charges to the learned policies' draft steps.
 
 Layouts: a padded pass over B rows costs t_verify(B, longest draft). A packed pass (each row
 verifies only its own tokens, as vLLM, SGLang and TensorRT-LLM do) costs what its total token
@@ -17,21 +17,11 @@ only; packed speedups are predictions and are labelled so wherever they appear.
 from __future__ import annotations
 
 import dataclasses
-import statistics
-import time
 from dataclasses import dataclass, field
 
 import numpy as np
-import torch
 
-from dspark_bench.decoding.batch_lm import BatchLM
 from dspark_bench.decoding.budget import cost_tables
-from dspark_bench.decoding.cached_lm import CachedLM
-from dspark_bench.decoding.confidence import learned_scores, top1, top_count
-from dspark_bench.decoding.heads import target_hidden
-from dspark_bench.decoding.host import fetch, synchronize
-from dspark_bench.decoding.learned_signal import LearnedSignal, feature_names
-from dspark_bench.decoding.static_batch_lm import StaticBatchLM
 from dspark_bench.decoding.types import Round
 
 
@@ -44,7 +34,7 @@ class CostModel:
     context_tokens: int  # cache length the timings were taken at
     batch_size: int = 1  # rows in each timed pass
     # Seconds per prompt token of one request's prefill (batch 1), target and draft: a request
-    # joining a running batch pays it (cost surface only; batch-1 replay leaves prefill out).
+    # joining a running batch pays it (a cost model over B only; batch-1 replay leaves prefill out).
     t_prefill_target: float = 0.0
     t_prefill_draft: float = 0.0
     t_heads: float = 0.0  # one pass of the target's heads over a hidden state (the heads drafter's round)
@@ -166,63 +156,6 @@ def _between(at: np.ndarray, depths: np.ndarray):
     return lo, hi, np.maximum((depths - at[lo]) / (at[hi] - at[lo]), 0.0)
 
 
-@torch.inference_mode()
-def measure_depths(pair, sequence: list[int], gamma: int, depths, repeats: int = 9, compiled: bool = False) -> dict:
-    """`CostModel.by_depth`: the draft step and verify(k) timed with the caches holding the first d
-    tokens of `sequence`, and the two models' prefill of those d tokens (seconds per token), for
-    each depth d in `depths` that it is long enough for (`compiled`: as measure_cost's)."""
-    timed = {}
-    for depth in sorted(d for d in set(depths) if gamma + 1 < d <= len(sequence)):
-        model = measure_cost(pair, sequence[:depth], gamma, repeats=repeats, compiled=compiled)
-        timed[depth] = {"t_draft": model.t_draft, "t_verify": model.t_verify,
-                        **measure_prefill(pair, sequence[:depth])}
-    return timed
-
-
-@torch.inference_mode()
-def measure_cost(pair, context: list[int], gamma: int, repeats: int = 15, drafters=("model",),
-                 compiled: bool = False) -> CostModel:
-    """Median timings with the caches holding `context`, interleaved across k to share drift;
-    with "heads" among `drafters`, the heads' pass too. `compiled`: the passes the compiled decoder
-    runs (static caches, torch.compile; captured CUDA graphs on CUDA: decoding/capture.py), each
-    shape met three times before the clock counts (its graph is recorded on the third call)."""
-
-    capacity = len(context) + gamma + 2
-    target = CachedLM(pair.target, compiled, capacity)
-    draft = CachedLM(pair.draft, compiled, capacity, role="draft")
-    target.prefill(context)
-    draft.prefill(context)
-    samples = {k: [] for k in range(-1, gamma + 1)}  # -1: the draft step
-    filler = context[-gamma - 1 :] * (gamma + 1)
-
-    def clock(lm, tokens):
-        synchronize(pair.device)
-        start = time.perf_counter()
-        lm.forward(tokens, keep=len(tokens))  # the engine reads logits of every verified position
-        synchronize(pair.device)
-        lm.rollback(len(context))
-        return time.perf_counter() - start
-
-    heads_step = heads_clock(pair, context) if "heads" in drafters else None
-    if heads_step:
-        samples[-2] = []
-    learned_step = learned_clock(pair, context, 1, lambda: clock(draft, filler[:1])) if "model" in drafters else None
-    learned = []
-    warm = 3 if compiled else 2  # the first passes warm up (compiled: compile, then record the graph)
-    for _ in range(repeats + warm):
-        samples[-1].append(clock(draft, filler[:1]))
-        if heads_step:
-            samples[-2].append(heads_step())
-        if learned_step:
-            learned.append(learned_step())
-        for k in range(gamma + 1):
-            samples[k].append(clock(target, filler[: k + 1]))
-    median = {k: statistics.median(v[warm:]) for k, v in samples.items()}
-    return CostModel(median[-1], [median[k] for k in range(gamma + 1)], len(context), t_heads=median.get(-2, 0.0),
-                     spread=worst_spread(v[warm:] for v in samples.values()),
-                     t_learned=max(statistics.median(learned[warm:]), 0.0) if learned else 0.0)
-
-
 def relative_iqr(values) -> float:
     """Interquartile range over median: how far repeats of one timing disagree."""
     q1, median, q3 = np.percentile(np.asarray(values, float), [25, 50, 75])
@@ -234,55 +167,9 @@ def worst_spread(repeats) -> float:
     return max((relative_iqr(values) for values in repeats), default=0.0)
 
 
-def heads_clock(pair, context: list[int]):
-    """A timer of one pass of every head over the target's hidden state after `context`."""
-
-    hidden = target_hidden(pair.target, torch.tensor([context], device=pair.device))[0, -1]
-
-    def clock() -> float:
-        synchronize(pair.device)
-        start = time.perf_counter()
-        pair.heads(hidden).argmax(-1)
-        synchronize(pair.device)
-        return time.perf_counter() - start
-
-    return clock
-
-
-LEARNED_POSITIONS = 8  # the timed fit's draft positions (any: a position is one lookup)
-
-
-def learned_clock(pair, context: list[int], rows: int, forward):
-    """A timer of what the learned signal adds to one draft step of `rows` rows after `context`:
-    the engine's work for it (confidence.draft_signals' top-k, the read, host_scores with each
-    row's context copied as the engines copy it) less a raw metric's (its signal and the read),
-    each timed right after a draft forward (`forward()`, untimed), as the engines run them: the
-    first work after a forward runs slower, and both must pay that alike. The fit is zeros of
-    the right shape: its coefficients do not change its cost."""
-    vocab = pair.draft.get_output_embeddings().weight.shape[0]
-    logits = torch.randn(rows, vocab, generator=torch.Generator().manual_seed(rows)).to(pair.device)
-    probs = torch.softmax(logits * 3, dim=-1)
-    tokens = probs.argmax(dim=-1)
-    n = len(feature_names(LEARNED_POSITIONS))
-    signal = LearnedSignal((0.0,) * n, (1.0,) * n, (0.0,) * n, 0.0, LEARNED_POSITIONS)
-
-    def timed(work) -> float:
-        forward()
-        synchronize(pair.device)
-        start = time.perf_counter()
-        work()
-        return time.perf_counter() - start
-
-    def learned_step():
-        read, ids = fetch(probs.topk(top_count(signal.topk, vocab), dim=-1).values, tokens)
-        learned_scores(signal, read, [context + [] for _ in range(rows)], ids, [0] * rows)
-
-    return lambda: timed(learned_step) - timed(lambda: fetch(top1(probs)[..., None], tokens))
-
-
 @dataclass
 class CostSurface:
-    """One CostModel per measured batch size; `tables` fills every B in between."""
+    """A cost model over B: one CostModel per measured batch size; `tables` fills every B in between."""
 
     models: dict[int, CostModel]
 
@@ -302,99 +189,3 @@ class CostSurface:
         `learned`: a draft step scored by the learned signal (t_draft + t_learned)."""
         return cost_tables({b: (m.t_draft + (m.t_learned if learned else 0.0), m.t_verify)
                             for b, m in self.models.items()}, batch_size)
-
-
-def batch_of(pair, context: list[int], rows: int, contexts: list[list[int]] | None = None,
-             compiled: bool = False, gamma: int = 8, width: int = 0
-             ) -> tuple[BatchLM | StaticBatchLM, BatchLM | StaticBatchLM, list[int]]:
-    """Target and draft caches of `rows` rows, and the rows' lengths. Each row holds `context` cut
-    to a different length, as a real batch's rows differ (left holes in the cache, so a pass runs
-    the masked attention the batched decoder runs: equal rows would take a faster unmasked path); or, given
-    `contexts`, row r holds contexts[r mod their number], so that the batch is as wide as one of
-    those requests' (its longest row sets every pass's width). `compiled`: the captured decoder's
-    static caches (static_batch_lm.py) of `width` columns, or what a verify of `gamma` needs."""
-    if contexts:
-        chosen = [contexts[row % len(contexts)] for row in range(rows)]
-    else:
-        spread = max(1, min(32, len(context) // 2))  # a short context still leaves every row tokens
-        chosen = [context[: len(context) - (row * 7) % spread] for row in range(rows)]
-    if compiled:
-        width = max(width, max(map(len, chosen)) + gamma + 2)
-        target, draft = StaticBatchLM(pair.target, rows, width), StaticBatchLM(pair.draft, rows, width, role="draft")
-    else:
-        target, draft = BatchLM(pair.target), BatchLM(pair.draft)
-    for row in chosen:
-        target.add(row)
-        draft.add(row)
-    return target, draft, [len(row) for row in chosen]
-
-
-def halfway(rec, ids: list[list[int]]) -> list[list[int]]:
-    """Each prompt halfway through its recorded output (a sampled record's first path), in a fixed
-    shuffled order: the rows a batch of the surface holds, so that its width is a real batch's."""
-    paths = (rec.info.get("sampling") or {}).get("paths", 1)
-    order = np.random.default_rng(0).permutation(len(ids))
-    return [ids[p] + rec.continuation[p * paths, : int(rec.lengths[p * paths]) // 2].tolist() for p in order]
-
-
-def time_pass(pair, lm: BatchLM | StaticBatchLM, tokens: list[int], lengths: list[int]) -> float:
-    """Seconds of one pass feeding every row `tokens`, with the cache upkeep after it (rolled back)."""
-    synchronize(pair.device)
-    start = time.perf_counter()
-    lm.forward([tokens] * len(lengths))
-    synchronize(pair.device)
-    lm.rollback(lengths)
-    lm.tidy()
-    return time.perf_counter() - start
-
-
-@torch.inference_mode()
-def measure_surface(pair, context: list[int], gamma: int, batch_sizes, repeats: int = 7,
-                    drafters=("model",), contexts: list[list[int]] | None = None,
-                    compiled: bool = False, width: int = 0) -> CostSurface:
-    """t_draft(B) and t_verify(B, k) for every B (and 1): B rows holding `context` (or, given
-    `contexts`, those in turn: `batch_of`), timed through the batched decoder's own cache (BatchLM),
-    k interleaved to share drift. B = 1 is `measure_cost`. `compiled`: the compiled passes at
-    every B (static caches; CUDA graphs on CUDA), what a decode runs there by default, B > 1 on
-    caches of `width` columns (static_batch_lm.capacity_for of the decodes priced)."""
-
-    models = {1: dataclasses.replace(measure_cost(pair, context, gamma, drafters=drafters, compiled=compiled),
-                                     **measure_prefill(pair, context))}
-    filler = context[-gamma - 1 :] * (gamma + 1)
-    for b in sorted(set(batch_sizes) - {1}):
-        target, draft, lengths = batch_of(pair, context, b, contexts, compiled, gamma, width)
-        samples = {k: [] for k in range(-1, gamma + 1)}
-        learned_step = (learned_clock(pair, context, b, lambda: time_pass(pair, draft, filler[:1], lengths))
-                        if "model" in drafters else None)
-        learned = []
-        warm = 3 if compiled else 1  # the first passes warm up (compiled: compile, then record the graph)
-        for _ in range(repeats + warm):
-            samples[-1].append(time_pass(pair, draft, filler[:1], lengths))
-            if learned_step:
-                learned.append(learned_step())
-            for k in range(gamma + 1):
-                samples[k].append(time_pass(pair, target, filler[: k + 1], lengths))
-        median = {k: statistics.median(v[warm:]) for k, v in samples.items()}
-        models[b] = CostModel(median[-1], [median[k] for k in range(gamma + 1)], max(lengths), b,
-                              spread=worst_spread(v[warm:] for v in samples.values()),
-                              t_learned=max(statistics.median(learned[warm:]), 0.0) if learned else 0.0)
-    return CostSurface(models)
-
-
-def time_prefill(pair, model, context: list[int]) -> float:
-    """Seconds of a batch-1 prefill of `context`."""
-    synchronize(pair.device)
-    start = time.perf_counter()
-    CachedLM(model).prefill(context)
-    synchronize(pair.device)
-    return time.perf_counter() - start
-
-
-def measure_prefill(pair, context: list[int], repeats: int = 5) -> dict:
-    """Seconds per prompt token of a batch-1 prefill of `context`, target and draft (medians)."""
-
-    times = {name: [] for name in ("target", "draft")}
-    for _ in range(repeats + 1):  # the first pass warms up
-        times["target"].append(time_prefill(pair, pair.target, context))
-        times["draft"].append(time_prefill(pair, pair.draft, context))
-    return {f"t_prefill_{name}": statistics.median(t[1:]) / len(context) for name, t in times.items()}

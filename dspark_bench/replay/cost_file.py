@@ -1,10 +1,10 @@
 """Cost-model files: what one engine's (or our decoder's) rounds cost, with where the numbers came from.
 
-Replay prices every round with a cost model (cost.py). Whose prices those are decides what a
+Replay prices every round on a cost model (cost.py). Whose cost model that is decides what a
 prediction is worth: our PyTorch decoder's timings predict our decoder, not llama.cpp or vLLM. A
 cost-model file holds one decoder's step costs per batch size and its provenance (who measured
 them: an engine, or ours; version, build, machine, the models, how it was measured); a sweep and
-`export` price with any such file (`--prices`). The format is documented in
+`export` price on any such file (`--prices`). The format is documented in
 docs/engines-and-export.md#cost-model-files; version 2 (version 1 named "measured_by" "engine",
 ours included, and still loads):
 
@@ -69,7 +69,7 @@ class CostFile:
 
     @property
     def label(self) -> str:
-        """Whose prices these are, as every prediction names them: "llama.cpp b11434"."""
+        """Whose costs these are, as every prediction names them: "llama.cpp b11434"."""
         name = MEASURERS.get(self.measured_by.get("name", ""), self.measured_by.get("name", "?"))
         version = self.measured_by.get("version")
         return f"{name} {version}" if version else name
@@ -87,7 +87,7 @@ class CostFile:
         return Path(path)
 
     def check_models(self, models: dict) -> None:
-        """Refuse prices measured for other models than `models` (a pair's describe()): by
+        """Refuse a cost model measured for other models than `models` (a pair's describe()): by
         fingerprint where the file has them, else by name."""
         for role in ("target", "draft"):
             mine, theirs = self.models.get(f"{role}_fingerprint"), models.get(f"{role}_fingerprint")
@@ -242,19 +242,18 @@ def now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def ours(surface: CostSurface, pair, method: str = "", capture: str = "eager") -> CostFile:
-    """Our decoder's timed surface (cost.measure_surface) as a cost-model file; `capture`: how its
-    batch-1 passes ran (decoding/capture.py: eager, compiled, cuda-graphs)."""
-    import torch  # only for its version string
-
+def ours(surface: CostSurface, pair, method: str = "", capture: str = "eager", *, version: str) -> CostFile:
+    """Our decoder's cost model over B (measure/cost_model.py's measure_surface) as a cost-model file;
+    `capture`: how its batch-1 passes ran (decoding/capture.py: eager, compiled, cuda-graphs);
+    `version`: what ran the passes (measure.cost_model.torch_version: replay imports no torch)."""
     described = pair.describe()
     models = {key: described[key] for key in ("target", "draft", "target_fingerprint", "draft_fingerprint", "dtype")
               if key in described}
     context = surface.at(min(surface.models)).context_tokens  # the cache length its passes were timed at
     build = {"device": str(pair.device), "capture": capture, "context_tokens": context}
-    return CostFile(surface, {"name": OURS, "version": f"torch {torch.__version__}", "build": build},
+    return CostFile(surface, {"name": OURS, "version": version, "build": build},
                     models, method or "interleaved medians of timed forwards with the caches at a realistic "
-                    "length (replay/cost.py: measure_surface)", machine(), now())
+                    "length (measure/cost_model.py: measure_surface)", machine(), now())
 
 
 def cache_home() -> Path:
@@ -267,11 +266,11 @@ def cached(engine: str, models: dict) -> CostFile | None:
     found = []
     for path in cache_home().glob(f"{engine}-*.json"):
         try:
-            prices = load(path)
+            costs = load(path)
         except DsparkError:
             continue  # a damaged cache entry is measured again, not trusted
-        if all(prices.models.get(key) == models.get(key) for key in ("target_fingerprint", "draft_fingerprint")):
-            found.append((prices.measured, str(path), prices))
+        if all(costs.models.get(key) == models.get(key) for key in ("target_fingerprint", "draft_fingerprint")):
+            found.append((costs.measured, str(path), costs))
     return max(found, key=lambda f: f[:2])[2] if found else None
 
 
@@ -299,11 +298,11 @@ def resolve(choice: str, models: dict) -> CostFile | None:
     if choice in ("", OURS):
         return None
     if choice in ENGINES:
-        prices = cached(choice, models)
-        if prices is None:
+        costs = cached(choice, models)
+        if costs is None:
             raise DsparkError(f"no {ENGINES[choice]} cost model for this pair yet: `dspark-bench run --decoder "
                               f"{choice} ...` measures one (cached in {cache_home()}), or pass --prices FILE")
     else:
-        prices = load(choice)
-    prices.check_models(models)
-    return prices
+        costs = load(choice)
+    costs.check_models(models)
+    return costs

@@ -39,7 +39,7 @@ from dspark_bench.decoding.learned_signal import CONTEXT, FILE, LearnedSignal
 from dspark_bench.decoding.learned_signal import RAW_SIGNALS as RAW
 from dspark_bench.errors import DsparkError
 from dspark_bench.replay.acceptance import accepted_steps, verdict_steps
-from dspark_bench.replay.simulate import match_lengths
+from dspark_bench.replay.rounds import match_lengths
 from dspark_bench.results import write_json
 
 SHOWN = tuple(SIGNALS)  # every raw signal is kept per token, for the held-out comparison (analysis/signal_quality.py)

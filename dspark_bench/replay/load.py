@@ -6,7 +6,7 @@ trace of arrival times), join the running batch at a step boundary while it has 
 the max batch), and leave when done. Under greedy verification a request's rounds are its
 record's whatever else shares the batch, so the batched walk (replay/batched.py) replays the
 server step by step: it admits the requests that have arrived, charges each step what the cost
-surface says for its live rows and its longest draft (the padded layout, what the batched
+model over B says for its live rows and its longest draft (the padded layout, what the batched
 decoder runs), charges each joining request its own prefill, and stamps every request's first
 and last token. From those, per request: time to first token (TTFT, arrival to the first
 round's end), time per output token (TPOT, first to last token over the tokens after the
@@ -71,7 +71,7 @@ def serving_metrics(arrive: np.ndarray, first: np.ndarray, end: np.ndarray, toke
 
 
 def check_load(surface: CostSurface, max_batch: int) -> None:
-    """Refuse a load the surface cannot price: a max batch beyond its largest measured B."""
+    """Refuse a load the cost model over B cannot price: a max batch beyond its largest measured B."""
     largest = max(surface.models)
     if max_batch > largest:
         raise DsparkError(f"--max-batch {max_batch} is beyond the cost surface, measured up to B = {largest}; "

@@ -25,154 +25,34 @@ import numpy as np
 import pandas as pd
 
 from dspark_bench import schedules
-from dspark_bench.config import LEARNED, METRICS, SEMANTICS, DecodeConfig
-from dspark_bench.decoding.budget import row_rule
+from dspark_bench.config import METRICS, SEMANTICS, DecodeConfig
 from dspark_bench.decoding.confidence import signal_of
-from dspark_bench.decoding.goodput import decisions
-from dspark_bench.decoding.schedule import (
-    bucket_policies,
-    discards_below,
-    forced,
-    keeps_failing,
-    round_policies,
-    threshold_at,
-)
+from dspark_bench.decoding.schedule import discards_below, forced, keeps_failing
 from dspark_bench.decoding.types import Round
 from dspark_bench.depth import DEPTH_LABELS, depth_bucket
 from dspark_bench.errors import DsparkError
 from dspark_bench.metrics import STOP_REASONS
 
-# Recording and the cost model live in their own modules; replay's users find them here too.
-from dspark_bench.replay.cost import CostModel, measure_cost  # noqa: F401
-from dspark_bench.replay.record import Record, draft_rollouts, record  # noqa: F401
+# The cost model and the record live in their own modules; replay's users find them here too.
+from dspark_bench.replay.cost import CostModel  # noqa: F401
+from dspark_bench.replay.record import Record  # noqa: F401
+from dspark_bench.replay.rounds import (
+    check_replayable,
+    eos_positions,
+    match_lengths,
+    policy_signal,
+    position_thresholds,
+    round_forwards,
+    round_plan,
+)
 from dspark_bench.replay.tables import record_depths, tables  # noqa: F401 (record_depths: the depth's users)
 
-# Long: one policy's walk (`simulate`) and the compiled walk of a whole grid are the same rule in two
-# forms, tested equal; kept side by side so a change to one is read beside the other.
-NEVER = 1 << 14  # "no such position" in int arrays (beyond any gamma)
+# One policy's walk (`simulate`) and the compiled walk of a whole grid are the same rule in two
+# forms, tested equal; kept side by side so a change to one is read beside the other. What fixes a
+# round at each position, which both read, is replay/rounds.py's.
 
 
 # --- simulation, one policy at a time ---------------------------------------------------------
-
-
-def match_lengths(rec: Record) -> np.ndarray:
-    """M[p, j]: how many rollout tokens from j agree with the continuation, consecutively (a
-    sampled replicate's: how many its coins accept)."""
-    if rec.matches is not None:
-        return rec.matches
-    P, N, G = rec.rollout.shape
-    ahead = np.full((P, N, G), -2, dtype=np.int64)
-    for k in range(G):  # rollout step k from j proposes the continuation's token j + k
-        ahead[:, : max(N - k, 0), k] = rec.continuation[:, k:]
-    agree = rec.rollout == ahead
-    return np.where(agree.all(axis=2), G, np.argmin(agree, axis=2))
-
-
-def eos_positions(rec: Record) -> np.ndarray:
-    """E[p, j]: the 1-based rollout step that proposes EOS, NEVER if none."""
-    is_eos = np.isin(rec.rollout, rec.eos_ids) if rec.eos_ids else np.zeros(rec.rollout.shape, bool)
-    return np.where(is_eos.any(axis=2), np.argmax(is_eos, axis=2) + 1, NEVER)
-
-
-def check_replayable(rec: Record, config: DecodeConfig) -> None:
-    drafter = rec.drafter
-    if config.drafting.drafter != drafter["drafter"]:
-        raise DsparkError(f"the record holds the {drafter['drafter']} drafter's proposals, not the "
-                          f"{config.drafting.drafter} drafter's; record it")
-    if config.drafting.drafter == "lookup" and ((config.drafting.ngram_min, config.drafting.ngram_max)
-                                                != (drafter["ngram_min"], drafter["ngram_max"])):
-        raise DsparkError(f"the record's lookup matched n-grams of {drafter['ngram_min']}-{drafter['ngram_max']} "
-                          f"tokens, not {config.drafting.ngram_min}-{config.drafting.ngram_max}; record it")
-    check_sampling(rec.info.get("sampling"), config)
-    if config.verification.max_new_tokens != rec.max_new_tokens:
-        raise DsparkError(f"max_new_tokens {config.verification.max_new_tokens} differs from the record's "
-                          f"{rec.max_new_tokens}")
-    if config.stopping.gamma_max > rec.gamma_record:
-        raise DsparkError(f"gamma_max {config.stopping.gamma_max} exceeds the record's {rec.gamma_record}; "
-                          "record deeper")
-    if config.stopping.metric == LEARNED and LEARNED not in rec.confidences:
-        raise DsparkError("the record holds no learned signal: replay.learned.with_learned adds the fitted one "
-                          "(a replay sweep does)")
-    if signal_of(config) not in rec.confidences:
-        raise DsparkError(f"the record predates {signal_of(config)} (llama.cpp's own top1, which its rule reads): "
-                          "run the sweep again, which records it")
-    if config.stopping.metric == "topk_mass" and config.stopping.topk != rec.info["topk"]:
-        raise DsparkError(f"the record has topk_mass for k={rec.info['topk']}, not k={config.stopping.topk}")
-
-
-def check_sampling(sampling: dict | None, config: DecodeConfig) -> None:
-    """A greedy record replays greedy policies; a sampled one (replay/sampled.py) those at its own
-    temperature and top-p."""
-    if sampling is None and not config.greedy:
-        raise DsparkError(f"a greedy record cannot replay temperature {config.verification.temperature:g}: record at "
-                          "that temperature (a sweep at --temperature T records sampled paths)")
-    if sampling is None:
-        return
-    asked = (config.verification.temperature, config.verification.top_p)
-    if (sampling["temperature"], sampling["top_p"]) != asked:
-        raise DsparkError(f"the record was sampled at temperature {sampling['temperature']:g}, top-p "
-                          f"{sampling['top_p']:g}, not {asked[0]:g}, {asked[1]:g}: record again at those")
-    if config.stopping.metric == LEARNED:
-        raise DsparkError("the learned signal reads the drafted token, which sampled replay does not hold: replay it "
-                          "greedy, or time it (--evaluation real)")
-
-
-def policy_signal(rec: Record, config: DecodeConfig) -> np.ndarray:
-    """[P, N, G] float64: what the schedule compares with `_thresholds` at every rollout step.
-    float64: the decoder multiplies Python floats of the float32 values the record stores."""
-    if schedules.of(config).cost_aware:  # 1 where the draft goes on after step k (goodput.py; budget alone)
-        return decisions(rec.confidences[signal_of(config)], row_rule(config))
-    values = rec.confidences[signal_of(config)].astype(np.float64)
-    return np.cumprod(values, axis=2) if schedules.of(config).cumulative else values
-
-
-def position_thresholds(config: DecodeConfig, G: int) -> list[float]:
-    # goodput's signal is its decision (0 or 1): 0.5 separates them.
-    return [0.5 if schedules.of(config).cost_aware else threshold_at(config, k) for k in range(1, G + 1)]
-
-
-def first_failures(rec: Record, config: DecodeConfig) -> np.ndarray:
-    """T[p, j]: the 1-based step the schedule stops at (its token dropped, or kept under
-    keeps_failing), NEVER if none."""
-    kept = policy_signal(rec, config) >= np.array(position_thresholds(config, rec.gamma_record))
-    kept[:, :, : forced(config)] = True
-    return np.where(kept.all(axis=2), NEVER, np.argmin(kept, axis=2) + 1)
-
-
-def round_plan(rec: Record, config: DecodeConfig):
-    """Per (p, j): drafted L, proposals the rule considered s (the draft model's forwards) and
-    stop reason code, vectorised over positions (proposal.Proposal's rule: dropped or kept failing
-    token, EOS, limit, what the drafter had (`Proposal.cap`), llama.cpp's discard). A depth
-    policy's round at (p, j) is its depth bucket's threshold policy's round there (at_depth: the
-    depth is the prompt's tokens + j)."""
-    if schedules.of(config).by_depth:
-        if "prompt_tokens" not in rec.info:
-            raise DsparkError("the record predates its prompts' lengths, which a depth policy reads: record it again")
-        plans = {policy: round_plan(rec, policy) for policy in round_policies(config)}
-        chosen = [plans[policy] for policy in bucket_policies(config)]  # one per depth bucket
-        bucket = depth_bucket(record_depths(rec))
-        return tuple(np.choose(bucket, [plan[part] for plan in chosen]) for part in range(4))
-    P, N, _ = rec.rollout.shape
-    budget = config.verification.max_new_tokens - np.arange(N) - 1
-    limit = np.minimum(config.stopping.gamma_max, budget)
-    limit = np.where(limit < discards_below(config), 0, limit)[None, :].repeat(P, axis=0)
-    exhausted = rec.available < limit
-    limit = np.where(exhausted, np.where(rec.available >= discards_below(config), rec.available, 0), limit)
-    fail, eos = first_failures(rec, config), eos_positions(rec)
-    if keeps_failing(config):  # the failing token stays; the limit or EOS at that step wins
-        by_threshold = (fail < limit) & (fail < eos)
-        by_eos = ~by_threshold & (eos <= limit)
-        drafted = np.where(by_threshold, fail, np.where(by_eos, eos, limit))
-        forwards = drafted
-    else:
-        by_threshold = fail <= np.minimum(eos, limit)
-        by_eos = ~by_threshold & (eos <= limit)
-        drafted = np.where(by_threshold, fail - 1, np.where(by_eos, eos, limit))
-        forwards = np.where(by_threshold, fail, drafted)
-    reason = np.where(by_threshold, 0, np.where(by_eos, 2, np.where(
-        exhausted, 5, np.where(limit == config.stopping.gamma_max, 1, 3))))
-    drafted = np.where(drafted < discards_below(config), 0, drafted)
-    return drafted, forwards, reason, limit
 
 
 def simulate(rec: Record, config: DecodeConfig) -> list[list[Round]]:
@@ -201,12 +81,6 @@ def simulate(rec: Record, config: DecodeConfig) -> list[list[Round]]:
             j += a if ended_in_draft else a + 1
         result.append(rounds)
     return result
-
-
-def round_forwards(config: DecodeConfig) -> int:
-    """Draft forwards a round that may draft costs when not one per considered proposal (-1):
-    the heads' one pass, or none for lookup (drafters.py)."""
-    return {"model": -1, "heads": 1, "lookup": 0}[config.drafting.drafter]
 
 
 def spanning_policies(gamma: int, max_new_tokens: int, goodput_model: str = "") -> list[DecodeConfig]:
@@ -240,7 +114,7 @@ def spanning_policies(gamma: int, max_new_tokens: int, goodput_model: str = "") 
 
 
 @numba.njit(cache=True, nogil=True)
-def _first_failures(signal, thresholds, min_draft_len, keep, eos_step, out):  # pragma: no cover (compiled)
+def failure_codes(signal, thresholds, min_draft_len, keep, eos_step, out):  # pragma: no cover (compiled)
     """out[p, j]: 2 × where the draft stops for one (signal, thresholds, forced positions), + 1
     when the schedule dropped that step (its forward counts but its token is not drafted).
 
@@ -263,8 +137,8 @@ def _first_failures(signal, thresholds, min_draft_len, keep, eos_step, out):  # 
 
 
 @numba.njit(cache=True, nogil=True)
-def _round_length(fail, cap, discard_below):  # pragma: no cover (compiled)
-    """(drafted, draft forwards) of a round from its `_first_failures` code and its cap
+def round_length(fail, cap, discard_below):  # pragma: no cover (compiled)
+    """(drafted, draft forwards) of a round from its `failure_codes` code and its cap
     (min(gamma_max, budget)): a dropped step's forward counts too; llama.cpp's rule drafts
     nothing when the cap is below its minimum and throws a shorter draft away."""
     stop, dropped = fail >> 1, fail & 1
@@ -279,7 +153,7 @@ def _round_length(fail, cap, discard_below):  # pragma: no cover (compiled)
 def _walk(fail, gamma_max, discard_below, matches, available, per_round, lengths, max_new_tokens, verify_cost,
           draft_cost, bucket, counts, by_depth):  # pragma: no cover
     """The walk of `simulate` for one policy, keeping only totals: rounds, drafted, accepted,
-    full blocks, draft forwards and Σ verify_cost[p, j, L] (a round's price at its own depth).
+    full blocks, draft forwards and Σ verify_cost[p, j, L] (a round's cost at its own depth).
     `by_depth[b]` keeps the rounds starting in depth bucket `bucket[p, j]`: the same five counts,
     emitted tokens, verify seconds and draft seconds (forwards × draft_cost[p, j]). Only round
     starts are visited, without a data-dependent branch in a round (random accept/reject defeats
@@ -290,7 +164,7 @@ def _walk(fail, gamma_max, discard_below, matches, available, per_round, lengths
         j = 0
         while j < lengths[p]:
             cap = min(gamma_max, max_new_tokens - j - 1, available[p, j])
-            length, spent_forwards = _round_length(fail[p, j], cap, discard_below)
+            length, spent_forwards = round_length(fail[p, j], cap, discard_below)
             if per_round >= 0:  # heads: one pass a round that may draft; lookup: none
                 spent_forwards = per_round if cap > 0 and cap >= discard_below else 0
             a = min(length, matches[p, j])
@@ -327,7 +201,7 @@ def _walk_grid(signals, signal_of, thresholds, forced, keep, discard_below, gamm
     fail = np.empty(matches.shape, dtype=np.int64)
     for g in range(len(groups) - 1):
         first = groups[g]
-        _first_failures(signals[signal_of[first]], thresholds[first], forced[first], keep[first], eos_step, fail)
+        failure_codes(signals[signal_of[first]], thresholds[first], forced[first], keep[first], eos_step, fail)
         for c in range(first, groups[g + 1]):
             verify[c] = _walk(fail, gamma_max[c], discard_below[c], matches, available, per_round, lengths,
                               max_new_tokens, verify_cost, draft_cost, bucket, counts[c], by_depth[c])
@@ -341,7 +215,7 @@ def signal_kind(config: DecodeConfig) -> tuple:
     return signal_of(config), schedules.of(config).cumulative
 
 
-def _signals(rec: Record, configs: list[DecodeConfig]) -> tuple[np.ndarray, np.ndarray]:
+def grid_signals(rec: Record, configs: list[DecodeConfig]) -> tuple[np.ndarray, np.ndarray]:
     """The compared signal per kind [S, P, N, G] (`policy_signal`) and each policy's index into it."""
     kinds = [signal_kind(c) for c in configs]
     first = dict(zip(kinds, configs))  # a representative policy of each kind, in order of appearance
@@ -350,7 +224,7 @@ def _signals(rec: Record, configs: list[DecodeConfig]) -> tuple[np.ndarray, np.n
     return signals, np.array([order[kind] for kind in kinds], dtype=np.int64)
 
 
-def _thresholds(configs: list[DecodeConfig], G: int) -> np.ndarray:
+def grid_thresholds(configs: list[DecodeConfig], G: int) -> np.ndarray:
     """[C, G]: the threshold of every draft position, by the schedule's own `threshold_at`."""
     rows: dict = {}
     out = np.empty((len(configs), G))
@@ -399,8 +273,8 @@ def simulate_grid_by_depth(rec: Record, configs: list[DecodeConfig],
     if cost is not None and len(cost.t_verify) <= deepest:
         raise DsparkError(f"the cost model times drafts of up to {len(cost.t_verify) - 1} tokens, "
                           f"not gamma_max {deepest}; measure it again")
-    signals, signal_of = _signals(rec, configs)
-    thresholds = _thresholds(configs, G)
+    signals, signal_of = grid_signals(rec, configs)
+    thresholds = grid_thresholds(configs, G)
     forced_steps, keep, discard_below = rule_arrays(configs)
     # Policies that stop at the same draft steps walk one after another (see _walk_grid).
     keys = np.column_stack([signal_of, forced_steps, keep, thresholds])
@@ -408,7 +282,7 @@ def simulate_grid_by_depth(rec: Record, configs: list[DecodeConfig],
     order = np.argsort(group_of.ravel(), kind="stable")
     groups = np.flatnonzero(np.diff(group_of.ravel()[order], prepend=-1, append=-2))
     gamma_max = np.array([c.stopping.gamma_max for c in configs], dtype=np.int64)
-    depths, bucket, draft_cost, verify_cost = position_prices(rec, cost, configs[0].drafting.drafter)
+    depths, bucket, draft_cost, verify_cost = position_costs(rec, cost, configs[0].drafting.drafter)
     counts, verify = np.zeros((len(configs), 5), dtype=np.int64), np.zeros(len(configs))
     by_depth = np.zeros((len(configs), len(DEPTH_LABELS), 8))
     arrays = (signals, signal_of[order], thresholds[order], forced_steps[order], keep[order], discard_below[order],
@@ -430,9 +304,9 @@ def simulate_grid_by_depth(rec: Record, configs: list[DecodeConfig],
     return tables(rec, configs, cost, counts, verify, by_depth, depths, bucket)
 
 
-def position_prices(rec: Record, cost, drafter: str):
-    """Per position (p, j) of the record: its depth, its depth bucket, one draft forward's price and
-    a round's price by draft length [P, N, G + 1] (zeros without a cost model): the one record, one
+def position_costs(rec: Record, cost, drafter: str):
+    """Per position (p, j) of the record: its depth, its depth bucket, one draft forward's cost and
+    a round's cost by draft length [P, N, G + 1] (zeros without a cost model): the one record, one
     drafter (check_replayable) — the heads' pass and the lookup's search have no depth axis."""
     depths = record_depths(rec)
     G = rec.gamma_record
@@ -466,7 +340,7 @@ def simulate_priced(rec: Record, config: DecodeConfig,
     """`simulate_grid_by_depth`'s two tables for one policy walked round by round by `simulate`:
     what prices a policy the grid's walk cannot take, a depth schedule's (its threshold and γ_max
     change with the round's depth)."""
-    depths, bucket, draft_cost, verify_cost = position_prices(rec, cost, config.drafting.drafter)
+    depths, bucket, draft_cost, verify_cost = position_costs(rec, cost, config.drafting.drafter)
     counts, verify = np.zeros((1, 5), dtype=np.int64), np.zeros(1)
     by_depth = np.zeros((1, len(DEPTH_LABELS), 8))
     for p, rounds in enumerate(simulate(rec, config)):
@@ -482,4 +356,4 @@ def simulate_priced(rec: Record, config: DecodeConfig,
     return tables(rec, [config], cost, counts, verify, by_depth, depths, bucket)
 
 
-__all__ = ["CostModel", "Record", "draft_rollouts", "measure_cost", "record", "simulate", "simulate_grid"]
+__all__ = ["CostModel", "Record", "simulate", "simulate_grid"]

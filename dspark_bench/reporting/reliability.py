@@ -13,7 +13,7 @@ from dspark_bench.decoding.goodput import load
 from dspark_bench.errors import DsparkError
 from dspark_bench.replay import learned, sampled
 from dspark_bench.replay.record import resolve_record
-from dspark_bench.replay.simulate import match_lengths
+from dspark_bench.replay.rounds import match_lengths
 from dspark_bench.reporting import plots
 from dspark_bench.reporting.report_inputs import Inputs
 

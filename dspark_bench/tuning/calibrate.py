@@ -43,13 +43,13 @@ from dspark_bench.harness.calibration_file import (
 )
 from dspark_bench.harness.models import load_pair
 from dspark_bench.harness.runner import RunnerSettings, StageProgress, run, stage_steps
+from dspark_bench.measure import sampled_recording
+from dspark_bench.measure.cost_model import halfway, measure_surface
+from dspark_bench.measure.recording import record
 from dspark_bench.metrics import summarize
 from dspark_bench.objectives import rank
 from dspark_bench.prompts import Prompt, encode, prompts_fingerprint
-from dspark_bench.replay import sampled
 from dspark_bench.replay.continuations import Continuations, open_for
-from dspark_bench.replay.cost import halfway, measure_surface
-from dspark_bench.replay.simulate import record
 from dspark_bench.results import environment
 from dspark_bench.tasks import get_task, load_dataset_prompts, load_task, pair_of
 
@@ -171,10 +171,10 @@ def record_domains(pair, domains: dict[str, list[Prompt]], base: DecodeConfig, g
             rec = record(pair, ids, base.verification.max_new_tokens, gamma, base.stopping.topk, info,
                          progress=steps, drafter=base.drafting, continuations=given)
         else:  # sampled paths at the spec's temperature (replay/sampled.py)
-            rec = sampled.record_sampled(pair, ids, base, gamma, paths, base.stopping.topk, info, steps,
+            rec = sampled_recording.record_sampled(pair, ids, base, gamma, paths, base.stopping.topk, info, steps,
                                          drafter=base.drafting)
         records[domain] = rec
-        rows += halfway(rec, ids)  # a batch of the surface holds the domains' prompts (cost.halfway)
+        rows += halfway(rec, ids)  # a batch of the surface holds the domains' prompts (cost_model.halfway)
         if first_context is None:
             # Timed with the cache at a realistic length: a prompt plus half its output.
             first_context = ids[0] + rec.continuation[0, : int(rec.lengths[0]) // 2].tolist()

@@ -2,7 +2,7 @@
 it holds, loaded or recorded. Recorded from the target decoded here, or from the engine's
 continuations file (`--continuations`): the file checked against the sweep's prompts before
 anything is written, then the drafter's proposals made a prompt at a time into a parts folder
-beside the record (replay/record_parts.py: a kill loses one prompt, shards of prompts merge),
+beside the record (measure/record_parts.py: a kill loses one prompt, shards of prompts merge),
 assembled into the record once every part is there.
 """
 
@@ -16,10 +16,12 @@ from dspark_bench.config import DecodeConfig, Drafting
 from dspark_bench.decoding.confidence import SIGNALS
 from dspark_bench.decoding.learned_signal import CONTEXT
 from dspark_bench.harness.runner import stage_steps
+from dspark_bench.measure import record_parts, sampled_recording
+from dspark_bench.measure.recording import record
 from dspark_bench.prompts import prompts_fingerprint
-from dspark_bench.replay import record_parts, sampled
-from dspark_bench.replay.record import Record, record
-from dspark_bench.replay.simulate import check_sampling
+from dspark_bench.replay import sampled
+from dspark_bench.replay.record import Record
+from dspark_bench.replay.rounds import check_sampling
 from dspark_bench.results import write_folder
 from dspark_bench.tuning.preparation import LoadedSweep
 from dspark_bench.tuning.spec import SweepSpec
@@ -85,7 +87,7 @@ def load_or_record(spec: SweepSpec, prepared: LoadedSweep, gamma: int, ids: list
     eos_ids = spec.runner_settings().eos_ids(pair)
     stage = "recording" if drafter.drafter == "model" else f"recording ({drafter.drafter})"
     if not base.greedy:  # K sampled paths per prompt (replay/sampled.py)
-        rec = sampled.record_sampled(pair, ids, base, gamma, spec.paths, base.stopping.topk, info,
+        rec = sampled_recording.record_sampled(pair, ids, base, gamma, spec.paths, base.stopping.topk, info,
                                      stage_steps(progress, f"{stage} {spec.paths} sampled paths", len(ids)),
                                      eos_ids, drafter)
     elif prepared.continuations is not None:
@@ -115,7 +117,7 @@ def record_key(spec: SweepSpec, prepared: LoadedSweep, gamma: int, drafter: Draf
             + ("-noeos" if spec.ignore_eos else "")
             + ("-notemplate" if spec.chat_template == "none" else "")
             + (f"-c{prepared.continuations.fingerprint}" if prepared.continuations is not None else "")
-            # "-r2": the rollouts' own stream (sampled.rollout_seed); a record made before it is made again
+            # "-r2": the rollouts' own stream (sampled_recording.rollout_seed); a record made before it is made again
             + ("" if base.greedy
                else "-t{temperature:g}-p{top_p:g}-s{seed}-K{paths}-r2".format(**sampled.sampling_of(base, spec.paths))))
 

@@ -35,12 +35,12 @@ from dspark_bench.harness.health import (
 )
 from dspark_bench.harness.plan import precision_plan, replay_plan, seconds_per_token
 from dspark_bench.harness.verdicts import same_work_verdict
+from dspark_bench.measure.cost_model import halfway, measure_depths, measure_surface, torch_version
 from dspark_bench.objectives import OBJECTIVES, rank
 from dspark_bench.paired import compare
 from dspark_bench.prompts import encode
 from dspark_bench.replay import cost_file, sampled
 from dspark_bench.replay.batched import simulate_with_surface
-from dspark_bench.replay.cost import halfway, measure_depths, measure_surface
 from dspark_bench.replay.simulate import simulate_grid, simulate_priced
 from dspark_bench.results import write_json, write_parquet
 from dspark_bench.tuning.added_policies import (
@@ -273,7 +273,7 @@ def time_prices(folder: Path, pair, ids: list[list[int]], records: dict, configs
         surface.models[1].by_depth = measure_depths(pair, timing_sequence(rec, ids, depths[-1]), gamma, depths,
                                                     compiled=compiled)
     timing = time.perf_counter() - timing
-    ours = cost_file.ours(surface, pair, capture=capture.pass_mode(compiled, pair.device))
+    ours = cost_file.ours(surface, pair, capture=capture.pass_mode(compiled, pair.device), version=torch_version())
     if engine is None:
         prices = Prices(surface, surface.at(1), checks, timing, batch_sizes != [1])
         ours.save(folder / PRICES_FILE)

@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 
 
 from dspark_bench.engines.tools import EngineTools, engine_tools
-from dspark_bench.replay.record_parts import parse_shard  # noqa: F401 (the CLI's --shard)
+from dspark_bench.measure.record_parts import parse_shard  # noqa: F401 (the CLI's --shard)
 from dspark_bench.tuning.preparation import LoadedSweep, SweepResult, check_sampled_replay, prepare
 from dspark_bench.tuning.records import load_or_record, parts_folder
 from dspark_bench.tuning.replay_sweep import needs_draft_model, record_plan, replay_sweep

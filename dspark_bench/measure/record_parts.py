@@ -21,7 +21,8 @@ import numpy as np
 
 from dspark_bench.config import Drafting
 from dspark_bench.errors import DsparkError
-from dspark_bench.replay.record import PromptRecord, Record, assemble, record_prompt
+from dspark_bench.measure.recording import record_prompt
+from dspark_bench.replay.record import PromptRecord, Record, assemble
 
 
 def parse_shard(text: str | None) -> tuple[int, int]:

@@ -1,11 +1,11 @@
-"""Prices measured inside running decodes (decoding/pass_clock.py), as a cost model.
+"""Costs measured inside running decodes (measure/pass_clock.py), as a cost model.
 
 `measure_in_decode` runs plain decoding and a few speculative policies on the pair, every pass and
 round timed where it runs (CUDA events on a GPU, no sync between them), and returns the cost
 model they imply: t_verify(k) the median pass of each length; the rounds' time past their passes
 fitted as a part per round (t_round) and a part per draft step (the host's work between draft
 passes, added to the median draft pass for t_draft); t_plain plain decoding's whole step. A pass length no decode fed
-(a k no policy verified) keeps the isolated price scaled by how the seen lengths moved.
+(a k no policy verified) keeps the isolated cost scaled by how the seen lengths moved.
 """
 
 from __future__ import annotations
@@ -17,16 +17,16 @@ import numpy as np
 import torch
 
 from dspark_bench.config import DecodeConfig
-from dspark_bench.decoding import pass_clock
 from dspark_bench.decoding.autoregressive import autoregressive_decode
 from dspark_bench.decoding.speculative import speculative_decode
+from dspark_bench.measure import pass_clock
 from dspark_bench.replay.cost import CostModel
 
-MIN_PASSES = 3  # a pass length fed fewer times is priced from the isolated price, scaled
+MIN_PASSES = 3  # a pass length fed fewer times is priced from the isolated cost, scaled
 
 
 def cost_from(spec: pass_clock.Timing, plain: pass_clock.Timing, isolated: CostModel) -> tuple[CostModel, dict]:
-    """The in-decode cost model, and per price what it was and how many passes measured it."""
+    """The in-decode cost model, and per cost what it was and how many passes measured it."""
     every = spec.medians()
     medians = {key: value for key, value in every.items() if value[1] >= MIN_PASSES}
     seen = {k: medians[("target", k + 1)] for k in range(len(isolated.t_verify)) if ("target", k + 1) in medians}
@@ -53,12 +53,12 @@ def measure_in_decode(pair, prompt_ids: list[list[int]], configs: list[DecodeCon
     """Decode every prompt plainly and under every config, untimed (compiled: three times, so that
     every shape's graph is recorded before the clock runs), then `repeats` times with every pass timed, plain and
     speculative interleaved prompt by prompt in a rotating order, so that both share the machine's
-    drift (prices from two separate stretches of time disagree by its drift): the cost model of
+    drift (costs from two separate stretches of time disagree by its drift): the cost model of
     those decodes (`cost_from`)."""
-    def decode(side, ids):
+    def decode(side, ids, clock=None):
         if side is None:
-            return autoregressive_decode(pair.target, ids, configs[0], eos_ids)
-        return speculative_decode(pair.target, pair.draft, ids, side, eos_ids)
+            return autoregressive_decode(pair.target, ids, configs[0], eos_ids, clock)
+        return speculative_decode(pair.target, pair.draft, ids, side, eos_ids, clock)
 
     sides = [None, *configs]
     warm = 3 if any(c.verification.compiled for c in configs) else 1  # a CUDA graph is recorded at a shape's 3rd call
@@ -73,6 +73,6 @@ def measure_in_decode(pair, prompt_ids: list[list[int]], configs: list[DecodeCon
             turn += 1
             for side in sides[turn % len(sides):] + sides[: turn % len(sides)]:
                 with pass_clock.timing(pair.device) as timed:
-                    decode(side, ids)
+                    decode(side, ids, timed)
                 (plain if side is None else spec).absorb(timed)
     return cost_from(spec, plain, isolated)

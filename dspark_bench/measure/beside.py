@@ -1,5 +1,5 @@
-"""The cost surface timed beside running decodes (`SurfaceSampler`): a pass per turn of the decodes
-it takes turns with, so that its prices and their times see the same machine (harness/load_run.py)."""
+"""A cost model over B timed beside running decodes (`SurfaceSampler`): a pass per turn of the decodes
+it takes turns with, so that its costs and their times see the same machine (harness/load_run.py)."""
 
 from __future__ import annotations
 
@@ -10,21 +10,14 @@ import torch
 
 from dspark_bench.config import LEARNED
 from dspark_bench.errors import DsparkError
-from dspark_bench.replay.cost import (
-    CostModel,
-    CostSurface,
-    batch_of,
-    learned_clock,
-    time_pass,
-    time_prefill,
-    worst_spread,
-)
+from dspark_bench.measure.cost_model import batch_of, learned_clock, time_pass, time_prefill
+from dspark_bench.replay.cost import CostModel, CostSurface, worst_spread
 
 
 class SurfaceSampler:
-    """The cost surface timed beside running decodes, one pass per `step()`, so that its timings
+    """A cost model over B timed beside running decodes, one pass per `step()`, so that its timings
     share the machine's drift with the decodes it takes turns with (harness/load_run.py: this
-    machine's speed can move 1.5x within minutes, which a surface timed before a run cannot see).
+    machine's speed can move 1.5x within minutes, which a cost model timed before a run cannot see).
 
     t_draft(B) and t_verify(B, k) through the batched decoder's own cache at every B, B = 1 too (a
     batched decoder with one live row runs BatchLM, not the batch-1 decoder's cache); its rows

@@ -1,5 +1,5 @@
 """Timed replay: the rounds replay says a policy makes, run for real, so that their measured time
-checks the prices alone (issue 53; vLLM's `synthetic_acceptance_length` and SGLang's
+checks the cost model alone (issue 53; vLLM's `synthetic_acceptance_length` and SGLang's
 `SIMULATE_ACC_LEN` force acceptance for the same purpose).
 
 Each round's draft forwards, kept draft length and accepted count come from the record
@@ -9,7 +9,7 @@ one token a step; the target verifies what it has not seen plus the kept draft),
 commits the record's own tokens. On the pair that made the record, each round's tokens and
 acceptance as the passes compute them equal the forced ones (tests/test_timed_replay.py); on
 any other pair of the same vocabulary (a GPU-sized random pair, say) the rounds run with the
-record's acceptance, and only their time is read. It checks the prices, the passes replay charges
+record's acceptance, and only their time is read. It checks the cost model, the passes replay charges
 for: tokens go to the device from host lists and no confidence is computed, so it is not the
 decoder's own wall time (that is `run`'s).
 """

@@ -1,18 +1,19 @@
-"""In-decode prices: every pass a running decode makes, timed where it runs.
+"""The pass clock: every pass a running decode makes, timed where it runs (in-decode costs).
 
-Prices timed pass by pass between syncs (replay/cost.py) are not what the passes cost inside a
+Costs timed pass by pass between syncs (measure/cost_model.py) are not what the passes cost inside a
 decode: on the H200 the eager round came out 13–57 ms *cheaper* than its passes timed alone, and on
-this CPU a live batch's step cost up to 1.26× its isolated price (docs/gpu.md,
-docs/batch-sizes.md). So inside `timing(device)` the batch-1 decoder's passes are timed as they
-run: `CachedLM.forward` puts a mark before and after each pass, and the decoder marks each round's
-start and its decode's end. On CUDA a mark is a recorded CUDA event, so nothing waits between
-marks and the decode runs as it does untimed; the events are read once, when the block ends. On a
-CPU, where work runs as it is issued, a mark is the clock.
+this CPU a live batch's step cost up to 1.26× its isolated cost (docs/gpu.md,
+docs/batch-sizes.md). So a batch-1 decode given a clock (`timing(device)` opens one: the
+`clock=` argument of speculative_decode and autoregressive_decode, decoding/types.py's
+`PassClock`) is timed as it runs: `CachedLM.forward` puts a mark before and after each pass, and
+the decoder marks each round's start and its decode's end. On CUDA a mark is a recorded CUDA
+event, so nothing waits between marks and the decode runs as it does untimed; the events are
+read once, when the block ends. On a CPU, where work runs as it is issued, a mark is the clock.
 
 `Timing.passes` then holds (role, tokens fed, seconds) per pass inside a round, and
 `Timing.rounds` each round's seconds and what its passes took: the difference is the round's
 overhead (the host's decisions, its reads of the device, the launches between passes), which a
-price from whole decodes less isolated passes could only estimate, below zero at times.
+cost from whole decodes less isolated passes could only estimate, below zero at times.
 """
 
 from __future__ import annotations
@@ -29,11 +30,26 @@ import torch
 
 @dataclass
 class Timing:
+    """A decode's clock (decoding/types.py's PassClock): its marks, and once settled its passes and rounds."""
+
     device: torch.device
     marks: list = field(default_factory=list)  # (kind, detail, mark): "round", "end", "pass"
     passes: list[tuple[str, int, float]] = field(default_factory=list)  # (role, tokens, seconds), rounds only
     # (round seconds, its passes' seconds, its draft passes)
     rounds: list[tuple[float, float, int]] = field(default_factory=list)
+
+    def round_starts(self) -> None:
+        self.marks.append(("round", None, self.mark()))
+
+    def decode_ends(self) -> None:
+        self.marks.append(("end", None, self.mark()))
+
+    def before_pass(self):
+        """The mark a pass starts at."""
+        return self.mark()
+
+    def after_pass(self, start, role: str, tokens: int) -> None:
+        self.marks.append(("pass", (role, tokens), (start, self.mark())))
 
     def mark(self):
         if self.device.type == "cuda":
@@ -99,38 +115,10 @@ class Timing:
         return max(float(np.mean(extra)), 0.0), 0.0
 
 
-_ACTIVE: list[Timing] = []  # the open timing block, if any (blocks do not nest)
-
-
 @contextmanager
 def timing(device: torch.device) -> Iterator[Timing]:
-    """Time every pass and round of the batch-1 decodes run inside the block."""
-    if _ACTIVE:
-        raise RuntimeError("pass_clock.timing blocks do not nest")
+    """A clock for the batch-1 decodes run inside the block (pass it as their `clock=`), its marks
+    read into passes and rounds when the block ends."""
     clock = Timing(device)
-    _ACTIVE.append(clock)
-    try:
-        yield clock
-    finally:
-        _ACTIVE.clear()
+    yield clock
     clock.settle()
-
-
-def round_starts() -> None:
-    if _ACTIVE:
-        _ACTIVE[0].marks.append(("round", None, _ACTIVE[0].mark()))
-
-
-def decode_ends() -> None:
-    if _ACTIVE:
-        _ACTIVE[0].marks.append(("end", None, _ACTIVE[0].mark()))
-
-
-def before_pass():
-    """The mark a pass starts at (None when nothing is timed)."""
-    return _ACTIVE[0].mark() if _ACTIVE else None
-
-
-def after_pass(start, role: str, tokens: int) -> None:
-    if _ACTIVE and start is not None:
-        _ACTIVE[0].marks.append(("pass", (role, tokens), (start, _ACTIVE[0].mark())))
