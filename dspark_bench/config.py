@@ -23,7 +23,7 @@ METRICS = ("top1", "entropy", "topk_mass", "margin", "gini")
 # needs `signal_model`, drafting with the draft model.
 LEARNED = "learned"
 SCHEDULES = tuple(schedules.SCHEDULES)  # the stopping rules, one object each (schedules.py)
-# The batch layouts the budget schedule prices a pass in (decoding/budget.py, replay/cost.py).
+# The batch layouts the budget schedule prices a pass in (decoding/budget.py, replay/cost.py, measure/cost_model.py).
 LAYOUTS = ("padded", "packed")
 # How an engine applies the rule (schedule.py): ours drops the token that fails it and always
 # keeps the first min_draft_len; HF assisted generation keeps the failing token; llama.cpp drops

@@ -1,6 +1,6 @@
 """Run decode configurations over prompts: warm-up, interleaved timing, one row per sample.
 
-The place that times decoding (the cost model in replay/cost.py and the plan's estimate in plan.py
+The place that times decoding (the cost model in measure/cost_model.py and the plan's estimate in plan.py
 time single steps of their own). For each (prompt, config) the baseline and the speculative
 decoder run alternately (A B A B ...), the device synchronised before each clock read, and
 the median of each is kept, so slow drift of a noisy machine hits both sides alike. At batch
