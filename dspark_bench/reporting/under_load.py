@@ -9,7 +9,7 @@ from __future__ import annotations
 import pandas as pd
 from matplotlib.ticker import NullFormatter
 
-from dspark_bench.reporting.plots.base import _figure
+from dspark_bench.reporting.plots.base import figure
 from dspark_bench.reporting.report_inputs import Inputs, Skip
 from dspark_bench.results import read_parquet
 
@@ -64,7 +64,7 @@ def load_figure(inputs: Inputs):
     load, table = found
     shown = list(dict.fromkeys(row[key]["config_label"] for row in load["by_rate"] for key in ("best", "best_fixed")
                                if row[key] is not None))
-    fig, axes = _figure(13, 4.0, 1, 3)
+    fig, axes = figure(13, 4.0, 1, 3)
     panels = [("throughput", "output tokens/s", 1.0), ("tpot_p50_s", "TPOT p50 (ms)", 1e3),
               ("tpot_p99_s", "TPOT p99 (ms)", 1e3)]
     series = [("plain decoding", table[table["config_id"] < 0], PLAIN_STYLE)]
