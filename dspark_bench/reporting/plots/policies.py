@@ -13,9 +13,9 @@ from dspark_bench.reporting.plots.base import (
     COLORS,
     CURVE_METRICS,
     THRESHOLD_SCHEDULES,
-    figure,
     best_row,
     complete,
+    figure,
     names_of,
     short_run,
 )

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from dspark_bench.reporting.plots.base import figure, complete
+from dspark_bench.reporting.plots.base import complete, figure
 
 # --- Optuna -------------------------------------------------------------------------------------
 
