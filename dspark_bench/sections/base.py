@@ -5,6 +5,7 @@ section's console rows are, and what the report hands a section's blocks."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, ClassVar, Protocol
 
 # Where the console shows a section (cli/console.print_best): before the sweep's table (what
@@ -42,10 +43,27 @@ class ReportView:
     policy: Callable[[str, str], dict | None]  # (run id, policy label) -> that policy's row, None where absent
 
 
+@dataclass(frozen=True)
+class SweepFacts:
+    """What a replay sweep knows once its policies are confirmed, handed to every registered section
+    that computes itself from it (`of_sweep`); the layers below know nothing of the sweep's types."""
+
+    folder: Path  # the sweep folder: where a section writes its own files
+    spec: object  # the sweep's spec (tuning.spec.SweepSpec)
+    configs: list  # every policy replayed, in config_id order
+    table: object  # the replayed (and confirmed) table, one row per policy (a DataFrame)
+    record: object  # the record the summary names (the draft model's where it has one)
+    model_record: object  # the draft model's record; None where the sweep has none
+    surface: object  # the cost surface that priced the ranking
+    say: Callable[[str], None] | None = None
+    progress: Callable | None = None
+
+
 class Section(Protocol):
     """One optional result of a sweep: a frozen dataclass that knows its JSON, its console rows and
     its report blocks. `KEYS`: the keys of summary.json (or of `FILE`) it owns; `ABSENT`: what the
-    sweep writes there when the section has no result."""
+    sweep writes there when the section has no result. A section the sweep does not call by
+    name computes itself in `of_sweep(facts)` (a SweepFacts; None: nothing to say)."""
 
     KEYS: ClassVar[tuple[str, ...]]
     ABSENT: ClassVar[dict]

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Iterable
 
 from dspark_bench.sections.analyses import Analyses
-from dspark_bench.sections.base import END, Line, ReportView, Rows, Section
+from dspark_bench.sections.base import END, Line, ReportView, Rows, Section, SweepFacts
 from dspark_bench.sections.depth import DepthSearch
 from dspark_bench.sections.engine_verdict import EngineVerdict
 from dspark_bench.sections.sampling import Sampling
@@ -34,6 +34,12 @@ def summary_json(found: Iterable[Section], **plain) -> dict:
         if file_of(section) == SUMMARY:
             written.update(by_type[section].to_json() if section in by_type else section.ABSENT)
     return {key: written[key] for key in sorted(written, key=lambda k: ORDER.index(k) if k in ORDER else len(ORDER))}
+
+
+def computed(facts: SweepFacts) -> list:
+    """Every registered section that computes itself from a finished sweep (`of_sweep`) and found something."""
+    return [result for section in SECTIONS if hasattr(section, "of_sweep")
+            and (result := section.of_sweep(facts)) is not None]
 
 
 def read(summary: dict) -> list:

@@ -11,7 +11,7 @@ from typing import ClassVar
 import pandas as pd
 
 from dspark_bench.replay import sampled
-from dspark_bench.sections.base import END, UNDER_HEADLINE, Line, ReportView
+from dspark_bench.sections.base import END, UNDER_HEADLINE, Line, ReportView, SweepFacts
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,10 @@ class Sampling:
         """How a sampled record was sampled and what its paths bought; None: greedy."""
         info = rec.info.get("sampling")
         return None if info is None else cls(**info, precision=sampled.precision(table, info))
+
+    @classmethod
+    def of_sweep(cls, facts: SweepFacts) -> Sampling | None:
+        return cls.of(facts.record, facts.table)
 
     @classmethod
     def from_json(cls, summary: dict) -> Sampling | None:

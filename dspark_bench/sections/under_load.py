@@ -17,7 +17,7 @@ from dspark_bench.config import DecodeConfig
 from dspark_bench.replay import sampled
 from dspark_bench.replay.load import poisson, read_trace, replay_load, verdicts
 from dspark_bench.results import write_parquet
-from dspark_bench.sections.base import END, UNDER_HEADLINE, Line, ReportView, Rows
+from dspark_bench.sections.base import END, UNDER_HEADLINE, Line, ReportView, Rows, SweepFacts
 
 FILE = "load.parquet"
 
@@ -102,6 +102,16 @@ class UnderLoad:
     table: str  # the file of every (policy, load) point, beside summary.json
     by_rate: list
     verdict: str
+
+    @classmethod
+    def of_sweep(cls, facts: SweepFacts) -> UnderLoad | None:
+        """The load stage where the spec names a load (tuning.spec.under_load); the server's max
+        batch is the spec's, else the sweep's largest batch size (tuning.spec.max_batch_of)."""
+        spec = facts.spec
+        if not spec.arrival_rates and spec.arrival_trace is None:
+            return None
+        max_batch = spec.max_batch or max(c.batching.batch_size for c in facts.configs)
+        return load_stage(facts.folder, spec, max_batch, facts.configs, facts.model_record, facts.surface, facts.say)
 
     @classmethod
     def from_json(cls, summary: dict) -> UnderLoad | None:

@@ -39,11 +39,11 @@ from dspark_bench.replay.batched import simulate_with_surface
 from dspark_bench.replay.cost import halfway, measure_depths, measure_surface
 from dspark_bench.replay.simulate import simulate_grid
 from dspark_bench.results import write_json, write_parquet
+from dspark_bench.sections import registry
 from dspark_bench.sections.analyses import Analyses
+from dspark_bench.sections.base import SweepFacts
 from dspark_bench.sections.depth import depth_summary, depth_verdict, join_depth_policy
 from dspark_bench.sections.engine_verdict import EngineVerdict
-from dspark_bench.sections.sampling import Sampling
-from dspark_bench.sections.under_load import load_stage
 from dspark_bench.tuning.added_policies import (
     added_count,
     budget_points,
@@ -56,7 +56,7 @@ from dspark_bench.tuning.confirm import confirm
 from dspark_bench.tuning.preparation import LoadedSweep, SweepResult
 from dspark_bench.tuning.records import drafter_groups, record_all, record_key
 from dspark_bench.tuning.replay_summary import write_replay_summary
-from dspark_bench.tuning.spec import SweepSpec, max_batch_of, under_load
+from dspark_bench.tuning.spec import SweepSpec
 
 if TYPE_CHECKING:
     from dspark_bench.harness.runner import StageProgress
@@ -121,15 +121,15 @@ def replay_sweep(folder: Path, spec: SweepSpec, prepared: LoadedSweep, records_r
     table, samples, paired, verdict = confirm_stage(spec, prepared, table, configs, records, prices, gamma, folder,
                                                     cost_unreliable, engines or EngineTools(), say, progress)
     probe.sample("confirmed")
-    found = [verdict, Sampling.of(records[record_key_of(records)], table)]
+    found = [verdict]
     if depth is not None:  # each bucket's choice, and the depth policy against the best single one, paired
         found.append(dataclasses.replace(depth_summary(depth, table, configs, records[MODEL], prices.cost),
                                          verdict=depth_verdict(table, samples, (paired or {}).get("same_work"))))
     write_parquet(folder / "trials.parquet", table)
     if not samples.empty:
         write_parquet(folder / "samples.parquet", samples)
-    if under_load(spec):
-        found.append(load_stage(folder, spec, max_batch_of(spec), configs, records.get(MODEL), prices.surface, say))
+    found += registry.computed(SweepFacts(folder, spec, configs, table, records[record_key_of(records)],
+                                          records.get(MODEL), prices.surface, say, progress))
     checks = sweep_checks(table, prices, probe, time.perf_counter() - started - prices.timing_s, estimate)
     record_dir = record_dirs.get(MODEL, next(iter(record_dirs.values())))
     found = [result for result in found if result is not None]
@@ -351,7 +351,7 @@ def say_replay_plan(spec: SweepSpec, prepared: LoadedSweep, ids: list[list[int]]
     confirmed = (min(spec.confirm_top, scheduled) + 1) * groups if spec.confirm_top else 0
     tokens = prepared.base.verification.max_new_tokens
     if confirmed and prepared.base.greedy and spans_depth([len(i) + j for i in ids for j in range(tokens)]):
-        confirmed += 1  # the depth policy the sweep will compose (tuning/depth_choice.py), timed beside them
+        confirmed += 1  # the depth policy the sweep will compose (sections/depth.py), timed beside them
     per_token = seconds_per_token(prepared.pair, first_ids)
     line, seconds = replay_plan(per_token, len(prepared.prompts), prepared.base.verification.max_new_tokens, policies,
                                 confirmed, spec.repeats, recorded=recorded,
