@@ -14,6 +14,7 @@ from rich.text import Text
 
 from dspark_bench.errors import DsparkError
 from dspark_bench.sections.base import BEFORE_TABLE, UNDER_HEADLINE, UNDER_TABLE, Line, Rows, cell
+from dspark_bench.sections.engine_verdict import EngineVerdict
 
 
 def _console(stderr: bool = False) -> Console:
@@ -254,7 +255,7 @@ def wide_table(table, title: str) -> Table:
 def print_headline(summary: dict) -> None:
     """The paired verdict of the best scheduled policy against the best fixed γ (and what a
     precision target's passes did): a run's or a sweep's first answer."""
-    verdict = summary.get("engine_verdict")
+    verdict = EngineVerdict.from_json(summary)
     if summary.get("headline"):
         mine = "on our decoder, " if verdict else ""
         out_console.print(f"{mine}scheduled vs best fixed γ, paired on the same prompts: "

@@ -41,6 +41,7 @@ from dspark_bench.reporting.temperatures import temperature_figure
 from dspark_bench.reporting.text import summary_blocks, to_html, to_markdown
 from dspark_bench.reporting.under_load import load_figure
 from dspark_bench.results import check_writable, describe_machine, evaluation_of, provenance, write_bytes, write_text
+from dspark_bench.sections.analyses import Analyses
 from dspark_bench.sections.base import END
 
 FORMATS = ("png", "svg")
@@ -124,7 +125,8 @@ def _paired(inputs):
 
 
 def _signal_headroom(inputs):
-    found = [(run_id, s["signal_headroom"]) for run_id, s in inputs.summaries.items() if s.get("signal_headroom")]
+    found = [(run_id, analyses.signal_headroom) for run_id, s in inputs.summaries.items()
+             if (analyses := Analyses.from_json(s)) is not None and analyses.signal_headroom]
     if not found:
         raise Skip("no replay sweep with a learned signal (sweep --task T with the draft model)")
     run_id, rows = found[0]
