@@ -35,11 +35,11 @@ from dspark_bench.replay.cost import CostSurface
 from dspark_bench.replay.load import poisson, replay_load
 from dspark_bench.replay.record import resolve_record
 from dspark_bench.results import describe_machine, environment, read_json
+from dspark_bench.sections.under_load import load_policies
 from dspark_bench.tuning.added_policies import LEARNED_FILE
 from dspark_bench.tuning.preparation import prepare
 from dspark_bench.tuning.spec import old_keys, parse_spec, resolve_spec, task_spec
 from dspark_bench.tuning.sweep import run_sweep
-from dspark_bench.tuning.under_load import load_policies
 
 METRICS = {"throughput": ("throughput (tok/s)", 0.10), "tpot_p50_s": ("TPOT p50", 0.10),
            "tpot_p99_s": ("TPOT p99", 0.20), "ttft_p50_s": ("TTFT p50", None)}  # the bounds

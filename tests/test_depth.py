@@ -119,7 +119,7 @@ def test_depth_prices_charge_deeper_rounds_more(deep_record):
 
 def test_depth_search_takes_each_buckets_best_and_replays_it_exactly(deep_record):
     from dspark_bench import schedules
-    from dspark_bench.tuning.depth_choice import depth_search
+    from dspark_bench.sections.depth import depth_search
 
     configs = [DecodeConfig.of(threshold=t, gamma_max=g, max_new_tokens=N, metric=m)
                for m in ("top1", "margin") for t in (0.1, 0.4, 0.8) for g in (1, 3, G)]
@@ -146,7 +146,7 @@ def test_depth_search_takes_each_buckets_best_and_replays_it_exactly(deep_record
 
 
 def test_a_workload_in_one_bucket_gets_no_depth_policy(llama_pair):
-    from dspark_bench.tuning.depth_choice import depth_search
+    from dspark_bench.sections.depth import depth_search
 
     target, draft = llama_pair
     rec = record(SimpleNamespace(target=target, draft=draft, eos_ids=frozenset()), [[3, 4, 5]], N, G)

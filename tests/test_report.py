@@ -391,16 +391,18 @@ def test_a_sweep_confirmed_in_an_engine_leads_its_report_with_that_engines_verdi
     report's first word, as the command line and export say it."""
     from types import SimpleNamespace
 
-    from dspark_bench.reporting.text import engine_verdict_blocks, to_html, to_markdown
+    from dspark_bench.reporting.report_inputs import section_blocks
+    from dspark_bench.reporting.text import to_html, to_markdown
+    from dspark_bench.sections.base import SUMMARY_HEAD
 
     verdict = {"engine": "llama.cpp b11434", "sentence": "in llama.cpp b11434 here, plain decoding wins: the best "
                "policy measured 0.86× [0.79, 0.95] (fixed γ=3)", "measured_in": "llama-server's generation phase",
                "rows": [{"policy": "fixed γ=3", "predicted": 0.81, "measured": 0.861, "measured_low": 0.79,
                          "measured_high": 0.95, "acceptance_rate": 0.44}]}
     inputs = SimpleNamespace(summaries={"sweep-a": {"engine_verdict": verdict}, "run-b": {}})
-    blocks = engine_verdict_blocks(inputs)
+    blocks = section_blocks(inputs, SUMMARY_HEAD)
     assert [b[0] for b in blocks] == ["p", "table"]
     assert "plain decoding wins" in blocks[0][1] and blocks[1][2] == [["fixed γ=3", "0.810", "0.861× [0.79, 0.95]",
                                                                     "0.44"]]
     assert "plain decoding wins" in to_markdown(blocks) and "plain decoding wins" in to_html(blocks, "t")
-    assert engine_verdict_blocks(SimpleNamespace(summaries={"run-b": {}})) == []
+    assert section_blocks(SimpleNamespace(summaries={"run-b": {}}), SUMMARY_HEAD) == []

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from dspark_bench.cli.console import cli_errors, out_console, print_analysis, reporting
+from dspark_bench.cli.console import cli_errors, out_console, print_shown, reporting
 
 
 def analyze(
@@ -27,5 +27,7 @@ def analyze(
     with cli_errors():
         with reporting("analyze") as (progress, _say):
             result = analyze_folder(sweep, progress)
-        print_analysis(result)
+        from dspark_bench.sections.analyses import Analyses  # loaded when the command runs, not for --help
+
+        print_shown(Analyses.read(result).console())
         out_console.print(f"analysis: {Path(sweep) / 'analysis.json'}", highlight=False, soft_wrap=True)

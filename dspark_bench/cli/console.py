@@ -13,9 +13,8 @@ from rich.table import Table
 from rich.text import Text
 
 from dspark_bench.errors import DsparkError
-
-# Long: every table a finished command prints (a sweep's best, its verdicts, by depth, under load,
-# its health) shares this one console and layout; split up, each part would restate them.
+from dspark_bench.sections.base import BEFORE_TABLE, UNDER_HEADLINE, UNDER_TABLE, Line, Rows, cell
+from dspark_bench.sections.engine_verdict import EngineVerdict
 
 
 def _console(stderr: bool = False) -> Console:
@@ -180,34 +179,28 @@ def print_best(result, wide: bool = False) -> None:
     """A finished sweep's best policies (a tuning SweepResult): a table that fits 100 columns,
     policy labels on one line (`wide`: every column the sweep has), then its analyses, headline
     and health."""
+    from dspark_bench.sections import registry  # the sections' libraries: loaded when a sweep has finished
+    from dspark_bench.sections.analyses import Analyses  # as the registry
+    from dspark_bench.sections.sampling import Sampling  # as the registry
+
     summary, folder, title = result.summary, result.folder, result.title()
     if summary.get("predictions_trusted") is False:
         title += " · predicted speedups untrustworthy (the cost table never passed its timing checks)"
     if summary.get("prices") and measured_by(summary["prices"]) != "ours":  # whose costs every prediction used
         title += " · measured on our decoder, which confirms"
-    print_engine_verdict(summary)
+    print_shown(registry.console(result.sections, BEFORE_TABLE))
     view = wide_table(result.table, title) if wide else narrow_table(result.table, title, summary)
     out_console.print(view)
-    if result.analysis:
-        print_analysis(result.analysis)
+    print_shown(registry.console(result.sections, UNDER_TABLE))
     print_headline(summary)
-    if (summary.get("sampling") or {}).get("precision"):  # what the sampled paths bought
-        out_console.print(summary["sampling"]["precision"]["sentence"], style="dim", highlight=False, soft_wrap=True)
-    print_depth_search(summary)
-    print_under_load(summary)
+    print_shown(registry.console(result.sections, UNDER_HEADLINE))
     print_health(summary)
     out_console.print(f"run folder: {folder}")
-    if summary.get("evaluation") == "replay" and not result.analysis and not summary.get("sampling"):
+    studied = registry.find(result.sections, Analyses) or registry.find(result.sections, Sampling)
+    if summary.get("evaluation") == "replay" and studied is None:
         out_console.print(f"more: dspark-bench analyze {folder} (what any stopping rule could win here, how well "
                           f"each signal predicts acceptance); dspark-bench report {folder}", style="dim",
                           highlight=False, soft_wrap=True)
-
-
-def cell(value, digits: int = 3) -> str:
-    """A number as a table shows it; None or NaN: an empty cell."""
-    if value is None or value != value:
-        return ""
-    return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
 
 
 def narrow_table(table, title: str, summary: dict) -> Table:
@@ -259,23 +252,10 @@ def wide_table(table, title: str) -> Table:
     return view
 
 
-def print_engine_verdict(summary: dict) -> None:
-    """A sweep priced on a serving engine's costs and confirmed in it: its policies measured there
-    and its verdict, before anything of ours (they are what deploys)."""
-    verdict = summary.get("engine_verdict")
-    if not verdict:
-        return
-    rows = [[r["policy"], cell(r["predicted"]), f"{r['measured']:.3f} [{r['measured_low']:.2f}, "
-             f"{r['measured_high']:.2f}]", cell(r["acceptance_rate"], 2)] for r in verdict["rows"]]
-    print_small_table(f"confirmed in {verdict['engine']}: {verdict['measured_in']}",
-                      ("policy", "predicted", "measured [95 % CI]", "accept"), rows, left=("policy",))
-    out_console.print(verdict["sentence"], style="bold", highlight=False, soft_wrap=True)
-
-
 def print_headline(summary: dict) -> None:
     """The paired verdict of the best scheduled policy against the best fixed γ (and what a
     precision target's passes did): a run's or a sweep's first answer."""
-    verdict = summary.get("engine_verdict")
+    verdict = EngineVerdict.from_json(summary)
     if summary.get("headline"):
         mine = "on our decoder, " if verdict else ""
         out_console.print(f"{mine}scheduled vs best fixed γ, paired on the same prompts: "
@@ -283,46 +263,6 @@ def print_headline(summary: dict) -> None:
                           soft_wrap=True)
     if summary.get("precision"):
         out_console.print(summary["precision"]["sentence"], highlight=False, soft_wrap=True)
-
-
-def print_depth_search(summary: dict) -> None:
-    """A replay sweep whose rounds span depth buckets: each bucket's best policy (predicted), then
-    the depth policy composed of them against the best single policy, paired on the same prompts."""
-    search = summary.get("depth_search")
-    if not search:
-        return
-    rows = [[b["depth_bucket"], b["config_label"], cell(b["predicted_speedup"])] for b in search["per_bucket_best"]]
-    print_small_table("by context depth: each bucket's best policy (replayed, its rounds there priced at their depth)",
-                      ("depth", "best policy there", "predicted"), rows, left=("depth", "best policy there"))
-    verdict = summary.get("depth_verdict")
-    said = verdict["sentence"] if verdict else (f"{search['depth_policy']['config_label']}: no paired verdict "
-                                                "(nothing timed with --confirm-top 0: replay's answer alone)")
-    out_console.print(f"depth policy vs best single policy, paired on the same prompts: {said}", style="bold",
-                      highlight=False, soft_wrap=True)
-
-
-def print_under_load(summary: dict) -> None:
-    """A sweep under load: per arrival rate, the best policy beside the best fixed γ and plain
-    decoding, each as throughput and p50 / p99 time per output token (replayed)."""
-    load = summary.get("load")
-    if not load:
-        return
-
-    def served(entry) -> str:
-        if entry is None:
-            return "none within the limit"
-        return (f"{entry['config_label']}: {entry['throughput']:.0f} tok/s, TPOT {entry['tpot_p50_s'] * 1e3:.0f} / "
-                f"{entry['tpot_p99_s'] * 1e3:.0f} ms")
-
-    rows = [[row["arrival"], served(row["best"]), served(row["best_fixed"]), served(row["plain"])]
-            for row in load["by_rate"]]
-    limit = (f", p99 TPOT within {load['tpot_limit_s'] * 1e3:g} ms" if load.get("tpot_limit_s")
-             and load["objective"] == "throughput" else "")
-    print_small_table(f"under load (replayed, {load['requests']}, up to {load['max_batch']} at once; best by "
-                      f"{load['objective']}{limit}): throughput, TPOT p50 / p99",
-                      ("load", "best", "best fixed γ", "plain decoding"), rows,
-                      left=("load", "best", "best fixed γ", "plain decoding"))
-    out_console.print(load["verdict"], style="bold", highlight=False, soft_wrap=True)
 
 
 def print_verdicts(summary: dict) -> None:
@@ -337,11 +277,13 @@ def print_verdicts(summary: dict) -> None:
     print_headline(summary)
 
 
-def print_analysis(analysis: dict) -> None:
-    """A replay sweep's analyses (analysis/): headroom, held-out signal quality, better signals."""
-    print_headroom(analysis)
-    print_signals(analysis)
-    print_signal_headroom(analysis)
+def print_shown(shown: list[Rows | Line]) -> None:
+    """A section's console rows (sections/base.py): its tables and its lines, in order."""
+    for item in shown:
+        if isinstance(item, Rows):
+            print_small_table(item.title, item.columns, item.rows, item.left)
+        else:
+            out_console.print(item.text, style=item.style, highlight=False, soft_wrap=True)
 
 
 def print_small_table(title: str, columns: tuple[str, ...], rows: list[list[str]], left: tuple[str, ...] = ()) -> None:
@@ -354,49 +296,6 @@ def print_small_table(title: str, columns: tuple[str, ...], rows: list[list[str]
     for row in rows:
         view.add_row(*row)
     out_console.print(view)
-
-
-def print_headroom(summary: dict) -> None:
-    """What any stopping rule could win (the oracle) beside fixed γ and the best policy of each kind, per batch size."""
-    if not summary.get("headroom"):
-        return
-    from dspark_bench.analysis.oracle import captured_cell  # numba and pandas: loaded when there is a table to show
-
-    def speedup(row, kind):  # a sweep made before the kinds were kept has none
-        value = row.get(f"best_{kind}_speedup")
-        return "—" if value is None else f"{value:.3f}"
-
-    rows = [[str(r["batch_size"]), r["layout"], "1.000", f"{r['best_fixed_speedup']:.3f}",
-             *(speedup(r, kind) for kind in ("raw", "learned", "budget")),
-             f"{r['oracle_speedup']:.3f} ({r['oracle']})",
-             captured_cell(r["captured"])] for r in summary.get("headroom") or []]
-    print_small_table("headroom (predicted): how much of the oracle's gain over fixed γ the best policy captures",
-                      ("B", "layout", "autoregressive", "best fixed γ", "raw metrics", "learned", "budget", "oracle",
-                       "captured"), rows)
-
-
-def print_signals(summary: dict) -> None:
-    """How well each signal predicts acceptance, held out by prompt (analysis/signal_quality.py)."""
-    rows = [[r["signal"], f"{r['tokens']:,}", f"{r['auc']:.3f}", f"{r['brier']:.4f}", f"{r['ece']:.4f}"]
-            for r in summary.get("signals") or []]
-    print_small_table("acceptance signals, held out by prompt: AUC (higher is better), Brier and ECE (lower)",
-                      ("signal", "tokens", "AUC", "Brier", "ECE"), rows, left=("signal",))
-
-
-def print_signal_headroom(summary: dict) -> None:
-    """What better signals would capture of the oracle's gain (analysis/signal_headroom.py)."""
-    if not summary.get("signal_headroom"):
-        return
-    from dspark_bench.analysis.oracle import captured_cell  # numba and pandas: loaded when there is a table to show
-    from dspark_bench.analysis.signal_headroom import pivot  # pandas: loaded when there is a table to show
-
-    header, body = pivot(summary["signal_headroom"])
-    rows = [[str(b), layout, f"{gain:+.1%}", *(captured_cell(c) for c in shares)] for b, layout, gain, *shares in body]
-    print_small_table("better signals (predicted): the share of the oracle's gain the best per-row rule would capture "
-                      "if the learned signal knew more of each verdict (its log-odds + β for an accepted token, − β "
-                      "for a rejected one; β = 0 is the signal itself). Their AUC is in-sample over the tokens a "
-                      "verify judges, so it is not the held-out AUC above; the signal's cost is left out",
-                      ("B", "layout", "oracle over fixed γ", *header), rows)
 
 
 def read_summary(folder) -> dict:

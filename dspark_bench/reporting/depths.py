@@ -3,8 +3,9 @@ each round started at, and their measured speedup by the prompt's length (harnes
 
 Shown only where it says something new: the round table when a run's rounds span more than one
 depth bucket, the speedup table when its prompts do. A short-prompt run shows neither. A sweep
-that searched by depth (summary.json's `depth_search`, tuning/depth_choice.py) adds each bucket's
-best policy and the depth verdict, and the report's figure 14 against depth (`depth_figure`).
+that searched by depth (summary.json's `depth_search`, sections/depth.py, whose blocks it places
+first) adds each bucket's best policy and the depth verdict, and the report's figure 14 against
+depth (`depth_figure`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,16 @@ from dspark_bench.metrics import summarize_by_depth
 from dspark_bench.reporting import plots
 from dspark_bench.reporting.plots.depth import CHOSEN
 from dspark_bench.reporting.plots.depth import ROLES as DRAWN
-from dspark_bench.reporting.report_inputs import SUMMARY_METRICS, Inputs, Skip, best_and_classic, samples_of
+from dspark_bench.reporting.report_inputs import (
+    SUMMARY_METRICS,
+    Inputs,
+    Skip,
+    best_and_classic,
+    samples_of,
+    section_blocks,
+)
+from dspark_bench.sections.base import BY_DEPTH
+from dspark_bench.sections.depth import DepthSearch
 
 ROLES = ("best", "classic (best fixed γ)")
 
@@ -66,7 +76,7 @@ def depth_blocks(inputs: Inputs) -> list[tuple]:
             prompt_lines += [[*run, r["role"], r["config_label"], r["prompt_depth"], str(r["prompts"]), _speedup(r),
                               _number(r["tokens_per_round"]), _number(r["acceptance_rate"])]
                              for _, r in prompts.iterrows()]
-    searched = depth_search_blocks(inputs)
+    searched = section_blocks(inputs, BY_DEPTH)
     if not round_lines and not prompt_lines and not searched:
         return []
     run = ["run"] if several else []
@@ -88,15 +98,15 @@ def depth_blocks(inputs: Inputs) -> list[tuple]:
 
 # --- a depth search's choice (sweeps) ------------------------------------------------------------
 
-# summary.json's depth_search keys and their names in the figure and tables.
+# The depth search's policies (sections/depth.DepthSearch's fields) and their names in the figure.
 SEARCHED = tuple(zip(("depth_policy", "best_single", "best_fixed"), DRAWN))
 MEASURED = ("depth_policy", "best_single")  # the two a sweep times and pairs
 COLUMNS = ("run_id", "task", "role", "source", "config_label", "depth_bucket", "acceptance_rate", "tokens_per_round",
            "gamma_max", "threshold", "predicted_speedup", "prompts", "speedup", "speedup_low", "speedup_high")
 
 
-def _searched(inputs: Inputs) -> dict[str, dict]:
-    return {run_id: s for run_id, s in inputs.summaries.items() if s.get("depth_search")}
+def _searched(inputs: Inputs) -> dict[str, DepthSearch]:
+    return {run_id: found for run_id, s in inputs.summaries.items() if (found := DepthSearch.from_json(s)) is not None}
 
 
 def task_names(inputs: Inputs, run_ids) -> dict[str, str]:
@@ -136,14 +146,14 @@ def depth_search_rows(inputs: Inputs) -> pd.DataFrame:
     found = _searched(inputs)
     names = task_names(inputs, found)
     rows = []
-    for run_id, summary in found.items():
-        search, mark = summary["depth_search"], {"run_id": run_id, "task": names[run_id]}
+    for run_id, search in found.items():
+        mark = {"run_id": run_id, "task": names[run_id]}
         for key, role in SEARCHED:
-            rows += [{**mark, "role": role, "source": "replay", "config_label": search[key]["config_label"], **bucket}
-                     for bucket in search[key]["buckets"]]
-        rows += [{**mark, "role": CHOSEN, "source": "replay", **best} for best in search["per_bucket_best"]]
+            rows += [{**mark, "role": role, "source": "replay", "config_label": getattr(search, key)["config_label"],
+                      **bucket} for bucket in getattr(search, key)["buckets"]]
+        rows += [{**mark, "role": CHOSEN, "source": "replay", **best} for best in search.per_bucket_best]
         for key, role in ((k, r) for k, r in SEARCHED if k in MEASURED):
-            label = search[key]["config_label"]
+            label = getattr(search, key)["config_label"]
             samples = timed_samples(inputs, run_id, label)
             rows += [{**mark, "role": role, "source": "measured", "config_label": label, "depth_bucket": r.prompt_depth,
                       "prompts": r.prompts, "speedup": r.speedup, "speedup_low": r.speedup_low,
@@ -158,11 +168,11 @@ def depth_figure(inputs: Inputs):
     if rows.empty:
         raise Skip("no sweep searched by depth (a replay sweep whose rounds fill more than one depth bucket)")
     names = task_names(inputs, _searched(inputs))
-    policies = [f"{names[run_id]}: " + ", ".join(f"{role} {s['depth_search'][key]['config_label']}"
+    policies = [f"{names[run_id]}: " + ", ".join(f"{role} {getattr(search, key)['config_label']}"
                                                  for key, role in SEARCHED)
-                for run_id, s in _searched(inputs).items()]
+                for run_id, search in _searched(inputs).items()]
     return plots.depth_axis(rows), (
-        "Each sweep that searched by depth (tuning/depth_choice.py): (a) the acceptance_rate of the depth policy "
+        "Each sweep that searched by depth (sections/depth.py): (a) the acceptance_rate of the depth policy "
         "(wide, pale), the best single policy and the best fixed γ over the rounds that started in each depth bucket, "
         "replayed from the record; (b), (c) the γ_max and threshold of the policy the search chose in each bucket "
         "(threshold 0: a fixed γ), which the depth policy runs there; (d) each policy's predicted speedup over the "
@@ -170,37 +180,3 @@ def depth_figure(inputs: Inputs):
         "measured speedup of the confirmed depth policy and best single policy over the prompts whose length falls "
         "in the bucket (a decode is timed whole, so a measured speedup is cut by prompt, not by round: a prompt's "
         "rounds start at its length and deeper). " + "; ".join(policies) + ".")
-
-
-def depth_search_blocks(inputs: Inputs) -> list[tuple]:
-    """A sweep's depth search in words: each bucket's best policy beside the best single policy
-    there, the composed depth policy, and its paired verdict against the best single policy."""
-    found = _searched(inputs)
-    if not found:
-        return []
-    several = len(inputs.summaries) > 1
-    lines, words = [], []
-    for run_id, summary in found.items():
-        search, run = summary["depth_search"], [plots.short_run(run_id)] if several else []
-        single = {b["depth_bucket"]: b for b in search["best_single"]["buckets"]}
-        lines += [[*run, b["depth_bucket"], b["config_label"], _number(b["threshold"], 2), str(b["gamma_max"]),
-                   _number(b["predicted_speedup"]), _number(single.get(b["depth_bucket"], {}).get("predicted_speedup"))]
-                  for b in search["per_bucket_best"]]
-        label = search["depth_policy"]["config_label"]
-        row = inputs.policies[(inputs.policies["run_id"] == run_id) & (inputs.policies["config_label"] == label)]
-        whole = ""
-        if not row.empty:
-            measured = _speedup(row.iloc[0])
-            whole = (f": predicted {_number(row.iloc[0].get('predicted_speedup'), 2)}× over the whole workload"
-                     + ("" if measured == "—" else f", measured {measured}"))
-        verdict = summary.get("depth_verdict")
-        words.append((f"{plots.short_run(run_id)}: " if several else "")
-                     + f"Each bucket's best composed into the depth policy {label}{whole}; best single policy "
-                     f"{search['best_single']['config_label']}. "
-                     + (f"Depth policy vs best single policy, paired on the same prompts: {verdict['sentence']}."
-                        if verdict else "The two were not both timed, so no paired verdict."))
-    return [("p", "The depth search (summary.json's `depth_search`): in each depth bucket, the threshold policy or "
-                  "fixed γ whose rounds starting there cost the fewest predicted seconds per token, beside the best "
-                  "single policy's prediction over the same bucket. " + " ".join(words)),
-            ("table", [*(["run"] if several else []), "depth", "best policy there", "threshold", "γ_max",
-                       "predicted there", "best single policy there"], lines)]

@@ -15,7 +15,7 @@ from dspark_bench.replay import learned, sampled
 from dspark_bench.replay.record import resolve_record
 from dspark_bench.replay.rounds import match_lengths
 from dspark_bench.reporting import plots
-from dspark_bench.reporting.report_inputs import Inputs
+from dspark_bench.reporting.report_inputs import Inputs, Skip
 
 
 def acceptance_fit(inputs: Inputs):
@@ -81,3 +81,23 @@ def fit_table(fit) -> str:
         rows.append(f"| {metric} | {q['tokens']:,} | {q['mean_acceptance']:.3f} | {q['brier']:.4f} | "
                     f"{q['raw_brier']:.4f} | {q['ece']:.4f} | {q['raw_ece']:.4f} |")
     return "\n".join(rows)
+
+
+def reliability_figure(inputs: Inputs):
+    """Figure 4 and its caption: confidence against acceptance, each signal's fit and quality."""
+    found = reliability_data(inputs)
+    if found is None:
+        raise Skip("no replay record (a replay sweep's) and no per-round trace (run --trace)")
+    table, source = found
+    if table.empty:
+        raise Skip("no drafted tokens in the record or trace")
+    fit = acceptance_fit(inputs)
+    caption = (f"Source: {source}. A drafted token counts when every token before it in its round was accepted; "
+               "y = share of those accepted, x = mean confidence of the bin. AUC: how well the metric alone "
+               "separates accepted from rejected tokens (0.5 = chance).")
+    if fit is not None:
+        caption += (" Solid lines: the isotonic fit of acceptance the goodput schedule decides with (acceptance.py); "
+                    "its Brier score and ECE are held out (fitted on half the prompts, scored on the other), beside "
+                    "the raw confidence read as a probability.\n\n" + fit_table(fit))
+    caption += signals_table(inputs)
+    return plots.reliability(table, source=source, fit=fit), caption

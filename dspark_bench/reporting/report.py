@@ -26,7 +26,7 @@ from dspark_bench.objectives import OBJECTIVES
 from dspark_bench.reporting import plots
 from dspark_bench.reporting.batch_sizes import batch_blocks, batch_rows
 from dspark_bench.reporting.depths import depth_figure
-from dspark_bench.reporting.reliability import acceptance_fit, fit_table, reliability_data, signals_table
+from dspark_bench.reporting.reliability import reliability_data, reliability_figure
 from dspark_bench.reporting.report_inputs import (
     Inputs,
     Skip,
@@ -35,14 +35,15 @@ from dspark_bench.reporting.report_inputs import (
     load_inputs,
     run_objective,
     samples_of,
+    section_blocks,
 )
 from dspark_bench.reporting.temperatures import temperature_figure
 from dspark_bench.reporting.text import summary_blocks, to_html, to_markdown
-from dspark_bench.reporting.under_load import load_blocks, load_figure
+from dspark_bench.reporting.under_load import load_figure
 from dspark_bench.results import check_writable, describe_machine, evaluation_of, provenance, write_bytes, write_text
+from dspark_bench.sections.analyses import Analyses
+from dspark_bench.sections.base import END
 
-# Long: every figure's data checks and caption, in the report's order, beside the one writer (the
-# temperature and depth views build theirs in their own modules).
 FORMATS = ("png", "svg")
 GROUPINGS = ("category", "task", "run")
 
@@ -77,7 +78,8 @@ def make_figures(inputs: Inputs, by: str | None = None) -> list[FigureItem]:
     _attempt(items, "speedup_heatmap", "2. Speedup over threshold × gamma_max", lambda: _heatmap(policies))
     _attempt(items, "position_acceptance", "3. Per-position acceptance",
              lambda: _positions(inputs, by))
-    _attempt(items, "reliability", "4. Signal reliability: confidence against acceptance", lambda: _reliability(inputs))
+    _attempt(items, "reliability", "4. Signal reliability: confidence against acceptance",
+             lambda: reliability_figure(inputs))
     _attempt(items, "stop_reasons", "5. Stop reasons and draft lengths of the best configuration",
              lambda: _stops(inputs, best))
     _attempt(items, "best_vs_classic", "6. Best against classic and autoregressive",
@@ -123,7 +125,8 @@ def _paired(inputs):
 
 
 def _signal_headroom(inputs):
-    found = [(run_id, s["signal_headroom"]) for run_id, s in inputs.summaries.items() if s.get("signal_headroom")]
+    found = [(run_id, analyses.signal_headroom) for run_id, s in inputs.summaries.items()
+             if (analyses := Analyses.from_json(s)) is not None and analyses.signal_headroom]
     if not found:
         raise Skip("no replay sweep with a learned signal (sweep --task T with the draft model)")
     run_id, rows = found[0]
@@ -203,25 +206,6 @@ def _positions(inputs, by):
         "Share of rounds that drafted position k in which the target accepted it (accepted / drafted, summed over "
         "prompts): the best configuration and the classic fixed-gamma one (dashed) of each run"
         + ("" if several else ", and the best's neighbours at other thresholds") + ".")
-
-
-def _reliability(inputs):
-    found = reliability_data(inputs)
-    if found is None:
-        raise Skip("no replay record (a replay sweep's) and no per-round trace (run --trace)")
-    table, source = found
-    if table.empty:
-        raise Skip("no drafted tokens in the record or trace")
-    fit = acceptance_fit(inputs)
-    caption = (f"Source: {source}. A drafted token counts when every token before it in its round was accepted; "
-               "y = share of those accepted, x = mean confidence of the bin. AUC: how well the metric alone "
-               "separates accepted from rejected tokens (0.5 = chance).")
-    if fit is not None:
-        caption += (" Solid lines: the isotonic fit of acceptance the goodput schedule decides with (acceptance.py); "
-                    "its Brier score and ECE are held out (fitted on half the prompts, scored on the other), beside "
-                    "the raw confidence read as a probability.\n\n" + fit_table(fit))
-    caption += signals_table(inputs)
-    return plots.reliability(table, source=source, fit=fit), caption
 
 
 def _stops(inputs, best):
@@ -371,7 +355,7 @@ def build_report(paths, out: Path | None = None, fmt: str = "png", by: str | Non
     blocks += summary_blocks(inputs)
     if inputs.batched is not None:
         blocks += batch_blocks(inputs.batched)
-    blocks += load_blocks(inputs)
+    blocks += section_blocks(inputs, END)
     blocks.append(("h2", "Figures"))
     html_blocks = list(blocks)
     mime = {"png": "image/png", "svg": "image/svg+xml"}[fmt]

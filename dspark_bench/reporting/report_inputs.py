@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pandas as pd
 
-from dspark_bench.analysis.analyze import FILE as ANALYSIS_FILE
 from dspark_bench.config import FIELDS
 from dspark_bench.errors import DsparkError
 from dspark_bench.objectives import ranking_column
@@ -17,6 +16,9 @@ from dspark_bench.replay.cost import CostModel
 from dspark_bench.reporting import plots
 from dspark_bench.reporting.batch_sizes import has_batch_sizes
 from dspark_bench.results import load, load_table, read_json
+from dspark_bench.sections import registry
+from dspark_bench.sections.analyses import Analyses
+from dspark_bench.sections.base import ReportView
 
 SUMMARY_METRICS = ("tokens_per_round", "acceptance_rate", "avg_draft_len", "block_acceptance_rate",
                    "accepted_per_round")
@@ -63,7 +65,7 @@ def load_inputs(paths) -> Inputs:
         summary = read_json(summary_path, "summary file") if summary_path.is_file() else {}
         # A sweep's analyses (analysis/: headroom, signals, signal_headroom) where they were run;
         # a sweep made before they had their own file holds them in its summary.
-        analysis = folder / ANALYSIS_FILE
+        analysis = folder / Analyses.FILE
         summaries[run_id] = {**summary, **(read_json(analysis, "analysis file") if analysis.is_file() else {})}
     policies = _with_knobs(policies, infos)
     renamed = {folder.name: run_id for run_id, folder in folder_of.items()}
@@ -120,6 +122,16 @@ def best_and_classic(inputs: Inputs, policies: pd.DataFrame | None = None) -> tu
     policies = inputs.policies if policies is None else policies
     return (plots.best_row(policies, inputs.column, objective=inputs.objective),
             plots.best_row(policies, inputs.column, fixed=True, objective=inputs.objective))
+
+
+def section_blocks(inputs: Inputs, at: str) -> list[tuple]:
+    """The blocks the sweeps' sections (sections/registry.py) place at `at` in the report."""
+    def policy(run_id: str, label: str) -> dict | None:
+        rows = inputs.policies[(inputs.policies["run_id"] == run_id) & (inputs.policies["config_label"] == label)]
+        return None if rows.empty else rows.iloc[0].to_dict()
+
+    view = ReportView(several=len(inputs.summaries) > 1, short=plots.short_run, policy=policy)
+    return registry.report_blocks(inputs.summaries, view, at)
 
 
 def samples_of(inputs: Inputs, row: pd.Series | None) -> pd.DataFrame:

@@ -11,12 +11,12 @@ import pandas as pd
 import yaml
 
 from dspark_bench import objectives
-from dspark_bench.analysis.oracle import captured_cell
-from dspark_bench.analysis.signal_headroom import pivot
 from dspark_bench.reporting import plots
 from dspark_bench.reporting.depths import depth_blocks
-from dspark_bench.reporting.report_inputs import SUMMARY_METRICS, Inputs, best_and_classic
+from dspark_bench.reporting.report_inputs import SUMMARY_METRICS, Inputs, best_and_classic, section_blocks
 from dspark_bench.results import describe_machine, evaluation_of
+from dspark_bench.sections.base import AFTER_DRAFTERS, SUMMARY_HEAD
+from dspark_bench.sections.sampling import Sampling
 
 # --- the summary -------------------------------------------------------------------------------
 
@@ -62,26 +62,6 @@ def health_blocks(inputs: Inputs) -> list[tuple]:
     return [("p", lead), ("table", ["run", "verdict", "checks", "headline"], rows)]
 
 
-def engine_verdict_blocks(inputs: Inputs) -> list[tuple]:
-    """A sweep priced on a serving engine's costs and confirmed in it (summary.json's
-    engine_verdict): that engine's verdict first, and its confirmed policies as measured there;
-    the table after it is our decoder's."""
-    blocks = []
-    for run_id, summary in inputs.summaries.items():
-        verdict = summary.get("engine_verdict")
-        if not verdict:
-            continue
-        rows = [[r["policy"], _fmt(r.get("predicted"), 3), f"{r['measured']:.3f}× [{r['measured_low']:.2f}, "
-                 f"{r['measured_high']:.2f}]", _fmt(r.get("acceptance_rate"), 2)] for r in verdict["rows"]]
-        where = f" ({plots.short_run(run_id)})" if len(inputs.summaries) > 1 else ""
-        blocks += [("p", f"Confirmed in {verdict['engine']}{where}: {verdict['sentence']}. Measured in "
-                         f"{verdict['measured_in']}; the summary table below is our decoder's."),
-                   ("table", ["policy", f"predicted on {verdict['engine']}'s prices", "measured [95% CI]",
-                              "acceptance"],
-                    rows)]
-    return blocks
-
-
 def summary_blocks(inputs: Inputs) -> list[tuple]:
     """The one-screen summary: best vs classic vs autoregressive, cost model, environment."""
     policies, objective = inputs.policies, inputs.column
@@ -91,7 +71,7 @@ def summary_blocks(inputs: Inputs) -> list[tuple]:
     rows = [_policy_line("best", best, several), _policy_line("classic (best fixed γ)", classic, several),
             ["autoregressive", "target alone", "1.00×", "1.00", _fmt(_baseline_rate(best), 1), "1.000", "—", "0.000",
              "—", "0.000"]]
-    blocks: list[tuple] = [("h2", "Summary"), *engine_verdict_blocks(inputs), ("table", header, rows)]
+    blocks: list[tuple] = [("h2", "Summary"), *section_blocks(inputs, SUMMARY_HEAD), ("table", header, rows)]
     ranked = {"speedup": "measured speedup", "predicted_speedup": "predicted_speedup (cost model)",
               "tokens_per_round": "tokens_per_round (no timing)"}.get(objective, objective)
     text = f"Configurations ranked by {ranked} over {len(plots.complete(policies))} configurations or trials."
@@ -101,23 +81,7 @@ def summary_blocks(inputs: Inputs) -> list[tuple]:
                  "relative).")
     elif classic is None:
         text += " No fixed-gamma (classic) configuration is among the runs: add `--schedule fixed` to compare."
-    identical = policies.get("identical_to_baseline")
-    if identical is not None and identical.notna().any():
-        text += f" Outputs identical to the target's own: {identical.mean():.0%} of measured samples."
-        share = policies.get("identical_share")
-        dtypes = {(info.get("models") or {}).get("dtype") for info in inputs.infos.values()}
-        if identical.mean() < 1 and dtypes <= {"float32"}:
-            text += (" In fp32 every greedy output must be the target's own: a sample that differs is a bug, "
-                     "please report it.")
-        elif identical.mean() < 1 and share is not None and share.notna().any():
-            text += (f" In {', '.join(sorted(d for d in dtypes if d))} a verify pass and a plain step can round a "
-                     "near-tie differently, and the outputs part from there (see README); "
-                     f"{share.mean():.1%} of tokens still match position for position.")
-    elif best is not None and pd.notna(best.get("spec_mean_new_tokens")):
-        text += (f" Sampled outputs differ by design; for the best configuration the mean sample length is "
-                 f"{best['baseline_mean_new_tokens']:.1f} tokens (baseline) against {best['spec_mean_new_tokens']:.1f} "
-                 f"(speculative), at {_fmt(best.get('baseline_tokens_per_s'), 1)} against "
-                 f"{_fmt(best.get('spec_tokens_per_s'), 1)} tokens/s.")
+    text += _outputs_text(inputs, best)
     text += (" Speedup is the baseline's seconds per generated token over the speculative decoder's, on the same "
              "prompts in the same process, with a 95 % bootstrap interval over prompts.")
     if inputs.batch_size is not None:
@@ -139,11 +103,35 @@ def summary_blocks(inputs: Inputs) -> list[tuple]:
         blocks += [("h3", "Per run"), ("table", ["run", "task", "best", objective, "classic", objective], per_run)]
     blocks += depth_blocks(inputs)
     blocks += drafter_blocks(inputs)
-    blocks += headroom_blocks(inputs)
+    blocks += section_blocks(inputs, AFTER_DRAFTERS)
     blocks += literature_blocks(inputs)
     blocks += cost_model_blocks(inputs)
     blocks += environment_blocks(inputs)
     return blocks
+
+
+def _outputs_text(inputs: Inputs, best: pd.Series | None) -> str:
+    """How the outputs compare with the target's own: identical (greedy; why not, where some are
+    not) or, sampled, each side's mean length and speed."""
+    policies, text = inputs.policies, ""
+    identical = policies.get("identical_to_baseline")
+    if identical is not None and identical.notna().any():
+        text += f" Outputs identical to the target's own: {identical.mean():.0%} of measured samples."
+        share = policies.get("identical_share")
+        dtypes = {(info.get("models") or {}).get("dtype") for info in inputs.infos.values()}
+        if identical.mean() < 1 and dtypes <= {"float32"}:
+            text += (" In fp32 every greedy output must be the target's own: a sample that differs is a bug, "
+                     "please report it.")
+        elif identical.mean() < 1 and share is not None and share.notna().any():
+            text += (f" In {', '.join(sorted(d for d in dtypes if d))} a verify pass and a plain step can round a "
+                     "near-tie differently, and the outputs part from there (see README); "
+                     f"{share.mean():.1%} of tokens still match position for position.")
+    elif best is not None and pd.notna(best.get("spec_mean_new_tokens")):
+        text += (f" Sampled outputs differ by design; for the best configuration the mean sample length is "
+                 f"{best['baseline_mean_new_tokens']:.1f} tokens (baseline) against {best['spec_mean_new_tokens']:.1f} "
+                 f"(speculative), at {_fmt(best.get('baseline_tokens_per_s'), 1)} against "
+                 f"{_fmt(best.get('spec_tokens_per_s'), 1)} tokens/s.")
+    return text
 
 
 def drafter_blocks(inputs: Inputs) -> list[tuple]:
@@ -164,52 +152,6 @@ def drafter_blocks(inputs: Inputs) -> list[tuple]:
              _fmt(best[d].get("tokens_per_round")), _fmt(best[d].get("acceptance_rate")),
              _fmt(best[d].get("avg_draft_len")), _fmt(best[d].get("identical_to_baseline"))] for d in order]
     return [("h2", "Drafters side by side"), ("table", header, rows), ("p", pick_drafter(best, order, objective))]
-
-
-def headroom_blocks(inputs: Inputs) -> list[tuple]:
-    """Each replay sweep's headroom: fixed γ, the best scheduled policy and the oracle (analysis/oracle.py)."""
-    rows = [[plots.short_run(run_id), str(r["batch_size"]), r["layout"], _fmt(r["best_fixed_speedup"]),
-             *(_fmt(r.get(f"best_{kind}_speedup")) for kind in ("raw", "learned", "budget")),
-             f"{_fmt(r['oracle_speedup'])} ({r['oracle']})",
-             captured_cell(r["captured"])]
-            for run_id, summary in inputs.summaries.items() for r in summary.get("headroom") or []]
-    if not rows:
-        return []
-    text = ("Predicted by replay on one record and cost table: the oracle knows which drafted tokens the target will "
-            "accept (at batch size 1 the exact optimum over every draft length; at larger batch sizes perfect "
-            "stopping, a rule that knows after each drafted token whether it will be accepted). The best scheduled "
-            "policy of each kind: the per-row rules on a raw metric, the same on the learned signal, and the budget "
-            "schedule, which decides for the whole batch and so can pass per-row perfect stopping. `captured` is the "
-            "share of the oracle's gain over the best fixed γ that the best scheduled policy reaches: near 0, the "
-            "rules' signal says little; near 100 %, little is left to tune.")
-    header = ["run", "batch size", "layout", "best fixed γ", "raw metrics", "learned", "budget", "oracle", "captured"]
-    return [("h2", "Headroom"), ("p", text), ("table", header, rows), *signal_headroom_blocks(inputs)]
-
-
-def signal_headroom_blocks(inputs: Inputs) -> list[tuple]:
-    """Each replay sweep's better signals: the share of the oracle's gain the best per-row rule would
-    capture with the learned signal sharpened toward the verdicts (analysis/signal_headroom.py)."""
-    blocks = []
-    for run_id, summary in inputs.summaries.items():
-        if not summary.get("signal_headroom"):
-            continue
-        header, body = pivot(summary["signal_headroom"])
-        rows = [[str(b), layout, f"{gain:+.1%}", *map(captured_cell, shares)] for b, layout, gain, *shares in body]
-        blocks.append(("table", ["batch size", "layout", "oracle over fixed γ", *header], rows))
-        if len(inputs.summaries) > 1:
-            blocks.insert(len(blocks) - 1, ("p", f"Run {plots.short_run(run_id)}:"))
-    if not blocks:
-        return []
-    text = ("Is the gap between the best policy and the oracle the rules' or the signal's? Replay gives the rules "
-            "better signals: the learned one with more evidence of each drafted token's verdict in its log-odds "
-            "(logit s + β · (±1)), up to the verdict itself. Each column is one such signal, named with its AUC over "
-            "the record's drafted tokens (in-sample, so the learned signal's reads higher here than held out); each "
-            "cell, the share of the oracle's gain over the best fixed γ that the best threshold or cumulative rule on "
-            "it captures (its cost left out, as perfect stopping's is). Where the oracle is barely over fixed γ (the "
-            "padded layout at B > 1, where the longest row sets every pass) those shares are of almost nothing. Even "
-            "the verdict leaves a gap at batch size 1: a rule learns a token's verdict only after drafting it, a "
-            "forward the oracle never spends.")
-    return [("h3", "How good a signal would have to be"), ("p", text), *blocks]
 
 
 LITERATURE = Path(__file__).with_name("literature.yaml")
@@ -275,18 +217,16 @@ def cost_model_blocks(inputs: Inputs) -> list[tuple]:
                   _fmt(r["speedup"] / r[column], 2)] for _, r in rows.iterrows()]
         accuracy = summary.get("cost_model_accuracy") or {}
         cost = summary.get("cost_model") or {}
-        sampling = summary.get("sampling")
-        sampled = "" if not sampling else (
-            " sampled at temperature {temperature:g}, top-p {top_p:g} ({paths} paths × {draws} coin draws per "
-            "prompt: expectations, exact in distribution)").format(**sampling)
+        sampling = Sampling.from_json(summary)
+        sampled = "" if sampling is None else sampling.described()
         confirmed = (f"the best {len(rows)} confirmed by timed runs. Measured / predicted speedup, median "
                      f"{_fmt(accuracy.get('measured_over_predicted_median'), 2)}; mean absolute error "
                      f"{_fmt(accuracy.get('mean_abs_error'), 3)}." if len(rows)
                      else "nothing timed (--confirm-top 0): every speedup here is predicted, none measured.")
         simulated = summary.get("policies_simulated", len(rows))
         text = f"{simulated} policies simulated from one record{sampled}; {confirmed}"
-        if sampling and sampling.get("precision"):
-            text += " " + sampling["precision"]["sentence"]
+        if sampling is not None and sampling.precision:
+            text += " " + sampling.precision["sentence"]
         prices = (summary.get("prices") or {}).get("label", "our decoder")
         text += f" predicted_speedup is priced on {prices}'s costs" + (
             "; measured on our decoder, so judged against predicted_speedup_ours (our decoder's costs)."

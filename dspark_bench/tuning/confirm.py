@@ -40,7 +40,7 @@ def chosen_kinds(ranked: pd.DataFrame, top: int) -> list[pd.DataFrame]:
     verdict is paired against."""
     baseline = schedules.where(ranked, baseline=True)
     # The depth policy, where a sweep composed one, is timed beside the `top` single policies (its
-    # verdict is against the best of them: tuning/depth_choice.py), whatever --confirm-top leaves out.
+    # verdict is against the best of them: sections/depth.py), whatever --confirm-top leaves out.
     depth = ranked[schedules.where(ranked, by_depth=True)].head(1)
     scheduled = ranked[~baseline & ~schedules.where(ranked, by_depth=True)]
     per_row = scheduled[~schedules.where(scheduled, cost_aware=True)]

@@ -19,6 +19,8 @@ from dspark_bench.harness.models import context_warning, load_pair
 from dspark_bench.prompts import encode
 from dspark_bench.replay import cost_file
 from dspark_bench.replay.continuations import Continuations, check_files, open_for
+from dspark_bench.sections import registry
+from dspark_bench.sections.sampling import Sampling
 from dspark_bench.tasks import load_prompts, pair_of
 from dspark_bench.tuning.spec import SweepSpec, base_config, evaluation_for, points
 
@@ -44,21 +46,27 @@ class LoadedSweep:
 class SweepResult:
     """What a finished sweep hands back, for the CLI or a notebook to show without reading its
     folder again: the folder, its best policies (ranked), the summary it wrote (summary.json),
-    what it searched, and its analyses (analysis.json) where it ran them."""
+    what it searched, and the sections it found (sections/: depth, load, sampling, the engine's
+    verdict, its analyses where it ran them), typed."""
 
     folder: Path
     table: pd.DataFrame
     summary: dict
     spec: SweepSpec
-    analysis: dict | None = None
+    sections: list = field(default_factory=list)
+
+    def __post_init__(self):
+        if not self.sections:  # a sweep read back (resumed): the sections its summary.json holds
+            self.sections = registry.read(self.summary)
 
     def title(self) -> str:
         """What the sweep searched and how: the heading of its printed table."""
         eos = " · EOS ignored" if self.spec.ignore_eos else ""
         if self.spec.temperature > 0:
             eos += f" · sampled at temperature {self.spec.temperature:g}, top-p {self.spec.top_p:g}"
-        if self.summary.get("sampling"):
-            eos += " ({paths} paths × {draws} coin draws per prompt)".format(**self.summary["sampling"])
+        sampling = registry.find(self.sections, Sampling)
+        if sampling is not None:
+            eos += f" ({sampling.per_prompt()})"
         if self.summary["evaluation"] == "replay":
             confirmed = len(self.summary["confirmed"])
             said = (f"the best {confirmed} confirmed by timed runs (the best fixed gamma among them)" if confirmed

@@ -17,8 +17,7 @@ import numpy as np
 import pandas as pd
 
 from dspark_bench import schedules
-from dspark_bench.analysis.analyze import FILE as ANALYSIS_FILE
-from dspark_bench.analysis.analyze import Studied, analyze
+from dspark_bench.analysis.analyze import Studied
 from dspark_bench.config import DEFAULTS, DecodeConfig, expand
 from dspark_bench.decoding import capture
 from dspark_bench.decoding.static_batch_lm import capacity_for
@@ -34,15 +33,17 @@ from dspark_bench.harness.health import (
     worst,
 )
 from dspark_bench.harness.plan import precision_plan, replay_plan, seconds_per_token
-from dspark_bench.harness.verdicts import same_work_verdict
 from dspark_bench.measure.cost_model import halfway, measure_depths, measure_surface, torch_version
-from dspark_bench.objectives import OBJECTIVES, rank
-from dspark_bench.paired import compare
 from dspark_bench.prompts import encode
 from dspark_bench.replay import cost_file, sampled
 from dspark_bench.replay.batched import simulate_with_surface
-from dspark_bench.replay.simulate import simulate_grid, simulate_priced
+from dspark_bench.replay.simulate import simulate_grid
 from dspark_bench.results import write_json, write_parquet
+from dspark_bench.sections import registry
+from dspark_bench.sections.analyses import Analyses
+from dspark_bench.sections.base import SweepFacts
+from dspark_bench.sections.depth import depth_summary, depth_verdict, join_depth_policy
+from dspark_bench.sections.engine_verdict import EngineVerdict
 from dspark_bench.tuning.added_policies import (
     added_count,
     budget_points,
@@ -52,31 +53,28 @@ from dspark_bench.tuning.added_policies import (
     write_learned_signal,
 )
 from dspark_bench.tuning.confirm import confirm
-from dspark_bench.tuning.depth_choice import DepthChoice, depth_search, depth_summary
 from dspark_bench.tuning.preparation import LoadedSweep, SweepResult
 from dspark_bench.tuning.records import drafter_groups, record_all, record_key
+from dspark_bench.tuning.replay_summary import write_replay_summary
 from dspark_bench.tuning.spec import SweepSpec
-from dspark_bench.tuning.under_load import load_stage
 
 if TYPE_CHECKING:
     from dspark_bench.harness.runner import StageProgress
 
-# Long: the replay sweep's stages in order (record, price, simulate, compose by depth, confirm, summarise)
-# read as one story; each stage is a function here, and the work below them lives in replay/ and tuning/.
-DEPTH_FILE = "depth.parquet"  # every depth candidate's replayed totals per depth bucket (tuning/depth_choice.py)
 PRICES_FILE = "prices.json"  # the cost-model file every prediction of the sweep was priced with
 OURS_FILE = "prices_ours.json"  # beside it, where that is an engine's: our decoder's, which confirms
 MODEL = DEFAULTS.drafting  # the draft model: the drafter whose record the fits and analyses read
 
 
 def engine_verdict(spec: SweepSpec, prepared: LoadedSweep, records: dict, prices, gamma: int, folder: Path,
-                   engines: EngineTools, say, progress) -> dict | None:
+                   engines: EngineTools, say, progress) -> EngineVerdict | None:
     """The deployment engine's own verdict where the sweep is priced on an engine that can run
     its policies (llama.cpp): measured there, not on ours. None for our own prices."""
     name = prices.engine.measured_by.get("name") if prices.engine is not None else None
     if name not in engines.confirm or MODEL not in records or not prepared.base.greedy:  # its confirmation is greedy
         return None
-    return engines.confirm[name](spec, prepared, records[MODEL], prices.engine, gamma, folder, say, progress)
+    verdict = engines.confirm[name](spec, prepared, records[MODEL], prices.engine, gamma, folder, say, progress)
+    return EngineVerdict.from_json({"engine_verdict": verdict})
 
 
 def needs_draft_model(pair) -> None:
@@ -116,69 +114,34 @@ def replay_sweep(folder: Path, spec: SweepSpec, prepared: LoadedSweep, records_r
     probe.sample("cost model timed")
     configs, records = join_fitted(folder, configs, records, record_dirs, prices.surface)
     table = simulate_all(folder, configs, records, prices, progress)
-    configs, table, depth = with_depth_policy(folder, configs, table, records, prices)
+    configs, table, depth = join_depth_policy(folder, configs, table, records.get(MODEL), prices.cost,
+                                              prices.ours.at(1) if prices.engine else None)
     # An unreliable cost table still ranks (rounds are exact), but its picks are confirmed harder.
     cost_unreliable = worst(c.verdict for c in prices.checks) == "unreliable"
     table, samples, paired, verdict = confirm_stage(spec, prepared, table, configs, records, prices, gamma, folder,
                                                     cost_unreliable, engines or EngineTools(), say, progress)
     probe.sample("confirmed")
+    found = [verdict]
     if depth is not None:  # each bucket's choice, and the depth policy against the best single one, paired
-        paired = {**(paired or {}), "depth_search": depth_summary(depth, table, configs, records[MODEL], prices.cost),
-                  "depth_verdict": depth_verdict(table, samples, paired)}
+        found.append(dataclasses.replace(depth_summary(depth, table, configs, records[MODEL], prices.cost),
+                                         verdict=depth_verdict(table, samples, (paired or {}).get("same_work"))))
     write_parquet(folder / "trials.parquet", table)
     if not samples.empty:
         write_parquet(folder / "samples.parquet", samples)
-    load = load_stage(folder, spec, configs, records.get(MODEL), prices.surface, say)
+    found += registry.computed(SweepFacts(folder, spec, configs, table, records[record_key_of(records)],
+                                          records.get(MODEL), prices.surface, say, progress))
     checks = sweep_checks(table, prices, probe, time.perf_counter() - started - prices.timing_s, estimate)
     record_dir = record_dirs.get(MODEL, next(iter(record_dirs.values())))
+    found = [result for result in found if result is not None]
+    # where the target's continuations came from: an engine's file, else decoded here
+    continuations = prepared.continuations.describe() if prepared.continuations else None
     result = write_replay_summary(folder, table, spec, prices.cost, record_dir, health(checks), not cost_unreliable,
-                                  {**(paired or {}), "prices": prices.described(folder), "engine_verdict": verdict,
-                                   # where the target's continuations came from: an engine's file, else decoded here
-                                   "continuations": (prepared.continuations.describe() if prepared.continuations
-                                                     else None),
-                                   "sampling": sampling_summary(records[record_key_of(records)], table),
-                                   "load": load})
+                                  paired, found, prices=prices.described(folder), continuations=continuations)
     if spec.analyze and MODEL in records and prepared.base.greedy:
         studied = Studied(table, records[MODEL], prices.cost, prices.surface if prices.batched else None)
-        result.analysis = analyze(studied, progress)
-        write_json(folder / ANALYSIS_FILE, result.analysis)
+        result.sections.append(Analyses.of(studied, progress))
+        write_json(folder / Analyses.FILE, result.sections[-1].to_json())
     return result
-
-
-def with_depth_policy(folder: Path, configs: list[DecodeConfig], table: pd.DataFrame, records: dict,
-                      prices: Prices) -> tuple[list[DecodeConfig], pd.DataFrame, DepthChoice | None]:
-    """The depth-keyed policy (tuning/depth_choice.py) joins the space where the draft model's
-    greedy record spans more than one depth bucket: its row in the table, every candidate's
-    rows per bucket in depth.parquet."""
-    rec = records.get(MODEL)
-    if rec is None or rec.info.get("sampling") is not None:  # sampled replicates: not searched by depth yet
-        return configs, table, None
-    depth = depth_search(rec, configs, prices.cost)
-    if depth is None:
-        return configs, table, None
-    row = depth.row.assign(source="replay")
-    if prices.engine:  # what our decoder, which confirms, is predicted to measure
-        row["predicted_speedup_ours"] = simulate_priced(rec, depth.config, prices.ours.at(1))[0]["predicted_speedup"]
-    write_parquet(folder / DEPTH_FILE, depth.by_depth)
-    return configs + [depth.config], pd.concat([table, row], ignore_index=True), depth
-
-
-def depth_verdict(table: pd.DataFrame, samples: pd.DataFrame, paired: dict | None) -> dict | None:
-    """The depth policy against the best single scheduled policy, both timed at batch 1, paired on
-    the same prompts; None where either was not timed."""
-    timed = table[(table["batch_size"] == 1) & table["speedup"].notna()] if "speedup" in table else table.iloc[:0]
-    depth = timed[schedules.where(timed, by_depth=True)]
-    single = timed[~schedules.where(timed, by_depth=True) & ~schedules.where(timed, baseline=True)]
-    if depth.empty or single.empty:
-        return None
-    best = single.sort_values("speedup", ascending=False, kind="stable").iloc[0]
-    mine, theirs = int(depth["config_id"].iloc[0]), int(best["config_id"])
-    shared = {int(k): int(v) for k, v in ((paired or {}).get("same_work") or {}).items()}
-    mine, theirs = shared.get(mine, mine), shared.get(theirs, theirs)
-    labels = (depth["config_label"].iloc[0], best["config_label"])
-    if mine == theirs:
-        return same_work_verdict(*labels)
-    return compare(samples[samples["config_id"] == mine], samples[samples["config_id"] == theirs], *labels).to_dict()
 
 
 def sweep_checks(table: pd.DataFrame, prices: Prices, probe: LoadProbe, wall_s: float, estimate) -> list:
@@ -361,12 +324,6 @@ def simulate_all(folder: Path, configs: list[DecodeConfig], records: dict, price
     return pd.concat(parts, ignore_index=True).sort_values("config_id", ignore_index=True).assign(source="replay")
 
 
-def sampling_summary(rec, table: pd.DataFrame) -> dict | None:
-    """How a sampled record was sampled and what its paths bought (replay/sampled.precision); None: greedy."""
-    sampling = rec.info.get("sampling")
-    return None if sampling is None else {**sampling, "precision": sampled.precision(table, sampling)}
-
-
 def priced(rec, configs: list[DecodeConfig], surface, cost, batched: bool) -> pd.DataFrame:
     """The policies replayed on `rec`, priced on `surface` (at B > 1, both layouts) or `cost`; a
     sampled record's expectations over its replicates (replay/sampled.py)."""
@@ -394,7 +351,7 @@ def say_replay_plan(spec: SweepSpec, prepared: LoadedSweep, ids: list[list[int]]
     confirmed = (min(spec.confirm_top, scheduled) + 1) * groups if spec.confirm_top else 0
     tokens = prepared.base.verification.max_new_tokens
     if confirmed and prepared.base.greedy and spans_depth([len(i) + j for i in ids for j in range(tokens)]):
-        confirmed += 1  # the depth policy the sweep will compose (tuning/depth_choice.py), timed beside them
+        confirmed += 1  # the depth policy the sweep will compose (sections/depth.py), timed beside them
     per_token = seconds_per_token(prepared.pair, first_ids)
     line, seconds = replay_plan(per_token, len(prepared.prompts), prepared.base.verification.max_new_tokens, policies,
                                 confirmed, spec.repeats, recorded=recorded,
@@ -408,84 +365,3 @@ def say_replay_plan(spec: SweepSpec, prepared: LoadedSweep, ids: list[list[int]]
     if spec.precision > 0 and confirmed:
         say(precision_plan(spec.precision, spec.precision_budget_s))
     return seconds
-
-
-def write_replay_summary(folder: Path, table: pd.DataFrame, spec: SweepSpec, cost, record_dir: Path,
-                         timing_health: dict | None = None, predictions_trusted: bool = True,
-                         paired: dict | None = None) -> SweepResult:
-    """summary.json of a replay sweep; returns it with the confirmed policies, best first."""
-    objective = OBJECTIVES[spec.objective[0]]
-    confirmed = table[table["source"] == "confirmed"]
-    column = "predicted_speedup_ours" if "predicted_speedup_ours" in confirmed else "predicted_speedup"
-    if len(confirmed):
-        shown = confirmed = rank(confirmed, objective.name, objective.column("real"))
-    else:  # nothing timed (--confirm-top 0): replay's answer, the best predicted policy of each schedule
-        shown = rank(table, objective.name, objective.column("replay")).groupby(
-            ["batch_size", "drafter", "schedule"], sort=False).head(1)
-    baseline = schedules.where(shown, baseline=True)
-    summary = {
-        "evaluation": "replay", "objective": list(spec.objective), "policies_simulated": len(table),
-        "record": str(record_dir), "cost_model": cost.to_dict(),
-        "cost_model_accuracy": accuracy(confirmed, column) if len(confirmed) else None,
-        "best": shown[~baseline].head(1).to_dict(orient="records"),
-        "classic": shown[baseline].to_dict(orient="records"),
-        **{name: shown[shown["schedule"] == name].to_dict(orient="records")  # "goodput", "budget"
-           for name in schedules.names(cost_aware=True)},
-        "confirmed": confirmed.to_dict(orient="records"),
-        "timing_health": timing_health,
-        # False: the cost table never passed its checks, so predicted speedups are not to be trusted
-        # (the ranking by them is still exact in its rounds; the measured speedups say what won).
-        "predictions_trusted": predictions_trusted,
-        # Each confirmed policy against the best fixed γ on the same prompts (harness/verdicts.py);
-        # the headline is the best scheduled one's, the sweep's first answer.
-        **(paired or {}),
-    }
-    if (table["batch_size"] > 1).any():
-        summary["by_batch_size"] = by_batch_size(table, confirmed, objective)
-    if table["drafter"].nunique() > 1:
-        summary["by_drafter"] = by_drafter(shown)
-    write_json(folder / "summary.json", summary)
-    return SweepResult(folder, shown, summary, spec)
-
-
-def by_drafter(confirmed: pd.DataFrame) -> list[dict]:
-    """The best confirmed policy of each drafter (scheduled or fixed γ), best first: the side-by-side
-    comparison the report shows."""
-    columns = ["drafter", "config_label", "speedup", "speedup_low", "speedup_high", "tokens_per_round",
-               "acceptance_rate", "avg_draft_len", "identical_to_baseline"]
-    best = confirmed.groupby("drafter", sort=False).head(1)  # `confirmed` is ranked best first
-    return best[[c for c in columns if c in best]].to_dict(orient="records")
-
-
-def accuracy(confirmed: pd.DataFrame, column: str = "predicted_speedup") -> dict:
-    """How far the predicted speedup (`column`: priced on the engine that measured) is from the measured one."""
-    ratio = confirmed["speedup"] / confirmed[column]
-    return {"measured_over_predicted_median": float(ratio.median()),
-            "mean_abs_error": float((confirmed["speedup"] - confirmed[column]).abs().mean()), "priced_by": column}
-
-
-def by_batch_size(table: pd.DataFrame, confirmed: pd.DataFrame, objective) -> list[dict]:
-    """Per batch size: the best scheduled policy and the best fixed gamma, predicted in both
-    layouts and measured (padded) where confirmed, with the cost model's accuracy at that B."""
-    rows = []
-    for batch_size, group in table.groupby("batch_size", sort=True):
-        row = {"batch_size": int(batch_size), "layout_measured": "padded"}
-        for layout, column in (("padded", "predicted_speedup"), ("packed", "predicted_speedup_packed")):
-            baseline = schedules.where(group, baseline=True)
-            scheduled, fixed = rank(group[~baseline], "speedup", column), rank(group[baseline], "speedup", column)
-            row[f"{layout}_predicted"] = {
-                "best_scheduled": scheduled.iloc[0]["config_label"],
-                "best_scheduled_speedup": float(scheduled.iloc[0][column]),
-                "best_fixed": fixed.iloc[0]["config_label"], "best_fixed_speedup": float(fixed.iloc[0][column]),
-                "scheduled_over_fixed": float(scheduled.iloc[0][column] / fixed.iloc[0][column])}
-        measured = confirmed[confirmed["batch_size"] == batch_size]
-        columns = ["config_label", "schedule", "speedup", "speedup_low", "speedup_high", "predicted_speedup",
-                   "baseline_tokens_per_s", "spec_tokens_per_s"]
-        row["measured"] = [] if measured.empty else measured[columns].to_dict(orient="records")
-        row["cost_model_accuracy"] = (accuracy(measured, "predicted_speedup_ours"
-                                               if "predicted_speedup_ours" in measured else "predicted_speedup")
-                                      if len(measured) else None)
-        rows.append(row)
-    return rows
-
-

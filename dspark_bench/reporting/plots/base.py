@@ -13,7 +13,7 @@ THRESHOLD_SCHEDULES = schedules.names(one_threshold=True)  # drawn against their
 COLORS = {"accepted": "#2e9e44", "rejected": "#d6423b", "target": "#3a63c4", "best": "#e6a100"}
 
 
-def _figure(width: float, height: float, rows: int = 1, cols: int = 1, **kwargs):
+def figure(width: float, height: float, rows: int = 1, cols: int = 1, **kwargs):
     fig = Figure(figsize=(width, height), layout="constrained")
     FigureCanvasAgg(fig)
     axes = fig.subplots(rows, cols, squeeze=False, **kwargs)

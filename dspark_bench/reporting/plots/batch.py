@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 
 from dspark_bench.config import LEARNED
-from dspark_bench.reporting.plots.base import _figure
+from dspark_bench.reporting.plots.base import figure
 
 STYLE = {("best scheduled", "padded"): ("#e6a100", "o"), ("best fixed γ", "padded"): ("#3a63c4", "s"),
          ("best scheduled", "packed"): ("#b5651d", "^"), ("best fixed γ", "packed"): ("#6a8fd8", "v"),
@@ -16,7 +16,7 @@ STYLE = {("best scheduled", "padded"): ("#e6a100", "o"), ("best fixed γ", "padd
 def batch_sizes(rows: pd.DataFrame, title: str = ""):
     """Left: speedup against B, predicted dashed (both layouts), measured solid with its interval
     (padded); autoregressive is 1. Right: tokens/s of the whole batch, measured and predicted."""
-    fig, axes = _figure(11, 4.2, 1, 2)
+    fig, axes = figure(11, 4.2, 1, 2)
     speed, rate = axes[0]
     for (kind, layout), part in rows.groupby(["kind", "layout"], sort=False):
         color, marker = STYLE[(kind, layout)]
@@ -59,7 +59,7 @@ def signal_headroom(rows: pd.DataFrame, title: str = ""):
     it stops on (rows of analysis/signal_headroom.py: one per signal, batch size and layout), at
     batch size 1 and packed — padded, where the longest row sets every pass, per-row stopping has
     almost nothing to win (its table says so) — with the learned signal's own AUC marked."""
-    fig, axes = _figure(7.5, 4.2)
+    fig, axes = figure(7.5, 4.2)
     ax = axes[0, 0]
     shown = rows[rows["layout"] != "padded"]
     for i, (b, part) in enumerate(shown.groupby("batch_size", sort=True)):
@@ -86,7 +86,7 @@ def paired_ratios(verdicts: list[dict], title: str = ""):
     prompt's own ratio as a dot, the ratio over all prompts with its 95 % interval as a bar, 1 (no
     difference) as a line. > 1: the policy is faster."""
     shown = [v for v in verdicts if v.get("per_prompt")]
-    fig, axes = _figure(7.5, 1.4 + 0.7 * max(len(shown), 1))
+    fig, axes = figure(7.5, 1.4 + 0.7 * max(len(shown), 1))
     ax = axes[0, 0]
     for y, v in enumerate(shown):
         dots = np.asarray(v["per_prompt"], float)

@@ -10,7 +10,7 @@ from matplotlib.legend_handler import HandlerTuple
 from matplotlib.lines import Line2D
 
 from dspark_bench.depth import DEPTH_LABELS
-from dspark_bench.reporting.plots.base import _figure
+from dspark_bench.reporting.plots.base import figure
 
 # The roles of depth_search_rows, drawn in this order; colours as the other figures' best and fixed γ.
 ROLES = {"depth policy": "#8e44ad", "best single policy": "#e6a100", "best fixed γ": "#3a63c4"}
@@ -51,7 +51,7 @@ def depth_axis(rows: pd.DataFrame, title: str = "") -> Figure:
     styles = {t: (LINES[i % len(LINES)], MARKERS[i % len(MARKERS)]) for i, t in enumerate(tasks)}
     nudge = {t: 0.05 * (i - (len(tasks) - 1) / 2) for i, t in enumerate(tasks)}  # tasks side by side
     timed = [r for r in ROLES if ((rows["role"] == r) & (rows["source"] == "measured")).any()]
-    fig, axes = _figure(12, 7.6, 2, 2, sharex=True)
+    fig, axes = figure(12, 7.6, 2, 2, sharex=True)
     (accept, gamma), (threshold, speed) = axes
     for t, task in enumerate(tasks):
         style = styles[task]

@@ -13,9 +13,9 @@ from dspark_bench.reporting.plots.base import (
     COLORS,
     CURVE_METRICS,
     THRESHOLD_SCHEDULES,
-    _figure,
     best_row,
     complete,
+    figure,
     names_of,
     short_run,
 )
@@ -80,7 +80,7 @@ def threshold_curves(policies: pd.DataFrame, column: str | None = None, by: str 
         fixed_min = ""
     overlay = by == "run" or table["run_id"].nunique() > 1 if "run_id" in table else False
     keys = _curve_groups(table, overlay)
-    fig, axes = _figure(11, 7.5, 2, 2, sharex=True)
+    fig, axes = figure(11, 7.5, 2, 2, sharex=True)
     fig.suptitle(f"{best['metric']} · {schedule} schedule · one line per "
                  + " × ".join("run" if k == "run_id" else k for k in keys) + fixed_min, fontsize=11)
     for i, (group, rows) in enumerate(table.groupby(keys, sort=True)):
@@ -139,7 +139,7 @@ def speedup_heatmap(policies: pd.DataFrame, value: str | None = None) -> Figure:
         raise ValueError(f"no {value or 'speedup'} to show")
     cols = min(len(panels), 3)
     rows = -(-len(panels) // cols)
-    fig, axes = _figure(4.2 * cols + 0.8, 3.4 * rows, rows, cols)
+    fig, axes = figure(4.2 * cols + 0.8, 3.4 * rows, rows, cols)
     grids = [part.pivot_table(index="gamma_max", columns="threshold", values="_cell", aggfunc="max")
              for _, part in panels]
     values = np.concatenate([grid.to_numpy(float).ravel() for grid in grids])  # the cells drawn
@@ -179,7 +179,7 @@ def temperature_axis(rows: pd.DataFrame) -> Figure:
     speedup at each temperature beside the best one's."""
     panels = [("threshold", "best policy's threshold"), ("gamma_max", "best policy's γ_max"),
               ("tokens_per_round", "tokens_per_round (best)"), ("predicted_speedup", "predicted speedup")]
-    fig, axes = _figure(13, 3.4, 1, len(panels), sharex=True)  # which policy won: the caption says
+    fig, axes = figure(13, 3.4, 1, len(panels), sharex=True)  # which policy won: the caption says
     for i, (task, group) in enumerate(rows.sort_values("temperature").groupby("task", sort=True)):
         color = f"C{i}"
         for ax, (column, title) in zip(axes[0], panels):

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from dspark_bench.reporting.plots.base import _figure
+from dspark_bench.reporting.plots.base import figure
 
 
 def verify_curves(models: dict, title: str = ""):
     """Left: t_verify(k) (+ t_round; t_round_empty at k = 0) over the engine's plain step, k = 0 … its deepest,
     one line per engine, its draft step as a dotted level; right: the same in milliseconds. Where the left
     curve climbs steeply from k = 0 to 1, verifying even one drafted token costs most of a step."""
-    fig, axes = _figure(11, 4.2, 1, 2)
+    fig, axes = figure(11, 4.2, 1, 2)
     relative, absolute = axes[0]
     for i, (label, cost) in enumerate(models.items()):
         color = f"C{i}"

@@ -11,14 +11,14 @@ from matplotlib.patches import Patch, Rectangle
 from dspark_bench import schedules
 from dspark_bench.metrics import STOP_REASONS, sample_speedup
 from dspark_bench.replay.acceptance import roc_auc
-from dspark_bench.reporting.plots.base import COLORS, _figure, short_run
+from dspark_bench.reporting.plots.base import COLORS, figure, short_run
 
 
 def position_acceptance(samples: pd.DataFrame, labels: list[str] | None = None) -> Figure:
     """How often draft position k is accepted given it was drafted (sum over prompts of
     position_accepted / position_drafted), one line per configuration label (and run)."""
     labels = list(dict.fromkeys(samples["config_label"])) if labels is None else labels
-    fig, axes = _figure(7.5, 4.2)
+    fig, axes = figure(7.5, 4.2)
     ax = axes[0, 0]
     overlay = "run_id" in samples and samples["run_id"].nunique() > 1
     keys = ["run_id", "config_label"] if overlay else ["config_label"]
@@ -74,7 +74,7 @@ def reliability(confidences: pd.DataFrame, bins: int = 10, source: str = "", fit
     Brier score and ECE, beside the raw confidence's read as a probability.
     """
     table = reliability_table(confidences, bins)
-    fig, axes = _figure(7.5, 6.5, 2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 1.2]})
+    fig, axes = figure(7.5, 6.5, 2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 1.2]})
     top, bottom = axes[0, 0], axes[1, 0]
     top.plot([0, 1], [0, 1], ":", color="grey", lw=1, label="perfectly calibrated")
     width = 1 / bins / (table["metric"].nunique() + 1)
@@ -135,7 +135,7 @@ def stop_reasons(samples: pd.DataFrame, draft_lengths: pd.Series | None = None, 
     """Stop-reason counts (from samples' stop_* totals) and the draft-length distribution of one
     configuration. `draft_lengths`: rounds per draft length (from the trace), else derived."""
     draft_lengths = draft_lengths if draft_lengths is not None else draft_lengths_from_positions(samples)
-    fig, axes = _figure(10, 3.8, 1, 2)
+    fig, axes = figure(10, 3.8, 1, 2)
     counts = {r: int(samples[f"stop_{r}"].sum()) if f"stop_{r}" in samples else 0 for r in STOP_REASONS}
     # "quorum" exists only at batch size B > 1 (config.stopping.batch_quorum), "exhausted" only for the heads
     # and lookup drafters: shown where they happened.
@@ -172,7 +172,7 @@ def speedup_by_group(samples: pd.DataFrame, group: str = "category", role: str =
     groups = list(dict.fromkeys(samples[group].astype(str)))
     if len(groups) > 1:
         groups.append("all")
-    fig, axes = _figure(max(6.0, 1.3 * len(groups) * len(roles) + 2), 4.5)
+    fig, axes = figure(max(6.0, 1.3 * len(groups) * len(roles) + 2), 4.5)
     ax = axes[0, 0]
     width = 0.8 / len(roles)
     top = 1.0
@@ -217,7 +217,7 @@ def round_trace(rounds: pd.DataFrame, prompt_id=None, labels: list[str] | None =
     labels = [label for label in labels if (chosen["config_label"] == label).any()]
     if not labels:
         raise ValueError(f"no traced rounds for prompt {prompt_id!r}")
-    fig, axes = _figure(12, 0.75 * len(labels) + 1.3)
+    fig, axes = figure(12, 0.75 * len(labels) + 1.3)
     ax = axes[0, 0]
     longest = 0
     for row, label in enumerate(labels):

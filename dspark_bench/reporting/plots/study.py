@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from dspark_bench.reporting.plots.base import _figure, complete
+from dspark_bench.reporting.plots.base import complete, figure
 
 # --- Optuna -------------------------------------------------------------------------------------
 
@@ -22,7 +22,7 @@ def optimization_history(trials: pd.DataFrame, objective: str = "objective_0", d
     done = done[done[objective].notna()]
     if done.empty:
         raise ValueError("no complete trial")
-    fig, axes = _figure(7.5, 4)
+    fig, axes = figure(7.5, 4)
     ax = axes[0, 0]
     ax.plot(done["trial"], done[objective], "o", label=f"trial {name}")
     best = done[objective].cummax() if direction == "maximize" else done[objective].cummin()
@@ -84,7 +84,7 @@ def pareto_front(study, target_names: list[str]) -> Figure:
 def domain_threshold_curves(curves: pd.DataFrame, ylabel: str, global_threshold: float | None = None) -> Figure:
     """Each domain's objective against the threshold on one axis, each domain's best starred
     (`curves`: calibrate.threshold_curves' table: domain, threshold, value, best, curve)."""
-    fig, axes = _figure(8, 5)
+    fig, axes = figure(8, 5)
     axis = axes[0, 0]
     for i, (domain, line) in enumerate(curves.groupby("domain", sort=False)):
         color = f"C{i % 10}"

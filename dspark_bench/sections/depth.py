@@ -1,0 +1,270 @@
+"""A sweep's depth search (summary.json's `depth_search` and `depth_verdict`): the depth-keyed
+policy a replay sweep proposes, what its record says by depth (docs/depth.md), and how the console
+and the report say it. Figure 14 is drawn by reporting/depths.py from this section's result.
+
+Given the record, a round's outcome depends only on the policy in force where it starts, so the
+choice per depth bucket is separable, up to the one round that crosses a bucket's edge: the
+search takes, in each bucket, the plain threshold policy (fixed γ being threshold 0) whose rounds
+starting there cost the fewest predicted seconds per token they emit, within each family of
+policies sharing the metric, min_draft_len and rule semantics; the family whose buckets' best add
+up to the least time wins. That is the per-bucket best, not a product of every bucket's choices.
+The composed depth policy is then replayed exactly, round by round (`simulate_priced`), so its
+prediction is the record's, not the sum assumed in the search.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+import numpy as np
+import pandas as pd
+
+from dspark_bench import schedules
+from dspark_bench.config import DecodeConfig
+from dspark_bench.depth import DEPTH_LABELS, spans_depth
+from dspark_bench.harness.verdicts import same_work_verdict
+from dspark_bench.paired import compare
+from dspark_bench.replay.simulate import record_depths, simulate_grid_by_depth, simulate_priced
+from dspark_bench.results import write_parquet
+from dspark_bench.sections.base import BY_DEPTH, UNDER_HEADLINE, Line, ReportView, Rows, cell
+
+FILE = "depth.parquet"  # every depth candidate's replayed totals per depth bucket
+FAMILY = ["metric", "min_draft_len", "semantics"]  # what a depth policy keeps the same in every bucket
+
+
+@dataclass
+class DepthChoice:
+    """What the depth search found: the composed policy and its replayed row, every candidate's
+    rows per bucket, and each bucket's choice."""
+
+    config: DecodeConfig
+    row: pd.DataFrame  # simulate_grid's columns, one row: the depth policy replayed exactly
+    by_depth: pd.DataFrame  # every candidate and the depth policy, per bucket (config_id as in the sweep)
+    per_bucket: pd.DataFrame  # the winning family's best policy per bucket
+
+
+def candidates(configs: list[DecodeConfig]) -> list[int]:
+    """The policies a depth policy is made of: batch 1, the draft model, the plain threshold rule
+    or fixed γ, drafting early-stop, each row on its own (no quorum)."""
+    plain = set(schedules.names(one_threshold=True, cumulative=False, cost_aware=False, by_depth=False))
+    return [i for i, c in enumerate(configs)
+            if c.batching.batch_size == 1 and c.drafting.drafter == "model" and c.stopping.batch_quorum == 0
+            and c.verification.draft_mode == "early-stop" and c.stopping.metric in DEPTH_METRICS
+            and (c.stopping.schedule in plain or schedules.of(c).baseline)]
+
+
+DEPTH_METRICS = ("top1", "entropy", "topk_mass", "margin")  # raw signals; learned and llama.cpp's own not composed
+
+
+def per_bucket_best(by_depth: pd.DataFrame, configs: list[DecodeConfig]) -> tuple[tuple, pd.DataFrame]:
+    """(the winning family, its best candidate per bucket): seconds per emitted token, lowest."""
+    rows = by_depth.assign(seconds_per_token=by_depth["predicted_time"] / by_depth["emitted_total"].clip(lower=1))
+    knobs = pd.DataFrame([{k: getattr(configs[i].stopping, k) for k in FAMILY} | {
+        "fixed": schedules.of(configs[i]).baseline} for i in rows["config_id"]], index=rows.index)
+    rows = pd.concat([rows, knobs], axis=1)
+    fixed, scheduled = rows[rows["fixed"]], rows[~rows["fixed"]]
+    best = None
+    for family, members in scheduled.groupby(FAMILY, sort=True):
+        pool = pd.concat([members, fixed]).sort_values(["seconds_per_token", "config_id"], kind="stable")
+        chosen = pool.groupby("depth_bucket", sort=False).head(1)
+        total = chosen["predicted_time"].sum() / chosen["emitted_total"].sum()
+        if best is None or total < best[0]:
+            best = (total, family, chosen)
+    if best is None:  # fixed γ only: the depth policy picks a γ per bucket
+        chosen = fixed.sort_values(["seconds_per_token", "config_id"], kind="stable").groupby("depth_bucket").head(1)
+        best = (0.0, ("top1", 0, "dspark"), chosen)
+    order = {label: i for i, label in enumerate(DEPTH_LABELS)}
+    return best[1], best[2].sort_values("depth_bucket", key=lambda s: s.map(order), kind="stable")
+
+
+def compose(family: tuple, chosen: pd.DataFrame, configs: list[DecodeConfig], base: DecodeConfig) -> DecodeConfig:
+    """The depth policy of each bucket's choice: a bucket without rounds takes the next deeper
+    bucket's choice (none shallower were seen), the deepest holds beyond."""
+    picked = {row.depth_bucket: configs[row.config_id].stopping for row in chosen.itertuples()}
+    seen = [label for label in DEPTH_LABELS if label in picked]
+    entries = []
+    for label in DEPTH_LABELS[: DEPTH_LABELS.index(seen[-1]) + 1]:
+        stop = picked.get(label) or picked[next(s for s in seen if DEPTH_LABELS.index(s) > DEPTH_LABELS.index(label))]
+        threshold = 0.0 if schedules.of(stop).baseline else stop.threshold
+        entries.append(f"{threshold:g}/{stop.gamma_max}")
+    metric, min_draft_len, semantics = family
+    return base.replace(schedule=schedules.DEPTH, depth_policy=",".join(entries), metric=metric,
+                        min_draft_len=min_draft_len, semantics=semantics,
+                        gamma_max=max(int(e.split("/")[1]) for e in entries))
+
+
+def depth_search(rec, configs: list[DecodeConfig], cost) -> DepthChoice | None:
+    """The depth-keyed policy of `rec` (a greedy record of the draft model) among `configs`, priced
+    on `cost` at each round's depth; None where the record's rounds sit in one bucket or no
+    policy can be composed."""
+    if not spans_depth(record_depths(rec)[np.arange(rec.rollout.shape[1])[None, :] < rec.lengths[:, None]]):
+        return None
+    ids = candidates(configs)
+    if not ids:
+        return None
+    _, by_depth = simulate_grid_by_depth(rec, [configs[i] for i in ids], cost)
+    by_depth["config_id"] = np.asarray(ids)[by_depth["config_id"].to_numpy()]
+    family, chosen = per_bucket_best(by_depth, configs)
+    base = configs[ids[0]]
+    depth = compose(family, chosen, configs, base)
+    row, depth_rows = simulate_priced(rec, depth, cost)
+    new_id = len(configs)
+    row = row.assign(config_id=new_id)
+    depth_rows = depth_rows.assign(config_id=new_id)
+    return DepthChoice(depth, row, pd.concat([by_depth, depth_rows], ignore_index=True), chosen)
+
+
+def depth_summary(choice: DepthChoice, table: pd.DataFrame, configs: list[DecodeConfig], rec, cost) -> DepthSearch:
+    """summary.json's "depth_search": each bucket's choice, and per bucket the depth policy beside
+    the best single policy and the best fixed γ (each bucket's metrics and predicted speedup); the
+    best by measured speedup where the sweep timed them, else by replay's prediction (`ranked_by`)."""
+    table = table[(table["batch_size"] == 1) & (table["drafter"] == "model")]  # where the depth policy runs
+    timed = "speedup" in table and table["speedup"].notna().any()
+    column = "speedup" if timed else "predicted_speedup"
+    ranked = table.dropna(subset=[column]).sort_values(column, ascending=False, kind="stable")
+    single = ranked[~schedules.where(ranked, by_depth=True) & ~schedules.where(ranked, baseline=True)]
+    best_single = single["config_id"].iloc[0]
+    best_fixed = ranked[schedules.where(ranked, baseline=True)]["config_id"].iloc[0]
+    shown = ["depth_bucket", "rounds", "emitted_total", "tokens_per_round", "acceptance_rate", "avg_draft_len",
+             "predicted_speedup"]
+
+    def buckets(config_id: int) -> list[dict]:
+        rows = choice.by_depth[choice.by_depth["config_id"] == config_id]
+        if rows.empty:  # not a candidate (a cost-aware or learned policy): its buckets replayed now
+            rows = simulate_grid_by_depth(rec, [configs[config_id]], cost)[1]
+        return rows[[c for c in shown if c in rows]].to_dict(orient="records")
+
+    labels = dict(zip(table["config_id"], table["config_label"]))
+    return DepthSearch(
+        buckets=[b for b in DEPTH_LABELS if b in set(choice.by_depth["depth_bucket"])],
+        per_bucket_best=[{"depth_bucket": r.depth_bucket, "config_label": labels[r.config_id],
+                          "threshold": 0.0 if schedules.of(configs[r.config_id]).baseline
+                          else configs[r.config_id].stopping.threshold,
+                          "gamma_max": configs[r.config_id].stopping.gamma_max,
+                          "predicted_speedup": float(r.predicted_speedup)} for r in choice.per_bucket.itertuples()],
+        depth_policy={"config_label": choice.config.label(), "buckets": buckets(int(choice.row["config_id"][0]))},
+        best_single={"config_label": labels[best_single], "buckets": buckets(int(best_single))},
+        best_fixed={"config_label": labels[best_fixed], "buckets": buckets(int(best_fixed))},
+        ranked_by=column)
+
+
+
+def join_depth_policy(folder: Path, configs: list[DecodeConfig], table: pd.DataFrame, rec, cost,
+                      ours=None) -> tuple[list[DecodeConfig], pd.DataFrame, DepthChoice | None]:
+    """The depth-keyed policy joins the space where the draft model's greedy record `rec` spans
+    more than one depth bucket: its row in the table (`ours`: our decoder's batch-1 cost model,
+    where an engine's `cost` prices the ranking), every candidate's rows per bucket in depth.parquet."""
+    if rec is None or rec.info.get("sampling") is not None:  # sampled replicates: not searched by depth yet
+        return configs, table, None
+    depth = depth_search(rec, configs, cost)
+    if depth is None:
+        return configs, table, None
+    row = depth.row.assign(source="replay")
+    if ours is not None:  # what our decoder, which confirms, is predicted to measure
+        row["predicted_speedup_ours"] = simulate_priced(rec, depth.config, ours)[0]["predicted_speedup"]
+    write_parquet(folder / FILE, depth.by_depth)
+    return configs + [depth.config], pd.concat([table, row], ignore_index=True), depth
+
+
+def depth_verdict(table: pd.DataFrame, samples: pd.DataFrame, same_work: dict | None) -> dict | None:
+    """The depth policy against the best single scheduled policy, both timed at batch 1, paired on
+    the same prompts (`same_work`: the confirmation's config ids timed as one); None where either
+    was not timed."""
+    timed = table[(table["batch_size"] == 1) & table["speedup"].notna()] if "speedup" in table else table.iloc[:0]
+    depth = timed[schedules.where(timed, by_depth=True)]
+    single = timed[~schedules.where(timed, by_depth=True) & ~schedules.where(timed, baseline=True)]
+    if depth.empty or single.empty:
+        return None
+    best = single.sort_values("speedup", ascending=False, kind="stable").iloc[0]
+    mine, theirs = int(depth["config_id"].iloc[0]), int(best["config_id"])
+    shared = {int(k): int(v) for k, v in (same_work or {}).items()}
+    mine, theirs = shared.get(mine, mine), shared.get(theirs, theirs)
+    labels = (depth["config_label"].iloc[0], best["config_label"])
+    if mine == theirs:
+        return same_work_verdict(*labels)
+    return compare(samples[samples["config_id"] == mine], samples[samples["config_id"] == theirs], *labels).to_dict()
+
+
+def _number(value, digits: int = 3) -> str:
+    return "—" if value is None or pd.isna(value) else f"{value:.{digits}f}"
+
+
+def _speedup(row) -> str:
+    if pd.isna(row.get("speedup")):
+        return "—"
+    return f"{row['speedup']:.2f}× [{row['speedup_low']:.2f}, {row['speedup_high']:.2f}]"
+
+
+@dataclass(frozen=True)
+class DepthSearch:
+    """The section: each bucket's choice, and the depth policy, the best single policy and the best
+    fixed γ per bucket (depth_summary), with the paired verdict of the first two where both were timed."""
+
+    KEYS: ClassVar[tuple[str, ...]] = ("depth_search", "depth_verdict")
+    ABSENT: ClassVar[dict] = {}  # a sweep that searched nothing by depth says nothing of it
+    CONSOLE_AT: ClassVar[int] = UNDER_HEADLINE
+    REPORT_AT: ClassVar[str] = BY_DEPTH
+
+    buckets: list
+    per_bucket_best: list
+    depth_policy: dict
+    best_single: dict
+    best_fixed: dict
+    ranked_by: str
+    verdict: dict | None = None
+
+    @classmethod
+    def from_json(cls, summary: dict) -> DepthSearch | None:
+        search = summary.get("depth_search")
+        return cls(**search, verdict=summary.get("depth_verdict")) if search else None
+
+    def to_json(self) -> dict:
+        return {"depth_search": {"buckets": self.buckets, "per_bucket_best": self.per_bucket_best,
+                                 "depth_policy": self.depth_policy, "best_single": self.best_single,
+                                 "best_fixed": self.best_fixed, "ranked_by": self.ranked_by},
+                "depth_verdict": self.verdict}
+
+    def console(self) -> list:
+        """Each bucket's best policy (predicted), then the depth policy composed of them against the
+        best single policy, paired on the same prompts."""
+        rows = [[b["depth_bucket"], b["config_label"], cell(b["predicted_speedup"])] for b in self.per_bucket_best]
+        said = self.verdict["sentence"] if self.verdict else (
+            f"{self.depth_policy['config_label']}: no paired verdict (nothing timed with --confirm-top 0: replay's "
+            "answer alone)")
+        return [Rows("by context depth: each bucket's best policy (replayed, its rounds there priced at their depth)",
+                     ("depth", "best policy there", "predicted"), rows, left=("depth", "best policy there")),
+                Line(f"depth policy vs best single policy, paired on the same prompts: {said}", "bold")]
+
+    @classmethod
+    def report_blocks(cls, found: dict[str, DepthSearch], view: ReportView) -> list[tuple]:
+        """The search in words: each bucket's best policy beside the best single policy there, the
+        composed depth policy, and its paired verdict against the best single policy."""
+        if not found:
+            return []
+        lines, words = [], []
+        for run_id, search in found.items():
+            run = [view.short(run_id)] if view.several else []
+            single = {b["depth_bucket"]: b for b in search.best_single["buckets"]}
+            lines += [[*run, b["depth_bucket"], b["config_label"], _number(b["threshold"], 2), str(b["gamma_max"]),
+                       _number(b["predicted_speedup"]),
+                       _number(single.get(b["depth_bucket"], {}).get("predicted_speedup"))]
+                      for b in search.per_bucket_best]
+            label = search.depth_policy["config_label"]
+            row, whole = view.policy(run_id, label), ""
+            if row is not None:
+                measured = _speedup(row)
+                whole = (f": predicted {_number(row.get('predicted_speedup'), 2)}× over the whole workload"
+                         + ("" if measured == "—" else f", measured {measured}"))
+            words.append((f"{view.short(run_id)}: " if view.several else "")
+                         + f"Each bucket's best composed into the depth policy {label}{whole}; best single policy "
+                         f"{search.best_single['config_label']}. "
+                         + (f"Depth policy vs best single policy, paired on the same prompts: "
+                            f"{search.verdict['sentence']}." if search.verdict
+                            else "The two were not both timed, so no paired verdict."))
+        return [("p", "The depth search (summary.json's `depth_search`): in each depth bucket, the threshold policy "
+                      "or fixed γ whose rounds starting there cost the fewest predicted seconds per token, beside the "
+                      "best single policy's prediction over the same bucket. " + " ".join(words)),
+                ("table", [*(["run"] if view.several else []), "depth", "best policy there", "threshold", "γ_max",
+                           "predicted there", "best single policy there"], lines)]
