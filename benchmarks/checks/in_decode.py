@@ -10,7 +10,7 @@ prompt in a rotating order so that every side shares the machine's drift, and se
 each measured speedup beside the two predictions. Greedy: the decoder's rounds are replay's, so
 the predictions differ from the measurement by their prices only. Writes in_decode.md and .json.
 
-    python benchmarks/in_decode.py --out results/in-decode [--limit 8] [--max-new-tokens 64] [--repeats 3]
+    python -m benchmarks.checks.in_decode --out results/in-decode [--limit 8] [--max-new-tokens 64] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -19,9 +19,8 @@ import json
 import statistics
 import time
 
-import common  # benchmarks/ is on sys.path when run as a script
-from timed_replay import GAMMA, policies, recorded
-
+from benchmarks import common
+from benchmarks.checks.timed_replay import GAMMA, policies, recorded
 from dspark_bench.config import DecodeConfig
 from dspark_bench.decoding import pass_clock
 from dspark_bench.decoding.autoregressive import autoregressive_decode

@@ -8,8 +8,8 @@ policy at the heaviest rate (each a server of its own, taking turns a step each 
 harness/load_run.py), and each measured percentile is set beside its prediction. Also times the
 replay itself over every (policy, rate) point. Writes load.md and load.json into --out.
 
-    python benchmarks/load.py --out results/load                     # sweep, then the real runs
-    python benchmarks/load.py --sweep results/load/<sweep folder> --out results/load   # reuse the sweep
+    python -m benchmarks.checks.load --out results/load                     # sweep, then the real runs
+    python -m benchmarks.checks.load --sweep results/load/<sweep folder> --out results/load   # reuse the sweep
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ import json
 import time
 from pathlib import Path
 
-import common  # benchmarks/ is on sys.path when run as a script
 import numpy as np
 import pandas as pd
 
+from benchmarks import common
 from dspark_bench import schedules
 from dspark_bench.decoding.learned_signal import LearnedSignal
 from dspark_bench.engines.export import policy_of

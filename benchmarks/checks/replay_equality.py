@@ -1,8 +1,8 @@
 """Did a change move any result? Two replay sweeps of the same command, made before and after it,
 must replay the same policies into the same rounds and predicted speedups.
 
-    bash benchmarks/replay_equality.sh REV     # makes both sweeps (REV and the working tree), then this
-    python benchmarks/replay_equality.py BEFORE_SWEEP AFTER_SWEEP
+    bash benchmarks/checks/replay_equality.sh REV     # makes both sweeps (REV and the working tree), then this
+    python -m benchmarks.checks.replay_equality BEFORE_SWEEP AFTER_SWEEP
 
 Compared with `DataFrame.equals` on trials.parquet (one row per replayed policy): every knob, the
 rounds, drafted/accepted/emitted totals, the metrics and the predicted speedups on the prices the

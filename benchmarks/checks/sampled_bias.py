@@ -1,13 +1,13 @@
 """Replay under sampling on the shipped pair, by temperature: its bias and what K paths buy (issue 55).
 
-    python benchmarks/sampled_bias.py OUT --part 1/2 &   # half the prompts (one core each)
-    python benchmarks/sampled_bias.py OUT --part 2/2 &   # the other half
-    python benchmarks/sampled_bias.py OUT --report       # the tables: OUT/bias.md, OUT/bias.json
+    python -m benchmarks.checks.sampled_bias OUT --part 1/2 &   # half the prompts (one core each)
+    python -m benchmarks.checks.sampled_bias OUT --part 2/2 &   # the other half
+    python -m benchmarks.checks.sampled_bias OUT --report       # the tables: OUT/bias.md, OUT/bias.json
 
 Registered before the runs. The shipped pair, 20 held-out prompts of code and of prose (each
 task's prompts 20-39: sweeps take the first 10), 48 new tokens, T in {0.3, 0.7, 1.0}, top-p 1,
 five policies (fixed γ 3 and 6, top1 0.4 γ≤8 min 1, top1 0.6 γ≤6, entropy 0.6 γ≤4). T = 0.5 is
-left to the tiny pair and the exact sums (benchmarks/sampled_tiny.py): on 2 cores the 120 jobs
+left to the tiny pair and the exact sums (benchmarks/checks/sampled_tiny.py): on 2 cores the 120 jobs
 here take about an hour, a fourth temperature 20 minutes more.
 - Real: our decoder's speculative sampling, 10 seeds per prompt and policy (seeds 100-109).
 - Replay: per prompt, one sampled record of K = 16 paths (replay/sampled.py, path seeds 0-15),
@@ -28,19 +28,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from dspark_bench.config import DecodeConfig  # noqa: E402
-from dspark_bench.paired import t_quantile  # noqa: E402
-from dspark_bench.replay import sampled  # noqa: E402
-from sampled_replay import FIELDS, totals  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
+from benchmarks.checks.sampled_replay import FIELDS, totals
+from dspark_bench.config import DecodeConfig
+from dspark_bench.paired import t_quantile
+from dspark_bench.replay import sampled
 
 TOKENS, SEEDS, PATHS, GAMMA, PROMPTS = 48, 10, 16, 8, 20
 DOMAINS, TEMPERATURES = ("code", "prose"), (0.3, 0.7, 1.0)

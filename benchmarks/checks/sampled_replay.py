@@ -1,9 +1,9 @@
 """Replay under sampling against our real decoder, in distribution (issue 45's validation).
 
-    python benchmarks/sampled_replay.py OUT --part 1/2 &   # real sampled runs, half the jobs
-    python benchmarks/sampled_replay.py OUT --part 2/2 &   # the other half (one core each)
-    python benchmarks/sampled_replay.py OUT --replay       # the sampled records, replayed
-    python benchmarks/sampled_replay.py OUT --report       # the table: OUT/validation.md
+    python -m benchmarks.checks.sampled_replay OUT --part 1/2 &   # real sampled runs, half the jobs
+    python -m benchmarks.checks.sampled_replay OUT --part 2/2 &   # the other half (one core each)
+    python -m benchmarks.checks.sampled_replay OUT --replay       # the sampled records, replayed
+    python -m benchmarks.checks.sampled_replay OUT --report       # the table: OUT/validation.md
 
 On the shipped pair, 20 held-out prompts of code and of prose (each task's last 20: sweeps take
 the first 10), 128 tokens, at T = 0.7, T = 1.0 and T = 1.0 with top-p 0.9. Real: our decoder's
@@ -22,22 +22,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from dspark_bench.config import DecodeConfig  # noqa: E402
-from dspark_bench.decoding.speculative import speculative_decode  # noqa: E402
-from dspark_bench.harness.models import load_pair  # noqa: E402
-from dspark_bench.prompts import encode  # noqa: E402
-from dspark_bench.replay import sampled  # noqa: E402
-from dspark_bench.replay.simulate import simulate  # noqa: E402
-from dspark_bench.tasks import load_prompts  # noqa: E402
+from dspark_bench.config import DecodeConfig
+from dspark_bench.decoding.speculative import speculative_decode
+from dspark_bench.harness.models import load_pair
+from dspark_bench.prompts import encode
+from dspark_bench.replay import sampled
+from dspark_bench.replay.simulate import simulate
+from dspark_bench.tasks import load_prompts
 
 TOKENS, SEEDS, GAMMA, PATHS = 128, 5, 6, 4
 DOMAINS = ("code", "prose")

@@ -1,9 +1,9 @@
 """Replay under sampling on the tiny pair, by temperature: issue 55's pre-registered validation.
 
-    python benchmarks/sampled_tiny.py OUT --part 1/2 &   # half the settings (one core each)
-    python benchmarks/sampled_tiny.py OUT --part 2/2 &   # the other half
-    python benchmarks/sampled_tiny.py OUT --report       # the table: OUT/tiny.md, OUT/tiny.json
-    python benchmarks/sampled_tiny.py OUT --exact        # against exact sums: OUT/exact.md, OUT/exact.json
+    python -m benchmarks.checks.sampled_tiny OUT --part 1/2 &   # half the settings (one core each)
+    python -m benchmarks.checks.sampled_tiny OUT --part 2/2 &   # the other half
+    python -m benchmarks.checks.sampled_tiny OUT --report       # the table: OUT/tiny.md, OUT/tiny.json
+    python -m benchmarks.checks.sampled_tiny OUT --exact        # against exact sums: OUT/exact.md, OUT/exact.json
 
 Registered before the runs. The tests' tiny Llama pair (tests/tiny.py: a random target and a
 noisy copy as the draft), the prompt [7, 21, 33, 2], 16 new tokens, at 16 cells: T in {0.3, 0.5,
@@ -35,18 +35,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
-
-from dspark_bench.config import DecodeConfig  # noqa: E402
-from dspark_bench.replay import sampled  # noqa: E402
+from dspark_bench.config import DecodeConfig
+from dspark_bench.replay import sampled
 
 SEEDS, TOKENS, GAMMA, PROMPT = 2000, 16, 4, [7, 21, 33, 2]
 TEMPERATURES, TOP_PS = (0.3, 0.5, 0.7, 1.0), (1.0, 0.9)
@@ -80,9 +75,8 @@ def counts(rounds) -> np.ndarray:
 
 
 def tiny_pair(folder: Path):
-    import tiny
-
     from dspark_bench.harness.models import load_pair
+    from tests import tiny  # the tests' pair builder, loaded (with transformers) by the runs alone
 
     target = tiny.llama()
     return load_pair(*tiny.save_pair(folder / "pair", target, tiny.noisy_copy(target, 0.03)), device="cpu")
@@ -193,12 +187,12 @@ def report(out: Path) -> None:
 def exact(out: Path) -> None:
     from types import SimpleNamespace
 
-    import tiny
     import torch
-    from test_sampled_replay import N, P, Q, Exact, tempered
 
     from dspark_bench.decoding.speculative import speculative_decode
     from dspark_bench.replay.simulate import simulate
+    from tests import tiny  # the tests' Markov pair and exact sums, loaded by this part alone
+    from tests.test_sampled_replay import Exact, N, P, Q, tempered
 
     torch.set_num_threads(1)
     out.mkdir(parents=True, exist_ok=True)

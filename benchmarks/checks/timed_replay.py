@@ -6,7 +6,7 @@ says five policies make (fixed γ 2, 4, 6 and two threshold policies) on real pa
 speedup beside the one replay predicts on that cost model. Every round's acceptance as the passes
 compute it is checked against the forced one. Writes timed_replay.md and .json into --out.
 
-    python benchmarks/timed_replay.py --out results/timed [--limit 8] [--max-new-tokens 64] [--repeats 3]
+    python -m benchmarks.checks.timed_replay --out results/timed [--limit 8] [--max-new-tokens 64] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -15,8 +15,7 @@ import json
 import statistics
 import time
 
-import common  # benchmarks/ is on sys.path when run as a script
-
+from benchmarks import common
 from dspark_bench.config import DecodeConfig
 from dspark_bench.prompts import encode
 from dspark_bench.replay.cost import measure_cost

@@ -23,15 +23,15 @@ Stages, each written to stages.json under --out as it ends, so a cut run resumes
                decode (not yet timed on a device)
   batches      verify(k) and the draft step captured at B = 1 and each --batch-size (one CUDA graph per
                (B, k), as the engines capture them), beside the prices stage's eager surface
-  speed        (only when named) the shipped pair's decoders timed: benchmarks/gpu_speed.py
+  speed        (only when named) the shipped pair's decoders timed: benchmarks/gpu/speed.py
 Prints one table (also gpu-table.md) and exits 1 if a stage failed or a check did not hold. Says
 its plan first; without CUDA it refuses the stages that build --size's pair (exit 2) unless given
 --smoke or --allow-cpu.
 
-    bash benchmarks/gpu.sh --out results/gpu                          # all but speed (6 min on an H200 before timed)
-    bash benchmarks/gpu.sh --out results/gpu --resume results/gpu/stages.json   # finish a cut run
-    bash benchmarks/gpu.sh --stages speed --limit 10                  # the shipped pair's decoders timed
-    bash benchmarks/gpu.sh --device cpu --smoke                       # the dry run on a CPU (tests/test_gpu_bench.py)
+    bash benchmarks/gpu/gpu.sh --out results/gpu                      # all but speed (6 min on an H200 before timed)
+    bash benchmarks/gpu/gpu.sh --out results/gpu --resume results/gpu/stages.json   # finish a cut run
+    bash benchmarks/gpu/gpu.sh --stages speed --limit 10              # the shipped pair's decoders timed
+    bash benchmarks/gpu/gpu.sh --device cpu --smoke                   # the dry run on a CPU (tests/test_gpu_bench.py)
 """
 
 from __future__ import annotations
@@ -42,24 +42,26 @@ import time
 import traceback
 from pathlib import Path
 
-import common  # benchmarks/ is on sys.path when run as a script
-import gpu_prices
-import gpu_report
-import gpu_stages
 import torch
+
+from benchmarks import common
+from benchmarks.gpu import prices as gpu_prices
+from benchmarks.gpu import report as gpu_report
+from benchmarks.gpu import stages as gpu_stages
 
 DEFAULT_STAGES = ("machine", "correctness", "syncs", "prices", "captured", "replay", "compiled", "timed", "batches")
 ALL_STAGES = (*DEFAULT_STAGES, "speed")
-INPUTS = Path(__file__).resolve().parent / "gpu_inputs"  # what a device run reads: made on a CPU, committed
+INPUTS = Path(__file__).resolve().parent / "inputs"  # what a device run reads: made on a CPU, committed
 CPU_PRICES = INPUTS / "cpu-prices-shipped-pair.json"
 
 
 def arguments():
     parser = common.parser(__doc__, task="code", limit=10, max_new_tokens=128, out="results/gpu")
+    parser.prog = "python -m benchmarks.gpu"  # not __main__.py
     parser.add_argument("--device", default="auto", help="cuda, cpu or auto (default)")
     parser.add_argument("--stages", default=",".join(DEFAULT_STAGES),
                         help=f"comma-separated, of {', '.join(ALL_STAGES)}")
-    parser.add_argument("--size", default="llama-8b-1b", help="the priced pair's shapes (benchmarks/gpu_shapes.json)")
+    parser.add_argument("--size", default="llama-8b-1b", help="the priced pair's shapes (benchmarks/gpu/shapes.json)")
     parser.add_argument("--price-dtype", default="bfloat16", help="the priced pair's dtype (default bfloat16)")
     parser.add_argument("--context", type=int, default=512, help="cache length the priced pair is timed at")
     parser.add_argument("--gamma", type=int, default=8, help="deepest draft priced, recorded and replayed")

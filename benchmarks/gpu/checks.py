@@ -1,4 +1,4 @@
-"""The GPU run's correctness and sync stages (benchmarks/gpu.py): what must hold on CUDA exactly as
+"""The GPU run's correctness and sync stages (benchmarks/gpu): what must hold on CUDA exactly as
 it holds in the tests on a CPU.
 
 - greedy, fp32: every (metric, schedule) the tests cover, decoded speculatively at batch 1 in
@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # A goodput model (acceptance curves and step costs) that makes the cost-aware schedules both draft
 # on and stop: the tests' own (tests/tiny.py); any valid model serves, the output must not change.
 GOODPUT_MODEL = str(ROOT / "tests" / "data" / "goodput_model.json")
@@ -134,16 +134,11 @@ def bf16_divergence(prompts, device: str, say, max_new_tokens: int) -> dict:
 def sampling_chi_square(device: torch.device, samples: int) -> dict:
     """The first two sampled tokens of a tiny pair (vocabulary 6, independent draft) against the
     target's exact joint distribution; and the same test on a broken rule, which must fail it."""
-    import sys
-
-    from dspark_bench.decoding import speculative
-
-    sys.path.insert(0, str(ROOT / "tests"))
-    import tiny  # the tests' tiny pair builder (CPU), moved to the device below
-    from test_speculative import chi_square_p  # the tests' own chi-square, rare cells pooled
-
     from dspark_bench.config import DecodeConfig
+    from dspark_bench.decoding import speculative
     from dspark_bench.decoding.sampling import distribution
+    from tests import tiny  # the tests' tiny pair builder (CPU), moved to the device below
+    from tests.tiny import chi_square_p  # the tests' own chi-square, rare cells pooled
 
     vocab = 6
     target, draft = tiny.llama(vocab=vocab, seed=3).to(device), tiny.llama(layers=1, vocab=vocab, seed=4).to(device)

@@ -1,8 +1,8 @@
-"""The GPU run's prices (benchmarks/gpu.py): a realistic-size pair built on the device, its step
+"""The GPU run's prices (benchmarks/gpu): a realistic-size pair built on the device, its step
 against the memory-bandwidth bound, its cost surface and round overhead as cost-model files, and
 the shipped pair's record replayed on those prices.
 
-A pair from benchmarks/gpu_shapes.json is built with random weights (real architecture and
+A pair from benchmarks/gpu/shapes.json is built with random weights (real architecture and
 shapes, nothing downloaded): random weights say nothing about acceptance, everything about what
 a step, a verify pass over k tokens and a round cost.
 
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-SHAPES = Path(__file__).resolve().parent / "gpu_shapes.json"
+SHAPES = Path(__file__).resolve().parent / "shapes.json"
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
@@ -211,15 +211,15 @@ def cost_files(surface, t_round: float, pair, size: str, machine: dict, out: Pat
 
     entry = shapes(size)
     models = {"target": pair.target_name, "draft": pair.draft_name, "dtype": str(pair.dtype).removeprefix("torch."),
-              "shapes": f"benchmarks/gpu_shapes.json#{size}", "source": entry["source"],
+              "shapes": f"benchmarks/gpu/shapes.json#{size}", "source": entry["source"],
               "target_params": sum(p.numel() for p in pair.target.parameters()),
               "draft_params": sum(p.numel() for p in pair.draft.parameters())}
     measured_by = {"name": "ours", "version": f"torch {torch.__version__}",
               "build": {"device": str(pair.device), "gpu": (machine.get("gpu") or {}).get("name"), "capture": "eager",
                         "context_tokens": surface.at(1).context_tokens}}
-    method = ("benchmarks/gpu.py: interleaved medians of timed forwards with the caches at "
+    method = ("benchmarks/gpu: interleaved medians of timed forwards with the caches at "
               f"{surface.at(1).context_tokens} tokens (replay/cost.py measure_surface); t_round from fixed-gamma "
-              "decodes of two lengths less replay's price of their rounds (gpu_prices.round_overheads)")
+              "decodes of two lengths less replay's price of their rounds (benchmarks/gpu/prices.round_overheads)")
     at_one = dataclasses.replace(surface.at(1), t_round=t_round)
     paths = {}
     for name, costs in ((f"cost-model-{slug}-{size}.json", CostSurface({1: at_one})),

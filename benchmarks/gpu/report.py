@@ -1,4 +1,4 @@
-"""The GPU run's table (benchmarks/gpu.py): one markdown page from stages.json, every stage's
+"""The GPU run's table (benchmarks/gpu): one markdown page from stages.json, every stage's
 numbers or why it has none."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The GPU run's speed stage (benchmarks/gpu.py --stages speed): the shipped pair's decoders timed.
+"""The GPU run's speed stage (benchmarks/gpu --stages speed): the shipped pair's decoders timed.
 
 1. Record the task's first --limit prompts and time the step costs; replay the task's sweep
    space and every fixed gamma: the best policy and the best fixed gamma (a quick replay sweep).

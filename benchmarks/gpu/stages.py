@@ -1,4 +1,4 @@
-"""The GPU run's stages (benchmarks/gpu.py): each takes the run's Context and returns a JSON-able
+"""The GPU run's stages (benchmarks/gpu): each takes the run's Context and returns a JSON-able
 dict; `holds` is False where a check failed. Models are built once and shared by later stages."""
 
 from __future__ import annotations
@@ -10,9 +10,10 @@ import random
 from pathlib import Path
 from types import SimpleNamespace
 
-import gpu_checks
-import gpu_prices
 import torch
+
+from benchmarks.gpu import checks as gpu_checks
+from benchmarks.gpu import prices as gpu_prices
 
 
 class Context:
@@ -162,7 +163,7 @@ def captured(ctx: Context) -> dict:
                              ("in-decode", inside, "compiled passes timed inside running fixed-γ decodes with "
                               "CUDA events (replay/in_decode.py)")):
         path = args.out / f"cost-model-{slug}-{args.size}-{name}.json"
-        files[name] = str(cost_file.ours(CostSurface({1: model}), pair, f"benchmarks/gpu.py prices: {how}",
+        files[name] = str(cost_file.ours(CostSurface({1: model}), pair, f"benchmarks/gpu prices: {how}",
                                          capture="cuda-graphs" if ctx.device.type == "cuda" else "compiled").save(path))
     return {"alone": alone.to_dict(), "in_decode": inside.to_dict(), "in_decode_detail": detail, "files": files,
             "target_bound_s": needed["bytes"] / bandwidth, "draft_bound_s": draft_bound,
@@ -316,8 +317,7 @@ def batches(ctx: Context) -> dict:
 
 
 def speed(ctx: Context) -> dict:
-    import gpu_speed
-
+    from benchmarks.gpu import speed as gpu_speed  # on its stage alone: the other stages need none of it
     from dspark_bench.harness.models import load_pair
 
     pair = load_pair(None, None, str(ctx.device), ctx.args.dtype)

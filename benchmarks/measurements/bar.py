@@ -4,16 +4,16 @@ task's held-out prompts in one run (a benchmark, not a test).
 Both policies run in one process, each prompt's baseline and speculative decodes interleaved,
 so they share the machine's drift. Prints the table and the run folder it wrote.
 
-    python benchmarks/bar.py results/<sweep run> [--limit 40] [--repeats 1] [--out results]
+    python -m benchmarks.measurements.bar results/<sweep run> [--limit 40] [--repeats 1] [--out results]
 """
 
 from __future__ import annotations
 
 import json
 
-import common  # benchmarks/ is on sys.path when run as a script
 import pandas as pd
 
+from benchmarks import common
 from dspark_bench.config import POLICY_FIELDS
 from dspark_bench.harness.run import RunConfig, execute, plan_run
 from dspark_bench.results import describe_machine, environment

@@ -5,16 +5,16 @@ a slow strawman. Per prompt, interleaved (A B C A B C ...), after a warm-up: our
 `model.generate`, and Hugging Face assisted generation with the draft. Prints tokens/s (median
 over prompts) and the ratio of our loop to `generate` with a bootstrap 95 % interval.
 
-    python benchmarks/baseline_vs_generate.py [--task code] [--limit 10] [--max-new-tokens 128]
+    python -m benchmarks.measurements.baseline_vs_generate [--task code] [--limit 10] [--max-new-tokens 128]
 """
 
 from __future__ import annotations
 
 import statistics
 
-import common  # benchmarks/ is on sys.path when run as a script
 import numpy as np
 
+from benchmarks import common
 from dspark_bench.config import DecodeConfig
 from dspark_bench.decoding.autoregressive import autoregressive_decode, hf_generate
 from dspark_bench.harness.models import load_pair

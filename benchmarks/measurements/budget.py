@@ -6,7 +6,7 @@ of the oracle's gain the rules would capture with better signals (analysis/signa
 
     dspark-bench sweep --task code --limit 40 --batch-size 1 --batch-size 4 --batch-size 8 \\
         --batch-size 16 --batch-size 32 --batch-size 64 --confirm-top 1 --out results
-    python benchmarks/budget.py results/<the sweep's folder>
+    python -m benchmarks.measurements.budget results/<the sweep's folder>
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import common  # benchmarks/ is on sys.path when run as a script
 import pandas as pd
 
+from benchmarks import common
 from dspark_bench.analysis.oracle import KINDS, captured_cell
 from dspark_bench.analysis.signal_headroom import pivot
 from dspark_bench.objectives import rank

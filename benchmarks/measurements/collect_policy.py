@@ -1,6 +1,6 @@
 """Write the reference pair's policy numbers (shown by `dspark-bench models info`) from the bar runs.
 
-    python benchmarks/collect_policy.py RESULTS   (after benchmarks/reference_pair.sh's bar runs)
+    python -m benchmarks.measurements.collect_policy RESULTS   (after reference_pair.sh's bar runs)
 """
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import common  # benchmarks/ is on sys.path when run as a script
+from benchmarks import common
 
-WEIGHTS = Path(__file__).resolve().parent.parent / "dspark_bench" / "reference" / "weights"
+WEIGHTS = Path(__file__).resolve().parents[2] / "dspark_bench" / "reference" / "weights"
 
 
 def run_folder(log: Path) -> Path:
@@ -37,7 +37,7 @@ def policy_row(out: Path, task: str) -> dict:
 if __name__ == "__main__":
     parser = common.parser(__doc__)
     parser.add_argument("results", type=Path, nargs="?", default=Path("results"),
-                        help="the results folder of benchmarks/reference_pair.sh (default results)")
+                        help="the results folder of benchmarks/measurements/reference_pair.sh (default results)")
     out = parser.parse_args().results
     rows = {task: policy_row(out, task) for task in ("code", "prose")}
     (WEIGHTS / "policy.json").write_text(json.dumps(rows, indent=2) + "\n")

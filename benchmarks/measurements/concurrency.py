@@ -8,7 +8,7 @@ and the best fixed gamma at each B with real batched runs (padded layout, contin
 interleaved with the batched autoregressive baseline). Prints the table the README carries and
 leaves the sweep's run folder (`dspark-bench report` draws its batch-size figure).
 
-    python benchmarks/concurrency.py [--task code] [--limit 32] [--max-new-tokens 128]
+    python -m benchmarks.measurements.concurrency [--task code] [--limit 32] [--max-new-tokens 128]
                                      [--batch-size 1 --batch-size 8 --batch-size 32] [--out results]
 """
 
@@ -18,9 +18,9 @@ import json
 import time
 from pathlib import Path
 
-import common  # benchmarks/ is on sys.path when run as a script
 import pandas as pd
 
+from benchmarks import common
 from dspark_bench.results import describe_machine, environment
 from dspark_bench.tuning.spec import resolve_spec, task_spec
 from dspark_bench.tuning.sweep import run_sweep

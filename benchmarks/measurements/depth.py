@@ -16,17 +16,17 @@ a long-prompt task:
    decoding on every prompt (harness.runner: interleaved pairs), replay's prediction for the same
    prompts priced at each round's depth; the median |error| over (policy, bucket).
 
-    python benchmarks/depth.py [--task long-code] [--limit 12] [--max-new-tokens 64] [--steps 1234]
-    python benchmarks/depth.py --limit 24 --longest 4 --steps 3
+    python -m benchmarks.measurements.depth [--task long-code] [--limit 12] [--max-new-tokens 64] [--steps 1234]
+    python -m benchmarks.measurements.depth --limit 24 --longest 4 --steps 3
 """
 
 from __future__ import annotations
 
 import json
 
-import common  # benchmarks/ is on sys.path when run as a script
 import numpy as np
 
+from benchmarks import common
 from dspark_bench import schedules
 from dspark_bench.config import DecodeConfig
 from dspark_bench.decoding.autoregressive import autoregressive_decode

@@ -8,8 +8,8 @@ prompts, each prompt's baseline and speculative decodes interleaved, and the rep
 drafters side by side. The choice and the timing use the same prompts (in-sample). A benchmark,
 not a test.
 
-    python benchmarks/drafters.py --task code --limit 40 --drafter model heads lookup
-    python benchmarks/drafters.py --task edit --limit 40 --drafter lookup model
+    python -m benchmarks.measurements.drafters --task code --limit 40 --drafter model heads lookup
+    python -m benchmarks.measurements.drafters --task edit --limit 40 --drafter lookup model
 """
 
 from __future__ import annotations
@@ -17,8 +17,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import common  # benchmarks/ is on sys.path when run as a script
-
+from benchmarks import common
 from dspark_bench import schedules
 from dspark_bench.config import DecodeConfig
 from dspark_bench.harness.models import load_pair

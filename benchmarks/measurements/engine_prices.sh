@@ -3,7 +3,7 @@
 # (docs/engines-and-export.md#priced-by-the-engine-you-deploy). A benchmark, not a test: run it on
 # an otherwise idle machine (about 35 minutes on 2 CPU cores).
 #
-#   bash benchmarks/engine_prices.sh [results-folder] [prompts]
+#   bash benchmarks/measurements/engine_prices.sh [results-folder] [prompts]
 #
 # Steps, all with --threads 1 (this 2-core VM's two-thread speed drifts by 20-30 % between
 # llama-bench runs seconds apart; one thread by about 5 %):
@@ -15,7 +15,7 @@
 #   3. the sweep's three best on llama.cpp, measured the same way;
 #   4. three policies of HF assisted generation beside replay priced on HF's costs and on ours.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 out=${1:-results/engine-prices}
 limit=${2:-20}
 mkdir -p "$out/logs"

@@ -18,7 +18,7 @@ assisted generation against our decoder on the policy `export --format hf` write
    by HF assisted generation on `--hf-prompts` prompts: speedup and tokens_per_round of each
    beside replay's.
 
-    python benchmarks/goodput.py [--task code] [--limit 40] [--heldout-task mixed] [--heldout 24]
+    python -m benchmarks.measurements.goodput [--task code] [--limit 40] [--heldout-task mixed] [--heldout 24]
                                  [--max-new-tokens 128]
                                  [--batch-size 32] [--hf-prompts 20] [--out /tmp/goodput-bench]
 """
@@ -29,9 +29,10 @@ import json
 import time
 from types import SimpleNamespace
 
-import common  # benchmarks/ is on sys.path when run as a script
 import numpy as np
 import pandas as pd
+
+from benchmarks import common
 
 GAMMA = 8
 

@@ -11,7 +11,7 @@ Syncs: today's engine counts its reads through host.fetch; the old one read tens
 so every read of a tensor's value it makes (`float()`, `int()`, `.tolist()`, `.item()`, ...) is
 counted by watching those methods, as tests/test_device.py watches today's for stray reads.
 
-    python benchmarks/host_syncs.py [--before 06fb238] [--task code] [--limit 10]
+    python -m benchmarks.measurements.host_syncs [--before 06fb238] [--task code] [--limit 10]
                                     [--max-new-tokens 128] [--repeats 3]
 """
 
@@ -26,11 +26,12 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-import common  # benchmarks/ is on sys.path when run as a script
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+from benchmarks import common
+
+ROOT = Path(__file__).resolve().parents[2]
 READS = ("tolist", "item", "cpu", "numpy", "__int__", "__float__", "__bool__", "__index__")
 
 

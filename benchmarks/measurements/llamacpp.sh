@@ -3,13 +3,13 @@
 # replay (a benchmark, not a test; docs/engines-and-export.md's llama.cpp table). Run it on an
 # otherwise idle machine: speedups are wall-clock ratios.
 #
-#   bash benchmarks/llamacpp.sh [results-folder] [prompts]      (about 10 minutes on 2 CPU cores)
+#   bash benchmarks/measurements/llamacpp.sh [results-folder] [prompts]      (about 10 minutes on 2 CPU cores)
 #
 # Steps: build llama-server (cached), a replay sweep of the code task, `export --format llamacpp`
 # (the nearest policy llama.cpp can run, replayed), then `run --decoder llamacpp` with the
 # exported file's knobs on the prompts the sweep tuned on.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 out=${1:-results}
 limit=${2:-20}
 mkdir -p "$out/logs"

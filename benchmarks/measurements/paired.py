@@ -4,7 +4,7 @@ interval is within ±--precision or --budget seconds are spent; prints each poli
 (unpaired) speedup interval and the paired one, after the sweep's one pass and after the last
 (the docs/run.md#paired-verdicts table).
 
-    python benchmarks/paired.py results/<sweep_id> --precision 0.03 --budget 900
+    python -m benchmarks.measurements.paired results/<sweep_id> --precision 0.03 --budget 900
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import functools
 import json
 
 import pandas as pd
-from common import parser  # benchmarks/ is on sys.path when run as a script
 
+from benchmarks.common import parser
 from dspark_bench.engines.export import policy_of
 from dspark_bench.harness.runner import another_pass
 from dspark_bench.harness.verdicts import headline_verdict, sharpen

@@ -14,7 +14,7 @@ rotating from prompt to prompt), untimed continuations written first by our deco
 Prints the summed times, before/file and today/file with bootstrap 95 % intervals over prompts,
 and checks that the three records hold the same tokens (confidences within 1e-4).
 
-    python benchmarks/record_from_continuations.py [--task code] [--limit 40] [--max-new-tokens 128]
+    python -m benchmarks.measurements.record_from_continuations [--task code] [--limit 40] [--max-new-tokens 128]
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from common import parser  # benchmarks/ is on sys.path when a script runs
 from transformers import DynamicCache
 
+from benchmarks.common import parser
 from dspark_bench.decoding import confidence
 from dspark_bench.decoding.cached_lm import _forward_kwargs
 from dspark_bench.engines.continuations import write_continuations

@@ -2,21 +2,21 @@
 # Every measurement of the shipped reference pair, in one go, on this machine (a benchmark,
 # not a test). Run it on an otherwise idle machine: speedups are wall-clock ratios.
 #
-#   bash benchmarks/reference_pair.sh [results-folder]      (about 50 minutes on 2 CPU cores)
+#   bash benchmarks/measurements/reference_pair.sh [results-folder]      (about 50 minutes on 2 CPU cores)
 #
 # Writes run folders under the results folder and the console output of each step under
 # <results>/logs/. Steps: models info, our baseline vs model.generate, replay sweeps of code
 # and prose, a real grid sweep, the bar run (best scheduled policy vs best fixed gamma on 20
 # held-out code prompts), per-domain calibration, the CI regression baseline and the report.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 out=${1:-results}
 logs=$out/logs
 mkdir -p "$logs"
 newest() { ls -td "$out"/*-"$1"-* | head -n 1; }
 
 dspark-bench models info | tee "$logs/models_info.txt"
-python benchmarks/baseline_vs_generate.py --task code --limit 5 --repeats 2 | tee "$logs/baseline_vs_generate.txt"
+python -m benchmarks.measurements.baseline_vs_generate --task code --limit 5 --repeats 2 | tee "$logs/baseline_vs_generate.txt"
 
 # One run per built-in task, with its per-category table (issue 3), and a few thresholds (issue 2).
 dspark-bench tasks ls | tee "$logs/tasks_ls.txt"
@@ -60,13 +60,13 @@ done
 
 # All 40 held-out code prompts: the 10-prompt sweep's best policy and best fixed gamma timed
 # together in one run, and a replay sweep over the 40; then replay's own costs and exactness.
-python benchmarks/bar.py "$code_sweep" --limit 40 --repeats 1 --out "$out" | tee "$logs/bar_code40.txt"
+python -m benchmarks.measurements.bar "$code_sweep" --limit 40 --repeats 1 --out "$out" | tee "$logs/bar_code40.txt"
 dspark-bench sweep --spec sweeps/code.yaml --limit 40 --confirm-top 2 --out "$out" | tee "$logs/sweep_code40.txt"
-python benchmarks/replay_reference.py --limit 40 --check-prompts 10 | tee "$logs/replay_reference.txt"
-python benchmarks/simulate_speed.py | tee "$logs/simulate_speed.txt"
+python -m benchmarks.measurements.replay_reference --limit 40 --check-prompts 10 | tee "$logs/replay_reference.txt"
+python -m benchmarks.measurements.simulate_speed | tee "$logs/simulate_speed.txt"
 
 # The policy numbers `dspark-bench models info` shows, from the bar runs.
-python benchmarks/collect_policy.py "$out" | tee "$logs/policy.txt"
+python -m benchmarks.measurements.collect_policy "$out" | tee "$logs/policy.txt"
 
 # Per-domain calibration over code, prose and structured text.
 mkdir -p "$out/calibration"

@@ -8,7 +8,7 @@ reports, per condition and policy, the median measured speedup, its spread acros
 `--no-sweep`, the README's first command (`sweep --task code --limit 4 --confirm-top 1`) once
 idle and once with the hog, with the verdict each printed.
 
-    python benchmarks/repeatability.py --runs 3 --limit 4
+    python -m benchmarks.measurements.repeatability --runs 3 --limit 4
 
 Run it on an otherwise idle machine: the hog is the only other process it means to measure.
 """
@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import common  # benchmarks/ is on sys.path when run as a script
+from benchmarks import common
 
 POLICIES = ["--schedule", "threshold", "--schedule", "fixed", "--threshold", "0.3", "--gamma-max", "4"]
 HOG = "import time\nend = time.time() + {seconds}\nwhile time.time() < end:\n    pass\n"

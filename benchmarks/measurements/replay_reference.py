@@ -12,7 +12,7 @@ A benchmark, not a test. On the default pair and a built-in task:
    token, draft forwards, confidences within 1e-5). Prints how many prompts and rounds were
    compared and how many differ.
 
-    python benchmarks/replay_reference.py [--task code] [--limit 40] [--check-prompts 10]
+    python -m benchmarks.measurements.replay_reference [--task code] [--limit 40] [--check-prompts 10]
 
 The cost model's predicted-vs-measured speedup is in every replay sweep's summary
 (`dspark-bench sweep --spec sweeps/code.yaml`), which times its best policies for real.
@@ -20,11 +20,11 @@ The cost model's predicted-vs-measured speedup is in every replay sweep's summar
 
 from __future__ import annotations
 
-import common  # benchmarks/ is on sys.path when run as a script
 import numpy as np
-from simulate_speed import G as GAMMA  # benchmarks/ is on sys.path when run as a script
-from simulate_speed import grid, time_grid
 
+from benchmarks import common
+from benchmarks.measurements.simulate_speed import G as GAMMA
+from benchmarks.measurements.simulate_speed import grid, time_grid
 from dspark_bench.config import DecodeConfig
 from dspark_bench.decoding.autoregressive import autoregressive_decode
 from dspark_bench.decoding.speculative import speculative_decode

@@ -1,6 +1,6 @@
 """What replay under sampling costs (issue 45): recording, in plain passes, and replay's speed.
 
-    python benchmarks/sampled_speed.py --task code --limit 10 --max-new-tokens 128 --temperature 1.0 --paths 4
+    python -m benchmarks.measurements.sampled_speed --task code --paths 4   # 10 prompts, 128 tokens, T 1.0
 
 On the shipped pair and the task's first prompts (its sweep's), at the temperature given:
 - recording: each path recorded (replay/sampled.record_path: the sampled plain decode that draws
@@ -20,8 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import parser  # benchmarks/ is on sys.path when run as a script
-
+from benchmarks.common import parser
 from dspark_bench.decoding.autoregressive import autoregressive_decode
 from dspark_bench.decoding.goodput import GoodputModel
 from dspark_bench.prompts import encode
@@ -33,7 +32,7 @@ from dspark_bench.tuning.preparation import prepare
 from dspark_bench.tuning.replay_sweep import priced, replay_space
 from dspark_bench.tuning.spec import resolve_spec
 
-PRICES = Path(__file__).parent / "gpu_inputs" / "cpu-prices-shipped-pair.json"
+PRICES = Path(__file__).resolve().parents[1] / "gpu" / "inputs" / "cpu-prices-shipped-pair.json"
 
 
 def main() -> None:

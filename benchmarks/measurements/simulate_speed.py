@@ -5,7 +5,7 @@ with the target with probability 0.6 per step, and a dense grid of 4 metrics × 
 × 8 gamma_max × 4 min_draft_len (2,320 policies once min_draft_len ≤ gamma_max). Prints the
 median of 3 timed passes, after a first call that compiles the simulator.
 
-    python benchmarks/simulate_speed.py
+    python -m benchmarks.measurements.simulate_speed
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ import itertools
 import statistics
 import time
 
-import common  # benchmarks/ is on sys.path when run as a script
 import numpy as np
 import pandas as pd
 
+from benchmarks import common
 from dspark_bench.config import METRICS, DecodeConfig
 from dspark_bench.replay.simulate import Record, simulate_grid
 

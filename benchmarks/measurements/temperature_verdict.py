@@ -1,6 +1,6 @@
 """Greedy-tuned against sampled-tuned, paired, at the traffic's temperature (issue 45).
 
-    python benchmarks/temperature_verdict.py GREEDY_SWEEP SAMPLED_SWEEP --task prose --limit 20 --repeats 2
+    python -m benchmarks.measurements.temperature_verdict GREEDY_SWEEP SAMPLED_SWEEP --task prose --limit 20 --repeats 2
 
 The best scheduled policy of a greedy replay sweep and that of a sweep of the same task replayed
 at a temperature (their summary.json's "best"), both decoded at the second sweep's temperature
@@ -15,8 +15,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from common import parser  # benchmarks/ is on sys.path when run as a script
-
+from benchmarks.common import parser
 from dspark_bench.config import FIELDS, DecodeConfig
 from dspark_bench.harness.models import load_pair
 from dspark_bench.harness.runner import RunnerSettings, run

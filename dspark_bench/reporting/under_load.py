@@ -1,7 +1,7 @@
 """The report's view of a sweep under load (`sweep --arrival-rate R`, tuning/under_load.py): per
 arrival rate, the best policy beside the best fixed γ and plain decoding (a table), and
 throughput and time per output token against the rate for the policies that were best anywhere
-(a figure). Everything here is replayed (replay/load.py); benchmarks/load.py holds it against
+(a figure). Everything here is replayed (replay/load.py); benchmarks/checks/load.py holds it against
 real load runs."""
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def load_blocks(inputs: Inputs) -> list[tuple]:
             f"request's prefill its own (padded layout, the batched decoder's). The best of {load['policies']:,} "
             f"policies by {load['objective']}{limit}. TPOT: a request's time per output token after its first; "
             f"TTFT: arrival to its first tokens. {load['verdict'][0].upper()}{load['verdict'][1:]}. "
-            "benchmarks/load.py holds these against real load runs (docs/batch-sizes.md#under-load).")
+            "benchmarks/checks/load.py holds these against real load runs (docs/batch-sizes.md#under-load).")
     return [("h2", "Under load"), ("table", header, lines), ("p", text)]
 
 
