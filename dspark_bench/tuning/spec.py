@@ -39,9 +39,11 @@ DENSE_SPACE = {
     "threshold": {"low": 0.05, "high": 0.95, "step": 0.05}, "gamma_max": {"low": 1, "high": 8},
     "min_draft_len": {"low": 0, "high": 2},
 }
-# Where `sweep --task T` looks for the task's own spec, sweeps/T.yaml: the working folder,
-# then the project's checkout (an installed package has none).
-SPEC_FOLDERS = (Path("sweeps"), Path(__file__).resolve().parents[2] / "sweeps")
+# Where `sweep --task T` looks for the task's own spec, sweeps/T.yaml: the working folder, then the
+# specs an installed package ships (the checkout's sweeps/, packaged as dspark_bench/sweeps: setup.py),
+# then the checkout's own sweeps/ (a package run from its checkout has no dspark_bench/sweeps).
+SPEC_FOLDERS = (Path("sweeps"), Path(__file__).resolve().parents[1] / "sweeps",
+                Path(__file__).resolve().parents[2] / "sweeps")
 
 
 @dataclass(frozen=True)
