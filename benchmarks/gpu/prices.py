@@ -219,7 +219,7 @@ def cost_files(surface, t_round: float, pair, size: str, machine: dict, out: Pat
                         "context_tokens": surface.at(1).context_tokens}}
     method = ("benchmarks/gpu: interleaved medians of timed forwards with the caches at "
               f"{surface.at(1).context_tokens} tokens (replay/cost.py measure_surface); t_round from fixed-gamma "
-              "decodes of two lengths less replay's price of their rounds (benchmarks/gpu/prices.round_overheads)")
+              "decodes of two lengths less replay's price of their rounds (round_overheads, benchmarks/gpu/prices.py)")
     at_one = dataclasses.replace(surface.at(1), t_round=t_round)
     paths = {}
     for name, costs in ((f"cost-model-{slug}-{size}.json", CostSurface({1: at_one})),
