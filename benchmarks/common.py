@@ -2,7 +2,7 @@
 which adds the arguments the scripts share, each only when the script names it, with the script's
 own default; the script then adds what is its alone.
 
-    from common import parser  # benchmarks/ is on sys.path when a script runs
+    from benchmarks.common import parser  # each script runs as `python -m benchmarks.<folder>.<name>`
     args = parser(__doc__, sweep=True, limit=40, repeats=1, out="results").parse_args()
 
 Shared: `sweep` (positional: a finished replay sweep's run folder, checked to hold summary.json),

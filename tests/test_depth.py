@@ -407,7 +407,7 @@ def test_long_prompts_prefills_are_priced_on_both_sides(deep_record):
 
 def test_the_long_pair_decodes_a_long_prompts_slice_exactly_as_its_target(tmp_path):
     """The shipped long-context pair on a slice of a long prompt that crosses depth 256 (the long
-    prompts themselves: benchmarks/depth.py): greedy speculative output, under a depth policy and a
+    prompts themselves: benchmarks/measurements/depth.py): greedy speculative output, under a depth policy and a
     fixed γ, is the target's own token for token, and replay walks the decoder's rounds."""
     from dspark_bench import schedules
     from dspark_bench.decoding.autoregressive import autoregressive_decode

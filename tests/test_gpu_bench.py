@@ -1,4 +1,4 @@
-"""benchmarks/gpu.sh --device cpu --smoke: the GPU run's every stage, with tiny shapes, on CI's CPU."""
+"""benchmarks/gpu/gpu.sh --device cpu --smoke: the GPU run's every stage, with tiny shapes, on CI's CPU."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ STAGES = ("machine", "correctness", "syncs", "prices", "captured", "replay", "co
 
 def gpu_sh(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     env_python = Path(sys.executable).parent
-    return subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu.sh"), "--device", "cpu", "--smoke", "--out",
+    return subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu" / "gpu.sh"), "--device", "cpu", "--smoke", "--out",
                            str(tmp_path), *args], capture_output=True, text=True, timeout=900,
                           env={"PATH": f"{env_python}:/usr/bin:/bin", "HOME": str(tmp_path)})
 
@@ -29,7 +29,7 @@ def gpu_sh(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
 def dry_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("gpu")
     result = gpu_sh(out, "--stages", ",".join(STAGES), "--prompts",
-                    str(ROOT / "benchmarks" / "gpu_inputs" / "code-prompts.jsonl"))
+                    str(ROOT / "benchmarks" / "gpu" / "inputs" / "code-prompts.jsonl"))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return out, result.stdout, json.loads((out / "stages.json").read_text())
 
@@ -74,7 +74,7 @@ def test_prices_are_cost_model_files_that_load(dry_run):
     # file's agreement with the stage that is checked, not its sign on a shared CPU
     assert with_round.surface.at(1).t_round == prices["rounds"]["t_round"] >= 0
     assert prices["rounds"]["per_gamma"]  # fitted from fixed-gamma decodes, one row per gamma
-    assert with_round.models["shapes"] == "benchmarks/gpu_shapes.json#tiny"
+    assert with_round.models["shapes"] == "benchmarks/gpu/shapes.json#tiny"
     assert prices["bandwidth_bound_s"] > 0 and prices["eager_step"]["seconds"] > prices["bandwidth_bound_s"]
     # Batch 1 as CUDA decodes it by default (compiled here, through dynamo's eager backend), timed
     # alone and inside running decodes: two more files, naming how their passes ran.
@@ -151,8 +151,7 @@ def test_bad_arguments_end_in_one_line(tmp_path):
 
 
 def test_step_bytes_count_what_a_step_reads():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import gpu_prices
+    from benchmarks.gpu import prices as gpu_prices  # the GPU run's own; pytest runs from the repository root
 
     entry = gpu_prices.shapes("tiny")
     target = gpu_prices.build_model(entry["target"], torch.device("cpu"), torch.float32)
@@ -172,7 +171,7 @@ def test_full_size_on_a_cpu_is_refused_with_its_plan(tmp_path):
     run on a CPU built the 8B-shaped pair in 19.5 GB of RAM without a word)."""
     env_python = Path(sys.executable).parent
     out = tmp_path / "out"
-    result = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu.sh"), "--device", "cpu", "--out", str(out),
+    result = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu" / "gpu.sh"), "--device", "cpu", "--out", str(out),
                              "--stages", "machine,timed"], capture_output=True, text=True, timeout=300,
                             env={"PATH": f"{env_python}:/usr/bin:/bin", "HOME": str(tmp_path)})
     assert result.returncode == 2

@@ -104,6 +104,58 @@ def test_no_source_cites_a_missing_file():
     assert SOURCES and not dead, "citations of missing files:\n" + "\n".join(dead)
 
 
+# A path into benchmarks/ ("benchmarks/checks/load.py") and a script run as a module ("python -m benchmarks.gpu").
+BENCHMARK_PATH = re.compile(r"(?<![\w/.-])benchmarks/[\w/.-]*\w")
+BENCHMARK_MODULE = re.compile(r"\bpython3? -m (benchmarks(?:\.\w+)+)")
+
+
+def module_file(module: str) -> Path:
+    """Where `python -m MODULE` finds its code: the module's file, or a package's __main__.py."""
+    path = ROOT.joinpath(*module.split("."))
+    return path / "__main__.py" if path.is_dir() else path.with_suffix(".py")
+
+
+def benchmark_scripts() -> list[Path]:
+    """What benchmarks/ runs: its shell scripts and every module with a main guard (the rest are
+    the parts those import: benchmarks/common.py, the GPU run's stages)."""
+    files = sorted((ROOT / "benchmarks").rglob("*"))
+    return [p for p in files
+            if p.suffix == ".sh" or (p.suffix == ".py" and 'if __name__ == "__main__"' in p.read_text())]
+
+
+def cited_as(script: Path) -> tuple[str, ...]:
+    """The ways a page names a script: its path, and as a module (`python -m benchmarks.gpu`)."""
+    relative = script.relative_to(ROOT)
+    module = ".".join(relative.with_suffix("").parts).removesuffix(".__main__")
+    return (str(relative),) if script.suffix == ".sh" else (str(relative), f"-m {module}")
+
+
+def test_every_benchmark_script_is_cited_from_a_docs_page():
+    """No script in benchmarks/ that no page explains: each check and measurement is cited from
+    docs/ (docs/measurements.md lists them all), so that an orphan cannot come back."""
+    pages = "\n".join(page.read_text() for page in PAGES if page.parent.name == "docs")
+    scripts = benchmark_scripts()
+    orphans = [str(s.relative_to(ROOT)) for s in scripts
+               if not any(re.search(re.escape(name) + r"(?![\w/])", pages) for name in cited_as(s))]
+    assert len(scripts) > 20 and not orphans, "scripts in benchmarks/ no docs page cites:\n" + "\n".join(orphans)
+
+
+def test_every_benchmarks_path_and_command_cited_exists():
+    """A page or a source that names a path in benchmarks/ or runs a benchmark as a module names one
+    that is there (a script since removed is named as such)."""
+    dead = []
+    for source in [*PAGES, *SOURCES]:
+        if source == Path(__file__).resolve():
+            continue  # its examples name the old paths
+        for number, line in enumerate(source.read_text().splitlines(), 1):
+            where = f"{source.relative_to(ROOT)}:{number}"
+            dead += [f"{where}: {path} does not exist" for path in BENCHMARK_PATH.findall(line)
+                     if not (ROOT / path).exists() and "since removed" not in line]
+            dead += [f"{where}: python -m {module}: no {module_file(module).relative_to(ROOT)}"
+                     for module in BENCHMARK_MODULE.findall(line) if not module_file(module).is_file()]
+    assert not dead, "citations of benchmarks that are not there:\n" + "\n".join(dead)
+
+
 # "`dspark-bench sweep …`" and the counts a page states for it: "N policies", "N (held-out) (code) prompts".
 COMMAND = re.compile(r"dspark-bench sweep((?: +(?:--?[\w-]+|[\w./,]+))*)")
 COUNT = re.compile(r"\b(\d[\d,]*) (policies|(?:held-out )?(?:code )?prompts)\b(?! ?/)")

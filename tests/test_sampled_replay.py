@@ -190,7 +190,7 @@ def test_below_temperature_1_the_decoder_and_replay_on_real_models_meet_the_exac
     residual's draws, the draft's rollouts), against the exact sums of the tempered matrices.
     Issue 55 asked whether replay reads low below T = 1; this holds each side to the truth
     alone, with no real run's noise between them (600 decodes and paths: 4 standard errors;
-    benchmarks/sampled_tiny.py --exact runs every temperature with more)."""
+    benchmarks/checks/sampled_tiny.py --exact runs every temperature with more)."""
     from types import SimpleNamespace
 
     import tiny

@@ -1,11 +1,14 @@
-"""Tiny random model pairs built in the tests (no hub, no files unless asked)."""
+"""Tiny random model pairs built in the tests (no hub, no files unless asked), and the chi-square test
+their sampled tokens are held to (also by benchmarks/gpu on a device)."""
 
 from __future__ import annotations
 
 import copy
 from pathlib import Path
 
+import numpy as np
 import torch
+from scipy.stats import chisquare
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
@@ -110,3 +113,16 @@ def markov_llama(transitions) -> LlamaForCausalLM:
         head[:, :vocab] = probs.log().T / hidden ** 0.5
         model.lm_head.weight.copy_(head.float())
     return model
+
+
+def chi_square_p(counts: np.ndarray, probs: np.ndarray) -> float:
+    """The chi-square test's p-value of observed `counts` against the probabilities `probs`."""
+    expected = probs / probs.sum() * counts.sum()
+    keep = expected >= 5  # pool rare cells so the chi-square approximation holds
+    observed = np.append(counts[keep], counts[~keep].sum())
+    expected = np.append(expected[keep], expected[~keep].sum())
+    if expected[-1] == 0:
+        if observed[-1] > 0:
+            return 0.0  # tokens the target can never produce (e.g. outside its top-p set)
+        observed, expected = observed[:-1], expected[:-1]
+    return chisquare(observed, expected).pvalue

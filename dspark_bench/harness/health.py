@@ -9,7 +9,7 @@ under the printed table, into the report and into `regress`.
 
 The thresholds, and why. Each is a ratio, so it holds on any machine, and each was set from
 the same commands timed here idle and with a CPU hog (a busy loop on one of the 2 cores;
-benchmarks/repeatability.py; docs/timing-health.md has the numbers):
+benchmarks/measurements/repeatability.py; docs/timing-health.md has the numbers):
 - cost dispersion (relative IQR of the repeats behind a cost-model median, the worst one): idle
   0.16-0.34 on this 2-core VM, with the hog 3.8 (bimodal: some repeats ran while the hog had
   the core); noisy above 0.4, unreliable above 1.0;

@@ -17,9 +17,9 @@ from dspark_bench.decoding.host import synchronize
 
 # A speculative decode is assumed this much faster than the baseline for the estimate (the
 # shipped pair's measured range is 1.4-1.8x). A record costs about 1.1 plain decoding passes
-# (1.11x on 40 code prompts: benchmarks/replay_reference.py); from an engine's continuations
+# (1.11x on 40 code prompts: benchmarks/measurements/replay_reference.py); from an engine's continuations
 # file, the target's pass is not ours to pay: 0.08 (6.4 s against 81.6 s for those prompts,
-# benchmarks/record_from_continuations.py).
+# benchmarks/measurements/record_from_continuations.py).
 ASSUMED_SPEEDUP = 1.5
 RECORD_COST = 1.1
 RECORD_FROM_FILE_COST = 0.08

@@ -27,9 +27,9 @@ from dspark_bench.decoding import heads as heads_mod
 from dspark_bench.errors import DsparkError
 from dspark_bench.harness.models import load_tokenizer, model_fingerprint
 from dspark_bench.reference import corpus as corpus_mod
-from dspark_bench.reference.data import read_jsonl, encode_stream, stage_corpus
+from dspark_bench.reference.data import encode_stream, read_jsonl, stage_corpus
 from dspark_bench.reference.setup import TRAIN_BYTES, Reporter, log
-from dspark_bench.reference.train import WEIGHTS_DIR, install_sigterm, batch_at, default_pair_paths
+from dspark_bench.reference.train import WEIGHTS_DIR, batch_at, default_pair_paths, install_sigterm
 from dspark_bench.results import atomic_write
 
 HEADS = 4  # k: the longest segment the heads propose

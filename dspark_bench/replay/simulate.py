@@ -87,7 +87,7 @@ def spanning_policies(gamma: int, max_new_tokens: int, goodput_model: str = "") 
     """Every metric × schedule with thresholds, gamma_max and min_draft_len at their edges, each
     engine's rule variant in turn, plus "always draft" and "never draft past min_draft_len": the
     policies replay is checked on against the real decoder (tests and
-    benchmarks/replay_reference.py). Goodput and budget policies only with a goodput model to decide with;
+    benchmarks/measurements/replay_reference.py). Goodput and budget policies only with a goodput model to decide with;
     no depth policy (each round one of these threshold policies, which a grid cannot walk: tests/test_replay.py
     checks it alone)."""
     out = []

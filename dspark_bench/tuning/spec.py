@@ -43,9 +43,11 @@ DENSE_SPACE = {
     "threshold": {"low": 0.05, "high": 0.95, "step": 0.05}, "gamma_max": {"low": 1, "high": 8},
     "min_draft_len": {"low": 0, "high": 2},
 }
-# Where `sweep --task T` looks for the task's own spec, sweeps/T.yaml: the working folder,
-# then the project's checkout (an installed package has none).
-SPEC_FOLDERS = (Path("sweeps"), Path(__file__).resolve().parents[2] / "sweeps")
+# Where `sweep --task T` looks for the task's own spec, sweeps/T.yaml: the working folder, then the
+# specs an installed package ships (the checkout's sweeps/, packaged as dspark_bench/sweeps: setup.py),
+# then the checkout's own sweeps/ (a package run from its checkout has no dspark_bench/sweeps).
+SPEC_FOLDERS = (Path("sweeps"), Path(__file__).resolve().parents[1] / "sweeps",
+                Path(__file__).resolve().parents[2] / "sweeps")
 
 
 @dataclass(frozen=True)
@@ -70,7 +72,8 @@ class SweepSpec(Workload):
                        needs=Needs("--method optuna (a grid runs the whole grid)", lambda w, c: w.method == "optuna"))
     confirm_top: int = knob(5, "Replay: how many policies to confirm with timed runs, in all (the best, then the "
                                  "best of each kind not yet among them), the best fixed γ timed beside them as the "
-                                 "reference; 0: replay's answer alone, nothing timed.", at_least=0, panel=STUDY, needs=REPLAY)
+                                 "reference; 0: replay's answer alone, nothing timed.", at_least=0, panel=STUDY,
+                            needs=REPLAY)
     # Replay at a temperature > 0: K sampled paths per prompt (replay/sampled.py), the replicates of
     # the 95 % interval on every predicted metric. Each costs a plain decode and a draft rollout
     # pass to record; the half-width narrows as t(K - 1) / √K. The default is the measured

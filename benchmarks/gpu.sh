@@ -1,8 +1,0 @@
-#!/usr/bin/env bash
-# The GPU run (benchmarks/gpu.py): one command for any CUDA machine, from the repository root or
-# anywhere; the package need not be installed (the repository root goes on PYTHONPATH).
-# CI runs its dry run: bash benchmarks/gpu.sh --device cpu --smoke
-set -euo pipefail
-cd "$(dirname "$0")/.."
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-exec "${PYTHON:-python3}" benchmarks/gpu.py "$@"
