@@ -25,7 +25,7 @@ LEARNED = "learned"
 SCHEDULES = tuple(schedules.SCHEDULES)  # the stopping rules, one object each (schedules.py)
 # The batch layouts the budget schedule prices a pass in (decoding/budget.py, replay/cost.py, measure/cost_model.py).
 LAYOUTS = ("padded", "packed")
-# How an engine applies the rule (schedule.py): ours drops the token that fails it and always
+# How an engine applies the rule (decoding/rules.py): ours drops the token that fails it and always
 # keeps the first min_draft_len; HF assisted generation keeps the failing token; llama.cpp drops
 # it, and discards a draft shorter than min_draft_len (that step decodes normally).
 SEMANTICS = ("dspark", "hf", "llamacpp")
@@ -83,7 +83,7 @@ class StoppingPolicy:
     batch_quorum: float = knob(0.0, "B > 1: stop every row's draft once fewer than this share of the rows still "
                                "draft (0: each row on its own).", at_least=0, at_most=1, searched=True,
                                needs=BATCHED)
-    # How an engine applies the rule (schedule.py): SEMANTICS.
+    # How an engine applies the rule (decoding/rules.py): SEMANTICS.
     semantics: str = knob("dspark", "Whose rule: dspark (drops the failing token) | hf (keeps it) | llamacpp (drops "
                           "it; a draft shorter than --min-draft-len is discarded).", choices=SEMANTICS, searched=True,
                           repeats=True, noun="rule semantics")

@@ -74,7 +74,7 @@ def best(table: pd.DataFrame, objective: str = "speedup", column: str | None = N
     return rank(table, objective, column).iloc[0]
 
 
-# --- under load (replay/load.py): the best policy at an arrival rate -----------------------------
+# --- under load (replay/under_load.py): the best policy at an arrival rate -----------------------------
 
 LOAD_OBJECTIVES = {
     "tpot_p50": "the lowest median time per output token",

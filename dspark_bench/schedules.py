@@ -12,12 +12,12 @@ token it proposed. What differs between them, and what every other part reads:
   and then keeps the token where it stops, as it decides before drafting the next one;
 - whether it decides for the whole batch at once (`whole_batch`: budget; decoding/budget.py);
 - whether it keys its policy by the round's context depth (`by_depth`: depth; a threshold and γ_max
-  per depth bucket of depth.py, each round running its bucket's threshold rule: decoding/schedule.at_depth);
+  per depth bucket of depth.py, each round running its bucket's threshold rule: decoding/rules.at_depth);
 - whether it is the classic baseline, a fixed draft length (`baseline`), that every policy is
   compared to;
 - which serving engines can run it (`engines`), and how a policy of it is labelled.
 
-The rule's arithmetic lives where it runs (decoding/schedule.py on the host and the device,
+The rule's arithmetic lives where it runs (decoding/rules.py on the host and the device,
 replay/simulate.py and replay/batched.py in replay), reading these properties; the equality
 tests hold those forms equal. A new schedule is one entry in SCHEDULES (docs/architecture.md,
 "Where a new piece goes", shows one).
@@ -53,7 +53,7 @@ class Schedule:
         if self.by_depth:
             raise DsparkError("a depth policy has a threshold per depth bucket, not per draft position: "
                               "replay.simulate walks it one policy at a time (a grid walks each bucket's threshold "
-                              "policy: decoding.schedule.at_depth)")
+                              "policy: decoding.rules.at_depth)")
         if "threshold_start" in self.reads:  # a ramp from threshold_start at 1 to threshold_end at gamma_max
             if policy.gamma_max == 1:
                 return policy.threshold_start

@@ -222,7 +222,7 @@ def test_bad_budget_policies_fail_in_one_line(budget_record):
 
 
 def test_no_engine_expresses_it_so_export_takes_the_nearest():
-    from dspark_bench.decoding.schedule import expressible
+    from dspark_bench.decoding.rules import expressible
     from dspark_bench.engines.export import FORMATS
 
     config = budget_policy(batch_size=8, budget_layout="packed")

@@ -15,8 +15,8 @@ from cli_helpers import folder_digest, one_error_line, runner  # noqa: E402
 from dspark_bench.cli import app
 from dspark_bench.config import METRICS, DecodeConfig
 from dspark_bench.errors import DsparkError
-from dspark_bench.prompts import Prompt
 from dspark_bench.replay.simulate import CostModel, Record, simulate_grid
+from dspark_bench.tasks.prompts import Prompt
 from dspark_bench.tuning import calibrate as lib
 
 N, G = 60, 8

@@ -345,9 +345,9 @@ def test_loss_by_depth_averages_each_buckets_positions(llama_pair):
 
 
 def test_a_prompt_past_the_targets_trained_context_is_said_in_one_line(llama_pair, monkeypatch):
-    import dspark_bench.prompts as prompts_module
+    import dspark_bench.tasks.prompts as prompts_module
     from dspark_bench.harness.models import context_warning
-    from dspark_bench.prompts import Prompt
+    from dspark_bench.tasks.prompts import Prompt
 
     target, _ = llama_pair
     pair = SimpleNamespace(target=target, tokenizer=None)

@@ -13,7 +13,7 @@ from cli_helpers import invoke  # noqa: E402  (tests/ is on sys.path, see confte
 
 from dspark_bench.decoding import speculative
 from dspark_bench.depth import DEPTH_LABELS, depth_label
-from dspark_bench.harness.depths import depth_fields
+from dspark_bench.harness.depth_breakdown import depth_fields
 from dspark_bench.harness.samples import round_rows, sample_row
 from dspark_bench.metrics import DEPTH_TOTAL_COLUMNS, TOTAL_COLUMNS, summarize_by_depth
 from dspark_bench.reporting.report import build_report

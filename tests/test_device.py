@@ -184,7 +184,7 @@ def test_identical_share_and_first_divergence():
 
 
 def test_the_device_rule_cuts_where_the_host_rule_stops(tmp_path):
-    """schedule.DeviceRule (verify-side) against proposal.Proposal (the host's rule, token by token)
+    """rules.DeviceRule (verify-side) against proposal.Proposal (the host's rule, token by token)
     on random drafts with EOS in them, for every schedule and engine rule, goodput with awkward
     step costs and a many-knot curve (float64 throughout, or near-ties would part them)."""
     import json
@@ -193,7 +193,7 @@ def test_the_device_rule_cuts_where_the_host_rule_stops(tmp_path):
     import numpy as np
 
     from dspark_bench.decoding.proposal import Proposal
-    from dspark_bench.decoding.schedule import DeviceRule
+    from dspark_bench.decoding.rules import DeviceRule
     from dspark_bench.replay.simulate import spanning_policies
 
     model = json.loads(Path(tiny.GOODPUT_MODEL).read_text())

@@ -153,7 +153,7 @@ def test_a_depth_policy_exports_its_busiest_buckets_policy_and_says_why(llama_pa
     import numpy as np
     import tiny
 
-    from dspark_bench.decoding.schedule import bucket_policies
+    from dspark_bench.decoding.rules import bucket_policies
     from dspark_bench.engines.export import RunPolicies, choose
     from dspark_bench.measure.recording import record
     from dspark_bench.replay.cost import CostModel
@@ -217,8 +217,8 @@ def test_hf_files_load_onto_the_assistant_as_the_docs_say_and_run(tmp_path):
 
     from dspark_bench.decoding.autoregressive import autoregressive_decode, hf_assisted_decode, hf_rounds
     from dspark_bench.harness.models import load_pair
-    from dspark_bench.prompts import encode
     from dspark_bench.tasks import load_prompts
+    from dspark_bench.tasks.prompts import encode
 
     run = shipped_run(tmp_path, ["--semantics", "hf", "--threshold", "0.3", "--gamma-max", "6", "--min-draft-len", "0"])
     result = runner.invoke(app, ["export", str(run), "--format", "hf", "--out", str(tmp_path)])

@@ -19,8 +19,8 @@ from dspark_bench.errors import DsparkError
 from dspark_bench.harness import gguf_read
 from dspark_bench.harness.gguf import cached_gguf
 from dspark_bench.harness.models import load_pair
-from dspark_bench.prompts import encode
 from dspark_bench.tasks import load_prompts
+from dspark_bench.tasks.prompts import encode
 
 runner = CliRunner()
 

@@ -143,9 +143,9 @@ def test_hf_assisted_generation_runs_the_exported_policy_round_for_round():
     from dspark_bench.decoding.speculative import speculative_decode
     from dspark_bench.harness.models import load_pair
     from dspark_bench.measure.recording import record
-    from dspark_bench.prompts import encode
     from dspark_bench.replay.simulate import simulate
     from dspark_bench.tasks import load_prompts
+    from dspark_bench.tasks.prompts import encode
 
     pair = load_pair(device="cpu")
     prompts, _, _ = load_prompts("code", None, limit=2)

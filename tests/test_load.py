@@ -1,4 +1,4 @@
-"""Replay under load (replay/load.py): requests arriving over time, served by continuous batching.
+"""Replay under load (replay/under_load.py): requests arriving over time, served by continuous batching.
 
 The replay must be the batched decoder's own server: with every step costing what the cost
 surface says (a clock that the steps advance by their own prices), the decoder under the same
@@ -23,9 +23,9 @@ from dspark_bench.decoding import batched as batched_decoder
 from dspark_bench.decoding.batch_lm import BatchLM
 from dspark_bench.decoding.batched import AutoregressiveStep, SpeculativeStep, serve
 from dspark_bench.errors import DsparkError
-from dspark_bench.harness.load_run import in_decode_ratios, in_decode_surface, load_run, priced
+from dspark_bench.harness.under_load import in_decode_ratios, in_decode_surface, run_under_load, step_costs
 from dspark_bench.measure.recording import record
-from dspark_bench.replay import load
+from dspark_bench.replay import under_load
 from dspark_bench.replay.batched import predict_batched, walks
 from dspark_bench.replay.cost import CostSurface
 
@@ -115,7 +115,7 @@ def test_the_load_replay_is_the_decoder_s_own_server(monkeypatch, setting):
                                **({"tokens": e[2]} if e[0] == "join" else {"forwards": e[2], "longest": e[3]}),
                                "seconds": e[-1]} for e in trace])
         assert (steps["kind"] == "join").sum() == len(ARRIVALS)
-        np.testing.assert_allclose(priced(steps, PRICES), steps["seconds"], rtol=1e-9, atol=1e-15)
+        np.testing.assert_allclose(step_costs(steps, PRICES), steps["seconds"], rtol=1e-9, atol=1e-15)
         first, end = stamps[config_id]
         assert [r.arrival for r in served] == list(ARRIVALS)
         assert all(r.admitted >= r.arrival for r in served)  # nobody joins before it arrives
@@ -131,8 +131,8 @@ def test_the_load_replay_is_the_decoder_s_own_server(monkeypatch, setting):
 def test_every_request_waiting_at_the_start_is_the_batched_walk(setting):
     _, _, rec = setting
     predicted = predict_batched(rec, POLICIES, PRICES)
-    at_once = load.Arrivals(np.zeros(len(rec.lengths)), "at once", np.inf)
-    table = load.replay_load(rec, POLICIES, PRICES, [at_once], B)
+    at_once = under_load.Arrivals(np.zeros(len(rec.lengths)), "at once", np.inf)
+    table = under_load.replay_load(rec, POLICIES, PRICES, [at_once], B)
     plain = table[table["config_id"] < 0].iloc[0]
     assert plain["makespan_s"] == pytest.approx(predicted["predicted_baseline_time"].iloc[0], rel=1e-12)
     policies = table[table["config_id"] >= 0].sort_values("config_id")
@@ -145,31 +145,31 @@ def test_every_request_waiting_at_the_start_is_the_batched_walk(setting):
 def test_serving_metrics_by_hand():
     arrive, first, end = np.array([0.0, 1.0, 1.0]), np.array([0.5, 1.5, 3.0]), np.array([2.5, 2.0, 3.0])
     tokens = np.array([5, 2, 1])
-    out = load.serving_metrics(arrive, first, end, tokens, tpot_limit=0.4)
+    out = under_load.serving_metrics(arrive, first, end, tokens, tpot_limit=0.4)
     # TPOT: (2.5 - 0.5) / 4 = 0.5 and (2.0 - 1.5) / 1 = 0.5; the one-token request has none.
     assert out["tpot_p50_s"] == pytest.approx(0.5) and out["tpot_p99_s"] == pytest.approx(0.5)
     assert out["ttft_p50_s"] == pytest.approx(0.5)
     assert out["ttft_p99_s"] == pytest.approx(np.percentile([0.5, 0.5, 2.0], 99))
     assert out["throughput"] == pytest.approx(8 / 3.0)
     assert out["goodput"] == pytest.approx(1 / 3.0)  # only the one-token request is within 0.4 s per token
-    assert load.serving_metrics(arrive, first, end, tokens, tpot_limit=0.5)["goodput"] == pytest.approx(8 / 3.0)
-    assert load.serving_metrics(arrive, first, end, tokens, ttft_limit=1.0)["goodput"] == pytest.approx(7 / 3.0)
+    assert under_load.serving_metrics(arrive, first, end, tokens, tpot_limit=0.5)["goodput"] == pytest.approx(8 / 3.0)
+    assert under_load.serving_metrics(arrive, first, end, tokens, ttft_limit=1.0)["goodput"] == pytest.approx(7 / 3.0)
 
 
 def test_poisson_arrivals_are_seeded_and_at_their_rate():
-    a, b = load.poisson(4.0, 4000, seed=3), load.poisson(4.0, 4000, seed=3)
+    a, b = under_load.poisson(4.0, 4000, seed=3), under_load.poisson(4.0, 4000, seed=3)
     assert np.array_equal(a.times, b.times) and a.times[0] == 0.0 and np.all(np.diff(a.times) >= 0)
-    assert not np.array_equal(a.times, load.poisson(4.0, 4000, seed=4).times)
+    assert not np.array_equal(a.times, under_load.poisson(4.0, 4000, seed=4).times)
     assert (len(a.times) - 1) / a.times[-1] == pytest.approx(4.0, rel=0.05)
     for bad in (0, -1.0, float("nan"), float("inf")):
         with pytest.raises(DsparkError, match="arrival rate must be a number above 0"):
-            load.poisson(bad, 10)
+            under_load.poisson(bad, 10)
 
 
 def test_a_trace_is_read_and_a_bad_one_refused_in_one_line(tmp_path: Path):
     good = tmp_path / "arrivals.txt"
     good.write_text("arrival_s\n# seconds\n10.0\n10.5\n12\n")
-    trace = load.read_trace(good)
+    trace = under_load.read_trace(good)
     assert list(trace.times) == [0.0, 0.5, 2.0] and trace.rate == pytest.approx(1.0)
     cases = {"missing.txt": None, "words.txt": "0\nsoon\n", "backwards.txt": "0\n2\n1\n", "empty.txt": "# none\n",
              "negative.txt": "-1\n"}
@@ -180,48 +180,48 @@ def test_a_trace_is_read_and_a_bad_one_refused_in_one_line(tmp_path: Path):
         if text is not None:
             (tmp_path / name).write_text(text)
         with pytest.raises(DsparkError, match=messages[name]) as err:
-            load.read_trace(tmp_path / name)
+            under_load.read_trace(tmp_path / name)
         assert "\n" not in str(err.value)
 
 
 def test_a_max_batch_beyond_the_surface_is_refused(setting):
     _, _, rec = setting
     with pytest.raises(DsparkError, match="--max-batch 9 is beyond the cost surface, measured up to B = 8"):
-        load.replay_load(rec, POLICIES, SURFACE, [load.poisson(1.0, 4)], 9)
+        under_load.replay_load(rec, POLICIES, SURFACE, [under_load.poisson(1.0, 4)], 9)
 
 
 def test_more_requests_than_prompts_repeat_the_prompts(setting):
     _, _, rec = setting
-    tiled = load.requests_of(rec, 20)
+    tiled = under_load.requests_of(rec, 20)
     assert np.array_equal(tiled.lengths, rec.lengths[np.arange(20) % len(rec.lengths)])
     assert np.array_equal(tiled.rollout[len(rec.lengths)], rec.rollout[0])
 
 
 def test_verdicts_pick_per_rate(setting):
     _, _, rec = setting
-    loads = [load.poisson(rate, 30, seed=1) for rate in (0.5, 50.0)]
-    table = load.replay_load(rec, POLICIES, SURFACE, loads, B)
+    loads = [under_load.poisson(rate, 30, seed=1) for rate in (0.5, 50.0)]
+    table = under_load.replay_load(rec, POLICIES, SURFACE, loads, B)
     assert len(table) == 2 * (len(POLICIES) + 1)
-    out = load.verdicts(table, "throughput")
+    out = under_load.verdicts(table, "throughput")
     assert [v["arrival_rate"] for v in out] == [0.5, 50.0]
     for v, (_, group) in zip(out, table.groupby("arrival_rate")):
         assert v["best"]["throughput"] == pytest.approx(group[group["config_id"] >= 0]["throughput"].max())
         assert v["best_fixed"]["config_label"] == "fixed γ=3 · B=3"
-        assert v["plain"]["config_label"] == load.PLAIN
-    low = load.verdicts(table, "tpot_p50")[1]
+        assert v["plain"]["config_label"] == under_load.PLAIN
+    low = under_load.verdicts(table, "tpot_p50")[1]
     assert low["best"]["tpot_p50_s"] == pytest.approx(table[(table["arrival_rate"] == 50.0)
                                                             & (table["config_id"] >= 0)]["tpot_p50_s"].min())
     # A limit nothing meets leaves no best policy, said as such.
-    assert load.verdicts(table, "throughput", tpot_limit=1e-9)[0]["best"] is None
+    assert under_load.verdicts(table, "throughput", tpot_limit=1e-9)[0]["best"] is None
     with pytest.raises(DsparkError, match="unknown load objective"):
-        load.verdicts(table, "latency")
+        under_load.verdicts(table, "latency")
 
 
 def test_a_real_load_run_serves_every_request_losslessly(setting):
     pair, ids, _ = setting
-    arrivals = load.Arrivals(ARRIVALS / 100, "test", 1.0)
-    summary, requests, steps = load_run(pair, PROMPTS, POLICIES[:2], arrivals, B, pair.eos_ids)
-    assert list(summary["config_label"]) == [load.PLAIN] + [c.policy_label() for c in POLICIES[:2]]
+    arrivals = under_load.Arrivals(ARRIVALS / 100, "test", 1.0)
+    summary, requests, steps = run_under_load(pair, PROMPTS, POLICIES[:2], arrivals, B, pair.eos_ids)
+    assert list(summary["config_label"]) == [under_load.PLAIN] + [c.policy_label() for c in POLICIES[:2]]
     assert summary["identical"].all()
     assert (requests["admitted_s"] >= requests["arrival_s"]).all()
     assert (requests["finished_s"] >= requests["first_token_s"]).all()
@@ -266,12 +266,12 @@ def test_a_bad_load_is_refused_in_one_line_before_any_work(tmp_path, monkeypatch
 
 def test_the_surface_timed_beside_a_run_covers_every_cell(llama_pair):
     from dspark_bench.decoding.batched import interleave
-    from dspark_bench.measure.beside import SurfaceSampler
+    from dspark_bench.measure.between_steps import CostBetweenSteps
 
     target, draft = llama_pair
     pair = SimpleNamespace(target=target, draft=draft, device=target.device)
     context = PROMPTS[-1] + PROMPTS[2]
-    sampler = SurfaceSampler(pair, context, 3, [1, 2])
+    sampler = CostBetweenSteps(pair, context, 3, [1, 2])
     with pytest.raises(DsparkError, match="no timing of"):  # nothing timed yet
         sampler.surface()
     turns = []

@@ -16,10 +16,10 @@ from typer.testing import CliRunner
 from dspark_bench.cli import app
 from dspark_bench.depth import depth_label
 from dspark_bench.errors import DsparkError
-from dspark_bench.prompts import encode
 from dspark_bench.reference.corpus import split_of
 from dspark_bench.reference.long import LONG_CONTEXT
 from dspark_bench.tasks import builders, get_task, length_buckets, load_prompts, load_task, pair_of, validate_task_file
+from dspark_bench.tasks.prompts import encode
 
 runner = CliRunner()
 LONG = ["long-code", "long-prose"]

@@ -13,7 +13,7 @@ from dspark_bench import schedules
 from dspark_bench.config import DRAFT_MODES, METRICS, SCHEDULES, SEMANTICS, DecodeConfig
 from dspark_bench.decoding.autoregressive import autoregressive_decode
 from dspark_bench.decoding.confidence import SIGNALS
-from dspark_bench.decoding.schedule import at_depth, discards_below
+from dspark_bench.decoding.rules import at_depth, discards_below
 from dspark_bench.decoding.speculative import speculative_decode
 from dspark_bench.depth import depth_bucket, round_depths
 from dspark_bench.errors import DsparkError

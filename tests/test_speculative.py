@@ -15,8 +15,8 @@ from dspark_bench.config import DRAFT_MODES, METRICS, SCHEDULES, SEMANTICS, Deco
 from dspark_bench.decoding import speculative
 from dspark_bench.decoding.autoregressive import autoregressive_decode, hf_generate
 from dspark_bench.decoding.proposal import draft_length
+from dspark_bench.decoding.rules import at_depth, threshold_at
 from dspark_bench.decoding.sampling import distribution
-from dspark_bench.decoding.schedule import at_depth, threshold_at
 from dspark_bench.depth import round_depths
 from dspark_bench.errors import DsparkError
 from dspark_bench.harness.samples import sample_row

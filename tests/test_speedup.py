@@ -11,7 +11,7 @@ from dspark_bench.decoding.autoregressive import autoregressive_decode
 from dspark_bench.harness.models import ModelPair
 from dspark_bench.harness.runner import RunnerSettings, run
 from dspark_bench.metrics import bootstrap_ratio, speedup_ratio, summarize
-from dspark_bench.prompts import Prompt, encode
+from dspark_bench.tasks.prompts import Prompt, encode
 
 
 def samples(base_time, base_tokens, spec_time, spec_tokens) -> pd.DataFrame:

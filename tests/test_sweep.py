@@ -418,10 +418,10 @@ def check_under_load(folder: Path, table: pd.DataFrame, summary: dict, output: s
 def check_exports(folder: Path, tmp_path: Path) -> None:
     """Every format: written, parsed back to the policy chosen for it, the nearest one where the
     engine cannot express the tuned policy (and then both replayed speedups are shown)."""
-    from dspark_bench.decoding.schedule import expressible
-    from dspark_bench.engines.export import FILES, FORMATS, choose, load_run, parse
+    from dspark_bench.decoding.rules import expressible
+    from dspark_bench.engines.export import FILES, FORMATS, choose, parse, run_policies
 
-    run = load_run(folder)
+    run = run_policies(folder)
     for fmt in FORMATS:
         out = tmp_path / "exports" / fmt
         result = runner.invoke(app, ["export", str(folder), "--format", fmt, "--out", str(out)])

@@ -10,9 +10,9 @@ from typer.testing import CliRunner
 
 from dspark_bench.cli import app
 from dspark_bench.errors import DsparkError
-from dspark_bench.prompts import prompts_fingerprint
 from dspark_bench.reference.corpus import iter_documents, split_of
 from dspark_bench.tasks import get_task, load_dataset_prompts, load_prompts, load_task, registry, validate_task_file
+from dspark_bench.tasks.prompts import prompts_fingerprint
 
 runner = CliRunner()
 BUILT_IN = ["code", "prose", "structured", "mixed"]
@@ -156,7 +156,7 @@ def test_run_all_turns_builds_on_previous_answers(saved_pair, tmp_path):
 def test_chat_template_is_applied_when_the_tokenizer_has_one():
     import tiny
 
-    from dspark_bench.prompts import encode
+    from dspark_bench.tasks.prompts import encode
 
     tok = tiny.tokenizer()
     plain = encode(tok, "hello")

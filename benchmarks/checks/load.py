@@ -5,7 +5,7 @@ every policy's throughput and time per output token at each arrival rate; then t
 decoder itself (continuous batching, `--batching refill`) serves the same Poisson arrivals of
 the same requests with plain decoding, the best fixed γ, the best budget schedule and the best
 policy at the heaviest rate (each a server of its own, taking turns a step each in one process:
-harness/load_run.py), and each measured percentile is set beside its prediction. Also times the
+harness/under_load.py), and each measured percentile is set beside its prediction. Also times the
 replay itself over every (policy, rate) point. Writes load.md and load.json into --out.
 
     python -m benchmarks.checks.load --out results/load                     # sweep, then the real runs
@@ -25,17 +25,17 @@ from benchmarks import common
 from dspark_bench import schedules
 from dspark_bench.decoding.learned_signal import LearnedSignal
 from dspark_bench.engines.export import policy_of
-from dspark_bench.harness.load_run import in_decode_ratios, in_decode_surface, load_run
-from dspark_bench.measure.beside import SurfaceSampler
+from dspark_bench.harness.under_load import in_decode_ratios, in_decode_surface, run_under_load
+from dspark_bench.measure.between_steps import CostBetweenSteps
 from dspark_bench.measure.cost_model import halfway
 from dspark_bench.objectives import rank_under_load
-from dspark_bench.prompts import encode
 from dspark_bench.replay import learned, sampled
 from dspark_bench.replay.cost import CostSurface
-from dspark_bench.replay.load import poisson, replay_load
 from dspark_bench.replay.record import resolve_record
+from dspark_bench.replay.under_load import poisson, replay_load
 from dspark_bench.results import describe_machine, environment, read_json
 from dspark_bench.sections.under_load import load_policies
+from dspark_bench.tasks.prompts import encode
 from dspark_bench.tuning.added_policies import LEARNED_FILE
 from dspark_bench.tuning.preparation import prepare
 from dspark_bench.tuning.spec import old_keys, parse_spec, resolve_spec, task_spec
@@ -75,8 +75,8 @@ def main() -> None:
         # The machine's speed drifts (1.5x within minutes here): the surface is timed again beside
         # this rate's runs, one pass per turn of the servers, on batches of the run's own requests,
         # and replay prices them on it.
-        sampler = SurfaceSampler(prepared.pair, context, rec.gamma_record, sizes, rows)
-        measured, _, steps = load_run(prepared.pair, ids, configs, arrivals, summary["max_batch"],
+        sampler = CostBetweenSteps(prepared.pair, context, rec.gamma_record, sizes, rows)
+        measured, _, steps = run_under_load(prepared.pair, ids, configs, arrivals, summary["max_batch"],
                                       spec.runner_settings().eos_ids(prepared.pair), sampler=sampler)
         measured["config_id"] = [-1] + chosen
         beside = sampler.surface()
@@ -214,7 +214,7 @@ def markdown(rows: pd.DataFrame, summary: dict, speed: dict, folder: Path) -> st
     lines += ["", "Times in ms, throughput in output tokens/s. Replay is priced on the cost surface timed beside that "
               "rate's real runs (one pass per turn of the servers, so both see the machine's drift). In decode: "
               "that surface scaled per row count by how much longer the servers' own steps and admissions took "
-              "than it charges (harness/load_run.in_decode_surface), from this rate's runs (own) or from the other "
+              "than it charges (harness/under_load.in_decode_surface), from this rate's runs (own) or from the other "
               "rates' alone (others, out of sample). In brackets: on the sweep's own prices, timed when it began. "
               "Error: replay / real − 1; ✗ past the issue's bound (±10 % throughput and TPOT p50, ±20 % TPOT "
               "p99). Within the bound (beside / own / others): "

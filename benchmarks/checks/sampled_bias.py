@@ -69,9 +69,9 @@ def run(out: Path, part: tuple[int, int]) -> None:
     from dspark_bench.decoding.speculative import speculative_decode
     from dspark_bench.harness.models import load_pair
     from dspark_bench.measure.recording import record
-    from dspark_bench.prompts import encode
     from dspark_bench.replay.simulate import simulate
     from dspark_bench.tasks import load_prompts
+    from dspark_bench.tasks.prompts import encode
 
     torch.set_num_threads(1)  # one core per part
     out.mkdir(parents=True, exist_ok=True)

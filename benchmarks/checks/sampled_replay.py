@@ -31,10 +31,10 @@ from dspark_bench.config import DecodeConfig
 from dspark_bench.decoding.speculative import speculative_decode
 from dspark_bench.harness.models import load_pair
 from dspark_bench.measure import sampled_recording
-from dspark_bench.prompts import encode
 from dspark_bench.replay import sampled
 from dspark_bench.replay.simulate import simulate
 from dspark_bench.tasks import load_prompts
+from dspark_bench.tasks.prompts import encode
 
 TOKENS, SEEDS, GAMMA, PATHS = 128, 5, 6, 4
 DOMAINS = ("code", "prose")

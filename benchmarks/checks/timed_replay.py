@@ -20,9 +20,9 @@ from dspark_bench.config import DecodeConfig
 from dspark_bench.measure.cost_model import measure_cost
 from dspark_bench.measure.recording import record
 from dspark_bench.measure.timed import timed_plain, timed_replay
-from dspark_bench.prompts import encode
 from dspark_bench.replay.simulate import simulate_grid
 from dspark_bench.results import describe_machine, environment
+from dspark_bench.tasks.prompts import encode
 from dspark_bench.tuning.preparation import prepare
 from dspark_bench.tuning.spec import resolve_spec, task_spec
 

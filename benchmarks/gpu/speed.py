@@ -30,9 +30,9 @@ def bench_pair(pair, args, out: Path, say) -> tuple[list[dict], Path]:
     from dspark_bench.measure.cost_model import measure_surface
     from dspark_bench.measure.recording import record
     from dspark_bench.metrics import summarize
-    from dspark_bench.prompts import encode
     from dspark_bench.replay.simulate import simulate_grid
     from dspark_bench.tasks import load_prompts
+    from dspark_bench.tasks.prompts import encode
     from dspark_bench.tuning.spec import points, resolve_spec, task_spec
 
     prompts, source, _ = load_prompts(args.task, None, limit=args.limit)

@@ -40,8 +40,8 @@ class Context:
 
     def prompts(self, limit: int):
         """The first `limit` prompts (--prompts, else --task's) and their ids for the shipped pair."""
-        from dspark_bench.prompts import Prompt, encode
         from dspark_bench.tasks import load_prompts
+        from dspark_bench.tasks.prompts import Prompt, encode
 
         if self.args.prompts:
             lines = [json.loads(line) for line in self.args.prompts.read_text().splitlines() if line.strip()]

@@ -20,8 +20,8 @@ from dspark_bench.decoding.autoregressive import autoregressive_decode, hf_gener
 from dspark_bench.harness.models import load_pair
 from dspark_bench.harness.runner import timed
 from dspark_bench.metrics import bootstrap_ratio
-from dspark_bench.prompts import encode
 from dspark_bench.tasks import load_task
+from dspark_bench.tasks.prompts import encode
 
 
 def main() -> None:

@@ -37,11 +37,11 @@ from dspark_bench.harness.runner import RunnerSettings, run
 from dspark_bench.measure.cost_model import measure_cost, measure_depths
 from dspark_bench.measure.recording import record
 from dspark_bench.metrics import sample_speedup
-from dspark_bench.prompts import encode
 from dspark_bench.reference.long import long_pair_paths
 from dspark_bench.replay.sampled import rows_of
 from dspark_bench.replay.simulate import simulate, simulate_grid
 from dspark_bench.tasks import load_task
+from dspark_bench.tasks.prompts import encode
 from dspark_bench.tuning.replay_sweep import timing_sequence
 
 GAMMA = 8

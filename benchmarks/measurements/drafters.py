@@ -25,10 +25,10 @@ from dspark_bench.harness.run import RunConfig, execute
 from dspark_bench.measure.cost_model import measure_cost
 from dspark_bench.measure.recording import record
 from dspark_bench.objectives import rank
-from dspark_bench.prompts import encode
 from dspark_bench.replay.simulate import simulate_grid
 from dspark_bench.reporting.report import build_report
 from dspark_bench.tasks import get_task, load_task
+from dspark_bench.tasks.prompts import encode
 from dspark_bench.tuning.replay_sweep import drafter_groups, replay_space
 from dspark_bench.tuning.spec import base_config, load_spec, points
 

@@ -46,12 +46,12 @@ def main() -> None:
     from dspark_bench.measure.cost_model import measure_surface
     from dspark_bench.measure.recording import record
     from dspark_bench.metrics import summarize
-    from dspark_bench.prompts import encode
     from dspark_bench.replay.acceptance import fit_record
     from dspark_bench.replay.batched import predict_batched
     from dspark_bench.replay.simulate import simulate_grid
     from dspark_bench.results import describe_machine, environment
     from dspark_bench.tasks import load_prompts
+    from dspark_bench.tasks.prompts import encode
     from dspark_bench.tuning.spec import points, resolve_spec, task_spec
 
     parser = common.parser(__doc__, task="code", limit=40, max_new_tokens=128, out="/tmp/goodput-bench")

@@ -71,8 +71,8 @@ def main() -> None:
     from dspark_bench.harness.models import load_pair
     from dspark_bench.harness.runner import timed
     from dspark_bench.metrics import bootstrap_ratio
-    from dspark_bench.prompts import encode
     from dspark_bench.tasks import load_task
+    from dspark_bench.tasks.prompts import encode
 
     parser = common.parser(__doc__, task="code", limit=10, max_new_tokens=128, repeats=3)
     parser.add_argument("--before", default="06fb238")

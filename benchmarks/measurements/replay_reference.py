@@ -32,9 +32,9 @@ from dspark_bench.harness.models import load_pair
 from dspark_bench.harness.runner import timed
 from dspark_bench.measure.recording import record
 from dspark_bench.metrics import bootstrap_ratio
-from dspark_bench.prompts import encode
 from dspark_bench.replay.simulate import Record, simulate, spanning_policies
 from dspark_bench.tasks import load_task
+from dspark_bench.tasks.prompts import encode
 
 
 def recording_cost(pair, prompts: list[list[int]], tokens: int) -> list[Record]:

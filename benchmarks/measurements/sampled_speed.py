@@ -24,13 +24,13 @@ from benchmarks.common import parser
 from dspark_bench.decoding.autoregressive import autoregressive_decode
 from dspark_bench.decoding.goodput import GoodputModel
 from dspark_bench.measure import sampled_recording
-from dspark_bench.prompts import encode
 from dspark_bench.replay import cost_file, sampled
 from dspark_bench.replay.acceptance import fit_record
 from dspark_bench.results import write_json
+from dspark_bench.tasks.prompts import encode
 from dspark_bench.tuning.added_policies import budget_points, goodput_points
 from dspark_bench.tuning.preparation import prepare
-from dspark_bench.tuning.replay_sweep import priced, replay_space
+from dspark_bench.tuning.replay_sweep import replay_space, replayed
 from dspark_bench.tuning.spec import resolve_spec
 
 PRICES = Path(__file__).resolve().parents[1] / "gpu" / "inputs" / "cpu-prices-shipped-pair.json"
@@ -72,11 +72,11 @@ def main() -> None:
     model = Path(tempfile.mkdtemp()) / "goodput_model.json"
     write_json(model, GoodputModel.build(fit_record(sampled.as_one(rec)), prices.surface).to_dict())
     configs = configs + goodput_points(configs, model) + budget_points(configs, model)
-    priced(rec, configs[:1], prices.surface, cost, False)  # numba: compiled or loaded from its cache
+    replayed(rec, configs[:1], prices.surface, cost, False)  # numba: compiled or loaded from its cache
     times = []
     for _ in range(3):
         t0 = time.perf_counter()
-        table = priced(rec, configs, prices.surface, cost, False)
+        table = replayed(rec, configs, prices.surface, cost, False)
         times.append(time.perf_counter() - t0)
     print(f"replay: {len(table):,} policies × {len(sampled.replicates(rec))} replicates "
           f"({sampled.DRAWS} coin draws each) in {statistics.median(times):.2f} s (median of 3: "

@@ -51,7 +51,7 @@ def run(
 
         grid = grid_of(knobs)
         if decoder == "llamacpp" and "semantics" not in grid and calibration is None:
-            grid["semantics"] = ("llamacpp",)  # what llama.cpp can run: its own rule (schedule.py)
+            grid["semantics"] = ("llamacpp",)  # what llama.cpp can run: its own rule (decoding/rules.py)
         if calibration is not None and set(grid) & set(CHOSEN):
             raise DsparkError("--calibration chooses the policy; drop "
                               f"{'/'.join('--' + n.replace('_', '-') for n in CHOSEN)}")

@@ -32,8 +32,8 @@ def tasks_ls():
 @tasks_app.command("show")
 def tasks_show(name: str, n: Annotated[int, typer.Option(help="How many prompts to show.")] = 3):
     """Show a task's settings and a few of its prompts. Example: dspark-bench tasks show code --n 2"""
-    from dspark_bench.prompts import prompts_fingerprint  # loaded when the command runs, not for --help
     from dspark_bench.tasks import get_task, load_task  # loaded when the command runs, not for --help
+    from dspark_bench.tasks.prompts import prompts_fingerprint  # loaded when the command runs, not for --help
 
     with cli_errors():
         spec = get_task(name)

@@ -6,9 +6,9 @@ batching (`batched`), the plain autoregressive and HF-assisted decoders it is me
 (`autoregressive`), the drafters (`drafters`: the draft model, `heads`, `lookup`), the KV caches
 (`cached_lm`, `batch_lm`; the batched one static, for captured passes: `static_batch_lm`), which
 passes run from captured CUDA graphs (`capture`), sampling (`sampling`), confidence metrics
-(`confidence`; the learned signal, `learned_signal`), stopping rules and engine rules (`schedule`),
+(`confidence`; the learned signal, `learned_signal`), stopping and engine rules as decoders run them (`rules`),
 the budget schedule deciding for a whole batch (`budget`), the goodput rule and its acceptance
-curves (`goodput`, with `host_rounding` for device math that rounds as the host does), a round's
+curves (`goodput`, with `as_numpy` for device math that rounds as the host does), a round's
 draft under the host's rule (`proposal`), and every device-to-host read and clock synchronisation
 (`host`).
 

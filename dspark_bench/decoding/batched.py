@@ -32,8 +32,8 @@ from dspark_bench.decoding import budget, confidence
 from dspark_bench.decoding.batch_lm import BatchLM
 from dspark_bench.decoding.host import fetch, synchronize
 from dspark_bench.decoding.proposal import Proposal
+from dspark_bench.decoding.rules import at_depth, forced
 from dspark_bench.decoding.sampling import distribution, draw, make_generator, pick
-from dspark_bench.decoding.schedule import at_depth, forced
 from dspark_bench.decoding.speculative import close_round, verify
 from dspark_bench.decoding.static_batch_lm import StaticBatchLM, batch_lm
 from dspark_bench.decoding.types import Block, DecodeResult
@@ -85,7 +85,7 @@ def serving(prompts: list[list[int]], config: DecodeConfig, batch_size: int, lms
     `arrivals` (seconds on that clock, non-decreasing, one per prompt; None: all waiting at 0) makes
     it a server under load: a request joins at a step boundary once it has arrived, and an empty
     server jumps its clock to the next arrival (it does nothing meanwhile, so nothing is slept:
-    baseline and speculative can still take turns). replay/load.py replays the same server.
+    baseline and speculative can still take turns). replay/under_load.py replays the same server.
 
     `trace` receives what each admission and step cost on that clock, as replay prices them:
     ("join", rows in the batch, the prompt's tokens but its last, seconds) and ("step", rows, the

@@ -30,8 +30,8 @@ from dspark_bench.decoding.cached_lm import CachedLM, unseen
 from dspark_bench.decoding.heads import Heads
 from dspark_bench.decoding.host import fetch
 from dspark_bench.decoding.proposal import Proposal
+from dspark_bench.decoding.rules import DeviceRule
 from dspark_bench.decoding.sampling import distribution, pick
-from dspark_bench.decoding.schedule import DeviceRule
 from dspark_bench.decoding.types import Block, PassClock
 from dspark_bench.errors import DsparkError
 
@@ -144,7 +144,7 @@ def draft_block(draft_lm: CachedLM, pending: torch.Tensor, config: DecodeConfig,
     "early-stop": after each draft forward the host learns the token and its confidence (one
     sync) and applies the rule (`Proposal`) to decide whether to run the next forward.
     "verify-side": the draft runs to the round's limit with no sync at all, and the rule cuts
-    the block on the device (`rule`, schedule.DeviceRule); the target verifies the whole block but
+    the block on the device (`rule`, rules.DeviceRule); the target verifies the whole block but
     accepts only the kept prefix. Greedy: the same tokens and rounds; more draft and verify work,
     no waits. Sampling: as lossless, but the draft draws past the cut, so other samples. The
     learned signal reads the drafted tokens on the host, so there it costs one read per round.

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from dspark_bench.config import LEARNED
-from dspark_bench.decoding.host_rounding import interp, running
+from dspark_bench.decoding.as_numpy import interp, running
 from dspark_bench.errors import DsparkError
 from dspark_bench.results import write_json
 
@@ -102,7 +102,7 @@ class GoodputRule:
 
 class DeviceGoodput:
     """A GoodputRule's numbers on the device (copied once per decode) and its decisions over a
-    whole draft there: the verify-side rule (schedule.DeviceRule)."""
+    whole draft there: the verify-side rule (rules.DeviceRule)."""
 
     def __init__(self, rule: GoodputRule, device: torch.device, gamma_max: int):
         self.xp, self.fp = rule.curve.on_device(device)

@@ -1,6 +1,6 @@
 """A round's draft as the host's rule builds it: the schedule applied token by token.
 
-`Proposal` is the single place the stopping rule (schedule.py, goodput.py) is applied while
+`Proposal` is the single place the stopping rule (rules.py, goodput.py) is applied while
 drafting, for one row or each row of a batch; `draft_length` drives it on given confidences.
 The budget schedule (budget.py) decides for a whole batch after each draft step (the batched
 decoder asks it); a proposal tracks what it decides with, and alone it is goodput's rule.
@@ -15,7 +15,7 @@ import torch
 from dspark_bench import schedules
 from dspark_bench.config import DecodeConfig
 from dspark_bench.decoding.budget import row_rule
-from dspark_bench.decoding.schedule import discards_below, forced, keeps, keeps_failing
+from dspark_bench.decoding.rules import discards_below, forced, keeps, keeps_failing
 
 
 @dataclass

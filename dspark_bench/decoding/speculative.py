@@ -23,8 +23,8 @@ from dspark_bench.decoding.cached_lm import CachedLM, unseen
 from dspark_bench.decoding.drafters import start_drafter
 from dspark_bench.decoding.host import fetch
 from dspark_bench.decoding.proposal import Proposal
+from dspark_bench.decoding.rules import DeviceRule, at_depth, round_policies
 from dspark_bench.decoding.sampling import distribution, draw, make_generator
-from dspark_bench.decoding.schedule import DeviceRule, at_depth, round_policies
 from dspark_bench.decoding.types import Block, DecodeResult, PassClock, Round
 from dspark_bench.errors import DsparkError
 

@@ -6,7 +6,7 @@ policy in an engine's vocabulary (`export`), and llama.cpp run for real: its `ll
 found, started, queried and always stopped (`llama_server`), `run --decoder llamacpp` beside our
 decoder and replay (`llamacpp_run`), its own prices measured (`llamacpp_prices`), a sweep's best
 confirmed in it (`llamacpp_confirm`), and the target's continuations written by an engine or by
-our decoder (`continuations`); what they lend a sweep priced on an engine's costs (`tools`).
+our decoder (`continuations`); what they lend a sweep priced on an engine's costs, per engine (`registry`).
 
 Below the search: `tuning` knows engines only through this layer. May import `harness` (the
 pair, its GGUF files, the runner), `analysis`, `replay`, `decoding`, `tasks`, `reference` and the

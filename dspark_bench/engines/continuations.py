@@ -26,10 +26,10 @@ from dspark_bench.harness.gguf_read import is_gguf
 from dspark_bench.harness.models import load_pair
 from dspark_bench.harness.runner import stage_steps
 from dspark_bench.harness.workload import Workload
-from dspark_bench.prompts import encode
 from dspark_bench.replay import continuations as files
 from dspark_bench.results import check_writable, environment
 from dspark_bench.tasks import load_prompts, pair_of
+from dspark_bench.tasks.prompts import encode
 
 DECODERS = ("llamacpp", "ours")  # who continues the target: llama.cpp's server, or our decoder
 

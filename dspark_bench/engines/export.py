@@ -1,6 +1,6 @@
 """Export a run's tuned policy into a serving engine's own vocabulary and file shape.
 
-Engines mean different things by the same knobs (schedule.py) and most cannot express a
+Engines mean different things by the same knobs (decoding/rules.py) and most cannot express a
 confidence threshold at all:
 
 | engine    | what it can express                                            | file                            |
@@ -33,7 +33,7 @@ from dspark_bench import objectives, schedules
 from dspark_bench.config import FIELDS, LEARNED, DecodeConfig, expand, from_dict, with_defaults
 from dspark_bench.decoding import learned_signal
 from dspark_bench.decoding.learned_signal import FILE as LEARNED_FILE
-from dspark_bench.decoding.schedule import bucket_policies, expressible
+from dspark_bench.decoding.rules import bucket_policies, expressible
 from dspark_bench.depth import DEPTH_LABELS
 from dspark_bench.engines.files import FILES, NOTES, llamacpp_flags, parse, render  # noqa: F401 (the API)
 from dspark_bench.engines.versions import version_for
@@ -106,7 +106,7 @@ def policy_of(row: pd.Series, folder: Path) -> DecodeConfig:
     return from_dict(values)
 
 
-def load_run(folder: Path) -> RunPolicies:
+def run_policies(folder: Path) -> RunPolicies:
     """A run or sweep folder's best policy at each batch size (measured where it was)."""
 
     folder = Path(folder)
@@ -384,7 +384,7 @@ def export(folder: Path, fmt: str, out: Path | None = None, engine_version: str 
     if fmt not in FORMATS:
         raise DsparkError(f"unknown export format {fmt!r}; choose one of {', '.join(FORMATS)}")
     version = version_for(fmt, engine_version)  # before anything is read: a bad version is one line
-    run = load_run(folder)
+    run = run_policies(folder)
     choices = choose(run, fmt)
     draft, models = model_paths(fmt, run.info.get("models", {}))
     files = render(fmt, choices, models, version, draft)

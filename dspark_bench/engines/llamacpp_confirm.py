@@ -23,9 +23,9 @@ from dspark_bench.engines.llama_server import LlamaServer, served
 from dspark_bench.engines.llamacpp_run import found_build, generation_speedup, gguf_files
 from dspark_bench.harness.runner import stage_steps
 from dspark_bench.metrics import bootstrap_ratio
-from dspark_bench.prompts import encode
 from dspark_bench.replay.simulate import simulate_grid
 from dspark_bench.results import write_json
+from dspark_bench.tasks.prompts import encode
 
 FILE = "llamacpp_confirm.json"
 DEFAULTS_GAMMA = 3  # llama.cpp's own default draft: --spec-draft-n-max 3, n-min 0, p-min 0

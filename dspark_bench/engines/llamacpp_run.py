@@ -37,7 +37,7 @@ import pandas as pd
 
 from dspark_bench.config import DecodeConfig
 from dspark_bench.decoding.autoregressive import autoregressive_decode
-from dspark_bench.decoding.schedule import expressible
+from dspark_bench.decoding.rules import expressible
 from dspark_bench.engines.files import llamacpp_flags
 from dspark_bench.engines.llama_server import LlamaServer, build_info, check_port_free, find_server, served
 from dspark_bench.engines.llamacpp_prices import llamacpp_prices
@@ -51,10 +51,10 @@ from dspark_bench.harness.runner import stage_steps
 from dspark_bench.measure.cost_model import measure_cost
 from dspark_bench.measure.recording import record
 from dspark_bench.metrics import rates, summarize
-from dspark_bench.prompts import encode
 from dspark_bench.replay import cost_file
 from dspark_bench.replay.simulate import simulate, simulate_grid
 from dspark_bench.results import check_writable, write_json, write_parquet
+from dspark_bench.tasks.prompts import encode
 
 
 def build_version(build: dict):

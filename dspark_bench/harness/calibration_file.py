@@ -17,8 +17,8 @@ import yaml
 
 from dspark_bench.config import POLICY_FIELDS, DecodeConfig, from_dict
 from dspark_bench.errors import DsparkError, first_line
-from dspark_bench.prompts import Prompt
 from dspark_bench.results import atomic_write, write_text
+from dspark_bench.tasks.prompts import Prompt
 
 SCHEMA_VERSION = 1
 # "engine": how the policies were evaluated, in files written before it was called "evaluation".

@@ -30,12 +30,12 @@ from dspark_bench.harness.runner import run, stage_steps
 from dspark_bench.measure.cost_model import measure_cost
 from dspark_bench.measure.recording import record
 from dspark_bench.metrics import summarize
-from dspark_bench.prompts import encode
 from dspark_bench.replay import cost_file
 from dspark_bench.replay.cost import CostSurface
 from dspark_bench.replay.simulate import simulate_grid
 from dspark_bench.results import write_json
 from dspark_bench.tasks import load_prompts
+from dspark_bench.tasks.prompts import encode
 
 FIT_GAMMAS = (5, 7)  # the fixed γ an engine's own costs are fitted on (neither among those a comparison usually lists)
 FIT_PROMPTS = 5

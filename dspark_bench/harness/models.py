@@ -20,9 +20,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 from dspark_bench.decoding import heads
 from dspark_bench.errors import DsparkError, first_line
 from dspark_bench.harness.gguf_read import hf_folder, is_gguf
-from dspark_bench.hub import hub_reachable
 from dspark_bench.reference import default_heads_path, default_pair_paths
 from dspark_bench.reference.long import long_pair_paths
+from dspark_bench.tasks.hub import hub_reachable
 
 DEVICES = ("auto", "cpu", "cuda", "mps")
 NO_DRAFT = ("the model drafter needs a draft model: pass --draft (sharing the target's vocabulary), "
@@ -264,7 +264,7 @@ def context_warning(pair: ModelPair, prompts, max_new_tokens: int, chat_template
     """One line where a prompt plus max_new_tokens runs past the target's trained context
     (`max_position_embeddings`): a warning, not an error — a user's model may extrapolate, and the
     256-token reference pair's numbers past 256 are part of what docs/depth.md compares."""
-    from dspark_bench.prompts import encode  # the core's; here only for the count
+    from dspark_bench.tasks.prompts import encode  # the core's; here only for the count
 
     trained = getattr(pair.target.config, "max_position_embeddings", None)
     if not trained or not prompts:

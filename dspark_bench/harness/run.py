@@ -17,7 +17,7 @@ from dspark_bench import schedules
 from dspark_bench.config import KNOBS, LEARNED, DecodeConfig, expand, from_dict, with_defaults
 from dspark_bench.decoding import budget, capture, learned_signal
 from dspark_bench.decoding.budget import row_rule
-from dspark_bench.decoding.schedule import expressible
+from dspark_bench.decoding.rules import expressible
 from dspark_bench.decoding.speculative import speculative_decode
 from dspark_bench.errors import DsparkError
 from dspark_bench.harness.calibration_file import load_calibration
@@ -25,9 +25,9 @@ from dspark_bench.harness.hf_cost_model import priced_hf
 from dspark_bench.harness.models import context_warning, load_pair
 from dspark_bench.harness.runner import RunnerSettings, planned_samples, run_to_folder, stage_steps
 from dspark_bench.harness.workload import Workload
-from dspark_bench.prompts import Prompt, encode, prompts_fingerprint
 from dspark_bench.results import check_writable, read_json
 from dspark_bench.tasks import load_prompts, pair_of
+from dspark_bench.tasks.prompts import Prompt, encode, prompts_fingerprint
 
 # The order a run's grid is crossed in (the last varies fastest): the batch size outermost, then
 # the knobs in the order runs have always decoded them; any other knob after these.

@@ -32,7 +32,7 @@ from dspark_bench.decoding.host import synchronize
 from dspark_bench.decoding.speculative import speculative_decode
 from dspark_bench.decoding.static_batch_lm import capacity_for, warm_batched
 from dspark_bench.decoding.types import DecodeResult
-from dspark_bench.harness.depths import depth_summary
+from dspark_bench.harness.depth_breakdown import depth_breakdowns
 from dspark_bench.harness.health import LoadProbe, baseline_drift, health, identical_rounds, wall_over_estimate
 from dspark_bench.harness.models import ModelPair
 from dspark_bench.harness.plan import precision_plan, run_plan, seconds_per_token
@@ -40,8 +40,8 @@ from dspark_bench.harness.samples import config_columns, round_rows, sample_fiel
 from dspark_bench.harness.verdicts import judge, with_schedules
 from dspark_bench.harness.workload import RunnerSettings  # declared beside the workload; still importable here
 from dspark_bench.metrics import summarize
-from dspark_bench.prompts import Prompt, encode, prompts_fingerprint
 from dspark_bench.results import check_writable, write_run
+from dspark_bench.tasks.prompts import Prompt, encode, prompts_fingerprint
 
 
 def speculative_decoder(settings: RunnerSettings):
@@ -345,7 +345,7 @@ def run_to_folder(
     timing_health = health([*probe.checks(), baseline_drift(samples), identical_rounds(samples),
                             wall_over_estimate(wall, estimate)])
     summary = {"configs": table.to_dict(orient="records"), "by_category": by_category.to_dict(orient="records"),
-               **depth_summary(samples), "timing_health": timing_health, **paired}
+               **depth_breakdowns(samples), "timing_health": timing_health, **paired}
     folder = write_run(out, "run", run_info, summary, {"samples": samples, "rounds": output.rounds})
     return folder, table
 

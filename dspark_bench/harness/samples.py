@@ -8,7 +8,7 @@ import numpy as np
 from dspark_bench.config import DecodeConfig
 from dspark_bench.decoding.types import DecodeResult
 from dspark_bench.depth import round_depths
-from dspark_bench.harness.depths import depth_fields
+from dspark_bench.harness.depth_breakdown import depth_fields
 from dspark_bench.metrics import position_acceptance, rates, round_totals, speedup_ratio
 
 

@@ -3,7 +3,7 @@
 Measuring a cost model (`cost_model`: t_draft and t_verify(k) timed between syncs at batch 1,
 at every batch size B — a cost model over B — and at several context depths, each model's
 prefill, the learned signal's host work); the same timed beside running decodes, a pass per turn
-(`beside`), or inside them (`in_decode`, from the decoders' own passes timed by `pass_clock`, the
+(`between_steps`), or inside them (`in_decode`, from the decoders' own passes timed by `pass_clock`, the
 explicit clock a decode is handed); timed replay (`timed`: a policy's replayed rounds run on
 real passes, so that their time checks the cost model alone); and the recording halves of
 replay's records: the greedy record made from the target decoded here or an engine's

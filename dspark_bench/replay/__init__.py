@@ -7,7 +7,7 @@ prompt, replicates on shared coins, expectations with intervals); what fixes a r
 position for a policy (`rounds`), the simulation of policies at batch size 1 (`simulate`) and at
 any batch size in either layout (`batched`), and the tables their totals become, per policy and
 per depth bucket (`tables`); the cost model and the cost model over B (`cost`), replay under load
-(`load`: requests arriving at a rate or by a trace, `arrivals`, served by continuous batching) and
+(`under_load`: requests arriving at a rate or by a trace, `arrivals`, served by continuous batching) and
 the cost-model file that carries anyone's costs with their provenance (`cost_file`); the
 acceptance fit the goodput schedule decides with (`acceptance`); the learned acceptance signal's
 fit (`learned`). Making records and measuring cost models run the models, and are the `measure`

@@ -1,4 +1,4 @@
-"""When requests arrive, for replay under load (replay/load.py): a Poisson process at a rate, or a
+"""When requests arrive, for replay under load (replay/under_load.py): a Poisson process at a rate, or a
 trace file of arrival times. numpy alone: a sweep's spec checks a trace before anything heavy loads."""
 
 from __future__ import annotations

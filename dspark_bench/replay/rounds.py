@@ -15,7 +15,7 @@ from dspark_bench.config import LEARNED, DecodeConfig
 from dspark_bench.decoding.budget import row_rule
 from dspark_bench.decoding.confidence import signal_of
 from dspark_bench.decoding.goodput import decisions
-from dspark_bench.decoding.schedule import (
+from dspark_bench.decoding.rules import (
     bucket_policies,
     discards_below,
     forced,

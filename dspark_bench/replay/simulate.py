@@ -27,7 +27,7 @@ import pandas as pd
 from dspark_bench import schedules
 from dspark_bench.config import METRICS, SEMANTICS, DecodeConfig
 from dspark_bench.decoding.confidence import signal_of
-from dspark_bench.decoding.schedule import discards_below, forced, keeps_failing
+from dspark_bench.decoding.rules import discards_below, forced, keeps_failing
 from dspark_bench.decoding.types import Round
 from dspark_bench.depth import DEPTH_LABELS, depth_bucket
 from dspark_bench.errors import DsparkError
@@ -119,7 +119,7 @@ def failure_codes(signal, thresholds, min_draft_len, keep, eos_step, out):  # pr
     when the schedule dropped that step (its forward counts but its token is not drafted).
 
     The stop is one past the last drafted step: the first failing step if it is dropped, the
-    step after it if it is kept (`keep`: schedule.keeps_failing), or one past the rollout's first
+    step after it if it is kept (`keep`: rules.keeps_failing), or one past the rollout's first
     EOS, if earlier. Folding EOS in lets the walk take a round's length as one min with
     gamma_max and the budget."""
     P, N, G = signal.shape

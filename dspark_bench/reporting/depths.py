@@ -1,5 +1,5 @@
 """The report's depth view: the best configuration's and the best fixed γ's metrics by the depth
-each round started at, and their measured speedup by the prompt's length (harness/depths.py).
+each round started at, and their measured speedup by the prompt's length (harness/depth_breakdown.py).
 
 Shown only where it says something new: the round table when a run's rounds span more than one
 depth bucket, the speedup table when its prompts do. A short-prompt run shows neither. A sweep
@@ -16,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 
 from dspark_bench.depth import DEPTH_EDGES, depth_labels
-from dspark_bench.harness.depths import by_prompt_depth
+from dspark_bench.harness.depth_breakdown import by_prompt_depth
 from dspark_bench.metrics import summarize_by_depth
 from dspark_bench.reporting import plots
 from dspark_bench.reporting.plots.depth import CHOSEN
@@ -142,7 +142,7 @@ def depth_search_rows(inputs: Inputs) -> pd.DataFrame:
     metrics by the depth each round started at (summary.json's depth_search buckets), and the
     search's choice in each bucket (role "each bucket's best": threshold, gamma_max). Source
     "measured": the depth policy's and the best single policy's timed speedup with its 95 %
-    interval over the prompts of each prompt length bucket (harness/depths.py by_prompt_depth)."""
+    interval over the prompts of each prompt length bucket (harness/depth_breakdown.py by_prompt_depth)."""
     found = _searched(inputs)
     names = task_names(inputs, found)
     rows = []

@@ -19,7 +19,6 @@ import pandas as pd
 
 from dspark_bench.config import with_defaults
 from dspark_bench.errors import DsparkError
-from dspark_bench.prompts import prompts_fingerprint
 from dspark_bench.results import (
     SCHEMA_VERSION,
     check_writable,
@@ -30,6 +29,7 @@ from dspark_bench.results import (
     write_folder,
     write_text,
 )
+from dspark_bench.tasks.prompts import prompts_fingerprint
 
 # The files a baseline keeps; samples.parquet is needed for the outputs' fingerprint.
 BASELINE_FILES = ("run.json", "summary.json", "samples.parquet")

@@ -116,7 +116,7 @@ def depth_search(rec, configs: list[DecodeConfig], cost) -> DepthChoice | None:
     return DepthChoice(depth, row, pd.concat([by_depth, depth_rows], ignore_index=True), chosen)
 
 
-def depth_summary(choice: DepthChoice, table: pd.DataFrame, configs: list[DecodeConfig], rec, cost) -> DepthSearch:
+def depth_search_of(choice: DepthChoice, table: pd.DataFrame, configs: list[DecodeConfig], rec, cost) -> DepthSearch:
     """summary.json's "depth_search": each bucket's choice, and per bucket the depth policy beside
     the best single policy and the best fixed γ (each bucket's metrics and predicted speedup); the
     best by measured speedup where the sweep timed them, else by replay's prediction (`ranked_by`)."""
@@ -200,7 +200,7 @@ def _speedup(row) -> str:
 @dataclass(frozen=True)
 class DepthSearch:
     """The section: each bucket's choice, and the depth policy, the best single policy and the best
-    fixed γ per bucket (depth_summary), with the paired verdict of the first two where both were timed."""
+    fixed γ per bucket (depth_search_of), with the paired verdict of the first two where both were timed."""
 
     KEYS: ClassVar[tuple[str, ...]] = ("depth_search", "depth_verdict")
     ABSENT: ClassVar[dict] = {}  # a sweep that searched nothing by depth says nothing of it

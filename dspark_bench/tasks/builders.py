@@ -17,7 +17,7 @@ import re
 import textwrap
 
 from dspark_bench.depth import DEPTH_LABELS, depth_bucket, depth_label
-from dspark_bench.prompts import Prompt
+from dspark_bench.tasks.prompts import Prompt
 
 
 def _documents(domain: str):

@@ -14,8 +14,8 @@ import json
 from pathlib import Path
 
 from dspark_bench.errors import DsparkError, first_line
-from dspark_bench.hub import hub_reachable
-from dspark_bench.prompts import Prompt
+from dspark_bench.tasks.hub import hub_reachable
+from dspark_bench.tasks.prompts import Prompt
 
 BUILDER_BY_SUFFIX = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet", ".txt": "text"}
 COMPRESSIONS = {".gz": "gzip", ".bz2": "bz2", ".xz": "lzma", ".zst": None}  # None: datasets reads it unchecked

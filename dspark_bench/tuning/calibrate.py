@@ -48,10 +48,10 @@ from dspark_bench.measure.cost_model import halfway, measure_surface
 from dspark_bench.measure.recording import record
 from dspark_bench.metrics import summarize
 from dspark_bench.objectives import rank
-from dspark_bench.prompts import Prompt, encode, prompts_fingerprint
 from dspark_bench.replay.continuations import Continuations, open_for
 from dspark_bench.results import environment
 from dspark_bench.tasks import get_task, load_dataset_prompts, load_task, pair_of
+from dspark_bench.tasks.prompts import Prompt, encode, prompts_fingerprint
 
 # Choosing (pure) is domain_choice.py's, the file itself (schema, loading, writing)
 # harness/calibration_file.py's; the decoder's users find them here too.

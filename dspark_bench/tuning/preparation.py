@@ -13,15 +13,15 @@ from typing import TYPE_CHECKING, Callable
 import pandas as pd
 
 from dspark_bench.config import LEARNED, DecodeConfig
-from dspark_bench.engines.tools import EngineTools
+from dspark_bench.engines.registry import EngineRegistry
 from dspark_bench.errors import DsparkError
 from dspark_bench.harness.models import context_warning, load_pair
-from dspark_bench.prompts import encode
 from dspark_bench.replay import cost_file
 from dspark_bench.replay.continuations import Continuations, check_files, open_for
 from dspark_bench.sections import registry
 from dspark_bench.sections.sampling import Sampling
 from dspark_bench.tasks import load_prompts, pair_of
+from dspark_bench.tasks.prompts import encode
 from dspark_bench.tuning.spec import SweepSpec, base_config, evaluation_for, points
 
 if TYPE_CHECKING:
@@ -92,7 +92,7 @@ def check_sampled_replay(spec: SweepSpec, configs: list[DecodeConfig]) -> None:
                           "temperature is priced on ours or on a cost-model file (drop --prices llamacpp)")
 
 
-def prepare(spec: SweepSpec, say: Callable[[str], None] | None = None, engines: EngineTools | None = None,
+def prepare(spec: SweepSpec, say: Callable[[str], None] | None = None, engines: EngineRegistry | None = None,
             progress: StageProgress | None = None) -> LoadedSweep:
     spec.use_threads()
     cost_file.check_choice(spec.prices)  # a bad --prices ends before anything loads
@@ -112,7 +112,7 @@ def prepare(spec: SweepSpec, say: Callable[[str], None] | None = None, engines: 
     warning = context_warning(pair, prompts, base.verification.max_new_tokens, spec.chat_template) if say else None
     if warning:
         say(warning)
-    prepared.prices = engine_prices(spec, prepared, (engines or EngineTools()).measure, say, progress)
+    prepared.prices = engine_prices(spec, prepared, (engines or EngineRegistry()).measure, say, progress)
     if spec.continuations is not None:  # checked before any folder or record is written
         prepared.continuations = open_continuations(spec, pair, prompts, base, say)
     return prepared

@@ -18,11 +18,11 @@ from dspark_bench.decoding.learned_signal import CONTEXT
 from dspark_bench.harness.runner import stage_steps
 from dspark_bench.measure import record_parts, sampled_recording
 from dspark_bench.measure.recording import record
-from dspark_bench.prompts import prompts_fingerprint
 from dspark_bench.replay import sampled
 from dspark_bench.replay.record import Record
 from dspark_bench.replay.rounds import check_sampling
 from dspark_bench.results import write_folder
+from dspark_bench.tasks.prompts import prompts_fingerprint
 from dspark_bench.tuning.preparation import LoadedSweep
 from dspark_bench.tuning.spec import SweepSpec
 

@@ -22,7 +22,7 @@ from dspark_bench.config import DEFAULTS, DecodeConfig, expand
 from dspark_bench.decoding import capture
 from dspark_bench.decoding.static_batch_lm import capacity_for
 from dspark_bench.depth import PRICED_DEPTHS, priced_depths, spans_depth
-from dspark_bench.engines.tools import EngineTools
+from dspark_bench.engines.registry import EngineRegistry
 from dspark_bench.errors import DsparkError
 from dspark_bench.harness.health import (
     LoadProbe,
@@ -34,7 +34,6 @@ from dspark_bench.harness.health import (
 )
 from dspark_bench.harness.plan import precision_plan, replay_plan, seconds_per_token
 from dspark_bench.measure.cost_model import halfway, measure_depths, measure_surface, torch_version
-from dspark_bench.prompts import encode
 from dspark_bench.replay import cost_file, sampled
 from dspark_bench.replay.batched import simulate_with_surface
 from dspark_bench.replay.simulate import simulate_grid
@@ -42,8 +41,9 @@ from dspark_bench.results import write_json, write_parquet
 from dspark_bench.sections import registry
 from dspark_bench.sections.analyses import Analyses
 from dspark_bench.sections.base import SweepFacts
-from dspark_bench.sections.depth import depth_summary, depth_verdict, join_depth_policy
+from dspark_bench.sections.depth import depth_search_of, depth_verdict, join_depth_policy
 from dspark_bench.sections.engine_verdict import EngineVerdict
+from dspark_bench.tasks.prompts import encode
 from dspark_bench.tuning.added_policies import (
     added_count,
     budget_points,
@@ -67,7 +67,7 @@ MODEL = DEFAULTS.drafting  # the draft model: the drafter whose record the fits 
 
 
 def engine_verdict(spec: SweepSpec, prepared: LoadedSweep, records: dict, prices, gamma: int, folder: Path,
-                   engines: EngineTools, say, progress) -> EngineVerdict | None:
+                   engines: EngineRegistry, say, progress) -> EngineVerdict | None:
     """The deployment engine's own verdict where the sweep is priced on an engine that can run
     its policies (llama.cpp): measured there, not on ours. None for our own prices."""
     name = prices.engine.measured_by.get("name") if prices.engine is not None else None
@@ -98,7 +98,7 @@ def replay_space(configs: list[DecodeConfig], base: DecodeConfig) -> list[Decode
 
 def replay_sweep(folder: Path, spec: SweepSpec, prepared: LoadedSweep, records_root: Path,
                  progress: StageProgress | None = None, say: Callable[[str], None] | None = None,
-                 engines: EngineTools | None = None) -> SweepResult:
+                 engines: EngineRegistry | None = None) -> SweepResult:
     """Record once, price, simulate the whole space, confirm the best few with real timed runs and
     summarise; the analyses (analysis/) too where the spec asks for them. Priced on an engine that
     `engines` can run, that engine confirms too, and its verdict leads the summary."""
@@ -119,11 +119,11 @@ def replay_sweep(folder: Path, spec: SweepSpec, prepared: LoadedSweep, records_r
     # An unreliable cost table still ranks (rounds are exact), but its picks are confirmed harder.
     cost_unreliable = worst(c.verdict for c in prices.checks) == "unreliable"
     table, samples, paired, verdict = confirm_stage(spec, prepared, table, configs, records, prices, gamma, folder,
-                                                    cost_unreliable, engines or EngineTools(), say, progress)
+                                                    cost_unreliable, engines or EngineRegistry(), say, progress)
     probe.sample("confirmed")
     found = [verdict]
     if depth is not None:  # each bucket's choice, and the depth policy against the best single one, paired
-        found.append(dataclasses.replace(depth_summary(depth, table, configs, records[MODEL], prices.cost),
+        found.append(dataclasses.replace(depth_search_of(depth, table, configs, records[MODEL], prices.cost),
                                          verdict=depth_verdict(table, samples, (paired or {}).get("same_work"))))
     write_parquet(folder / "trials.parquet", table)
     if not samples.empty:
@@ -155,7 +155,7 @@ def sweep_checks(table: pd.DataFrame, prices: Prices, probe: LoadProbe, wall_s: 
 
 
 def confirm_stage(spec: SweepSpec, prepared: LoadedSweep, table: pd.DataFrame, configs: list[DecodeConfig],
-                  records: dict, prices: Prices, gamma: int, folder: Path, harder: bool, engines: EngineTools, say,
+                  records: dict, prices: Prices, gamma: int, folder: Path, harder: bool, engines: EngineRegistry, say,
                   progress) -> tuple[pd.DataFrame, pd.DataFrame, dict | None, dict | None]:
     """The timed stage: the best `confirm_top` policies and the best fixed γ timed on our decoder
     (twice the repeats where the cost table is unreliable: `harder`) and, priced on an engine that
@@ -316,15 +316,15 @@ def simulate_all(folder: Path, configs: list[DecodeConfig], records: dict, price
     parts = []
     for key, group in drafter_groups(configs).items():
         chosen = [configs[i] for i in group]
-        part = priced(records[key], chosen, prices.surface, prices.cost, prices.batched)
+        part = replayed(records[key], chosen, prices.surface, prices.cost, prices.batched)
         if prices.engine:  # what our decoder, which confirms, is predicted to measure
-            part["predicted_speedup_ours"] = priced(records[key], chosen, prices.ours, prices.ours.at(1),
+            part["predicted_speedup_ours"] = replayed(records[key], chosen, prices.ours, prices.ours.at(1),
                                                     prices.batched)["predicted_speedup"].to_numpy()
         parts.append(part.assign(config_id=np.array(group)))
     return pd.concat(parts, ignore_index=True).sort_values("config_id", ignore_index=True).assign(source="replay")
 
 
-def priced(rec, configs: list[DecodeConfig], surface, cost, batched: bool) -> pd.DataFrame:
+def replayed(rec, configs: list[DecodeConfig], surface, cost, batched: bool) -> pd.DataFrame:
     """The policies replayed on `rec`, priced on `surface` (at B > 1, both layouts) or `cost`; a
     sampled record's expectations over its replicates (replay/sampled.py)."""
     return sampled.expected([simulate_with_surface(r, configs, surface) if batched else simulate_grid(r, configs, cost)

@@ -24,7 +24,7 @@ from dspark_bench.objectives import LOAD_OBJECTIVES, OBJECTIVES
 from dspark_bench.replay.arrivals import read_trace
 
 STUDY = "Study"  # the --help group of a sweep's own settings
-LOAD = "Under load"  # the --help group of replay under load (replay/load.py)
+LOAD = "Under load"  # the --help group of replay under load (replay/under_load.py)
 # What a sweep's own knobs need to have any effect (knobs.Needs; SweepSpec.check_needs refuses them without).
 REPLAY = Needs("replay (--evaluation replay or auto)", lambda w, c: evaluation_for(w) == "replay")
 LOADED = Needs("replay under load (--arrival-rate or --arrival-trace)", lambda w, c: under_load(w))
@@ -97,7 +97,7 @@ class SweepSpec(Workload):
     # Temperature as an axis: one sweep per temperature listed (each its own record and folder),
     # in place of `temperature`; `report` of their folders draws the best policy against it.
     temperatures: tuple[float, ...] = ()
-    # Replay under load (replay/load.py, docs/batch-sizes.md#under-load): every policy at max_batch rows
+    # Replay under load (replay/under_load.py, docs/batch-sizes.md#under-load): every policy at max_batch rows
     # serving requests that arrive at each rate (`sweep --arrival-rate R`, repeatable) or by a trace.
     arrival_rates: tuple[float, ...] = ()
     arrival_trace: str | None = knob(None, "Replay under load: a trace of arrival times, seconds, one per line (as "

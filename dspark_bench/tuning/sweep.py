@@ -17,7 +17,6 @@ from dspark_bench.decoding import capture
 from dspark_bench.errors import DsparkError
 from dspark_bench.harness.plan import real_sweep_plan, seconds_per_token
 from dspark_bench.objectives import rank
-from dspark_bench.prompts import encode, prompts_fingerprint
 from dspark_bench.results import (
     SCHEMA_VERSION,
     check_writable,
@@ -28,6 +27,7 @@ from dspark_bench.results import (
     write_json,
     write_parquet,
 )
+from dspark_bench.tasks.prompts import encode, prompts_fingerprint
 from dspark_bench.tuning.spec import SweepSpec, evaluation_for, old_keys, parse_spec, per_temperature, points
 from dspark_bench.tuning.study import (
     TrialContext,
@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from dspark_bench.harness.runner import StageProgress
 
 
-from dspark_bench.engines.tools import EngineTools, engine_tools
+from dspark_bench.engines.registry import EngineRegistry, engine_registry
 from dspark_bench.measure.record_parts import parse_shard  # noqa: F401 (the CLI's --shard)
 from dspark_bench.tuning.preparation import LoadedSweep, SweepResult, check_sampled_replay, prepare
 from dspark_bench.tuning.records import load_or_record, parts_folder
@@ -106,13 +106,13 @@ def finish_real(folder: Path, study: optuna.Study, spec: SweepSpec) -> SweepResu
 def run_sweep(spec: SweepSpec, out: Path, storage: str | None = None, study_name: str | None = None,
               workers: int = 1, progress: StageProgress | None = None,
               say: Callable[[str], None] | None = None, origin: str | None = None,
-              engines: EngineTools | None = None) -> SweepResult:
+              engines: EngineRegistry | None = None) -> SweepResult:
     """A new sweep: real (grid / Optuna, in a study) or replay; returns its folder, best policies
     and summary (a SweepResult).
 
     With `say`, the plan and its estimated duration are said before any decoding; `engines`: what
     measures the prices of an engine --prices names and confirms in it (default: what the engines
-    lend here, engines.tools.engine_tools)."""
+    lend here, engines.registry.engine_registry)."""
     if workers < 1:
         raise DsparkError(f"--workers must be at least 1 (got {workers})")
     evaluation = evaluation_for(spec)
@@ -120,7 +120,7 @@ def run_sweep(spec: SweepSpec, out: Path, storage: str | None = None, study_name
         raise DsparkError("--continuations feeds replay's record: a real sweep decodes every policy here "
                           "(drop --evaluation real, or --continuations)")
     check_writable(out)  # before any model loads or prices are measured
-    engines = engines if engines is not None else engine_tools(spec.prices, say)
+    engines = engines if engines is not None else engine_registry(spec.prices, say)
     prepared = prepare(spec, say, engines, progress)  # prompts read, models loaded, files checked, prices found
     if evaluation == "replay":
         needs_draft_model(prepared.pair)
@@ -147,13 +147,13 @@ def run_sweep(spec: SweepSpec, out: Path, storage: str | None = None, study_name
 def run_sweeps(spec: SweepSpec, out: Path, storage: str | None = None, study_name: str | None = None,
                workers: int = 1, progress: StageProgress | None = None,
                say: Callable[[str], None] | None = None, origin: str | None = None,
-               engines: EngineTools | None = None) -> list[SweepResult]:
+               engines: EngineRegistry | None = None) -> list[SweepResult]:
     """One sweep per temperature the spec lists (`temperatures`: each its own record and folder),
     else the spec's one sweep; every one checked before the first decodes."""
     chosen = per_temperature(spec)
     for one in chosen:
         check_sampled_replay(one, points(one))
-    engines = engines if engines is not None else engine_tools(spec.prices, say)  # said once, not per sweep
+    engines = engines if engines is not None else engine_registry(spec.prices, say)  # said once, not per sweep
     results = []
     for one in chosen:
         if say and len(chosen) > 1:

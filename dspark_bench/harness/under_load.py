@@ -1,5 +1,5 @@
 """A real load run: the batched decoder (continuous batching, `--batching refill`) serving requests
-that arrive over time, the measurement replay under load (replay/load.py) predicts.
+that arrive over time, the measurement replay under load (replay/under_load.py) predicts.
 
 Each policy, and plain decoding, is a server of its own (`decoding.batched.serving` with the
 requests' arrivals): it admits a request at a step boundary once it has arrived and has a free row,
@@ -18,15 +18,15 @@ import torch
 from dspark_bench.config import LEARNED, DecodeConfig
 from dspark_bench.decoding.batched import autoregressive_serving, interleave, speculative_serving
 from dspark_bench.errors import DsparkError
-from dspark_bench.measure.beside import SurfaceSampler
+from dspark_bench.measure.between_steps import CostBetweenSteps
 from dspark_bench.replay.cost import CostSurface
-from dspark_bench.replay.load import PLAIN, Arrivals, serving_metrics
+from dspark_bench.replay.under_load import PLAIN, Arrivals, serving_metrics
 
 
 @torch.inference_mode()
-def load_run(pair, prompt_ids: list[list[int]], configs: list[DecodeConfig], arrivals: Arrivals, max_batch: int,
+def run_under_load(pair, prompt_ids: list[list[int]], configs: list[DecodeConfig], arrivals: Arrivals, max_batch: int,
              eos_ids: frozenset[int], tpot_limit: float | None = None, ttft_limit: float | None = None,
-             sampler: SurfaceSampler | None = None) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+             sampler: CostBetweenSteps | None = None) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """Plain decoding and every policy serving `arrivals` (request i: prompt i mod prompts) at up
     to `max_batch` rows: (one row per server with serving_metrics' columns and `identical`, every
     request's output equal to plain decoding's, where greedy; every request's times; every
@@ -73,8 +73,8 @@ def load_run(pair, prompt_ids: list[list[int]], configs: list[DecodeConfig], arr
     return pd.DataFrame(rows), pd.concat(requests, ignore_index=True), steps
 
 
-def priced(steps: pd.DataFrame, surface: CostSurface) -> np.ndarray:
-    """What the cost surface charges for each traced admission and step (load_run's `steps`), as
+def step_costs(steps: pd.DataFrame, surface: CostSurface) -> np.ndarray:
+    """What the cost surface charges for each traced admission and step (run_under_load's `steps`), as
     the load replay charges it: a join its prompt's prefill (the draft's too on a speculative
     server), a step forwards · t_draft(rows) + t_verify(rows, longest)."""
     tables = {learned: surface.tables(int(steps["rows"].max()), learned) for learned in (False, True)}
@@ -93,7 +93,7 @@ def priced(steps: pd.DataFrame, surface: CostSurface) -> np.ndarray:
 def in_decode_ratios(steps: pd.DataFrame, surface: CostSurface) -> pd.DataFrame:
     """How far a traced run's own admissions and steps took from what `surface` charges for them:
     seconds / priced, per kind and row count (1: the surface is exact for this run)."""
-    table = steps.assign(priced=priced(steps, surface))
+    table = steps.assign(priced=step_costs(steps, surface))
     return (table.groupby(["kind", "rows"]).agg(count=("seconds", "size"), seconds=("seconds", "sum"),
                                                 priced=("priced", "sum"))
             .assign(ratio=lambda t: t["seconds"] / t["priced"]).reset_index())
@@ -104,7 +104,7 @@ def in_decode_surface(surface: CostSurface, ratios: pd.DataFrame) -> CostSurface
     steps took than what they were priced (`ratios`: in_decode_ratios of one or more runs, pooled;
     for a batch size the runs never had, the nearest row count they had), and the prefill by the
     same for their admissions: prices as the decoder paid them inside a run, where an isolated
-    pass on a static batch (`SurfaceSampler`) misses what a live batch adds (wider caches with
+    pass on a static batch (`CostBetweenSteps`) misses what a live batch adds (wider caches with
     holes, rows joining and leaving)."""
     pooled = ratios.groupby(["kind", "rows"])[["seconds", "priced"]].sum()
     steps = pooled.loc["step"]

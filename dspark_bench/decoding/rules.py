@@ -1,4 +1,5 @@
-"""Stopping rules: when does the drafter stop proposing tokens in a round?
+"""A stopping policy as the decoders run it: when does the drafter stop proposing tokens in a round?
+(The schedules themselves, one object each, are dspark_bench/schedules.py; this is their arithmetic.)
 
 The rule is asked about draft position i (1-based) after the token at i was proposed with
 confidence c_i. `keeps` says whether that token passes. Under our semantics the token that fails
@@ -26,8 +27,8 @@ import torch
 
 from dspark_bench import schedules
 from dspark_bench.config import DecodeConfig
+from dspark_bench.decoding.as_numpy import running
 from dspark_bench.decoding.budget import row_rule
-from dspark_bench.decoding.host_rounding import running
 from dspark_bench.depth import depth_bucket
 
 

@@ -37,7 +37,7 @@ def by_prompt_depth(samples: pd.DataFrame) -> pd.DataFrame:
     return table.assign(_order=order).sort_values(["config_id", "_order"], kind="stable").drop(columns="_order")
 
 
-def depth_summary(samples: pd.DataFrame) -> dict:
+def depth_breakdowns(samples: pd.DataFrame) -> dict:
     """summary.json's depth keys: the bucket edges, by_depth and by_prompt_depth."""
     return {"depth_edges": list(DEPTH_EDGES),
             "by_depth": summarize_by_depth(samples, DEPTH_LABELS).to_dict(orient="records"),

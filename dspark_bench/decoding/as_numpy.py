@@ -1,5 +1,5 @@
 """Tensor operations that round exactly as the host does, so a rule decided on the device
-(schedule.DeviceRule, the goodput rule on the device) agrees with the host's and with replay's
+(rules.DeviceRule, the goodput rule on the device) agrees with the host's and with replay's
 decisions bit for bit: np.interp, and running products and sums taken in the host's order."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import torch
 
 def interp(confidence: torch.Tensor, xp: torch.Tensor, fp: torch.Tensor) -> torch.Tensor:
     """`np.interp(confidence, xp, fp)` on float64 tensors, operation for operation, so the
-    decoder's device-side rule (schedule.DeviceRule) decides exactly as the host and replay do."""
+    decoder's device-side rule (rules.DeviceRule) decides exactly as the host and replay do."""
     if len(xp) == 1:
         return fp[0].expand(confidence.shape)
     j = (torch.searchsorted(xp, confidence, right=True) - 1).clamp(0, len(xp) - 2)  # xp[j] <= c < xp[j+1]

@@ -1,5 +1,5 @@
-"""A cost model over B timed beside running decodes (`SurfaceSampler`): a pass per turn of the decodes
-it takes turns with, so that its costs and their times see the same machine (harness/load_run.py)."""
+"""A cost model over B timed beside running decodes (`CostBetweenSteps`): a pass per turn of the decodes
+it takes turns with, so that its costs and their times see the same machine (harness/under_load.py)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from dspark_bench.measure.cost_model import batch_of, learned_clock, time_pass, 
 from dspark_bench.replay.cost import CostModel, CostSurface, worst_spread
 
 
-class SurfaceSampler:
+class CostBetweenSteps:
     """A cost model over B timed beside running decodes, one pass per `step()`, so that its timings
-    share the machine's drift with the decodes it takes turns with (harness/load_run.py: this
+    share the machine's drift with the decodes it takes turns with (harness/under_load.py: this
     machine's speed can move 1.5x within minutes, which a cost model timed before a run cannot see).
 
     t_draft(B) and t_verify(B, k) through the batched decoder's own cache at every B, B = 1 too (a

@@ -16,7 +16,7 @@ from dspark_bench.replay.cost_file import OURS
 
 
 @dataclass
-class EngineTools:
+class EngineRegistry:
     """Per engine name: `measure(spec, pair, prompts, gamma, max_new_tokens, say, progress)`, its
     cost_file.CostFile where none is cached; `confirm(spec, prepared, record, prices, gamma, folder,
     say, progress)`, the best policies run in that engine and its verdict (a dict with a `sentence`)."""
@@ -25,7 +25,7 @@ class EngineTools:
     confirm: dict[str, Callable] = field(default_factory=dict)
 
 
-def engine_tools(prices: str | None, say: Callable[[str], None] | None = None) -> EngineTools:
+def engine_registry(prices: str | None, say: Callable[[str], None] | None = None) -> EngineRegistry:
     """The engines a sweep priced on `prices` (its --prices) measures and confirms in: llama.cpp's
     prices measured where none are cached, and its confirmation in llama-server where one is built
     here; where none is, a sweep priced on llama.cpp's costs is confirmed on our decoder alone, as said."""
@@ -34,5 +34,5 @@ def engine_tools(prices: str | None, say: Callable[[str], None] | None = None) -
     except DsparkError as error:  # ranked on llama.cpp's prices still; confirmed on ours alone
         if say and prices not in (None, "", OURS):
             say(f"no llama-server here ({error}): a sweep priced on llama.cpp's costs is confirmed on our decoder only")
-        return EngineTools(measure={"llamacpp": sweep_prices})
-    return EngineTools(measure={"llamacpp": sweep_prices}, confirm={"llamacpp": confirm_in_llamacpp})
+        return EngineRegistry(measure={"llamacpp": sweep_prices})
+    return EngineRegistry(measure={"llamacpp": sweep_prices}, confirm={"llamacpp": confirm_in_llamacpp})
