@@ -4,7 +4,7 @@
 - `checks/`: replay and its prices held against real runs: sampled replay against real sampled runs
   (`sampled_replay`, `sampled_tiny`, `sampled_bias`), a sweep before and after a change
   (`replay_equality`, with `replay_equality.sh`), timed replay (`timed_replay`), prices inside
-  running decodes (`in_decode`) and replay under load against real load runs (`load`).
+  running decodes (`in_decode`) and replay under load against real runs under load (`load`).
 - `measurements/`: the scripts behind the measured tables of docs/ (each page cites its script).
 - `gpu/`: the GPU run, one program (`python -m benchmarks.gpu`, or `bash benchmarks/gpu/gpu.sh`).
 - `common`: the one argument convention every script's parser follows.

@@ -262,7 +262,7 @@ def test_the_depth_figure_draws_the_summarys_numbers_and_the_measured_speedups(l
 
     from dspark_bench.metrics import sample_speedup
     from dspark_bench.reporting import plots
-    from dspark_bench.reporting.depths import depth_search_rows
+    from dspark_bench.reporting.depth_tables import depth_search_rows
     from dspark_bench.reporting.plots.depth import ROLES
     from dspark_bench.reporting.report_inputs import load_inputs
 

@@ -232,3 +232,27 @@ def test_stated_counts_are_found_where_they_are_written():
         (["--task", "code", "--limit", "4"], 3486, "policies"), (["--task", "code", "--limit", "4"], 4, "prompts"),
         (["--limit", "40"], 40, "prompts"), (["--task", "code"], 20, "prompts"), (["--task", "code"], 12, "policies"),
         (["--task", "code"], 5, "policies")])
+
+
+def package_map() -> dict[str, str]:
+    """The README's package map: each row's package folder (core: "") -> the row's text."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("\n## The package\n", 1)[1].split("\n## ", 1)[0]
+    rows = {}
+    for line in section.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if line.startswith("| ") and len(cells) == 2 and cells[0] not in ("package", "---"):
+            folder = re.search(r"`([\w/]+)/`", cells[0])
+            rows["" if cells[0].startswith("core") else folder.group(1)] = cells[1]
+    return rows
+
+
+def test_the_readme_package_map_names_every_module_in_its_row():
+    """A module added, moved or renamed shows in the README's map, in its own package's row."""
+    rows = package_map()
+    package = ROOT / "dspark_bench"
+    missing = [str(p.relative_to(package)) for p in sorted(package.rglob("*.py"))
+               if p.stem not in ("__init__", "__main__") and "__pycache__" not in p.parts
+               and f"`{p.name}`" not in rows.get(str(p.parent.relative_to(package)).replace(".", ""), "")]
+    assert missing == []
+    assert {"", "decoding", "replay", "measure", "sections", "reporting/plots"} <= set(rows)

@@ -217,7 +217,7 @@ def test_verdicts_pick_per_rate(setting):
         under_load.verdicts(table, "latency")
 
 
-def test_a_real_load_run_serves_every_request_losslessly(setting):
+def test_a_real_run_under_load_serves_every_request_losslessly(setting):
     pair, ids, _ = setting
     arrivals = under_load.Arrivals(ARRIVALS / 100, "test", 1.0)
     summary, requests, steps = run_under_load(pair, PROMPTS, POLICIES[:2], arrivals, B, pair.eos_ids)

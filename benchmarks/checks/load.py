@@ -1,4 +1,4 @@
-"""Issue 54's proof: replay under load held against real load runs of the batched decoder.
+"""Issue 54's proof: replay under load held against real runs under load of the batched decoder.
 
 One replay sweep over the shipped pair with the load stage (`sweep --arrival-rate R`) predicts
 every policy's throughput and time per output token at each arrival rate; then the batched
@@ -194,7 +194,7 @@ def replay_speed(folder: Path, spec, summary: dict) -> dict:
 
 
 def markdown(rows: pd.DataFrame, summary: dict, speed: dict, folder: Path) -> str:
-    lines = [f"Load replay against real load runs: {summary['requests']} requests per rate, up to "
+    lines = [f"Load replay against real runs under load: {summary['requests']} requests per rate, up to "
              f"{summary['max_batch']} at once; sweep {folder}; machine: {describe_machine(environment())}.", "",
              "| rate (req/s) | policy | " + " | ".join(f"{name}: real · replay (error) · in decode: own · others "
                                                      "· (sweep's prices)" for name, _ in METRICS.values())

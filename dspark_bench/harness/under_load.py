@@ -1,4 +1,4 @@
-"""A real load run: the batched decoder (continuous batching, `--batching refill`) serving requests
+"""A real run under load: the batched decoder (continuous batching, `--batching refill`) serving requests
 that arrive over time, the measurement replay under load (replay/under_load.py) predicts.
 
 Each policy, and plain decoding, is a server of its own (`decoding.batched.serving` with the
@@ -33,11 +33,11 @@ def run_under_load(pair, prompt_ids: list[list[int]], configs: list[DecodeConfig
     admission and step each server timed: `serving`'s trace, by config_id). `sampler` times one pass
     of the cost surface per turn of the servers, beside them."""
     if not prompt_ids:
-        raise DsparkError("a load run needs at least one prompt")
+        raise DsparkError("a run under load needs at least one prompt")
     ids = [prompt_ids[i % len(prompt_ids)] for i in range(arrivals.requests)]
     if any(c.verification.compiled for c in configs):  # each static cache serves one decode at a time
-        raise DsparkError("a load run's servers decode side by side, which captured passes cannot (one static "
-                          "cache per model): give it policies that are not compiled")
+        raise DsparkError("the servers of a run under load decode side by side, which captured passes cannot (one "
+                          "static cache per model): give it policies that are not compiled")
     configs = [c.replace(batch_size=max_batch) for c in configs]
     times = [float(t) for t in arrivals.times]
     plain_config = configs[0] if configs else DecodeConfig().replace(batch_size=max_batch)
@@ -45,7 +45,7 @@ def run_under_load(pair, prompt_ids: list[list[int]], configs: list[DecodeConfig
     servers = [autoregressive_serving(pair.target, ids, plain_config, max_batch, eos_ids, True, None, times,
                                       traces[0])]
     if any(c.drafting.drafter != "model" for c in configs):
-        raise DsparkError("a load run drafts with the draft model (the batched decoder's only drafter)")
+        raise DsparkError("a run under load drafts with the draft model (the batched decoder's only drafter)")
     servers += [speculative_serving(pair.target, pair.draft, ids, c, max_batch, eos_ids, True, None, times, trace)
                 for c, trace in zip(configs, traces[1:])]
     served = interleave(*servers, beside=sampler.step if sampler is not None else None)

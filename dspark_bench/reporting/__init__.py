@@ -1,7 +1,7 @@
 """Reporting: run folders turned into figures, a report and a CI verdict.
 
 The report (`report`, its words in `text`, what it reads in `report_inputs`, its batch-size view in
-`batch_sizes`, its depth view in `depths`, its signal-reliability data and figure in `reliability`,
+`batch_sizes`, its depth view in `depth_tables`, its signal-reliability data and figure in `reliability`,
 its temperature view in `temperatures`, its figure under load in `under_load`, published results in
 `literature.yaml`), the figures (`plots`), and the regression benchmark (`regress`) against stored
 baseline runs (`stored_runs`). A sweep's sections (`sections`) bring their own report blocks, which

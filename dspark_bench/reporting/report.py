@@ -25,7 +25,7 @@ from dspark_bench.errors import DsparkError, first_line
 from dspark_bench.objectives import OBJECTIVES
 from dspark_bench.reporting import plots
 from dspark_bench.reporting.batch_sizes import batch_blocks, batch_rows
-from dspark_bench.reporting.depths import depth_figure
+from dspark_bench.reporting.depth_tables import depth_figure
 from dspark_bench.reporting.reliability import reliability_data, reliability_figure
 from dspark_bench.reporting.report_inputs import (
     Inputs,

@@ -12,7 +12,7 @@ import yaml
 
 from dspark_bench import objectives
 from dspark_bench.reporting import plots
-from dspark_bench.reporting.depths import depth_blocks
+from dspark_bench.reporting.depth_tables import depth_blocks
 from dspark_bench.reporting.report_inputs import SUMMARY_METRICS, Inputs, best_and_classic, section_blocks
 from dspark_bench.results import describe_machine, evaluation_of
 from dspark_bench.sections.base import AFTER_DRAFTERS, SUMMARY_HEAD

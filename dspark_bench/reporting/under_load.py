@@ -1,7 +1,7 @@
 """The report's figure of a sweep under load (`sweep --arrival-rate R`, sections/under_load.py,
 whose table the report places): throughput and time per output token against the rate for plain
 decoding and the policies that were best anywhere. Everything here is replayed (replay/under_load.py);
-benchmarks/checks/load.py holds it against real load runs."""
+benchmarks/checks/load.py holds it against real runs under load."""
 
 from __future__ import annotations
 

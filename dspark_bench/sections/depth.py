@@ -1,6 +1,6 @@
 """A sweep's depth search (summary.json's `depth_search` and `depth_verdict`): the depth-keyed
 policy a replay sweep proposes, what its record says by depth (docs/depth.md), and how the console
-and the report say it. Figure 14 is drawn by reporting/depths.py from this section's result.
+and the report say it. Figure 14 is drawn by reporting/depth_tables.py from this section's result.
 
 Given the record, a round's outcome depends only on the policy in force where it starts, so the
 choice per depth bucket is separable, up to the one round that crosses a bucket's edge: the

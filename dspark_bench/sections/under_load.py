@@ -3,7 +3,7 @@ at the server's max batch, serving requests that arrive at each rate (replay/und
 policy per rate by the spec's load objective beside the best fixed γ and plain decoding
 (docs/batch-sizes.md#under-load); its table in load.parquet, its rows on the console and its table
 in the report (the figure: reporting/under_load.py). Everything here is replayed;
-benchmarks/load.py holds it against real load runs."""
+benchmarks/checks/load.py holds it against real runs under load."""
 
 from __future__ import annotations
 
@@ -153,5 +153,5 @@ class UnderLoad:
                 f"policies by {load.objective}{load.limit(' with p99 TPOT within')}. TPOT: a request's time per "
                 f"output token after its first; TTFT: arrival to its first tokens. "
                 f"{load.verdict[0].upper()}{load.verdict[1:]}. "
-                "benchmarks/load.py holds these against real load runs (docs/batch-sizes.md#under-load).")
+                "benchmarks/checks/load.py holds these against real runs under load (docs/batch-sizes.md#under-load).")
         return [("h2", "Under load"), ("table", header, lines), ("p", text)]

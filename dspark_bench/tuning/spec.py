@@ -382,7 +382,7 @@ def base_config(spec: SweepSpec, task_tokens: int | None) -> DecodeConfig:
 
 def points(spec: SweepSpec, base: DecodeConfig | None = None) -> list[DecodeConfig]:
     """Every valid configuration of the space (config.expand; invalid combinations are never run).
-    A depth policy is not searched: a replay sweep composes one (tuning/depth_choice.py)."""
+    A depth policy is not searched: a replay sweep composes one (sections/depth.py)."""
     composed = [name for name in spec.space.get("schedule", ()) if schedules.named(name).by_depth]
     if composed:
         raise DsparkError(f"the {composed[0]} schedule is not searched: a replay sweep composes a depth policy from "

@@ -1,5 +1,5 @@
 """Against context depth: a depth search's acceptance, choices and speedup per bucket
-(rows of reporting.depths.depth_search_rows: one per task, role, source and bucket)."""
+(rows of reporting.depth_tables.depth_search_rows: one per task, role, source and bucket)."""
 
 from __future__ import annotations
 
