@@ -90,3 +90,10 @@ def test_run_decodes_the_depth_policy_its_flags_name():
     run decodes (set in the grid's base, the default schedule dropped it before the schedule was set)."""
     config = RunConfig(task="code", grid={"schedule": ("depth",), "depth_policy": ("0.3/4,0.2/6",)})
     assert [c.label() for c in config.decode_configs()] == ["top1 depth 0.3/4·0.2/6 min1"]
+
+
+def test_decode_refuses_a_knob_its_one_policy_would_not_read(tmp_path):
+    """`decode` runs one policy: a knob it would not read is refused as `run` refuses it."""
+    result = invoke("decode", "def f():", "--ngram-max", "4")
+    assert result.exit_code == 1
+    assert "--ngram-max has no effect here: it needs the lookup drafter" in one_error_line(result)

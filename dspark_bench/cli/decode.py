@@ -34,6 +34,8 @@ def decode(
     with cli_errors():
         tokens = knobs["max_new_tokens"]
         config = DecodeConfig.of(**{**knobs, "max_new_tokens": DEFAULT_MAX_NEW_TOKENS if tokens is None else tokens})
+        if calibration is None:  # a knob given that this one policy would not read is refused, as run refuses it
+            Workload().check_needs([config], given={k: [v] for k, v in knobs.items() if v is not None})
         pair, config, result = decode_once(text, config, models["target"], models["draft"], models["device"],
                                            models["dtype"], models["chat_template"], calibration, domain,
                                            models["heads"], models["eager"])
