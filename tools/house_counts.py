@@ -38,6 +38,11 @@ def imports_torch(path: Path) -> bool:
     return bool(re.search(r"^\s*(import torch|from torch\b)", path.read_text(), re.M))
 
 
+# A schedule's flag read (schedules.of(c).by_depth, s.whole_batch, ...; CostModel.by_depth, a cost model's
+# depth axis, is another thing), or asked for (where(table, by_depth=True)).
+SCHEDULE_FLAG = r"(schedules\.(of|named)\([^)]*\)|\bschedule|\bs)\.{0}\b|{0}=True"
+
+
 def files_reading(package: Path, pattern: str) -> int:
     """Modules whose code holds `pattern` (a string key read, a flag named)."""
     return sum(bool(re.search(pattern, p.read_text())) for p in modules(package))
@@ -68,8 +73,8 @@ def counts(root: Path) -> dict[str, object]:
         "private names imported across modules": len([i for p in found for i in private_imports(p)]),
         'files reading the "sampling" key': files_reading(package, r"""\[["']sampling["']\]|get\(["']sampling["']"""),
         'files reading the "depth_search" key': files_reading(package, r"""["']depth_search["']"""),
-        "files reading a schedule's by_depth": files_reading(package, r"\.by_depth\b|by_depth=True"),
-        "files reading a schedule's whole_batch": files_reading(package, r"\.whole_batch\b|whole_batch=True"),
+        "files reading a schedule's by_depth": files_reading(package, SCHEDULE_FLAG.format("by_depth")),
+        "files reading a schedule's whole_batch": files_reading(package, SCHEDULE_FLAG.format("whole_batch")),
         "benchmarks/ scripts": len(bench),
         "benchmarks/ lines": sum(lines(p) for p in bench),
         "modules the README's package map misses": len(package_map_misses(root)),
