@@ -33,6 +33,22 @@ def knob(default, help: str, *, choices: tuple = (), at_least=None, above=None, 
     return field(default=default, metadata=meta)
 
 
+def flag_of(f) -> str:
+    """The option a declared field is typed as: its own `flag`, else --its-name."""
+    return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+
+
+def check_needs(declared: dict, given: dict, workload, policies: list) -> None:
+    """Refuse, before any work, a knob given where it has no effect (its declaration's `needs`):
+    `given` (knob -> the values typed) names a knob `declared` (knob -> its field) holds with a value
+    other than its default, and it needs what none of `policies` (DecodeConfigs of `workload`) gives."""
+    for name, values in given.items():
+        f = declared[name]
+        needs = f.metadata.get("needs")  # (only a knob with needs is compared: its values are plain)
+        if needs is not None and set(values) != {f.default} and not any(needs.holds(workload, p) for p in policies):
+            raise DsparkError(f"{flag_of(f)} has no effect here: it needs {needs.what}")
+
+
 @dataclass(frozen=True)
 class Needs:
     """What a knob needs to do anything: `holds(workload, policy)`, for a workload (a run or a

@@ -102,7 +102,7 @@ def test_a_path_knob_is_stored_as_its_normalised_string(monkeypatch):
 
 
 def test_a_sweep_switch_given_off_overrides_the_spec():
-    from dspark_bench.tuning.spec import command_overrides
+    from dspark_bench.tuning.spec_files import command_overrides
 
     assert command_overrides({"ignore_eos": False, "analyze": False}, [])["ignore_eos"] is False
     assert "ignore_eos" not in command_overrides({"ignore_eos": None, "analyze": False}, [])

@@ -12,7 +12,9 @@ from cli_helpers import invoke, one_error_line
 from dspark_bench.config import KNOBS, DecodeConfig
 from dspark_bench.harness.run import RunConfig
 from dspark_bench.harness.workload import Workload
+from dspark_bench.knobs import flag_of
 from dspark_bench.tuning.spec import SweepSpec
+from dspark_bench.tuning.spec_files import resolve_spec
 
 LOAD = ["--arrival-rate", "1", "--batch-size", "1", "--batch-size", "4"]
 # The knobs whose need the defaults meet: the default schedule reads a threshold; a sweep replays.
@@ -40,7 +42,8 @@ CASES = {
     "category_field": ("run", ["--category-field", "kind"], {"dataset": "prompts.jsonl"}, {}),
     "batching": ("run", ["--batching", "drain"], {}, {"batch_size": 4}),
     "precision_budget_s": ("run", ["--precision-budget", "100"], {"precision": 0.05}, {}),
-    "trials": ("sweep", ["--trials", "5"], {"method": "optuna"}, {}),
+    "method": ("sweep", ["--method", "optuna"], {"evaluation": "real"}, {}),
+    "trials": ("sweep", ["--trials", "5"], {"method": "optuna", "evaluation": "real"}, {}),
     "confirm_top": ("sweep", ["--evaluation", "real", "--confirm-top", "2"], {"evaluation": "replay"}, {}),
     "paths": ("sweep", ["--paths", "16"], {"temperature": 0.7}, {"temperature": 0.7}),
     "analyze": ("sweep", ["--evaluation", "real", "--analyze"], {"evaluation": "auto"}, {}),
@@ -70,7 +73,7 @@ def test_a_knob_that_would_do_nothing_is_refused_before_any_work(name, tmp_path,
     monkeypatch.chdir(tmp_path)
     result = invoke(command, "--task", "code", *flags, "--out", tmp_path / "out")
     assert result.exit_code == 1, result.output
-    assert f"--{name.replace('_', '-')} has no effect here: it needs " in one_error_line(result)
+    assert f"{flag_of(declaration(name))} has no effect here: it needs " in one_error_line(result)
     assert not (tmp_path / "out").exists()  # refused before any work: nothing written
 
 
@@ -97,3 +100,17 @@ def test_decode_refuses_a_knob_its_one_policy_would_not_read(tmp_path):
     result = invoke("decode", "def f():", "--ngram-max", "4")
     assert result.exit_code == 1
     assert "--ngram-max has no effect here: it needs the lookup drafter" in one_error_line(result)
+
+
+@pytest.mark.parametrize("spec,overrides", [
+    (None, {"task": "edit", "evaluation": "real"}),  # edit.yaml's confirm_top: the file's, not typed
+    (None, {"task": "edit", "space.drafter": ["model"]}),  # edit.yaml's n-gram space: the file's
+    ("sweeps/code.yaml", {"space.schedule": ["fixed"]}),  # the file's thresholds under a fixed schedule
+])
+def test_a_spec_file_s_own_knobs_are_not_the_command_s(spec, overrides):
+    """Only what the command typed is refused: a task's spec sets knobs for its own space, and a flag
+    that changes the space may leave some unread (these ran before knobs said what they need)."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    resolve_spec(root / spec if spec else None, overrides)  # no DsparkError

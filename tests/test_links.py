@@ -195,7 +195,8 @@ def what_sweep_does(args: tuple[str, ...]) -> dict:
     """The policies a `sweep` with `args` replays, and its prompts, from its plan (no model loads)."""
     from dspark_bench.config import SEARCHABLE_FIELDS, DecodeConfig
     from dspark_bench.tuning.replay_sweep import replay_space, replayed_count
-    from dspark_bench.tuning.spec import SweepSpec, command_overrides, points, resolve_spec
+    from dspark_bench.tuning.spec import SweepSpec, points
+    from dspark_bench.tuning.spec_files import command_overrides, resolve_spec
 
     params = ROOT_COMMAND.commands["sweep"].make_context("sweep", list(args)).params
     known = {f for f in SweepSpec.__dataclass_fields__} | set(SEARCHABLE_FIELDS)

@@ -25,6 +25,7 @@ from dspark_bench.decoding.confidence import SIGNALS
 from dspark_bench.errors import DsparkError
 from dspark_bench.results import load
 from dspark_bench.tuning import spec as sweep_spec
+from dspark_bench.tuning import spec_files
 from dspark_bench.tuning import study as studies
 from dspark_bench.tuning import sweep as sweeps
 
@@ -42,7 +43,7 @@ def base_args(saved_pair, prompts_file, out) -> list[str]:
 def real_spec(saved_pair, prompts_file):
     """A real (timed) sweep of 2 thresholds × 2 gamma_max on the saved pair and prompts."""
     target, draft = saved_pair
-    return sweep_spec.load_spec(None, {"target": target, "draft": draft, "dataset": str(prompts_file),
+    return spec_files.load_spec(None, {"target": target, "draft": draft, "dataset": str(prompts_file),
                                        "evaluation": "real", "max_new_tokens": 12, "space.threshold": [0.2, 0.6],
                                        "space.gamma_max": [2, 4]})
 
@@ -174,15 +175,15 @@ def test_bad_specs_fail_in_one_line(flags, message, saved_pair, prompts_file, tm
 
 def test_spec_files_parse():
     for path in sorted(Path(__file__).parent.parent.joinpath("sweeps").glob("*.yaml")):
-        spec = sweep_spec.load_spec(path, {})
+        spec = spec_files.load_spec(path, {})
         assert sweep_spec.points(spec), path
 
 
 def test_sweep_without_a_spec_takes_the_tasks_own_or_a_dense_default(tmp_path, monkeypatch):
-    spec, origin = sweep_spec.resolve_spec(None, {"task": "code"})
+    spec, origin = spec_files.resolve_spec(None, {"task": "code"})
     assert "code.yaml, the task's own spec" in origin and len(sweep_spec.points(spec)) == 2736
-    monkeypatch.setattr(sweep_spec, "SPEC_FOLDERS", (tmp_path,))  # a task without a spec file
-    spec, origin = sweep_spec.resolve_spec(None, {"task": "code"})
+    monkeypatch.setattr(spec_files, "SPEC_FOLDERS", (tmp_path,))  # a task without a spec file
+    spec, origin = spec_files.resolve_spec(None, {"task": "code"})
     configs = sweep_spec.points(spec)
     assert len(configs) == 4 * 2 * 19 * (8 * 3 - 1) == 3496 and "dense default (3,496 points" in origin
     assert ({c.stopping.gamma_max for c in configs} == set(range(1, 9))
@@ -190,12 +191,12 @@ def test_sweep_without_a_spec_takes_the_tasks_own_or_a_dense_default(tmp_path, m
     assert {c.stopping.metric for c in configs} == {"top1", "entropy", "topk_mass", "margin"}
     assert sorted({c.stopping.threshold for c in configs}) == pytest.approx([round(0.05 * i, 2) for i in range(1, 20)])
     # Sampling replays too: the dense default; real evaluation a small grid, said as such.
-    spec, origin = sweep_spec.resolve_spec(None, {"task": "code", "temperature": 0.8})
+    spec, origin = spec_files.resolve_spec(None, {"task": "code", "temperature": 0.8})
     assert len(sweep_spec.points(spec)) == 3496 and "dense default" in origin
-    spec, origin = sweep_spec.resolve_spec(None, {"task": "code", "temperature": 0.8, "evaluation": "real"})
+    spec, origin = spec_files.resolve_spec(None, {"task": "code", "temperature": 0.8, "evaluation": "real"})
     assert len(sweep_spec.points(spec)) == 3 and "real evaluation needs a timed run" in origin
     # Flags narrow the space from the small base, whatever spec files exist.
-    spec, origin = sweep_spec.resolve_spec(None, {"task": "code", "space.threshold": [0.4]})
+    spec, origin = spec_files.resolve_spec(None, {"task": "code", "space.threshold": [0.4]})
     assert len(sweep_spec.points(spec)) == 1 and "command-line flags (1 point)" in origin
 
 
@@ -592,7 +593,7 @@ def test_two_workers_share_one_grid_study(storage, saved_pair, prompts_file, tmp
 def test_numeric_ranges_are_suggested_in_order():
     # TPE must know that 0.3 lies between 0.2 and 0.4: evenly spaced numbers are ordered ints or
     # floats with their step; uneven lists and names stay categorical.
-    spec = sweep_spec.load_spec(None, {"task": "code", "method": "optuna", "space.threshold": {"low": 0.2, "high": 0.6,
+    spec = spec_files.load_spec(None, {"task": "code", "method": "optuna", "space.threshold": {"low": 0.2, "high": 0.6,
                                        "step": 0.1}, "space.gamma_max": [2, 4, 6], "space.min_draft_len": [0, 1, 3],
                                        "space.metric": ["top1", "margin"]})
     study = optuna.create_study(sampler=optuna.samplers.TPESampler(seed=0))
@@ -609,14 +610,14 @@ def test_numeric_ranges_are_suggested_in_order():
 
 
 def test_sweep_takes_the_same_prompt_flags_as_run(prompts_file):
-    overrides = sweep_spec.command_overrides({"dataset": str(prompts_file), "prompt_field": "prompt",
+    overrides = spec_files.command_overrides({"dataset": str(prompts_file), "prompt_field": "prompt",
                                               "category_field": "category", "split": "train"}, ["limit=2"])
-    spec = sweep_spec.load_spec(None, overrides)
+    spec = spec_files.load_spec(None, overrides)
     assert (spec.dataset, spec.task, spec.prompt_field, spec.category_field, spec.limit) == \
         (str(prompts_file), None, "prompt", "category", 2)
     # The --prompts alias is gone (pre-1.0): a spec naming it is refused in one line, not read as dataset.
     with pytest.raises(DsparkError, match="unknown key"):
-        sweep_spec.load_spec(None, sweep_spec.command_overrides({"prompts": "a.jsonl"}, []))
+        spec_files.load_spec(None, spec_files.command_overrides({"prompts": "a.jsonl"}, []))
 
 
 def test_recovering_the_last_grid_point_still_retries_it(tmp_path):

@@ -24,7 +24,7 @@ import json
 import dspark_bench
 from dspark_bench.harness.models import load_pair
 from dspark_bench.tasks import load_task
-from dspark_bench.tuning.spec import resolve_spec
+from dspark_bench.tuning.spec_files import resolve_spec
 
 spec, origin = resolve_spec(None, {"task": "code"})
 pair = load_pair(None, None, device="cpu")

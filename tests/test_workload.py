@@ -12,7 +12,8 @@ from dspark_bench.config import DEFAULTS, DecodeConfig, expand
 from dspark_bench.errors import DsparkError
 from dspark_bench.harness.run import RunConfig, from_config_dict
 from dspark_bench.harness.workload import WORKLOAD_FIELDS, Workload
-from dspark_bench.tuning.spec import SweepSpec, load_spec, old_keys, parse_spec, points
+from dspark_bench.tuning.spec import SweepSpec, old_keys, parse_spec, points
+from dspark_bench.tuning.spec_files import load_spec
 
 
 def test_a_run_and_a_sweep_share_the_workload_field_for_field():

@@ -38,7 +38,8 @@ from dspark_bench.sections.under_load import load_policies
 from dspark_bench.tasks.prompts import encode
 from dspark_bench.tuning.added_policies import LEARNED_FILE
 from dspark_bench.tuning.preparation import prepare
-from dspark_bench.tuning.spec import old_keys, parse_spec, resolve_spec, task_spec
+from dspark_bench.tuning.spec import old_keys, parse_spec
+from dspark_bench.tuning.spec_files import resolve_spec, task_spec
 from dspark_bench.tuning.sweep import run_sweep
 
 METRICS = {"throughput": ("throughput (tok/s)", 0.10), "tpot_p50_s": ("TPOT p50", 0.10),

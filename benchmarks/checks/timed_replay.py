@@ -24,7 +24,7 @@ from dspark_bench.replay.simulate import simulate_grid
 from dspark_bench.results import describe_machine, environment
 from dspark_bench.tasks.prompts import encode
 from dspark_bench.tuning.preparation import prepare
-from dspark_bench.tuning.spec import resolve_spec, task_spec
+from dspark_bench.tuning.spec_files import resolve_spec, task_spec
 
 GAMMA = 8
 

@@ -33,7 +33,8 @@ def bench_pair(pair, args, out: Path, say) -> tuple[list[dict], Path]:
     from dspark_bench.replay.simulate import simulate_grid
     from dspark_bench.tasks import load_prompts
     from dspark_bench.tasks.prompts import encode
-    from dspark_bench.tuning.spec import points, resolve_spec, task_spec
+    from dspark_bench.tuning.spec import points
+    from dspark_bench.tuning.spec_files import resolve_spec, task_spec
 
     prompts, source, _ = load_prompts(args.task, None, limit=args.limit)
     ids = [encode(pair.tokenizer, p.text) for p in prompts]

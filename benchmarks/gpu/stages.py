@@ -190,7 +190,8 @@ def replay(ctx: Context) -> dict:
     from dspark_bench.measure.recording import record
     from dspark_bench.replay import cost_file
     from dspark_bench.replay.cost import CostModel
-    from dspark_bench.tuning.spec import points, resolve_spec, task_spec
+    from dspark_bench.tuning.spec import points
+    from dspark_bench.tuning.spec_files import resolve_spec, task_spec
 
     args, pair = ctx.args, ctx.shipped
     _, ids = ctx.prompts(args.limit)

@@ -22,7 +22,7 @@ import pandas as pd
 
 from benchmarks import common
 from dspark_bench.results import describe_machine, environment
-from dspark_bench.tuning.spec import resolve_spec, task_spec
+from dspark_bench.tuning.spec_files import resolve_spec, task_spec
 from dspark_bench.tuning.sweep import run_sweep
 
 

@@ -30,7 +30,8 @@ from dspark_bench.reporting.report import build_report
 from dspark_bench.tasks import get_task, load_task
 from dspark_bench.tasks.prompts import encode
 from dspark_bench.tuning.replay_sweep import drafter_groups, replay_space
-from dspark_bench.tuning.spec import base_config, load_spec, points
+from dspark_bench.tuning.spec import base_config, points
+from dspark_bench.tuning.spec_files import load_spec
 
 
 def best_per_drafter(task: str, limit: int, drafters: list[str]) -> tuple[list[DecodeConfig], list[dict]]:

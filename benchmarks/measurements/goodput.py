@@ -52,7 +52,8 @@ def main() -> None:
     from dspark_bench.results import describe_machine, environment
     from dspark_bench.tasks import load_prompts
     from dspark_bench.tasks.prompts import encode
-    from dspark_bench.tuning.spec import points, resolve_spec, task_spec
+    from dspark_bench.tuning.spec import points
+    from dspark_bench.tuning.spec_files import resolve_spec, task_spec
 
     parser = common.parser(__doc__, task="code", limit=40, max_new_tokens=128, out="/tmp/goodput-bench")
     parser.add_argument("--heldout-task", default="mixed")

@@ -31,7 +31,7 @@ from dspark_bench.tasks.prompts import encode
 from dspark_bench.tuning.added_policies import budget_points, goodput_points
 from dspark_bench.tuning.preparation import prepare
 from dspark_bench.tuning.replay_sweep import replay_space, replayed
-from dspark_bench.tuning.spec import resolve_spec
+from dspark_bench.tuning.spec_files import resolve_spec
 
 PRICES = Path(__file__).resolve().parents[1] / "gpu" / "inputs" / "cpu-prices-shipped-pair.json"
 

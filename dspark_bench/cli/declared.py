@@ -22,6 +22,7 @@ from typing import Annotated, Optional
 import typer
 
 from dspark_bench.config import FIELDS, KNOBS
+from dspark_bench.knobs import flag_of
 
 # The --help group of each DecodeConfig part's knobs.
 PANELS = {"stopping": "Stopping policy", "drafting": "Drafter", "verification": "Verification", "batching": "Batching"}
@@ -52,7 +53,7 @@ def parameter(f: dataclasses.Field, many: bool, unset: str | None, help: str | N
     None, which the command reads as `unset` says ("the spec's", or "declared": the declared
     default); else the option's default is `default` (REQUIRED: the option must be given)."""
     kind = Path if f.metadata.get("path") else TYPES[f.type.removesuffix(" | None")]
-    flag = f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+    flag = flag_of(f)
     # A switch with a flag of its own (--compile) is that flag alone; another, --x/--no-x (Typer's).
     names = () if kind is bool and not f.metadata.get("flag") else (flag,)
     shown = default not in (None, "", REQUIRED)

@@ -11,8 +11,9 @@ from rich.text import Text
 from dspark_bench.cli.console import cli_errors, out_console, render_rounds
 from dspark_bench.cli.declared import fields_of, knob_fields, with_options
 from dspark_bench.cli.options import command_options
-from dspark_bench.config import DEFAULT_MAX_NEW_TOKENS, DecodeConfig
+from dspark_bench.config import DEFAULT_MAX_NEW_TOKENS, KNOBS, DecodeConfig
 from dspark_bench.harness.workload import Workload
+from dspark_bench.knobs import check_needs
 
 # One generation: one value of each knob (batching aside: one prompt), and the models it runs on.
 MODELS = ("target", "draft", "heads", "device", "dtype", "eager", "chat_template")
@@ -35,7 +36,7 @@ def decode(
         tokens = knobs["max_new_tokens"]
         config = DecodeConfig.of(**{**knobs, "max_new_tokens": DEFAULT_MAX_NEW_TOKENS if tokens is None else tokens})
         if calibration is None:  # a knob given that this one policy would not read is refused, as run refuses it
-            Workload().check_needs([config], given={k: [v] for k, v in knobs.items() if v is not None})
+            check_needs(KNOBS, {k: [v] for k, v in knobs.items() if v is not None}, None, [config])
         pair, config, result = decode_once(text, config, models["target"], models["draft"], models["device"],
                                            models["dtype"], models["chat_template"], calibration, domain,
                                            models["heads"], models["eager"])

@@ -40,7 +40,7 @@ def sweep(
     Example: dspark-bench sweep --task code --continuations continuations.jsonl
     Example: dspark-bench sweep --task code --batch-size 1 --batch-size 8 --arrival-rate 1 --arrival-rate 4
     """
-    from dspark_bench.tuning import spec as specs  # loaded when the command runs, not for --help
+    from dspark_bench.tuning import spec_files as specs  # loaded when the command runs, not for --help
 
     with cli_errors():
         flags = {**workload, **space, **study_flags, "objective": objective,

@@ -124,7 +124,8 @@ def check(config: RunConfig) -> None:
     if config.policies is not None and not config.policies:
         raise DsparkError("the run lists no policy to decode")
     configs = config.decode_configs()  # every policy of the grid is valid (one clear line if not)
-    config.check_needs(configs, given=config.grid)  # and every knob given does something to one of them
+    if config.calibration is None:  # every knob given does something to one of them (a calibration's: its own)
+        config.check_needs(configs, config.grid)
     if config.decoder == "hf" and any(c.verification.compiled or c.verification.draft_mode != "early-stop"
                                       for c in configs):
         raise DsparkError("--decoder hf runs HF's own generate loop: drop --compile and --draft-mode")

@@ -12,8 +12,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from dspark_bench.config import BATCHED, DEFAULT_MAX_NEW_TOKENS, KNOBS, same_as
-from dspark_bench.errors import DsparkError
-from dspark_bench.knobs import Needs, check_declared, knob
+from dspark_bench.knobs import Needs, check_declared, check_needs, knob
 
 MODELS, PROMPTS, TIMING = "Models", "Prompts", "Timing"  # the --help groups of a workload's options
 DATASET = Needs("--dataset (a task's prompts come as its file says)", lambda w, c: w.dataset is not None)
@@ -97,19 +96,13 @@ class Workload:
         each field as declared (knobs.check_declared: its type, choices and bounds)."""
         check_declared(self)
 
-    def check_needs(self, policies: list, given: dict | None = None) -> None:
-        """Refuse, before any work, a knob set where it has no effect (its declaration's `needs`):
-        one of this workload's fields away from its default, or a policy knob the run's grid or the
-        sweep's space gives values other than its default (`given`: knob -> values), that no policy
-        of it would read."""
+    def check_needs(self, policies: list, grid: dict | None = None) -> None:
+        """Refuse, before any work, a knob set where none of `policies` would read it
+        (knobs.check_needs): a field of this workload away from its default, or a policy knob of
+        the run's `grid` (knob -> values)."""
         declared = {f.name: f for f in dataclasses.fields(self)}
-        changed = [name for name, f in declared.items() if f.default is not dataclasses.MISSING
-                   and getattr(self, name) != f.default]
-        changed += [name for name, values in (given or {}).items() if set(values) != {KNOBS[name].default}]
-        for name in dict.fromkeys(changed):
-            needs = (declared[name] if name in declared else KNOBS[name]).metadata.get("needs")
-            if needs is not None and not any(needs.holds(self, policy) for policy in policies):
-                raise DsparkError(f"--{name.replace('_', '-')} has no effect here: it needs {needs.what}")
+        changed = {name: [getattr(self, name)] for name, f in declared.items() if f.default is not dataclasses.MISSING}
+        check_needs({**KNOBS, **declared}, {**changed, **(grid or {})}, self, policies)
 
     def use_threads(self) -> None:
         """Set torch's CPU threads as the workload asks, before any model loads."""

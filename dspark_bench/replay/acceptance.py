@@ -2,7 +2,7 @@
 confidence the draft reported for it.
 
 A replay record holds, at every position of the target's continuation, the draft's rollout
-with every confidence metric and how far it matches (`replay.match_lengths`). Step k of a
+with every confidence metric and how far it matches (`replay.rounds.match_lengths`). Step k of a
 rollout is a drafted token whose verdict we know when every step before it matched: it is
 accepted iff step k matched too. Per metric, a monotone (isotonic) fit of those verdicts against
 the confidence turns the metric into an acceptance probability — what the goodput schedule
@@ -46,7 +46,7 @@ def accepted_steps(matches: np.ndarray, G: int) -> np.ndarray:
 def drafted_tokens(confidences: dict, matches: np.ndarray, lengths: np.ndarray) -> pd.DataFrame:
     """Every rollout step k from every position j of a replay record, for every metric: step k
     counts while the steps before it matched the target (k <= M[p, j]) and the token exists
-    (j + k < length); it is accepted iff k < M[p, j] (`replay.match_lengths`). Columns: metric,
+    (j + k < length); it is accepted iff k < M[p, j] (`replay.rounds.match_lengths`). Columns: metric,
     confidence, accepted, prompt (its index), position (k + 1)."""
     P, _ = matches.shape
     G = next(iter(confidences.values())).shape[2]

@@ -85,7 +85,7 @@ class Record(RecordBase):
     available: np.ndarray | None = None  # [P, N] proposals the drafter had at j (None: all G, a draft model)
     # [P, N] how many of the rollout's tokens from j are accepted, where token equality does not
     # say it: a sampled record's replicate (replay/sampled.py), whose coins decide. None: greedy,
-    # the rollout against the continuation (simulate.match_lengths).
+    # the rollout against the continuation (rounds.match_lengths).
     matches: np.ndarray | None = None
 
     def __post_init__(self) -> None:

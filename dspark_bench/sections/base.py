@@ -4,7 +4,7 @@ section's console rows are, and what the report hands a section's blocks."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Callable, ClassVar, Protocol
 
@@ -55,8 +55,15 @@ class SweepFacts:
     record: object  # the record the summary names (the draft model's where it has one)
     model_record: object  # the draft model's record; None where the sweep has none
     surface: object  # the cost surface that priced the ranking
+    max_batch: int | None = None  # under load, the rows a server decodes at once (tuning.spec.max_batch_of); else None
     say: Callable[[str], None] | None = None
     progress: Callable | None = None
+
+
+def known(section: type, stored: dict) -> dict:
+    """A section's stored keys that are its fields: a file written by another version may hold more."""
+    names = {f.name for f in fields(section)}
+    return {key: value for key, value in stored.items() if key in names}
 
 
 class Section(Protocol):

@@ -28,7 +28,7 @@ from dspark_bench.harness.verdicts import same_work_verdict
 from dspark_bench.paired import compare
 from dspark_bench.replay.simulate import record_depths, simulate_grid_by_depth, simulate_priced
 from dspark_bench.results import write_parquet
-from dspark_bench.sections.base import BY_DEPTH, UNDER_HEADLINE, Line, ReportView, Rows, cell
+from dspark_bench.sections.base import BY_DEPTH, UNDER_HEADLINE, Line, ReportView, Rows, cell, known
 
 FILE = "depth.parquet"  # every depth candidate's replayed totals per depth bucket
 FAMILY = ["metric", "min_draft_len", "semantics"]  # what a depth policy keeps the same in every bucket
@@ -218,7 +218,7 @@ class DepthSearch:
     @classmethod
     def from_json(cls, summary: dict) -> DepthSearch | None:
         search = summary.get("depth_search")
-        return cls(**search, verdict=summary.get("depth_verdict")) if search else None
+        return cls(**known(cls, search), verdict=summary.get("depth_verdict")) if search else None
 
     def to_json(self) -> dict:
         return {"depth_search": {"buckets": self.buckets, "per_bucket_best": self.per_bucket_best,

@@ -5,10 +5,10 @@ head of the report's summary (they are what deploys)."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import ClassVar
 
-from dspark_bench.sections.base import BEFORE_TABLE, SUMMARY_HEAD, Line, ReportView, Rows, cell
+from dspark_bench.sections.base import BEFORE_TABLE, SUMMARY_HEAD, Line, ReportView, Rows, cell, known
 
 
 def _number(value, digits: int) -> str:
@@ -39,8 +39,7 @@ class EngineVerdict:
     @classmethod
     def from_json(cls, summary: dict) -> EngineVerdict | None:
         verdict = summary.get("engine_verdict")
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in verdict.items() if k in known}) if verdict else None
+        return cls(**known(cls, verdict)) if verdict else None
 
     def to_json(self) -> dict:
         return {"engine_verdict": asdict(self)}

@@ -11,7 +11,7 @@ from typing import ClassVar
 import pandas as pd
 
 from dspark_bench.replay import sampled
-from dspark_bench.sections.base import END, UNDER_HEADLINE, Line, ReportView, SweepFacts
+from dspark_bench.sections.base import END, UNDER_HEADLINE, Line, ReportView, SweepFacts, known
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ class Sampling:
     def of(cls, rec, table: pd.DataFrame) -> Sampling | None:
         """How a sampled record was sampled and what its paths bought; None: greedy."""
         info = rec.info.get("sampling")
-        return None if info is None else cls(**info, precision=sampled.precision(table, info))
+        return None if info is None else cls(**known(cls, info), precision=sampled.precision(table, info))
 
     @classmethod
     def of_sweep(cls, facts: SweepFacts) -> Sampling | None:
@@ -43,7 +43,7 @@ class Sampling:
     @classmethod
     def from_json(cls, summary: dict) -> Sampling | None:
         sampling = summary.get("sampling")
-        return cls(**sampling) if sampling else None
+        return cls(**known(cls, sampling)) if sampling else None
 
     def to_json(self) -> dict:
         return {"sampling": asdict(self)}

@@ -17,7 +17,7 @@ from dspark_bench.config import DecodeConfig
 from dspark_bench.replay import sampled
 from dspark_bench.replay.under_load import poisson, read_trace, replay_load, verdicts
 from dspark_bench.results import write_parquet
-from dspark_bench.sections.base import END, UNDER_HEADLINE, Line, ReportView, Rows, SweepFacts
+from dspark_bench.sections.base import END, UNDER_HEADLINE, Line, ReportView, Rows, SweepFacts, known
 
 FILE = "load.parquet"
 
@@ -85,7 +85,7 @@ def _served_line(entry: dict | None) -> str:
 @dataclass(frozen=True)
 class UnderLoad:
     """The section: how the load was replayed, and per arrival rate the best policy beside the
-    best fixed γ and plain decoding (replay/load.verdicts' rows), with the verdict in a sentence."""
+    best fixed γ and plain decoding (replay/under_load.verdicts' rows), with the verdict in a sentence."""
 
     KEYS: ClassVar[tuple[str, ...]] = ("load",)
     ABSENT: ClassVar[dict] = {"load": None}
@@ -105,18 +105,16 @@ class UnderLoad:
 
     @classmethod
     def of_sweep(cls, facts: SweepFacts) -> UnderLoad | None:
-        """The load stage where the spec names a load (tuning.spec.under_load); the server's max
-        batch is the spec's, else the sweep's largest batch size (tuning.spec.max_batch_of)."""
-        spec = facts.spec
-        if not spec.arrival_rates and spec.arrival_trace is None:
+        """The load stage where the sweep serves a load, at the max batch it says (SweepFacts.max_batch)."""
+        if facts.max_batch is None:
             return None
-        max_batch = spec.max_batch or max(c.batching.batch_size for c in facts.configs)
-        return load_stage(facts.folder, spec, max_batch, facts.configs, facts.model_record, facts.surface, facts.say)
+        return load_stage(facts.folder, facts.spec, facts.max_batch, facts.configs, facts.model_record, facts.surface,
+                          facts.say)
 
     @classmethod
     def from_json(cls, summary: dict) -> UnderLoad | None:
         load = summary.get("load")
-        return cls(**load) if load else None
+        return cls(**known(cls, load)) if load else None
 
     def to_json(self) -> dict:
         return {"load": asdict(self)}

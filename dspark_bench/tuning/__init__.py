@@ -1,9 +1,10 @@
 """Tuning: searching a policy's knobs. It only searches; engines' formats live in `engines`.
 
-Sweep specifications (`spec`), the Optuna study behind real sweeps (`study`), what every sweep
-works on (`preparation`), sweeps by grid, Optuna or replay (`sweep`; the replay side in
-`replay_sweep`, its summary.json in `replay_summary`, its records in `records`, the policies it
-adds in `added_policies`, the timed confirmation in `confirm`), and per-domain calibration
+Sweep specifications (`spec`; which one a command means: `spec_files`), the Optuna study behind
+real sweeps (`study`), what every sweep works on (`preparation`), sweeps by grid, Optuna or replay
+(`sweep`; the replay side in `replay_sweep`, its summary.json in `replay_summary`, its records in
+`records`, the policies it adds in `added_policies`, the timed confirmation in `confirm`), and
+per-domain calibration
 (`calibrate`, choosing with `domain_choice`). A sweep's optional results (the depth-keyed policy,
 its load stage, sampling precision, the engine's verdict, the analyses) are `sections`, which the
 replay sweep composes through their registration list.

@@ -57,7 +57,8 @@ from dspark_bench.tasks.prompts import Prompt, encode, prompts_fingerprint
 # harness/calibration_file.py's; the decoder's users find them here too.
 from dspark_bench.tuning.domain_choice import Choice, choose_from_records, choose_from_samples
 from dspark_bench.tuning.replay_sweep import needs_draft_model
-from dspark_bench.tuning.spec import SweepSpec, base_config, evaluation_for, flag_overrides, load_spec, points
+from dspark_bench.tuning.spec import SweepSpec, base_config, evaluation_for, points
+from dspark_bench.tuning.spec_files import flag_overrides, load_spec
 
 __all__ = ["Calibration", "Choice", "DomainCalibration", "calibrate_domains", "check_output", "choose_from_records",
            "choose_from_samples", "load_calibration", "parse_calibration", "write_calibration"]

@@ -56,7 +56,7 @@ from dspark_bench.tuning.confirm import confirm
 from dspark_bench.tuning.preparation import LoadedSweep, SweepResult
 from dspark_bench.tuning.records import drafter_groups, record_all, record_key
 from dspark_bench.tuning.replay_summary import write_replay_summary
-from dspark_bench.tuning.spec import SweepSpec
+from dspark_bench.tuning.spec import SweepSpec, max_batch_of, under_load
 
 if TYPE_CHECKING:
     from dspark_bench.harness.runner import StageProgress
@@ -129,7 +129,8 @@ def replay_sweep(folder: Path, spec: SweepSpec, prepared: LoadedSweep, records_r
     if not samples.empty:
         write_parquet(folder / "samples.parquet", samples)
     found += registry.computed(SweepFacts(folder, spec, configs, table, records[record_key_of(records)],
-                                          records.get(MODEL), prices.surface, say, progress))
+                                          records.get(MODEL), prices.surface,
+                                          max_batch_of(spec) if under_load(spec) else None, say, progress))
     checks = sweep_checks(table, prices, probe, time.perf_counter() - started - prices.timing_s, estimate)
     record_dir = record_dirs.get(MODEL, next(iter(record_dirs.values())))
     found = [result for result in found if result is not None]

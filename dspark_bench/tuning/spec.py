@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
-import yaml
 
 from dspark_bench import schedules
 from dspark_bench.config import SEARCHABLE_FIELDS, DecodeConfig, expand, same_as
@@ -25,8 +23,10 @@ from dspark_bench.replay.arrivals import read_trace
 
 STUDY = "Study"  # the --help group of a sweep's own settings
 LOAD = "Under load"  # the --help group of replay under load (replay/under_load.py)
-# What a sweep's own knobs need to have any effect (knobs.Needs; SweepSpec.check_needs refuses them without).
+# What a sweep's own knobs need to have any effect (knobs.Needs; check_typed_needs refuses them without).
 REPLAY = Needs("replay (--evaluation replay or auto)", lambda w, c: evaluation_for(w) == "replay")
+REAL = Needs("--evaluation real (replay simulates every policy: no study runs)",
+             lambda w, c: evaluation_for(w) == "real")
 LOADED = Needs("replay under load (--arrival-rate or --arrival-trace)", lambda w, c: under_load(w))
 PARAMS = SEARCHABLE_FIELDS  # what a search space may name (config.py declares them)
 # The base of a space given by flags alone, and the default of real (timed) sweeps: every point
@@ -43,13 +43,6 @@ DENSE_SPACE = {
     "threshold": {"low": 0.05, "high": 0.95, "step": 0.05}, "gamma_max": {"low": 1, "high": 8},
     "min_draft_len": {"low": 0, "high": 2},
 }
-# Where `sweep --task T` looks for the task's own spec, sweeps/T.yaml: the working folder, then the
-# specs an installed package ships (the checkout's sweeps/, packaged as dspark_bench/sweeps: setup.py),
-# then the checkout's own sweeps/ (a package run from its checkout has no dspark_bench/sweeps).
-SPEC_FOLDERS = (Path("sweeps"), Path(__file__).resolve().parents[1] / "sweeps",
-                Path(__file__).resolve().parents[2] / "sweeps")
-
-
 @dataclass(frozen=True)
 class SweepSpec(Workload):
     """A study: a workload (what to decode and how it is timed: harness.workload), which knobs
@@ -62,14 +55,16 @@ class SweepSpec(Workload):
     space: dict = field(default_factory=lambda: dict(DEFAULT_SPACE))  # param -> list or {low, high, step}
     objective: tuple[str, ...] = ("speedup",)
     method: str = knob("grid", "grid (Optuna's GridSampler) | optuna (TPE).", choices=("grid", "optuna"),
-                       noun="method", panel=STUDY)
+                       noun="method", panel=STUDY, needs=REAL)
     # replay: greedy or sampled, record once and simulate every policy, confirm the best with
     # timed runs; real: a timed run per policy; auto: replay.
     evaluation: str = knob("auto", "How policies are evaluated: replay (record once, simulate all, confirm the best) "
                            "| real (a timed run each) | auto.", choices=("auto", "replay", "real"), noun="evaluation",
                            panel=STUDY)
     trials: int = knob(20, "Optuna budget (grid: the whole grid).", at_least=1, panel=STUDY,
-                       needs=Needs("--method optuna (a grid runs the whole grid)", lambda w, c: w.method == "optuna"))
+                       needs=Needs("--method optuna and --evaluation real (a grid runs the whole grid; replay "
+                                   "simulates every policy)",
+                                   lambda w, c: w.method == "optuna" and evaluation_for(w) == "real"))
     confirm_top: int = knob(5, "Replay: how many policies to confirm with timed runs, in all (the best, then the "
                                  "best of each kind not yet among them), the best fixed γ timed beside them as the "
                                  "reference; 0: replay's answer alone, nothing timed.", at_least=0, panel=STUDY,
@@ -273,105 +268,8 @@ def _parse_spec(data: dict, where: str) -> SweepSpec:
                           "nothing: drop one of them")
     if not points(spec):
         raise DsparkError(f"{where}: no valid point in the search space (min_draft_len exceeds every gamma_max?)")
-    try:  # a knob that would do nothing here (its declaration's needs), over every temperature's points
-        spec.check_needs([p for one in per_temperature(spec) for p in points(one, base_config(one, None))],
-                         given={k: v for k, v in spec.space.items() if DEFAULT_SPACE.get(k) != v})
-    except DsparkError as err:
-        raise DsparkError(f"{where}: {err}") from None
     _check_load(spec, where)
     return spec
-
-
-def command_overrides(flags: dict, set_items: list[str]) -> dict:
-    """Spec overrides from the sweep command: each flag given, the repeatable policy flags as the
-    search space's lists, and every `--set key=value` (a YAML value) last."""
-    flags = dict(flags)
-    flags["analyze"] = flags.get("analyze") or None  # --analyze left off keeps the spec's
-    space = {name: flags.pop(name, None) for name in SEARCHABLE_FIELDS}
-    overrides = flag_overrides(flags, space)
-    if flags.get("task") or flags.get("dataset"):  # a prompt source given replaces the spec's
-        overrides.update(task=flags.get("task"), dataset=flags.get("dataset"))
-    for item in set_items:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise DsparkError(f"--set takes key=value (got {item!r})")
-        try:
-            overrides[key.strip()] = yaml.safe_load(value)
-        except yaml.YAMLError as err:
-            raise DsparkError(f"--set {key.strip()}: not a valid YAML value ({first_line(err)})") from None
-    return overrides
-
-
-def flag_overrides(fields: dict, space: dict) -> dict:
-    """Spec overrides from command-line flags: each field given (not None), and each search-space
-    list given (not empty) as `space.<name>`."""
-    overrides = {key: value for key, value in fields.items() if value is not None}
-    overrides.update({f"space.{name}": list(values) for name, values in space.items() if values})
-    return overrides
-
-
-def task_spec(task: str | None) -> Path | None:
-    """The task's own spec (sweeps/<task>.yaml), if there is one."""
-    if not task:
-        return None
-    return next((folder / f"{task}.yaml" for folder in SPEC_FOLDERS if (folder / f"{task}.yaml").is_file()), None)
-
-
-ADDED_DIMENSIONS = ("space.batch_size", "space.drafter", "space.ngram_min", "space.ngram_max")
-
-
-def resolve_spec(path: Path | None, overrides: dict) -> tuple[SweepSpec, str]:
-    """The spec a `sweep` command means, and one line saying where its search space came from.
-
-    Without --spec: the task's own sweeps/<task>.yaml where it exists; else, when no search-space
-    flag is given, the dense default under replay (thousands of policies for about the price of
-    one decoding pass, greedy or sampled) or a small grid under real timed runs, said as such.
-    """
-    # A batch size or a drafter (with its n-gram knobs) adds a dimension to whichever space is
-    # chosen; the policy's knobs choose one.
-    chosen_by_flags = any(key == "space" or (key.startswith("space.") and key not in ADDED_DIMENSIONS)
-                          for key in overrides)
-    if path is None and not chosen_by_flags:
-        path = task_spec(overrides.get("task"))
-        if path is not None:
-            spec = load_spec(path, overrides)
-            return spec, f"search space: {path}, the task's own spec ({len(points(spec)):,} points)"
-    if path is not None or chosen_by_flags:
-        spec = load_spec(path, overrides)
-        n = len(points(spec))
-        return spec, f"search space: {path or 'the command-line flags'} ({n:,} point{'s' * (n != 1)})"
-    # The dense space, then any batch-size dimension the flags add to it.
-    dims = {key: value for key, value in overrides.items() if key.startswith("space.")}
-    spec = load_spec(None, {**{k: v for k, v in overrides.items() if k not in dims}, "space": DENSE_SPACE, **dims})
-    if evaluation_for(spec) == "replay":
-        return spec, f"search space: the dense default ({len(points(spec)):,} points plus every fixed gamma)"
-    spec = load_spec(None, overrides)
-    return spec, (f"search space: a small default grid ({len(points(spec))} points) — real evaluation needs a "
-                  "timed run per policy, so replay's dense default is not used; give --spec or "
-                  "--threshold/--gamma-max/... for more")
-
-
-def load_spec(path: Path | None, overrides: dict) -> SweepSpec:
-    """A spec file (or the defaults) with command-line overrides applied on top."""
-    data: dict = {}
-    if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise DsparkError(f"sweep spec {str(path)!r} does not exist")
-        try:
-            data = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as err:
-            raise DsparkError(f"{path}: not valid YAML ({first_line(err)})") from None
-        if not isinstance(data, dict):
-            raise DsparkError(f"{path}: a sweep spec must be a mapping")
-    for key, value in overrides.items():  # in order: a later override wins
-        if key.startswith("space."):
-            data.setdefault("space", dict(DEFAULT_SPACE))[key.removeprefix("space.")] = value
-        else:  # (a copy: a space given whole, such as DENSE_SPACE, is never changed in place)
-            data[key] = dict(value) if key == "space" and isinstance(value, dict) else value
-    # Who said what a check refuses: the file, or the file as the flags changed it.
-    where = "sweep" if path is None else f"{path} with the command's flags" if overrides else str(path)
-    return parse_spec(data, where)
 
 
 def base_config(spec: SweepSpec, task_tokens: int | None) -> DecodeConfig:
