@@ -593,8 +593,9 @@ def test_two_workers_share_one_grid_study(storage, saved_pair, prompts_file, tmp
 def test_numeric_ranges_are_suggested_in_order():
     # TPE must know that 0.3 lies between 0.2 and 0.4: evenly spaced numbers are ordered ints or
     # floats with their step; uneven lists and names stay categorical.
-    spec = spec_files.load_spec(None, {"task": "code", "method": "optuna", "space.threshold": {"low": 0.2, "high": 0.6,
-                                       "step": 0.1}, "space.gamma_max": [2, 4, 6], "space.min_draft_len": [0, 1, 3],
+    spec = spec_files.load_spec(None, {"task": "code", "evaluation": "real", "method": "optuna",
+                                       "space.threshold": {"low": 0.2, "high": 0.6, "step": 0.1},
+                                       "space.gamma_max": [2, 4, 6], "space.min_draft_len": [0, 1, 3],
                                        "space.metric": ["top1", "margin"]})
     study = optuna.create_study(sampler=optuna.samplers.TPESampler(seed=0))
     for _ in range(6):
