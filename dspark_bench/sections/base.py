@@ -4,7 +4,7 @@ section's console rows are, and what the report hands a section's blocks."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Callable, ClassVar, Protocol
 
@@ -64,6 +64,18 @@ def known(section: type, stored: dict) -> dict:
     """A section's stored keys that are its fields: a file written by another version may hold more."""
     names = {f.name for f in fields(section)}
     return {key: value for key, value in stored.items() if key in names}
+
+
+class OneKey:
+    """A section stored whole under its one key of summary.json (`KEYS[0]`): its JSON both ways."""
+
+    @classmethod
+    def from_json(cls, summary: dict):
+        stored = summary.get(cls.KEYS[0])
+        return cls(**known(cls, stored)) if stored else None
+
+    def to_json(self) -> dict:
+        return {self.KEYS[0]: asdict(self)}
 
 
 class Section(Protocol):

@@ -5,10 +5,10 @@ head of the report's summary (they are what deploys)."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import ClassVar
 
-from dspark_bench.sections.base import BEFORE_TABLE, SUMMARY_HEAD, Line, ReportView, Rows, cell, known
+from dspark_bench.sections.base import BEFORE_TABLE, SUMMARY_HEAD, Line, OneKey, ReportView, Rows, cell
 
 
 def _number(value, digits: int) -> str:
@@ -16,7 +16,7 @@ def _number(value, digits: int) -> str:
 
 
 @dataclass(frozen=True)
-class EngineVerdict:
+class EngineVerdict(OneKey):
     """The section: the engine, whether speculation wins there, its best policy, the break-even,
     the verdict's sentence and every confirmed policy's row (predicted, measured with its 95 %
     interval, acceptance)."""
@@ -35,14 +35,6 @@ class EngineVerdict:
     sentence: str = ""
     rows: list = ()
     measured_in: str = ""
-
-    @classmethod
-    def from_json(cls, summary: dict) -> EngineVerdict | None:
-        verdict = summary.get("engine_verdict")
-        return cls(**known(cls, verdict)) if verdict else None
-
-    def to_json(self) -> dict:
-        return {"engine_verdict": asdict(self)}
 
     def console(self) -> list:
         rows = [[r["policy"], cell(r["predicted"]), f"{r['measured']:.3f} [{r['measured_low']:.2f}, "

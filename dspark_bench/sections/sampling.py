@@ -5,17 +5,17 @@ its cost-model paragraph."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import ClassVar
 
 import pandas as pd
 
 from dspark_bench.replay import sampled
-from dspark_bench.sections.base import END, UNDER_HEADLINE, Line, ReportView, SweepFacts, known
+from dspark_bench.sections.base import END, UNDER_HEADLINE, Line, OneKey, ReportView, SweepFacts, known
 
 
 @dataclass(frozen=True)
-class Sampling:
+class Sampling(OneKey):
     """The section: the record's sampling (record.json's "sampling") and its precision."""
 
     KEYS: ClassVar[tuple[str, ...]] = ("sampling",)
@@ -39,14 +39,6 @@ class Sampling:
     @classmethod
     def of_sweep(cls, facts: SweepFacts) -> Sampling | None:
         return cls.of(facts.record, facts.table)
-
-    @classmethod
-    def from_json(cls, summary: dict) -> Sampling | None:
-        sampling = summary.get("sampling")
-        return cls(**known(cls, sampling)) if sampling else None
-
-    def to_json(self) -> dict:
-        return {"sampling": asdict(self)}
 
     def per_prompt(self) -> str:
         """The replicates in words, for a table's title."""

@@ -8,7 +8,7 @@ benchmarks/checks/load.py holds it against real runs under load."""
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
@@ -17,7 +17,7 @@ from dspark_bench.config import DecodeConfig
 from dspark_bench.replay import sampled
 from dspark_bench.replay.under_load import poisson, read_trace, replay_load, verdicts
 from dspark_bench.results import write_parquet
-from dspark_bench.sections.base import END, UNDER_HEADLINE, Line, ReportView, Rows, SweepFacts, known
+from dspark_bench.sections.base import END, UNDER_HEADLINE, Line, OneKey, ReportView, Rows, SweepFacts
 
 FILE = "load.parquet"
 
@@ -83,7 +83,7 @@ def _served_line(entry: dict | None) -> str:
 
 
 @dataclass(frozen=True)
-class UnderLoad:
+class UnderLoad(OneKey):
     """The section: how the load was replayed, and per arrival rate the best policy beside the
     best fixed γ and plain decoding (replay/under_load.verdicts' rows), with the verdict in a sentence."""
 
@@ -110,14 +110,6 @@ class UnderLoad:
             return None
         return load_stage(facts.folder, facts.spec, facts.max_batch, facts.configs, facts.model_record, facts.surface,
                           facts.say)
-
-    @classmethod
-    def from_json(cls, summary: dict) -> UnderLoad | None:
-        load = summary.get("load")
-        return cls(**known(cls, load)) if load else None
-
-    def to_json(self) -> dict:
-        return {"load": asdict(self)}
 
     def limit(self, said: str) -> str:
         """The TPOT limit in words, where it bounds the throughput objective."""
