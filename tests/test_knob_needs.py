@@ -18,7 +18,7 @@ from dspark_bench.tuning.spec_files import resolve_spec
 
 LOAD = ["--arrival-rate", "1", "--batch-size", "1", "--batch-size", "4"]
 # The knobs whose need the defaults meet: the default schedule reads a threshold; a sweep replays.
-DEFAULTS_GIVE = {"threshold", "confirm_top", "analyze", "prices"}
+DEFAULTS_GIVE = {"threshold", "confirm_top", "analyze", "prices", "isolated_prices"}
 SWEEP_FOLDER = "sweep-folder"  # a goodput model's or learned signal's folder: only named, never read here
 # knob -> (command, flags that set it where it does nothing; a workload's and a policy's settings that
 # give it what it needs)
@@ -48,6 +48,7 @@ CASES = {
     "paths": ("sweep", ["--paths", "16"], {"temperature": 0.7}, {"temperature": 0.7}),
     "analyze": ("sweep", ["--evaluation", "real", "--analyze"], {"evaluation": "auto"}, {}),
     "prices": ("sweep", ["--evaluation", "real", "--prices", "llamacpp"], {"evaluation": "replay"}, {}),
+    "isolated_prices": ("sweep", ["--evaluation", "real", "--isolated-prices"], {"evaluation": "replay"}, {}),
     "requests": ("sweep", ["--requests", "50"], {"arrival_rates": (1.0,)}, {}),
     "max_batch": ("sweep", ["--batch-size", "1", "--batch-size", "4", "--max-batch", "2"],
                   {"arrival_trace": "trace.txt"}, {}),

@@ -11,6 +11,7 @@ from dspark_bench.cli.console import (
     cli_errors,
     out_console,
     print_health,
+    print_shown,
     print_verdicts,
     read_summary,
     reporting,
@@ -21,7 +22,8 @@ from dspark_bench.cli.declared import fields_of, knob_fields, with_options
 from dspark_bench.cli.options import command_options
 from dspark_bench.config import KNOBS
 from dspark_bench.errors import DsparkError
-from dspark_bench.harness.workload import WORKLOAD_FIELDS, Workload
+from dspark_bench.harness.workload import WORKLOAD_FIELDS, Served, Workload
+from dspark_bench.harness.workload import served as served_here
 
 # What a run decodes beside its workload: every knob that is not the workload's, several values
 # of each that repeats (a grid axis).
@@ -31,22 +33,27 @@ CHOSEN = tuple(name for name, f in KNOBS.items() if f.metadata.get("repeats") an
 
 
 @with_options("workload", fields_of(Workload))
+@with_options("served", fields_of(Served))
 @with_options("knobs", GRID_KNOBS, many=True, unset="declared")
-@command_options("decoder", "calibration", "config", "llama_server", "port", "out", "wide")
+@command_options("decoder", "calibration", "config", "llama_server", "port", "arrival_rate", "out", "wide")
 def run(
     ctx: typer.Context, *, decoder: str, calibration: Path | None, config: Path | None, llama_server: Path | None,
-    port: int | None, out: Path, wide: bool, workload: dict | None = None, knobs: dict | None = None,
+    port: int | None, arrival_rate: list[float] | None, out: Path, wide: bool, workload: dict | None = None,
+    served: dict | None = None, knobs: dict | None = None,
 ):
     """Decode prompts with the speculative decoder and the autoregressive baseline; write a run folder.
 
     Example: dspark-bench run --task code --limit 10 --threshold 0.3 --threshold 0.5 --gamma-max 6
     Example: dspark-bench run --config results/20250101-120000-run-abc123/run.json
+    Example: dspark-bench run --task code --limit 24 --batch-size 8 --gamma-max 3 --schedule fixed --arrival-rate 4
     """
     with cli_errors():
+        served = {**served, "arrival_rates": tuple(arrival_rate or ())}
         # The workload first, each field as declared (harness.workload loads without torch): a flag
         # out of bounds is refused in seconds, before harness.run's libraries load.
         if config is None:
             Workload(**workload).check_workload()
+            Served(**served).check_load()
         from dspark_bench.harness import run as lib  # loaded when the command runs, not for --help
 
         grid = grid_of(knobs)
@@ -60,10 +67,13 @@ def run(
                 refuse_other_flags(ctx)
                 folder, table = lib.rerun_from(config, out, progress, say)
             else:
-                run_config = lib.RunConfig(**workload, grid=grid, decoder=decoder,
+                run_config = lib.RunConfig(**workload, **served, grid=grid, decoder=decoder,
                                            calibration=str(calibration) if calibration else None)
                 folder, table = execute(run_config, out, progress, say, llama_server, port)
-        print_summary(folder, table, wide)
+        if (folder / "load.parquet").is_file():
+            print_served(folder)
+        else:
+            print_summary(folder, table, wide)
 
 
 def grid_of(knobs: dict) -> dict:
@@ -77,7 +87,12 @@ def grid_of(knobs: dict) -> dict:
 
 
 def execute(run_config, out: Path, progress, say, llama_server: Path | None, port: int | None):
-    """Our decoder's run, or (--decoder llamacpp) llama-server's beside ours and replay."""
+    """Our decoder's run, under its load where it has one, or (--decoder llamacpp) llama-server's
+    beside ours and replay."""
+    if served_here(run_config):
+        from dspark_bench.harness.served_run import execute_served  # loaded when the command runs, not for --help
+
+        return execute_served(run_config, out, progress, say)
     if run_config.decoder == "llamacpp":
         from dspark_bench.engines import llamacpp_run  # loaded when the command runs, not for --help
 
@@ -120,6 +135,14 @@ def print_summary(folder: Path, table, wide: bool = False) -> None:
     print_health(summary)
     print_llamacpp(folder)
     print_priced(folder)
+    out_console.print(f"run folder: {folder}")
+
+
+def print_served(folder: Path) -> None:
+    """A run under load: each load and server measured beside replay's prediction."""
+    from dspark_bench.sections.served import ServedRun  # loaded when the command runs, not for --help
+
+    print_shown(ServedRun.from_json(read_summary(folder)).console())
     out_console.print(f"run folder: {folder}")
 
 

@@ -18,7 +18,7 @@ from dspark_bench.tuning.spec import SweepSpec
 SPACE = tuple(name for name, f in KNOBS.items() if f.metadata["searched"] and f.metadata["repeats"])
 # A sweep's own settings (SweepSpec declares them); objective and continuations take lists.
 STUDY = ("method", "evaluation", "trials", "confirm_top", "paths", "analyze", "prices",
-         "arrival_trace", "requests", "max_batch", "load_objective", "tpot_limit")
+         "arrival_trace", "requests", "max_batch", "load_objective", "tpot_limit", "isolated_prices")
 
 
 @with_options("workload", fields_of(Workload, without=("turns", "trace")), unset="the spec's")  # a sweep refuses both

@@ -24,7 +24,7 @@ from dspark_bench.harness.calibration_file import load_calibration
 from dspark_bench.harness.hf_cost_model import priced_hf
 from dspark_bench.harness.models import context_warning, load_pair
 from dspark_bench.harness.runner import RunnerSettings, planned_samples, run_to_folder, stage_steps
-from dspark_bench.harness.workload import Workload
+from dspark_bench.harness.workload import Served, Workload, check_served, served
 from dspark_bench.results import check_writable, read_json
 from dspark_bench.tasks import load_prompts, pair_of
 from dspark_bench.tasks.prompts import Prompt, encode, prompts_fingerprint
@@ -36,9 +36,10 @@ GRID_ORDER = ("batch_size", "metric", "schedule", "threshold", "gamma_max", "min
 
 
 @dataclass(frozen=True)
-class RunConfig(Workload):
+class RunConfig(Workload, Served):
     """A run: a workload (models, prompts, verification, timing: harness.workload) and the
-    policies it decodes."""
+    policies it decodes; given a load (harness.workload.Served), served for real beside replay's
+    prediction (harness/served_run.py)."""
 
     # --- the policies: every combination of the grid's values (knob -> values, a sweep spec's
     # `space` in the same shape; config.expand), the knobs it leaves out at their defaults ...
@@ -124,6 +125,8 @@ def check(config: RunConfig) -> None:
     if config.policies is not None and not config.policies:
         raise DsparkError("the run lists no policy to decode")
     configs = config.decode_configs()  # every policy of the grid is valid (one clear line if not)
+    if served(config):
+        check_served(config, configs)
     if config.calibration is None:  # every knob given does something to one of them (a calibration's: its own)
         config.check_needs(configs, config.grid)
     if config.decoder == "hf" and any(c.verification.compiled or c.verification.draft_mode != "early-stop"
@@ -169,7 +172,8 @@ def from_config_dict(values: dict, where: str = "run config") -> RunConfig:
     policies = values.get("policies")
     try:
         grid = {name: tuple(knob_values) for name, knob_values in (values.get("grid") or {}).items()}
-        return RunConfig(**{**values, "grid": grid, "policies": tuple(policies) if policies is not None else None})
+        return RunConfig(**{**values, "grid": grid, "policies": tuple(policies) if policies is not None else None,
+                            "arrival_rates": tuple(values.get("arrival_rates") or ())})
     except (TypeError, AttributeError) as err:
         raise DsparkError(f"{where}: {err}") from None
 

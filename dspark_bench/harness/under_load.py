@@ -76,15 +76,19 @@ def run_under_load(pair, prompt_ids: list[list[int]], configs: list[DecodeConfig
 def step_costs(steps: pd.DataFrame, surface: CostSurface) -> np.ndarray:
     """What the cost surface charges for each traced admission and step (run_under_load's `steps`), as
     the load replay charges it: a join its prompt's prefill (the draft's too on a speculative
-    server), a step forwards · t_draft(rows) + t_verify(rows, longest)."""
-    tables = {learned: surface.tables(int(steps["rows"].max()), learned) for learned in (False, True)}
+    server), a step forwards · t_draft(rows) + t_verify(rows, longest), with the surface's step
+    terms where it has them (plain decoding's on its server)."""
+    largest = int(steps["rows"].max())
+    tables = {(learned, plain): surface.tables(largest, learned, plain) for learned in (False, True)
+              for plain in (False, True)}
     alone = surface.at(min(surface.models))
     out = np.zeros(len(steps))
     for i, step in enumerate(steps.itertuples()):
         if step.kind == "join":
-            out[i] = step.tokens * (alone.t_prefill_target + (alone.t_prefill_draft if step.config_id >= 0 else 0.0))
+            out[i] = step.tokens * (alone.t_prefill_target + (alone.t_prefill_draft if step.config_id >= 0 else 0.0)) \
+                + surface.join()
         else:
-            t_draft, t_verify = tables[bool(step.learned)]
+            t_draft, t_verify = tables[(bool(step.learned), step.config_id < 0)]
             rows = int(step.rows)
             out[i] = step.forwards * t_draft[rows] + t_verify[rows, int(step.longest)]
     return out

@@ -12,7 +12,9 @@ import dataclasses
 from dataclasses import dataclass
 
 from dspark_bench.config import BATCHED, DEFAULT_MAX_NEW_TOKENS, KNOBS, same_as
+from dspark_bench.errors import DsparkError
 from dspark_bench.knobs import Needs, check_declared, check_needs, knob
+from dspark_bench.replay.arrivals import poisson, read_trace
 
 MODELS, PROMPTS, TIMING = "Models", "Prompts", "Timing"  # the --help groups of a workload's options
 DATASET = Needs("--dataset (a task's prompts come as its file says)", lambda w, c: w.dataset is not None)
@@ -120,6 +122,73 @@ class Workload:
 
 
 WORKLOAD_FIELDS = tuple(f.name for f in dataclasses.fields(Workload))
+
+
+LOAD = "Under load"  # the --help group of a load's settings
+LOADED = Needs("a load (--arrival-rate or --arrival-trace)", lambda w, c: served(w))
+# Prices timed inside decodes are a replay's: a replay sweep's or calibration's (their `prices_replayed`
+# says), a run's under load, where replay's prediction is set beside the measurement.
+PRICED = Needs("replay's prices (a replay sweep, or a run under load)", lambda w, c: w.prices_replayed())
+
+
+@dataclass(frozen=True)
+class Served:
+    """The load a server is given — requests arriving at each rate or by a trace, at most
+    `max_batch` at once (docs/batch-sizes.md#under-load) — and which prices replay charges its
+    steps: a sweep replays its policies under it, `run --arrival-rate` serves it for real beside
+    replay's prediction. Both extend this dataclass, so each flag means one thing in both."""
+
+    # Poisson arrivals, one load per rate (`--arrival-rate R`, repeatable), the prompts in turn.
+    arrival_rates: tuple[float, ...] = ()
+    arrival_trace: str | None = knob(None, "Under load: a trace of arrival times, seconds, one per line (as "
+                                     "well as or instead of --arrival-rate).", path=True, panel=LOAD)
+    requests: int = knob(200, "Under load: requests per arrival rate, the prompts in turn (a Poisson "
+                         "process seeded by --seed).", at_least=1, panel=LOAD, needs=LOADED)
+    max_batch: int | None = knob(None, "Under load: most requests decoded at once, at most the largest "
+                                 "--batch-size (default: that).", at_least=1, panel=LOAD, needs=LOADED)
+    # Replay prices every batch size and load from passes timed inside running decodes of the
+    # prompts (harness/in_decode.py): isolated passes read a loaded server 19-33 % fast.
+    isolated_prices: bool = knob(False, "Price replay on passes timed alone (the faster, optimistic prices) instead "
+                                 "of inside running decodes of the prompts (docs/batch-sizes.md#in-decode-prices).",
+                                 flag="--isolated-prices", panel=LOAD, needs=PRICED)
+
+    def prices_replayed(self) -> bool:
+        """Whether replay prices anything here: under a load (a sweep says more: tuning.spec)."""
+        return served(self)
+
+    def check_load(self) -> None:
+        """Each of the load's settings as declared (knobs.check_declared), before anything loads."""
+        check_declared(self)
+
+
+def served(workload) -> bool:
+    """Whether a load is given (arrival rates or a trace)."""
+    return bool(workload.arrival_rates) or workload.arrival_trace is not None
+
+
+def check_served(config: RunConfig, configs: list) -> None:
+    """Refuse, before any model loads, a run under load (`run --arrival-rate`: harness/served_run.py)
+    the batched decoder cannot serve, or whose load is not one (harness.run.check calls it)."""
+    for rate in config.arrival_rates:
+        poisson(rate, 1)  # one line for a rate that is not a number above 0
+    if len(set(config.arrival_rates)) != len(config.arrival_rates):
+        raise DsparkError("--arrival-rate: give each rate once")
+    if config.arrival_trace is not None:
+        read_trace(config.arrival_trace)  # an unreadable trace is refused now, not after the models load
+    refusals = [(config.decoder != "ours", "serves our batched decoder: drop --decoder"),
+                (config.calibration is not None, "serves the policies given: drop --calibration"),
+                (config.turns == "all", "serves each prompt's first turn: drop --turns all"),
+                (not all(c.greedy for c in configs), "predicts greedy decoding (replay under load follows the "
+                                                     "greedy record): use --temperature 0"),
+                (any(c.drafting.drafter != "model" for c in configs), "drafts with the draft model (the batched "
+                                                                      "decoder's drafter): drop --drafter"),
+                (any(c.verification.compiled for c in configs), "runs its servers side by side on eager passes "
+                                                                "(one static cache per model): drop --compile"),
+                (config.repeats > 1 or config.precision > 0, "serves each load once: drop --repeats and "
+                                                             "--precision")]
+    for refused, why in refusals:
+        if refused:
+            raise DsparkError(f"a run under load (--arrival-rate, --arrival-trace) {why}")
 
 
 @dataclass(frozen=True)

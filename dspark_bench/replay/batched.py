@@ -246,15 +246,17 @@ def walks(rec: Record, configs: list[DecodeConfig], surface: CostSurface, refill
     # A learned policy's draft steps cost what its signal adds too (CostModel.t_learned).
     tables = {(b, learned): surface.tables(b, learned)
               for b, learned in {(c.batching.batch_size, c.stopping.metric == LEARNED) for c in configs}}
-    # Each request's prefill (its prompt but the last token), batch 1, as the batched decoder does.
+    # Each request's prefill (its prompt but the last token), batch 1, as the batched decoder does,
+    # and what joining a live batch adds past it (CostSurface.join: 0 on isolated prices).
     alone = surface.at(min(surface.models))
     prompt = np.maximum(np.asarray(rec.info.get("prompt_tokens", [1] * len(lengths)), dtype=np.float64) - 1, 0)
-    prefill_base = prompt * alone.t_prefill_target
-    prefill_spec = prompt * (alone.t_prefill_target + alone.t_prefill_draft)
+    prefill_base = prompt * alone.t_prefill_target + surface.join()
+    prefill_spec = prompt * (alone.t_prefill_target + alone.t_prefill_draft) + surface.join()
     baseline = {}
-    for (b, _), (_, verify) in tables.items():
-        if b not in baseline:
-            baseline[b] = _walk_baseline(lengths, b, refill, verify, prefill_base, arrive, first, end)
+    for b, _ in tables:
+        if b not in baseline:  # plain decoding's steps at its own terms (CostSurface.tables' `plain`)
+            baseline[b] = _walk_baseline(lengths, b, refill, surface.tables(b, plain=True)[1], prefill_base, arrive,
+                                         first, end)
             if per_request is not None:
                 yield {"config_id": -1, "batch_size": b, "predicted_time": baseline[b], **per_request(first, end)}
     fail = np.empty(matches.shape, dtype=np.int64)

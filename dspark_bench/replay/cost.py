@@ -49,7 +49,8 @@ class CostModel:
     # `t_round`, what each speculative round adds beyond its draft steps and its verify pass
     # (sampling every verified position, acceptance, cache edits, scheduling); `t_plain`, plain
     # decoding's seconds per token where that is more than one 1-token pass (its own sampling and
-    # scheduling). Our decoder's timings leave both at 0: a plain step is t_verify(0).
+    # scheduling). Our decoder's prices timed inside decodes set both (measure/in_decode.py); its
+    # isolated passes (`--isolated-prices`) leave them at 0: a plain step is then t_verify(0).
     t_round: float = 0.0
     t_plain: float = 0.0
     # What a round whose draft came back empty adds (llama.cpp's p-min can stop a draft before its
@@ -167,25 +168,67 @@ def worst_spread(repeats) -> float:
     return max((relative_iqr(values) for values in repeats), default=0.0)
 
 
-@dataclass
-class CostSurface:
-    """A cost model over B: one CostModel per measured batch size; `tables` fills every B in between."""
+@dataclass(frozen=True)
+class StepTerms:
+    """What a live batch's step and admission cost past their passes, fitted on a running server's
+    own steps (harness/in_decode.py; docs/batch-sizes.md#in-decode-prices): each step of r live
+    rows costs its passes plus `upkeep + per_row * r` (speculative servers) or `plain_upkeep +
+    plain_per_row * r` (plain decoding: less host work per row), and each request joining the
+    batch its prompt's prefill plus `join` (the batch's caches widened and re-padded)."""
 
-    models: dict[int, CostModel]
+    upkeep: float
+    per_row: float
+    plain_upkeep: float
+    plain_per_row: float
+    join: float
+    fitted_on: dict = field(default_factory=dict, compare=False)  # the calibration run it came from
+
+    def step(self, rows: np.ndarray, plain: bool = False) -> np.ndarray:
+        """Seconds a step of `rows` live rows adds past its passes (never below 0)."""
+        upkeep, per_row = (self.plain_upkeep, self.plain_per_row) if plain else (self.upkeep, self.per_row)
+        return np.maximum(upkeep + per_row * np.asarray(rows, dtype=np.float64), 0.0)
 
     def to_dict(self) -> dict:
-        return {"batch_sizes": {str(b): m.to_dict() for b, m in sorted(self.models.items())}}
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "StepTerms":
+        return cls(**{f.name: data[f.name] for f in dataclasses.fields(cls) if f.name in data})
+
+
+@dataclass
+class CostSurface:
+    """A cost model over B: one CostModel per measured batch size; `tables` fills every B in between,
+    with what a live batch adds past its passes where it was measured (`terms`, else None: the
+    passes alone, as timed in isolation)."""
+
+    models: dict[int, CostModel]
+    terms: StepTerms | None = None
+
+    def to_dict(self) -> dict:
+        out = {"batch_sizes": {str(b): m.to_dict() for b, m in sorted(self.models.items())}}
+        return out if self.terms is None else {**out, "in_decode": self.terms.to_dict()}
 
     @classmethod
     def from_dict(cls, data: dict) -> "CostSurface":
-        return cls({int(b): CostModel.from_dict(m) for b, m in data["batch_sizes"].items()})
+        terms = StepTerms.from_dict(data["in_decode"]) if data.get("in_decode") else None
+        return cls({int(b): CostModel.from_dict(m) for b, m in data["batch_sizes"].items()}, terms)
 
     def at(self, batch_size: int) -> CostModel:
         return self.models[batch_size]
 
-    def tables(self, batch_size: int, learned: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    def tables(self, batch_size: int, learned: bool = False,
+               plain: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """(t_draft[b], t_verify[b, k]) for b = 0 .. batch_size rows (a draining batch has fewer),
         linear in b between the measured batch sizes, non-decreasing in b and k; row 0 is unused.
-        `learned`: a draft step scored by the learned signal (t_draft + t_learned)."""
-        return cost_tables({b: (m.t_draft + (m.t_learned if learned else 0.0), m.t_verify)
-                            for b, m in self.models.items()}, batch_size)
+        `learned`: a draft step scored by the learned signal (t_draft + t_learned). With `terms`, each
+        row's step terms are in its verify passes (one a step): `plain`, plain decoding's."""
+        draft, verify = cost_tables({b: (m.t_draft + (m.t_learned if learned else 0.0), m.t_verify)
+                                     for b, m in self.models.items()}, batch_size)
+        if self.terms is not None:
+            verify = verify + self.terms.step(np.arange(batch_size + 1), plain)[:, None]
+        return draft, verify
+
+    def join(self) -> float:
+        """Seconds a request's admission adds past its prefill (0 without terms)."""
+        return 0.0 if self.terms is None else max(self.terms.join, 0.0)

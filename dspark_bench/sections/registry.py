@@ -11,14 +11,15 @@ from dspark_bench.sections.base import END, Line, ReportView, Rows, Section, Swe
 from dspark_bench.sections.depth import DepthSearch
 from dspark_bench.sections.engine_verdict import EngineVerdict
 from dspark_bench.sections.sampling import Sampling
+from dspark_bench.sections.served import ServedRun
 from dspark_bench.sections.under_load import UnderLoad
 
 # In the order the console shows them where two share a place (sections/base.py's places).
-SECTIONS: tuple[type, ...] = (EngineVerdict, Analyses, Sampling, DepthSearch, UnderLoad)
+SECTIONS: tuple[type, ...] = (EngineVerdict, Analyses, Sampling, DepthSearch, UnderLoad, ServedRun)
 SUMMARY = "summary.json"
 # summary.json's order for the sections' keys and the plain ones the sweep writes among them
 # (sweeps written before sections existed have it); a key not named here follows them.
-ORDER = ("depth_search", "depth_verdict", "prices", "engine_verdict", "continuations", "sampling", "load")
+ORDER = ("depth_search", "depth_verdict", "prices", "engine_verdict", "continuations", "sampling", "load", "load_run")
 
 
 def file_of(section: type) -> str:

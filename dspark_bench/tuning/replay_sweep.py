@@ -32,6 +32,7 @@ from dspark_bench.harness.health import (
     wall_over_estimate,
     worst,
 )
+from dspark_bench.harness.in_decode import plan_seconds, price_in_decode
 from dspark_bench.harness.plan import precision_plan, replay_plan, seconds_per_token
 from dspark_bench.measure.cost_model import halfway, measure_depths, measure_surface, torch_version
 from dspark_bench.replay import cost_file, sampled
@@ -110,7 +111,9 @@ def replay_sweep(folder: Path, spec: SweepSpec, prepared: LoadedSweep, records_r
         spec, prepared, ids, configs, all((d / "record.json").is_file() for d in record_dirs.values()), say)
     records = record_all(spec, prepared, gamma, ids, configs, record_dirs, progress)
     probe.sample("recorded")
-    prices = time_prices(folder, prepared.pair, ids, records, configs, gamma, progress, prepared.prices, spec.eager)
+    in_decode = None if spec.isolated_prices else (prepared.base, spec.runner_settings().eos_ids(prepared.pair))
+    prices = time_prices(folder, prepared.pair, ids, records, configs, gamma, progress, prepared.prices, spec.eager,
+                         in_decode)
     probe.sample("cost model timed")
     configs, records = join_fitted(folder, configs, records, record_dirs, prices.surface)
     table = simulate_all(folder, configs, records, prices, progress)
@@ -199,21 +202,25 @@ class Prices:
     batched: bool  # any batch size > 1: policies are priced on the surface, both layouts
     ours: object = None  # our decoder's timed surface (when `engine` prices the ranking)
     engine: object = None  # the cost-model file that prices the ranking; None: ours
+    passes: dict = dataclasses.field(default_factory=lambda: {"passes": "isolated"})  # where ours were timed
 
     def described(self, folder: Path) -> dict:
         """summary.json's "prices": whose costs every prediction used, and the file."""
         label = self.engine.label if self.engine else "our decoder"
         return {"label": label, "measured_by": self.engine.measured_by["name"] if self.engine else cost_file.OURS,
-                "file": str(folder / PRICES_FILE), "source": self.engine.source if self.engine else "timed here"}
+                "file": str(folder / PRICES_FILE), "source": self.engine.source if self.engine else "timed here",
+                **self.passes}
 
 
 def time_prices(folder: Path, pair, ids: list[list[int]], records: dict, configs: list[DecodeConfig], gamma: int,
-                progress: StageProgress | None, engine=None, eager: bool = False) -> Prices:
+                progress: StageProgress | None, engine=None, eager: bool = False, in_decode=None) -> Prices:
     """Time our cost surface (re-timed while its checks fail: replay ranks thousands of policies
     with it), take the engine's prices (`engine`, a cost_file.CostFile) instead where given, and write
     the prices used into the sweep folder (prices.json, the cost-model file; cost_model.json,
     and cost_surface.json at B > 1). Prompts (`ids`) longer than the first depth bucket's edge get
-    our passes timed at depth too (depth.PRICED_DEPTHS; CostModel.by_depth)."""
+    our passes timed at depth too (depth.PRICED_DEPTHS; CostModel.by_depth). `in_decode`: (the
+    sweep's base config, the ids that end a sequence) to price ours inside running decodes of the
+    prompts (harness/in_decode.py); None: on the passes timed alone."""
     rec, first_ids = next(iter(records.values())), ids[0]
     # The cost model is timed with the cache at a realistic length: a prompt plus half its output;
     # a batch of B, with the prompts' own (a batch is as wide as its longest row makes it).
@@ -236,15 +243,23 @@ def time_prices(folder: Path, pair, ids: list[list[int]], records: dict, configs
             progress(f"timing the cost model at depths {', '.join(map(str, depths))}", 0, 1)
         surface.models[1].by_depth = measure_depths(pair, timing_sequence(rec, ids, depths[-1]), gamma, depths,
                                                     compiled=compiled)
+    cost, passes = surface.at(1), {"passes": "isolated"}
+    if in_decode is not None and any(c.drafting.drafter == MODEL.drafter for c in configs):
+        if progress:
+            progress("timing prices inside decodes", 0, 1)
+        timed = price_in_decode(pair, ids, rows, context, in_decode[0], surface, gamma, batch_sizes, in_decode[1],
+                                compiled)
+        cost, surface, passes = timed.cost, timed.surface or surface, timed.described()
+        surface.models[1] = dataclasses.replace(surface.models[1], by_depth=cost.by_depth)
     timing = time.perf_counter() - timing
     ours = cost_file.ours(surface, pair, capture=capture.pass_mode(compiled, pair.device), version=torch_version())
     if engine is None:
-        prices = Prices(surface, surface.at(1), checks, timing, batch_sizes != [1])
+        prices = Prices(surface, cost, checks, timing, batch_sizes != [1], passes=passes)
         ours.save(folder / PRICES_FILE)
     else:
         check_covers(engine, batch_sizes, gamma)
         prices = Prices(engine.surface, engine.surface.at(min(engine.surface.models)), checks, timing,
-                        batch_sizes != [1], surface, engine)
+                        batch_sizes != [1], surface, engine, passes)
         engine.save(folder / PRICES_FILE)
         ours.save(folder / OURS_FILE)  # what predicted_speedup_ours priced with
     write_json(folder / "cost_model.json", prices.cost.to_dict())
@@ -359,6 +374,13 @@ def say_replay_plan(spec: SweepSpec, prepared: LoadedSweep, ids: list[list[int]]
                                 from_file=prepared.continuations is not None,
                                 paths=0 if prepared.base.greedy else spec.paths, space=len(prepared.points))
     say(line + (" — an upper bound: a batched run takes less than a batch-1 one" if max(sizes) > 1 else ""))
+    if spec.isolated_prices:
+        say("prices: our passes timed alone (--isolated-prices: optimistic in a live batch)")
+    else:
+        extra = plan_seconds(per_token, tokens, max(sizes))
+        seconds += extra
+        say(f"prices: our passes timed inside running decodes of the prompts (about {extra:.0f} s more; "
+            "--isolated-prices: timed alone)")
     depths = depths_to_price(prepared.pair, ids, prepared.base.verification.max_new_tokens)
     if depths:  # time_prices times our passes at these depths too
         say(f"prompts of up to {deepest_prompt:,} tokens: our passes are timed at depths "

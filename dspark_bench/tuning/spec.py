@@ -16,18 +16,16 @@ import numpy as np
 from dspark_bench import schedules
 from dspark_bench.config import SEARCHABLE_FIELDS, DecodeConfig, expand, same_as
 from dspark_bench.errors import DsparkError, first_line
-from dspark_bench.harness.workload import Workload
+from dspark_bench.harness.workload import LOAD, LOADED, Served, Workload, served
 from dspark_bench.knobs import Needs, knob
 from dspark_bench.objectives import LOAD_OBJECTIVES, OBJECTIVES
 from dspark_bench.replay.arrivals import read_trace
 
 STUDY = "Study"  # the --help group of a sweep's own settings
-LOAD = "Under load"  # the --help group of replay under load (replay/under_load.py)
 # What a sweep's own knobs need to have any effect (knobs.Needs; check_typed_needs refuses them without).
 REPLAY = Needs("replay (--evaluation replay or auto)", lambda w, c: evaluation_for(w) == "replay")
 REAL = Needs("--evaluation real (replay simulates every policy: no study runs)",
              lambda w, c: evaluation_for(w) == "real")
-LOADED = Needs("replay under load (--arrival-rate or --arrival-trace)", lambda w, c: under_load(w))
 PARAMS = SEARCHABLE_FIELDS  # what a search space may name (config.py declares them)
 # The base of a space given by flags alone, and the default of real (timed) sweeps: every point
 # costs a decoding pass per prompt, so it stays small.
@@ -44,9 +42,10 @@ DENSE_SPACE = {
     "min_draft_len": {"low": 0, "high": 2},
 }
 @dataclass(frozen=True)
-class SweepSpec(Workload):
+class SweepSpec(Workload, Served):
     """A study: a workload (what to decode and how it is timed: harness.workload), which knobs
-    to search, what to optimise, and how long."""
+    to search, what to optimise, and how long; and the load it replays its servers under, if any
+    (harness.workload.Served)."""
 
     # A sweep decodes its prompts once per trial (or records them once for replay): the first 10
     # unless the spec or --limit says otherwise. The workload's `limit` all the same: its help
@@ -92,15 +91,6 @@ class SweepSpec(Workload):
     # Temperature as an axis: one sweep per temperature listed (each its own record and folder),
     # in place of `temperature`; `report` of their folders draws the best policy against it.
     temperatures: tuple[float, ...] = ()
-    # Replay under load (replay/under_load.py, docs/batch-sizes.md#under-load): every policy at max_batch rows
-    # serving requests that arrive at each rate (`sweep --arrival-rate R`, repeatable) or by a trace.
-    arrival_rates: tuple[float, ...] = ()
-    arrival_trace: str | None = knob(None, "Replay under load: a trace of arrival times, seconds, one per line (as "
-                                     "well as or instead of --arrival-rate).", path=True, panel=LOAD)
-    requests: int = knob(200, "Replay under load: requests per arrival rate, the prompts in turn (a Poisson "
-                         "process seeded by --seed).", at_least=1, panel=LOAD, needs=LOADED)
-    max_batch: int | None = knob(None, "Replay under load: most requests decoded at once, at most the sweep's "
-                                 "largest --batch-size (default: that).", at_least=1, panel=LOAD, needs=LOADED)
     # tpot_p50 by default: below saturation throughput follows the offered load whatever the policy,
     # while a request's time per token is what the policy changes at every rate.
     load_objective: str = knob("tpot_p50", "Replay under load: the best policy per rate by tpot_p50 (lowest median "
@@ -115,6 +105,10 @@ class SweepSpec(Workload):
     # file (replay/continuations.py) or several (one per task, say), instead of decoding the
     # target here; None: decoded here.
     continuations: str | list[str] | None = None
+
+    def prices_replayed(self) -> bool:
+        """A replay sweep prices every policy (Served.isolated_prices says on which passes)."""
+        return evaluation_for(self) == "replay"
 
 
 # Spec keys an earlier version wrote: the old name -> the new one. Only a stored spec (a sweep
@@ -180,7 +174,7 @@ def _parse_rates(values: object, where: str) -> tuple[float, ...]:
 
 def under_load(spec: SweepSpec) -> bool:
     """Whether the sweep replays its policies under load too."""
-    return bool(spec.arrival_rates) or spec.arrival_trace is not None
+    return served(spec)
 
 
 def max_batch_of(spec: SweepSpec) -> int:
