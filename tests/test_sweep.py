@@ -405,6 +405,9 @@ def check_under_load(folder: Path, table: pd.DataFrame, summary: dict, output: s
         assert row.config_label == labels[row.config_id]
     entry = summary["load"]
     assert entry["max_batch"] == 2 and entry["points"] == len(load) and entry["objective"] == "tpot_p50"
+    # Priced inside running decodes by default: the terms a live batch of 2 rows paid past its passes.
+    assert summary["prices"]["passes"] == "in decode" and summary["prices"]["step_terms"]["fitted_on"]["max_batch"] == 2
+    assert "in_decode" in json.loads((folder / "cost_surface.json").read_text())
     for by_rate in entry["by_rate"]:
         here = load[(load["arrival_rate"] == by_rate["arrival_rate"]) & (load["config_id"] >= 0)]
         assert by_rate["best"]["tpot_p50_s"] == pytest.approx(here["tpot_p50_s"].min())

@@ -24,7 +24,7 @@ SPACE = ("metric", "threshold", "gamma_max", "min_draft_len", "batch_size")
                      "limit": "Prompts per domain (default: the spec's).",
                      "repeats": "Timed pairs per prompt in the confirmation runs (default: the spec's)."})
 @with_options("space", knob_fields(SPACE), many=True, unset="the spec's")
-@with_options("study", fields_of(SweepSpec, ("evaluation", "paths")), unset="the spec's")
+@with_options("study", fields_of(SweepSpec, ("evaluation", "paths", "isolated_prices")), unset="the spec's")
 @with_options(None, fields_of(Workload, ("dataset",)),  # the prompts' source, handed over beside the spec
               helps={"dataset": "Your prompts (JSONL/JSON/CSV/Parquet/text or hub id): one domain per category."})
 @command_options("tasks", "spec", "out", "force", "objective", "continuations", many=("continuations",), helps={

@@ -143,6 +143,16 @@ def price_in_decode(pair, ids: list[list[int]], contexts: list[list[int]], conte
     return InDecode(cost, surface, detail, time.perf_counter() - started)
 
 
+def one_surface(pair, ids: list[list[int]], contexts: list[list[int]], context: list[int], base: DecodeConfig,
+                isolated: CostSurface, gamma: int, batch_sizes, eos_ids: frozenset[int],
+                compiled: bool = False) -> CostSurface:
+    """The prices as one surface, for a caller that reads batch 1 from it too (a calibration): the
+    live batch's with its terms where a batch size is above 1, else `isolated` with its batch-1
+    model the one timed inside decodes."""
+    timed = price_in_decode(pair, ids, contexts, context, base, isolated, gamma, batch_sizes, eos_ids, compiled)
+    return timed.surface or CostSurface({**isolated.models, 1: timed.cost})
+
+
 def plan_seconds(per_token: float, tokens: int, largest_batch: int) -> float:
     """About how long price_in_decode takes: an untimed and 2 timed decodes of 2 prompts by 3 sides
     at batch 1, and 3 servers of 2 * B requests at B (a step of B rows costing about B / 2 single ones)."""

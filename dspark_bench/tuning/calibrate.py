@@ -41,6 +41,7 @@ from dspark_bench.harness.calibration_file import (
     parse_calibration,
     write_calibration,
 )
+from dspark_bench.harness.in_decode import one_surface
 from dspark_bench.harness.models import load_pair
 from dspark_bench.harness.runner import RunnerSettings, StageProgress, run, stage_steps
 from dspark_bench.measure import sampled_recording
@@ -112,7 +113,6 @@ def domain_prompts(spec: SweepSpec, tasks: list[str] | None = None) -> dict[str,
 
     `spec.limit` is the number of prompts per domain.
     """
-
     if tasks:
         specs = [get_task(name) for name in tasks]  # every name checked before any prompt is built
         domains: dict[str, list[Prompt]] = {}
@@ -143,7 +143,6 @@ def _max_new_tokens(spec: SweepSpec, tasks: list[str] | None) -> int | None:
 @dataclass
 class Calibrated:
     """What `calibrate_domains` did: the file, its content and the choice behind it."""
-
     path: Path
     figure: Path | None  # None: no `draw` was handed in
     data: dict
@@ -153,13 +152,13 @@ class Calibrated:
 def record_domains(pair, domains: dict[str, list[Prompt]], base: DecodeConfig, gamma: int,
                    progress: StageProgress | None = None, batch_sizes=(1,),
                    source: Continuations | None = None, paths: int = SweepSpec.paths,
-                   compiled: bool = False) -> tuple[dict, object]:
+                   compiled: bool = False, in_decode: frozenset[int] | None = None) -> tuple[dict, object]:
     """A replay record per domain (of `base`'s drafter), and one cost surface at `batch_sizes`
     (timed on the first domain's first prompt); the target's continuations from `source` (an
     engine's continuations files, checked) where given, else decoded here (at a temperature > 0,
     `paths` sampled paths per prompt); `compiled`: priced on compiled passes (B > 1 on static
-    caches as wide as a batch of every domain's prompts would take)."""
-
+    caches as wide as a batch of every domain's prompts would take); `in_decode` (the ids that end
+    a sequence): priced inside running decodes (harness/in_decode.py), None: passes timed alone."""
     models, records, first_context, rows, every = pair.describe(), {}, None, [], []
     for domain, prompts in domains.items():
         ids = [encode(pair.tokenizer, p.text) for p in prompts]
@@ -182,9 +181,13 @@ def record_domains(pair, domains: dict[str, list[Prompt]], base: DecodeConfig, g
     if progress:
         progress("timing the cost model", 0, 1)
     order = np.random.default_rng(0).permutation(len(rows))  # the domains mixed, as a server's batch is
-    return records, measure_surface(pair, first_context, gamma, batch_sizes, drafters=(base.drafting.drafter,),
-                                    contexts=[rows[i] for i in order], compiled=compiled,
-                                    width=capacity_for(every, base.verification.max_new_tokens, gamma))
+    rows = [rows[i] for i in order]
+    surface = measure_surface(pair, first_context, gamma, batch_sizes, drafters=(base.drafting.drafter,), contexts=rows,
+                              compiled=compiled, width=capacity_for(every, base.verification.max_new_tokens, gamma))
+    if in_decode is None:
+        return records, surface
+    return records, one_surface(pair, every, rows, first_context, base, surface, gamma, batch_sizes, in_decode,
+                                compiled)
 
 
 def measure_domains(pair, domains: dict[str, list[Prompt]], chosen: dict[str, DecodeConfig],
@@ -194,7 +197,6 @@ def measure_domains(pair, domains: dict[str, list[Prompt]], chosen: dict[str, De
 
     Returns domain -> samples with `role` "domain" / "global" (one run, so a domain whose
     policy is the global one has one measurement for both)."""
-
     samples = {}
     for domain, prompts in domains.items():
         configs = list(dict.fromkeys([chosen[domain], global_policy]))
@@ -279,7 +281,6 @@ def calibrate_domains(spec: SweepSpec, out: Path, tasks: list[str] | None = None
 
     `domains` (from `domain_prompts`) skips loading the prompts again; `pair` the models; `draw`
     (reporting.plots.domain_threshold_curves) makes the figure written beside the file."""
-
     check_output(out, force)  # fail before any model loads
     if (spec.chat_template, spec.batching, spec.warmup) != ("auto", "refill", 1):
         raise DsparkError("calibrate decodes with the default chat template, batching and warm-up; drop "
@@ -311,7 +312,8 @@ def calibrate_domains(spec: SweepSpec, out: Path, tasks: list[str] | None = None
         records, surface = record_domains(pair, domains, configs[0], max(c.stopping.gamma_max for c in configs),
                                           progress, batch_sizes, source, spec.paths,
                                           capture.priced_captured(configs, pair.device, spec.eager,
-                                                                  (pair.target, pair.draft)))
+                                                                  (pair.target, pair.draft)),
+                                          None if spec.isolated_prices else pair.eos_ids)
     # One calibration per batch size: which policy wins depends on what a step costs at B. The
     # file's own global/domains are the smallest B's; the others go under by_batch_size.
     parts = [calibrate_at(pair, domains, [c for c in configs if c.batching.batch_size == b], spec, records, surface,
@@ -364,7 +366,6 @@ def timing_of(spec: SweepSpec) -> RunnerSettings:
 def search_real(pair, domains: dict[str, list[Prompt]], configs: list[DecodeConfig], settings: RunnerSettings,
                 progress: StageProgress | None = None) -> dict[str, pd.DataFrame]:
     """Sampling (no replay): every policy of the grid, timed on every domain's prompts."""
-
     samples = {}
     for domain, prompts in domains.items():
         step = stage_steps(progress, f"searching {domain}", len(prompts) * len(configs))
@@ -377,7 +378,6 @@ def calibrate_command(tasks: str | None, dataset: str | None, spec_path: Path | 
                       draw: Draw | None = None) -> Calibrated:
     """`dspark-bench calibrate`: --tasks (one domain each) or --dataset (one per category), over
     the search space of `spec_path` with `flags` overriding it; checked before models load."""
-
     names = [name.strip() for name in (tasks or "").split(",") if name.strip()]
     if names and dataset:
         raise DsparkError("pass --tasks or --dataset, not both")

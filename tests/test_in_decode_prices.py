@@ -1,0 +1,167 @@
+"""Prices timed inside running decodes (harness/in_decode.py), what a sweep and a load run price with
+by default, and `run --arrival-rate` (harness/served_run.py): the step terms priced as declared, fitted
+back from steps that pay them, timed on a real pair, and a run under load served beside replay."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+import pytest
+from cli_helpers import invoke, one_error_line
+from test_batched import PROMPTS, SURFACE
+
+from dspark_bench.config import DecodeConfig
+from dspark_bench.harness.in_decode import fit_terms, price_in_decode, ramp
+from dspark_bench.harness.under_load import step_costs
+from dspark_bench.measure.cost_model import measure_surface
+from dspark_bench.measure.recording import record
+from dspark_bench.replay.batched import walks
+from dspark_bench.replay.cost import CostSurface, StepTerms
+
+TERMS = StepTerms(upkeep=0.002, per_row=0.0005, plain_upkeep=0.001, plain_per_row=0.0002, join=0.004)
+
+
+def traced_steps() -> pd.DataFrame:
+    """A plain and a speculative server's admissions and steps at every row count 1-8."""
+    rows = []
+    for config_id in (-1, 0):
+        for r in range(1, 9):
+            rows.append({"config_id": config_id, "learned": False, "kind": "join", "rows": r, "tokens": 5 + r,
+                         "forwards": np.nan, "longest": np.nan})
+            for longest in (0, 2, 3):
+                rows.append({"config_id": config_id, "learned": False, "kind": "step", "rows": r, "tokens": np.nan,
+                             "forwards": 0 if config_id < 0 else longest, "longest": 0 if config_id < 0 else longest})
+    return pd.DataFrame(rows)
+
+
+def test_step_terms_are_charged_per_step_row_and_join():
+    with_terms = dataclasses.replace(SURFACE, terms=TERMS)
+    draft, verify = SURFACE.tables(8)
+    _, charged = with_terms.tables(8)
+    _, plain = with_terms.tables(8, plain=True)
+    for r in range(1, 9):
+        np.testing.assert_allclose(charged[r] - verify[r], 0.002 + 0.0005 * r)
+        np.testing.assert_allclose(plain[r] - verify[r], 0.001 + 0.0002 * r)
+    np.testing.assert_allclose(with_terms.tables(8)[0], draft)  # a draft pass is a pass: no terms on it
+    steps = traced_steps()
+    extra = step_costs(steps, with_terms) - step_costs(steps, SURFACE)
+    expected = np.where(steps["kind"] == "join", 0.004, np.where(steps["config_id"] < 0, 0.001 + 0.0002 * steps["rows"],
+                                                                  0.002 + 0.0005 * steps["rows"]))
+    np.testing.assert_allclose(extra, expected)
+    assert CostSurface.from_dict(json.loads(json.dumps(with_terms.to_dict()))) == with_terms
+    assert "in_decode" not in SURFACE.to_dict()  # isolated prices are written as they always were
+
+
+def test_fitted_terms_are_the_ones_the_steps_paid():
+    steps = traced_steps()
+    paid = dataclasses.replace(SURFACE, terms=TERMS)
+    fitted = fit_terms(steps.assign(seconds=step_costs(steps, paid)), SURFACE, {"requests": 8})
+    for name in ("upkeep", "per_row", "plain_upkeep", "plain_per_row", "join"):
+        assert getattr(fitted, name) == pytest.approx(getattr(TERMS, name), abs=1e-12), name
+    assert fitted.fitted_on == {"requests": 8, "steps": 48, "joins": 16}
+
+
+def test_a_join_s_term_is_paid_once_per_request_in_the_load_replay(llama_pair):
+    """Every request waiting at the start of a 1-row server: each joins once, so plain decoding's
+    predicted time grows by the join term times the requests, and by its own step term per step."""
+    target, draft = llama_pair
+    pair = SimpleNamespace(target=target, draft=draft, eos_ids=frozenset())
+    rec = record(pair, PROMPTS, 6, 3, topk=5, eos_ids=frozenset())
+    config = [DecodeConfig.of(schedule="fixed", gamma_max=3, max_new_tokens=6, batch_size=1)]
+
+    def baseline(surface):
+        return next(row for row in walks(rec, config, surface, True, np.zeros(len(PROMPTS)), lambda f, e: {})
+                    if row["config_id"] == -1)["predicted_time"]
+
+    joins = StepTerms(0.0, 0.0, 0.0, 0.0, join=0.01)
+    assert baseline(dataclasses.replace(SURFACE, terms=joins)) - baseline(SURFACE) == pytest.approx(0.01 * len(PROMPTS))
+    upkeep = StepTerms(0.5, 0.0, plain_upkeep=0.001, plain_per_row=0.0, join=0.0)  # the speculative term: not plain's
+    steps = int(rec.lengths.sum())  # a step a token: the prefill's logits are the first step's
+    assert baseline(dataclasses.replace(SURFACE, terms=upkeep)) - baseline(SURFACE) == pytest.approx(0.001 * steps)
+
+
+def test_a_ramp_fills_the_batch_a_row_at_a_time():
+    arrivals = ramp(8, 4, 10, 0.02)
+    np.testing.assert_allclose(np.diff(arrivals.times), 10 * 0.02 / 4)
+    assert arrivals.requests == 8 and arrivals.times[0] == 0
+
+
+def test_prices_in_decode_on_a_real_pair(llama_pair):
+    """Timed on a real (tiny) pair: the batch-1 model carries what decodes add past their passes,
+    and the surface the terms fitted on a live batch of every row count."""
+    target, draft = llama_pair
+    pair = SimpleNamespace(target=target, draft=draft, device=target.device, eos_ids=frozenset())
+    rec = record(pair, PROMPTS, 8, 4, topk=5, eos_ids=frozenset())
+    rows = [p + rec.continuation[i, :4].tolist() for i, p in enumerate(PROMPTS)]
+    isolated = measure_surface(pair, rows[0], 4, [1, 2], repeats=2, contexts=rows)
+    timed = price_in_decode(pair, PROMPTS, rows, rows[0], DecodeConfig.of(max_new_tokens=8), isolated, 4, [1, 2],
+                            frozenset())
+    assert timed.cost.t_plain > 0 and timed.cost.t_round >= 0 and len(timed.cost.t_verify) == 5
+    assert timed.detail["rounds"] > 0 and timed.detail["plain_steps"] > 0
+    terms = timed.surface.terms
+    assert terms is not None and terms.fitted_on["requests"] == 4 and terms.fitted_on["max_batch"] == 2
+    assert terms.fitted_on["joins"] == 3 * 4  # plain decoding and two policies, each admitting every request
+    assert sorted(timed.surface.models) == [1, 2] and timed.surface.at(1).t_prefill_target > 0
+    described = timed.described()
+    assert described["passes"] == "in decode" and described["step_terms"]["fitted_on"]["steps"] > 0
+
+
+def test_a_run_under_load_sets_replay_beside_the_measurement(saved_pair, prompts_file, tmp_path):
+    from dspark_bench.reporting.report import build_report
+
+    target, draft = saved_pair
+    result = invoke("run", "--target", target, "--draft", draft, "--dataset", str(prompts_file), "--max-new-tokens",
+                    "8", "--batch-size", "2", "--schedule", "fixed", "--gamma-max", "2", "--gamma-max", "3",
+                    "--arrival-rate", "40", "--requests", "6", "--out", str(tmp_path / "out"))
+    assert result.exit_code == 0, result.output
+    assert "under load: measured · replay's prediction" in result.output
+    assert "timing prices inside decodes" in result.output
+    folder = next((tmp_path / "out").iterdir())
+    table = pd.read_parquet(folder / "load.parquet")
+    assert list(table["config_label"]) == ["plain decoding", "fixed γ=2 · B=2", "fixed γ=3 · B=2"]
+    assert table["identical"].all()  # greedy: every request's output is plain decoding's
+    for metric in ("throughput", "tpot_p50_s", "ttft_p50_s"):
+        assert (table[metric] > 0).all() and (table[f"{metric}_replay"] > 0).all()
+    requests = pd.read_parquet(folder / "requests.parquet")
+    assert len(requests) == 3 * 6 and (requests["first_token_s"] >= requests["arrival_s"]).all()
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["load_run"]["prices"]["passes"] == "in decode" and summary["load_run"]["max_batch"] == 2
+    assert "in_decode" in json.loads((folder / "cost_surface.json").read_text())
+    report = build_report([folder], tmp_path / "report")
+    assert "## Under load, measured" in report.read_text()
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--arrival-rate", "0"], "an arrival rate must be a number above 0 requests per second"),
+    (["--arrival-rate", "1", "--arrival-rate", "1"], "--arrival-rate: give each rate once"),
+    (["--arrival-trace", "no-such-trace.txt"], "cannot read the arrival trace no-such-trace.txt"),
+    (["--arrival-rate", "1", "--temperature", "0.7"], "predicts greedy decoding"),
+    (["--arrival-rate", "1", "--drafter", "lookup"], "drafts with the draft model"),
+    (["--arrival-rate", "1", "--decoder", "hf"], "serves our batched decoder: drop --decoder"),
+    (["--arrival-rate", "1", "--repeats", "3"], "serves each load once"),
+    (["--arrival-rate", "1", "--requests", "0"], "requests must be at least 1 (got 0)"),
+    (["--requests", "10"], "--requests has no effect here: it needs a load"),
+    (["--isolated-prices"], "--isolated-prices has no effect here: it needs replay's prices"),
+])
+def test_a_bad_run_under_load_is_refused_in_one_line_before_any_work(tmp_path, monkeypatch, flags, message):
+    monkeypatch.chdir(tmp_path)
+    result = invoke("run", "--task", "code", *flags, "--out", tmp_path / "out")
+    assert result.exit_code == 1, result.output
+    assert message in one_error_line(result)
+    assert not (tmp_path / "out").exists()
+
+
+def test_isolated_prices_are_a_flag_away(saved_pair, prompts_file, tmp_path):
+    """`sweep --isolated-prices`: the passes timed alone, said in the plan and the summary."""
+    target, draft = saved_pair
+    result = invoke("sweep", "--target", target, "--draft", draft, "--dataset", str(prompts_file), "--max-new-tokens",
+                    "8", "--threshold", "0.3", "--gamma-max", "3", "--confirm-top", "0", "--isolated-prices",
+                    "--out", str(tmp_path))
+    assert result.exit_code == 0, result.output
+    assert "prices: our passes timed alone (--isolated-prices" in result.output
+    folder = next(p for p in tmp_path.iterdir() if p.name != "records")
+    assert json.loads((folder / "summary.json").read_text())["prices"]["passes"] == "isolated"
