@@ -1,21 +1,23 @@
-"""Issue 54's proof: replay under load held against real runs under load of the batched decoder.
+"""The answer under load held against real load runs, both from the command line (issues 54 and 64).
 
-One replay sweep over the shipped pair with the load stage (`sweep --arrival-rate R`) predicts
-every policy's throughput and time per output token at each arrival rate; then the batched
-decoder itself (continuous batching, `--batching refill`) serves the same Poisson arrivals of
-the same requests with plain decoding, the best fixed γ, the best budget schedule and the best
-policy at the heaviest rate (each a server of its own, taking turns a step each in one process:
-harness/under_load.py), and each measured percentile is set beside its prediction. Also times the
-replay itself over every (policy, rate) point. Writes load.md and load.json into --out.
+Registered before the runs. `dspark-bench sweep --arrival-rate R` on its default path (prices timed
+inside running decodes, harness/in_decode.py) and again with `--isolated-prices` (the earlier
+default) predict every policy's throughput, TPOT and TTFT at each rate over --limit prompts of
+--task; then `dspark-bench run --config` serves the same Poisson arrivals for real (harness/served_run.py)
+with plain decoding, the best fixed γ, the best budget schedule and the best policy at the heaviest
+rate (the default sweep's picks, by its load objective). The same four are served on the next
+--limit prompts of the task (a prompt set the prices were not measured on), predicted on the sweep's
+prices from a record of those prompts. Each prediction / measured − 1, against the issue's bounds:
+TPOT p50 ±10 %, TPOT p99 ±20 %, TTFT p50 ±25 %, throughput ±5 %. Writes load.md and load.json into --out.
 
-    python -m benchmarks.checks.load --out results/load                     # sweep, then the real runs
-    python -m benchmarks.checks.load --sweep results/load/<sweep folder> --out results/load   # reuse the sweep
+    python -m benchmarks.checks.load --out results/load
 """
 
 from __future__ import annotations
 
 import json
-import time
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -23,102 +25,48 @@ import pandas as pd
 
 from benchmarks import common
 from dspark_bench import schedules
-from dspark_bench.decoding.learned_signal import LearnedSignal
+from dspark_bench.config import DecodeConfig
 from dspark_bench.engines.export import policy_of
-from dspark_bench.harness.under_load import in_decode_ratios, in_decode_surface, run_under_load
-from dspark_bench.measure.between_steps import CostBetweenSteps
-from dspark_bench.measure.cost_model import halfway
+from dspark_bench.harness.models import load_pair
+from dspark_bench.measure.recording import record
 from dspark_bench.objectives import rank_under_load
-from dspark_bench.replay import learned, sampled
 from dspark_bench.replay.cost import CostSurface
-from dspark_bench.replay.record import resolve_record
 from dspark_bench.replay.under_load import poisson, replay_load
 from dspark_bench.results import describe_machine, environment, read_json
-from dspark_bench.sections.under_load import load_policies
+from dspark_bench.tasks import load_prompts
 from dspark_bench.tasks.prompts import encode
-from dspark_bench.tuning.added_policies import LEARNED_FILE
-from dspark_bench.tuning.preparation import prepare
-from dspark_bench.tuning.spec import old_keys, parse_spec
-from dspark_bench.tuning.spec_files import resolve_spec, task_spec
-from dspark_bench.tuning.sweep import run_sweep
 
-METRICS = {"throughput": ("throughput (tok/s)", 0.10), "tpot_p50_s": ("TPOT p50", 0.10),
-           "tpot_p99_s": ("TPOT p99", 0.20), "ttft_p50_s": ("TTFT p50", None)}  # the issue's bounds
-SIDES = ("", "_own", "_others")  # replay's error on the beside surface, and on it scaled in decode (own, others)
+# metric -> (label, the issue's bound on replay / measured − 1, scale shown)
+METRICS = {"throughput": ("throughput tok/s", 0.05, 1.0), "tpot_p50_s": ("TPOT p50 ms", 0.10, 1e3),
+           "tpot_p99_s": ("TPOT p99 ms", 0.20, 1e3), "ttft_p50_s": ("TTFT p50 ms", 0.25, 1e3)}
+KEYS = ["arrival_rate", "config_id"]
 
 
-def main() -> None:
-    parser = common.parser(__doc__, task="code", limit=24, max_new_tokens=64, out="results/load")
-    parser.add_argument("--sweep", type=common.sweep_folder, help="a finished sweep under load to reuse")
-    parser.add_argument("--rate", type=float, action="append", dest="rates",
-                        help="arrival rates, requests/s (default 0.5, 1.5, 4: light to saturated)")
-    parser.add_argument("--requests", type=int, default=48)
-    parser.add_argument("--max-batch", type=int, default=8)
-    args = parser.parse_args()
-    folder = args.sweep or sweep(args)
-    spec = parse_spec(old_keys(read_json(folder / "run.json", "run file")["spec"]), str(folder))
-    table, summary = pd.read_parquet(folder / "load.parquet"), read_json(folder / "summary.json", "summary")["load"]
-    trials = pd.read_parquet(folder / "trials.parquet").set_index("config_id")
-    chosen = choose(table, summary)
-    configs = [policy_of(trials.loc[c], folder) for c in chosen]
-    prepared = prepare(spec)
-    ids = [encode(prepared.pair.tokenizer, p.text, spec.chat_template) for p in prepared.prompts]
-    rec = sweep_record(folder)
-    context = ids[0] + rec.continuation[0, : int(rec.lengths[0]) // 2].tolist()  # as the sweep timed its surface
-    # The batches beside the runs hold the requests themselves, each halfway through its output, in a
-    # fixed shuffled order: a batch of B is about as wide as B of the run's requests make it.
-    rows = halfway(rec, ids)
-    sizes = sorted(int(b) for b in read_json(folder / "cost_surface.json", "cost surface")["batch_sizes"])
-    real, moment, ratios, surfaces = [], [], [], {}
-    for rate in spec.arrival_rates:
-        arrivals = poisson(rate, spec.requests, spec.seed)  # the load stage's own arrivals
-        started = time.perf_counter()
-        # The machine's speed drifts (1.5x within minutes here): the surface is timed again beside
-        # this rate's runs, one pass per turn of the servers, on batches of the run's own requests,
-        # and replay prices them on it.
-        sampler = CostBetweenSteps(prepared.pair, context, rec.gamma_record, sizes, rows)
-        measured, _, steps = run_under_load(prepared.pair, ids, configs, arrivals, summary["max_batch"],
-                                      spec.runner_settings().eos_ids(prepared.pair), sampler=sampler)
-        measured["config_id"] = [-1] + chosen
-        beside = sampler.surface()
-        now = replay_load(rec, configs, beside, [arrivals], summary["max_batch"])
-        ratios.append(in_decode_ratios(steps, beside).assign(arrival_rate=rate))
-        surfaces[rate] = beside
-        now["config_id"] = [-1 if c < 0 else chosen[c] for c in now["config_id"]]
-        print(f"{arrivals.label}: {time.perf_counter() - started:.0f} s", flush=True)
-        real.append(measured)
-        moment.append(now)
-    real, moment = pd.concat(real, ignore_index=True), pd.concat(moment, ignore_index=True)
-    ratios = pd.concat(ratios, ignore_index=True)
-    decode = in_decode(rec, configs, chosen, spec, summary, surfaces, ratios)
-    speed = replay_speed(folder, spec, summary)
-    args.out.mkdir(parents=True, exist_ok=True)
-    keys = ["arrival_rate", "config_id"]
-    rows = compared(moment, real)
-    for other, suffix in ((table, "_sweep"), (decode["own"], "_own"), (decode["others"], "_others")):
-        rows = rows.merge(compared(other, real)[[*keys, *(f"{m}_{k}" for m in METRICS for k in ("replay", "error"))]],
-                          on=keys, suffixes=("", suffix))
-    text = markdown(rows, summary, speed, folder) + "\n\n" + ratio_table(ratios)
-    (args.out / "load.md").write_text(text)
-    (args.out / "load.json").write_text(json.dumps({"sweep": str(folder), "rows": rows.to_dict(orient="records"),
-                                                    "speed": speed, "in_decode": ratios.to_dict(orient="records")},
-                                                   indent=2, default=float))
-    print(text)
+def cli(*args) -> None:
+    """One dspark-bench command, its output passed through; a failure stops the benchmark."""
+    done = subprocess.run([sys.executable, "-m", "dspark_bench.cli", *map(str, args)])
+    if done.returncode:
+        raise SystemExit(f"dspark-bench {' '.join(map(str, args[:2]))} failed ({done.returncode})")
 
 
-def sweep(args) -> Path:
-    """The replay sweep under load: the task's space at B = 1, 2, 4 and the max batch, nothing timed."""
+def newest(folder: Path, kind: str) -> Path:
+    return max((p for p in folder.iterdir() if f"-{kind}-" in p.name), key=lambda p: p.name)
+
+
+def sweep(args, out: Path, isolated: bool) -> Path:
+    """The replay sweep under load on the task's first --limit prompts, nothing confirmed."""
     sizes = sorted({b for b in (1, 2, 4) if b < args.max_batch} | {args.max_batch})
-    spec, _ = resolve_spec(task_spec(args.task), {
-        "task": args.task, "limit": args.limit, "max_new_tokens": args.max_new_tokens, "confirm_top": 0,
-        "space.batch_size": sizes, "arrival_rates": args.rates or [0.5, 1.5, 4.0], "requests": args.requests,
-        "max_batch": args.max_batch})
-    return run_sweep(spec, args.out, say=lambda line: print(line, flush=True)).folder
+    flags = ["--task", args.task, "--limit", args.limit, "--max-new-tokens", args.max_new_tokens, "--confirm-top", 0,
+             "--requests", args.requests, "--max-batch", args.max_batch, "--out", out]
+    flags += [x for b in sizes for x in ("--batch-size", b)] + [x for r in args.rates for x in ("--arrival-rate", r)]
+    cli("sweep", *flags, *(["--isolated-prices"] if isolated else []))
+    return newest(out, "sweep")
 
 
-def choose(table: pd.DataFrame, summary: dict) -> list[int]:
-    """config_ids of the best fixed γ, the best budget schedule and the best policy at the
-    heaviest rate (by the sweep's load objective), each once."""
+def choose(folder: Path) -> list[int]:
+    """config_ids of the best fixed γ, the best budget schedule and the best policy at the heaviest
+    rate (by the sweep's load objective), each once."""
+    table, summary = pd.read_parquet(folder / "load.parquet"), read_json(folder / "summary.json", "summary")["load"]
     heavy = table[(table["arrival_rate"] == table["arrival_rate"].max()) & (table["config_id"] >= 0)]
     objective, limit = summary["objective"], summary.get("tpot_limit_s")
     picks = [rank_under_load(heavy[schedules.where(heavy, **kind)], objective, limit)
@@ -127,104 +75,117 @@ def choose(table: pd.DataFrame, summary: dict) -> list[int]:
     return list(dict.fromkeys(int(p["config_id"].iloc[0]) for p in picks if not p.empty))
 
 
-def compared(table: pd.DataFrame, real: pd.DataFrame) -> pd.DataFrame:
-    """Per (rate, policy): each metric replayed and measured, and replayed / measured - 1."""
-    keys = ["arrival_rate", "config_id"]
-    joined = real.merge(table, on=keys, suffixes=("_real", "_replay"))
-    rows = joined[keys + ["config_label_real"]].rename(columns={"config_label_real": "policy"})
-    for metric in METRICS:
-        rows[f"{metric}_replay"], rows[f"{metric}_real"] = joined[f"{metric}_replay"], joined[f"{metric}_real"]
-        rows[f"{metric}_error"] = joined[f"{metric}_replay"] / joined[f"{metric}_real"] - 1
-    rows["identical"] = joined["identical"]
-    return rows.sort_values(keys, ignore_index=True)
-
-
-def sweep_record(folder: Path):
-    """The sweep's record, every path one row, with the learned signal the sweep fitted."""
-    rec = sampled.as_one(sampled.load(resolve_record(folder, read_json(folder / "summary.json", "summary")["record"])))
-    if (folder / LEARNED_FILE).is_file():  # the learned policies read the signal the sweep fitted
-        rec = learned.with_learned(rec, LearnedSignal.from_dict(read_json(folder / LEARNED_FILE, "learned signal")))
-    return rec
-
-
-def in_decode(rec, configs, chosen, spec, summary, surfaces: dict, ratios: pd.DataFrame) -> dict:
-    """Replay of each rate on its beside surface scaled in decode (in_decode_surface): by that
-    rate's own runs (`own`), and by the other rates' runs alone (`others`: out of sample)."""
-    out = {"own": [], "others": []}
-    for rate, beside in surfaces.items():
-        arrivals = poisson(rate, spec.requests, spec.seed)
-        for name, used in (("own", ratios["arrival_rate"] == rate), ("others", ratios["arrival_rate"] != rate)):
-            if not used.any():
-                continue
-            replayed = replay_load(rec, configs, in_decode_surface(beside, ratios[used]), [arrivals],
-                                   summary["max_batch"])
-            replayed["config_id"] = [-1 if c < 0 else chosen[c] for c in replayed["config_id"]]
-            out[name].append(replayed)
-    return {name: pd.concat(parts, ignore_index=True) for name, parts in out.items()}
-
-
-def ratio_table(ratios: pd.DataFrame) -> str:
-    """Per rate: the servers' own admissions and steps over what the surface timed beside them
-    charges (pooled over the servers; rows bucketed 1, 2-3, 4-7, 8+)."""
-    buckets = ratios.assign(bucket=pd.cut(ratios["rows"], [0, 1, 3, 7, 1 << 30], labels=["1", "2-3", "4-7", "8+"]))
-    pooled = buckets.groupby(["arrival_rate", "kind", "bucket"], observed=True)[["count", "seconds", "priced"]].sum()
-    pooled = pooled.assign(ratio=pooled["seconds"] / pooled["priced"]).reset_index()
-    lines = ["In decode against beside: each rate's real admissions and steps (all servers) over what the surface "
-             "timed beside them charges for them.", "", "| rate | kind | rows | count | real s | priced s | ratio |",
-             "|---|---|---|---|---|---|---|"]
-    lines += [f"| {r.arrival_rate:g} | {r.kind} | {r.bucket} | {r.count} | {r.seconds:.2f} | {r.priced:.2f} | "
-              f"{r.ratio:.3f} |" for r in pooled.itertuples()]
-    return "\n".join(lines)
-
-
-def replay_speed(folder: Path, spec, summary: dict) -> dict:
-    """Seconds to replay every policy of the sweep at the max batch under each of 4 loads, twice
-    (the first compiles): the number of (policy, load) points and the second pass's time."""
-    rec = sweep_record(folder)
-    surface = CostSurface.from_dict(read_json(folder / "cost_surface.json", "cost surface"))
+def serve(args, folder: Path, chosen: list[int], prompts: dict, out: Path) -> Path:
+    """`dspark-bench run --config` of the chosen policies under the sweep's loads, on `prompts`."""
     trials = pd.read_parquet(folder / "trials.parquet").set_index("config_id")
-    configs = [policy_of(trials.loc[c], folder) for c in trials.index]
-    chosen = [configs[i] for i in load_policies(configs, summary["max_batch"])]
-    loads = [poisson(rate, spec.requests, spec.seed) for rate in (0.5, 1.0, 2.0, 4.0)]
-    seconds = []
-    for _ in range(2):
-        started = time.perf_counter()
-        points = len(replay_load(rec, chosen, surface, loads, summary["max_batch"]))
-        seconds.append(time.perf_counter() - started)
-    return {"points": points, "seconds": seconds[-1], "first_pass_s": seconds[0], "requests": spec.requests}
+    policies = [policy_of(trials.loc[c], folder).to_dict() for c in chosen]
+    config = {**prompts, "max_new_tokens": args.max_new_tokens, "arrival_rates": list(args.rates),
+              "requests": args.requests, "max_batch": args.max_batch, "policies": policies}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps({"kind": "run", "config": config}, indent=1))
+    cli("run", "--config", out / "config.json", "--out", out)
+    return newest(out, "run")
 
 
-def markdown(rows: pd.DataFrame, summary: dict, speed: dict, folder: Path) -> str:
-    lines = [f"Load replay against real runs under load: {summary['requests']} requests per rate, up to "
-             f"{summary['max_batch']} at once; sweep {folder}; machine: {describe_machine(environment())}.", "",
-             "| rate (req/s) | policy | " + " | ".join(f"{name}: real · replay (error) · in decode: own · others "
-                                                     "· (sweep's prices)" for name, _ in METRICS.values())
-             + " | identical |", "|---|---|" + "---|" * len(METRICS) + "---|"]
+def other_prompts(args, out: Path) -> tuple[Path, list]:
+    """The task's next --limit prompts, as a dataset file."""
+    prompts = load_prompts(args.task, None, "train", None, None, 2 * args.limit)[0][args.limit:]
+    path = out / "other-prompts.jsonl"
+    path.write_text("".join(json.dumps({"prompt": p.text, "category": p.category}) + "\n" for p in prompts))
+    return path, prompts
+
+
+def predicted_elsewhere(args, folder: Path, chosen: list[int], prompts: list) -> pd.DataFrame:
+    """The chosen policies replayed on a record of `prompts`, priced on the sweep's surface."""
+    pair = load_pair(None, None, "auto", "auto", None, drafters={"model"})
+    ids = [encode(pair.tokenizer, p.text, "auto") for p in prompts]
+    trials = pd.read_parquet(folder / "trials.parquet").set_index("config_id")
+    configs = [policy_of(trials.loc[c], folder) for c in chosen]
+    rec = record(pair, ids, args.max_new_tokens, max(c.stopping.gamma_max for c in configs), eos_ids=pair.eos_ids)
+    surface = CostSurface.from_dict(read_json(folder / "cost_surface.json", "cost surface"))
+    loads = [poisson(rate, args.requests, DecodeConfig().verification.seed) for rate in args.rates]  # the run's
+    table = replay_load(rec, configs, surface, loads, args.max_batch)
+    table["config_id"] = [-1 if c < 0 else chosen[c] for c in table["config_id"]]
+    return table
+
+
+def measured(run: Path, chosen: list[int]) -> pd.DataFrame:
+    """A run under load's measurements, keyed as the sweep's (its policy i: chosen[i])."""
+    table = pd.read_parquet(run / "load.parquet")
+    table["arrival_rate"] = table["arrival"].str.extract(r"poisson ([\d.]+) req/s")[0].astype(float)
+    table["config_id"] = [-1 if c < 0 else chosen[c] for c in table["config_id"]]
+    return table
+
+
+def errors(predicted: pd.DataFrame, real: pd.DataFrame, name: str) -> pd.DataFrame:
+    """Per (rate, policy): each metric's prediction / measured − 1, as `<metric>_<name>`."""
+    joined = real[KEYS + ["config_label", *METRICS]].merge(predicted[KEYS + list(METRICS)], on=KEYS,
+                                                           suffixes=("", "_p"))
+    out = joined[KEYS + ["config_label", *METRICS]].copy()
+    for metric in METRICS:
+        out[f"{metric}_{name}"] = joined[f"{metric}_p"] / joined[metric] - 1
+    return out
+
+
+def within(rows: pd.DataFrame, name: str) -> dict:
+    return {metric: int((np.abs(rows[f"{metric}_{name}"]) <= bound).sum()) for metric, (_, bound, _) in METRICS.items()}
+
+
+def markdown(title: str, rows: pd.DataFrame, sides: list[tuple[str, str]]) -> list[str]:
+    """A table per prompt set: each metric measured, then each side's error (✗ past the bound)."""
+    header = "| rate | policy | " + " | ".join(f"{label}: measured · " + " · ".join(side for _, side in sides)
+                                               for label, _, _ in METRICS.values()) + " |"
+    lines = [f"### {title}", "", header, "|---|---|" + "---|" * len(METRICS)]
     for row in rows.itertuples():
         cells = []
-        for metric, (_, bound) in METRICS.items():
-            scale = 1.0 if metric == "throughput" else 1e3
-            replayed, real, error, sweep_error, own, others = (getattr(row, f"{metric}_{k}") for k in (
-                "replay", "real", "error", "error_sweep", "error_own", "error_others"))
-            marks = ["" if bound is None or abs(e) <= bound else " ✗" for e in (error, own, others)]
-            cells.append(f"{real * scale:.1f} · {replayed * scale:.1f} ({error:+.1%}){marks[0]} · {own:+.1%}{marks[1]}"
-                         f" · {others:+.1%}{marks[2]} · ({sweep_error:+.1%})")
-        lines.append(f"| {row.arrival_rate:g} | {row.policy} | " + " | ".join(cells) + f" | {row.identical} |")
-    within = {(metric, side): float(np.mean(np.abs(rows[f"{metric}_error{side}"]) <= bound))
-              for metric, (_, bound) in METRICS.items() if bound is not None for side in SIDES}
-    lines += ["", "Times in ms, throughput in output tokens/s. Replay is priced on the cost surface timed beside that "
-              "rate's real runs (one pass per turn of the servers, so both see the machine's drift). In decode: "
-              "that surface scaled per row count by how much longer the servers' own steps and admissions took "
-              "than it charges (harness/under_load.in_decode_surface), from this rate's runs (own) or from the other "
-              "rates' alone (others, out of sample). In brackets: on the sweep's own prices, timed when it began. "
-              "Error: replay / real − 1; ✗ past the issue's bound (±10 % throughput and TPOT p50, ±20 % TPOT "
-              "p99). Within the bound (beside / own / others): "
-              + ", ".join(f"{METRICS[m][0]} " + " / ".join(f"{within[(m, side)]:.0%}" for side in SIDES)
-                          for m in dict.fromkeys(m for m, _ in within))
-              + ".", "", f"Replay speed: {speed['points']:,} (policy, rate) points of {speed['requests']} requests "
-              f"in {speed['seconds']:.2f} s (first pass, compiling: {speed['first_pass_s']:.1f} s).", "",
-              f"Sweep's verdict: {summary['verdict']}."]
-    return "\n".join(lines)
+        for metric, (_, bound, scale) in METRICS.items():
+            errs = [getattr(row, f"{metric}_{name}") for name, _ in sides]
+            cells.append(f"{getattr(row, metric) * scale:.1f} · " + " · ".join(
+                f"{e:+.1%}{'' if abs(e) <= bound else ' ✗'}" for e in errs))
+        lines.append(f"| {row.arrival_rate:g} | {row.config_label} | " + " | ".join(cells) + " |")
+    counts = {name: within(rows, name) for name, _ in sides}
+    lines += ["", "Within the bound, of " + str(len(rows)) + " cells: " + "; ".join(
+        f"{side}: " + ", ".join(f"{METRICS[m][0]} {n}" for m, n in counts[name].items()) for name, side in sides), ""]
+    return lines
+
+
+def main() -> None:
+    parser = common.parser(__doc__, task="code", limit=24, max_new_tokens=64, out="results/load")
+    parser.add_argument("--rate", type=float, action="append", dest="rates",
+                        help="arrival rates, requests/s (default 0.5, 1.5, 4: light to saturated)")
+    parser.add_argument("--requests", type=int, default=48)
+    parser.add_argument("--max-batch", type=int, default=8)
+    args = parser.parse_args()
+    args.rates = args.rates or [0.5, 1.5, 4.0]
+    out = args.out
+    default, isolated = sweep(args, out / "sweeps", False), sweep(args, out / "sweeps", True)
+    chosen = choose(default)
+    run_a = serve(args, default, chosen, {"task": args.task, "limit": args.limit}, out / "runs-same")
+    path, prompts = other_prompts(args, out)
+    run_b = serve(args, default, chosen, {"dataset": str(path)}, out / "runs-other")
+    real_a, real_b = measured(run_a, chosen), measured(run_b, chosen)
+    same = errors(pd.read_parquet(default / "load.parquet"), real_a, "default")
+    same = same.merge(errors(pd.read_parquet(isolated / "load.parquet"), real_a, "isolated")
+                      [KEYS + [f"{m}_isolated" for m in METRICS]], on=KEYS)
+    own = real_b.assign(**{m: real_b[f"{m}_replay"] for m in METRICS})
+    other = errors(predicted_elsewhere(args, default, chosen, prompts), real_b, "sweep")
+    other = other.merge(errors(own, real_b, "own")[KEYS + [f"{m}_own" for m in METRICS]], on=KEYS)
+    text = "\n".join([
+        f"Replay under load against real load runs from the command line: {args.requests} requests per rate, up to "
+        f"{args.max_batch} at once, {args.max_new_tokens} new tokens; machine: {describe_machine(environment())}; "
+        f"sweeps {default.name} (default prices) and {isolated.name} (--isolated-prices); runs {run_a.name}, "
+        f"{run_b.name}.", "",
+        *markdown(f"The sweep's {args.limit} {args.task} prompts", same.sort_values(KEYS),
+                  [("default", "sweep, default (in decode)"), ("isolated", "sweep, --isolated-prices")]),
+        *markdown(f"The next {args.limit} {args.task} prompts (the prices measured on the first)",
+                  other.sort_values(KEYS), [("sweep", "on the sweep's prices"), ("own", "the run's own prediction")]),
+        "Times in ms, throughput in output tokens/s. Error: predicted / measured − 1; ✗ past the issue's bound "
+        "(throughput ±5 %, TPOT p50 ±10 %, TPOT p99 ±20 %, TTFT p50 ±25 %)."])
+    (out / "load.md").write_text(text + "\n")
+    stored = {"sweeps": [str(default), str(isolated)], "runs": [str(run_a), str(run_b)],
+              "same": same.to_dict(orient="records"), "other": other.to_dict(orient="records")}
+    (out / "load.json").write_text(json.dumps(stored, indent=1, default=float))
+    print(text)
 
 
 if __name__ == "__main__":

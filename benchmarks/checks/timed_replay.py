@@ -3,8 +3,10 @@
 Records the shipped pair on held-out prompts, times its cost model, then runs the rounds replay
 says five policies make (fixed γ 2, 4, 6 and two threshold policies) on real passes
 (measure/timed.py), interleaved with plain decoding of the same tokens, and sets each measured
-speedup beside the one replay predicts on that cost model. Every round's acceptance as the passes
-compute it is checked against the forced one. Writes timed_replay.md and .json into --out.
+speedup beside the ones replay predicts on the default path's batch-1 prices (timed inside decodes of
+the first two prompts: harness/in_decode.py) and on the passes timed alone (--isolated-prices). Every
+round's acceptance as the passes compute it is checked against the forced one. Writes timed_replay.md
+and .json into --out.
 
     python -m benchmarks.checks.timed_replay --out results/timed [--limit 8] [--max-new-tokens 64] [--repeats 3]
 """
@@ -17,6 +19,7 @@ import time
 
 from benchmarks import common
 from dspark_bench.config import DecodeConfig
+from dspark_bench.harness.in_decode import batch_one, calibration_policies
 from dspark_bench.measure.cost_model import measure_cost
 from dspark_bench.measure.recording import record
 from dspark_bench.measure.timed import timed_plain, timed_replay
@@ -50,9 +53,13 @@ def recorded(args):
 def main() -> None:
     args = common.parser(__doc__, task="code", limit=8, max_new_tokens=64, repeats=3, out="results/timed").parse_args()
     pair, ids, rec, context = recorded(args)
-    cost = measure_cost(pair, context, GAMMA)
+    alone = measure_cost(pair, context, GAMMA)
+    # The default path's batch-1 prices: timed inside decodes of the first two prompts (harness/in_decode.py).
+    cost, _ = batch_one(pair, ids, calibration_policies(DecodeConfig.of(max_new_tokens=args.max_new_tokens), GAMMA),
+                        alone, pair.eos_ids)
     configs = policies(args.max_new_tokens)
     predicted = simulate_grid(rec, configs, cost)
+    predicted_alone = simulate_grid(rec, configs, alone)["predicted_speedup"].tolist()
     plain, runs, exact = [], [[] for _ in configs], True
     started = time.perf_counter()
     for repeat in range(args.repeats):  # plain and every policy in turn, the order rotated each repeat
@@ -68,27 +75,31 @@ def main() -> None:
                 exact &= all(run.accepted == run.forced for run in timed)
                 runs[index].append(sum(run.seconds for run in timed))
     rows = []
-    for config, seconds, row in zip(configs, runs, predicted.itertuples()):
+    for config, seconds, row, guess_alone in zip(configs, runs, predicted.itertuples(), predicted_alone):
         ratios = [p / s for p, s in zip(plain, seconds)]  # each repeat's plain over its policy
         measured = statistics.median(ratios)
         rows.append({"policy": config.label(), "tokens_per_round": row.tokens_per_round,
                      "predicted_speedup": row.predicted_speedup, "measured_speedup": measured,
                      "measured_low": min(ratios), "measured_high": max(ratios),
-                     "error": row.predicted_speedup / measured - 1})
+                     "error": row.predicted_speedup / measured - 1, "predicted_alone": guess_alone,
+                     "error_alone": guess_alone / measured - 1})
     lines = [f"Timed replay, {args.limit} {args.task} prompts × {args.max_new_tokens} tokens, {args.repeats} repeats "
              f"interleaved with plain decoding ({time.perf_counter() - started:.0f} s); machine: "
              f"{describe_machine(environment())}; every round's acceptance as the passes computed it equal to the "
              f"forced one: {exact}.", "",
-             "| policy | tokens/round | predicted speedup | measured (timed replay) [min, max] "
-             "| predicted / measured − 1 |",
-             "|---|---|---|---|---|"]
-    lines += [f"| {r['policy']} | {r['tokens_per_round']:.2f} | {r['predicted_speedup']:.3f} | "
-              f"{r['measured_speedup']:.3f} [{r['measured_low']:.3f}, {r['measured_high']:.3f}] | {r['error']:+.1%} |"
-              for r in rows]
+             "| policy | tokens/round | measured (timed replay) [min, max] | predicted, prices in decode (the "
+             "default) | − 1 | predicted, --isolated-prices | − 1 |",
+             "|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['policy']} | {r['tokens_per_round']:.2f} | {r['measured_speedup']:.3f} [{r['measured_low']:.3f}, "
+              f"{r['measured_high']:.3f}] | {r['predicted_speedup']:.3f} | {r['error']:+.1%} | "
+              f"{r['predicted_alone']:.3f} | {r['error_alone']:+.1%} |" for r in rows]
+    lines += ["", f"Within ±2 %: {sum(abs(r['error']) <= 0.02 for r in rows)} of {len(rows)} in decode, "
+              f"{sum(abs(r['error_alone']) <= 0.02 for r in rows)} of {len(rows)} alone."]
     args.out.mkdir(parents=True, exist_ok=True)
     text = "\n".join(lines)
     (args.out / "timed_replay.md").write_text(text + "\n")
     (args.out / "timed_replay.json").write_text(json.dumps({"rows": rows, "exact": exact, "cost": cost.to_dict(),
+                                                            "alone": alone.to_dict(),
                                                             "plain_s": plain}, indent=2))
     print(text)
 

@@ -65,7 +65,9 @@ def run(
         with reporting("decoding") as (progress, say):
             if config is not None:
                 refuse_other_flags(ctx)
-                folder, table = lib.rerun_from(config, out, progress, say)
+                from dspark_bench.harness.served_run import execute_served  # loaded when the command runs
+
+                folder, table = lib.rerun_from(config, out, progress, say, served=execute_served)
             else:
                 run_config = lib.RunConfig(**workload, **served, grid=grid, decoder=decoder,
                                            calibration=str(calibration) if calibration else None)

@@ -81,12 +81,13 @@ def serve(planned: Planned, ids: list[list[int]], loads: list[Arrivals], max_bat
     return pd.concat(rows, ignore_index=True), pd.concat(requests, ignore_index=True)
 
 
-def execute_served(config: RunConfig, out: Path, progress=None, say=None) -> tuple[Path, pd.DataFrame]:
+def execute_served(config: RunConfig, out: Path, progress=None, say=None,
+                   planned: Planned | None = None) -> tuple[Path, pd.DataFrame]:
     """Run `config` under its loads into a new run folder under `out`: (folder, side_by_side's table)."""
     check_writable(out)  # before models load
     if not served(config):
         raise DsparkError("a run under load needs --arrival-rate or --arrival-trace")
-    planned, loads = plan_run(config), loads_of(config)
+    planned, loads = planned or plan_run(config), loads_of(config)
     pair, configs, max_batch = planned.pair, planned.configs, max_batch_of(config)
     eos_ids = config.settings().eos_ids(pair)
     ids = [encode(pair.tokenizer, p.text, config.chat_template) for p in planned.prompts]
