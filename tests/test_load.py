@@ -250,7 +250,7 @@ def test_a_real_run_under_load_serves_every_request_losslessly(setting):
     (["--arrival-rate", "1", "--tpot-limit", "-1"], "tpot_limit must be above 0 (got -1)"),
     (["--arrival-rate", "1", "--evaluation", "real"], "replay under load (--arrival-rate, --arrival-trace) needs "
                                                       "--evaluation replay"),
-    (["--tpot-limit", "0.05"], "--tpot-limit has no effect here: it needs replay under load (--arrival-rate or "
+    (["--tpot-limit", "0.05"], "--tpot-limit has no effect here: it needs a load (--arrival-rate or "
                                "--arrival-trace)"),
 ])
 def test_a_bad_load_is_refused_in_one_line_before_any_work(tmp_path, monkeypatch, flags, message):

@@ -44,6 +44,7 @@ def served_figure(inputs: Inputs):
             ax.plot(rows["arrival_rate"], rows[column] * scale, "-", color=color, marker=marker, label=label)
             ax.plot(rows["arrival_rate"], rows[f"{column}_replay"] * scale, "--", color=color, alpha=0.7)
         rate_axis(ax, sorted(table["arrival_rate"].unique()), name)
+    axes[0][0].plot([], [], "--", color="black", alpha=0.7, label="replay's prediction")
     axes[0][0].legend(fontsize=7, loc="upper left")
     caption = (f"Served for real ({served.requests}, up to {served.max_batch} at once): each server measured "
                "(solid) and as replay predicted it (dashed), priced on "
