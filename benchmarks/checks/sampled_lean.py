@@ -295,8 +295,8 @@ def section(out: Path, folder: str, rng, data: dict) -> list[str]:
     seeds = "a seed of its own" if folder == "runs-own" else "seeds 100-103, the same for every prompt"
     head = " | ".join(f"{m} real | replay/real − 1 [95 %]" for m in METRICS)
     said = (f"Each real decode ({seeds}) against its policy replayed along its own output ({DRAWS} coin draws); "
-            f"{len(common)} prompts per domain and temperature, {SEEDS} decodes per prompt and policy, {TOKENS} tokens, "
-            "top-p 1.")
+            f"{len(common)} prompts per domain and temperature, {SEEDS} decodes per prompt and policy, "
+            f"{TOKENS} tokens, top-p 1.")
     lines = [f"### {folder}: {', '.join(policies)}", "", said, "", f"| cell | {head} |", "|---" * 7 + "|"]
     data = data.setdefault(folder, {})
 
