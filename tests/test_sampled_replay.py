@@ -411,3 +411,38 @@ def test_load_reads_either_kind_and_refuses_a_folder_without_both_files(tmp_path
     with pytest.raises(DsparkError, match="holds no replay record") as err:
         sampled.load(tmp_path / "sampled")
     assert "\n" not in str(err.value)
+
+
+def test_a_record_along_our_decoders_output_reads_the_p_q_and_confidences_its_verifier_read(tiny, monkeypatch):
+    """The record's one full forward against the decoder's cached passes (issue 64, part 3): along
+    the decoder's own sampled output (which a record may be made along: it has the target's law,
+    benchmarks/checks/sampled_lean.py), p and q of every token the verifier judged on the path and
+    the confidence the rule read there are the record's, to float32's rounding."""
+    import torch
+
+    from dspark_bench.decoding import speculative
+    from dspark_bench.decoding.sampling import distribution
+
+    seen, verify = [], speculative.verify
+
+    def watched(logits, block, config, generator):
+        accepted, token = verify(logits, block, config, generator)
+        seen.append((distribution(logits, config), block.probs, block.tokens.tolist(), int(accepted)))
+        return accepted, token
+
+    monkeypatch.setattr(speculative, "verify", watched)
+    ids, config = [7, 21, 33, 2], DecodeConfig.of(max_new_tokens=24, temperature=0.8, top_p=0.9, threshold=0.3,
+                                                   gamma_max=4, seed=5)
+    result = speculative.speculative_decode(tiny.target, tiny.draft, ids, config)
+    part = sampled_recording.record_along(tiny, ids, result.tokens, config, 4, 5, seed=1)
+    start, judged = 0, 0
+    for (p_rows, q_rows, tokens, accepted), rnd in zip(seen, result.rounds):
+        for i in range(min(accepted + 1, len(tokens))):  # rows whose context is the path: up to the first rejection
+            y = result.tokens[start + i]
+            assert float(p_rows[i, y]) == pytest.approx(part.p_token[start + i], rel=1e-4, abs=1e-7)
+            assert float(q_rows[i, y]) == pytest.approx(part.q_token[start + i], rel=1e-4, abs=1e-7)
+            assert rnd.confidences[i] == pytest.approx(float(part.scores["top1"][start + i, 0]), abs=1e-5)
+            judged += 1
+        start += rnd.emitted
+    assert judged >= 20 and start == len(result.tokens)
+    assert torch.equal(torch.tensor(part.path), torch.tensor(result.tokens))

@@ -22,6 +22,10 @@ here take about an hour, a fourth temperature 20 minutes more.
 - What K buys: replay's 95 % half-width on tokens per round with the first K of the 16 paths
   (K = 2, 4, 8, 16), and the recording's seconds per path, against a greedy record's per prompt.
 Every prompt's result is a file (OUT/<domain>-T<t>-<i>.json): rerun to resume.
+Found after (benchmarks/checks/sampled_lean.py): every prompt's real runs use the same seeds and
+every prompt's record the same path seeds and coins (one record per prompt, coin seed 0), so part
+of each side's noise is common to all prompts and the bootstrap over prompts does not hold it; a
+fixed γ's real runs draw in step across prompts. Kept as run, so that the stored runs reproduce.
 """
 
 from __future__ import annotations

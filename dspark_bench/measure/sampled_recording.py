@@ -36,10 +36,20 @@ def one_hot_if_greedy(logits: torch.Tensor, config: DecodeConfig) -> torch.Tenso
 @torch.inference_mode()
 def record_path(pair, ids: list[int], config: DecodeConfig, gamma: int, topk: int, seed: int,
                 eos_ids: frozenset[int]) -> PathRecord:
-    """Sample the target's path (a plain decode at the config's temperature and top-p, `seed`),
-    read p and q along it (one forward of each model), draw each position's rejected token from
-    the residual and roll the draft out from it (recording.draft_rollouts, sampling)."""
+    """Sample the target's path (a plain decode at the config's temperature and top-p, `seed`) and
+    record what replay needs along it (`record_along`, its rollouts seeded by rollout_seed(seed))."""
     path = autoregressive_decode(pair.target, ids, config.replace(seed=seed), eos_ids).tokens
+    return record_along(pair, ids, path, config, gamma, topk, rollout_seed(seed))
+
+
+@torch.inference_mode()
+def record_along(pair, ids: list[int], path: list[int], config: DecodeConfig, gamma: int, topk: int,
+                 seed: int) -> PathRecord:
+    """What replay needs along a path of the target's law (a plain decode's, or our speculative
+    decoder's own output, which has that law: benchmarks/checks/sampled_lean.py pairs the two):
+    p and q along it (one forward of each model), each position's rejected token drawn from the
+    residual and the draft rolled out from it (recording.draft_rollouts, sampling), drawn from a
+    generator seeded with `seed`."""
     n, device = len(path), next(pair.draft.parameters()).device
     context = torch.tensor([ids + path[:-1]], device=device)
     p = one_hot_if_greedy(pair.target(input_ids=context).logits[0, len(ids) - 1 :], config)
@@ -47,7 +57,7 @@ def record_path(pair, ids: list[int], config: DecodeConfig, gamma: int, topk: in
     y = torch.tensor(path, device=device)[:, None]
     residual = (q - p).clamp_min(0.0)
     residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, q)  # p == q: never rejected
-    generator = torch.Generator(device=device).manual_seed(rollout_seed(seed))
+    generator = torch.Generator(device=device).manual_seed(seed)
     rejected = draw(residual, generator)
 
     def choose(step: int, rows: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
