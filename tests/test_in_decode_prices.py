@@ -13,6 +13,7 @@ import pandas as pd
 import pytest
 from cli_helpers import invoke, one_error_line
 from test_batched import PROMPTS, SURFACE
+from test_learned import learned_record  # noqa: F401 (a fixture)
 
 from dspark_bench.config import DecodeConfig
 from dspark_bench.harness.in_decode import fit_terms, price_in_decode, ramp
@@ -22,7 +23,9 @@ from dspark_bench.measure.recording import record
 from dspark_bench.replay.batched import walks
 from dspark_bench.replay.cost import CostSurface, StepTerms
 
-TERMS = StepTerms(upkeep=0.002, per_row=0.0005, plain_upkeep=0.001, plain_per_row=0.0002, join=0.004)
+# Per row count 0-8: a speculative step's seconds past its passes, a plain one's; a join's.
+TERMS = StepTerms(rows=[0.0025, 0.0025, 0.003, 0.0035, 0.004, 0.0045, 0.005, 0.0055, 0.006],
+                  plain_rows=[0.0012, 0.0012, -0.0004, 0.0016, 0.0018, 0.002, 0.0022, 0.0024, 0.0026], join=0.004)
 
 
 def traced_steps() -> pd.DataFrame:
@@ -44,13 +47,14 @@ def test_step_terms_are_charged_per_step_row_and_join():
     _, charged = with_terms.tables(8)
     _, plain = with_terms.tables(8, plain=True)
     for r in range(1, 9):
-        np.testing.assert_allclose(charged[r] - verify[r], 0.002 + 0.0005 * r)
-        np.testing.assert_allclose(plain[r] - verify[r], 0.001 + 0.0002 * r)
+        np.testing.assert_allclose(charged[r] - verify[r], TERMS.rows[r])
+        np.testing.assert_allclose(plain[r] - verify[r], TERMS.plain_rows[r])  # below 0 at 2 rows too
     np.testing.assert_allclose(with_terms.tables(8)[0], draft)  # a draft pass is a pass: no terms on it
     steps = traced_steps()
     extra = step_costs(steps, with_terms) - step_costs(steps, SURFACE)
-    expected = np.where(steps["kind"] == "join", 0.004, np.where(steps["config_id"] < 0, 0.001 + 0.0002 * steps["rows"],
-                                                                  0.002 + 0.0005 * steps["rows"]))
+    rows = steps["rows"].to_numpy()
+    per_step = np.where(steps["config_id"] < 0, np.take(TERMS.plain_rows, rows), np.take(TERMS.rows, rows))
+    expected = np.where(steps["kind"] == "join", 0.004, per_step)
     np.testing.assert_allclose(extra, expected)
     assert CostSurface.from_dict(json.loads(json.dumps(with_terms.to_dict()))) == with_terms
     assert "in_decode" not in SURFACE.to_dict()  # isolated prices are written as they always were
@@ -60,8 +64,12 @@ def test_fitted_terms_are_the_ones_the_steps_paid():
     steps = traced_steps()
     paid = dataclasses.replace(SURFACE, terms=TERMS)
     fitted = fit_terms(steps.assign(seconds=step_costs(steps, paid)), SURFACE, {"requests": 8})
-    for name in ("upkeep", "per_row", "plain_upkeep", "plain_per_row", "join"):
+    for name in ("rows", "plain_rows", "join"):
         assert getattr(fitted, name) == pytest.approx(getattr(TERMS, name), abs=1e-12), name
+    # A row count no step had takes the nearest one's.
+    narrow = fit_terms(steps[steps["rows"] != 5].assign(seconds=step_costs(steps[steps["rows"] != 5], paid)),
+                       SURFACE, {})
+    assert narrow.rows[5] in (pytest.approx(TERMS.rows[4]), pytest.approx(TERMS.rows[6]))
     assert fitted.fitted_on == {"requests": 8, "steps": 48, "joins": 16}
 
 
@@ -77,9 +85,9 @@ def test_a_join_s_term_is_paid_once_per_request_in_the_load_replay(llama_pair):
         return next(row for row in walks(rec, config, surface, True, np.zeros(len(PROMPTS)), lambda f, e: {})
                     if row["config_id"] == -1)["predicted_time"]
 
-    joins = StepTerms(0.0, 0.0, 0.0, 0.0, join=0.01)
+    joins = StepTerms([0.0] * 2, [0.0] * 2, join=0.01)
     assert baseline(dataclasses.replace(SURFACE, terms=joins)) - baseline(SURFACE) == pytest.approx(0.01 * len(PROMPTS))
-    upkeep = StepTerms(0.5, 0.0, plain_upkeep=0.001, plain_per_row=0.0, join=0.0)  # the speculative term: not plain's
+    upkeep = StepTerms([0.5] * 2, [0.001] * 2, join=0.0)  # the speculative term is not plain's
     steps = int(rec.lengths.sum())  # a step a token: the prefill's logits are the first step's
     assert baseline(dataclasses.replace(SURFACE, terms=upkeep)) - baseline(SURFACE) == pytest.approx(0.001 * steps)
 
@@ -98,8 +106,7 @@ def test_prices_in_decode_on_a_real_pair(llama_pair):
     rec = record(pair, PROMPTS, 8, 4, topk=5, eos_ids=frozenset())
     rows = [p + rec.continuation[i, :4].tolist() for i, p in enumerate(PROMPTS)]
     isolated = measure_surface(pair, rows[0], 4, [1, 2], repeats=2, contexts=rows)
-    timed = price_in_decode(pair, PROMPTS, rows, rows[0], DecodeConfig.of(max_new_tokens=8), isolated, 4, [1, 2],
-                            frozenset())
+    timed = price_in_decode(pair, PROMPTS, DecodeConfig.of(max_new_tokens=8), isolated, 4, frozenset())
     assert timed.cost.t_plain > 0 and timed.cost.t_round >= 0 and len(timed.cost.t_verify) == 5
     assert timed.detail["rounds"] > 0 and timed.detail["plain_steps"] > 0
     terms = timed.surface.terms
@@ -165,3 +172,21 @@ def test_isolated_prices_are_a_flag_away(saved_pair, prompts_file, tmp_path):
     assert "prices: our passes timed alone (--isolated-prices" in result.output
     folder = next(p for p in tmp_path.iterdir() if p.name != "records")
     assert json.loads((folder / "summary.json").read_text())["prices"]["passes"] == "isolated"
+
+
+def test_a_run_under_load_replays_its_learned_policies_on_their_signal(learned_record):  # noqa: F811
+    """The run's own record holds the learned signal its policies name (served_run.with_signals),
+    as a sweep's record holds the signal it fitted: without it their replay has nothing to read."""
+    from test_learned import learned_policies
+
+    from dspark_bench.config import LEARNED
+    from dspark_bench.errors import DsparkError
+    from dspark_bench.harness.served_run import with_signals
+
+    _, rec, path = learned_record
+    bare = dataclasses.replace(rec, confidences={k: v for k, v in rec.confidences.items() if k != LEARNED})
+    given = with_signals(bare, learned_policies(path))
+    np.testing.assert_array_equal(given.confidences[LEARNED], rec.confidences[LEARNED])
+    assert with_signals(bare, [DecodeConfig.of(threshold=0.4)]) is bare
+    with pytest.raises(DsparkError, match="one learned signal"):
+        with_signals(bare, [*learned_policies(path)[:1], DecodeConfig.of(metric="learned", signal_model="other.json")])

@@ -11,6 +11,8 @@ prices from a record of those prompts. Each prediction / measured − 1, against
 TPOT p50 ±10 %, TPOT p99 ±20 %, TTFT p50 ±25 %, throughput ±5 %. Writes load.md and load.json into --out.
 
     python -m benchmarks.checks.load --out results/load
+    python -m benchmarks.checks.load --out results/load --sweeps SWEEP ISOLATED_SWEEP   # reuse the two sweeps
+    python -m benchmarks.checks.load --out results/load --runs SAME_RUN OTHER_RUN    # re-sweep, reuse the runs
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from dspark_bench import schedules
 from dspark_bench.config import DecodeConfig
 from dspark_bench.engines.export import policy_of
 from dspark_bench.harness.models import load_pair
+from dspark_bench.harness.served_run import with_signals
 from dspark_bench.measure.recording import record
 from dspark_bench.objectives import rank_under_load
 from dspark_bench.replay.cost import CostSurface
@@ -87,6 +90,16 @@ def serve(args, folder: Path, chosen: list[int], prompts: dict, out: Path) -> Pa
     return newest(out, "run")
 
 
+def reused(run: Path, folder: Path) -> list[int]:
+    """The sweep's config_ids of a finished run's policies, by label: the budget and learned policies
+    name their own sweep's files, so a sweep made again holds them under the same labels only."""
+    served = pd.read_parquet(run / "load.parquet")
+    labels = served.loc[served["config_id"] >= 0].drop_duplicates("config_id").sort_values("config_id")["config_label"]
+    load = pd.read_parquet(folder / "load.parquet")
+    ids = dict(zip(load["config_label"], load["config_id"]))
+    return [int(ids[label]) for label in labels]
+
+
 def other_prompts(args, out: Path) -> tuple[Path, list]:
     """The task's next --limit prompts, as a dataset file."""
     prompts = load_prompts(args.task, None, "train", None, None, 2 * args.limit)[0][args.limit:]
@@ -101,7 +114,8 @@ def predicted_elsewhere(args, folder: Path, chosen: list[int], prompts: list) ->
     ids = [encode(pair.tokenizer, p.text, "auto") for p in prompts]
     trials = pd.read_parquet(folder / "trials.parquet").set_index("config_id")
     configs = [policy_of(trials.loc[c], folder) for c in chosen]
-    rec = record(pair, ids, args.max_new_tokens, max(c.stopping.gamma_max for c in configs), eos_ids=pair.eos_ids)
+    rec = with_signals(record(pair, ids, args.max_new_tokens, max(c.stopping.gamma_max for c in configs),
+                              eos_ids=pair.eos_ids), configs)
     surface = CostSurface.from_dict(read_json(folder / "cost_surface.json", "cost surface"))
     loads = [poisson(rate, args.requests, DecodeConfig().verification.seed) for rate in args.rates]  # the run's
     table = replay_load(rec, configs, surface, loads, args.max_batch)
@@ -155,21 +169,27 @@ def main() -> None:
                         help="arrival rates, requests/s (default 0.5, 1.5, 4: light to saturated)")
     parser.add_argument("--requests", type=int, default=48)
     parser.add_argument("--max-batch", type=int, default=8)
+    parser.add_argument("--sweeps", type=common.sweep_folder, nargs=2, metavar=("DEFAULT", "ISOLATED"),
+                        help="the two finished sweeps to reuse (default prices, --isolated-prices)")
+    parser.add_argument("--runs", type=Path, nargs=2, metavar=("SAME", "OTHER"),
+                        help="the two finished runs under load to reuse (the sweep's prompts, the next ones)")
     args = parser.parse_args()
     args.rates = args.rates or [0.5, 1.5, 4.0]
     out = args.out
-    default, isolated = sweep(args, out / "sweeps", False), sweep(args, out / "sweeps", True)
-    chosen = choose(default)
-    run_a = serve(args, default, chosen, {"task": args.task, "limit": args.limit}, out / "runs-same")
+    default, isolated = args.sweeps or (sweep(args, out / "sweeps", False), sweep(args, out / "sweeps", True))
     path, prompts = other_prompts(args, out)
-    run_b = serve(args, default, chosen, {"dataset": str(path)}, out / "runs-other")
+    if args.runs:  # served already: their policies, in the order served, are the sweep's picks
+        run_a, run_b = args.runs
+        chosen = reused(run_a, default)
+    else:
+        chosen = choose(default)
+        run_a = serve(args, default, chosen, {"task": args.task, "limit": args.limit}, out / "runs-same")
+        run_b = serve(args, default, chosen, {"dataset": str(path)}, out / "runs-other")
     real_a, real_b = measured(run_a, chosen), measured(run_b, chosen)
     same = errors(pd.read_parquet(default / "load.parquet"), real_a, "default")
     same = same.merge(errors(pd.read_parquet(isolated / "load.parquet"), real_a, "isolated")
                       [KEYS + [f"{m}_isolated" for m in METRICS]], on=KEYS)
-    own = real_b.assign(**{m: real_b[f"{m}_replay"] for m in METRICS})
     other = errors(predicted_elsewhere(args, default, chosen, prompts), real_b, "sweep")
-    other = other.merge(errors(own, real_b, "own")[KEYS + [f"{m}_own" for m in METRICS]], on=KEYS)
     text = "\n".join([
         f"Replay under load against real load runs from the command line: {args.requests} requests per rate, up to "
         f"{args.max_batch} at once, {args.max_new_tokens} new tokens; machine: {describe_machine(environment())}; "
@@ -178,7 +198,7 @@ def main() -> None:
         *markdown(f"The sweep's {args.limit} {args.task} prompts", same.sort_values(KEYS),
                   [("default", "sweep, default (in decode)"), ("isolated", "sweep, --isolated-prices")]),
         *markdown(f"The next {args.limit} {args.task} prompts (the prices measured on the first)",
-                  other.sort_values(KEYS), [("sweep", "on the sweep's prices"), ("own", "the run's own prediction")]),
+                  other.sort_values(KEYS), [("sweep", "on the sweep's prices")]),
         "Times in ms, throughput in output tokens/s. Error: predicted / measured − 1; ✗ past the issue's bound "
         "(throughput ±5 %, TPOT p50 ±10 %, TPOT p99 ±20 %, TTFT p50 ±25 %)."])
     (out / "load.md").write_text(text + "\n")

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from dspark_bench.config import LEARNED
+from dspark_bench.decoding import learned_signal
 from dspark_bench.errors import DsparkError
 from dspark_bench.harness.in_decode import price_in_decode
 from dspark_bench.harness.run import Planned, RunConfig, plan_run
@@ -23,6 +25,7 @@ from dspark_bench.harness.under_load import run_under_load
 from dspark_bench.harness.workload import served
 from dspark_bench.measure.cost_model import halfway, measure_surface
 from dspark_bench.measure.recording import record
+from dspark_bench.replay import learned
 from dspark_bench.replay.arrivals import Arrivals, poisson, read_trace
 from dspark_bench.replay.simulate import simulate_grid
 from dspark_bench.replay.under_load import replay_load
@@ -43,6 +46,15 @@ def max_batch_of(config: RunConfig) -> int:
     return config.max_batch or max(config.batch_sizes)
 
 
+def with_signals(rec, configs: list) -> object:
+    """The record with the learned signal its learned policies read (one signal file among them:
+    a record holds one `learned` confidence), as a sweep's record holds the signal it fitted."""
+    files = {c.stopping.signal_model for c in configs if c.stopping.metric == LEARNED}
+    if len(files) > 1:
+        raise DsparkError("a run under load replays one learned signal: give its policies one --signal-model")
+    return learned.with_learned(rec, learned_signal.load(files.pop())) if files else rec
+
+
 def surface_sizes(max_batch: int) -> list[int]:
     """The batch sizes the passes are timed at: 1, the powers of two below the max batch, and it."""
     return sorted({1, max_batch} | {1 << i for i in range(max_batch.bit_length()) if 1 << i < max_batch})
@@ -56,8 +68,7 @@ def priced(planned: Planned, ids: list[list[int]], rec, max_batch: int, say=None
     surface = measure_surface(pair, context, gamma, sizes, contexts=rows)
     if planned.config.isolated_prices:
         return surface, {"passes": "isolated"}
-    timed = price_in_decode(pair, ids, rows, context, configs[0], surface, gamma, sizes,
-                            planned.config.settings().eos_ids(pair), say=say)
+    timed = price_in_decode(pair, ids, configs[0], surface, gamma, planned.config.settings().eos_ids(pair), say=say)
     return timed.surface, timed.described()
 
 
@@ -95,8 +106,8 @@ def execute_served(config: RunConfig, out: Path, progress=None, say=None,
         count = f"{len(configs)} polic{'y' if len(configs) == 1 else 'ies'}"
         say(f"under load: {len(loads)} load(s) of {', '.join(str(load.requests) for load in loads)} requests, up to "
             f"{max_batch} at once, served by plain decoding and {count} in turns; replay's prediction first")
-    rec = record(pair, ids, configs[0].verification.max_new_tokens, max(c.stopping.gamma_max for c in configs),
-                 eos_ids=eos_ids)
+    rec = with_signals(record(pair, ids, configs[0].verification.max_new_tokens,
+                              max(c.stopping.gamma_max for c in configs), eos_ids=eos_ids), configs)
     surface, prices = priced(planned, ids, rec, max_batch, say)
     predicted = replay_load(rec, configs, surface, loads, max_batch)
     started = time.perf_counter()

@@ -85,8 +85,8 @@ def step_costs(steps: pd.DataFrame, surface: CostSurface) -> np.ndarray:
     out = np.zeros(len(steps))
     for i, step in enumerate(steps.itertuples()):
         if step.kind == "join":
-            out[i] = step.tokens * (alone.t_prefill_target + (alone.t_prefill_draft if step.config_id >= 0 else 0.0)) \
-                + surface.join()
+            prefill = step.tokens * (alone.t_prefill_target + (alone.t_prefill_draft if step.config_id >= 0 else 0.0))
+            out[i] = max(prefill + surface.join(), 0.0)
         else:
             t_draft, t_verify = tables[(bool(step.learned), step.config_id < 0)]
             rows = int(step.rows)

@@ -166,7 +166,7 @@ def served(workload) -> bool:
     return bool(workload.arrival_rates) or workload.arrival_trace is not None
 
 
-def check_served(config: RunConfig, configs: list) -> None:
+def check_served(config: Served, configs: list) -> None:  # config: a harness.run.RunConfig
     """Refuse, before any model loads, a run under load (`run --arrival-rate`: harness/served_run.py)
     the batched decoder cannot serve, or whose load is not one (harness.run.check calls it)."""
     for rate in config.arrival_rates:

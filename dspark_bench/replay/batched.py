@@ -250,8 +250,8 @@ def walks(rec: Record, configs: list[DecodeConfig], surface: CostSurface, refill
     # and what joining a live batch adds past it (CostSurface.join: 0 on isolated prices).
     alone = surface.at(min(surface.models))
     prompt = np.maximum(np.asarray(rec.info.get("prompt_tokens", [1] * len(lengths)), dtype=np.float64) - 1, 0)
-    prefill_base = prompt * alone.t_prefill_target + surface.join()
-    prefill_spec = prompt * (alone.t_prefill_target + alone.t_prefill_draft) + surface.join()
+    prefill_base = np.maximum(prompt * alone.t_prefill_target + surface.join(), 0.0)
+    prefill_spec = np.maximum(prompt * (alone.t_prefill_target + alone.t_prefill_draft) + surface.join(), 0.0)
     baseline = {}
     for b, _ in tables:
         if b not in baseline:  # plain decoding's steps at its own terms (CostSurface.tables' `plain`)

@@ -171,22 +171,21 @@ def worst_spread(repeats) -> float:
 @dataclass(frozen=True)
 class StepTerms:
     """What a live batch's step and admission cost past their passes, fitted on a running server's
-    own steps (harness/in_decode.py; docs/batch-sizes.md#in-decode-prices): each step of r live
-    rows costs its passes plus `upkeep + per_row * r` (speculative servers) or `plain_upkeep +
-    plain_per_row * r` (plain decoding: less host work per row), and each request joining the
-    batch its prompt's prefill plus `join` (the batch's caches widened and re-padded)."""
+    own steps (harness/in_decode.py; docs/batch-sizes.md#in-decode-prices): a step of r live rows
+    costs its passes plus `rows[r]` (speculative servers) or `plain_rows[r]` (plain decoding: less
+    host work per row) — the per-row host work and the batch's upkeep at that width, one number per
+    row count, as each width pays them — and each request joining the batch its prompt's prefill
+    plus `join`. A term is below 0 where a live step took less than its isolated passes."""
 
-    upkeep: float
-    per_row: float
-    plain_upkeep: float
-    plain_per_row: float
+    rows: list[float]  # index r: seconds past its passes of a speculative step with r live rows
+    plain_rows: list[float]
     join: float
     fitted_on: dict = field(default_factory=dict, compare=False)  # the calibration run it came from
 
     def step(self, rows: np.ndarray, plain: bool = False) -> np.ndarray:
-        """Seconds a step of `rows` live rows adds past its passes (never below 0)."""
-        upkeep, per_row = (self.plain_upkeep, self.plain_per_row) if plain else (self.upkeep, self.per_row)
-        return np.maximum(upkeep + per_row * np.asarray(rows, dtype=np.float64), 0.0)
+        """Seconds a step of `rows` live rows adds past its passes (the widest fitted beyond it)."""
+        table = np.asarray(self.plain_rows if plain else self.rows, dtype=np.float64)
+        return table[np.minimum(np.asarray(rows, dtype=np.int64), len(table) - 1)]
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -226,9 +225,10 @@ class CostSurface:
         draft, verify = cost_tables({b: (m.t_draft + (m.t_learned if learned else 0.0), m.t_verify)
                                      for b, m in self.models.items()}, batch_size)
         if self.terms is not None:
-            verify = verify + self.terms.step(np.arange(batch_size + 1), plain)[:, None]
+            verify = np.maximum(verify + self.terms.step(np.arange(batch_size + 1), plain)[:, None], 0.0)
         return draft, verify
 
     def join(self) -> float:
-        """Seconds a request's admission adds past its prefill (0 without terms)."""
-        return 0.0 if self.terms is None else max(self.terms.join, 0.0)
+        """Seconds a request's admission adds past its prefill (0 without terms; below 0 where
+        admissions took less than the isolated prefill: a prefill plus it is kept ≥ 0)."""
+        return 0.0 if self.terms is None else self.terms.join

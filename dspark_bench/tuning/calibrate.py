@@ -186,8 +186,7 @@ def record_domains(pair, domains: dict[str, list[Prompt]], base: DecodeConfig, g
                               compiled=compiled, width=capacity_for(every, base.verification.max_new_tokens, gamma))
     if in_decode is None:
         return records, surface
-    return records, one_surface(pair, every, rows, first_context, base, surface, gamma, batch_sizes, in_decode,
-                                compiled)
+    return records, one_surface(pair, every, base, surface, gamma, in_decode, compiled)
 
 
 def measure_domains(pair, domains: dict[str, list[Prompt]], chosen: dict[str, DecodeConfig],

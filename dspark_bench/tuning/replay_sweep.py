@@ -247,8 +247,7 @@ def time_prices(folder: Path, pair, ids: list[list[int]], records: dict, configs
     if in_decode is not None and any(c.drafting.drafter == MODEL.drafter for c in configs):
         if progress:
             progress("timing prices inside decodes", 0, 1)
-        timed = price_in_decode(pair, ids, rows, context, in_decode[0], surface, gamma, batch_sizes, in_decode[1],
-                                compiled)
+        timed = price_in_decode(pair, ids, in_decode[0], surface, gamma, in_decode[1], compiled)
         cost, surface, passes = timed.cost, timed.surface or surface, timed.described()
         surface.models[1] = dataclasses.replace(surface.models[1], by_depth=cost.by_depth)
     timing = time.perf_counter() - timing
