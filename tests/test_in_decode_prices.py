@@ -140,6 +140,11 @@ def test_a_run_under_load_sets_replay_beside_the_measurement(saved_pair, prompts
     assert "in_decode" in json.loads((folder / "cost_surface.json").read_text())
     report = build_report([folder], tmp_path / "report")
     assert "## Under load, measured" in report.read_text()
+    # Its run.json, handed back to `run --config`, serves the same load again.
+    again = invoke("run", "--config", str(folder / "run.json"), "--out", str(tmp_path / "again"))
+    assert again.exit_code == 0, again.output
+    served = pd.read_parquet(next((tmp_path / "again").iterdir()) / "load.parquet")
+    assert list(served["config_label"]) == list(table["config_label"]) and served["identical"].all()
 
 
 @pytest.mark.parametrize("flags, message", [

@@ -22,8 +22,7 @@ from dspark_bench.cli.declared import fields_of, knob_fields, with_options
 from dspark_bench.cli.options import command_options
 from dspark_bench.config import KNOBS
 from dspark_bench.errors import DsparkError
-from dspark_bench.harness.workload import WORKLOAD_FIELDS, Served, Workload
-from dspark_bench.harness.workload import served as served_here
+from dspark_bench.harness.workload import WORKLOAD_FIELDS, Served, Workload, served
 
 # What a run decodes beside its workload: every knob that is not the workload's, several values
 # of each that repeats (a grid axis).
@@ -33,13 +32,13 @@ CHOSEN = tuple(name for name, f in KNOBS.items() if f.metadata.get("repeats") an
 
 
 @with_options("workload", fields_of(Workload))
-@with_options("served", fields_of(Served))
+@with_options("load", fields_of(Served))
 @with_options("knobs", GRID_KNOBS, many=True, unset="declared")
 @command_options("decoder", "calibration", "config", "llama_server", "port", "arrival_rate", "out", "wide")
 def run(
     ctx: typer.Context, *, decoder: str, calibration: Path | None, config: Path | None, llama_server: Path | None,
     port: int | None, arrival_rate: list[float] | None, out: Path, wide: bool, workload: dict | None = None,
-    served: dict | None = None, knobs: dict | None = None,
+    load: dict | None = None, knobs: dict | None = None,
 ):
     """Decode prompts with the speculative decoder and the autoregressive baseline; write a run folder.
 
@@ -48,12 +47,12 @@ def run(
     Example: dspark-bench run --task code --limit 24 --batch-size 8 --gamma-max 3 --schedule fixed --arrival-rate 4
     """
     with cli_errors():
-        served = {**served, "arrival_rates": tuple(arrival_rate or ())}
+        load = {**load, "arrival_rates": tuple(arrival_rate or ())}
         # The workload first, each field as declared (harness.workload loads without torch): a flag
         # out of bounds is refused in seconds, before harness.run's libraries load.
         if config is None:
             Workload(**workload).check_workload()
-            Served(**served).check_load()
+            Served(**load).check_load()
         from dspark_bench.harness import run as lib  # loaded when the command runs, not for --help
 
         grid = grid_of(knobs)
@@ -67,9 +66,9 @@ def run(
                 refuse_other_flags(ctx)
                 from dspark_bench.harness.served_run import execute_served  # loaded when the command runs
 
-                folder, table = lib.rerun_from(config, out, progress, say, served=execute_served)
+                folder, table = lib.rerun_from(config, out, progress, say, serve_load=execute_served)
             else:
-                run_config = lib.RunConfig(**workload, **served, grid=grid, decoder=decoder,
+                run_config = lib.RunConfig(**workload, **load, grid=grid, decoder=decoder,
                                            calibration=str(calibration) if calibration else None)
                 folder, table = execute(run_config, out, progress, say, llama_server, port)
         if (folder / "load.parquet").is_file():
@@ -91,7 +90,7 @@ def grid_of(knobs: dict) -> dict:
 def execute(run_config, out: Path, progress, say, llama_server: Path | None, port: int | None):
     """Our decoder's run, under its load where it has one, or (--decoder llamacpp) llama-server's
     beside ours and replay."""
-    if served_here(run_config):
+    if served(run_config):
         from dspark_bench.harness.served_run import execute_served  # loaded when the command runs, not for --help
 
         return execute_served(run_config, out, progress, say)

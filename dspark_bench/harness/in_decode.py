@@ -85,11 +85,11 @@ def fit_terms(steps: pd.DataFrame, isolated: CostSurface, fitted_on: dict) -> St
 
 
 def live_batch(pair, ids: list[list[int]], policies: list[DecodeConfig], isolated: CostSurface,
-               eos_ids: frozenset[int]) -> tuple[CostSurface, pd.DataFrame]:
+               eos_ids: frozenset[int]) -> CostSurface:
     """A server of `2 * B` requests (the prompts in turn) at `isolated`'s largest batch B, arriving
     as a ramp to a full batch (`ramp`), plain decoding and `policies` taking turns a step each, run
-    twice (the first warms every shape up, as a server that has run a while is); `isolated` with
-    the step terms fitted on the second run, and its traced steps. Nothing else runs beside the
+    twice (the first warms every shape up, as a server that has run a while is): `isolated` with
+    the step terms fitted on the second run's traced steps. Nothing else runs beside the
     servers: a pass timed between their steps would slow the steps it is fitted on."""
     largest = max(isolated.models)
     arrivals = ramp(2 * largest, largest, policies[0].verification.max_new_tokens, isolated.at(1).t_verify[0])
@@ -98,7 +98,7 @@ def live_batch(pair, ids: list[list[int]], policies: list[DecodeConfig], isolate
     terms = fit_terms(steps, isolated, {"requests": 2 * largest, "max_batch": largest,
                                         "policies": [c.policy_label() for c in policies],
                                         "max_new_tokens": policies[0].verification.max_new_tokens})
-    return dataclasses.replace(isolated, terms=terms), steps
+    return dataclasses.replace(isolated, terms=terms)
 
 
 @dataclasses.dataclass
@@ -131,7 +131,7 @@ def price_in_decode(pair, ids: list[list[int]], base: DecodeConfig, isolated: Co
         say(f"timing prices inside decodes: plain decoding, {' and '.join(c.policy_label() for c in policies)}"
             + (f"; then a batch of up to {largest} rows serving {2 * largest} requests, twice" if largest > 1 else ""))
     cost, detail = batch_one(pair, ids, policies, isolated.at(1), eos_ids, compiled)
-    surface = live_batch(pair, ids, policies, isolated, eos_ids)[0] if largest > 1 else None
+    surface = live_batch(pair, ids, policies, isolated, eos_ids) if largest > 1 else None
     return InDecode(cost, surface, detail, time.perf_counter() - started)
 
 

@@ -350,18 +350,17 @@ def execute(config: RunConfig, out: Path, progress=None, say=None, planned: Plan
     return folder, table
 
 
-def rerun_from(run_file: Path, out: Path, progress=None, say=None, served=None):
-    """`run --config results/<id>/run.json`: the run that file describes, again; `served` runs it
+def rerun_from(run_file: Path, out: Path, progress=None, say=None, serve_load=None):
+    """`run --config results/<id>/run.json`: the run that file describes, again; `serve_load` runs it
     where it names a load (harness/served_run.execute_served, which imports this module)."""
     check_writable(out)  # before models load
     info = read_json(Path(run_file), "run file")
     config = from_run_info(info, str(run_file))
     planned = plan_run(config)
     check_rerun(planned, info, str(run_file))
-    under_load = config.arrival_rates or config.arrival_trace is not None
-    if under_load and served is None:
+    if served(config) and serve_load is None:
         raise DsparkError(f"{run_file} is a run under load: run it with `dspark-bench run --config`")
-    return (served if under_load else execute)(config, out, progress, say, planned)
+    return (serve_load if served(config) else execute)(config, out, progress, say, planned)
 
 
 def decode_once(text: str, config: DecodeConfig, target: str | None = None, draft: str | None = None,

@@ -26,19 +26,13 @@ from dspark_bench.harness.workload import served
 from dspark_bench.measure.cost_model import halfway, measure_surface
 from dspark_bench.measure.recording import record
 from dspark_bench.replay import learned
-from dspark_bench.replay.arrivals import Arrivals, poisson, read_trace
+from dspark_bench.replay.arrivals import Arrivals
 from dspark_bench.replay.simulate import simulate_grid
 from dspark_bench.replay.under_load import replay_load
 from dspark_bench.results import check_writable, write_json, write_run
 from dspark_bench.tasks.prompts import encode, prompts_fingerprint
 
 METRICS = ("throughput", "goodput", "tpot_p50_s", "tpot_p99_s", "ttft_p50_s", "ttft_p99_s", "e2e_p50_s", "e2e_p99_s")
-
-
-def loads_of(config: RunConfig) -> list[Arrivals]:
-    """The loads the run serves: a Poisson process per rate (seeded by --seed), then the trace."""
-    loads = [poisson(rate, config.requests, config.seed) for rate in config.arrival_rates]
-    return loads + ([read_trace(config.arrival_trace)] if config.arrival_trace is not None else [])
 
 
 def max_batch_of(config: RunConfig) -> int:
@@ -98,7 +92,7 @@ def execute_served(config: RunConfig, out: Path, progress=None, say=None,
     check_writable(out)  # before models load
     if not served(config):
         raise DsparkError("a run under load needs --arrival-rate or --arrival-trace")
-    planned, loads = planned or plan_run(config), loads_of(config)
+    planned, loads = planned or plan_run(config), config.loads()
     pair, configs, max_batch = planned.pair, planned.configs, max_batch_of(config)
     eos_ids = config.settings().eos_ids(pair)
     ids = [encode(pair.tokenizer, p.text, config.chat_template) for p in planned.prompts]

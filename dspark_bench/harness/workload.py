@@ -156,6 +156,11 @@ class Served:
         """Whether replay prices anything here: under a load (a sweep says more: tuning.spec)."""
         return served(self)
 
+    def loads(self) -> list:
+        """The loads served: a Poisson process per rate (seeded by --seed), then the trace (replay.arrivals)."""
+        rates = [poisson(rate, self.requests, self.seed) for rate in self.arrival_rates]
+        return rates + ([read_trace(self.arrival_trace)] if self.arrival_trace is not None else [])
+
     def check_load(self) -> None:
         """Each of the load's settings as declared (knobs.check_declared), before anything loads."""
         check_declared(self)

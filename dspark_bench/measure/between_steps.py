@@ -51,9 +51,9 @@ class CostBetweenSteps:
         lm, tokens = (draft, self.filler[:1]) if what == -1 else (target, self.filler[: what + 1])
         self.samples[cell].append(time_pass(self.pair, lm, tokens, lengths))
 
-    def complete(self, at_least: int = 2) -> None:
-        """Time each cell a short run left with fewer than `at_least` timings (the first is a warm-up)."""
-        while any(len(values) < at_least for values in self.samples.values()):
+    def complete(self) -> None:
+        """Time each cell a short run left with fewer than two timings (one is a warm-up)."""
+        while any(len(values) < 2 for values in self.samples.values()):
             self.step()
 
     def surface(self) -> CostSurface:

@@ -15,7 +15,7 @@ from typing import ClassVar
 from dspark_bench import schedules
 from dspark_bench.config import DecodeConfig
 from dspark_bench.replay import sampled
-from dspark_bench.replay.under_load import poisson, read_trace, replay_load, verdicts
+from dspark_bench.replay.under_load import replay_load, verdicts
 from dspark_bench.results import write_parquet
 from dspark_bench.sections.base import END, UNDER_HEADLINE, Line, OneKey, ReportView, Rows, SweepFacts
 
@@ -38,9 +38,7 @@ def load_stage(folder: Path, spec, max_batch: int, configs: list[DecodeConfig], 
     requests, seed, load objective and TPOT limit) names, at most `max_batch` requests at once."""
     started = time.perf_counter()
     chosen = load_policies(configs, max_batch)
-    loads = [poisson(rate, spec.requests, spec.seed) for rate in spec.arrival_rates]
-    if spec.arrival_trace is not None:
-        loads.append(read_trace(spec.arrival_trace))
+    loads = spec.loads()
     table = replay_load(sampled.as_one(rec), [configs[i] for i in chosen], surface, loads, max_batch,
                         spec.tpot_limit)
     table["config_id"] = [chosen[c] if c >= 0 else -1 for c in table["config_id"]]  # the sweep's own ids

@@ -34,6 +34,7 @@ from dspark_bench.harness.health import (
 )
 from dspark_bench.harness.in_decode import plan_seconds, price_in_decode
 from dspark_bench.harness.plan import precision_plan, replay_plan, seconds_per_token
+from dspark_bench.harness.workload import served
 from dspark_bench.measure.cost_model import halfway, measure_depths, measure_surface, torch_version
 from dspark_bench.replay import cost_file, sampled
 from dspark_bench.replay.batched import simulate_with_surface
@@ -57,7 +58,7 @@ from dspark_bench.tuning.confirm import confirm
 from dspark_bench.tuning.preparation import LoadedSweep, SweepResult
 from dspark_bench.tuning.records import drafter_groups, record_all, record_key
 from dspark_bench.tuning.replay_summary import write_replay_summary
-from dspark_bench.tuning.spec import SweepSpec, max_batch_of, under_load
+from dspark_bench.tuning.spec import SweepSpec, max_batch_of
 
 if TYPE_CHECKING:
     from dspark_bench.harness.runner import StageProgress
@@ -133,7 +134,7 @@ def replay_sweep(folder: Path, spec: SweepSpec, prepared: LoadedSweep, records_r
         write_parquet(folder / "samples.parquet", samples)
     found += registry.computed(SweepFacts(folder, spec, configs, table, records[record_key_of(records)],
                                           records.get(MODEL), prices.surface,
-                                          max_batch_of(spec) if under_load(spec) else None, say, progress))
+                                          max_batch_of(spec) if served(spec) else None, say, progress))
     checks = sweep_checks(table, prices, probe, time.perf_counter() - started - prices.timing_s, estimate)
     record_dir = record_dirs.get(MODEL, next(iter(record_dirs.values())))
     found = [result for result in found if result is not None]

@@ -172,11 +172,6 @@ def _parse_rates(values: object, where: str) -> tuple[float, ...]:
     return tuple(sorted(float(v) for v in values))
 
 
-def under_load(spec: SweepSpec) -> bool:
-    """Whether the sweep replays its policies under load too."""
-    return served(spec)
-
-
 def max_batch_of(spec: SweepSpec) -> int:
     """The rows a server under load decodes at once: the spec's, else its largest batch size."""
     return spec.max_batch or max(point.batching.batch_size for point in points(spec))
@@ -184,7 +179,7 @@ def max_batch_of(spec: SweepSpec) -> int:
 
 def _check_load(spec: SweepSpec, where: str) -> None:
     """Refuse, before any work, a load the sweep cannot replay, and a load's setting without a load."""
-    if not under_load(spec):
+    if not served(spec):
         return  # a load's own settings without a load: SweepSpec.check_needs
     if evaluation_for(spec) != "replay":
         raise DsparkError(f"{where}: replay under load (--arrival-rate, --arrival-trace) needs --evaluation replay")
