@@ -48,6 +48,7 @@ def read_by_schedule(name: str) -> Needs:
     return Needs(f"a schedule that reads it ({' or '.join(readers)})", lambda w, c: name in schedules.of(c).reads)
 
 
+CONTROLLED = Needs("an engine controller's schedule (sglang-adaptive)", lambda w, c: schedules.of(c).controlled)
 SAMPLED = Needs("a temperature above 0 (greedy verification samples nothing)", lambda w, c: not c.greedy)
 BATCHED = Needs("a batch size above 1", lambda w, c: c.batching.batch_size > 1)
 
@@ -103,6 +104,22 @@ class StoppingPolicy:
     signal_model: str = knob("", "Metric learned: the fitted signal, a replay sweep's folder (or its "
                              "learned_signal.json).", path=True,
                              needs=Needs("the learned metric", lambda w, c: c.stopping.metric == LEARNED))
+    # An engine controller's knobs (schedules with `controlled`; decoding/controllers.py), under
+    # SGLang's names; the defaults are SGLang 0.5.23's slot for batch size 1 (DEFAULT_ADAPTIVE_CONFIG).
+    candidate_steps: str = knob("1,3,5,7", schedules.CANDIDATE_STEPS_HELP, searched=True, needs=CONTROLLED,
+                                check=lambda p: schedules.candidate_steps(p.candidate_steps))
+    ema_alpha: float = knob(0.2, "sglang-adaptive: the weight of the latest step's mean accepted drafts in the EMA.",
+                            above=0, at_most=1, searched=True, needs=CONTROLLED)
+    update_interval: int = knob(5, "sglang-adaptive: steps between draft-length decisions.", at_least=1, searched=True,
+                                needs=CONTROLLED)
+    warmup_batches: int = knob(10, "sglang-adaptive: steps before the first decision.", at_least=0, searched=True,
+                               needs=CONTROLLED)
+    up_hysteresis: float = knob(0.0, "sglang-adaptive: added to the EMA a step up must exceed (k - 0.5 + this).",
+                                searched=True, needs=CONTROLLED)
+    down_hysteresis: float = knob(-0.25, "sglang-adaptive: added to the EMA a step down must reach (k' - 0.5 + "
+                                  "this).", searched=True, needs=CONTROLLED)
+    ceiling_coeff: float = knob(0.0, "sglang-adaptive: caps a length kept or lowered at ceil(EMA × this) (0: off).",
+                                at_least=0, searched=True, needs=CONTROLLED)
 
     def __post_init__(self) -> None:
         check_declared(self)
@@ -230,6 +247,7 @@ FIELDS = {f.name: part for part, cls in PARTS.items() for f in dataclasses.field
 _FIELD_SPECS = [f for cls in PARTS.values() for f in dataclasses.fields(cls)]
 KNOBS = {f.name: f for f in _FIELD_SPECS}  # every knob's declaration (knob()), by its flat name
 POLICY_FIELDS = tuple(f.name for f in _FIELD_SPECS if f.metadata.get("policy"))
+CONTROLLER_FIELDS = tuple(f.name for f in _FIELD_SPECS if f.metadata.get("needs") is CONTROLLED)
 SEARCHABLE_FIELDS = tuple(f.name for f in _FIELD_SPECS if f.metadata.get("searched"))
 
 
@@ -275,6 +293,9 @@ def check_stopping(policy: StoppingPolicy) -> None:
     if schedule.whole_batch and policy.semantics != "dspark":
         raise DsparkError("the budget schedule keeps its last token as goodput does: it has no engine rule variant "
                           "(drop --semantics)")
+    if schedule.controlled and policy.batch_quorum > 0:
+        raise DsparkError(f"the {policy.schedule} controller sets the whole batch's draft length itself: drop the "
+                          "batch quorum")
     if policy.min_draft_len > policy.gamma_max:
         raise DsparkError(f"min_draft_len ({policy.min_draft_len}) must not exceed gamma_max ({policy.gamma_max})")
 
@@ -334,15 +355,19 @@ def expand(space: dict, base: DecodeConfig = DEFAULTS, strict: bool = True) -> l
         if params["drafter"] != "lookup":
             params.update(ngram_min=DEFAULTS.drafting.ngram_min, ngram_max=DEFAULTS.drafting.ngram_max)
         schedule = schedules.named(params["schedule"])
-        if schedule.cost_aware:
+        if schedule.cost_aware or schedule.controlled:  # no threshold read (a controller: nor rule nor metric)
             params.update(threshold=first_threshold,
                           semantics="dspark" if params["semantics"] == "hf" else params["semantics"])
-        else:
+        if schedule.controlled:
+            params["metric"] = DEFAULTS.stopping.metric
+        if not schedule.cost_aware:
             params["goodput_model"] = ""
         if not schedule.whole_batch or params["batch_size"] == 1:
             params["budget_layout"] = "padded"  # one row: both layouts are one rule
         if params["metric"] != LEARNED:
             params["signal_model"] = ""  # only the learned metric reads it
+        if not schedule.controlled:  # only a controller reads its knobs
+            params.update({name: KNOBS[name].default for name in CONTROLLER_FIELDS})
         try:
             out.append(from_dict(params))
         except DsparkError as err:

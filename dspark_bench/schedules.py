@@ -15,6 +15,9 @@ token it proposed. What differs between them, and what every other part reads:
   per depth bucket of depth.py, each round running its bucket's threshold rule: decoding/rules.at_depth);
 - whether it is the classic baseline, a fixed draft length (`baseline`), that every policy is
   compared to;
+- whether an engine's own controller picks each round's draft length from what earlier rounds
+  accepted (`controlled`: sglang-adaptive; its state carried across rounds and requests as the
+  engine keeps it, decoding/controllers.py; its knobs are config.StoppingPolicy's last);
 - which serving engines can run it (`engines`), and how a policy of it is labelled.
 
 The rule's arithmetic lives where it runs (decoding/rules.py on the host and the device,
@@ -44,11 +47,12 @@ class Schedule:
     whole_batch: bool = False  # decides for every row of a batch at once
     baseline: bool = False  # a fixed draft length: drafts gamma_max every round
     by_depth: bool = False  # a threshold and γ_max per context-depth bucket (depth_policy), none per position
+    controlled: bool = False  # an engine's controller picks each round's length from earlier rounds' acceptance
     engines: tuple[str, ...] = ()  # serving engines that can run it exactly (given the rest of the policy)
 
     def threshold_at(self, policy, position: int) -> float:
         """The confidence a token at this draft position (1-based) must reach to be kept."""
-        if self.baseline:
+        if self.baseline or self.controlled:  # a controller's round drafts its length whatever the confidence
             return 0.0
         if self.by_depth:
             raise DsparkError("a depth policy has a threshold per depth bucket, not per draft position: "
@@ -65,6 +69,8 @@ class Schedule:
         """The policy's name in tables and legends (the stopping policy `policy`, its batch aside)."""
         if self.baseline:
             return f"fixed γ={policy.gamma_max}"
+        if self.controlled:
+            return f"{self.name} {controller_label(policy)}"
         if self.by_depth:  # each bucket's threshold/γ_max, shallowest first (the last holds deeper)
             entries = "·".join(depth_entries(policy.depth_policy))
             return f"{policy.metric} {self.name} {entries} min{policy.min_draft_len}"
@@ -81,6 +87,11 @@ class Schedule:
         largest γ_max (the decoder's caches and replay's records are sized by it), the threshold its
         shallowest bucket's (it reads none: one value), and the policy written as its label reads. A
         malformed depth policy is refused under any schedule."""
+        if self.controlled:  # it drafts its candidates' lengths, every token kept: our rule, no minimum
+            steps = candidate_steps(knobs.get("candidate_steps", ""), check=False)
+            written = {"candidate_steps": ",".join(map(str, steps))} if steps else {}  # as SGLang keeps them
+            return {"depth_policy": "", "gamma_max": max(max(steps, default=1), 1), "min_draft_len": 0,
+                    "semantics": "dspark", **written}
         text = knobs.get("depth_policy", "")
         buckets = depth_policy(text) if isinstance(text, str) else ()  # (not a string: the declared type's check)
         if not self.by_depth:
@@ -98,6 +109,7 @@ class Schedule:
 
 # The names other modules write policies with (a name read here, never spelt out there).
 THRESHOLD, CUMULATIVE, GOODPUT, BUDGET, DEPTH = "threshold", "cumulative", "goodput", "budget", "depth"
+SGLANG_ADAPTIVE = "sglang-adaptive"
 SCHEDULES = {s.name: s for s in (
     Schedule(THRESHOLD, reads=("threshold",), engines=THRESHOLD_ENGINES),
     Schedule("ramp", reads=("threshold_start", "threshold_end")),
@@ -108,6 +120,8 @@ SCHEDULES = {s.name: s for s in (
     # In no default search space: a search builds depth policies from each bucket's best
     # (docs/policy-and-metrics.md, "The depth schedule").
     Schedule(DEPTH, reads=("depth_policy",), by_depth=True),
+    # SGLang's --speculative-adaptive (sglang 0.5.23: docs/engine-controllers.md).
+    Schedule(SGLANG_ADAPTIVE, controlled=True, engines=("sglang",)),
 )}
 BASELINE = next(name for name, s in SCHEDULES.items() if s.baseline)  # "fixed": what every policy is compared to
 
@@ -197,3 +211,35 @@ def check_depth_policy(policy) -> None:
     if policy.min_draft_len > min(gammas):
         raise DsparkError(f"min_draft_len ({policy.min_draft_len}) must not exceed the depth policy's smallest "
                           f"gamma_max, {min(gammas)} ({policy.depth_policy})")
+
+
+# --- an engine controller's candidate draft lengths ---------------------------------------------------
+
+CANDIDATE_STEPS_HELP = ("sglang-adaptive: the draft lengths its controller picks from, comma-separated "
+                        "(SGLang's candidate_steps; 0 drafts nothing, a plain step), e.g. 1,3,5,7.")
+
+
+def candidate_steps(text, check: bool = True) -> tuple[int, ...]:
+    """A controller's candidate draft lengths from its knob ("1,3,5,7"), sorted and each once, as
+    SGLang's AdaptiveStepSlot keeps them. `check`: refuse an empty list, a negative length or a
+    word that is not a whole number in one line (unchecked: implied's reading, () for what does not parse)."""
+    steps = []
+    for entry in (text.split(",") if isinstance(text, str) and text.strip() else []):
+        try:
+            steps.append(int(entry))
+        except ValueError:
+            if not check:
+                return ()  # the knob's own check refuses it
+            raise DsparkError(f"candidate_steps entry {entry.strip()!r} is not a whole number (e.g. 1,3,5,7)") from None
+    if check and not steps:
+        raise DsparkError("candidate_steps is empty: give the draft lengths the controller picks from, e.g. 1,3,5,7")
+    if check and min(steps) < 0:
+        raise DsparkError(f"candidate_steps {text!r} has a negative draft length; each must be 0 or more")
+    return tuple(sorted(set(steps)))
+
+
+def controller_label(policy) -> str:
+    """An sglang-adaptive policy's knobs as its label writes them."""
+    steps = "/".join(str(k) for k in candidate_steps(policy.candidate_steps, check=False))
+    return (f"{steps} α{policy.ema_alpha:g} every{policy.update_interval} warm{policy.warmup_batches} "
+            f"↑{policy.up_hysteresis:g} ↓{policy.down_hysteresis:g} ceil{policy.ceiling_coeff:g}")

@@ -18,7 +18,7 @@ import ast
 import sys
 from pathlib import Path
 
-NAMES = {"threshold", "ramp", "cumulative", "fixed", "goodput", "budget", "depth"}
+NAMES = {"threshold", "ramp", "cumulative", "fixed", "goodput", "budget", "depth", "sglang-adaptive"}
 GROUPS = {"COST_AWARE", "SCHEDULES", "THRESHOLD_SCHEDULES"}
 
 

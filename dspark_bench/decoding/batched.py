@@ -28,11 +28,11 @@ import torch
 
 from dspark_bench import schedules
 from dspark_bench.config import LEARNED, DecodeConfig
-from dspark_bench.decoding import budget, confidence
+from dspark_bench.decoding import budget, confidence, controllers
 from dspark_bench.decoding.batch_lm import BatchLM
 from dspark_bench.decoding.host import fetch, synchronize
 from dspark_bench.decoding.proposal import Proposal
-from dspark_bench.decoding.rules import at_depth, forced
+from dspark_bench.decoding.rules import forced, round_start
 from dspark_bench.decoding.sampling import distribution, draw, make_generator, pick
 from dspark_bench.decoding.speculative import close_round, verify
 from dspark_bench.decoding.static_batch_lm import StaticBatchLM, batch_lm
@@ -192,12 +192,14 @@ class SpeculativeStep:
                  eos_ids: frozenset[int]):
         self.target, self.draft, self.config, self.eos_ids = target, draft, config, eos_ids
         self.budget = budget.rule_for(config) if schedules.of(config).whole_batch else None
+        self.controller = controllers.start(config)  # an engine's controller: one for the server's whole run
 
     def __call__(self, requests: list[Request]) -> None:
         config = self.config
-        # Each row's round runs the policy of its own depth (the depth schedule: its bucket's, at_depth).
-        proposals = [Proposal.start(at_depth(config, len(r.seq)), config.verification.max_new_tokens
-                                    - len(r.result.tokens) - 1, batched=True) for r in requests]
+        # Each row's round runs the policy of its own depth (the depth schedule: its bucket's), or the
+        # length an engine's controller picks for the whole step (round_start).
+        proposals = [Proposal.start(*round_start(config, len(r.seq), self.controller, config.verification.max_new_tokens
+                                                 - len(r.result.tokens) - 1), batched=True) for r in requests]
         self.draft_loop(requests, proposals)
         feeds = [r.seq[self.target.lengths[i] :] + p.tokens for i, (r, p) in enumerate(zip(requests, proposals))]
         # Each row's block, copied from the host before the target pass is queued (on CUDA a copy
@@ -211,6 +213,8 @@ class SpeculativeStep:
             first = len(feed) - len(block.tokens) - 1
             verdicts.append(verify(logits[i, first : len(feed)], block, config, request.generator))
         accepted, target_tokens = fetch(*(torch.stack(column) for column in zip(*verdicts)))  # one read per round
+        if self.controller is not None:
+            self.controller.observe(list(accepted))
         for request, proposal, a, token in zip(requests, proposals, accepted, target_tokens):
             emitted, round_ = close_round(proposal, a, token, self.eos_ids)
             request.seq += emitted

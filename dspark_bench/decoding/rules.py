@@ -27,6 +27,7 @@ import torch
 
 from dspark_bench import schedules
 from dspark_bench.config import DecodeConfig
+from dspark_bench.decoding import controllers
 from dspark_bench.decoding.as_numpy import running
 from dspark_bench.decoding.budget import row_rule
 from dspark_bench.depth import depth_bucket
@@ -42,8 +43,21 @@ def at_depth(config: DecodeConfig, depth: int) -> DecodeConfig:
 
 
 def round_policies(config: DecodeConfig) -> tuple[DecodeConfig, ...]:
-    """Every policy `at_depth` may give a round of `config`, each once."""
+    """Every policy `round_start` may give a round of `config`, each once."""
+    if schedules.of(config).controlled:
+        steps = schedules.candidate_steps(config.stopping.candidate_steps)
+        return tuple(dict.fromkeys(controllers.round_policy(config, k) for k in steps))
     return tuple(dict.fromkeys(bucket_policies(config))) if schedules.of(config).by_depth else (config,)
+
+
+def round_start(config: DecodeConfig, depth: int, controller, budget: int) -> tuple[DecodeConfig, int]:
+    """The policy a round starting at this context depth runs and what it may draft at most: under
+    an engine's controller (controllers.py) the fixed length it picks now, within `budget`; else
+    `at_depth`'s policy and `budget`."""
+    if controller is None:
+        return at_depth(config, depth), budget
+    steps = controller.steps()
+    return controllers.round_policy(config, steps), controllers.round_budget(steps, budget)
 
 
 @functools.lru_cache(maxsize=64)

@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import torch
 
+from dspark_bench import schedules
 from dspark_bench.config import DecodeConfig
+from dspark_bench.decoding import controllers
 from dspark_bench.decoding.cached_lm import CachedLM, unseen
 from dspark_bench.decoding.drafters import start_drafter
 from dspark_bench.decoding.host import fetch
 from dspark_bench.decoding.proposal import Proposal
-from dspark_bench.decoding.rules import DeviceRule, at_depth, round_policies
+from dspark_bench.decoding.rules import DeviceRule, round_policies, round_start
 from dspark_bench.decoding.sampling import distribution, draw, make_generator
 from dspark_bench.decoding.types import Block, DecodeResult, PassClock, Round
 from dspark_bench.errors import DsparkError
@@ -37,10 +39,12 @@ def speculative_decode(
     config: DecodeConfig,
     eos_ids: frozenset[int] = frozenset(),
     clock: PassClock | None = None,
+    controller=None,
 ) -> DecodeResult:
     """`draft`: what config.drafting.drafter drafts with — the draft model, the target's heads, or
     nothing (lookup); drafters.py. `clock`: times every pass and round (in-decode costs:
-    measure/pass_clock.py), None for none."""
+    measure/pass_clock.py), None for none. `controller`: an engine controller's state to run on from
+    (controllers.py; a run hands each decode the one its last decode left), else a fresh one."""
     capacity = len(prompt_ids) + config.verification.max_new_tokens + config.stopping.gamma_max + 1
     target_lm = CachedLM(target, config.verification.compiled, capacity, hidden=config.drafting.drafter == "heads",
                          clock=clock)
@@ -57,19 +61,24 @@ def speculative_decode(
     keep_recent = recent_tokens(config)
     recent = torch.tensor(prompt_ids[-keep_recent:], dtype=torch.long,
                           device=target_lm.device)  # seq's tail, on the device
+    controller = controllers.start(config) if controller is None else controller
     seq, result = list(prompt_ids), DecodeResult(tokens=[])
     while len(result.tokens) < config.verification.max_new_tokens:
         if clock is not None:
             clock.round_starts()
-        policy = at_depth(config, len(seq))  # the round's: under the depth schedule, its depth bucket's
+        # The round's policy: its depth bucket's under the depth schedule, a controller's length under one.
         # Leave room for the target's own token at the end of the round.
-        proposal = Proposal.start(policy, config.verification.max_new_tokens - len(result.tokens) - 1)
+        policy, budget = round_start(config, len(seq), controller,
+                                     config.verification.max_new_tokens - len(result.tokens) - 1)
+        proposal = Proposal.start(policy, budget)
         block = drafter.propose(recent, seq, proposal, generator, eos_ids, rules.get(policy), eos_tensor)
         logits = target_lm.forward(torch.cat([unseen(recent, seq, target_lm), block.tokens]),
                                    keep=len(block.tokens) + 1)
         accepted_on_device, token_on_device = verify(logits, block, config, generator)
         drafter.observe(target_lm, accepted_on_device)
         accepted, target_token = read_round(proposal, block, accepted_on_device, token_on_device, policy, eos_ids)
+        if controller is not None:
+            controller.observe([accepted])
         if drafter.round_forwards is not None:  # heads: one pass a round; lookup: none
             proposal.forwards = drafter.round_forwards
         emitted, round_ = close_round(proposal, accepted, target_token, eos_ids)
@@ -86,6 +95,7 @@ def speculative_decode(
             break
     if clock is not None:
         clock.decode_ends()
+    result.controller = controller
     return result
 
 
@@ -103,8 +113,10 @@ def close_round(proposal: Proposal, accepted: int, target_token: int, eos_ids: f
 def recent_tokens(config: DecodeConfig) -> int:
     """How much of the sequence's tail a model may not have seen: its last token; the draft's own
     last token after a draft that ran to its limit, all accepted; and one more per round that
-    drafted nothing (the budget's last round; under llama.cpp's rule at most min_draft_len)."""
-    return config.stopping.gamma_max + 4
+    drafted nothing (the budget's last round; under llama.cpp's rule at most min_draft_len; under a
+    controller that may pick 0, any number of rounds: the whole answer)."""
+    controlled = schedules.of(config).controlled
+    return config.stopping.gamma_max + 4 + (config.verification.max_new_tokens if controlled else 0)
 
 
 def read_round(proposal: Proposal, block: Block, accepted: torch.Tensor, target_token: torch.Tensor,

@@ -29,6 +29,7 @@ class DecodeResult:
     rounds: list[Round] = field(default_factory=list)
     target_forwards: int = 0  # forward passes after the prefill
     draft_forwards: int = 0
+    controller: object = None  # an engine controller's state after the decode (controllers.py), to run on from
 
 
 @dataclass

@@ -11,6 +11,7 @@ alternating by repeat; a prompt's time is its share of its side's own steps.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import statistics
@@ -66,9 +67,12 @@ def timed(fn: Callable[[], DecodeResult], device: torch.device) -> tuple[DecodeR
 
 
 def measure(pair: ModelPair, prompt_ids: list[int], config: DecodeConfig, repeats: int, eos: frozenset[int],
-            offset: int = 0, decode=speculative_decode):
-    """Baseline and speculative decode (`decode`) of one prompt, interleaved; medians of the times."""
+            offset: int = 0, decode=speculative_decode, controller=None):
+    """Baseline and speculative decode (`decode`) of one prompt, interleaved; medians of the times.
+    `controller`: an engine controller's state as the prompt finds it (the last prompt's left it), which
+    every repeat starts from (the speculative result's `controller`: where it left it)."""
     base_times, spec_times = [], []
+    run_on = {} if controller is None else {"controller": controller}
     for repeat in range(repeats):
         # A B, then B A (and each sample starting where the last did not, by `offset`): neither
         # side always runs first (caches, clocks and boosts drift), even with one pair per sample.
@@ -77,8 +81,8 @@ def measure(pair: ModelPair, prompt_ids: list[int], config: DecodeConfig, repeat
                 baseline, t = timed(lambda: autoregressive_decode(pair.target, prompt_ids, config, eos), pair.device)
                 base_times.append(t)
             else:
-                spec, t = timed(lambda: decode(pair.target, pair.drafter_for(config), prompt_ids, config, eos),
-                                pair.device)
+                spec, t = timed(lambda: decode(pair.target, pair.drafter_for(config), prompt_ids, config, eos,
+                                               **{k: copy.deepcopy(v) for k, v in run_on.items()}), pair.device)
                 spec_times.append(t)
     return baseline, spec, statistics.median(base_times), statistics.median(spec_times)
 
@@ -131,7 +135,7 @@ def iter_samples(
     single = [c for c in configs if c.batching.batch_size == 1]
     if single:
         warm_up(pair, prompts, single, settings)
-    measured = 0
+    measured, controllers = 0, {}  # an engine controller's state per policy, run on from prompt to prompt
     for index, prompt in enumerate(prompts):
         for config_id, config in enumerate(configs):
             if config.batching.batch_size > 1 or (assignment is not None and config_id not in assignment[index]):
@@ -141,7 +145,9 @@ def iter_samples(
                 ids = encode(pair.tokenizer, text, settings.chat_template, history)
                 baseline, spec, base_time, spec_time = measure(pair, ids, config, settings.repeats,
                                                                settings.eos_ids(pair), offset=measured,
-                                                               decode=speculative_decoder(settings))
+                                                               decode=speculative_decoder(settings),
+                                                               controller=controllers.get(config_id))
+                controllers[config_id] = spec.controller
                 measured += 1
                 base = {"prompt_id": prompt.id, "category": prompt.category, "turn": turn,
                         **config_columns(config, config_id)}

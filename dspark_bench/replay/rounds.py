@@ -1,7 +1,8 @@
 """What fixes a replayed round at each position of a record, for one policy: how far the rollout
 matches (`match_lengths`), where it proposes EOS (`eos_positions`), the signal the schedule
 compares and its thresholds (`policy_signal`, `position_thresholds`), where it stops
-(`first_failures`) and so each round's length, draft forwards and stop reason (`round_plan`);
+(`first_failures`) and so each round's length, draft forwards and stop reason (`round_plan`; under an
+engine's controller, one plan per length it may pick: `round_plans`);
 and the checks that a record can replay a policy at all (`check_replayable`, `check_sampling`).
 replay/simulate.py walks rounds from these, one policy at a time or a whole grid at once.
 """
@@ -14,6 +15,7 @@ from dspark_bench import schedules
 from dspark_bench.config import LEARNED, DecodeConfig
 from dspark_bench.decoding.budget import row_rule
 from dspark_bench.decoding.confidence import signal_of
+from dspark_bench.decoding.controllers import round_policy
 from dspark_bench.decoding.goodput import decisions
 from dspark_bench.decoding.rules import (
     bucket_policies,
@@ -25,6 +27,7 @@ from dspark_bench.decoding.rules import (
 )
 from dspark_bench.depth import depth_bucket
 from dspark_bench.errors import DsparkError
+from dspark_bench.metrics import STOP_REASONS
 from dspark_bench.replay.record import Record
 from dspark_bench.replay.tables import record_depths
 
@@ -149,6 +152,22 @@ def round_plan(rec: Record, config: DecodeConfig):
         exhausted, 5, np.where(limit == config.stopping.gamma_max, 1, 3))))
     drafted = np.where(drafted < discards_below(config), 0, drafted)
     return drafted, forwards, reason, limit
+
+
+def round_plans(rec: Record, config: DecodeConfig) -> dict:
+    """`round_plan` of every round the policy may run: {None: its plan}; under an engine's controller
+    {steps: the plan of a fixed draft of that many steps} for each of its candidates (0: nothing
+    drafted, as the decoder's round with no room: reason "budget")."""
+    if not schedules.of(config).controlled:
+        return {None: round_plan(rec, config)}
+    plans = {}
+    for steps in schedules.candidate_steps(config.stopping.candidate_steps):
+        if steps == 0:
+            nothing = np.zeros(rec.rollout.shape[:2], dtype=np.int64)
+            plans[steps] = (nothing, nothing, np.full_like(nothing, STOP_REASONS.index("budget")), nothing)
+        else:
+            plans[steps] = round_plan(rec, round_policy(config, steps))
+    return plans
 
 
 def round_forwards(config: DecodeConfig) -> int:

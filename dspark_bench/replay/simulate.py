@@ -26,6 +26,7 @@ import pandas as pd
 
 from dspark_bench import schedules
 from dspark_bench.config import METRICS, SEMANTICS, DecodeConfig
+from dspark_bench.decoding import controllers
 from dspark_bench.decoding.confidence import signal_of
 from dspark_bench.decoding.rules import discards_below, forced, keeps_failing
 from dspark_bench.decoding.types import Round
@@ -43,7 +44,7 @@ from dspark_bench.replay.rounds import (
     policy_signal,
     position_thresholds,
     round_forwards,
-    round_plan,
+    round_plans,
 )
 from dspark_bench.replay.tables import record_depths, tables  # noqa: F401 (record_depths: the depth's users)
 
@@ -61,7 +62,9 @@ def simulate(rec: Record, config: DecodeConfig) -> list[list[Round]]:
     if schedules.of(config).whole_batch and config.batching.batch_size > 1:
         raise DsparkError("the budget schedule's rounds depend on the whole batch: "
                           "replay.batched.walk_budget walks them")
-    drafted, forwards, reason, limit = round_plan(rec, config)
+    plans = round_plans(rec, config)
+    # An engine's controller picks each round's plan; one runs on across the prompts, as in a server.
+    controller = controllers.start(config)
     per_round = round_forwards(config)
     matches = match_lengths(rec)
     eos = set(rec.eos_ids)
@@ -69,6 +72,7 @@ def simulate(rec: Record, config: DecodeConfig) -> list[list[Round]]:
     for p in range(len(rec.lengths)):
         rounds, j, n = [], 0, int(rec.lengths[p])
         while j < n:
+            drafted, forwards, reason, limit = plans[None if controller is None else controller.steps()]
             L = int(drafted[p, j])
             a = min(L, int(matches[p, j]))
             proposal = rec.rollout[p, j, :L].tolist()
@@ -78,6 +82,8 @@ def simulate(rec: Record, config: DecodeConfig) -> list[list[Round]]:
             conf = rec.confidences[signal_of(config)][p, j, :s].astype(np.float64).tolist()
             rounds.append(Round(L, a, a if ended_in_draft else a + 1, STOP_REASONS[reason[p, j]], proposal, conf,
                                 target_token, s if per_round < 0 else per_round * int(limit[p, j] > 0)))
+            if controller is not None:
+                controller.observe([a])
             j += a if ended_in_draft else a + 1
         result.append(rounds)
     return result
@@ -92,7 +98,7 @@ def spanning_policies(gamma: int, max_new_tokens: int, goodput_model: str = "") 
     checks it alone)."""
     out = []
     rules = [s.name for s in schedules.SCHEDULES.values()
-             if not s.whole_batch and not s.by_depth and (not s.cost_aware or goodput_model)]
+             if not s.whole_batch and not s.by_depth and not s.controlled and (not s.cost_aware or goodput_model)]
     for i, (metric, schedule) in enumerate(itertools.product(METRICS, rules)):
         gamma_max = (1, min(4, gamma), gamma)[i % 3]
         min_draft_len = (0, 1, gamma_max)[(i // 3) % 3]
@@ -259,7 +265,7 @@ def simulate_grid_by_depth(rec: Record, configs: list[DecodeConfig],
     round's depth) are walked one at a time (`simulate_priced`) and take their places in order."""
     if not configs:
         raise DsparkError("no policies to simulate")
-    walked = [i for i, c in enumerate(configs) if schedules.of(c).by_depth]
+    walked = [i for i, c in enumerate(configs) if schedules.of(c).by_depth or schedules.of(c).controlled]
     if walked:
         return _with_walked(rec, configs, walked, cost)
     for config in configs:

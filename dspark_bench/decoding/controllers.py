@@ -1,0 +1,100 @@
+"""The engines' own draft-length controllers: each picks the next round's draft length from what
+earlier rounds accepted, keeping its state across rounds and requests as the engine keeps it
+(schedules with `controlled`; docs/engine-controllers.md).
+
+A controller is asked `steps(rows)` before a round (the draft length every row of a step of `rows`
+rows drafts; 0: a plain step, nothing drafted) and told `observe(accepted)` after it, with each
+row's accepted draft tokens. The decoders (speculative.py, batched.py) and every replay walk hold
+one controller per policy for a whole run, so that its state runs on from one request to the next
+as in a server; each round then runs `round_policy`, a fixed draft length (every token kept).
+
+Pure Python: replay runs the same objects on its records.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+from dspark_bench import schedules
+from dspark_bench.config import CONTROLLER_FIELDS, KNOBS, DecodeConfig
+
+
+class AdaptiveSteps:
+    """SGLang's adaptive step slot, as sglang 0.5.23 runs it (sglang/srt/speculative/
+    adaptive_spec_params.py, `AdaptiveStepSlot`, read at the 0.5.23 release): an EMA of the mean
+    accepted drafts per request; after `warmup_batches` steps, every `update_interval` steps, the
+    length moves down the sorted candidates while the EMA is at or below the next lower one's
+    k' - 0.5 (0.5 for a 0 candidate) + down_hysteresis, else up while it is above k - 0.5 +
+    up_hysteresis; `ceiling_coeff` > 0 caps a length kept or lowered at ceil(EMA × coeff). At 0
+    (no drafting) the EMA stands still and the next decision probes the next candidate up.
+
+    One slot serves every batch size (an exported config has one slot: engines/export.py). It
+    starts at the middle candidate: what SGLang sets --speculative-num-steps to under
+    --speculative-adaptive when it is not given (_init_adaptive_speculative_params)."""
+
+    def __init__(self, policy):
+        self.candidates = schedules.candidate_steps(policy.candidate_steps)
+        self.alpha, self.interval = policy.ema_alpha, policy.update_interval
+        self.warmup, self.ceiling_coeff = policy.warmup_batches, policy.ceiling_coeff
+        self.up, self.down = policy.up_hysteresis, policy.down_hysteresis
+        self.current = self.candidates[len(self.candidates) // 2]
+        self.ema = float(self.current - 1)  # SGLang's neutral start: one below the current length
+        self.batches = 0
+
+    def steps(self, rows: int = 1) -> int:
+        return self.current
+
+    def observe(self, accepted: list[int]) -> None:
+        """A verified step's accepted draft tokens per row (SGLang's num_correct_drafts_per_req)."""
+        if not accepted:
+            return
+        if self.current > 0:
+            self.ema = (1 - self.alpha) * self.ema + self.alpha * (sum(accepted) / len(accepted))
+        self.batches += 1
+        if self.batches > self.warmup and (self.batches - self.warmup) % self.interval == 0:
+            self.current = self.decide()
+
+    def decide(self) -> int:
+        at = self.candidates.index(self.current)
+        if self.current == 0:  # probe the next length up after a step without drafting
+            target = self.candidates[min(at + 1, len(self.candidates) - 1)]
+            if target > 0 and self.ema < 0:  # never drafted: start from that length's neutral EMA
+                self.ema = float(target - 1)
+            return target
+        start = at
+        while at > 0 and self.ema <= (0.5 if self.candidates[at - 1] == 0
+                                      else self.candidates[at - 1] - 0.5) + self.down:
+            at -= 1
+        if at == start:
+            while at < len(self.candidates) - 1 and self.ema > self.candidates[at] - 0.5 + self.up:
+                at += 1
+        if self.ceiling_coeff > 0 and self.candidates[at] <= self.current:  # caps a length kept or lowered
+            ceiling = max(1, math.ceil(self.ema * self.ceiling_coeff))
+            while at > 0 and self.candidates[at] > ceiling:
+                at -= 1
+        return self.candidates[at]
+
+
+CONTROLLERS = {schedules.SGLANG_ADAPTIVE: AdaptiveSteps}  # one per controlled schedule
+
+
+def start(config: DecodeConfig):
+    """A fresh controller for `config`'s schedule (its state at an engine's start), None for a
+    schedule without one."""
+    controller = CONTROLLERS.get(config.stopping.schedule)
+    return controller(config.stopping) if controller else None
+
+
+@functools.lru_cache(maxsize=256)
+def round_policy(config: DecodeConfig, steps: int) -> DecodeConfig:
+    """The policy of a round the controller gave `steps`: a fixed draft length, every token kept
+    (a 0-step round runs γ=1 with no room to draft: `round_budget`)."""
+    return config.replace(schedule=schedules.BASELINE, gamma_max=max(steps, 1),
+                          **{name: KNOBS[name].default for name in CONTROLLER_FIELDS})
+
+
+def round_budget(steps: int, budget: int) -> int:
+    """What a controlled round may draft: its steps, within the request's remaining budget."""
+    return min(steps, budget)
+

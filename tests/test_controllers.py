@@ -1,0 +1,149 @@
+"""The engines' draft-length controllers (decoding/controllers.py): each chooses as the engine's own
+code does, and replay runs it as our decoder does, its output the target's own."""
+
+from __future__ import annotations
+
+import random
+from types import SimpleNamespace
+
+import pytest
+import tiny
+from sglang.srt.speculative import adaptive_spec_params as adaptive  # SGLang's own controller (README's install)
+
+from dspark_bench.config import DRAFT_MODES, DecodeConfig
+from dspark_bench.decoding import controllers
+from dspark_bench.decoding.autoregressive import autoregressive_decode
+from dspark_bench.decoding.batched import batched_speculative
+from dspark_bench.decoding.speculative import speculative_decode
+from dspark_bench.errors import DsparkError
+from dspark_bench.measure.recording import record
+from dspark_bench.replay.simulate import simulate, simulate_grid
+
+
+N, G = 40, 8
+PROMPTS = [[0, 5, 9, 11], [7], [3, 3, 40, 2, 8, 100, 17], [12, 13], [50, 60, 70], [4, 4, 4, 4, 4]]
+
+
+def sglang_settings(count: int, seed: int = 0) -> list[dict]:
+    """SGLang's own default slots (batch sizes 1, 8, 32, 64) and `count` random knob settings."""
+    settings = [{**entry, "candidate_steps": list(entry["candidate_steps"])}
+                for entry in adaptive.DEFAULT_ADAPTIVE_CONFIG.values()]
+    rng = random.Random(seed)
+    for _ in range(count):
+        settings.append({"candidate_steps": sorted(rng.sample(range(0, G + 1), rng.randint(1, 5))),
+                         "ema_alpha": rng.choice([0.05, 0.2, 0.5, 1.0]), "update_interval": rng.randint(1, 6),
+                         "warmup_batches": rng.randint(0, 12), "up_hysteresis": rng.choice([0.0, 0.25, -0.3]),
+                         "down_hysteresis": rng.choice([0.0, -0.25, 0.3]), "ceiling_coeff": rng.choice([0, 1.0, 1.5])})
+    return settings
+
+
+def policy(setting: dict, **knobs) -> DecodeConfig:
+    written = {**setting, "candidate_steps": ",".join(map(str, setting["candidate_steps"]))}
+    return DecodeConfig.of(schedule="sglang-adaptive", **written, **knobs)
+
+
+def theirs(setting: dict):
+    """SGLang's slot as its server starts it: at --speculative-num-steps, by default the middle candidate."""
+    steps = sorted(set(setting["candidate_steps"]))
+    return adaptive.AdaptiveStepSlot(steps[len(steps) // 2], setting)
+
+
+def test_adaptive_steps_choose_as_sglang_does_on_random_acceptance():
+    """The same accepted counts, step by step, to SGLang's AdaptiveStepSlot and to ours: the same
+    draft length at every one of 24,000 steps over 24 settings (SGLang's four default slots among them)."""
+    rng = random.Random(1)
+    steps = changes = 0
+    for setting in sglang_settings(20):
+        ours, slot = controllers.start(policy(setting)), theirs(setting)
+        seen = []
+        for _ in range(1000):
+            k = ours.steps()
+            assert k == slot.current_steps, setting
+            accepted = [rng.randint(0, k) if rng.random() < 0.7 else rng.randint(0, max(k // 2, 0))
+                        for _ in range(rng.randint(1, 8))]
+            ours.observe(accepted)
+            slot.update(accepted)
+            seen.append(k)
+            steps += 1
+        changes += sum(a != b for a, b in zip(seen, seen[1:]))
+    assert steps >= 20_000 and changes > 500  # the controllers moved, so agreeing means something
+
+
+@pytest.fixture(scope="module")
+def recorded(llama_pair):
+    target, draft = llama_pair
+    pair = SimpleNamespace(target=target, draft=draft, eos_ids=frozenset())
+    return pair, record(pair, PROMPTS, N, G, topk=5)
+
+
+def test_adaptive_steps_choose_as_sglang_does_on_recorded_acceptance(recorded):
+    """A replay of the record under each setting: SGLang's slot, fed each round's accepted count,
+    chose every round's length (its drafted tokens, within the request's budget)."""
+    _, rec = recorded
+    rounds_checked = 0
+    for setting in sglang_settings(16, seed=2):
+        slot = theirs(setting)
+        for rounds in simulate(rec, policy(setting, max_new_tokens=N)):
+            j = 0
+            for r in rounds:
+                assert r.drafted == min(slot.current_steps, N - j - 1), setting
+                slot.update([r.accepted])
+                j += r.emitted
+                rounds_checked += 1
+    assert rounds_checked >= 2_000
+
+
+CONTROLLED = [{"candidate_steps": [1, 3, 5, 7]},  # SGLang's slot for batch size 1, as it ships
+              {"candidate_steps": [0, 1, 3], "warmup_batches": 0, "update_interval": 1, "down_hysteresis": 0.3},
+              {"candidate_steps": [2, 4, 6], "ema_alpha": 1.0, "update_interval": 2, "warmup_batches": 1,
+               "ceiling_coeff": 1.5}]
+
+
+@pytest.mark.parametrize("draft_mode", DRAFT_MODES)
+def test_replay_runs_a_controller_as_our_decoder_does(recorded, draft_mode):
+    """Replay and our decoder, one controller running on across the prompts in order: the same rounds,
+    round for round, and every output the target's own."""
+    pair, rec = recorded
+    lengths = set()
+    for setting in CONTROLLED:
+        config = policy(setting, max_new_tokens=N)
+        state = None
+        for prompt, rounds in zip(PROMPTS, simulate(rec, config)):
+            real = speculative_decode(pair.target, pair.draft, prompt, config.replace(draft_mode=draft_mode),
+                                      pair.eos_ids, controller=state)
+            state = real.controller
+            assert [(r.drafted, r.accepted, r.emitted, r.stop_reason, r.draft_tokens, r.target_token)
+                    for r in rounds] == [(r.drafted, r.accepted, r.emitted, r.stop_reason, r.draft_tokens,
+                                          r.target_token) for r in real.rounds], config.label()
+            assert real.tokens == autoregressive_decode(pair.target, prompt, config).tokens
+            lengths |= {r.drafted for r in rounds}
+    assert {0, 1, 3} <= lengths  # plain steps and several lengths were run
+    table = simulate_grid(rec, [policy(CONTROLLED[1], max_new_tokens=N)])
+    walked = [r for prompt in simulate(rec, policy(CONTROLLED[1], max_new_tokens=N)) for r in prompt]
+    assert (table["rounds"].iloc[0], table["accepted_total"].iloc[0]) == (len(walked), sum(r.accepted for r in walked))
+
+
+def test_a_batched_server_runs_one_controller_for_the_batch(llama_pair):
+    """At batch size 3 one controller sets every row's length each step, fed every row's acceptance:
+    the output is the target's own and the length moved."""
+    target, draft = llama_pair
+    config = policy(CONTROLLED[1], max_new_tokens=N)
+    requests = batched_speculative(target, draft, PROMPTS, config, 3)
+    for request, prompt in zip(requests, PROMPTS):
+        assert request.result.tokens == autoregressive_decode(target, prompt, config).tokens
+    assert len({r.drafted for q in requests for r in q.result.rounds}) >= 2
+
+
+@pytest.mark.parametrize("knobs,message", [
+    ({"ema_alpha": 0.0}, r"ema_alpha must be in \(0, 1\]"),
+    ({"ema_alpha": 1.5}, r"ema_alpha must be in \(0, 1\]"),
+    ({"candidate_steps": ""}, "candidate_steps is empty"),
+    ({"candidate_steps": "1,-3"}, "negative draft length"),
+    ({"candidate_steps": "1,x"}, "not a whole number"),
+    ({"update_interval": 0}, "update_interval must be at least 1"),
+    ({"batch_quorum": 0.5}, "drop the batch quorum"),
+])
+def test_bad_controller_knobs_are_refused_in_one_line(knobs, message):
+    with pytest.raises(DsparkError, match=message) as refused:
+        DecodeConfig.of(schedule="sglang-adaptive", **knobs)
+    assert "\n" not in str(refused.value)
