@@ -7,7 +7,6 @@ import random
 from types import SimpleNamespace
 
 import pytest
-import tiny
 from sglang.srt.speculative import adaptive_spec_params as adaptive  # SGLang's own controller (README's install)
 
 from dspark_bench.config import DRAFT_MODES, DecodeConfig
@@ -18,7 +17,6 @@ from dspark_bench.decoding.speculative import speculative_decode
 from dspark_bench.errors import DsparkError
 from dspark_bench.measure.recording import record
 from dspark_bench.replay.simulate import simulate, simulate_grid
-
 
 N, G = 40, 8
 PROMPTS = [[0, 5, 9, 11], [7], [3, 3, 40, 2, 8, 100, 17], [12, 13], [50, 60, 70], [4, 4, 4, 4, 4]]
