@@ -48,7 +48,6 @@ def read_by_schedule(name: str) -> Needs:
     return Needs(f"a schedule that reads it ({' or '.join(readers)})", lambda w, c: name in schedules.of(c).reads)
 
 
-CONTROLLED = Needs("an engine controller's schedule (sglang-adaptive)", lambda w, c: schedules.of(c).controlled)
 SAMPLED = Needs("a temperature above 0 (greedy verification samples nothing)", lambda w, c: not c.greedy)
 BATCHED = Needs("a batch size above 1", lambda w, c: c.batching.batch_size > 1)
 
@@ -104,22 +103,30 @@ class StoppingPolicy:
     signal_model: str = knob("", "Metric learned: the fitted signal, a replay sweep's folder (or its "
                              "learned_signal.json).", path=True,
                              needs=Needs("the learned metric", lambda w, c: c.stopping.metric == LEARNED))
-    # An engine controller's knobs (schedules with `controlled`; decoding/controllers.py), under
-    # SGLang's names; the defaults are SGLang 0.5.23's slot for batch size 1 (DEFAULT_ADAPTIVE_CONFIG).
-    candidate_steps: str = knob("1,3,5,7", schedules.CANDIDATE_STEPS_HELP, searched=True, needs=CONTROLLED,
-                                check=lambda p: schedules.candidate_steps(p.candidate_steps))
+    # An engine controller's knobs (decoding/controllers.py), by the engine's own names, each needing its
+    # schedule: SGLang's adaptive steps (defaults: SGLang 0.5.23's slot for batch size 1), TensorRT-LLM's gate.
+    candidate_steps: str = knob("1,3,5,7", schedules.CANDIDATE_STEPS_HELP, searched=True, needs=read_by_schedule(
+        "candidate_steps"), check=lambda p: schedules.candidate_steps(p.candidate_steps))
     ema_alpha: float = knob(0.2, "sglang-adaptive: the weight of the latest step's mean accepted drafts in the EMA.",
-                            above=0, at_most=1, searched=True, needs=CONTROLLED)
+                            above=0, at_most=1, searched=True, needs=read_by_schedule("ema_alpha"))
     update_interval: int = knob(5, "sglang-adaptive: steps between draft-length decisions.", at_least=1, searched=True,
-                                needs=CONTROLLED)
+                                needs=read_by_schedule("update_interval"))
     warmup_batches: int = knob(10, "sglang-adaptive: steps before the first decision.", at_least=0, searched=True,
-                               needs=CONTROLLED)
+                               needs=read_by_schedule("warmup_batches"))
     up_hysteresis: float = knob(0.0, "sglang-adaptive: added to the EMA a step up must exceed (k - 0.5 + this).",
-                                searched=True, needs=CONTROLLED)
+                                searched=True, needs=read_by_schedule("up_hysteresis"))
     down_hysteresis: float = knob(-0.25, "sglang-adaptive: added to the EMA a step down must reach (k' - 0.5 + "
-                                  "this).", searched=True, needs=CONTROLLED)
+                                  "this).", searched=True, needs=read_by_schedule("down_hysteresis"))
     ceiling_coeff: float = knob(0.0, "sglang-adaptive: caps a length kept or lowered at ceil(EMA × this) (0: off).",
-                                at_least=0, searched=True, needs=CONTROLLED)
+                                at_least=0, searched=True, needs=read_by_schedule("ceiling_coeff"))
+    draft_len_schedule: str = knob("", schedules.DRAFT_LEN_SCHEDULE_HELP, searched=True, needs=read_by_schedule(
+        "draft_len_schedule"), check=lambda p: schedules.draft_len_schedule(p.draft_len_schedule))
+    acceptance_rate_window_size: int = knob(0, "trtllm-schedule: steps whose acceptance the gate averages (0: no "
+                                            "gate).", at_least=0, searched=True,
+                                            needs=read_by_schedule("acceptance_rate_window_size"))
+    acceptance_rate_threshold: float = knob(0.0, "trtllm-schedule: below this mean acceptance the gate switches "
+                                            "drafting off for good.", at_least=0, at_most=1, searched=True,
+                                            needs=read_by_schedule("acceptance_rate_threshold"))
 
     def __post_init__(self) -> None:
         check_declared(self)
@@ -247,7 +254,7 @@ FIELDS = {f.name: part for part, cls in PARTS.items() for f in dataclasses.field
 _FIELD_SPECS = [f for cls in PARTS.values() for f in dataclasses.fields(cls)]
 KNOBS = {f.name: f for f in _FIELD_SPECS}  # every knob's declaration (knob()), by its flat name
 POLICY_FIELDS = tuple(f.name for f in _FIELD_SPECS if f.metadata.get("policy"))
-CONTROLLER_FIELDS = tuple(f.name for f in _FIELD_SPECS if f.metadata.get("needs") is CONTROLLED)
+CONTROLLER_FIELDS = schedules.controller_knobs()  # an engine controller's knobs, which only it reads
 SEARCHABLE_FIELDS = tuple(f.name for f in _FIELD_SPECS if f.metadata.get("searched"))
 
 

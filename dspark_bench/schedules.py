@@ -41,7 +41,7 @@ FIXED_ENGINES = ("vllm", "sglang", "trtllm")  # a fixed draft length (per batch 
 @dataclass(frozen=True)
 class Schedule:
     name: str
-    reads: tuple[str, ...] = ()  # the threshold knobs it reads
+    reads: tuple[str, ...] = ()  # the threshold knobs it reads (a controller: its own knobs)
     cumulative: bool = False  # compares the running product of the confidences
     cost_aware: bool = False  # decides with a goodput model (goodput_model), keeping its last token
     whole_batch: bool = False  # decides for every row of a batch at once
@@ -70,7 +70,7 @@ class Schedule:
         if self.baseline:
             return f"fixed γ={policy.gamma_max}"
         if self.controlled:
-            return f"{self.name} {controller_label(policy)}"
+            return f"{self.name} {controller_label(self, policy)}"
         if self.by_depth:  # each bucket's threshold/γ_max, shallowest first (the last holds deeper)
             entries = "·".join(depth_entries(policy.depth_policy))
             return f"{policy.metric} {self.name} {entries} min{policy.min_draft_len}"
@@ -87,11 +87,8 @@ class Schedule:
         largest γ_max (the decoder's caches and replay's records are sized by it), the threshold its
         shallowest bucket's (it reads none: one value), and the policy written as its label reads. A
         malformed depth policy is refused under any schedule."""
-        if self.controlled:  # it drafts its candidates' lengths, every token kept: our rule, no minimum
-            steps = candidate_steps(knobs.get("candidate_steps", ""), check=False)
-            written = {"candidate_steps": ",".join(map(str, steps))} if steps else {}  # as SGLang keeps them
-            return {"depth_policy": "", "gamma_max": max(max(steps, default=1), 1), "min_draft_len": 0,
-                    "semantics": "dspark", **written}
+        if self.controlled:  # it drafts the lengths it picks, every token kept: our rule, no minimum
+            return {"depth_policy": "", "min_draft_len": 0, "semantics": "dspark", **controller_implied(self, knobs)}
         text = knobs.get("depth_policy", "")
         buckets = depth_policy(text) if isinstance(text, str) else ()  # (not a string: the declared type's check)
         if not self.by_depth:
@@ -109,7 +106,7 @@ class Schedule:
 
 # The names other modules write policies with (a name read here, never spelt out there).
 THRESHOLD, CUMULATIVE, GOODPUT, BUDGET, DEPTH = "threshold", "cumulative", "goodput", "budget", "depth"
-SGLANG_ADAPTIVE = "sglang-adaptive"
+SGLANG_ADAPTIVE, TRTLLM_SCHEDULE = "sglang-adaptive", "trtllm-schedule"
 SCHEDULES = {s.name: s for s in (
     Schedule(THRESHOLD, reads=("threshold",), engines=THRESHOLD_ENGINES),
     Schedule("ramp", reads=("threshold_start", "threshold_end")),
@@ -121,7 +118,12 @@ SCHEDULES = {s.name: s for s in (
     # (docs/policy-and-metrics.md, "The depth schedule").
     Schedule(DEPTH, reads=("depth_policy",), by_depth=True),
     # SGLang's --speculative-adaptive (sglang 0.5.23: docs/engine-controllers.md).
-    Schedule(SGLANG_ADAPTIVE, controlled=True, engines=("sglang",)),
+    # The engines' own controllers (decoding/controllers.py; docs/engine-controllers.md): what they read, their knobs.
+    Schedule(SGLANG_ADAPTIVE, controlled=True, engines=("sglang",), reads=(
+        "candidate_steps", "ema_alpha", "update_interval", "warmup_batches", "up_hysteresis", "down_hysteresis",
+        "ceiling_coeff")),
+    Schedule(TRTLLM_SCHEDULE, controlled=True, engines=("trtllm",), reads=(
+        "draft_len_schedule", "acceptance_rate_window_size", "acceptance_rate_threshold")),
 )}
 BASELINE = next(name for name, s in SCHEDULES.items() if s.baseline)  # "fixed": what every policy is compared to
 
@@ -142,6 +144,11 @@ def where(table, **properties):
     `properties`, e.g. where(table, baseline=True)."""
     chosen = set(names(**properties))
     return table["schedule"].isin(chosen)
+
+
+def controller_knobs() -> tuple[str, ...]:
+    """The engine controllers' knobs (each read by its controlled schedule alone), in declaration order."""
+    return tuple(dict.fromkeys(name for s in SCHEDULES.values() if s.controlled for name in s.reads))
 
 
 def names(**properties) -> tuple[str, ...]:
@@ -238,8 +245,54 @@ def candidate_steps(text, check: bool = True) -> tuple[int, ...]:
     return tuple(sorted(set(steps)))
 
 
-def controller_label(policy) -> str:
-    """An sglang-adaptive policy's knobs as its label writes them."""
-    steps = "/".join(str(k) for k in candidate_steps(policy.candidate_steps, check=False))
-    return (f"{steps} α{policy.ema_alpha:g} every{policy.update_interval} warm{policy.warmup_batches} "
-            f"↑{policy.up_hysteresis:g} ↓{policy.down_hysteresis:g} ceil{policy.ceiling_coeff:g}")
+DRAFT_LEN_SCHEDULE_HELP = ("trtllm-schedule: batch size:draft length pairs, comma-separated (TensorRT-LLM's "
+                           "draft_len_schedule: each length up to its batch size, 0 above the last; the first is "
+                           "the longest), e.g. 4:4,8:2,32:1; empty: gamma_max at every batch size.")
+
+
+def draft_len_schedule(text, check: bool = True) -> tuple[tuple[int, int], ...]:
+    """TensorRT-LLM's draft_len_schedule from its knob ("4:4,8:2,32:1"): (batch size, draft length)
+    pairs by batch size. `check`: refuse what TensorRT-LLM's validator refuses (a batch size below 1,
+    a negative length, a length above the first key's) in one line; unchecked, () for what does not parse."""
+    pairs = []
+    for entry in (text.split(",") if isinstance(text, str) and text.strip() else []):
+        size, _, length = entry.partition(":")
+        try:
+            pairs.append((int(size), int(length)))
+        except ValueError:
+            if not check:
+                return ()
+            raise DsparkError(f"draft_len_schedule entry {entry.strip()!r} is not batch_size:draft_length "
+                              "(e.g. 4:4,8:2,32:1)") from None
+    pairs = sorted(dict(pairs).items())
+    if check and any(size < 1 or length < 0 for size, length in pairs):
+        raise DsparkError(f"draft_len_schedule {text!r}: batch sizes must be at least 1 and lengths at least 0")
+    if check and pairs and max(length for _, length in pairs) != pairs[0][1]:
+        raise DsparkError(f"draft_len_schedule {text!r}: its smallest batch size's length must be the longest "
+                          "(TensorRT-LLM's max_draft_len)")
+    return tuple(pairs)
+
+
+def controller_implied(schedule: Schedule, knobs: dict) -> dict:
+    """What a controller's knobs fix: gamma_max, the longest length it may pick (the decoder's caches
+    and replay's records are sized by it), and its lengths written as it keeps them."""
+    if schedule.name == SGLANG_ADAPTIVE:
+        steps = candidate_steps(knobs.get("candidate_steps", ""), check=False)
+        written = {"candidate_steps": ",".join(map(str, steps))} if steps else {}  # as SGLang keeps them
+        return {"gamma_max": max(max(steps, default=1), 1), **written}
+    pairs = draft_len_schedule(knobs.get("draft_len_schedule", ""), check=False)
+    written = {"draft_len_schedule": ",".join(f"{size}:{length}" for size, length in pairs)} if pairs else {}
+    return {"gamma_max": max(pairs[0][1], 1), **written} if pairs else {}
+
+
+def controller_label(schedule: Schedule, policy) -> str:
+    """A controller's knobs as its policy's label writes them."""
+    if schedule.name == SGLANG_ADAPTIVE:
+        steps = "/".join(str(k) for k in candidate_steps(policy.candidate_steps, check=False))
+        return (f"{steps} α{policy.ema_alpha:g} every{policy.update_interval} warm{policy.warmup_batches} "
+                f"↑{policy.up_hysteresis:g} ↓{policy.down_hysteresis:g} ceil{policy.ceiling_coeff:g}")
+    pairs = draft_len_schedule(policy.draft_len_schedule, check=False)
+    lengths = "·".join(f"{size}:{length}" for size, length in pairs) if pairs else f"γ={policy.gamma_max}"
+    gate = (f" gate {policy.acceptance_rate_window_size}@{policy.acceptance_rate_threshold:g}"
+            if policy.acceptance_rate_window_size > 0 else "")
+    return lengths + gate

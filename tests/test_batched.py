@@ -16,6 +16,7 @@ import pytest
 import tiny
 from test_speculative import chi_square_p, make_sampling_setup
 
+from dspark_bench import schedules
 from dspark_bench.config import METRICS, SCHEDULES, SEMANTICS, DecodeConfig
 from dspark_bench.decoding.autoregressive import autoregressive_decode
 from dspark_bench.decoding.batch_lm import BatchLM
@@ -42,7 +43,8 @@ def rounds_of(result) -> list[tuple]:
             for r in result.rounds]
 
 
-ROW_SCHEDULES = [s for s in SCHEDULES if s != "budget"]  # each row decides alone (budget: test_budget.py)
+# Each row decides alone (budget: test_budget.py; an engine's controller, one for the batch: test_controllers.py).
+ROW_SCHEDULES = [s for s in SCHEDULES if not schedules.named(s).whole_batch and not schedules.named(s).controlled]
 GREEDY_POLICIES = [tiny.policy(metric=metric, schedule=schedule, threshold=0.4, threshold_start=0.2,
                                                 threshold_end=0.6, gamma_max=4, min_draft_len=i % 3, max_new_tokens=N,
                                                 semantics=SEMANTICS[i % len(SEMANTICS)])

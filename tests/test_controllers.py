@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 from sglang.srt.speculative import adaptive_spec_params as adaptive  # SGLang's own controller (README's install)
 
@@ -16,6 +17,8 @@ from dspark_bench.decoding.batched import batched_speculative
 from dspark_bench.decoding.speculative import speculative_decode
 from dspark_bench.errors import DsparkError
 from dspark_bench.measure.recording import record
+from dspark_bench.replay.batched import walk_controlled
+from dspark_bench.replay.rounds import match_lengths
 from dspark_bench.replay.simulate import simulate, simulate_grid
 
 N, G = 40, 8
@@ -59,12 +62,45 @@ def test_adaptive_steps_choose_as_sglang_does_on_random_acceptance():
             assert k == slot.current_steps, setting
             accepted = [rng.randint(0, k) if rng.random() < 0.7 else rng.randint(0, max(k // 2, 0))
                         for _ in range(rng.randint(1, 8))]
-            ours.observe(accepted)
+            ours.observe(accepted, [k] * len(accepted))
             slot.update(accepted)
             seen.append(k)
             steps += 1
         changes += sum(a != b for a, b in zip(seen, seen[1:]))
     assert steps >= 20_000 and changes > 500  # the controllers moved, so agreeing means something
+
+
+def trtllm(**knobs):
+    return controllers.start(DecodeConfig.of(schedule="trtllm-schedule", **knobs))
+
+
+def test_trtllm_schedule_and_gate_as_its_source_does():
+    """TensorRT-LLM does not import on a CPU: vectors worked out from its source (docs/engine-controllers.md
+    cites the files): the one-model path's lookup (a length up to its batch size, 0 above the last) and
+    the SpeculationGate (the mean of the last `window` steps' Σ accepted / Σ drafted, checked once the
+    window is full, strictly below the threshold switches drafting off for good)."""
+    lookup = trtllm(draft_len_schedule="4:4,8:2,32:1")
+    assert [lookup.steps(b) for b in (1, 2, 3, 4, 5, 8, 9, 32, 33, 100)] == [4, 4, 4, 4, 2, 2, 1, 1, 0, 0]
+    assert [trtllm(draft_len_schedule="1:4,4:2,8:0").steps(b) for b in range(1, 11)] == [4, 2, 2, 2] + [0] * 6
+    assert trtllm(gamma_max=3).steps(50) == 3  # no schedule: max_draft_len at every batch size
+
+    def trips(window, threshold, rates):
+        gate = trtllm(gamma_max=4, acceptance_rate_window_size=window, acceptance_rate_threshold=threshold)
+        states = []
+        for accepted, drafted in rates:
+            gate.observe(accepted, drafted)
+            states.append(gate.steps(1) == 0)
+        return states
+
+    tenths = [([round(r * 10)], [10]) for r in (0.9, 0.2, 0.5, 0.3, 0.6)]
+    assert trips(3, 0.5, tenths) == [False, False, False, True, True]  # the mean of .2, .5, .3 is below .5
+    quarters = [([3], [4]), ([2], [4]), ([1], [4]), ([1], [4])]
+    assert trips(4, 0.5, quarters) == [False, False, False, True]  # 0.4375
+    assert trips(3, 0.5, [([1], [2])] * 3) == [False] * 3  # equal to the threshold: on
+    assert trips(0, 0.9, [([0], [4])] * 5) == [False] * 5  # window 0: no gate
+    # One sample per step, token-weighted over its rows (5 / 10, not the rows' mean 0.57); a step that
+    # drafted nothing records none.
+    assert trips(2, 0.55, [([4, 0, 1], [4, 4, 2]), ([0], [0]), ([4, 0, 1], [4, 4, 2])]) == [False, False, True]
 
 
 @pytest.fixture(scope="module")
@@ -121,15 +157,25 @@ def test_replay_runs_a_controller_as_our_decoder_does(recorded, draft_mode):
     assert (table["rounds"].iloc[0], table["accepted_total"].iloc[0]) == (len(walked), sum(r.accepted for r in walked))
 
 
-def test_a_batched_server_runs_one_controller_for_the_batch(llama_pair):
-    """At batch size 3 one controller sets every row's length each step, fed every row's acceptance:
-    the output is the target's own and the length moved."""
-    target, draft = llama_pair
-    config = policy(CONTROLLED[1], max_new_tokens=N)
-    requests = batched_speculative(target, draft, PROMPTS, config, 3)
-    for request, prompt in zip(requests, PROMPTS):
-        assert request.result.tokens == autoregressive_decode(target, prompt, config).tokens
-    assert len({r.drafted for q in requests for r in q.result.rounds}) >= 2
+@pytest.mark.parametrize("batch_size", [1, 3])
+def test_a_batched_server_runs_one_controller_for_the_batch(recorded, batch_size):
+    """At batch size B one controller sets every row's length each step, fed every row's acceptance:
+    the output is the target's own, the length moved, and replay's walk of the same server
+    (replay.batched.walk_controlled) counts the decoder's rounds, drafts and acceptances."""
+    pair, rec = recorded
+    for setting in CONTROLLED[1:]:
+        config = policy(setting, max_new_tokens=N, batch_size=batch_size)
+        requests = batched_speculative(pair.target, pair.draft, PROMPTS, config, batch_size)
+        for request, prompt in zip(requests, PROMPTS):
+            assert request.result.tokens == autoregressive_decode(pair.target, prompt, config).tokens
+        rounds = [r for q in requests for r in q.result.rounds]
+        assert len({r.drafted for r in rounds}) >= 2
+        zeros = np.zeros(len(PROMPTS))
+        walked = walk_controlled(rec, config, np.zeros(batch_size + 1), np.zeros((batch_size + 1, G + 1)), zeros,
+                                 True, match_lengths(rec), zeros, zeros.copy(), zeros.copy())
+        assert [walked[k] for k in ("rounds", "drafted_total", "accepted_total", "draft_forwards")] == [
+            len(rounds), sum(r.drafted for r in rounds), sum(r.accepted for r in rounds),
+            sum(r.draft_forwards for r in rounds)], config.label()
 
 
 @pytest.mark.parametrize("knobs,message", [

@@ -7,7 +7,8 @@ batching (`batched`), the plain autoregressive and HF-assisted decoders it is me
 (`cached_lm`, `batch_lm`; the batched one static, for captured passes: `static_batch_lm`), which
 passes run from captured CUDA graphs (`capture`), sampling (`sampling`), confidence metrics
 (`confidence`; the learned signal, `learned_signal`), stopping and engine rules as decoders run them (`rules`),
-the budget schedule deciding for a whole batch (`budget`), the goodput rule and its acceptance
+the budget schedule deciding for a whole batch (`budget`), the engines' own draft-length
+controllers, whose state runs on across rounds and requests (`controllers`), the goodput rule and its acceptance
 curves (`goodput`, with `as_numpy` for device math that rounds as the host does), a round's
 draft under the host's rule (`proposal`), and every device-to-host read and clock synchronisation
 (`host`).

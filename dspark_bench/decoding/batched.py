@@ -214,14 +214,11 @@ class SpeculativeStep:
             verdicts.append(verify(logits[i, first : len(feed)], block, config, request.generator))
         accepted, target_tokens = fetch(*(torch.stack(column) for column in zip(*verdicts)))  # one read per round
         if self.controller is not None:
-            self.controller.observe(list(accepted))
+            self.controller.observe(list(accepted), [len(p.tokens) for p in proposals])
         for request, proposal, a, token in zip(requests, proposals, accepted, target_tokens):
             emitted, round_ = close_round(proposal, a, token, self.eos_ids)
             request.seq += emitted
-            request.result.tokens += emitted
-            request.result.rounds.append(round_)
-            request.result.target_forwards += 1
-            request.result.draft_forwards += proposal.forwards
+            request.result.add_round(emitted, round_)
         # As in the batch-1 decoder: the last emitted token is fed at each model's next forward.
         committed = [len(r.seq) - 1 for r in requests]
         for lm in (self.target, self.draft):

@@ -1,10 +1,10 @@
 """The engines' own draft-length controllers: each picks the next round's draft length from what
-earlier rounds accepted, keeping its state across rounds and requests as the engine keeps it
+earlier rounds accepted, keeping its state across rounds and requests as its serving engine keeps it
 (schedules with `controlled`; docs/engine-controllers.md).
 
 A controller is asked `steps(rows)` before a round (the draft length every row of a step of `rows`
-rows drafts; 0: a plain step, nothing drafted) and told `observe(accepted)` after it, with each
-row's accepted draft tokens. The decoders (speculative.py, batched.py) and every replay walk hold
+rows drafts; 0: a plain step, nothing drafted) and told `observe(accepted, drafted)` after it, with
+each row's accepted and drafted tokens. The decoders (speculative.py, batched.py) and every replay walk hold
 one controller per policy for a whole run, so that its state runs on from one request to the next
 as in a server; each round then runs `round_policy`, a fixed draft length (every token kept).
 
@@ -13,6 +13,7 @@ Pure Python: replay runs the same objects on its records.
 
 from __future__ import annotations
 
+import bisect
 import functools
 import math
 
@@ -42,10 +43,15 @@ class AdaptiveSteps:
         self.ema = float(self.current - 1)  # SGLang's neutral start: one below the current length
         self.batches = 0
 
+    @staticmethod
+    def lengths(policy) -> tuple[int, ...]:
+        """Every length it may pick."""
+        return schedules.candidate_steps(policy.candidate_steps)
+
     def steps(self, rows: int = 1) -> int:
         return self.current
 
-    def observe(self, accepted: list[int]) -> None:
+    def observe(self, accepted: list[int], drafted: list[int]) -> None:
         """A verified step's accepted draft tokens per row (SGLang's num_correct_drafts_per_req)."""
         if not accepted:
             return
@@ -76,7 +82,58 @@ class AdaptiveSteps:
         return self.candidates[at]
 
 
-CONTROLLERS = {schedules.SGLANG_ADAPTIVE: AdaptiveSteps}  # one per controlled schedule
+class ScheduleAndGate:
+    """TensorRT-LLM's draft_len_schedule and acceptance-rate gate, as its PyTorch executor runs them
+    (tensorrt_llm/_torch/speculative/utils.py `get_draft_len_for_batch_size`, the one-model path;
+    tensorrt_llm/_torch/pyexecutor/py_executor.py `_update_batch_acceptance_rate` and
+    speculation_gate.py `SpeculationGate`; docs/engine-controllers.md cites the commit).
+
+    The schedule gives each step the length of the smallest batch-size key at or above its rows (0
+    above the largest key: no drafting); no schedule, gamma_max. The gate keeps the ratio Σ accepted /
+    Σ drafted of each step that drafted, and once it holds `window` of them, whenever their mean falls
+    strictly below `threshold`, switches drafting off for good (every later step plain)."""
+
+    def __init__(self, policy):
+        self.schedule = schedules.draft_len_schedule(policy.draft_len_schedule)
+        self.most = policy.gamma_max
+        self.window, self.threshold = policy.acceptance_rate_window_size, policy.acceptance_rate_threshold
+        self.rates: list[float] = []
+        self.total, self.off = 0.0, False  # a running sum, as the gate keeps it (bit for bit at the threshold)
+        self.recorded = 0
+
+    @staticmethod
+    def lengths(policy) -> tuple[int, ...]:
+        """Every length it may pick: the schedule's, 0 (above its last batch size, or gated off), else gamma_max."""
+        pairs = schedules.draft_len_schedule(policy.draft_len_schedule)
+        return tuple(sorted({0, *(length for _, length in pairs)} if pairs else {0, policy.gamma_max}))
+
+    def steps(self, rows: int = 1) -> int:
+        if self.off:
+            return 0
+        if not self.schedule:
+            return self.most
+        at = bisect.bisect_left([size for size, _ in self.schedule], rows)
+        return self.schedule[at][1] if at < len(self.schedule) else 0
+
+    def observe(self, accepted: list[int], drafted: list[int]) -> None:
+        if self.off or self.window <= 0 or sum(drafted) <= 0:  # a step that drafted nothing is no sample
+            return
+        rate = sum(a for a, d in zip(accepted, drafted) if d > 0) / sum(drafted)
+        self.rates.append(rate)
+        self.total += rate
+        if len(self.rates) > self.window:
+            self.total -= self.rates.pop(0)
+        self.recorded += 1
+        if self.recorded >= self.window and self.total / len(self.rates) < self.threshold:
+            self.off = True
+
+
+CONTROLLERS = {schedules.SGLANG_ADAPTIVE: AdaptiveSteps, schedules.TRTLLM_SCHEDULE: ScheduleAndGate}
+
+
+def lengths(config: DecodeConfig) -> tuple[int, ...]:
+    """Every draft length `config`'s controller may pick, ascending."""
+    return CONTROLLERS[config.stopping.schedule].lengths(config.stopping)
 
 
 def start(config: DecodeConfig):

@@ -45,8 +45,7 @@ def at_depth(config: DecodeConfig, depth: int) -> DecodeConfig:
 def round_policies(config: DecodeConfig) -> tuple[DecodeConfig, ...]:
     """Every policy `round_start` may give a round of `config`, each once."""
     if schedules.of(config).controlled:
-        steps = schedules.candidate_steps(config.stopping.candidate_steps)
-        return tuple(dict.fromkeys(controllers.round_policy(config, k) for k in steps))
+        return tuple(dict.fromkeys(controllers.round_policy(config, k) for k in controllers.lengths(config)))
     return tuple(dict.fromkeys(bucket_policies(config))) if schedules.of(config).by_depth else (config,)
 
 

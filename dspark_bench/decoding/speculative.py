@@ -53,16 +53,13 @@ def speculative_decode(
     generator = make_generator(config, target_lm.device)
     # What the device needs from the host is copied once, here: on CUDA a copy from the host
     # waits for the work queued before it, like a read. After this, tokens stay on the device.
-    if config.verification.draft_mode == "verify-side" and target_lm.device.type == "mps":
-        raise DsparkError("the verify-side draft mode decides in float64, which MPS lacks: use early-stop there")
-    rules = ({policy: DeviceRule(policy, target_lm.device) for policy in round_policies(config)}
-             if config.verification.draft_mode == "verify-side" else {})  # each policy a round may run
+    rules = device_rules(config, target_lm.device)
     eos_tensor = torch.tensor(sorted(eos_ids), dtype=torch.long, device=target_lm.device)
     keep_recent = recent_tokens(config)
     recent = torch.tensor(prompt_ids[-keep_recent:], dtype=torch.long,
                           device=target_lm.device)  # seq's tail, on the device
     controller = controllers.start(config) if controller is None else controller
-    seq, result = list(prompt_ids), DecodeResult(tokens=[])
+    seq, result = list(prompt_ids), DecodeResult(tokens=[], controller=controller)  # it leaves the state here
     while len(result.tokens) < config.verification.max_new_tokens:
         if clock is not None:
             clock.round_starts()
@@ -78,16 +75,13 @@ def speculative_decode(
         drafter.observe(target_lm, accepted_on_device)
         accepted, target_token = read_round(proposal, block, accepted_on_device, token_on_device, policy, eos_ids)
         if controller is not None:
-            controller.observe([accepted])
+            controller.observe([accepted], [len(proposal.tokens)])
         if drafter.round_forwards is not None:  # heads: one pass a round; lookup: none
             proposal.forwards = drafter.round_forwards
         emitted, round_ = close_round(proposal, accepted, target_token, eos_ids)
         seq += emitted
         recent = torch.cat([recent, block.tokens[:accepted], token_on_device.view(1)])[-keep_recent:]
-        result.tokens += emitted
-        result.rounds.append(round_)
-        result.target_forwards += 1
-        result.draft_forwards += proposal.forwards
+        result.add_round(emitted, round_)
         # The last emitted token is fed at the next forward of both models.
         target_lm.rollback(len(seq) - 1)
         drafter.rollback(len(seq) - 1)
@@ -95,8 +89,16 @@ def speculative_decode(
             break
     if clock is not None:
         clock.decode_ends()
-    result.controller = controller
     return result
+
+
+def device_rules(config: DecodeConfig, device: torch.device) -> dict:
+    """In verify-side mode the device's rule for each policy a round may run (rules.DeviceRule); else none."""
+    if config.verification.draft_mode != "verify-side":
+        return {}
+    if device.type == "mps":
+        raise DsparkError("the verify-side draft mode decides in float64, which MPS lacks: use early-stop there")
+    return {policy: DeviceRule(policy, device) for policy in round_policies(config)}
 
 
 def close_round(proposal: Proposal, accepted: int, target_token: int, eos_ids: frozenset[int]):

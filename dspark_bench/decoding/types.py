@@ -31,6 +31,13 @@ class DecodeResult:
     draft_forwards: int = 0
     controller: object = None  # an engine controller's state after the decode (controllers.py), to run on from
 
+    def add_round(self, emitted: list[int], round_: "Round") -> None:
+        """A verified round's tokens and record, and its passes: one target forward, its draft's."""
+        self.tokens += emitted
+        self.rounds.append(round_)
+        self.target_forwards += 1
+        self.draft_forwards += round_.draft_forwards
+
 
 @dataclass
 class Block:

@@ -23,14 +23,14 @@ import pandas as pd
 
 from dspark_bench import schedules
 from dspark_bench.config import LEARNED, DecodeConfig
-from dspark_bench.decoding import budget
+from dspark_bench.decoding import budget, controllers
 from dspark_bench.decoding.budget import decide, draft_seconds, packed_verify
 from dspark_bench.decoding.confidence import signal_of
 from dspark_bench.errors import DsparkError
 from dspark_bench.metrics import rates
 from dspark_bench.replay.cost import CostSurface
 from dspark_bench.replay.record import Record
-from dspark_bench.replay.rounds import eos_positions, match_lengths
+from dspark_bench.replay.rounds import eos_positions, match_lengths, round_plans
 from dspark_bench.replay.simulate import (
     failure_codes,
     grid_signals,
@@ -268,6 +268,8 @@ def walks(rec: Record, configs: list[DecodeConfig], surface: CostSurface, refill
         draft, verify = tables[(config.batching.batch_size, config.stopping.metric == LEARNED)]
         if schedules.of(config).whole_batch:  # its rows decide together: a walk of its own
             row = walk_budget(rec, config, draft, verify, prefill_spec, refill, matches, eos, arrive, first, end)[0]
+        elif schedules.of(config).controlled:  # one controller sets every row's length: so does its walk
+            row = walk_controlled(rec, config, draft, verify, prefill_spec, refill, matches, arrive, first, end)
         else:
             key = (signal_of[c], forced_steps[c], keep[c], tuple(thresholds[c]))
             if key != last_key:  # policies that stop at the same draft steps share one failure table
@@ -306,6 +308,41 @@ def walk_budget(rec: Record, config: DecodeConfig, draft: np.ndarray, verify: np
     return {"predicted_time": padded, "predicted_time_packed": packed, **totals}, drafted_at
 
 
+def walk_controlled(rec: Record, config: DecodeConfig, draft: np.ndarray, verify: np.ndarray, prefill: np.ndarray,
+                    refill: bool, matches: np.ndarray, arrive: np.ndarray, first: np.ndarray,
+                    end: np.ndarray) -> dict:
+    """One engine controller's policy at its batch size, as the batched decoder serves it: before
+    each step the controller picks one length for every row (each row's round the fixed draft of
+    that length there, `round_plans`), after it is fed every row's accepted count; priced as
+    `_walk_batched` prices a step (padded and packed). Its predicted times and totals (TOTALS)."""
+    plans, controller = round_plans(rec, config), controllers.start(config)
+    B, P = config.batching.batch_size, len(rec.lengths)
+    slot_p, slot_j = np.full(B, -1), np.zeros(B, np.int64)
+    counts = np.zeros(len(TOTALS), dtype=np.int64)
+    next_p, active, padded, packed = 0, 0, 0.0, 0.0
+    while True:
+        next_p, active, clock, spent = _admit(slot_p, slot_j, next_p, P, active, refill, prefill, padded, arrive)
+        padded, packed = clock + spent, packed + (clock - padded) + spent
+        if active == 0:
+            return {"predicted_time": padded, "predicted_time_packed": packed, **dict(zip(TOTALS, counts.tolist()))}
+        drafted, forwards = plans[controller.steps(active)][:2]
+        rows, starts = slot_p.copy(), slot_j.copy()
+        stepped = [(s, slot_p[s], slot_j[s]) for s in range(B) if slot_p[s] >= 0]
+        lengths = np.array([drafted[p, j] for _, p, j in stepped])
+        spent_forwards = np.array([forwards[p, j] for _, p, j in stepped])
+        accepted = np.minimum(lengths, [matches[p, j] for _, p, j in stepped])
+        counts += (len(stepped), lengths.sum(), accepted.sum(), (accepted == lengths).sum(), spent_forwards.sum())
+        padded += spent_forwards.max() * draft[active] + verify[active, lengths.max()]
+        _stamp(rows, starts, padded, first, end)
+        packed += sum(draft[(spent_forwards >= step).sum()] for step in range(1, spent_forwards.max() + 1))
+        packed += packed_verify(verify[active], int((lengths + 1).sum()), active)
+        controller.observe(accepted.tolist(), lengths.tolist())
+        for (s, p, j), a in zip(stepped, accepted):
+            slot_j[s] = j + a + 1
+            if slot_j[s] >= rec.lengths[p]:
+                slot_p[s], active = -1, active - 1
+
+
 def simulate_with_surface(rec: Record, configs: list[DecodeConfig], surface: CostSurface,
                           refill: bool = True) -> pd.DataFrame:
     """`simulate_grid`'s table, its predictions made at each policy's own batch size: padded in
@@ -316,7 +353,7 @@ def simulate_with_surface(rec: Record, configs: list[DecodeConfig], surface: Cos
     grid = simulate_grid(rec, configs, surface.at(1))
     predicted = predict_batched(rec, configs, surface, refill)
     joint = predicted.dropna(subset=["rounds"]) if "rounds" in predicted else predicted.iloc[:0]
-    if len(joint):  # the budget schedule's rounds are the batch's, not each row's alone: the walk's totals
+    if len(joint):  # the budget's and a controller's rounds are the batch's, not each row's alone: the walk's
         grid = grid.set_index("config_id")
         ids = joint["config_id"].to_numpy()
         for column in TOTALS:

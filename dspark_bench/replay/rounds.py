@@ -13,6 +13,7 @@ import numpy as np
 
 from dspark_bench import schedules
 from dspark_bench.config import LEARNED, DecodeConfig
+from dspark_bench.decoding import controllers
 from dspark_bench.decoding.budget import row_rule
 from dspark_bench.decoding.confidence import signal_of
 from dspark_bench.decoding.controllers import round_policy
@@ -161,7 +162,7 @@ def round_plans(rec: Record, config: DecodeConfig) -> dict:
     if not schedules.of(config).controlled:
         return {None: round_plan(rec, config)}
     plans = {}
-    for steps in schedules.candidate_steps(config.stopping.candidate_steps):
+    for steps in controllers.lengths(config):
         if steps == 0:
             nothing = np.zeros(rec.rollout.shape[:2], dtype=np.int64)
             plans[steps] = (nothing, nothing, np.full_like(nothing, STOP_REASONS.index("budget")), nothing)

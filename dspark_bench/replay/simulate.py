@@ -83,7 +83,7 @@ def simulate(rec: Record, config: DecodeConfig) -> list[list[Round]]:
             rounds.append(Round(L, a, a if ended_in_draft else a + 1, STOP_REASONS[reason[p, j]], proposal, conf,
                                 target_token, s if per_round < 0 else per_round * int(limit[p, j] > 0)))
             if controller is not None:
-                controller.observe([a])
+                controller.observe([a], [L])
             j += a if ended_in_draft else a + 1
         result.append(rounds)
     return result
