@@ -48,6 +48,11 @@ def read_by_schedule(name: str) -> Needs:
     return Needs(f"a schedule that reads it ({' or '.join(readers)})", lambda w, c: name in schedules.of(c).reads)
 
 
+def controller_knob(name: str, default, help: str, **limits):
+    """An engine controller's knob: searched (several values: a grid axis), needing its schedule."""
+    return knob(default, help, searched=True, repeats=True, needs=read_by_schedule(name), **limits)
+
+
 SAMPLED = Needs("a temperature above 0 (greedy verification samples nothing)", lambda w, c: not c.greedy)
 BATCHED = Needs("a batch size above 1", lambda w, c: c.batching.batch_size > 1)
 
@@ -103,30 +108,29 @@ class StoppingPolicy:
     signal_model: str = knob("", "Metric learned: the fitted signal, a replay sweep's folder (or its "
                              "learned_signal.json).", path=True,
                              needs=Needs("the learned metric", lambda w, c: c.stopping.metric == LEARNED))
-    # An engine controller's knobs (decoding/controllers.py), by the engine's own names, each needing its
-    # schedule: SGLang's adaptive steps (defaults: SGLang 0.5.23's slot for batch size 1), TensorRT-LLM's gate.
-    candidate_steps: str = knob("1,3,5,7", schedules.CANDIDATE_STEPS_HELP, searched=True, needs=read_by_schedule(
-        "candidate_steps"), check=lambda p: schedules.candidate_steps(p.candidate_steps))
-    ema_alpha: float = knob(0.2, "sglang-adaptive: the weight of the latest step's mean accepted drafts in the EMA.",
-                            above=0, at_most=1, searched=True, needs=read_by_schedule("ema_alpha"))
-    update_interval: int = knob(5, "sglang-adaptive: steps between draft-length decisions.", at_least=1, searched=True,
-                                needs=read_by_schedule("update_interval"))
-    warmup_batches: int = knob(10, "sglang-adaptive: steps before the first decision.", at_least=0, searched=True,
-                               needs=read_by_schedule("warmup_batches"))
-    up_hysteresis: float = knob(0.0, "sglang-adaptive: added to the EMA a step up must exceed (k - 0.5 + this).",
-                                searched=True, needs=read_by_schedule("up_hysteresis"))
-    down_hysteresis: float = knob(-0.25, "sglang-adaptive: added to the EMA a step down must reach (k' - 0.5 + "
-                                  "this).", searched=True, needs=read_by_schedule("down_hysteresis"))
-    ceiling_coeff: float = knob(0.0, "sglang-adaptive: caps a length kept or lowered at ceil(EMA × this) (0: off).",
-                                at_least=0, searched=True, needs=read_by_schedule("ceiling_coeff"))
-    draft_len_schedule: str = knob("", schedules.DRAFT_LEN_SCHEDULE_HELP, searched=True, needs=read_by_schedule(
-        "draft_len_schedule"), check=lambda p: schedules.draft_len_schedule(p.draft_len_schedule))
-    acceptance_rate_window_size: int = knob(0, "trtllm-schedule: steps whose acceptance the gate averages (0: no "
-                                            "gate).", at_least=0, searched=True,
-                                            needs=read_by_schedule("acceptance_rate_window_size"))
-    acceptance_rate_threshold: float = knob(0.0, "trtllm-schedule: below this mean acceptance the gate switches "
-                                            "drafting off for good.", at_least=0, at_most=1, searched=True,
-                                            needs=read_by_schedule("acceptance_rate_threshold"))
+    # An engine controller's knobs (decoding/controllers.py), by the engine's own names: SGLang's adaptive
+    # steps (defaults: SGLang 0.5.23's slot for batch size 1), TensorRT-LLM's schedule and acceptance gate.
+    candidate_steps: str = controller_knob("candidate_steps", "1,3,5,7", schedules.CANDIDATE_STEPS_HELP,
+                                           check=lambda p: schedules.candidate_steps(p.candidate_steps))
+    ema_alpha: float = controller_knob("ema_alpha", 0.2, "sglang-adaptive: the weight of the latest step's mean "
+                                       "accepted drafts in the EMA.", above=0, at_most=1)
+    update_interval: int = controller_knob("update_interval", 5, "sglang-adaptive: steps between draft-length "
+                                           "decisions.", at_least=1)
+    warmup_batches: int = controller_knob("warmup_batches", 10, "sglang-adaptive: steps before the first decision.",
+                                          at_least=0)
+    up_hysteresis: float = controller_knob("up_hysteresis", 0.0, "sglang-adaptive: added to the EMA a step up must "
+                                           "exceed (k - 0.5 + this).")
+    down_hysteresis: float = controller_knob("down_hysteresis", -0.25, "sglang-adaptive: added to the EMA a step "
+                                             "down must reach (k' - 0.5 + this).")
+    ceiling_coeff: float = controller_knob("ceiling_coeff", 0.0, "sglang-adaptive: caps a length kept or lowered at "
+                                           "ceil(EMA × this) (0: off).", at_least=0)
+    draft_len_schedule: str = controller_knob("draft_len_schedule", "", schedules.DRAFT_LEN_SCHEDULE_HELP,
+                                              check=lambda p: schedules.draft_len_schedule(p.draft_len_schedule))
+    acceptance_rate_window_size: int = controller_knob("acceptance_rate_window_size", 0, "trtllm-schedule: steps "
+                                                       "whose acceptance the gate averages (0: no gate).", at_least=0)
+    acceptance_rate_threshold: float = controller_knob("acceptance_rate_threshold", 0.0, "trtllm-schedule: below "
+                                                       "this mean acceptance the gate switches drafting off for good.",
+                                                       at_least=0, at_most=1)
 
     def __post_init__(self) -> None:
         check_declared(self)
@@ -373,8 +377,9 @@ def expand(space: dict, base: DecodeConfig = DEFAULTS, strict: bool = True) -> l
             params["budget_layout"] = "padded"  # one row: both layouts are one rule
         if params["metric"] != LEARNED:
             params["signal_model"] = ""  # only the learned metric reads it
-        if not schedule.controlled:  # only a controller reads its knobs
-            params.update({name: KNOBS[name].default for name in CONTROLLER_FIELDS})
+        # only a controller reads its knobs (and a gate's threshold, only a gate: window > 0)
+        params.update({name: KNOBS[name].default for name in CONTROLLER_FIELDS if name not in schedule.reads
+                       or (name == "acceptance_rate_threshold" and not params["acceptance_rate_window_size"])})
         try:
             out.append(from_dict(params))
         except DsparkError as err:

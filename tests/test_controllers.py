@@ -70,6 +70,21 @@ def test_adaptive_steps_choose_as_sglang_does_on_random_acceptance():
     assert steps >= 20_000 and changes > 500  # the controllers moved, so agreeing means something
 
 
+def test_sglang_shipped_slots_are_its_own():
+    """controllers.shipped: at every batch size, the slot SGLang's own default config routes it to."""
+    params = adaptive.AdaptiveSpeculativeParams(initial_steps=3)  # DEFAULT_ADAPTIVE_CONFIG, as a server loads it
+    for batch_size in (1, 2, 7, 8, 9, 31, 32, 33, 64, 500):
+        ours = controllers.shipped(DecodeConfig.of(schedule="sglang-adaptive", batch_size=batch_size,
+                                                   ema_alpha=0.7)).stopping
+        slot = params._route(batch_size)
+        assert (list(controllers.lengths(DecodeConfig.of(schedule="sglang-adaptive",
+                                                         candidate_steps=ours.candidate_steps))),
+                ours.ema_alpha, ours.update_interval, ours.warmup_batches, ours.up_hysteresis, ours.down_hysteresis,
+                ours.ceiling_coeff) == (slot.candidate_steps, slot.ema_alpha, slot.update_interval,
+                                        slot.warmup_batches, slot.up_hysteresis, slot.down_hysteresis,
+                                        slot.ceiling_coeff), batch_size
+
+
 def trtllm(**knobs):
     return controllers.start(DecodeConfig.of(schedule="trtllm-schedule", **knobs))
 

@@ -43,6 +43,18 @@ class AdaptiveSteps:
         self.ema = float(self.current - 1)  # SGLang's neutral start: one below the current length
         self.batches = 0
 
+    # SGLang 0.5.23's DEFAULT_ADAPTIVE_CONFIG: a slot per batch size (a step's rows served by the largest
+    # at or below them); every other knob at its declared default (ema 0.2, every 5 steps after 10).
+    SHIPPED = {1: {"candidate_steps": "1,3,5,7", "down_hysteresis": -0.25}, 8: {"candidate_steps": "0,1,3"},
+               32: {"candidate_steps": "0,1"}, 64: {"candidate_steps": "0"}}
+
+    @classmethod
+    def shipped(cls, batch_size: int) -> dict:
+        """The knobs of the slot SGLang's default config serves `batch_size` rows with (_find_closest_bs)."""
+        slot = max([size for size in cls.SHIPPED if size <= batch_size], default=min(cls.SHIPPED))
+        return {name: KNOBS[name].default for name in schedules.named(schedules.SGLANG_ADAPTIVE).reads} | {
+            "up_hysteresis": 0.0, "down_hysteresis": 0.0, "ceiling_coeff": 0.0, **cls.SHIPPED[slot]}
+
     @staticmethod
     def lengths(policy) -> tuple[int, ...]:
         """Every length it may pick."""
@@ -102,6 +114,11 @@ class ScheduleAndGate:
         self.recorded = 0
 
     @staticmethod
+    def shipped(batch_size: int) -> dict:
+        """As it ships: no schedule and no gate (max_draft_len every step: a fixed length)."""
+        return {"draft_len_schedule": "", "acceptance_rate_window_size": 0, "acceptance_rate_threshold": 0.0}
+
+    @staticmethod
     def lengths(policy) -> tuple[int, ...]:
         """Every length it may pick: the schedule's, 0 (above its last batch size, or gated off), else gamma_max."""
         pairs = schedules.draft_len_schedule(policy.draft_len_schedule)
@@ -134,6 +151,11 @@ CONTROLLERS = {schedules.SGLANG_ADAPTIVE: AdaptiveSteps, schedules.TRTLLM_SCHEDU
 def lengths(config: DecodeConfig) -> tuple[int, ...]:
     """Every draft length `config`'s controller may pick, ascending."""
     return CONTROLLERS[config.stopping.schedule].lengths(config.stopping)
+
+
+def shipped(config: DecodeConfig) -> DecodeConfig:
+    """`config`'s controller at its engine's defaults, at `config`'s batch size (its other knobs kept)."""
+    return config.replace(**CONTROLLERS[config.stopping.schedule].shipped(config.batching.batch_size))
 
 
 def start(config: DecodeConfig):

@@ -310,11 +310,12 @@ def walk_budget(rec: Record, config: DecodeConfig, draft: np.ndarray, verify: np
 
 def walk_controlled(rec: Record, config: DecodeConfig, draft: np.ndarray, verify: np.ndarray, prefill: np.ndarray,
                     refill: bool, matches: np.ndarray, arrive: np.ndarray, first: np.ndarray,
-                    end: np.ndarray) -> dict:
+                    end: np.ndarray, chosen: list | None = None) -> dict:
     """One engine controller's policy at its batch size, as the batched decoder serves it: before
     each step the controller picks one length for every row (each row's round the fixed draft of
     that length there, `round_plans`), after it is fed every row's accepted count; priced as
-    `_walk_batched` prices a step (padded and packed). Its predicted times and totals (TOTALS)."""
+    `_walk_batched` prices a step (padded and packed). Its predicted times and totals (TOTALS);
+    `chosen` receives each step's (rows, length picked, mean accepted)."""
     plans, controller = round_plans(rec, config), controllers.start(config)
     B, P = config.batching.batch_size, len(rec.lengths)
     slot_p, slot_j = np.full(B, -1), np.zeros(B, np.int64)
@@ -325,7 +326,8 @@ def walk_controlled(rec: Record, config: DecodeConfig, draft: np.ndarray, verify
         padded, packed = clock + spent, packed + (clock - padded) + spent
         if active == 0:
             return {"predicted_time": padded, "predicted_time_packed": packed, **dict(zip(TOTALS, counts.tolist()))}
-        drafted, forwards = plans[controller.steps(active)][:2]
+        picked = controller.steps(active)
+        drafted, forwards = plans[picked][:2]
         rows, starts = slot_p.copy(), slot_j.copy()
         stepped = [(s, slot_p[s], slot_j[s]) for s in range(B) if slot_p[s] >= 0]
         lengths = np.array([drafted[p, j] for _, p, j in stepped])
@@ -337,6 +339,8 @@ def walk_controlled(rec: Record, config: DecodeConfig, draft: np.ndarray, verify
         packed += sum(draft[(spent_forwards >= step).sum()] for step in range(1, spent_forwards.max() + 1))
         packed += packed_verify(verify[active], int((lengths + 1).sum()), active)
         controller.observe(accepted.tolist(), lengths.tolist())
+        if chosen is not None:
+            chosen.append((active, picked, float(accepted.mean())))
         for (s, p, j), a in zip(stepped, accepted):
             slot_j[s] = j + a + 1
             if slot_j[s] >= rec.lengths[p]:

@@ -8,6 +8,7 @@ from typing import Iterable
 
 from dspark_bench.sections.analyses import Analyses
 from dspark_bench.sections.base import END, Line, ReportView, Rows, Section, SweepFacts
+from dspark_bench.sections.controllers import EngineControllers
 from dspark_bench.sections.depth import DepthSearch
 from dspark_bench.sections.engine_verdict import EngineVerdict
 from dspark_bench.sections.sampling import Sampling
@@ -15,11 +16,13 @@ from dspark_bench.sections.served import ServedRun
 from dspark_bench.sections.under_load import UnderLoad
 
 # In the order the console shows them where two share a place (sections/base.py's places).
-SECTIONS: tuple[type, ...] = (EngineVerdict, Analyses, Sampling, DepthSearch, UnderLoad, ServedRun)
+# EngineControllers after UnderLoad: it reads the load stage's table.
+SECTIONS: tuple[type, ...] = (EngineVerdict, Analyses, Sampling, DepthSearch, UnderLoad, EngineControllers, ServedRun)
 SUMMARY = "summary.json"
 # summary.json's order for the sections' keys and the plain ones the sweep writes among them
 # (sweeps written before sections existed have it); a key not named here follows them.
-ORDER = ("depth_search", "depth_verdict", "prices", "engine_verdict", "continuations", "sampling", "load", "load_run")
+ORDER = ("depth_search", "depth_verdict", "prices", "engine_verdict", "continuations", "sampling", "load",
+         "controllers", "load_run")
 
 
 def file_of(section: type) -> str:

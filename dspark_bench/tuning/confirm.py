@@ -17,6 +17,7 @@ import pandas as pd
 
 from dspark_bench import schedules
 from dspark_bench.config import LEARNED, DecodeConfig
+from dspark_bench.decoding import controllers
 from dspark_bench.harness.runner import another_pass, run, stage_steps
 from dspark_bench.harness.verdicts import judge
 from dspark_bench.metrics import summarize
@@ -32,12 +33,13 @@ MEASURED = ["speedup", "speedup_low", "speedup_high", "baseline_tokens_per_s", "
             "spec_latency_per_token_s", "baseline_latency_per_token_s", "layout"]
 
 
-def chosen_kinds(ranked: pd.DataFrame, top: int) -> list[pd.DataFrame]:
+def chosen_kinds(ranked: pd.DataFrame, top: int, shipped: frozenset = frozenset()) -> list[pd.DataFrame]:
     """What `confirm` times of one batch size's and drafter's policies, ranked best first: `top`
     policies in all (`--confirm-top`) — the best, then the best of each kind the headroom compares
     that is not yet among them (a per-row rule on the learned signal, each cost-aware schedule), then the next best —
-    and beside them the depth policy where there is one and the best fixed γ: the reference every
-    verdict is paired against."""
+    and beside them the depth policy where there is one, each engine controller tuned (its best) and at its
+    engine's defaults (`shipped`: their config ids; sections/controllers.py sets them side by side), and
+    the best fixed γ: the reference every verdict is paired against."""
     baseline = schedules.where(ranked, baseline=True)
     # The depth policy, where a sweep composed one, is timed beside the `top` single policies (its
     # verdict is against the best of them: sections/depth.py), whatever --confirm-top leaves out.
@@ -47,14 +49,17 @@ def chosen_kinds(ranked: pd.DataFrame, top: int) -> list[pd.DataFrame]:
     kinds = [per_row[per_row["metric"] == LEARNED],  # a stopping rule on the learned signal
              *(scheduled[scheduled["schedule"] == name] for name in schedules.names(cost_aware=True))]
     leaders = pd.concat([scheduled.head(1), *(kind.head(1) for kind in kinds), scheduled])
-    return [leaders.drop_duplicates("config_id").head(top), depth, ranked[baseline].head(1)]
+    controlled = ranked[schedules.where(ranked, controlled=True)]
+    engines = [controlled.drop_duplicates("schedule"), controlled[controlled["config_id"].isin(shipped)]]
+    return [leaders.drop_duplicates("config_id").head(top), depth, *engines, ranked[baseline].head(1)]
 
 
 def work_of(config: DecodeConfig, records: dict) -> tuple:
     """What timing a policy measures: its batch size, whether its draft steps pay for the learned
     signal, and its rounds on every prompt (drafted, accepted, draft forwards) as replay walks
-    them. Rounds that depend on the whole batch (a quorum, the budget at B > 1) are its own."""
-    if config.stopping.batch_quorum > 0 or (schedules.of(config).whole_batch and config.batching.batch_size > 1):
+    them. Rounds that depend on the whole batch (a quorum, the budget or a controller at B > 1) are its own."""
+    batch_wide = schedules.of(config).whole_batch or schedules.of(config).controlled  # one decision for every row
+    if config.stopping.batch_quorum > 0 or (batch_wide and config.batching.batch_size > 1):
         return ("batch-dependent", config)
     rounds = simulate(records[config.drafting], config)
     return (config.batching.batch_size, config.stopping.metric == LEARNED, config.drafting,
@@ -84,8 +89,10 @@ def confirm(table: pd.DataFrame, configs: list[DecodeConfig], records: dict, spe
     ranked = rank(table, objective.name, objective.column("replay"))
     # Per batch size (which policy wins depends on what a step costs at B) and drafter: each kind
     # the headroom compares.
+    shipped = frozenset(configs.index(controllers.shipped(c)) for c in configs if schedules.of(c).controlled
+                        and controllers.shipped(c) in configs)
     chosen = pd.concat([part for _, by_batch in ranked.groupby(["batch_size", "drafter"], sort=True)
-                        for part in chosen_kinds(by_batch, spec.confirm_top)])
+                        for part in chosen_kinds(by_batch, spec.confirm_top, shipped)]).drop_duplicates("config_id")
     shared = same_work([int(i) for i in chosen["config_id"]], configs, records)
     timed = np.array(list(dict.fromkeys(shared.values())))  # each kind of work once, in the chosen order
     settings = dataclasses.replace(spec.runner_settings(), repeats=repeats or spec.repeats)

@@ -19,7 +19,7 @@ import pandas as pd
 from dspark_bench import schedules
 from dspark_bench.analysis.analyze import Studied
 from dspark_bench.config import DEFAULTS, DecodeConfig, expand
-from dspark_bench.decoding import capture
+from dspark_bench.decoding import capture, controllers
 from dspark_bench.decoding.static_batch_lm import capacity_for
 from dspark_bench.depth import PRICED_DEPTHS, priced_depths, spans_depth
 from dspark_bench.engines.registry import EngineRegistry
@@ -89,13 +89,15 @@ def needs_draft_model(pair) -> None:
 
 def replay_space(configs: list[DecodeConfig], base: DecodeConfig) -> list[DecodeConfig]:
     """The space's points (spec.points) plus every fixed gamma among them: classic decoding, the
-    baseline to beat."""
+    baseline to beat; and each engine controller of the space at its engine's defaults, at each of
+    its batch sizes (what it would run untuned: sections/controllers.py)."""
     drafters = dict.fromkeys(c.drafting for c in configs)
     classic = [c for d in drafters  # at the batch sizes the drafter runs at in the space (heads and lookup: 1)
                for c in expand({"batch_size": sorted({c.batching.batch_size for c in configs if c.drafting == d}),
                                 "gamma_max": sorted({c.stopping.gamma_max for c in configs})},
                                base.replace(schedule=schedules.BASELINE, min_draft_len=0, **dataclasses.asdict(d)))]
-    return configs + [c for c in classic if c not in configs]
+    shipped = [controllers.shipped(c) for c in configs if schedules.of(c).controlled]
+    return configs + [c for c in dict.fromkeys(classic + shipped) if c not in configs]
 
 
 def replay_sweep(folder: Path, spec: SweepSpec, prepared: LoadedSweep, records_root: Path,

@@ -41,6 +41,18 @@ DENSE_SPACE = {
     "threshold": {"low": 0.05, "high": 0.95, "step": 0.05}, "gamma_max": {"low": 1, "high": 8},
     "min_draft_len": {"low": 0, "high": 2},
 }
+# A controller's knobs searched where the space names its schedule and none of its knobs (docs/engine-controllers.md):
+# SGLang's lengths, smoothing and pace around its shipped slot; TensorRT-LLM's schedule by batch size and its gate.
+CONTROLLER_SPACES = {
+    schedules.SGLANG_ADAPTIVE: {"candidate_steps": ["1,3,5,7", "1,2,3,4", "1,2,4,6", "0,1,3", "2,4,6,8"],
+                                "ema_alpha": [0.1, 0.2, 0.5], "update_interval": [1, 5], "warmup_batches": [0, 10],
+                                "down_hysteresis": [-0.25, 0.0]},
+    schedules.TRTLLM_SCHEDULE: {"draft_len_schedule": ["", "1:4,8:2,32:1", "1:6,8:3,32:1", "1:3,16:2,64:1"],
+                                "acceptance_rate_window_size": [0, 16, 64],
+                                "acceptance_rate_threshold": [0.2, 0.4, 0.6]},
+}
+
+
 @dataclass(frozen=True)
 class SweepSpec(Workload, Served):
     """A study: a workload (what to decode and how it is timed: harness.workload), which knobs
@@ -275,7 +287,17 @@ def points(spec: SweepSpec, base: DecodeConfig | None = None) -> list[DecodeConf
         raise DsparkError(f"the {composed[0]} schedule is not searched: a replay sweep composes a depth policy from "
                           "each depth bucket's best where its rounds span buckets (docs/depth.md); time one with "
                           "`dspark-bench run --schedule depth --depth-policy ...`")
-    return expand(spec.space, base or DecodeConfig.of(max_new_tokens=spec.tokens(None), topk=spec.topk), strict=False)
+    base = base or DecodeConfig.of(max_new_tokens=spec.tokens(None), topk=spec.topk)
+    return list(dict.fromkeys(expand(spec.space, base, strict=False) + [
+        c for space in controller_spaces(spec.space) for c in expand(space, base, strict=False)]))
+
+
+def controller_spaces(space: dict) -> list[dict]:
+    """The space of each controller the space names without any of its knobs (CONTROLLER_SPACES), at the
+    space's batch sizes and gamma_max (a schedule's lengths fix their own)."""
+    kept = {k: v for k, v in space.items() if k in ("batch_size", "gamma_max", "drafter", "max_new_tokens")}
+    return [{**kept, "schedule": [name], **CONTROLLER_SPACES[name]} for name in space.get("schedule", ())
+            if schedules.named(name).controlled and not set(schedules.named(name).reads) & set(space)]
 
 
 def evaluation_for(spec: SweepSpec) -> str:
