@@ -25,6 +25,7 @@ from dspark_bench.errors import DsparkError, first_line
 from dspark_bench.objectives import OBJECTIVES
 from dspark_bench.reporting import plots
 from dspark_bench.reporting.batch_sizes import batch_blocks, batch_rows
+from dspark_bench.reporting.controllers import controllers_figure
 from dspark_bench.reporting.depth_tables import depth_figure
 from dspark_bench.reporting.reliability import reliability_data, reliability_figure
 from dspark_bench.reporting.report_inputs import (
@@ -96,6 +97,8 @@ def make_figures(inputs: Inputs, by: str | None = None) -> list[FigureItem]:
     _attempt(items, "depth", "14. Acceptance, best policy and speedup by context depth", lambda: depth_figure(inputs))
     _attempt(items, "under_load", "15. Throughput and time per output token against the arrival rate",
              lambda: load_figure(inputs))
+    _attempt(items, "controllers", "16. The engines' own controllers: lengths picked, and beside fixed γ and ours",
+             lambda: controllers_figure(inputs))
     return items
 
 

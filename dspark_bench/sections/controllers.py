@@ -42,9 +42,7 @@ def roles(table: pd.DataFrame, configs: list, batch_size: int, objective: str) -
             continue
         tuned = int(objectives.best(own, objective, column)["config_id"])
         shipped = controllers.shipped(configs[tuned])  # (TensorRT-LLM's: no schedule nor gate, at its max_draft_len)
-        if shipped in configs:
-            out.append((f"{name} · its defaults", configs.index(shipped)))
-        out.append((f"{name} · tuned", tuned))
+        out += pair_roles(name, tuned, configs.index(shipped) if shipped in configs else None)
     fixed = here[schedules.where(here, baseline=True)]
     ours = here[~schedules.where(here, baseline=True) & ~schedules.where(here, controlled=True)]
     for role, rows in ((FIXED, fixed), (OURS, ours)):
@@ -52,6 +50,13 @@ def roles(table: pd.DataFrame, configs: list, batch_size: int, objective: str) -
         if found is not None:
             out.append((role, int(found["config_id"])))
     return out
+
+
+def pair_roles(name: str, tuned: int, shipped: int | None) -> list[tuple[str, int]]:
+    """A controller's rows: at its engine's defaults, then tuned (one row where tuning kept the defaults)."""
+    if shipped == tuned:
+        return [(f"{name} · tuned (its defaults)", tuned)]
+    return ([] if shipped is None else [(f"{name} · its defaults", shipped)]) + [(f"{name} · tuned", tuned)]
 
 
 def row_of(table: pd.DataFrame, config_id: int, columns=SHOWN) -> dict:
@@ -81,10 +86,11 @@ def by_rate(facts: SweepFacts, objective: str) -> list[dict]:
             own = group[group["schedule"] == name]
             if own.empty:
                 continue
-            shipped = controllers.shipped(configs[int(own["config_id"].iloc[0])])
-            if shipped in configs and configs.index(shipped) in set(own["config_id"]):
-                rows.append({"role": f"{name} · its defaults", **row_of(own, configs.index(shipped), SERVED)})
-            rows.append({"role": f"{name} · tuned", **rank_under_load(own, objective).iloc[0][list(SERVED)].to_dict()})
+            tuned = int(rank_under_load(own, objective).iloc[0]["config_id"])
+            shipped = controllers.shipped(configs[tuned])
+            shipped = configs.index(shipped) if shipped in configs else None
+            rows += [{"role": role, **row_of(own, i, SERVED)}
+                     for role, i in pair_roles(name, tuned, shipped if shipped in set(own["config_id"]) else None)]
         fixed = group[[kinds[i].baseline for i in group["config_id"]]]
         ours = group[[not kinds[i].baseline and not kinds[i].controlled for i in group["config_id"]]]
         rows += [{"role": role, **rank_under_load(part, objective).iloc[0][list(SERVED)].to_dict()}

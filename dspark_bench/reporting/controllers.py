@@ -1,0 +1,83 @@
+"""The report's figure of the engines' own controllers (sections/controllers.py, whose tables the
+report places): the draft length each controller picks step by step as it serves the sweep's
+prompts (how fast it adapts, where it oscillates), and the rows set side by side by batch size and,
+under load, by arrival rate. Everything here is replayed, measured where the confirm stage timed it."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from dspark_bench.reporting.plots.base import figure
+from dspark_bench.reporting.report_inputs import Inputs, Skip
+from dspark_bench.results import read_parquet
+from dspark_bench.sections.controllers import FIXED, EngineControllers
+
+COLORS = ["#3a63c4", "#e6a100", "#2e9e4f", "#b5651d", "#8a4fbf", "#d6423b"]
+
+
+def controllers_of(inputs: Inputs):
+    """The first run folder's controllers section and its steps, if any has them."""
+    for run_id, summary in inputs.summaries.items():
+        found = EngineControllers.from_json(summary)
+        if found is not None:
+            return found, read_parquet(inputs.folder_of[run_id] / found.table)
+    raise Skip("no engine controller in the sweep (sweep --schedule sglang-adaptive or trtllm-schedule)")
+
+
+def steps_panel(ax, steps, batch_size: int, colors: dict) -> None:
+    """The length each controller row picked at every step of its walk at `batch_size`, with the
+    step's mean accepted drafts beneath it (thin)."""
+    here = steps[steps["batch_size"] == batch_size]
+    for role, rows in here.groupby("role", sort=False):
+        color = colors[role]
+        ax.step(rows["step"], rows["length"], where="post", color=color, label=f"{role}: length picked")
+        ax.plot(rows["step"], rows["accepted"], color=color, alpha=0.35, lw=0.8)
+    ax.set_title(f"B = {batch_size}", fontsize=9)
+    ax.set_xlabel("step (the sweep's prompts served in turn)")
+    ax.set_ylabel("draft length (thin: mean accepted)")
+    ax.grid(alpha=0.3)
+
+
+def rows_panel(ax, groups: list[tuple[str, list[dict]]], column: str, name: str, colors: dict) -> None:
+    """Grouped bars: one group per batch size or load, one bar per row (role), each row's `column`
+    relative to the best fixed γ's in its group (%): the differences, which bars from 0 would hide."""
+    roles = [role for role in dict.fromkeys(r["role"] for _, rows in groups for r in rows) if role != FIXED]
+    width = 0.8 / max(len(roles), 1)
+    for j, role in enumerate(roles):
+        heights = []
+        for _, rows in groups:
+            fixed = next((r[column] for r in rows if r["role"] == FIXED), None)
+            mine = next((r[column] for r in rows if r["role"] == role), None)
+            heights.append(np.nan if not fixed or mine is None else 100 * (mine / fixed - 1))
+        ax.bar(np.arange(len(groups)) + j * width, heights, width, color=colors[role], label=role)
+    ax.axhline(0, color="black", lw=0.8)
+    ax.set_xticks(np.arange(len(groups)) + width * (len(roles) - 1) / 2, [g for g, _ in groups], fontsize=8)
+    ax.set_ylabel(f"{name} vs best fixed γ (%)")
+    ax.grid(alpha=0.3, axis="y")
+
+
+def controllers_figure(inputs: Inputs):
+    found, steps = controllers_of(inputs)
+    sizes = [b["batch_size"] for b in found.by_batch][:3]
+    roles = dict.fromkeys(r["role"] for part in (*found.by_batch, *found.by_rate) for r in part["rows"])
+    colors = {role: COLORS[i % len(COLORS)] for i, role in enumerate(roles)}  # one color a role, every panel
+    fig, axes = figure(13, 7.5, 2, max(len(sizes), 2))
+    for ax, batch_size in zip(axes[0], sizes):
+        steps_panel(ax, steps, batch_size, colors)
+    axes[0][0].legend(fontsize=7, loc="upper right")
+    rows_panel(axes[1][0], [(f"B={b['batch_size']}", b["rows"]) for b in found.by_batch], "predicted_speedup",
+               "predicted speedup", colors)
+    axes[1][0].legend(fontsize=7, loc="best")
+    if found.by_rate:
+        rows_panel(axes[1][1], [(rate["arrival"], rate["rows"]) for rate in found.by_rate], "tpot_p50_s",
+                   "TPOT p50 (lower: better)", colors)
+        axes[1][1].legend(fontsize=7, loc="best")
+    for ax in [*axes[0][len(sizes):], *axes[1][1 + bool(found.by_rate):]]:
+        ax.set_visible(False)
+    caption = ("Top: the draft length each engine controller picks at every step of the sweep's prompts served in "
+               "turn (replayed; at its engine's defaults and tuned), thin lines the step's mean accepted drafts. "
+               "Bottom: each controller at its defaults and tuned and our best policy against the best fixed γ, by "
+               "batch size (predicted speedup, higher is better) and, under load, by arrival rate (median time per "
+               "output token, lower is better). "
+               f"{found.verdict[0].upper()}{found.verdict[1:]}.")
+    return fig, caption
