@@ -3,11 +3,16 @@ code does, and replay runs it as our decoder does, its output the target's own."
 
 from __future__ import annotations
 
+import json
 import random
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
+import pandas as pd
 import pytest
+import yaml
+from cli_helpers import invoke, one_error_line
 from sglang.srt.speculative import adaptive_spec_params as adaptive  # SGLang's own controller (README's install)
 
 from dspark_bench.config import DRAFT_MODES, DecodeConfig
@@ -20,6 +25,8 @@ from dspark_bench.measure.recording import record
 from dspark_bench.replay.batched import walk_controlled
 from dspark_bench.replay.rounds import match_lengths
 from dspark_bench.replay.simulate import simulate, simulate_grid
+from dspark_bench.reporting.controllers import controllers_figure
+from dspark_bench.reporting.report_inputs import load_inputs
 
 N, G = 40, 8
 PROMPTS = [[0, 5, 9, 11], [7], [3, 3, 40, 2, 8, 100, 17], [12, 13], [50, 60, 70], [4, 4, 4, 4, 4]]
@@ -206,3 +213,89 @@ def test_bad_controller_knobs_are_refused_in_one_line(knobs, message):
     with pytest.raises(DsparkError, match=message) as refused:
         DecodeConfig.of(schedule="sglang-adaptive", **knobs)
     assert "\n" not in str(refused.value)
+
+
+@pytest.fixture(scope="module")
+def controller_sweep(saved_pair, prompts_file, tmp_path_factory):
+    """A replay sweep with our threshold rule and both controllers (each searching its own space, none of
+    its knobs named), at B = 1 and 2 and under two loads."""
+    target, draft = saved_pair
+    out = tmp_path_factory.mktemp("controllers")
+    result = invoke("sweep", "--target", target, "--draft", draft, "--dataset", str(prompts_file), "--out", out,
+                    "--max-new-tokens", "24", "--threshold", "0.2", "--threshold", "0.6", "--gamma-max", "2",
+                    "--gamma-max", "4", "--schedule", "threshold", "--schedule", "sglang-adaptive", "--schedule",
+                    "trtllm-schedule", "--batch-size", "1", "--batch-size", "2", "--arrival-rate", "50",
+                    "--arrival-rate", "0.5", "--requests", "12", "--confirm-top", "2")
+    assert result.exit_code == 0, result.output
+    return next(p for p in out.iterdir() if "sweep" in p.name), result.output
+
+
+def test_a_sweep_sets_each_controller_beside_fixed_and_ours(controller_sweep):
+    """Per batch size and per load: each controller at its engine's defaults and tuned (its best in its own
+    space), the best fixed γ and our best; the controllers' rows timed by the confirm stage; each controller's
+    steps for the report's figure."""
+    folder, output = controller_sweep
+    section = json.loads((folder / "summary.json").read_text())["controllers"]
+    trials = pd.read_parquet(folder / "trials.parquet")
+    assert [b["batch_size"] for b in section["by_batch"]] == [1, 2]
+    for batch in section["by_batch"]:
+        here = trials[trials["batch_size"] == batch["batch_size"]]
+        rows = {r["role"]: r for r in batch["rows"]}
+        assert {"sglang-adaptive · its defaults", "sglang-adaptive · tuned", "best fixed γ", "our best"} <= set(rows)
+        assert any(role.startswith("trtllm-schedule · tuned") for role in rows)
+        own = here[here["schedule"] == "sglang-adaptive"]
+        assert len(own) > 100  # its own space was searched
+        assert rows["sglang-adaptive · tuned"]["predicted_speedup"] == pytest.approx(own["predicted_speedup"].max())
+        assert rows["best fixed γ"]["predicted_speedup"] == pytest.approx(
+            here.loc[here["schedule"] == "fixed", "predicted_speedup"].max())
+        shipped = rows["sglang-adaptive · its defaults"]["config_label"]
+        assert "1/3/5/7 α0.2 every5 warm10 ↑0 ↓-0.25 ceil0" in shipped  # SGLang's slot for batch sizes 1 to 7
+        assert all(rows[role].get("speedup") is not None for role in rows)  # every row timed by our decoder
+    assert [rate["arrival_rate"] for rate in section["by_rate"]] == [0.5, 50.0]
+    assert all(len(rate["rows"]) >= 4 for rate in section["by_rate"])
+    steps = pd.read_parquet(folder / section["table"])
+    assert set(steps["batch_size"]) == {1, 2} and steps["length"].nunique() >= 2
+    assert "the engines' controllers beside fixed γ and our best" in output
+    fig, caption = controllers_figure(load_inputs([folder]))
+    assert len(fig.axes) == 4 and "length each engine controller picks" in caption
+
+
+def test_export_writes_each_controller_in_its_engine_s_own_words(controller_sweep, tmp_path, monkeypatch):
+    """export --controller: SGLang's adaptive config (a slot per batch size) read by SGLang's own loader,
+    whose slots then pick as ours do; TensorRT-LLM's keys; a version without the controller gets the nearest
+    fixed length and a line saying why; an engine without one is refused in one line."""
+    folder, _ = controller_sweep
+    result = invoke("export", folder, "--format", "sglang", "--controller", "--out", tmp_path / "sglang")
+    assert result.exit_code == 0, result.output
+    monkeypatch.chdir(tmp_path / "sglang")  # the config names its slots' file beside it
+    from sglang.srt.server_args import prepare_server_args  # SGLang's own parser
+
+    parsed = prepare_server_args(["--model-path", "target", "--config", "sglang_config.yaml"])
+    assert parsed.speculative_adaptive and parsed.speculative_adaptive_config == "sglang_adaptive.json"
+    params = adaptive.AdaptiveSpeculativeParams(parsed.speculative_num_steps, "sglang_adaptive.json")
+    slots = json.loads(Path("sglang_adaptive.json").read_text())
+    trials = pd.read_parquet(folder / "trials.parquet")
+    rng = random.Random(3)
+    for key, slot in slots.items():
+        batch_size = int(key)
+        tuned = trials[(trials["batch_size"] == batch_size) & (trials["schedule"] == "sglang-adaptive")]
+        best = tuned.sort_values("predicted_speedup", ascending=False, kind="mergesort").iloc[0]
+        ours = controllers.start(DecodeConfig.of(schedule="sglang-adaptive", **{
+            k: best[k].item() if hasattr(best[k], "item") else best[k] for k in slot if k != "candidate_steps"},
+            candidate_steps=",".join(map(str, slot["candidate_steps"]))))
+        for _ in range(300):
+            k = ours.steps()
+            assert k == params.get_steps_for_batch(batch_size), key
+            accepted = [rng.randint(0, k) for _ in range(batch_size)]
+            ours.observe(accepted, [k] * batch_size)
+            params.on_verify_complete(accepted, batch_size)
+    result = invoke("export", folder, "--format", "trtllm", "--controller", "--out", tmp_path / "trtllm")
+    assert result.exit_code == 0, result.output
+    written = yaml.safe_load((tmp_path / "trtllm" / "trtllm_speculative.yaml").read_text())["speculative_config"]
+    assert written["decoding_type"] == "Draft_Target" and written["max_draft_len"] >= 1
+    old = invoke("export", folder, "--format", "sglang", "--controller", "--engine-version", "0.5.12", "--out",
+                 tmp_path / "old")
+    assert old.exit_code == 0 and "cannot express the sglang-adaptive controller as replayed" in old.output
+    assert "speculative-adaptive" not in (tmp_path / "old" / "sglang_config.yaml").read_text()
+    refused = invoke("export", folder, "--format", "vllm", "--controller", "--out", tmp_path / "vllm")
+    assert refused.exit_code == 1 and "vllm has no draft-length controller" in one_error_line(refused)

@@ -62,9 +62,11 @@ def test_llamacpp_builds_map_to_the_flag_names_of_their_time():
         llamacpp_version("b9000")
     with pytest.raises(DsparkError, match="give a llama.cpp build"):
         llamacpp_version("newest")
-    with pytest.raises(DsparkError, match="sglang exports are written for 0.5 "):
+    with pytest.raises(DsparkError, match="sglang exports are written for 0.5, 0.5-early "):
         version_for("sglang", "0.3.1")
-    assert version_for("sglang", "0.5.9") is version_for("sglang")
+    # SGLang's adaptive controller as replayed arrived in 0.5.14; before, the same fixed-length keys
+    assert version_for("sglang", "0.5.14") is version_for("sglang", "0.5.23") is version_for("sglang")
+    assert version_for("sglang", "0.5.9").name == version_for("sglang", "0.5.13").name == "0.5-early"
     assert version_for("vllm", "0.23.2").name == "legacy" and version_for("vllm", "0.33.0").name == "current"
     # The current names (common/arg.cpp of b11434); --draft-max is removed there (arg_removed).
     current = llamacpp_flags(POLICY, "d.gguf", LLAMACPP_CURRENT)

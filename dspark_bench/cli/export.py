@@ -12,23 +12,24 @@ from dspark_bench.cli.console import cli_errors, out_console
 from dspark_bench.cli.options import command_options
 
 
-@command_options("fmt", "engine_version", "out", defaults={"fmt": "hf", "out": None},
+@command_options("fmt", "engine_version", "controller", "out", defaults={"fmt": "hf", "out": None},
                  helps={"fmt": "hf | vllm | sglang | trtllm | llamacpp",
                         "out": "Folder to write into (default: RUN/export/)."})
 def export(
     run: Annotated[Path, typer.Argument(help="A run or sweep folder (a replay sweep's can find the nearest policy).")],
-    *, fmt: str, engine_version: str | None, out: Path | None,
+    *, fmt: str, engine_version: str | None, controller: bool, out: Path | None,
 ):
     """Write the run's best policy in an engine's own vocabulary, for a named engine version; where
     the engine cannot express it, the nearest policy it can (replayed on the run's record), with
     both predicted speedups.
 
     Example: dspark-bench export results/20250101-120000-sweep-abc123 --format llamacpp
+    (--controller: SGLang's or TensorRT-LLM's own controller, as the sweep tuned it)
     """
     from dspark_bench.engines import export as lib  # loaded when the command runs, not for --help
 
     with cli_errors():
-        written, choices, text, version = lib.export(run, fmt, out, engine_version)
+        written, choices, text, version = lib.export(run, fmt, out, engine_version, controller)
     priced = choices[0].prices or "the run's cost model"
     table = Table(title=f"what deploying on {fmt} costs (speedups replayed on the run's record, priced on {priced})")
     for column in ("batch size", "tuned policy", "speedup", f"{fmt} runs", "speedup ", "kept"):

@@ -83,6 +83,8 @@ class CommandOptions:
     # --- export, report, decode
     engine_version: str | None = knob(None, "The engine version to write for (default: its current release; "
                                       "llamacpp: a build such as b11434, or legacy).")
+    controller: bool = knob(False, "Export the engine's own draft-length controller as the sweep tuned it (SGLang's "
+                            "adaptive steps, TensorRT-LLM's schedule and gate), not the best policy.")
     by: str | None = knob(None, "Group the best-vs-classic bars by category | task | run (default: category).")
     domain: str | None = knob(None, "With --calibration: the prompt's domain (default: the global policy).")
 

@@ -22,31 +22,25 @@ busiest depth bucket's threshold policy where the engine runs that (`stand_in`),
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
-from dspark_bench import objectives, schedules
-from dspark_bench.config import FIELDS, LEARNED, DecodeConfig, expand, from_dict, with_defaults
-from dspark_bench.decoding import learned_signal
-from dspark_bench.decoding.learned_signal import FILE as LEARNED_FILE
+from dspark_bench import schedules
+from dspark_bench.config import DecodeConfig, expand, from_dict
 from dspark_bench.decoding.rules import bucket_policies, expressible
 from dspark_bench.depth import DEPTH_LABELS
 from dspark_bench.engines.files import FILES, NOTES, llamacpp_flags, parse, render  # noqa: F401 (the API)
-from dspark_bench.engines.versions import version_for
+from dspark_bench.engines.run_policies import RunPolicies, policy_of, run_policies, with_controller  # noqa: F401
+from dspark_bench.engines.versions import EngineVersion, lacks, version_for
 from dspark_bench.errors import DsparkError
 from dspark_bench.harness.gguf import converted
-from dspark_bench.metrics import summarize
-from dspark_bench.replay import cost_file, sampled
+from dspark_bench.replay import cost_file
 from dspark_bench.replay.batched import predict_batched
 from dspark_bench.replay.cost import CostModel, CostSurface
-from dspark_bench.replay.learned import with_learned
-from dspark_bench.replay.record import resolve_record
 from dspark_bench.replay.simulate import simulate_grid, simulate_priced
-from dspark_bench.results import evaluation_of, read_json, write_text
+from dspark_bench.results import read_json, write_text
 
 FORMATS = ("hf", "vllm", "sglang", "trtllm", "llamacpp")
 THRESHOLDS = tuple(round(t, 2) for t in np.arange(0.0, 1.0, 0.05))  # the nearest-policy search's grid
@@ -66,91 +60,6 @@ def candidates(fmt: str, base: DecodeConfig, gammas: list[int]) -> list[DecodeCo
 
 
 # --- the run: its best policy per batch size, and what replays it --------------------------------
-
-
-@dataclass
-class RunPolicies:
-    folder: Path
-    info: dict
-    best: dict[int, tuple[DecodeConfig, float, str]]  # B -> (policy, its speedup, measured | predicted)
-    record: Path | None  # replay record, where the run has one
-    cost: dict | None  # cost_model.json / cost_surface.json contents
-    prices: str = ""  # whose costs those are (a sweep's summary "prices"; older sweeps: ours)
-
-    @functools.cached_property
-    def rec(self):
-        """The replay record, read once (every replay of this export uses it), with the sweep's
-        learned signal where a best policy reads it (only then: an older sweep's fit, or a record
-        made before the signal's context features, fails in one line only where it is needed)."""
-        rec = sampled.as_one(sampled.load(self.record))  # a sampled sweep's: every replicate
-        if any(c.stopping.metric == LEARNED
-               for c, _, _ in self.best.values()) and (self.folder / LEARNED_FILE).is_file():
-            rec = with_learned(rec, learned_signal.load(str(self.folder / LEARNED_FILE)))
-        return rec
-
-    @property
-    def depth(self) -> int:
-        """The deepest draft the record can replay."""
-        return self.rec.gamma_record
-
-
-def policy_of(row: pd.Series, folder: Path) -> DecodeConfig:
-    fields = FIELDS
-    values = with_defaults({k: (v.item() if hasattr(v, "item") else v) for k, v in row.items() if k in fields})
-    if (values["goodput_model"] and not Path(values["goodput_model"]).exists()
-            and (folder / "goodput_model.json").is_file()):
-        values["goodput_model"] = str(folder / "goodput_model.json")  # the sweep moved, or runs from elsewhere
-    if (values["signal_model"] and not Path(values["signal_model"]).exists()
-            and (folder / "learned_signal.json").is_file()):
-        values["signal_model"] = str(folder / "learned_signal.json")
-    return from_dict(values)
-
-
-def run_policies(folder: Path) -> RunPolicies:
-    """A run or sweep folder's best policy at each batch size (measured where it was)."""
-
-    folder = Path(folder)
-    if not (folder / "run.json").is_file():
-        raise DsparkError(f"{str(folder)!r} is not a run folder (no run.json)")
-    info = read_json(folder / "run.json", "run file")
-    if (folder / "trials.parquet").is_file() and evaluation_of(info) == "replay":
-        table = pd.read_parquet(folder / "trials.parquet")
-    elif (folder / "samples.parquet").is_file():
-        samples = pd.read_parquet(folder / "samples.parquet")
-        fields = [c for c in FIELDS if c in samples]
-        policies = samples.groupby("config_id", sort=True)[fields].first().reset_index()
-        measured = summarize(samples)
-        if "speedup" not in measured:
-            raise DsparkError(f"{folder} has no best policy: its samples carry no measured speedup")
-        table = policies.merge(measured[["config_id", "speedup"]], on="config_id")
-    else:
-        raise DsparkError(f"{folder} has no results to export (no trials.parquet or samples.parquet)")
-    if "drafter" in table:  # engines' own n-gram and Medusa drafters have other knobs: not mapped here
-        others = sorted(set(table["drafter"]) - {"model"})
-        table = table[table["drafter"] == "model"]
-        if table.empty:
-            raise DsparkError(f"export writes draft-model policies; {folder} holds {' and '.join(others)} drafter "
-                              "policies only")
-    best = {}
-    for batch_size, rows in table.groupby("batch_size" if "batch_size" in table else np.ones(len(table), int)):
-        measured = rows[rows["speedup"].notna()] if "speedup" in rows else rows.iloc[:0]
-        column, rows = ("speedup", measured) if len(measured) else ("predicted_speedup", rows)
-        if column not in rows or rows[column].isna().all():
-            continue
-        top = objectives.best(rows, "speedup", column)
-        best[int(batch_size)] = (policy_of(top, folder), float(top[column]),
-                                 "measured" if column == "speedup" else "predicted")
-    if not best:
-        raise DsparkError(f"{folder} has no best policy (no measured or predicted speedup)")
-    summary = read_json(folder / "summary.json", "summary file") if (folder / "summary.json").is_file() else {}
-    record = resolve_record(folder, summary["record"]) if summary.get("record") else None
-    cost = None
-    for name in ("cost_surface.json", "cost_model.json"):
-        if (folder / name).is_file():
-            cost = {"kind": name, **read_json(folder / name, "cost file")}
-            break
-    prices = (summary.get("prices") or {}).get("label", "our decoder") if cost else ""
-    return RunPolicies(folder, info, best, record, cost, prices)
 
 
 def replayed(run: RunPolicies, configs: list[DecodeConfig], prices: CostModel | None = None) -> np.ndarray:
@@ -240,18 +149,22 @@ def plain_because(cost: CostModel, label: str, best: float, acceptance: float) -
             f"is accepted with {acceptance:.2f}")
 
 
-def choose(run: RunPolicies, fmt: str) -> list[Choice]:
-    """Per batch size: the tuned policy and what `fmt` gets (itself, or the nearest expressible)."""
+def choose(run: RunPolicies, fmt: str, version: EngineVersion | None = None) -> list[Choice]:
+    """Per batch size: the tuned policy and what `fmt` gets (itself, or the nearest expressible in
+    `version`, by default the engine's current one)."""
     if fmt not in FORMATS:
         raise DsparkError(f"unknown export format {fmt!r}; choose one of {', '.join(FORMATS)}")
-    sizes = sorted(run.best) if fmt in ("vllm", "trtllm") else sorted(run.best)[:1]  # per-B tables: those two
+    version = version or version_for(fmt)
+    # per-B tables: vLLM's and TensorRT-LLM's; SGLang's adaptive controller, a slot per batch size
+    per_batch = fmt in ("vllm", "trtllm") or any(schedules.of(c).controlled for c, _, _ in run.best.values())
+    sizes = sorted(run.best) if per_batch else sorted(run.best)[:1]
     engine = engine_prices(run, fmt)
     if engine is not None:
         return [as_measured(priced_choice(run, fmt, engine), run, fmt, engine)]
     out = []
     for batch_size in sizes:
         tuned, speedup, _ = run.best[batch_size]
-        reasons = expressible(tuned, fmt)
+        reasons = expressible(tuned, fmt) + lacks(version, tuned)
         replayable = run.record is not None and run.cost is not None and tuned.stopping.gamma_max <= run.depth
         if not reasons:
             tuned_speedup = replayed(run, [tuned])[0] if replayable else speedup
@@ -377,15 +290,17 @@ def model_paths(fmt: str, models: dict) -> tuple[str, dict]:
     return str(files["draft"] or "DRAFT.gguf"), models
 
 
-def export(folder: Path, fmt: str, out: Path | None = None, engine_version: str | None = None):
+def export(folder: Path, fmt: str, out: Path | None = None, engine_version: str | None = None,
+           controller: bool = False):
     """Write the run's best policy for `fmt` into `out` (default RUN/export/): (files written,
-    choices, the engine's file text, the version written for)."""
+    choices, the engine's file text, the version written for). `controller`: the engine's own
+    draft-length controller as the run tuned it, in place of the best policy (run_policies.with_controller)."""
 
     if fmt not in FORMATS:
         raise DsparkError(f"unknown export format {fmt!r}; choose one of {', '.join(FORMATS)}")
     version = version_for(fmt, engine_version)  # before anything is read: a bad version is one line
     run = run_policies(folder)
-    choices = choose(run, fmt)
+    choices = choose(with_controller(run, fmt) if controller else run, fmt, version)
     draft, models = model_paths(fmt, run.info.get("models", {}))
     files = render(fmt, choices, models, version, draft)
     where = Path(out) if out is not None else run.folder / "export"

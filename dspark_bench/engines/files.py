@@ -17,10 +17,13 @@ import yaml
 
 from dspark_bench import schedules
 from dspark_bench.config import DecodeConfig
+from dspark_bench.decoding import controllers
 from dspark_bench.decoding.autoregressive import hf_assistant_settings
 from dspark_bench.engines.versions import EngineVersion
 
 VLLM_LAST_BATCH = 1 << 16  # the top of the last batch-size range written for vLLM
+SGLANG_ADAPTIVE = "sglang_adaptive.json"  # --speculative-adaptive-config, beside sglang_config.yaml
+SLOT_KNOBS = tuple(name for name in schedules.named(schedules.SGLANG_ADAPTIVE).reads if name != "candidate_steps")
 FILES = {"hf": "assistant_generation_config.json", "vllm": "speculative_config.json", "sglang": "sglang_config.yaml",
          "trtllm": "trtllm_speculative.yaml", "llamacpp": "llama_cpp_flags.txt"}
 HF_GENERATE = "generate_kwargs.json"  # the target's generate() settings, beside the assistant's config
@@ -37,10 +40,14 @@ NOTES = {
             "written only for runs with several batch sizes: a batch size between two measured ones takes the smaller "
             "one's length, and one above the largest keeps its length (unlike TensorRT-LLM's table).",
     "sglang": "STANDALONE drafts with a separate small model; topk 1 is a chain, and SGLang sets num-draft-tokens to "
-              "num-steps + 1 there (written so). It has one draft length for every batch size.",
+              "num-steps + 1 there (written so). It has one draft length for every batch size. Its adaptive "
+              "controller (export --controller: sglang_adaptive.json, a slot per batch size) runs for EAGLE and "
+              "EAGLE3 drafts only in 0.5.23 (adaptive_unsupported_reason): with a STANDALONE draft SGLang warns and "
+              "keeps --speculative-num-steps, written at the first slot's start.",
     "trtllm": "draft_len_schedule's keys are inclusive upper bounds of the batch size: a batch size between two "
               "measured ones takes the larger one's length, and TensorRT-LLM does not speculate above the largest "
-              "key (unlike vLLM's table).",
+              "key (unlike vLLM's table). Its own controller (export --controller) is one schedule and one acceptance "
+              "gate for every batch size: the smallest batch size's tuned one is written.",
 }
 
 
@@ -78,6 +85,8 @@ def render(fmt: str, choices: list, models: dict, version: EngineVersion, draft_
     files = {FILES[fmt]: RENDER[fmt](choices, version, draft_path, models)}
     if fmt == "hf":
         files[HF_GENERATE] = json.dumps(hf_generate_kwargs(first), indent=2) + "\n"
+    if fmt == "sglang" and adaptive(choices):
+        files[SGLANG_ADAPTIVE] = json.dumps(sglang_slots(choices), indent=2) + "\n"
     files[f"{fmt}.md"] = about(fmt, version, choices, models)
     return files
 
@@ -125,20 +134,63 @@ def sglang_arguments(policy: DecodeConfig, draft: str) -> dict:
             "speculative_num_draft_tokens": policy.stopping.gamma_max + 1}
 
 
+def adaptive(choices) -> bool:
+    """Every batch size's exported policy is SGLang's adaptive controller (a slot each)."""
+    return all(schedules.of(c.exported).controlled for c in choices)
+
+
+def sglang_slots(choices) -> dict:
+    """SGLang's --speculative-adaptive-config: one slot per batch size, each its tuned controller's knobs
+    (AdaptiveStepSlot's keys; a batch size is served by the largest slot at or below it)."""
+    return {str(c.batch_size): {"candidate_steps": list(controllers.lengths(c.exported)),
+                                **{name: getattr(c.exported.stopping, name) for name in SLOT_KNOBS}}
+            for c in choices}
+
+
+def sglang_adaptive_arguments(choices, draft: str) -> dict:
+    """SGLang's fields for its adaptive controller: the slots' file, and --speculative-num-steps at the
+    first slot's start (its middle length, where our replay starts it; SGLang starts every slot there
+    that has that length, the others at their middle)."""
+    steps = controllers.lengths(choices[0].exported)
+    start = steps[len(steps) // 2]
+    return {**sglang_arguments(choices[0].exported, draft), "speculative_num_steps": start,
+            "speculative_num_draft_tokens": start + 1, "speculative_adaptive": True,
+            "speculative_adaptive_config": SGLANG_ADAPTIVE}
+
+
 def render_sglang(choices, version, draft, models) -> str:
-    arguments = sglang_arguments(choices[0].exported, draft)
+    arguments = (sglang_adaptive_arguments(choices, draft) if adaptive(choices)
+                 else sglang_arguments(choices[0].exported, draft))
     target = models.get("target", "TARGET")
     kwargs = ", ".join(f"{k}={v!r}" for k, v in arguments.items())
-    return (f"# {version.covers}\n"
+    beside = f"# run it from this folder: --speculative-adaptive-config names {SGLANG_ADAPTIVE}\n" if adaptive(
+        choices) else ""
+    return (f"# {version.covers}\n{beside}"
             f"# python -m sglang.launch_server --model-path {target} --config sglang_config.yaml\n"
             f"# or, in Python: sglang.Engine(model_path={target!r}, {kwargs})\n"
             + yaml.safe_dump({k.replace("_", "-"): v for k, v in arguments.items()}, sort_keys=False))
+
+
+def trtllm_controller(policy: DecodeConfig) -> dict:
+    """TensorRT-LLM's keys for its own controller (trtllm-schedule): its schedule and gate, as tuned."""
+    stopping, values = policy.stopping, {}
+    if stopping.draft_len_schedule:
+        values["draft_len_schedule"] = dict(schedules.draft_len_schedule(stopping.draft_len_schedule))
+    if stopping.acceptance_rate_window_size > 0:
+        values.update(acceptance_rate_window_size=stopping.acceptance_rate_window_size,
+                      acceptance_rate_threshold=stopping.acceptance_rate_threshold)
+    return values
 
 
 def render_trtllm(choices, version, draft, models) -> str:
     config = {"decoding_type": "DraftTarget" if version.name == "legacy" else "Draft_Target",
               "speculative_model": draft, "max_draft_len": choices[0].exported.stopping.gamma_max}
     head = f"# {version.covers}\n# trtllm-serve TARGET --extra_llm_api_options trtllm_speculative.yaml\n"
+    if schedules.of(choices[0].exported).controlled:  # one schedule and gate for every batch size: the first's
+        head += (f"# its own controller as tuned at batch size {choices[0].batch_size} "
+                 f"({choices[0].exported.policy_label()})\n")
+        return head + yaml.safe_dump({"speculative_config": {**config, **trtllm_controller(choices[0].exported)}},
+                                     sort_keys=False)
     if len(choices) > 1 and version.name == "legacy":  # lower bounds: each measured B on up
         config["draft_len_schedule"] = {1 if i == 0 else c.batch_size: c.exported.stopping.gamma_max
                                         for i, c in enumerate(choices)}

@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from dspark_bench import schedules
 from dspark_bench.errors import DsparkError
 
 
@@ -23,6 +24,7 @@ class EngineVersion:
     name: str  # what --engine-version takes
     covers: str  # the version range, in words
     source: str  # where the encoding is read from
+    controllers: tuple[str, ...] = ()  # the engine's draft-length controllers it runs as replayed (schedules)
 
 
 LLAMACPP_CURRENT = EngineVersion(
@@ -43,17 +45,26 @@ LLAMACPP_LAST_LEGACY, LLAMACPP_FIRST_CURRENT = 7814, 9174
 VERSIONS = {
     "llamacpp": (LLAMACPP_CURRENT, LLAMACPP_LEGACY),
     "sglang": (EngineVersion(
-        "sglang", "0.5", "SGLang 0.5.x (checked against 0.5.23, the current release)",
+        "sglang", "0.5", "SGLang 0.5.14 and later (checked against 0.5.23, the current release)",
         "sglang/srt/utils/server_args_config_parser.py (ConfigArgumentMerger: a .yaml/.yml file, keys emitted as "
         "--<key> exactly as written, so dashed); sglang/srt/arg_groups/fields/spec.py (speculative_algorithm "
         "STANDALONE, speculative_draft_model_path, speculative_num_steps, speculative_eagle_topk, "
-        "speculative_num_draft_tokens); speculative_hook.py rewrites num_draft_tokens to num_steps + 1 at topk 1"),),
+        "speculative_num_draft_tokens); speculative_hook.py rewrites num_draft_tokens to num_steps + 1 at topk 1; "
+        "--speculative-adaptive and --speculative-adaptive-config (a JSON of per-batch-size slots) read by "
+        "sglang/srt/speculative/adaptive_spec_params.py, whose AdaptiveStepSlot is replayed (0.5.14 to 0.5.23 alike)",
+        controllers=(schedules.SGLANG_ADAPTIVE,)),
+               EngineVersion(
+        "sglang", "0.5-early", "SGLang 0.5.0 to 0.5.13 (no adaptive controller before 0.5.11; another one until "
+        "0.5.14)", "as 0.5: the same fixed-length keys; adaptive_spec_params.py's AdaptiveStepSlot differs there")),
     "trtllm": (EngineVersion(
         "trtllm", "current", "TensorRT-LLM after PR #10860 (merged 2026-03; draft_len_schedule keys are upper bounds)",
         "tensorrt_llm/llmapi/llm_args.py (DecodingBaseConfig.draft_len_schedule: 'Batch sizes 1-4: use draft_len=4 ... "
         "33+: use draft_len=0'; validate_draft_len_schedule_and_sort: the smallest key's length == max_draft_len, "
         "every length <= it; DraftTargetDecodingConfig decoding_type 'Draft_Target', speculative_model) and "
-        "tensorrt_llm/_torch/speculative/utils.py get_draft_len_for_batch_size (bisect_left, else 0)"),
+        "tensorrt_llm/_torch/speculative/utils.py get_draft_len_for_batch_size (bisect_left, else 0); "
+        "acceptance_rate_window_size and acceptance_rate_threshold (PR #12905; pyexecutor/speculation_gate.py "
+        "SpeculationGate, py_executor.py _update_batch_acceptance_rate), replayed as trtllm-schedule",
+        controllers=(schedules.TRTLLM_SCHEDULE,)),
                EngineVersion(
         "trtllm", "legacy", "TensorRT-LLM before PR #10860 (keys are lower bounds from {1: max_draft_len})",
         "Drafter.get_draft_len_for_batch_size before PR #10860 (bisect_right: the largest key <= the batch size); "
@@ -80,15 +91,25 @@ def version_for(fmt: str, requested: str | None = None) -> EngineVersion:
         return profiles[0]
     if fmt == "llamacpp":
         return llamacpp_version(requested)
-    release = re.fullmatch(r"v?(\d+)\.(\d+)(?:\.\d+)?\S*", requested.strip())
+    release = re.fullmatch(r"v?(\d+)\.(\d+)(?:\.(\d+))?\S*", requested.strip())
     if fmt == "vllm" and release:  # the per-batch-size field arrived in 0.24.0
         return profiles[0] if (int(release.group(1)), int(release.group(2))) >= (0, 24) else profiles[1]
+    if fmt == "sglang" and release and release.group(3) and (int(release.group(1)), int(release.group(2))) == (0, 5):
+        return profiles[0] if int(release.group(3)) >= 14 else profiles[1]  # the replayed controller from 0.5.14
     for profile in profiles:  # its name, or a release of its series (sglang "0.5": 0.5.23, 0.5.9, ...)
         if requested == profile.name or (release and requested.startswith(profile.name + ".")):
             return profile
     names = ", ".join(p.name for p in profiles)
     raise DsparkError(f"--engine-version {requested!r}: {fmt} exports are written for {names} "
                       f"({'; '.join(p.covers for p in profiles)})")
+
+
+def lacks(version: EngineVersion, config) -> list[str]:
+    """Why `version` cannot run `config` (a DecodeConfig) as replayed: an engine controller it lacks."""
+    name = config.stopping.schedule
+    if not schedules.of(config).controlled or name in version.controllers:
+        return []
+    return [f"the {name} controller as replayed ({version.covers} lacks it)"]
 
 
 def llamacpp_version(requested: str) -> EngineVersion:

@@ -38,8 +38,8 @@ def chosen_kinds(ranked: pd.DataFrame, top: int, shipped: frozenset = frozenset(
     policies in all (`--confirm-top`) — the best, then the best of each kind the headroom compares
     that is not yet among them (a per-row rule on the learned signal, each cost-aware schedule), then the next best —
     and beside them the depth policy where there is one, each engine controller tuned (its best) and at its
-    engine's defaults (`shipped`: their config ids; sections/controllers.py sets them side by side), and
-    the best fixed γ: the reference every verdict is paired against."""
+    engine's defaults (`shipped`: their config ids) with our best beside them (sections/controllers.py sets
+    them side by side), and the best fixed γ: the reference every verdict is paired against."""
     baseline = schedules.where(ranked, baseline=True)
     # The depth policy, where a sweep composed one, is timed beside the `top` single policies (its
     # verdict is against the best of them: sections/depth.py), whatever --confirm-top leaves out.
@@ -50,7 +50,8 @@ def chosen_kinds(ranked: pd.DataFrame, top: int, shipped: frozenset = frozenset(
              *(scheduled[scheduled["schedule"] == name] for name in schedules.names(cost_aware=True))]
     leaders = pd.concat([scheduled.head(1), *(kind.head(1) for kind in kinds), scheduled])
     controlled = ranked[schedules.where(ranked, controlled=True)]
-    engines = [controlled.drop_duplicates("schedule"), controlled[controlled["config_id"].isin(shipped)]]
+    ours = scheduled[~schedules.where(scheduled, controlled=True)].head(1 if len(controlled) else 0)  # beside them
+    engines = [controlled.drop_duplicates("schedule"), controlled[controlled["config_id"].isin(shipped)], ours]
     return [leaders.drop_duplicates("config_id").head(top), depth, *engines, ranked[baseline].head(1)]
 
 
