@@ -353,8 +353,8 @@ def expand(space: dict, base: DecodeConfig = DEFAULTS, strict: bool = True) -> l
     goodput reads (and, as from_dict sets them, the knobs a schedule fixes). `strict`: a combination
     DecodeConfig refuses is an error (run: the flags asked for it); otherwise combinations that break
     a constraint between knobs (min_draft_len > gamma_max, ngram_min > ngram_max, heads or lookup at
-    batch size > 1, the budget schedule with an engine rule or a quorum) are left out (a search space
-    crosses every value with every other), and any other is an error.
+    batch size > 1, the budget schedule with an engine rule or a quorum, a controller with a quorum) are
+    left out (a search space crosses every value with every other), and any other is an error.
     """
     names = list(space)
     first_threshold = space["threshold"][0] if space.get("threshold") else base.stopping.threshold
@@ -393,4 +393,5 @@ def _knobs_agree(params: dict) -> bool:
             and (params["drafter"] == "model" or params["batch_size"] == 1)
             and (params["metric"] != LEARNED or params["drafter"] == "model")
             and (not schedules.named(params["schedule"]).whole_batch
-                 or (params["semantics"] != "llamacpp" and params["batch_quorum"] == 0)))
+                 or (params["semantics"] != "llamacpp" and params["batch_quorum"] == 0))
+            and (not schedules.named(params["schedule"]).controlled or params["batch_quorum"] == 0))

@@ -260,7 +260,7 @@ def walks(rec: Record, configs: list[DecodeConfig], surface: CostSurface, refill
             if per_request is not None:
                 yield {"config_id": -1, "batch_size": b, "predicted_time": baseline[b], **per_request(first, end)}
     fail = np.empty(matches.shape, dtype=np.int64)
-    last_key = None
+    last_key, made = None, {}  # made: the controllers' round plans, shared
     forced_steps, keep, discard_below = rule_arrays(configs)
     order = sorted(range(len(configs)), key=lambda c: (signal_of[c], forced_steps[c], keep[c], tuple(thresholds[c])))
     for c in order:
@@ -269,7 +269,8 @@ def walks(rec: Record, configs: list[DecodeConfig], surface: CostSurface, refill
         if schedules.of(config).whole_batch:  # its rows decide together: a walk of its own
             row = walk_budget(rec, config, draft, verify, prefill_spec, refill, matches, eos, arrive, first, end)[0]
         elif schedules.of(config).controlled:  # one controller sets every row's length: so does its walk
-            row = walk_controlled(rec, config, draft, verify, prefill_spec, refill, matches, arrive, first, end)
+            row = walk_controlled(rec, config, draft, verify, prefill_spec, refill, matches, arrive, first, end,
+                                  made=made)
         else:
             key = (signal_of[c], forced_steps[c], keep[c], tuple(thresholds[c]))
             if key != last_key:  # policies that stop at the same draft steps share one failure table
@@ -310,13 +311,13 @@ def walk_budget(rec: Record, config: DecodeConfig, draft: np.ndarray, verify: np
 
 def walk_controlled(rec: Record, config: DecodeConfig, draft: np.ndarray, verify: np.ndarray, prefill: np.ndarray,
                     refill: bool, matches: np.ndarray, arrive: np.ndarray, first: np.ndarray,
-                    end: np.ndarray, chosen: list | None = None) -> dict:
+                    end: np.ndarray, chosen: list | None = None, made: dict | None = None) -> dict:
     """One engine controller's policy at its batch size, as the batched decoder serves it: before
     each step the controller picks one length for every row (each row's round the fixed draft of
     that length there, `round_plans`), after it is fed every row's accepted count; priced as
     `_walk_batched` prices a step (padded and packed). Its predicted times and totals (TOTALS);
-    `chosen` receives each step's (rows, length picked, mean accepted)."""
-    plans, controller = round_plans(rec, config), controllers.start(config)
+    `chosen` receives each step's (rows, length picked, mean accepted); `made`: round_plans' shared plans."""
+    plans, controller = round_plans(rec, config, made), controllers.start(config)
     B, P = config.batching.batch_size, len(rec.lengths)
     slot_p, slot_j = np.full(B, -1), np.zeros(B, np.int64)
     counts = np.zeros(len(TOTALS), dtype=np.int64)

@@ -155,19 +155,22 @@ def round_plan(rec: Record, config: DecodeConfig):
     return drafted, forwards, reason, limit
 
 
-def round_plans(rec: Record, config: DecodeConfig) -> dict:
+def round_plans(rec: Record, config: DecodeConfig, made: dict | None = None) -> dict:
     """`round_plan` of every round the policy may run: {None: its plan}; under an engine's controller
     {steps: the plan of a fixed draft of that many steps} for each of its candidates (0: nothing
-    drafted, as the decoder's round with no room: reason "budget")."""
+    drafted, as the decoder's round with no room: reason "budget"). `made`: plans already made on
+    `rec`, by round policy (many controllers share their lengths' plans), kept up to date."""
     if not schedules.of(config).controlled:
         return {None: round_plan(rec, config)}
+    made = {} if made is None else made
     plans = {}
     for steps in controllers.lengths(config):
-        if steps == 0:
+        policy = round_policy(config, steps) if steps else None
+        if policy not in made:
             nothing = np.zeros(rec.rollout.shape[:2], dtype=np.int64)
-            plans[steps] = (nothing, nothing, np.full_like(nothing, STOP_REASONS.index("budget")), nothing)
-        else:
-            plans[steps] = round_plan(rec, round_policy(config, steps))
+            made[policy] = (round_plan(rec, policy) if steps else
+                            (nothing, nothing, np.full_like(nothing, STOP_REASONS.index("budget")), nothing))
+        plans[steps] = made[policy]
     return plans
 
 

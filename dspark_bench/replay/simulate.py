@@ -56,13 +56,14 @@ from dspark_bench.replay.tables import record_depths, tables  # noqa: F401 (reco
 # --- simulation, one policy at a time ---------------------------------------------------------
 
 
-def simulate(rec: Record, config: DecodeConfig) -> list[list[Round]]:
-    """The decoder's rounds for every prompt, from the record alone (greedy only)."""
+def simulate(rec: Record, config: DecodeConfig, made: dict | None = None) -> list[list[Round]]:
+    """The decoder's rounds for every prompt, from the record alone (greedy only). `made`: an engine
+    controller's round plans already made on `rec` (rounds.round_plans)."""
     check_replayable(rec, config)
     if schedules.of(config).whole_batch and config.batching.batch_size > 1:
         raise DsparkError("the budget schedule's rounds depend on the whole batch: "
                           "replay.batched.walk_budget walks them")
-    plans = round_plans(rec, config)
+    plans = round_plans(rec, config, made)
     # An engine's controller picks each round's plan; one runs on across the prompts, as in a server.
     controller = controllers.start(config)
     per_round = round_forwards(config)
@@ -328,9 +329,9 @@ def _with_walked(rec: Record, configs: list[DecodeConfig], walked: list[int],
     """simulate_grid_by_depth's tables with the policies at `walked` walked by `simulate_priced`."""
     rest = [i for i in range(len(configs)) if i not in set(walked)]
     parts = [simulate_grid_by_depth(rec, [configs[i] for i in rest], cost)] if rest else []
-    ids = [rest] if rest else []
+    ids, made = ([rest] if rest else []), {}
     for i in walked:
-        parts.append(simulate_priced(rec, configs[i], cost))
+        parts.append(simulate_priced(rec, configs[i], cost, made))
         ids.append([i])
     tables, by_depth = [], []
     for (table, depth_rows), order in zip(parts, ids):
@@ -341,15 +342,15 @@ def _with_walked(rec: Record, configs: list[DecodeConfig], walked: list[int],
     return table, pd.concat(by_depth, ignore_index=True).sort_values(["config_id"], kind="stable", ignore_index=True)
 
 
-def simulate_priced(rec: Record, config: DecodeConfig,
-                    cost: "CostModel | None" = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+def simulate_priced(rec: Record, config: DecodeConfig, cost: "CostModel | None" = None,
+                    made: dict | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """`simulate_grid_by_depth`'s two tables for one policy walked round by round by `simulate`:
     what prices a policy the grid's walk cannot take, a depth schedule's (its threshold and γ_max
     change with the round's depth)."""
     depths, bucket, draft_cost, verify_cost = position_costs(rec, cost, config.drafting.drafter)
     counts, verify = np.zeros((1, 5), dtype=np.int64), np.zeros(1)
     by_depth = np.zeros((1, len(DEPTH_LABELS), 8))
-    for p, rounds in enumerate(simulate(rec, config)):
+    for p, rounds in enumerate(simulate(rec, config, made)):
         j = 0
         for r in rounds:
             spent = float(verify_cost[p, j, r.drafted])

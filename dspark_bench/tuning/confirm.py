@@ -33,13 +33,14 @@ MEASURED = ["speedup", "speedup_low", "speedup_high", "baseline_tokens_per_s", "
             "spec_latency_per_token_s", "baseline_latency_per_token_s", "layout"]
 
 
-def chosen_kinds(ranked: pd.DataFrame, top: int, shipped: frozenset = frozenset()) -> list[pd.DataFrame]:
+def chosen_kinds(ranked: pd.DataFrame, top: int, shipped: dict | None = None) -> list[pd.DataFrame]:
     """What `confirm` times of one batch size's and drafter's policies, ranked best first: `top`
     policies in all (`--confirm-top`) — the best, then the best of each kind the headroom compares
     that is not yet among them (a per-row rule on the learned signal, each cost-aware schedule), then the next best —
     and beside them the depth policy where there is one, each engine controller tuned (its best) and at its
-    engine's defaults (`shipped`: their config ids) with our best beside them (sections/controllers.py sets
-    them side by side), and the best fixed γ: the reference every verdict is paired against."""
+    engine's defaults (`shipped`: a controller policy's config id -> its defaults') with our best beside
+    them (sections/controllers.py sets them side by side), and the best fixed γ: the reference every
+    verdict is paired against."""
     baseline = schedules.where(ranked, baseline=True)
     # The depth policy, where a sweep composed one, is timed beside the `top` single policies (its
     # verdict is against the best of them: sections/depth.py), whatever --confirm-top leaves out.
@@ -49,9 +50,10 @@ def chosen_kinds(ranked: pd.DataFrame, top: int, shipped: frozenset = frozenset(
     kinds = [per_row[per_row["metric"] == LEARNED],  # a stopping rule on the learned signal
              *(scheduled[scheduled["schedule"] == name] for name in schedules.names(cost_aware=True))]
     leaders = pd.concat([scheduled.head(1), *(kind.head(1) for kind in kinds), scheduled])
-    controlled = ranked[schedules.where(ranked, controlled=True)]
-    ours = scheduled[~schedules.where(scheduled, controlled=True)].head(1 if len(controlled) else 0)  # beside them
-    engines = [controlled.drop_duplicates("schedule"), controlled[controlled["config_id"].isin(shipped)], ours]
+    tuned = ranked[schedules.where(ranked, controlled=True)].drop_duplicates("schedule")
+    defaults = [(shipped or {}).get(int(i)) for i in tuned["config_id"]]
+    ours = scheduled[~schedules.where(scheduled, controlled=True)].head(1 if len(tuned) else 0)  # beside them
+    engines = [tuned, ranked[ranked["config_id"].isin([i for i in defaults if i is not None])], ours]
     return [leaders.drop_duplicates("config_id").head(top), depth, *engines, ranked[baseline].head(1)]
 
 
@@ -90,8 +92,8 @@ def confirm(table: pd.DataFrame, configs: list[DecodeConfig], records: dict, spe
     ranked = rank(table, objective.name, objective.column("replay"))
     # Per batch size (which policy wins depends on what a step costs at B) and drafter: each kind
     # the headroom compares.
-    shipped = frozenset(configs.index(controllers.shipped(c)) for c in configs if schedules.of(c).controlled
-                        and controllers.shipped(c) in configs)
+    shipped = {i: configs.index(controllers.shipped(c)) for i, c in enumerate(configs) if schedules.of(c).controlled
+               and controllers.shipped(c) in configs}
     chosen = pd.concat([part for _, by_batch in ranked.groupby(["batch_size", "drafter"], sort=True)
                         for part in chosen_kinds(by_batch, spec.confirm_top, shipped)]).drop_duplicates("config_id")
     shared = same_work([int(i) for i in chosen["config_id"]], configs, records)
