@@ -185,8 +185,9 @@ def test_a_batched_server_runs_one_controller_for_the_batch(recorded, batch_size
     the output is the target's own, the length moved, and replay's walk of the same server
     (replay.batched.walk_controlled) counts the decoder's rounds, drafts and acceptances."""
     pair, rec = recorded
-    for setting in CONTROLLED[1:]:
-        config = policy(setting, max_new_tokens=N, batch_size=batch_size)
+    schedule = DecodeConfig.of(schedule="trtllm-schedule", draft_len_schedule="1:4,2:2,3:1", max_new_tokens=N,
+                               batch_size=batch_size)  # its length follows the step's live rows
+    for config in [policy(setting, max_new_tokens=N, batch_size=batch_size) for setting in CONTROLLED[1:]] + [schedule]:
         requests = batched_speculative(pair.target, pair.draft, PROMPTS, config, batch_size)
         for request, prompt in zip(requests, PROMPTS):
             assert request.result.tokens == autoregressive_decode(pair.target, prompt, config).tokens

@@ -199,7 +199,8 @@ class SpeculativeStep:
         # Each row's round runs the policy of its own depth (the depth schedule: its bucket's), or the
         # length an engine's controller picks for the whole step (round_start).
         proposals = [Proposal.start(*round_start(config, len(r.seq), self.controller, config.verification.max_new_tokens
-                                                 - len(r.result.tokens) - 1), batched=True) for r in requests]
+                                                 - len(r.result.tokens) - 1, len(requests)), batched=True)
+                     for r in requests]
         self.draft_loop(requests, proposals)
         feeds = [r.seq[self.target.lengths[i] :] + p.tokens for i, (r, p) in enumerate(zip(requests, proposals))]
         # Each row's block, copied from the host before the target pass is queued (on CUDA a copy

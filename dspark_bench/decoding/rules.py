@@ -49,13 +49,13 @@ def round_policies(config: DecodeConfig) -> tuple[DecodeConfig, ...]:
     return tuple(dict.fromkeys(bucket_policies(config))) if schedules.of(config).by_depth else (config,)
 
 
-def round_start(config: DecodeConfig, depth: int, controller, budget: int) -> tuple[DecodeConfig, int]:
+def round_start(config: DecodeConfig, depth: int, controller, budget: int, rows: int = 1) -> tuple[DecodeConfig, int]:
     """The policy a round starting at this context depth runs and what it may draft at most: under
-    an engine's controller (controllers.py) the fixed length it picks now, within `budget`; else
-    `at_depth`'s policy and `budget`."""
+    an engine's controller (controllers.py) the fixed length it picks now for a step of `rows` rows,
+    within `budget`; else `at_depth`'s policy and `budget`."""
     if controller is None:
         return at_depth(config, depth), budget
-    steps = controller.steps()
+    steps = controller.steps(rows)
     return controllers.round_policy(config, steps), controllers.round_budget(steps, budget)
 
 

@@ -2,11 +2,12 @@
 
 Their own file formats (`files`: each engine's config rendered and parsed back), the versions a
 file is written for and the source lines that fix their meaning (`versions`), export of a tuned
-policy in an engine's vocabulary (`export`), and llama.cpp run for real: its `llama-server`
-found, started, queried and always stopped (`llama_server`), `run --decoder llamacpp` beside our
-decoder and replay (`llamacpp_run`), its own prices measured (`llamacpp_prices`), a sweep's best
-confirmed in it (`llamacpp_confirm`), and the target's continuations written by an engine or by
-our decoder (`continuations`); what they lend a sweep priced on an engine's costs, per engine (`registry`).
+policy in an engine's vocabulary (`export`; the run's policies it reads, `run_policies`), and
+llama.cpp run for real: its `llama-server` found, started, queried and always stopped
+(`llama_server`), `run --decoder llamacpp` beside our decoder and replay (`llamacpp_run`), its own
+prices measured (`llamacpp_prices`), a sweep's best confirmed in it (`llamacpp_confirm`), and the
+target's continuations written by an engine or by our decoder (`continuations`); what they lend a
+sweep priced on an engine's costs, per engine (`registry`).
 
 Below the search: `tuning` knows engines only through this layer. May import `harness` (the
 pair, its GGUF files, the runner), `analysis`, `replay`, `decoding`, `tasks`, `reference` and the
