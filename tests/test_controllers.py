@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -332,3 +333,21 @@ def test_a_controller_replayed_from_a_sampled_record_is_the_real_process_in_expe
     replayed = table[["rounds", "drafted_total", "accepted_total"]].to_numpy()[0] / sequences
     assert np.allclose(real, replayed, rtol=0.05), (real, replayed)
     assert len({x.drafted for r in decodes for x in r}) >= 2
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--schedule", "sglang-adaptive", "--ema-alpha", "0"], r"ema_alpha must be in \(0, 1\]"),
+    (["--schedule", "sglang-adaptive", "--candidate-steps", "3,-1"], "negative draft length"),
+    (["--schedule", "sglang-adaptive", "--candidate-steps", " "], "candidate_steps is empty"),
+    (["--schedule", "trtllm-schedule", "--draft-len-schedule", "4:2,8:4"], "smallest batch size's length"),
+    (["--schedule", "sglang-adaptive", "--set", "ema_beta=0.3"], "ema_beta"),
+    (["--ema-alpha", "0.5"], "--ema-alpha has no effect here"),
+])
+def test_a_bad_controller_knob_ends_a_sweep_in_one_line_before_any_work(flags, message, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "earlier.txt").write_text("an earlier result")
+    result = invoke("sweep", "--task", "code", *flags, "--out", tmp_path / "out")
+    assert result.exit_code == 1, result.output
+    assert re.search(message, one_error_line(result))
+    assert [p.name for p in (tmp_path / "out").iterdir()] == ["earlier.txt"]  # nothing written, nothing lost

@@ -157,7 +157,7 @@ def test_every_benchmarks_path_and_command_cited_exists():
 
 
 # "`dspark-bench sweep …`" and the counts a page states for it: "N policies", "N (held-out) (code) prompts".
-COMMAND = re.compile(r"dspark-bench sweep((?: +(?:--?[\w-]+|[\w./,]+))*)")
+COMMAND = re.compile(r"dspark-bench sweep((?: +(?:--?[\w-]+|[\w./,][\w./,-]*))*)")  # values may hold "-"
 COUNT = re.compile(r"\b(\d[\d,]*) (policies|(?:held-out )?(?:code )?prompts)\b(?! ?/)")
 
 
