@@ -8,6 +8,7 @@ import json
 from dataclasses import dataclass
 from typing import ClassVar
 
+from dspark_bench.config import DecodeConfig
 from dspark_bench.sections import registry
 from dspark_bench.sections.base import END, UNDER_HEADLINE, Line, ReportView, SweepFacts
 from dspark_bench.sections.depth import DepthSearch
@@ -59,8 +60,8 @@ def test_the_console_and_the_report_take_each_section_from_the_registration():
 
 def test_a_new_section_is_one_class_and_one_registration(monkeypatch):
     @dataclass(frozen=True)
-    class Controllers:
-        KEYS: ClassVar[tuple[str, ...]] = ("controllers",)
+    class Queue:
+        KEYS: ClassVar[tuple[str, ...]] = ("queue",)
         ABSENT: ClassVar[dict] = {}
         CONSOLE_AT: ClassVar[int] = UNDER_HEADLINE
         REPORT_AT: ClassVar[str] = END
@@ -73,25 +74,26 @@ def test_a_new_section_is_one_class_and_one_registration(monkeypatch):
 
         @classmethod
         def from_json(cls, summary):
-            return cls(**summary["controllers"]) if summary.get("controllers") else None
+            return cls(**summary["queue"]) if summary.get("queue") else None
 
         def to_json(self):
-            return {"controllers": {"steps": self.steps}}
+            return {"queue": {"steps": self.steps}}
 
         def console(self):
             return [Line(f"{self.steps} steps")]
 
         @classmethod
         def report_blocks(cls, found, view):
-            return [("p", f"{len(found)} sweep(s) with controllers")]
+            return [("p", f"{len(found)} sweep(s) with a queue")]
 
-    monkeypatch.setattr(registry, "SECTIONS", (*registry.SECTIONS, Controllers))
-    (result,) = [r for r in registry.computed(_facts([1, 2, 3])) if isinstance(r, Controllers)]
+    monkeypatch.setattr(registry, "SECTIONS", (*registry.SECTIONS, Queue))
+    facts = _facts([DecodeConfig.of(gamma_max=g) for g in (1, 2, 3)])
+    (result,) = [r for r in registry.computed(facts) if isinstance(r, Queue)]
     summary = registry.summary_json([result], prices=None)
-    assert list(summary)[-1] == "controllers" and summary["controllers"] == {"steps": 3}
+    assert list(summary)[-1] == "queue" and summary["queue"] == {"steps": 3}
     assert registry.console(registry.read(summary), UNDER_HEADLINE) == [Line("3 steps")]
     view = ReportView(several=False, short=str, policy=lambda run_id, label: None)
-    assert registry.report_blocks({"sweep-a": summary}, view, END) == [("p", "1 sweep(s) with controllers")]
+    assert registry.report_blocks({"sweep-a": summary}, view, END) == [("p", "1 sweep(s) with a queue")]
 
 
 def _facts(configs: list):

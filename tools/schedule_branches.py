@@ -18,7 +18,8 @@ import ast
 import sys
 from pathlib import Path
 
-NAMES = {"threshold", "ramp", "cumulative", "fixed", "goodput", "budget", "depth", "sglang-adaptive"}
+NAMES = {"threshold", "ramp", "cumulative", "fixed", "goodput", "budget", "depth", "sglang-adaptive",
+         "trtllm-schedule"}
 GROUPS = {"COST_AWARE", "SCHEDULES", "THRESHOLD_SCHEDULES"}
 
 

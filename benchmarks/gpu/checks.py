@@ -35,9 +35,14 @@ def greedy_policies(max_new_tokens: int):
         semantics = "dspark" if schedule == "budget" else SEMANTICS[i % len(SEMANTICS)]
         # the depth schedule: this threshold and γ_max in the first depth bucket, half the threshold deeper
         depth_policy = "0.4/4,0.2/4" if schedules.named(schedule).by_depth else ""
+        # an engine's controller: lengths up to 4 as well, moving from the first steps (SGLang's) or with
+        # the rows (TensorRT-LLM's)
+        controller = ({"candidate_steps": "0,1,2,4", "warmup_batches": 0, "update_interval": 1,
+                       "draft_len_schedule": "1:4,2:2"} if schedules.named(schedule).controlled else {})
+        controller = {k: v for k, v in controller.items() if k in schedules.named(schedule).reads}
         yield DecodeConfig.of(metric=metric, schedule=schedule, threshold=0.4, threshold_start=0.2, threshold_end=0.6,
                               gamma_max=4, min_draft_len=i % 3, max_new_tokens=max_new_tokens, semantics=semantics,
-                              depth_policy=depth_policy,
+                              depth_policy=depth_policy, **controller,
                               goodput_model=GOODPUT_MODEL if schedule in ("goodput", "budget") else "")
 
 

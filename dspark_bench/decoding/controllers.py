@@ -30,9 +30,10 @@ class AdaptiveSteps:
     up_hysteresis; `ceiling_coeff` > 0 caps a length kept or lowered at ceil(EMA × coeff). At 0
     (no drafting) the EMA stands still and the next decision probes the next candidate up.
 
-    One slot serves every batch size (an exported config has one slot: engines/export.py). It
-    starts at the middle candidate: what SGLang sets --speculative-num-steps to under
-    --speculative-adaptive when it is not given (_init_adaptive_speculative_params)."""
+    A policy is one slot, for every batch size it serves (an export writes one slot per batch size
+    swept: engines/files.py). It starts at the middle candidate: what SGLang sets
+    --speculative-num-steps to under --speculative-adaptive when it is not given
+    (_init_adaptive_speculative_params)."""
 
     def __init__(self, policy):
         self.candidates = schedules.candidate_steps(policy.candidate_steps)
@@ -127,10 +128,7 @@ class ScheduleAndGate:
     def steps(self, rows: int = 1) -> int:
         if self.off:
             return 0
-        if not self.schedule:
-            return self.most
-        at = bisect.bisect_left([size for size, _ in self.schedule], rows)
-        return self.schedule[at][1] if at < len(self.schedule) else 0
+        return schedule_length(self.schedule, rows) if self.schedule else self.most
 
     def observe(self, accepted: list[int], drafted: list[int]) -> None:
         if self.off or self.window <= 0 or sum(drafted) <= 0:  # a step that drafted nothing is no sample
@@ -143,6 +141,13 @@ class ScheduleAndGate:
         self.recorded += 1
         if self.recorded >= self.window and self.total / len(self.rates) < self.threshold:
             self.off = True
+
+
+def schedule_length(schedule: tuple[tuple[int, int], ...], rows: int) -> int:
+    """TensorRT-LLM's length for a step of `rows` rows from its (batch size, length) pairs, ascending:
+    the smallest batch size at or above `rows` (bisect_left), 0 above the largest."""
+    at = bisect.bisect_left([size for size, _ in schedule], rows)
+    return schedule[at][1] if at < len(schedule) else 0
 
 
 CONTROLLERS = {schedules.SGLANG_ADAPTIVE: AdaptiveSteps, schedules.TRTLLM_SCHEDULE: ScheduleAndGate}

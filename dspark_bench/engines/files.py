@@ -9,7 +9,6 @@ caveats and the lines that load it. versions.py holds the versions and their sou
 
 from __future__ import annotations
 
-import bisect
 import json
 import shlex
 
@@ -73,10 +72,8 @@ def trtllm_schedule(lengths: dict[int, int]) -> dict[int, int]:
 
 def trtllm_lookup(schedule: dict[int, int], batch_size: int) -> int:
     """TensorRT-LLM's rule for a batch size, as tensorrt_llm/_torch/speculative/utils.py
-    get_draft_len_for_batch_size has it: bisect_left over the sorted keys, 0 past the last."""
-    bounds = sorted(schedule)
-    index = bisect.bisect_left(bounds, batch_size)
-    return schedule[bounds[index]] if index < len(bounds) else 0
+    get_draft_len_for_batch_size has it (decoding/controllers.schedule_length, its controller's)."""
+    return controllers.schedule_length(tuple(sorted(schedule.items())), batch_size)
 
 
 def render(fmt: str, choices: list, models: dict, version: EngineVersion, draft_path: str) -> dict[str, str]:

@@ -134,7 +134,7 @@ class EngineControllers(OneKey):
     beside the best fixed γ and our best policy, and where each controller's steps are (FILE)."""
 
     KEYS: ClassVar[tuple[str, ...]] = ("controllers",)
-    ABSENT: ClassVar[dict] = {"controllers": None}
+    ABSENT: ClassVar[dict] = {}  # nothing where no controller was searched: earlier summaries keep their keys
     CONSOLE_AT: ClassVar[int] = UNDER_HEADLINE
     REPORT_AT: ClassVar[str] = END
 
