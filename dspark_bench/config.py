@@ -48,9 +48,13 @@ def read_by_schedule(name: str) -> Needs:
     return Needs(f"a schedule that reads it ({' or '.join(readers)})", lambda w, c: name in schedules.of(c).reads)
 
 
-def controller_knob(name: str, default, help: str, **limits):
-    """An engine controller's knob: searched (several values: a grid axis), needing its schedule."""
-    return knob(default, help, searched=True, repeats=True, needs=read_by_schedule(name), **limits)
+def controller_knob(name: str, default, help: str, needs: Needs | None = None, **limits):
+    """An engine controller's knob: searched (several values: a grid axis), needing its schedule (or `needs`)."""
+    return knob(default, help, searched=True, repeats=True, needs=needs or read_by_schedule(name), **limits)
+
+
+GATED = Needs("trtllm-schedule with its gate on (--acceptance-rate-window-size above 0)", lambda w, c: (
+    "acceptance_rate_threshold" in schedules.of(c).reads and c.stopping.acceptance_rate_window_size > 0))
 
 
 SAMPLED = Needs("a temperature above 0 (greedy verification samples nothing)", lambda w, c: not c.greedy)
@@ -108,8 +112,7 @@ class StoppingPolicy:
     signal_model: str = knob("", "Metric learned: the fitted signal, a replay sweep's folder (or its "
                              "learned_signal.json).", path=True,
                              needs=Needs("the learned metric", lambda w, c: c.stopping.metric == LEARNED))
-    # An engine controller's knobs (decoding/controllers.py), by the engine's own names: SGLang's adaptive
-    # steps (defaults: SGLang 0.5.23's slot for batch size 1), TensorRT-LLM's schedule and acceptance gate.
+    # An engine controller's knobs (decoding/controllers.py), by its own names (SGLang's: its slot for B = 1).
     candidate_steps: str = controller_knob("candidate_steps", "1,3,5,7", schedules.CANDIDATE_STEPS_HELP,
                                            check=lambda p: schedules.candidate_steps(p.candidate_steps))
     ema_alpha: float = controller_knob("ema_alpha", 0.2, "sglang-adaptive: the weight of the latest step's mean "
@@ -130,7 +133,7 @@ class StoppingPolicy:
                                                        "whose acceptance the gate averages (0: no gate).", at_least=0)
     acceptance_rate_threshold: float = controller_knob("acceptance_rate_threshold", 0.0, "trtllm-schedule: below "
                                                        "this mean acceptance the gate switches drafting off for good.",
-                                                       at_least=0, at_most=1)
+                                                       at_least=0, at_most=1, needs=GATED)
 
     def __post_init__(self) -> None:
         check_declared(self)
