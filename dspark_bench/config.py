@@ -261,7 +261,6 @@ FIELDS = {f.name: part for part, cls in PARTS.items() for f in dataclasses.field
 _FIELD_SPECS = [f for cls in PARTS.values() for f in dataclasses.fields(cls)]
 KNOBS = {f.name: f for f in _FIELD_SPECS}  # every knob's declaration (knob()), by its flat name
 POLICY_FIELDS = tuple(f.name for f in _FIELD_SPECS if f.metadata.get("policy"))
-CONTROLLER_FIELDS = schedules.controller_knobs()  # an engine controller's knobs, which only it reads
 SEARCHABLE_FIELDS = tuple(f.name for f in _FIELD_SPECS if f.metadata.get("searched"))
 
 
@@ -381,7 +380,7 @@ def expand(space: dict, base: DecodeConfig = DEFAULTS, strict: bool = True) -> l
         if params["metric"] != LEARNED:
             params["signal_model"] = ""  # only the learned metric reads it
         # only a controller reads its knobs (and a gate's threshold, only a gate: window > 0)
-        params.update({name: KNOBS[name].default for name in CONTROLLER_FIELDS if name not in schedule.reads
+        params.update({name: KNOBS[name].default for name in schedules.controller_knobs() if name not in schedule.reads
                        or (name == "acceptance_rate_threshold" and not params["acceptance_rate_window_size"])})
         try:
             out.append(from_dict(params))

@@ -18,7 +18,7 @@ import functools
 import math
 
 from dspark_bench import schedules
-from dspark_bench.config import CONTROLLER_FIELDS, KNOBS, DecodeConfig
+from dspark_bench.config import KNOBS, DecodeConfig
 
 
 class AdaptiveSteps:
@@ -175,7 +175,7 @@ def round_policy(config: DecodeConfig, steps: int) -> DecodeConfig:
     """The policy of a round the controller gave `steps`: a fixed draft length, every token kept
     (a 0-step round runs γ=1 with no room to draft: `round_budget`)."""
     return config.replace(schedule=schedules.BASELINE, gamma_max=max(steps, 1),
-                          **{name: KNOBS[name].default for name in CONTROLLER_FIELDS})
+                          **{name: KNOBS[name].default for name in schedules.controller_knobs()})
 
 
 def round_budget(steps: int, budget: int) -> int:
