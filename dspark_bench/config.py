@@ -67,8 +67,8 @@ class StoppingPolicy:
 
     metric: str = knob("top1", "Confidence signal the draft reads (learned: --signal-model).",
                        choices=(*METRICS, LEARNED), searched=True, repeats=True, noun="confidence metric")
-    schedule: str = knob("threshold", "Stopping rule (goodput and budget need --goodput-model; budget decides for the "
-                         "whole batch, see --budget-layout).", choices=schedules.SCHEDULES, searched=True, repeats=True)
+    schedule: str = knob("threshold", "Stopping rule (goodput, budget, vllm-adaptive: --goodput-model; budget decides "
+                         "for the whole batch).", choices=schedules.SCHEDULES, searched=True, repeats=True)
     # Every metric is normalised to [0, 1], 1 the most confident (confidence.py): one range for all.
     threshold: float = knob(0.5, "Stop drafting below this confidence.", at_least=0, at_most=1, searched=True,
                             repeats=True, needs=read_by_schedule("threshold"))
@@ -82,16 +82,14 @@ class StoppingPolicy:
     depth_policy: str = knob("", schedules.DEPTH_POLICY_HELP, repeats=True, check=schedules.check_depth_policy,
                              needs=read_by_schedule("depth_policy"))
     # The learned signal reads topk_mass among its raw signals (decoding/learned_signal.py).
-    topk: int = knob(5, "k of the topk_mass metric.", at_least=1,
-                     needs=Needs("the topk_mass or learned metric", lambda w, c: c.stopping.metric in ("topk_mass",
-                                                                                                     LEARNED)))
+    topk: int = knob(5, "k of the topk_mass metric.", at_least=1, needs=Needs(
+        "the topk_mass or learned metric", lambda w, c: c.stopping.metric in ("topk_mass", LEARNED)))
     # Batch size B > 1, padded layout: once fewer than this share of a round's rows are still
     # drafting (and every row has drafted the positions its rule always keeps: min_draft_len,
     # none under llama.cpp's), the round's draft stops for all of them, so a batch stops paying
     # for the longest drafts of a confident few. 0: each row stops on its own.
     batch_quorum: float = knob(0.0, "B > 1: stop every row's draft once fewer than this share of the rows still "
-                               "draft (0: each row on its own).", at_least=0, at_most=1, searched=True,
-                               needs=BATCHED)
+                               "draft (0: each row on its own).", at_least=0, at_most=1, searched=True, needs=BATCHED)
     # How an engine applies the rule (decoding/rules.py): SEMANTICS.
     semantics: str = knob("dspark", "Whose rule: dspark (drops the failing token) | hf (keeps it) | llamacpp (drops "
                           "it; a draft shorter than --min-draft-len is discarded).", choices=SEMANTICS, searched=True,
@@ -99,9 +97,9 @@ class StoppingPolicy:
     # The fitted files two schedules and one metric decide with: "goodput"/"budget" read a sweep
     # folder's goodput_model.json (goodput.py; they have no threshold, this is their data); metric
     # "learned" reads its learned_signal.json (learned_signal.py).
-    goodput_model: str = knob("", "The goodput and budget schedules' acceptance fit and step costs: a replay sweep's "
-                              "folder (or its goodput_model.json).", path=True,
-                              needs=Needs("a goodput or budget schedule", lambda w, c: schedules.of(c).cost_aware))
+    goodput_model: str = knob("", "The goodput and budget schedules' acceptance fit and step costs (vllm-adaptive's "
+                              "costs): a replay sweep's folder (or its goodput_model.json).", path=True,
+                              needs=Needs("goodput, budget or vllm-adaptive", lambda w, c: schedules.of(c).reads_costs))
     # "budget": the layout it prices a pass in (LAYOUTS) — padded, as the batched decoder runs, or
     # packed, as vLLM, SGLang and TensorRT-LLM run (then predicted only). One row: the same rule.
     budget_layout: str = knob("padded", "Budget schedule: price each pass as the padded layout does (its longest "
@@ -134,6 +132,9 @@ class StoppingPolicy:
     acceptance_rate_threshold: float = controller_knob("acceptance_rate_threshold", 0.0, "trtllm-schedule: below "
                                                        "this mean acceptance the gate switches drafting off for good.",
                                                        at_least=0, at_most=1, needs=GATED)
+    num_speculative_tokens_per_batch_size: str = controller_knob(
+        "num_speculative_tokens_per_batch_size", "", schedules.SPECULATIVE_TOKENS_HELP,
+        check=lambda p: schedules.speculative_tokens_table(p.num_speculative_tokens_per_batch_size))
 
     def __post_init__(self) -> None:
         check_declared(self)
@@ -175,8 +176,7 @@ class Verification:
                            "round). Batch size 1.", choices=DRAFT_MODES, policy=False, repeats=True, noun="draft mode")
     compiled: bool = knob(False, "Static KV cache and torch.compile'd draft/verify steps (CUDA graphs on a GPU), both "
                           "sides; batched on a static cache of B slots. Pays on a GPU, not on a CPU (see README).",
-                          policy=False,
-                          flag="--compile")
+                          policy=False, flag="--compile")
     temperature: float = knob(0.0, "0 = greedy verification; > 0 = lossless rejection sampling.", at_least=0.0,
                               policy=False)
     top_p: float = knob(1.0, "Nucleus filter, applied to target and draft alike.", above=0.0, at_most=1.0,
@@ -280,11 +280,11 @@ def with_defaults(values: dict) -> dict:
 
 def from_dict(values: dict) -> DecodeConfig:
     """Build a DecodeConfig from flat knobs (any left out at their defaults), refusing knobs it does not
-    know, with those its schedule fixes (Schedule.implied: the depth schedule's gamma_max, its largest)."""
+    know, with those its schedule fixes (Schedule.implied, reading every knob: the depth schedule's gamma_max)."""
     unknown = sorted(set(values) - set(FIELDS))
     if unknown:
         raise DsparkError(f"unknown decode setting(s) {', '.join(unknown)}; known: {', '.join(sorted(FIELDS))}")
-    values = {**values, **schedules.named(values.get("schedule", "")).implied(values)}
+    values = {**values, **schedules.named(values.get("schedule", "")).implied({**DEFAULTS.to_dict(), **values})}
     split = {part: {} for part in PARTS}
     for name, value in values.items():
         split[FIELDS[name]][name] = value
@@ -298,7 +298,7 @@ def check_stopping(policy: StoppingPolicy) -> None:
                           "learned_signal.json (run/decode --signal-model); a replay sweep adds learned "
                           "policies itself")
     schedule = schedules.of(policy)
-    if schedule.cost_aware and not policy.goodput_model:
+    if schedule.cost_aware and not policy.goodput_model:  # vllm-adaptive's: its controller's (a sweep gives it its own)
         raise DsparkError(f"the {policy.schedule} schedule needs a goodput model: pass --goodput-model with a replay "
                           "sweep's folder (it writes goodput_model.json)")
     if schedule.whole_batch and policy.batch_quorum > 0:
@@ -322,9 +322,9 @@ def check_drafter(config: DecodeConfig) -> None:
         raise DsparkError(f"the {drafter} drafter runs at batch size 1 only (the batched decoder drafts with a model)")
     if config.verification.compiled:
         raise DsparkError(f"--compile works with the model drafter only, not {drafter}")
-    if schedules.of(config).cost_aware:
-        raise DsparkError(f"the {config.stopping.schedule} schedule decides with the draft model's acceptance fit "
-                          f"and step cost, not the {drafter} drafter's: use another schedule")
+    if schedules.of(config).reads_costs:
+        raise DsparkError(f"the {config.stopping.schedule} schedule decides with the draft model's step costs, not "
+                          f"the {drafter} drafter's: use another schedule")
     if config.stopping.metric == LEARNED:
         raise DsparkError(f"the learned signal is fitted on the draft model's record, not the {drafter} drafter's")
     if drafter == "lookup" and config.verification.draft_mode == "verify-side":
@@ -334,8 +334,9 @@ def check_drafter(config: DecodeConfig) -> None:
 def check_combination(config: DecodeConfig) -> None:
     """The constraints between parts (each part checked its own knobs when it was built)."""
     batched = config.batching.batch_size > 1
-    if config.verification.draft_mode == "verify-side" and batched:
-        raise DsparkError("the verify-side draft mode runs at batch size 1 only (batched decoding drafts early-stop)")
+    if config.verification.draft_mode == "verify-side" and (batched or schedules.of(config).priced):
+        raise DsparkError("the verify-side draft mode runs at batch size 1 only (batched decoding drafts early-stop)"
+                          if batched else f"{config.stopping.schedule} trims drafts on the host: draft early-stop")
     check_drafter(config)
 
 
@@ -373,7 +374,7 @@ def expand(space: dict, base: DecodeConfig = DEFAULTS, strict: bool = True) -> l
                           semantics="dspark" if params["semantics"] == "hf" else params["semantics"])
         if schedule.controlled:
             params["metric"] = DEFAULTS.stopping.metric
-        if not schedule.cost_aware:
+        if not schedule.reads_costs:
             params["goodput_model"] = ""
         if not schedule.whole_batch or params["batch_size"] == 1:
             params["budget_layout"] = "padded"  # one row: both layouts are one rule

@@ -16,8 +16,10 @@ token it proposed. What differs between them, and what every other part reads:
 - whether it is the classic baseline, a fixed draft length (`baseline`), that every policy is
   compared to;
 - whether an engine's own controller picks each round's draft length from what earlier rounds
-  accepted (`controlled`: sglang-adaptive; its state carried across rounds and requests as the
-  engine keeps it, decoding/controllers.py; its knobs are config.StoppingPolicy's last);
+  accepted (`controlled`: sglang-adaptive, trtllm-schedule, vllm-adaptive; its state carried across
+  rounds and requests as the engine keeps it, decoding/controllers.py; its knobs are
+  config.StoppingPolicy's last), and whether that controller prices each step with a goodput
+  model's step costs (`priced`: vllm-adaptive, whose budget is an argmax over costs);
 - which serving engines can run it (`engines`), and how a policy of it is labelled.
 
 The rule's arithmetic lives where it runs (decoding/rules.py on the host and the device,
@@ -48,6 +50,7 @@ class Schedule:
     baseline: bool = False  # a fixed draft length: drafts gamma_max every round
     by_depth: bool = False  # a threshold and γ_max per context-depth bucket (depth_policy), none per position
     controlled: bool = False  # an engine's controller picks each round's length from earlier rounds' acceptance
+    priced: bool = False  # its controller budgets each step with a goodput model's step costs (goodput_model)
     engines: tuple[str, ...] = ()  # serving engines that can run it exactly (given the rest of the policy)
 
     def threshold_at(self, policy, position: int) -> float:
@@ -99,6 +102,11 @@ class Schedule:
                 "depth_policy": ",".join(depth_entries(text))}
 
     @property
+    def reads_costs(self) -> bool:
+        """It decides with a goodput model (goodput_model): its acceptance fit and step costs, or the costs alone."""
+        return self.cost_aware or self.priced
+
+    @property
     def one_threshold(self) -> bool:
         """It reads the `threshold` knob alone (a policy of it is drawn against that threshold)."""
         return self.reads == ("threshold",)
@@ -106,7 +114,7 @@ class Schedule:
 
 # The names other modules write policies with (a name read here, never spelt out there).
 THRESHOLD, CUMULATIVE, GOODPUT, BUDGET, DEPTH = "threshold", "cumulative", "goodput", "budget", "depth"
-SGLANG_ADAPTIVE, TRTLLM_SCHEDULE = "sglang-adaptive", "trtllm-schedule"
+SGLANG_ADAPTIVE, TRTLLM_SCHEDULE, VLLM_ADAPTIVE = "sglang-adaptive", "trtllm-schedule", "vllm-adaptive"
 SCHEDULES = {s.name: s for s in (
     Schedule(THRESHOLD, reads=("threshold",), engines=THRESHOLD_ENGINES),
     Schedule("ramp", reads=("threshold_start", "threshold_end")),
@@ -124,6 +132,8 @@ SCHEDULES = {s.name: s for s in (
         "ceiling_coeff")),
     Schedule(TRTLLM_SCHEDULE, controlled=True, engines=("trtllm",), reads=(
         "draft_len_schedule", "acceptance_rate_window_size", "acceptance_rate_threshold")),
+    Schedule(VLLM_ADAPTIVE, controlled=True, priced=True, engines=("vllm",),
+             reads=("num_speculative_tokens_per_batch_size",)),
 )}
 BASELINE = next(name for name, s in SCHEDULES.items() if s.baseline)  # "fixed": what every policy is compared to
 
@@ -273,9 +283,59 @@ def draft_len_schedule(text, check: bool = True) -> tuple[tuple[int, int], ...]:
     return tuple(pairs)
 
 
+SPECULATIVE_TOKENS_HELP = ("vllm-adaptive: first-last:K batch-size ranges, comma-separated (vLLM's "
+                           "num_speculative_tokens_per_batch_size; inclusive, from 1; a gap or batch sizes above "
+                           "the last keep the K before; each K at most gamma_max), e.g. 1-8:5,9-32:3; empty: "
+                           "gamma_max at every batch size.")
+
+
+def speculative_tokens_table(text, check: bool = True) -> tuple[tuple[int, int, int], ...]:
+    """vLLM's num_speculative_tokens_per_batch_size from its knob ("1-8:5,9-32:3"): (first, last, K)
+    batch-size ranges. `check`: refuse what vLLM's validator refuses (vllm/v1/spec_decode/dynamic/
+    utils.py `validate_and_normalize_dynamic_sd_schedule`: a bound below 1, first > last, a negative K,
+    overlapping ranges, a first range not starting at 1) in one line; unchecked, () for what does not parse."""
+    ranges = []
+    for entry in (text.split(",") if isinstance(text, str) and text.strip() else []):
+        sizes, _, length = entry.partition(":")
+        first, _, last = sizes.partition("-")
+        try:
+            ranges.append((int(first), int(last or first), int(length)))
+        except ValueError:
+            if not check:
+                return ()
+            raise DsparkError(f"num_speculative_tokens_per_batch_size entry {entry.strip()!r} is not first-last:K "
+                              "(e.g. 1-8:5,9-32:3)") from None
+    ranges.sort()
+    if not check:
+        return tuple(ranges)
+    if any(first < 1 or first > last or k < 0 for first, last, k in ranges):
+        raise DsparkError(f"num_speculative_tokens_per_batch_size {text!r}: each range needs 1 <= first <= last "
+                          "and K at least 0")
+    if any(after[0] <= before[1] for before, after in zip(ranges, ranges[1:])) or (ranges and ranges[0][0] != 1):
+        raise DsparkError(f"num_speculative_tokens_per_batch_size {text!r}: the ranges must start at 1 and not "
+                          "overlap")
+    return tuple(ranges)
+
+
+def table_length(table: tuple[tuple[int, int, int], ...], rows: int, most: int) -> int:
+    """vLLM's draft length for a step of `rows` scheduled requests (build_dynamic_sd_schedule_lookup):
+    the K of the range holding `rows`, else of the last range below it, at most `most`; no table, `most`."""
+    below = [k for first, _, k in table if first <= rows]
+    return min(below[-1], most) if below else most
+
+
 def controller_implied(schedule: Schedule, knobs: dict) -> dict:
     """What a controller's knobs fix: gamma_max, the longest length it may pick (the decoder's caches
     and replay's records are sized by it), and its lengths written as it keeps them."""
+    if schedule.name == VLLM_ADAPTIVE:  # gamma_max is vLLM's num_speculative_tokens, the table's cap (as it clamps)
+        try:
+            ranges = speculative_tokens_table(knobs.get("num_speculative_tokens_per_batch_size", ""))
+        except DsparkError:
+            return {}  # the knob's own check refuses it
+        most = knobs["gamma_max"]  # (from_dict gives every knob)
+        capped = [(a, b, min(k, most)) for a, b, k in ranges] if isinstance(most, int) else ranges
+        written = "" if all(k == most for _, _, k in capped) else ",".join(f"{a}-{b}:{k}" for a, b, k in capped)
+        return {"num_speculative_tokens_per_batch_size": written}  # every batch size at K: no table
     if schedule.name == SGLANG_ADAPTIVE:
         steps = candidate_steps(knobs.get("candidate_steps", ""), check=False)
         written = {"candidate_steps": ",".join(map(str, steps))} if steps else {}  # as SGLang keeps them
@@ -287,6 +347,9 @@ def controller_implied(schedule: Schedule, knobs: dict) -> dict:
 
 def controller_label(schedule: Schedule, policy) -> str:
     """A controller's knobs as its policy's label writes them."""
+    if schedule.name == VLLM_ADAPTIVE:
+        ranges = speculative_tokens_table(policy.num_speculative_tokens_per_batch_size, check=False)
+        return f"K={policy.gamma_max}" + "".join(f" {a}-{b}:{min(k, policy.gamma_max)}" for a, b, k in ranges)
     if schedule.name == SGLANG_ADAPTIVE:
         steps = "/".join(str(k) for k in candidate_steps(policy.candidate_steps, check=False))
         return (f"{steps} α{policy.ema_alpha:g} every{policy.update_interval} warm{policy.warmup_batches} "

@@ -219,14 +219,15 @@ def test_bad_controller_knobs_are_refused_in_one_line(knobs, message):
 
 @pytest.fixture(scope="module")
 def controller_sweep(saved_pair, prompts_file, tmp_path_factory):
-    """A replay sweep with our threshold rule and both controllers (each searching its own space, none of
-    its knobs named), at B = 1 and 2 and under two loads."""
+    """A replay sweep with our threshold rule and the three controllers (each searching its own space, none
+    of its knobs named), at B = 1 and 2 and under two loads."""
     target, draft = saved_pair
     out = tmp_path_factory.mktemp("controllers")
     result = invoke("sweep", "--target", target, "--draft", draft, "--dataset", str(prompts_file), "--out", out,
                     "--max-new-tokens", "24", "--threshold", "0.2", "--threshold", "0.6", "--gamma-max", "2",
                     "--gamma-max", "4", "--schedule", "threshold", "--schedule", "sglang-adaptive", "--schedule",
-                    "trtllm-schedule", "--batch-size", "1", "--batch-size", "2", "--arrival-rate", "50",
+                    "trtllm-schedule", "--schedule", "vllm-adaptive", "--batch-size", "1", "--batch-size", "2",
+                    "--arrival-rate", "50",
                     "--arrival-rate", "0.5", "--requests", "12", "--confirm-top", "2")
     assert result.exit_code == 0, result.output
     return next(p for p in out.iterdir() if "sweep" in p.name), result.output
@@ -245,6 +246,10 @@ def test_a_sweep_sets_each_controller_beside_fixed_and_ours(controller_sweep):
         rows = {r["role"]: r for r in batch["rows"]}
         assert {"sglang-adaptive · its defaults", "sglang-adaptive · tuned", "best fixed γ", "our best"} <= set(rows)
         assert any(role.startswith("trtllm-schedule · tuned") for role in rows)
+        assert any(role.startswith("vllm-adaptive · tuned") for role in rows)
+        vllm = here[here["schedule"] == "vllm-adaptive"]  # its tables at each K, on the sweep's own step costs
+        # its 4 tables at K = 2 and 4, one at K = 2 every batch size at K (no table): 7
+        assert len(vllm) == 7 and set(vllm["goodput_model"]) == {str((folder / "goodput_model.json").resolve())}
         own = here[here["schedule"] == "sglang-adaptive"]
         assert len(own) > 100  # its own space was searched
         assert rows["sglang-adaptive · tuned"]["predicted_speedup"] == pytest.approx(own["predicted_speedup"].max())
@@ -299,8 +304,19 @@ def test_export_writes_each_controller_in_its_engine_s_own_words(controller_swee
                  tmp_path / "old")
     assert old.exit_code == 0 and "cannot express the sglang-adaptive controller as replayed" in old.output
     assert "speculative-adaptive" not in (tmp_path / "old" / "sglang_config.yaml").read_text()
-    refused = invoke("export", folder, "--format", "vllm", "--controller", "--out", tmp_path / "vllm")
-    assert refused.exit_code == 1 and "vllm has no draft-length controller" in one_error_line(refused)
+    result = invoke("export", folder, "--format", "vllm", "--controller", "--out", tmp_path / "vllm")
+    assert result.exit_code == 0, result.output
+    written = json.loads((tmp_path / "vllm" / "speculative_config.json").read_text())
+    assert written["enable_adaptive_verification"] is True
+    table = written["num_speculative_tokens_per_batch_size"]  # each B's tuned K, as vLLM's table keeps it
+    assert [entry[0] for entry in table] == [1, 2] and all(1 <= k <= written["num_speculative_tokens"]
+                                                           for _, _, k in table)
+    old = invoke("export", folder, "--format", "vllm", "--controller", "--engine-version", "0.33.0", "--out",
+                 tmp_path / "vllm-old")
+    assert old.exit_code == 0 and "cannot express the vllm-adaptive controller as replayed" in old.output
+    assert "adaptive" not in (tmp_path / "vllm-old" / "speculative_config.json").read_text()
+    refused = invoke("export", folder, "--format", "hf", "--controller", "--out", tmp_path / "hf")
+    assert refused.exit_code == 1 and "hf has no draft-length controller" in one_error_line(refused)
 
 
 def test_a_controller_replayed_from_a_sampled_record_is_the_real_process_in_expectation():
@@ -342,6 +358,8 @@ def test_a_controller_replayed_from_a_sampled_record_is_the_real_process_in_expe
     (["--schedule", "trtllm-schedule", "--draft-len-schedule", "4:2,8:4"], "smallest batch size's length"),
     (["--schedule", "sglang-adaptive", "--set", "ema_beta=0.3"], "ema_beta"),
     (["--ema-alpha", "0.5"], "--ema-alpha has no effect here"),
+    (["--schedule", "vllm-adaptive", "--num-speculative-tokens-per-batch-size", "2-8:3"], "must start at 1"),
+    (["--schedule", "vllm-adaptive", "--evaluation", "real"], "budgets with the step costs a replay sweep measures"),
 ])
 def test_a_bad_controller_knob_ends_a_sweep_in_one_line_before_any_work(flags, message, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)

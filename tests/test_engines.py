@@ -67,7 +67,8 @@ def test_llamacpp_builds_map_to_the_flag_names_of_their_time():
     # SGLang's adaptive controller as replayed arrived in 0.5.14; before, the same fixed-length keys
     assert version_for("sglang", "0.5.14") is version_for("sglang", "0.5.23") is version_for("sglang")
     assert version_for("sglang", "0.5.9").name == version_for("sglang", "0.5.13").name == "0.5-early"
-    assert version_for("vllm", "0.23.2").name == "legacy" and version_for("vllm", "0.33.0").name == "current"
+    assert version_for("vllm", "0.23.2").name == "legacy" and version_for("vllm", "0.33.0").name == "0.24"
+    assert version_for("vllm", "0.34.0").name == "current" and version_for("vllm", "0.24").name == "0.24"
     # The current names (common/arg.cpp of b11434); --draft-max is removed there (arg_removed).
     current = llamacpp_flags(POLICY, "d.gguf", LLAMACPP_CURRENT)
     assert current == ["--spec-type", "draft-simple", "--spec-draft-model", "d.gguf", "--spec-draft-n-max", "6",

@@ -40,6 +40,8 @@ CASES = {
                                     {"schedule": "trtllm-schedule"}),
     "acceptance_rate_threshold": ("run", ["--schedule", "trtllm-schedule", "--acceptance-rate-threshold", "0.4"], {},
                                   {"schedule": "trtllm-schedule", "acceptance_rate_window_size": 16}),
+    "num_speculative_tokens_per_batch_size": ("run", ["--num-speculative-tokens-per-batch-size", "1-8:3"], {},
+                                              {"schedule": "vllm-adaptive", "goodput_model": SWEEP_FOLDER}),
     "batch_quorum": ("run", ["--batch-quorum", "0.5"], {}, {"batch_size": 4}),
     "goodput_model": ("run", ["--goodput-model", SWEEP_FOLDER], {},
                       {"schedule": "goodput", "goodput_model": SWEEP_FOLDER}),

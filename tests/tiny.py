@@ -74,8 +74,9 @@ GOODPUT_MODEL = str(Path(__file__).parent / "data" / "goodput_model.json")
 
 
 def policy(**fields):
-    """A DecodeConfig, deciding with GOODPUT_MODEL if its schedule needs one; a depth policy, unless
-    given one, runs its threshold and gamma_max in the shallowest bucket and half the threshold deeper."""
+    """A DecodeConfig, deciding with GOODPUT_MODEL if its schedule needs one (vllm-adaptive: its step
+    costs); a depth policy, unless given one, runs its threshold and gamma_max in the shallowest
+    bucket and half the threshold deeper."""
     from dspark_bench.config import DecodeConfig
 
     if fields.get("schedule") == "budget":  # it has no engine rule variant (and alone it is goodput)
@@ -83,8 +84,10 @@ def policy(**fields):
     if fields.get("schedule") == "depth" and not fields.get("depth_policy"):
         threshold, gamma = fields.get("threshold", 0.5), fields.get("gamma_max", 5)
         fields["depth_policy"] = f"{threshold:g}/{gamma},{threshold / 2:g}/{gamma}"
-    return DecodeConfig.of(**fields,
-                           goodput_model=GOODPUT_MODEL if fields.get("schedule") in ("goodput", "budget") else "")
+    from dspark_bench import schedules
+
+    costed = schedules.named(fields.get("schedule", "")).reads_costs
+    return DecodeConfig.of(**fields, goodput_model=GOODPUT_MODEL if costed else "")
 
 
 def markov_llama(transitions) -> LlamaForCausalLM:

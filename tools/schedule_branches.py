@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 NAMES = {"threshold", "ramp", "cumulative", "fixed", "goodput", "budget", "depth", "sglang-adaptive",
-         "trtllm-schedule"}
+         "trtllm-schedule", "vllm-adaptive"}
 GROUPS = {"COST_AWARE", "SCHEDULES", "THRESHOLD_SCHEDULES"}
 
 

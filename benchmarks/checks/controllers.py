@@ -1,6 +1,6 @@
 """The engines' controllers held to the engines' code and to our decoder on the shipped pair (issue 65).
 
-    python -m benchmarks.checks.controllers OUT [--limit 10] [--tokens 128]
+    python -m benchmarks.checks.controllers OUT [--limit 10] [--tokens 128] [--goodput-model SWEEP]
 
 Writes OUT/controllers.md and OUT/controllers.json:
 - SGLang: the same accepted counts to SGLang's own AdaptiveStepSlot (sglang 0.5.23, imported) and to
@@ -12,7 +12,10 @@ Writes OUT/controllers.md and OUT/controllers.json:
   batch 1, the decoder running one controller on across the prompts as a run does: rounds compared
   and rounds that differ; every output against the target's own; at B = 8 the batched server's
   rounds, drafts and acceptances against replay's walk of the same server.
-TensorRT-LLM does not import on a CPU: its vectors are tests/test_controllers.py's, from its source.
+- vLLM's adaptive verification (with --goodput-model, a sweep's step costs): at batch 1 and B = 8 as
+  above, at K = 4 with and without a per-batch-size table; how many rounds it trimmed.
+TensorRT-LLM and vLLM do not import on a CPU: their vectors are tests/test_controllers.py's and
+tests/test_adaptive_verification.py's (vLLM's computed by its own code, docs/engine-controllers.md).
 """
 
 from __future__ import annotations
@@ -83,7 +86,7 @@ def against_sglang(rec, tokens: int) -> dict:
     return {kind: {"steps": n, "same": same} for kind, (n, same) in out.items()}
 
 
-def checked_policies(tokens: int) -> list[DecodeConfig]:
+def checked_policies(tokens: int, goodput_model: str | None) -> list[DecodeConfig]:
     shipped = [controllers.shipped(DecodeConfig.of(schedule="sglang-adaptive", batch_size=b, max_new_tokens=tokens))
                .replace(batch_size=1) for b in (1, 8)]
     tuned = [policy(s, max_new_tokens=tokens) for s in (
@@ -94,14 +97,17 @@ def checked_policies(tokens: int) -> list[DecodeConfig]:
     trtllm = [DecodeConfig.of(schedule="trtllm-schedule", draft_len_schedule="1:4,8:2,32:1", max_new_tokens=tokens,
                               **gate) for gate in ({}, {"acceptance_rate_window_size": 16,
                                                          "acceptance_rate_threshold": 0.5})]
-    return shipped + tuned + trtllm
+    vllm = [] if goodput_model is None else [
+        DecodeConfig.of(schedule="vllm-adaptive", gamma_max=4, goodput_model=goodput_model, max_new_tokens=tokens,
+                        num_speculative_tokens_per_batch_size=table) for table in ("", "1-4:4,5-16:3,17-64:2")]
+    return shipped + tuned + trtllm + vllm
 
 
-def against_decoder(pair, ids: list[list[int]], rec, tokens: int) -> list[dict]:
+def against_decoder(pair, ids: list[list[int]], rec, tokens: int, goodput_model: str | None) -> list[dict]:
     rows, plain = [], [autoregressive_decode(pair.target, p, DecodeConfig.of(max_new_tokens=tokens), pair.eos_ids)
                         .tokens for p in ids]
-    for config in checked_policies(tokens):
-        state, compared, differ, outputs, lengths = None, 0, 0, 0, set()
+    for config in checked_policies(tokens, goodput_model):
+        state, compared, differ, outputs, lengths, trimmed = None, 0, 0, 0, set(), 0
         for prompt, expected, replayed in zip(ids, plain, simulate(rec, config)):
             real = speculative_decode(pair.target, pair.draft, prompt, config, pair.eos_ids, controller=state)
             state = real.controller
@@ -112,6 +118,7 @@ def against_decoder(pair, ids: list[list[int]], rec, tokens: int) -> list[dict]:
             differ += abs(len(replayed) - len(real.rounds))
             outputs += real.tokens != expected
             lengths |= {r.drafted for r in replayed}
+            trimmed += sum(r.drafted < r.draft_forwards for r in real.rounds)  # vLLM's: verified fewer than drafted
         batched = config.replace(batch_size=8)
         served = [r for q in batched_speculative(pair.target, pair.draft, ids, batched, 8, pair.eos_ids)
                   for r in q.result.rounds]
@@ -119,7 +126,7 @@ def against_decoder(pair, ids: list[list[int]], rec, tokens: int) -> list[dict]:
         walked = walk_controlled(rec, batched, np.zeros(9), np.zeros((9, G + 1)), zeros, True,
                                  match_lengths(rec), zeros, zeros.copy(), zeros.copy())
         rows.append({"policy": config.label(), "rounds_compared": compared, "rounds_differ": differ,
-                     "outputs_not_the_target_s": outputs, "lengths_run": sorted(lengths),
+                     "outputs_not_the_target_s": outputs, "lengths_run": sorted(lengths), "trimmed": trimmed,
                      "b8_rounds": [len(served), walked["rounds"]],
                      "b8_drafted": [sum(r.drafted for r in served), walked["drafted_total"]],
                      "b8_accepted": [sum(r.accepted for r in served), walked["accepted_total"]]})
@@ -131,19 +138,23 @@ def main() -> None:
     parser.add_argument("out", type=Path)
     parser.add_argument("--limit", type=int, default=10)
     parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--goodput-model", help="a sweep's folder: vLLM's adaptive verification prices with its costs")
     args = parser.parse_args()
     pair = load_pair(device="cpu")
     prompts, _, _ = load_prompts("code", None, limit=args.limit)
     ids = [encode(pair.tokenizer, p.text) for p in prompts]
     rec = record(pair, ids, args.tokens, G)
-    found = {"sglang": against_sglang(rec, args.tokens), "decoder": against_decoder(pair, ids, rec, args.tokens)}
+    found = {"sglang": against_sglang(rec, args.tokens), "decoder": against_decoder(pair, ids, rec, args.tokens,
+                                                                                     args.goodput_model)}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "controllers.json").write_text(json.dumps(found, indent=2) + "\n")
     lines = ["| against SGLang's AdaptiveStepSlot | steps | the same pick |", "|---|---:|---:|"]
     lines += [f"| {kind} | {v['steps']:,} | {v['same']:,} |" for kind, v in found["sglang"].items()]
     lines += ["", "| policy (batch 1; B = 8 as served) | rounds compared | differ | outputs not the target's | "
-              "B = 8 rounds · drafted · accepted (decoder / replay) |", "|---|---:|---:|---:|---|"]
+              "rounds trimmed | B = 8 rounds · drafted · accepted (decoder / replay) |",
+              "|---|---:|---:|---:|---:|---|"]
     lines += [f"| {r['policy']} | {r['rounds_compared']:,} | {r['rounds_differ']} | {r['outputs_not_the_target_s']} | "
+              f"{r['trimmed']:,} | "
               f"{' · '.join(f'{a}/{b}' for a, b in (r['b8_rounds'], r['b8_drafted'], r['b8_accepted']))} |"
               for r in found["decoder"]]
     (args.out / "controllers.md").write_text("\n".join(lines) + "\n")

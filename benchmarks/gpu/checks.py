@@ -36,14 +36,15 @@ def greedy_policies(max_new_tokens: int):
         # the depth schedule: this threshold and γ_max in the first depth bucket, half the threshold deeper
         depth_policy = "0.4/4,0.2/4" if schedules.named(schedule).by_depth else ""
         # an engine's controller: lengths up to 4 as well, moving from the first steps (SGLang's) or with
-        # the rows (TensorRT-LLM's)
+        # the rows (TensorRT-LLM's, vLLM's, whose budget trims on the goodput model's step costs too)
         controller = ({"candidate_steps": "0,1,2,4", "warmup_batches": 0, "update_interval": 1,
-                       "draft_len_schedule": "1:4,2:2"} if schedules.named(schedule).controlled else {})
+                       "draft_len_schedule": "1:4,2:2", "num_speculative_tokens_per_batch_size": "1-1:4,2-8:2"}
+                      if schedules.named(schedule).controlled else {})
         controller = {k: v for k, v in controller.items() if k in schedules.named(schedule).reads}
         yield DecodeConfig.of(metric=metric, schedule=schedule, threshold=0.4, threshold_start=0.2, threshold_end=0.6,
                               gamma_max=4, min_draft_len=i % 3, max_new_tokens=max_new_tokens, semantics=semantics,
                               depth_policy=depth_policy, **controller,
-                              goodput_model=GOODPUT_MODEL if schedule in ("goodput", "budget") else "")
+                              goodput_model=GOODPUT_MODEL if schedules.named(schedule).reads_costs else "")
 
 
 def greedy_identity(pair, ids: list[list[int]], max_new_tokens: int, batch_size: int) -> dict:
@@ -66,11 +67,13 @@ def greedy_identity(pair, ids: list[list[int]], max_new_tokens: int, batch_size:
 def at_batch_one(pair, ids: list[list[int]], policies, expected: list[list[int]], **changes):
     """Every policy (with `changes`) at batch 1 in both draft modes against `expected`: (decodes,
     those that differ, tokens accepted, rounds holding a rejection)."""
+    from dspark_bench import schedules
     from dspark_bench.decoding.speculative import speculative_decode
 
     checked, differ, accepted, rejected = 0, [], 0, 0
     for config in policies:
-        for mode in ("early-stop", "verify-side"):
+        # vLLM's controller trims each draft on the host: early-stop only (config.check_combination)
+        for mode in ("early-stop",) if schedules.of(config).priced else ("early-stop", "verify-side"):
             policy = config.replace(draft_mode=mode, **changes)
             for p, prompt in enumerate(ids):
                 result = speculative_decode(pair.target, pair.draft, prompt, policy, pair.eos_ids)

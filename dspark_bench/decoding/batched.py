@@ -202,6 +202,11 @@ class SpeculativeStep:
                                                  - len(r.result.tokens) - 1, len(requests)), batched=True)
                      for r in requests]
         self.draft_loop(requests, proposals)
+        if self.controller is not None:  # vLLM's adaptive verification may verify fewer than were drafted
+            admitted = self.controller.admit([r.index for r in requests], [p.confidences[: len(p.tokens)]
+                                                                            for p in proposals])
+            for proposal, n in zip(proposals, admitted):
+                proposal.trim(n)
         feeds = [r.seq[self.target.lengths[i] :] + p.tokens for i, (r, p) in enumerate(zip(requests, proposals))]
         # Each row's block, copied from the host before the target pass is queued (on CUDA a copy
         # waits for the work queued before it).

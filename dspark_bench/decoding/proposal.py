@@ -101,6 +101,12 @@ class Proposal:
             if self.consider(config, score):
                 self.take(token, None, eos_ids)
 
+    def trim(self, admitted: int) -> None:
+        """The target verifies only the first `admitted` drafted tokens (a controller's admission:
+        controllers.AdaptiveVerification); the rest were drafted, and are dropped as a rule drops them."""
+        if admitted < len(self.tokens):
+            self.tokens, self.probs, self.stop_reason = self.tokens[:admitted], self.probs[:admitted], "threshold"
+
     def end(self) -> None:
         self.done = True
         if len(self.tokens) < self.discard_below:  # llama.cpp: the step decodes normally

@@ -56,10 +56,10 @@ def speculative_decode(
     rules = device_rules(config, target_lm.device)
     eos_tensor = torch.tensor(sorted(eos_ids), dtype=torch.long, device=target_lm.device)
     keep_recent = recent_tokens(config)
-    recent = torch.tensor(prompt_ids[-keep_recent:], dtype=torch.long,
-                          device=target_lm.device)  # seq's tail, on the device
+    recent = torch.tensor(prompt_ids[-keep_recent:], dtype=torch.long, device=target_lm.device)  # seq's tail
     controller = controllers.start(config) if controller is None else controller
     seq, result = list(prompt_ids), DecodeResult(tokens=[], controller=controller)  # it leaves the state here
+    request = object()  # this decode, as a controller tells requests apart
     while len(result.tokens) < config.verification.max_new_tokens:
         if clock is not None:
             clock.round_starts()
@@ -69,6 +69,8 @@ def speculative_decode(
                                      config.verification.max_new_tokens - len(result.tokens) - 1)
         proposal = Proposal.start(policy, budget)
         block = drafter.propose(recent, seq, proposal, generator, eos_ids, rules.get(policy), eos_tensor)
+        if controller is not None:  # vLLM's adaptive verification may verify fewer than were drafted
+            block = trimmed(block, proposal, controller, request)
         logits = target_lm.forward(torch.cat([unseen(recent, seq, target_lm), block.tokens]),
                                    keep=len(block.tokens) + 1)
         accepted_on_device, token_on_device = verify(logits, block, config, generator)
@@ -99,6 +101,17 @@ def device_rules(config: DecodeConfig, device: torch.device) -> dict:
     if device.type == "mps":
         raise DsparkError("the verify-side draft mode decides in float64, which MPS lacks: use early-stop there")
     return {policy: DeviceRule(policy, device) for policy in round_policies(config)}
+
+
+def trimmed(block: Block, proposal: Proposal, controller, request) -> Block:
+    """The round's block cut to the tokens `controller` admits of `request`'s draft (early-stop: the
+    host holds every confidence)."""
+    admitted = controller.admit([request], [proposal.confidences[: len(proposal.tokens)]])[0]
+    if admitted >= len(proposal.tokens):
+        return block
+    proposal.trim(admitted)
+    return Block(block.tokens[:admitted], None if block.probs is None else block.probs[:admitted], block.scores,
+                 admitted)
 
 
 def close_round(proposal: Proposal, accepted: int, target_token: int, eos_ids: frozenset[int]):

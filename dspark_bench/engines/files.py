@@ -114,14 +114,23 @@ def render_vllm(choices, version, draft, models) -> str:
     if version.name == "legacy":  # one length for every batch size: batch size 1's
         return json.dumps({"method": "draft_model", "model": draft,
                            "num_speculative_tokens": choices[0].exported.stopping.gamma_max}, indent=2) + "\n"
+    lengths = [vllm_length(c.exported, c.batch_size) for c in choices]
     values = {"method": "draft_model", "model": draft,
               "num_speculative_tokens": max(c.exported.stopping.gamma_max for c in choices)}
+    if schedules.of(choices[0].exported).controlled:  # its adaptive verification, at each batch size's tuned K
+        values["enable_adaptive_verification"] = True
     if len(choices) > 1:  # [[lowest batch size, highest, length], ...] from batch size 1 up
         starts = [1] + [c.batch_size for c in choices[1:]]
         ends = [b - 1 for b in starts[1:]] + [VLLM_LAST_BATCH]
-        values["num_speculative_tokens_per_batch_size"] = [
-            [lo, hi, c.exported.stopping.gamma_max] for lo, hi, c in zip(starts, ends, choices)]
+        values["num_speculative_tokens_per_batch_size"] = [[lo, hi, k] for lo, hi, k in zip(starts, ends, lengths)]
     return json.dumps(values, indent=2) + "\n"
+
+
+def vllm_length(policy: DecodeConfig, batch_size: int) -> int:
+    """The draft length vLLM runs `policy` with at `batch_size`: its fixed length, or under its
+    controller (vllm-adaptive) the K its table gives there."""
+    table = schedules.speculative_tokens_table(policy.stopping.num_speculative_tokens_per_batch_size, check=False)
+    return schedules.table_length(table, batch_size, policy.stopping.gamma_max)
 
 
 def sglang_arguments(policy: DecodeConfig, draft: str) -> dict:

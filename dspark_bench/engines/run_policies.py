@@ -104,12 +104,13 @@ def run_policies(folder: Path) -> RunPolicies:
 
 def with_controller(run: RunPolicies, fmt: str) -> RunPolicies:
     """`run` with each batch size's best replaced by the best policy of `fmt`'s own draft-length
-    controller there (`export --controller`: a sweep that searched it, `--schedule sglang-adaptive`
-    or `trtllm-schedule`); refused in one line where the engine has none or the run never ran it."""
+    controller there (`export --controller`: a sweep that searched it, `--schedule sglang-adaptive`,
+    `trtllm-schedule` or `vllm-adaptive`); refused in one line where the engine has none or the run never ran it."""
     own = [name for name in schedules.names(controlled=True) if fmt in schedules.named(name).engines]
     if not own:
         raise DsparkError(f"--controller: {fmt} has no draft-length controller this tool replays (SGLang's "
-                          f"{schedules.SGLANG_ADAPTIVE}, TensorRT-LLM's {schedules.TRTLLM_SCHEDULE})")
+                          f"{schedules.SGLANG_ADAPTIVE}, TensorRT-LLM's {schedules.TRTLLM_SCHEDULE}, vLLM's "
+                          f"{schedules.VLLM_ADAPTIVE})")
     path = run.folder / "trials.parquet"
     table = pd.read_parquet(path) if path.is_file() else pd.DataFrame(columns=["schedule"])
     table = table[table["schedule"].isin(own)]

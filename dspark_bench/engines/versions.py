@@ -70,10 +70,18 @@ VERSIONS = {
         "Drafter.get_draft_len_for_batch_size before PR #10860 (bisect_right: the largest key <= the batch size); "
         "decoding_type 'DraftTarget'")),
     "vllm": (EngineVersion(
-        "vllm", "current", "vLLM 0.24 and later (checked against 0.33.0, the current release)",
-        "vllm/config/speculative.py (num_speculative_tokens_per_batch_size: inclusive (start, end, k) ranges) and "
-        "vllm/v1/spec_decode/dynamic/utils.py validate_and_normalize_dynamic_sd_schedule (sorted, non-overlapping, "
-        "the first starting at 1; k clamped to num_speculative_tokens; sizes above the last range keep its k)"),
+        "vllm", "current", "vLLM 0.34 and later (read from the 0.34.0 wheel, commit 62d4bc3c7, the current release)",
+        "vllm/config/speculative.py (num_speculative_tokens_per_batch_size: inclusive (start, end, k) ranges; "
+        "enable_adaptive_verification) and vllm/v1/spec_decode/dynamic/utils.py validate_and_normalize_dynamic_sd_"
+        "schedule (sorted, non-overlapping, the first starting at 1; k clamped to num_speculative_tokens; sizes "
+        "above the last range keep its k); adaptive verification from vllm/v1/worker/gpu/spec_decode/"
+        "adaptive_verification.py and acceptance_estimator.py, replayed as vllm-adaptive (its budget on the step "
+        "costs measured here, where vLLM profiles its own at start-up; Model Runner V2, full CUDA graphs)",
+        controllers=(schedules.VLLM_ADAPTIVE,)),
+             EngineVersion(
+        "vllm", "0.24", "vLLM 0.24 to 0.33 (the per-batch-size field; adaptive verification from 0.28, for DSpark "
+        "drafts only in 0.28, not written here)",
+        "vllm/config/speculative.py of 0.24.0 to 0.33.0 (num_speculative_tokens_per_batch_size, as current)"),
              EngineVersion(
         "vllm", "legacy", "vLLM before 0.24 (no per-batch-size field: one length, batch size 1's)",
         "vllm/config/speculative.py of 0.23.0 (num_speculative_tokens only)")),
@@ -92,8 +100,9 @@ def version_for(fmt: str, requested: str | None = None) -> EngineVersion:
     if fmt == "llamacpp":
         return llamacpp_version(requested)
     release = re.fullmatch(r"v?(\d+)\.(\d+)(?:\.(\d+))?\S*", requested.strip())
-    if fmt == "vllm" and release:  # the per-batch-size field arrived in 0.24.0
-        return profiles[0] if (int(release.group(1)), int(release.group(2))) >= (0, 24) else profiles[1]
+    if fmt == "vllm" and release:  # the per-batch-size field from 0.24.0, adaptive verification as replayed by 0.34
+        minor = (int(release.group(1)), int(release.group(2)))
+        return profiles[0] if minor >= (0, 34) else profiles[1] if minor >= (0, 24) else profiles[2]
     if fmt == "sglang" and release and release.group(3) and (int(release.group(1)), int(release.group(2))) == (0, 5):
         return profiles[0] if int(release.group(3)) >= 14 else profiles[1]  # the replayed controller from 0.5.14
     for profile in profiles:  # its name, or a release of its series (sglang "0.5": 0.5.23, 0.5.9, ...)

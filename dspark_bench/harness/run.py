@@ -15,7 +15,7 @@ from pathlib import Path
 
 from dspark_bench import schedules
 from dspark_bench.config import KNOBS, LEARNED, DecodeConfig, expand, from_dict, with_defaults
-from dspark_bench.decoding import budget, capture, learned_signal
+from dspark_bench.decoding import budget, capture, controllers, learned_signal
 from dspark_bench.decoding.budget import row_rule
 from dspark_bench.decoding.rules import expressible
 from dspark_bench.decoding.speculative import speculative_decode
@@ -145,6 +145,8 @@ def check(config: RunConfig) -> None:
             row_rule(c)
         if schedules.of(c).whole_batch:
             budget.rule_for(c)  # and times the policy's batch size
+        if schedules.of(c).priced:
+            controllers.start(c)  # its controller's step costs: given, readable, at its batch size
     for signal_model in {c.stopping.signal_model for c in configs if c.stopping.metric == LEARNED}:
         learned_signal.load(signal_model)  # a missing or broken file fails here, before any model loads
 
@@ -372,6 +374,7 @@ def decode_once(text: str, config: DecodeConfig, target: str | None = None, draf
 
     if calibration is not None:
         config = load_calibration(calibration).policy_for(domain or "", strict=domain is not None, base=config)
+    controllers.start(config)  # a controller's own files (vllm-adaptive's step costs), before the models load
     pair = load_pair(target, draft, device, dtype, heads, drafters={config.drafting.drafter})
     config = capture.captured([config], pair.device, eager, (pair.target, pair.draft))[0]
     ids = encode(pair.tokenizer, text, chat_template)

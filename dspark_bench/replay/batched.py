@@ -318,6 +318,7 @@ def walk_controlled(rec: Record, config: DecodeConfig, draft: np.ndarray, verify
     `_walk_batched` prices a step (padded and packed). Its predicted times and totals (TOTALS);
     `chosen` receives each step's (rows, length picked, mean accepted); `made`: round_plans' shared plans."""
     plans, controller = round_plans(rec, config, made), controllers.start(config)
+    signal, trims = rec.confidences[signal_of(config)], schedules.of(config).priced
     B, P = config.batching.batch_size, len(rec.lengths)
     slot_p, slot_j = np.full(B, -1), np.zeros(B, np.int64)
     counts = np.zeros(len(TOTALS), dtype=np.int64)
@@ -332,6 +333,9 @@ def walk_controlled(rec: Record, config: DecodeConfig, draft: np.ndarray, verify
         rows, starts = slot_p.copy(), slot_j.copy()
         stepped = [(s, slot_p[s], slot_j[s]) for s in range(B) if slot_p[s] >= 0]
         lengths = np.array([drafted[p, j] for _, p, j in stepped])
+        if trims:  # vLLM's adaptive verification may verify fewer than were drafted (controllers.Controller.admit)
+            lengths = np.array(controller.admit([p for _, p, _ in stepped], [
+                signal[p, j, : drafted[p, j]].astype(np.float64).tolist() for _, p, j in stepped]), dtype=np.int64)
         spent_forwards = np.array([forwards[p, j] for _, p, j in stepped])
         accepted = np.minimum(lengths, [matches[p, j] for _, p, j in stepped])
         counts += (len(stepped), lengths.sum(), accepted.sum(), (accepted == lengths).sum(), spent_forwards.sum())
@@ -341,7 +345,8 @@ def walk_controlled(rec: Record, config: DecodeConfig, draft: np.ndarray, verify
         packed += packed_verify(verify[active], int((lengths + 1).sum()), active)
         controller.observe(accepted.tolist(), lengths.tolist())
         if chosen is not None:
-            chosen.append((active, picked, float(accepted.mean())))
+            chosen.append((active, float(lengths.mean()) if trims else picked,
+                           float(accepted.mean())))  # vLLM's: the mean length it verified of the K drafted
         for (s, p, j), a in zip(stepped, accepted):
             slot_j[s] = j + a + 1
             if slot_j[s] >= rec.lengths[p]:

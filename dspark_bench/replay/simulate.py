@@ -74,14 +74,16 @@ def simulate(rec: Record, config: DecodeConfig, made: dict | None = None) -> lis
         rounds, j, n = [], 0, int(rec.lengths[p])
         while j < n:
             drafted, forwards, reason, limit = plans[None if controller is None else controller.steps()]
-            L = int(drafted[p, j])
+            L, s, stop = int(drafted[p, j]), int(forwards[p, j]), STOP_REASONS[reason[p, j]]
+            conf = rec.confidences[signal_of(config)][p, j, :s].astype(np.float64).tolist()
+            if controller is not None:  # vLLM's adaptive verification may verify fewer than were drafted
+                admitted = controller.admit([p], [conf[:L]])[0]
+                L, stop = (admitted, "threshold") if admitted < L else (L, stop)
             a = min(L, int(matches[p, j]))
             proposal = rec.rollout[p, j, :L].tolist()
             ended_in_draft = a > 0 and proposal[a - 1] in eos
             target_token = -1 if ended_in_draft else int(rec.continuation[p, j + a])
-            s = int(forwards[p, j])
-            conf = rec.confidences[signal_of(config)][p, j, :s].astype(np.float64).tolist()
-            rounds.append(Round(L, a, a if ended_in_draft else a + 1, STOP_REASONS[reason[p, j]], proposal, conf,
+            rounds.append(Round(L, a, a if ended_in_draft else a + 1, stop, proposal, conf,
                                 target_token, s if per_round < 0 else per_round * int(limit[p, j] > 0)))
             if controller is not None:
                 controller.observe([a], [L])

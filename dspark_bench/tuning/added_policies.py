@@ -41,6 +41,14 @@ def budget_points(configs: list[DecodeConfig], model_file: Path) -> list[DecodeC
                               if c.batching.batch_size > 1 or layout == "padded"))
 
 
+def priced_points(configs: list[DecodeConfig], model_file: Path) -> list[DecodeConfig]:
+    """`configs`, a controller that budgets with step costs (vllm-adaptive) and was given none now
+    given the sweep's goodput model's: what vLLM profiles at start-up, this pair measured here."""
+    costs = str(Path(model_file).resolve())
+    return list(dict.fromkeys(c.replace(goodput_model=costs) if schedules.of(c).priced and not c.stopping.goodput_model
+                              else c for c in configs))
+
+
 def added_count(configs: list[DecodeConfig]) -> int:
     """How many policies goodput_points, budget_points and learned_points add to `configs` (a
     replay space, fixed γ included), counted from the space's axes before the record and its fits
@@ -52,7 +60,7 @@ def added_count(configs: list[DecodeConfig]) -> int:
     gammas = len({c.stopping.gamma_max for c in model})
     # Per metric: goodput once and budget once per layout it runs in, at each batch size.
     per_metric = gammas * sum(1 + (len(LAYOUTS) if b > 1 else 1) for b in {c.batching.batch_size for c in model})
-    scheduled = [c for c in configs if not schedules.of(c).baseline]
+    scheduled = [c for c in configs if not schedules.of(c).baseline and not schedules.of(c).controlled]
     first = scheduled[0].stopping.metric if scheduled else metrics[0]  # learned_points' first metric
     learned = sum(c.stopping.metric == first and c.drafting.drafter == "model" for c in scheduled)
     if not model[0].greedy:  # a sampled record teaches no learned signal (replay_sweep.join_fitted)
@@ -82,8 +90,10 @@ def write_learned_signal(folder: Path, rec, record_dir: Path):
 
 def learned_points(configs: list[DecodeConfig], signal_file: Path) -> list[DecodeConfig]:
     """Every scheduled policy of the draft model on the space's first metric, with the learned
-    signal in its place (the goodput ones included: it reads the signal as its own curve)."""
-    first = next((c.stopping.metric for c in configs if not schedules.of(c).baseline), None)
+    signal in its place (the goodput ones included: it reads the signal as its own curve; not an
+    engine's controller, which reads no metric of ours)."""
+    first = next((c.stopping.metric for c in configs if not schedules.of(c).baseline
+                  and not schedules.of(c).controlled), None)
     path = str(Path(signal_file).resolve())
-    return [c.replace(metric=LEARNED, signal_model=path) for c in configs
-            if c.stopping.metric == first and not schedules.of(c).baseline and c.drafting.drafter == "model"]
+    return [c.replace(metric=LEARNED, signal_model=path) for c in configs if c.stopping.metric == first
+            and not schedules.of(c).baseline and not schedules.of(c).controlled and c.drafting.drafter == "model"]

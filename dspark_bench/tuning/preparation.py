@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Callable
 
 import pandas as pd
 
+from dspark_bench import schedules
 from dspark_bench.config import LEARNED, DecodeConfig
 from dspark_bench.engines.registry import EngineRegistry
 from dspark_bench.errors import DsparkError
@@ -106,6 +107,9 @@ def prepare(spec: SweepSpec, say: Callable[[str], None] | None = None, engines: 
     base = base_config(spec, task_tokens)
     configs = points(spec, base)  # expanded once; a threshold out of range fails here, before models load
     check_sampled_replay(spec, configs)
+    priced = sorted({c.stopping.schedule for c in configs if schedules.of(c).priced and not c.stopping.goodput_model})
+    if priced and evaluation_for(spec) != "replay":
+        raise DsparkError(f"{priced[0]} budgets with the step costs a replay sweep measures: sweep it by replay")
     pair = load_pair(spec.target, spec.draft, spec.device, spec.dtype, spec.heads,
                      drafters={c.drafting.drafter for c in configs}, pair=pair_of(spec.task))
     prepared = LoadedSweep(pair, prompts, base, source, points=configs)

@@ -51,6 +51,7 @@ from dspark_bench.tuning.added_policies import (
     budget_points,
     goodput_points,
     learned_points,
+    priced_points,
     write_goodput_model,
     write_learned_signal,
 )
@@ -307,13 +308,15 @@ def check_covers(engine, batch_sizes: list[int], gamma: int) -> None:
 def join_fitted(folder: Path, configs: list[DecodeConfig], records: dict, record_dirs: dict,
                 surface) -> tuple[list[DecodeConfig], dict]:
     """The policies fitted on the draft model's record join the space: goodput and budget (its
-    acceptance fit and the cost surface), and the learned signal as a metric of every scheduled
-    policy of the first one (then its record holds the signal at every rollout step)."""
+    acceptance fit and the cost surface; vLLM's controller in the space gets those costs), and the
+    learned signal as a metric of every scheduled policy of the first one (then its record holds the
+    signal at every rollout step)."""
     if MODEL not in records:
         return configs, records
     # Under sampling the acceptance fit reads every replicate's accepted tokens (the coins'
     # outcomes); the learned signal reads drafted tokens, which a sampled record does not hold.
     model_file = write_goodput_model(folder, sampled.as_one(records[MODEL]), record_dirs[MODEL], surface)
+    configs = priced_points(configs, model_file)
     configs = configs + [c for c in goodput_points(configs, model_file) + budget_points(configs, model_file)
                          if c not in configs]
     is_sampled = records[MODEL].info.get("sampling") is not None

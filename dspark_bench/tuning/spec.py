@@ -42,7 +42,8 @@ DENSE_SPACE = {
     "min_draft_len": {"low": 0, "high": 2},
 }
 # A controller's knobs searched where the space names its schedule and none of its knobs (docs/engine-controllers.md):
-# SGLang's lengths, smoothing and pace around its shipped slot; TensorRT-LLM's schedule by batch size and its gate.
+# SGLang's lengths, smoothing and pace around its shipped slot; TensorRT-LLM's schedule by batch size and its gate;
+# vLLM's K by batch size under its adaptive verification (K itself: the space's gamma_max).
 CONTROLLER_SPACES = {
     schedules.SGLANG_ADAPTIVE: {"candidate_steps": ["1,3,5,7", "1,2,3,4", "1,2,4,6", "0,1,3", "2,4,6,8"],
                                 "ema_alpha": [0.1, 0.2, 0.5], "update_interval": [1, 5], "warmup_batches": [0, 10],
@@ -50,6 +51,8 @@ CONTROLLER_SPACES = {
     schedules.TRTLLM_SCHEDULE: {"draft_len_schedule": ["", "1:4,8:2,32:1", "1:6,8:3,32:1", "1:3,16:2,64:1"],
                                 "acceptance_rate_window_size": [0, 16, 64],
                                 "acceptance_rate_threshold": [0.2, 0.4, 0.6]},
+    schedules.VLLM_ADAPTIVE: {"num_speculative_tokens_per_batch_size": ["", "1-1:6,2-8:4,9-64:2",
+                                                                        "1-8:4,9-32:2,33-64:1", "1-1:3,2-8:2,9-64:1"]},
 }
 
 
@@ -296,6 +299,7 @@ def controller_spaces(space: dict) -> list[dict]:
     """The space of each controller the space names without any of its knobs (CONTROLLER_SPACES), at the
     space's batch sizes and gamma_max (a schedule's lengths fix their own)."""
     kept = {k: v for k, v in space.items() if k in ("batch_size", "gamma_max", "drafter", "max_new_tokens")}
+    kept |= {"threshold": space["threshold"][:1]} if space.get("threshold") else {}  # read by none: the space's one
     return [{**kept, "schedule": [name], **CONTROLLER_SPACES[name]} for name in space.get("schedule", ())
             if schedules.named(name).controlled and not set(schedules.named(name).reads) & set(space)]
 
