@@ -217,6 +217,18 @@ def test_bad_controller_knobs_are_refused_in_one_line(knobs, message):
     assert "\n" not in str(refused.value)
 
 
+def test_a_controller_policy_built_from_a_few_knobs_reads_the_others_defaults():
+    """from_dict hands Schedule.implied every knob: SGLang's default candidates (1,3,5,7) size gamma_max, and
+    vLLM's table is capped at the default K (5) as vLLM clamps it, an all-K table written as none."""
+    assert DecodeConfig.of(schedule="sglang-adaptive").stopping.gamma_max == 7
+    table = DecodeConfig.of(schedule="vllm-adaptive", goodput_model="x",
+                            num_speculative_tokens_per_batch_size="1-1:6,2-8:4").stopping
+    assert (table.gamma_max, table.num_speculative_tokens_per_batch_size) == (5, "1-1:5,2-8:4")
+    capped = DecodeConfig.of(schedule="vllm-adaptive", goodput_model="x", gamma_max=3,
+                             num_speculative_tokens_per_batch_size="1-1:6,2-8:4").stopping
+    assert capped.num_speculative_tokens_per_batch_size == ""
+
+
 @pytest.fixture(scope="module")
 def controller_sweep(saved_pair, prompts_file, tmp_path_factory):
     """A replay sweep with our threshold rule and the three controllers (each searching its own space, none

@@ -6,13 +6,28 @@ under load, by arrival rate. Everything here is replayed, measured where the con
 from __future__ import annotations
 
 import numpy as np
+from matplotlib.patches import Patch
 
+from dspark_bench import schedules
 from dspark_bench.reporting.plots.base import figure
 from dspark_bench.reporting.report_inputs import Inputs, Skip
 from dspark_bench.results import read_parquet
-from dspark_bench.sections.controllers import FIXED, EngineControllers
+from dspark_bench.sections.controllers import FIXED, OURS, EngineControllers
 
-COLORS = ["#3a63c4", "#e6a100", "#2e9e4f", "#b5651d", "#8a4fbf", "#d6423b"]
+# A controller's rows in one hue (tuned dark, at its defaults light), in the registry's order; fixed γ
+# gray, our best red: one color a row, every panel.
+HUES = [("#3a63c4", "#9db4ea"), ("#2e9e4f", "#98d8a8"), ("#8a4fbf", "#c9a8e6"), ("#b5651d", "#e3b48a")]
+PLAIN = {FIXED: "#555555", OURS: "#d6423b"}
+
+
+def row_colors(roles) -> dict:
+    """Each row's color: its controller's hue (SGLang's, TensorRT-LLM's, vLLM's), or fixed γ's or ours."""
+    hues = dict(zip(schedules.names(controlled=True), HUES))
+    colors = {}
+    for role in roles:
+        name = role.split(" · ")[0]
+        colors[role] = PLAIN.get(role) or hues[name][role.endswith("its defaults")]
+    return colors
 
 
 def controllers_of(inputs: Inputs):
@@ -21,12 +36,13 @@ def controllers_of(inputs: Inputs):
         found = EngineControllers.from_json(summary)
         if found is not None:
             return found, read_parquet(inputs.folder_of[run_id] / found.table)
-    raise Skip("no engine controller in the sweep (sweep --schedule sglang-adaptive or trtllm-schedule)")
+    raise Skip("no engine controller in the sweep (sweep --schedule sglang-adaptive, trtllm-schedule or "
+               "vllm-adaptive)")
 
 
 def steps_panel(ax, steps, batch_size: int, colors: dict) -> None:
-    """The length each controller row picked at every step of its walk at `batch_size`, with the
-    step's mean accepted drafts beneath it (thin)."""
+    """The length each controller row picked at every step of its walk at `batch_size` (vLLM's: the
+    mean length it verified of the K drafted), with the step's mean accepted drafts beneath it (thin)."""
     here = steps[steps["batch_size"] == batch_size]
     for role, rows in here.groupby("role", sort=False):
         color = colors[role]
@@ -60,20 +76,22 @@ def controllers_figure(inputs: Inputs):
     found, steps = controllers_of(inputs)
     sizes = [b["batch_size"] for b in found.by_batch][:3]
     roles = dict.fromkeys(r["role"] for part in (*found.by_batch, *found.by_rate) for r in part["rows"])
-    colors = {role: COLORS[i % len(COLORS)] for i, role in enumerate(roles)}  # one color a role, every panel
+    colors = row_colors(roles)
     fig, axes = figure(13, 7.5, 2, max(len(sizes), 2))
     for ax, batch_size in zip(axes[0], sizes):
         steps_panel(ax, steps, batch_size, colors)
-    axes[0][0].legend(fontsize=7, loc="upper right")
     rows_panel(axes[1][0], [(f"B={b['batch_size']}", b["rows"]) for b in found.by_batch], "predicted_speedup",
                "predicted speedup", colors)
-    axes[1][0].legend(fontsize=7, loc="best")
     if found.by_rate:
         rows_panel(axes[1][1], [(rate["arrival"], rate["rows"]) for rate in found.by_rate], "tpot_p50_s",
                    "TPOT p50 (lower: better)", colors)
-        axes[1][1].legend(fontsize=7, loc="best")
-    for ax in [*axes[0][len(sizes):], *axes[1][1 + bool(found.by_rate):]]:
-        ax.set_visible(False)
+    free = [*axes[0][len(sizes):], *axes[1][1 + bool(found.by_rate):]]
+    for ax in free:
+        ax.set_axis_off()
+    # One legend for every panel (a row's color is the same in each), where a panel is free, else below.
+    handles = [Patch(color=color, label=role) for role, color in colors.items()]
+    (free[-1].legend(handles=handles, fontsize=8, loc="center") if free
+     else fig.legend(handles=handles, fontsize=7, loc="lower center", ncol=4))
     caption = ("Top: the draft length each engine controller picks at every step of the sweep's prompts served in "
                "turn (replayed; at its engine's defaults and tuned), thin lines the step's mean accepted drafts. "
                "Bottom: each controller at its defaults and tuned and our best policy against the best fixed γ, by "
