@@ -293,15 +293,17 @@ def test_export_writes_each_controller_in_its_engine_s_own_words(controller_swee
     assert parsed.speculative_adaptive and parsed.speculative_adaptive_config == "sglang_adaptive.json"
     params = adaptive.AdaptiveSpeculativeParams(parsed.speculative_num_steps, "sglang_adaptive.json")
     slots = json.loads(Path("sglang_adaptive.json").read_text())
+    assert sorted(map(int, slots)) == [1, 2]  # a slot per batch size swept
     trials = pd.read_parquet(folder / "trials.parquet")
     rng = random.Random(3)
     for key, slot in slots.items():
-        batch_size = int(key)
+        batch_size = int(key)  # ours, from the slot's own knobs as written: one of the run's controllers at B
+        written = {**slot, "candidate_steps": ",".join(map(str, slot["candidate_steps"]))}
         tuned = trials[(trials["batch_size"] == batch_size) & (trials["schedule"] == "sglang-adaptive")]
-        best = tuned.sort_values("predicted_speedup", ascending=False, kind="mergesort").iloc[0]
+        assert any(all(row[k] == v for k, v in written.items()) for _, row in tuned.iterrows()), slot
         ours = controllers.start(DecodeConfig.of(schedule="sglang-adaptive", **{
-            k: best[k].item() if hasattr(best[k], "item") else best[k] for k in slot if k != "candidate_steps"},
-            candidate_steps=",".join(map(str, slot["candidate_steps"]))))
+            k: v for k, v in slot.items() if k != "candidate_steps"}, candidate_steps=",".join(
+            map(str, slot["candidate_steps"]))))
         for _ in range(300):
             k = ours.steps()
             assert k == params.get_steps_for_batch(batch_size), key

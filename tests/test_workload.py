@@ -132,7 +132,7 @@ def test_the_config_is_one_frozen_config_per_concern_stored_flat():
         0.3, Drafting("lookup", 1, 4), 0.5)
     # Stored flat, every knob once, in the shape run.json and result tables always had; read back equal.
     flat = config.to_dict()
-    assert list(flat) == list(FIELDS) and len(flat) == 34 and from_dict(flat) == config
+    assert list(flat) == list(FIELDS) and len(flat) == 35 and from_dict(flat) == config
     assert (config.replace(gamma_max=3).stopping.gamma_max == 3
             and config.replace(gamma_max=3).drafting == config.drafting)
     # The drafter's identity is its part: one replay record per Drafting, whatever the policy.
