@@ -199,29 +199,11 @@ def test_replayed_from_a_sampled_record_it_is_the_real_process_in_expectation(tm
     (tests/test_controllers.py): our decoder running vLLM's controller on across streams of requests and
     replay of a sampled record give the same expected rounds, drafts and acceptances (within 5 %),
     the budget trimming some rounds."""
-    import tiny
-    from test_sampled_replay import P, Q
+    from test_controllers import served_and_replayed
 
-    from dspark_bench.measure import sampled_recording
-    from dspark_bench.replay import sampled
-    from dspark_bench.replay.simulate import simulate_grid
-
-    models = SimpleNamespace(target=tiny.markov_llama(P), draft=tiny.markov_llama(Q), eos_ids=frozenset())
     config = DecodeConfig.of(schedule=schedules.VLLM_ADAPTIVE, goodput_model=costs_file(tmp_path, 0.4), gamma_max=3,
                              max_new_tokens=8, temperature=0.5)
-    decodes = []
-    for group in range(400):  # a stream of sampled.DRAWS requests, one controller running on through it
-        state = None
-        for turn in range(sampled.DRAWS):
-            result = speculative_decode(models.target, models.draft, [0],
-                                        config.replace(seed=30_000 + sampled.DRAWS * group + turn), controller=state)
-            decodes.append(result.rounds)
-            state = result.controller
-    real = np.mean([[len(r), sum(x.drafted for x in r), sum(x.accepted for x in r)] for r in decodes], axis=0)
-    rec = sampled_recording.record_sampled(models, [[0]], config, 3, paths=400, eos_ids=frozenset())
-    table = sampled.expected([simulate_grid(r, [config]) for r in sampled.replicates(rec)])
-    sequences = len(rec.lengths) * rec.info["sampling"]["draws"]
-    replayed = table[["rounds", "drafted_total", "accepted_total"]].to_numpy()[0] / sequences
+    decodes, real, replayed = served_and_replayed(config, 30_000)
     assert np.allclose(real, replayed, rtol=0.05), (real, replayed)
     reasons = {x.stop_reason for r in decodes for x in r}
     assert "threshold" in reasons and len(reasons) >= 2  # the budget trimmed some rounds, not all

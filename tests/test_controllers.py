@@ -333,12 +333,11 @@ def test_export_writes_each_controller_in_its_engine_s_own_words(controller_swee
     assert refused.exit_code == 1 and "hf has no draft-length controller" in one_error_line(refused)
 
 
-def test_a_controller_replayed_from_a_sampled_record_is_the_real_process_in_expectation():
-    """At temperature 0.5 on the Markov pair (tiny.markov_llama): our decoder with SGLang's controller and
-    replay of a sampled record give the same expected rounds, drafts and acceptances (within 5 %), the
-    controller run on across the same streams of requests: a replicate is each coin draw of one path in
-    turn (replay/sampled.replicates), so the decoder serves groups of as many requests, one controller
-    a group; the length moved."""
+def served_and_replayed(config: DecodeConfig, first_seed: int):
+    """On the Markov pair (tiny.markov_llama), at `config`'s temperature: our decoder's rounds, the
+    controller run on across streams of sampled.DRAWS requests (a replicate is each coin draw of one path
+    in turn: replay/sampled.replicates, so the decoder serves groups of as many requests, one controller a
+    group), and (real, replayed): the mean rounds, drafts and acceptances per request of each."""
     import tiny
     from test_sampled_replay import P, Q
 
@@ -346,21 +345,28 @@ def test_a_controller_replayed_from_a_sampled_record_is_the_real_process_in_expe
     from dspark_bench.replay import sampled
 
     models = SimpleNamespace(target=tiny.markov_llama(P), draft=tiny.markov_llama(Q), eos_ids=frozenset())
-    config = policy({"candidate_steps": [1, 2, 3], "ema_alpha": 0.5, "update_interval": 1, "warmup_batches": 0},
-                    max_new_tokens=8, temperature=0.5)
     decodes = []
     for group in range(400):  # a stream of sampled.DRAWS requests, one controller running on through it
         state = None
         for turn in range(sampled.DRAWS):
-            result = speculative_decode(models.target, models.draft, [0],
-                                        config.replace(seed=20_000 + sampled.DRAWS * group + turn), controller=state)
+            result = speculative_decode(models.target, models.draft, [0], config.replace(
+                seed=first_seed + sampled.DRAWS * group + turn), controller=state)
             decodes.append(result.rounds)
             state = result.controller
     real = np.mean([[len(r), sum(x.drafted for x in r), sum(x.accepted for x in r)] for r in decodes], axis=0)
     rec = sampled_recording.record_sampled(models, [[0]], config, 3, paths=400, eos_ids=frozenset())
     table = sampled.expected([simulate_grid(r, [config]) for r in sampled.replicates(rec)])
     sequences = len(rec.lengths) * rec.info["sampling"]["draws"]
-    replayed = table[["rounds", "drafted_total", "accepted_total"]].to_numpy()[0] / sequences
+    return decodes, real, table[["rounds", "drafted_total", "accepted_total"]].to_numpy()[0] / sequences
+
+
+def test_a_controller_replayed_from_a_sampled_record_is_the_real_process_in_expectation():
+    """At temperature 0.5 on the Markov pair: our decoder with SGLang's controller and replay of a sampled
+    record give the same expected rounds, drafts and acceptances (within 5 %), the controller run on across
+    the same streams of requests (served_and_replayed); the length moved."""
+    config = policy({"candidate_steps": [1, 2, 3], "ema_alpha": 0.5, "update_interval": 1, "warmup_batches": 0},
+                    max_new_tokens=8, temperature=0.5)
+    decodes, real, replayed = served_and_replayed(config, 20_000)
     assert np.allclose(real, replayed, rtol=0.05), (real, replayed)
     assert len({x.drafted for r in decodes for x in r}) >= 2
 
