@@ -16,16 +16,18 @@ from test_batched import PROMPTS, SURFACE
 from test_learned import learned_record  # noqa: F401 (a fixture)
 
 from dspark_bench.config import DecodeConfig
-from dspark_bench.harness.in_decode import fit_terms, price_in_decode, ramp
+from dspark_bench.harness.in_decode import calibration_policies, fit_terms, price_in_decode, ramp, turn_seconds
 from dspark_bench.harness.under_load import step_costs
 from dspark_bench.measure.cost_model import measure_surface
 from dspark_bench.measure.recording import record
-from dspark_bench.replay.batched import walks
+from dspark_bench.replay.batched import simulate_with_surface, walks
 from dspark_bench.replay.cost import CostSurface, StepTerms
+from dspark_bench.replay.simulate import simulate_grid
 
-# Per row count 0-8: a speculative step's seconds past its passes, a plain one's; a join's.
-TERMS = StepTerms(rows=[0.0025, 0.0025, 0.003, 0.0035, 0.004, 0.0045, 0.005, 0.0055, 0.006],
-                  plain_rows=[0.0012, 0.0012, -0.0004, 0.0016, 0.0018, 0.002, 0.0022, 0.0024, 0.0026], join=0.004)
+# Per row count 0-8: a speculative step's seconds past its passes, a plain one's (each on a line over
+# the rows, as they are fitted: harness/in_decode.line_over_rows); a join's.
+TERMS = StepTerms(rows=[0.002 + 0.0005 * r for r in range(9)], plain_rows=[-0.0004 + 0.0003 * r for r in range(9)],
+                  join=0.004)
 
 
 def traced_steps() -> pd.DataFrame:
@@ -66,11 +68,32 @@ def test_fitted_terms_are_the_ones_the_steps_paid():
     fitted = fit_terms(steps.assign(seconds=step_costs(steps, paid)), SURFACE, {"requests": 8})
     for name in ("rows", "plain_rows", "join"):
         assert getattr(fitted, name) == pytest.approx(getattr(TERMS, name), abs=1e-12), name
-    # A row count no step had takes the nearest one's.
-    narrow = fit_terms(steps[steps["rows"] != 5].assign(seconds=step_costs(steps[steps["rows"] != 5], paid)),
-                       SURFACE, {})
-    assert narrow.rows[5] in (pytest.approx(TERMS.rows[4]), pytest.approx(TERMS.rows[6]))
-    assert fitted.fitted_on == {"requests": 8, "steps": 48, "joins": 16}
+    assert fitted.fitted_on["steps"] == 48 and fitted.fitted_on["joins"] == 16
+    assert fitted.fitted_on["steps_by_rows"]["speculative"] == {r: 3 for r in range(1, 9)}
+    # A row count no step had lies on the line.
+    narrow = steps[steps["rows"] != 5]
+    assert fit_terms(narrow.assign(seconds=step_costs(narrow, paid)), SURFACE, {}).rows[5] == pytest.approx(
+        TERMS.rows[5])
+
+
+def test_a_few_slow_steps_at_one_width_move_the_terms_little():
+    """A width seen a few times (a ramp passes a wide batch's counts once) with one step slowed by
+    something else, and more steps at the others: the median per count and the weighted line keep
+    every count's term within a fraction of a millisecond, where a mean per count took the slow
+    step's 90 ms whole."""
+    steps = pd.concat([traced_steps()] + [traced_steps()[lambda t: t["rows"] != 7]] * 3, ignore_index=True)
+    seconds = step_costs(steps, dataclasses.replace(SURFACE, terms=TERMS))
+    slow = steps.index[(steps["rows"] == 7) & (steps["kind"] == "step") & (steps["config_id"] == 0)][0]
+    seconds[slow] += 0.09
+    fitted = fit_terms(steps.assign(seconds=seconds), SURFACE, {})
+    np.testing.assert_allclose(fitted.rows, TERMS.rows, atol=2e-4)
+    np.testing.assert_allclose(fitted.plain_rows, TERMS.plain_rows, atol=1e-12)
+
+
+def test_a_kind_seen_at_one_width_is_flat_at_its_median():
+    steps = traced_steps()[lambda t: t["rows"] == 4]
+    fitted = fit_terms(steps.assign(seconds=step_costs(steps, SURFACE) + 0.003), SURFACE, {})
+    assert fitted.plain_rows == pytest.approx([0.003] * 5) and fitted.rows == pytest.approx([0.003] * 5)
 
 
 def test_a_join_s_term_is_paid_once_per_request_in_the_load_replay(llama_pair):
@@ -92,10 +115,36 @@ def test_a_join_s_term_is_paid_once_per_request_in_the_load_replay(llama_pair):
     assert baseline(dataclasses.replace(SURFACE, terms=upkeep)) - baseline(SURFACE) == pytest.approx(0.001 * steps)
 
 
+def test_a_batch_one_policy_is_priced_on_the_batch_one_decoder_s_prices(llama_pair):
+    """Priced inside decodes, a sweep over B prices its batch-1 policies as the batch-1 decoder that
+    runs them (simulate_grid on its in-decode model: t_round, t_plain), not as a one-row live batch
+    paying the step terms; its batched policies are untouched."""
+    target, draft = llama_pair
+    pair = SimpleNamespace(target=target, draft=draft, eos_ids=frozenset())
+    rec = record(pair, PROMPTS, 6, 3, topk=5, eos_ids=frozenset())
+    configs = [DecodeConfig.of(schedule="fixed", gamma_max=g, max_new_tokens=6, batch_size=b)
+               for b in (1, 8) for g in (2, 3)] + [DecodeConfig.of(threshold=0.5, gamma_max=3, max_new_tokens=6)]
+    timed = dataclasses.replace(SURFACE.at(1), t_round=0.004, t_plain=0.012)
+    surface = dataclasses.replace(SURFACE, terms=dataclasses.replace(TERMS, rows=[0.05] * 9))
+    walked, priced = simulate_with_surface(rec, configs, surface), simulate_with_surface(rec, configs, surface,
+                                                                                         batch_one=timed)
+    alone = simulate_grid(rec, [configs[i] for i in (0, 1, 4)], timed)
+    for column in ("predicted_speedup", "predicted_speedup_packed"):
+        np.testing.assert_allclose(priced.loc[[0, 1, 4], column], alone["predicted_speedup"])
+    assert (walked.loc[[0, 1, 4], "predicted_speedup"] < 0.5 * alone["predicted_speedup"].to_numpy()).all()
+    pd.testing.assert_frame_equal(priced.loc[[2, 3]], walked.loc[[2, 3]])
+
+
 def test_a_ramp_fills_the_batch_a_row_at_a_time():
     arrivals = ramp(8, 4, 10, 0.02)
     np.testing.assert_allclose(np.diff(arrivals.times), 10 * 0.02 / 4)
     assert arrivals.requests == 8 and arrivals.times[0] == 0
+    # The servers step in turns: a row frees at the turn's pace, each server's longest step at the full batch.
+    policies = calibration_policies(DecodeConfig(), 5)
+    full = SURFACE.at(max(SURFACE.models))
+    assert [c.stopping.gamma_max for c in policies] == [4, 5]
+    assert turn_seconds(SURFACE, policies) == pytest.approx(
+        full.t_verify[0] + 4 * full.t_draft + full.t_verify[4] + 5 * full.t_draft + full.t_verify[5])
 
 
 def test_prices_in_decode_on_a_real_pair(llama_pair):

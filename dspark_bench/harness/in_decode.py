@@ -53,23 +53,45 @@ def batch_one(pair, ids: list[list[int]], policies: list[DecodeConfig], isolated
     return dataclasses.replace(model, by_depth=isolated.by_depth), detail
 
 
-def ramp(requests: int, max_batch: int, tokens: int, step: float) -> Arrivals:
-    """Requests arriving one every `tokens * step / max_batch` seconds: as many as a batch of
-    `max_batch` rows taking `step` a step serves, so the batch fills one row at a time, stays about
-    full, and drains at the end (every row count is seen, which the per-row term is fitted on;
-    requests all arriving at once would leave the batch at one width, every row finishing together)."""
-    gap = tokens * step / max_batch
+def ramp(requests: int, max_batch: int, steps: float, cycle: float) -> Arrivals:
+    """Requests arriving one every `steps * cycle / max_batch` seconds: as many as a batch of
+    `max_batch` rows frees when a request takes `steps` steps of `cycle` seconds, so the batch fills
+    one row at a time, stays about full, and drains at the end (every row count is seen, which the
+    terms are fitted over; requests all arriving at once would leave the batch at one width,
+    every row finishing together)."""
+    gap = steps * cycle / max_batch
     return Arrivals(np.arange(requests) * gap, f"{requests} requests, one every {gap * 1e3:.0f} ms", 1 / gap)
 
 
-def per_row_count(rows: np.ndarray, extra: np.ndarray, widest: int) -> list[float]:
-    """The mean seconds past the passes of the steps at each row count 0 .. widest (their mean is
-    what a request's time per token sums); a row count no step had takes the nearest one's."""
-    seen = {r: float(extra[rows == r].mean()) for r in np.unique(rows)}
-    if not seen:
-        return [0.0] * (widest + 1)
-    counts = np.array(sorted(seen))
-    return [seen[int(counts[np.abs(counts - r).argmin()])] for r in range(widest + 1)]
+def turn_seconds(surface: CostSurface, policies: list[DecodeConfig]) -> float:
+    """About how long the servers' turn takes at the full batch (surface's largest B): a plain step
+    and each policy's longest step (gamma_max draft passes and its verify pass). A server steps
+    once a turn, so its rows free at the turn's pace, not at one pass's."""
+    full = surface.at(max(surface.models))
+    return full.t_verify[0] + sum(c.stopping.gamma_max * full.t_draft + full.t_verify[c.stopping.gamma_max]
+                                  for c in policies)
+
+
+def line_over_rows(rows: np.ndarray, extra: np.ndarray, widest: int) -> tuple[list[float], dict]:
+    """The seconds past the passes of a step at each row count 0 .. widest, on a line over the row
+    count (the per-row host work and the batch's upkeep grow with its rows), and the steps seen at
+    each count. The line is fitted by least squares through each count's median, weighted by its
+    steps: a count seen a few times at a wide batch (a ramp passes through it once) and a step
+    slowed by something else then move it little, where one mean per count took their noise whole
+    (one B = 32 sweep's terms ran -41 to +94 ms over the counts). A single count seen: its median,
+    flat."""
+    counts = {int(r): int((rows == r).sum()) for r in np.unique(rows)}
+    if not counts:
+        return [0.0] * (widest + 1), {}
+    at = np.array(sorted(counts), dtype=np.float64)
+    medians = np.array([np.median(extra[rows == r]) for r in sorted(counts)])
+    weights = np.array([counts[r] for r in sorted(counts)], dtype=np.float64)
+    slope = 0.0
+    if len(at) > 1:
+        centre = np.average(at, weights=weights)
+        slope = float(np.sum(weights * (at - centre) * medians) / np.sum(weights * (at - centre) ** 2))
+    intercept = float(np.average(medians, weights=weights) - slope * np.average(at, weights=weights))
+    return [intercept + slope * r for r in range(widest + 1)], counts
 
 
 def fit_terms(steps: pd.DataFrame, isolated: CostSurface, fitted_on: dict) -> StepTerms:
@@ -78,10 +100,11 @@ def fit_terms(steps: pd.DataFrame, isolated: CostSurface, fitted_on: dict) -> St
     rows, widest = steps["rows"].to_numpy(), int(steps["rows"].max())
     step, plain, join = (steps["kind"] == "step").to_numpy(), (steps["config_id"] < 0).to_numpy(), \
         (steps["kind"] == "join").to_numpy()
-    return StepTerms(per_row_count(rows[step & ~plain], extra[step & ~plain], widest),
-                     per_row_count(rows[step & plain], extra[step & plain], widest),
-                     float(extra[join].mean()) if join.any() else 0.0,
-                     {**fitted_on, "steps": int(step.sum()), "joins": int(join.sum())})
+    speculative, seen = line_over_rows(rows[step & ~plain], extra[step & ~plain], widest)
+    plain_rows, plain_seen = line_over_rows(rows[step & plain], extra[step & plain], widest)
+    return StepTerms(speculative, plain_rows, float(np.median(extra[join])) if join.any() else 0.0,
+                     {**fitted_on, "steps": int(step.sum()), "joins": int(join.sum()),
+                      "steps_by_rows": {"speculative": seen, "plain": plain_seen}})
 
 
 def live_batch(pair, ids: list[list[int]], policies: list[DecodeConfig], isolated: CostSurface,
@@ -92,7 +115,11 @@ def live_batch(pair, ids: list[list[int]], policies: list[DecodeConfig], isolate
     the step terms fitted on the second run's traced steps. Nothing else runs beside the
     servers: a pass timed between their steps would slow the steps it is fitted on."""
     largest = max(isolated.models)
-    arrivals = ramp(2 * largest, largest, policies[0].verification.max_new_tokens, isolated.at(1).t_verify[0])
+    # Paced by the fewest steps a speculative request can take (every draft accepted): the batch fills
+    # before any request can have left, then runs full while the second half arrives (plain decoding,
+    # slower, queues), and drains. Paced by a likelier count, the batch stayed at a third of B = 32.
+    fewest = policies[0].verification.max_new_tokens / (1 + max(c.stopping.gamma_max for c in policies))
+    arrivals = ramp(2 * largest, largest, fewest, turn_seconds(isolated, policies))
     for _ in range(2):
         _, _, steps = run_under_load(pair, ids, policies, arrivals, largest, eos_ids)
     terms = fit_terms(steps, isolated, {"requests": 2 * largest, "max_batch": largest,
@@ -146,7 +173,8 @@ def one_surface(pair, ids: list[list[int]], base: DecodeConfig, isolated: CostSu
 
 def plan_seconds(per_token: float, tokens: int, largest_batch: int) -> float:
     """About how long price_in_decode takes: an untimed and 2 timed decodes of 2 prompts by 3 sides
-    at batch 1, and 3 servers of 2 * B requests at B, twice (a step of B rows costing about B / 2 single ones)."""
+    at batch 1, and 3 servers of 2 * B requests at B, twice: 2 * tokens steps of B rows each, a step
+    of B rows costing about √B single ones (8 rows 2.2x, 32 rows 5.3x on the shipped pair, 2 cores)."""
     tokens = min(tokens, CAP_TOKENS)
-    batched = 2 * 3 * 2 * largest_batch * tokens / max(1.0, largest_batch / 2) if largest_batch > 1 else 0.0
+    batched = 2 * 3 * 2 * tokens * float(np.sqrt(largest_batch)) if largest_batch > 1 else 0.0
     return per_token * (3 * 2 * 3 * tokens + batched)

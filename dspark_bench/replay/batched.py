@@ -28,7 +28,7 @@ from dspark_bench.decoding.budget import decide, draft_seconds, packed_verify
 from dspark_bench.decoding.confidence import signal_of
 from dspark_bench.errors import DsparkError
 from dspark_bench.metrics import rates
-from dspark_bench.replay.cost import CostSurface
+from dspark_bench.replay.cost import CostModel, CostSurface
 from dspark_bench.replay.record import Record
 from dspark_bench.replay.rounds import eos_positions, match_lengths, round_plans
 from dspark_bench.replay.simulate import (
@@ -354,11 +354,13 @@ def walk_controlled(rec: Record, config: DecodeConfig, draft: np.ndarray, verify
 
 
 def simulate_with_surface(rec: Record, configs: list[DecodeConfig], surface: CostSurface,
-                          refill: bool = True) -> pd.DataFrame:
+                          refill: bool = True, batch_one: CostModel | None = None) -> pd.DataFrame:
     """`simulate_grid`'s table, its predictions made at each policy's own batch size: padded in
     predicted_time / predicted_speedup, packed in the *_packed columns, and the batched baseline's
     predicted_baseline_time (at B = 1 and without prefill costs: the numbers simulate_grid
-    gives; the walk adds each request's prefill, which simulate_grid leaves out)."""
+    gives; the walk adds each request's prefill, which simulate_grid leaves out). `batch_one`: the
+    batch-1 decoder's own prices (timed inside its decodes), which a batch-1 policy is then priced
+    on as a batch-1 sweep prices it (`batch_one_priced`), not as a one-row live batch."""
 
     grid = simulate_grid(rec, configs, surface.at(1))
     predicted = predict_batched(rec, configs, surface, refill)
@@ -373,4 +375,23 @@ def simulate_with_surface(rec: Record, configs: list[DecodeConfig], surface: Cos
         grid.loc[ids, "draft_forwards_per_token"] = grid.loc[ids, "draft_forwards"] / grid.loc[ids, "new_tokens"]
         grid = grid.reset_index()
     predicted = predicted.drop(columns=[c for c in TOTALS if c in predicted])
-    return grid.drop(columns=["predicted_time", "predicted_speedup"]).merge(predicted, on="config_id")
+    table = grid.drop(columns=["predicted_time", "predicted_speedup"]).merge(predicted, on="config_id")
+    return table if batch_one is None else batch_one_priced(rec, configs, table, batch_one)
+
+
+def batch_one_priced(rec: Record, configs: list[DecodeConfig], table: pd.DataFrame, cost: CostModel) -> pd.DataFrame:
+    """`table` with its batch-1 policies' predictions simulate_grid's on `cost`: the batch-1 decoder
+    runs them, whose rounds pay its own host work (t_round, t_plain), not a live batch's step terms
+    at one row (a sweep over B priced inside decodes read them at half their measured speedup)."""
+    alone = [i for i, c in enumerate(configs) if c.batching.batch_size == 1]
+    if not alone:
+        return table
+    grid = simulate_grid(rec, [configs[i] for i in alone], cost)
+    where = table.set_index("config_id").index.get_indexer(np.asarray(alone)[grid["config_id"].to_numpy()])
+    speedup, seconds = grid["predicted_speedup"].to_numpy(), grid["predicted_time"].to_numpy()
+    table = table.copy()
+    for column, values in (("predicted_time", seconds), ("predicted_time_packed", seconds),
+                           ("predicted_speedup", speedup), ("predicted_speedup_packed", speedup),
+                           ("predicted_baseline_time", seconds * speedup)):
+        table.loc[table.index[where], column] = values
+    return table

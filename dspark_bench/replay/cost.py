@@ -173,9 +173,10 @@ class StepTerms:
     """What a live batch's step and admission cost past their passes, fitted on a running server's
     own steps (harness/in_decode.py; docs/batch-sizes.md#in-decode-prices): a step of r live rows
     costs its passes plus `rows[r]` (speculative servers) or `plain_rows[r]` (plain decoding: less
-    host work per row) — the per-row host work and the batch's upkeep at that width, one number per
-    row count, as each width pays them — and each request joining the batch its prompt's prefill
-    plus `join`. A term is below 0 where a live step took less than its isolated passes."""
+    host work per row) — the per-row host work and the batch's upkeep at that width, a table over
+    the row count (fitted on a line: harness/in_decode.line_over_rows) — and each request joining
+    the batch its prompt's prefill plus `join`. A term is below 0 where a live step took less than
+    its isolated passes."""
 
     rows: list[float]  # index r: seconds past its passes of a speculative step with r live rows
     plain_rows: list[float]

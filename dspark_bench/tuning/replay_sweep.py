@@ -347,9 +347,12 @@ def simulate_all(folder: Path, configs: list[DecodeConfig], records: dict, price
 
 def replayed(rec, configs: list[DecodeConfig], surface, cost, batched: bool) -> pd.DataFrame:
     """The policies replayed on `rec`, priced on `surface` (at B > 1, both layouts) or `cost`; a
-    sampled record's expectations over its replicates (replay/sampled.py)."""
-    return sampled.expected([simulate_with_surface(r, configs, surface) if batched else simulate_grid(r, configs, cost)
-                             for r in sampled.replicates(rec)])
+    sampled record's expectations over its replicates (replay/sampled.py). Prices timed inside
+    decodes (the surface has a live batch's terms) price a batch-1 policy on `cost`, the batch-1
+    decoder's own; passes timed alone, on the surface as before."""
+    one = cost if batched and surface.terms is not None else None
+    return sampled.expected([simulate_with_surface(r, configs, surface, batch_one=one) if batched
+                             else simulate_grid(r, configs, cost) for r in sampled.replicates(rec)])
 
 
 def replayed_count(configs: list[DecodeConfig]) -> int:
