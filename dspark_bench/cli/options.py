@@ -46,6 +46,10 @@ class CommandOptions:
     tasks: str | None = knob(None, "Built-in tasks, comma-separated: one domain each (e.g. code,prose,structured).")
     config: Path | None = knob(None, "Run what a run folder's run.json describes, again (other flags but --out are "
                                "refused).", path=True)
+    # --- what a deployed engine counted (observe)
+    window: float = knob(60.0, "observe, one metrics URL: seconds between its two scrapes (the window read).")
+    prices: Path | None = knob(None, "observe: a cost-model file (the engine's measured prices, or ours) that prices "
+                               "each shorter draft length for the advice.", path=True)
     # --- who decodes: our decoder, HF's, or llama.cpp's server
     decoder: str = knob("ours", "The speculative side: ours | hf (HF assisted generation, HF's rule: --semantics hf, "
                         "top1, --min-draft-len 0) | llamacpp (llama-server with the flags export writes, one server "
