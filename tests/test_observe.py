@@ -221,3 +221,67 @@ def test_a_live_llama_server_s_counters_are_its_own_per_request_counts(tmp_path)
     assert counts.rounds == sum(a["counters"]["spec_decode_num_drafts_total"] for a in answers)
     assert sum(counts.per_position) == counts.accepted and len(counts.per_position) == 3
     assert Observed(counts).draft_length == 3
+
+
+def test_replay_s_counts_are_the_rounds_that_carried_a_draft(llama_pair):
+    from types import SimpleNamespace
+
+    from dspark_bench.config import DecodeConfig
+    from dspark_bench.engines.drift import predicted
+    from dspark_bench.measure.recording import record
+    from dspark_bench.replay.simulate import simulate
+
+    target, draft = llama_pair
+    prompts = [[0, 5, 9, 11], [7], [3, 3, 40, 2, 8, 100, 17]]
+    rec = record(SimpleNamespace(target=target, draft=draft, eos_ids=frozenset()), prompts, 24, 4, topk=5)
+    policy = DecodeConfig.of(semantics="llamacpp", threshold=0.3, gamma_max=4, min_draft_len=0, max_new_tokens=24)
+    counts, effects = predicted(rec, policy, "llamacpp")
+    rounds = [r for prompt in simulate(rec, policy) for r in prompt]
+    carried = [r for r in rounds if r.drafted]
+    assert counts.rounds == len(carried) and counts.accepted == sum(r.accepted for r in rounds)
+    assert counts.per_position == tuple(sum(r.accepted > i for r in carried) for i in range(4))
+    assert sum(counts.per_position) == counts.accepted and counts.draft_tokens == sum(r.drafted for r in rounds)
+    assert len(effects) == 4 and all(e >= 1 for e in effects)
+
+
+def test_the_design_effect_is_the_variance_between_prompts_over_a_binomial_s():
+    from dspark_bench.engines.drift import design_effect
+
+    assert design_effect([5, 5, 5, 5], [10, 10, 10, 10]) == 1.0  # prompts alike: no more than binomial
+    hits, sizes = [9, 1, 9, 1], [10, 10, 10, 10]  # half the prompts accept almost always, half almost never
+    rate, n = 0.5, 40
+    between = 4 / 3 * sum((h - rate * m) ** 2 for h, m in zip(hits, sizes)) / n ** 2
+    assert design_effect(hits, sizes) == pytest.approx(between / (rate * (1 - rate) / n)) and between > 0.25 / n
+
+
+def test_the_verdict_names_the_positions_that_drifted():
+    from dspark_bench.config import DecodeConfig
+    from dspark_bench.engines.drift import compare
+
+    policy = DecodeConfig.of(schedule="fixed", gamma_max=3)
+    expected = Counts("llamacpp", 4000, 12000, 4400, (2400, 1400, 600))
+    same = Counts("llamacpp", 1000, 3000, 1110, (605, 352, 153))  # the same rates within chance
+    assert compare(same, expected, policy)["verdict"] == "as predicted"
+    shifted = Counts("llamacpp", 1000, 3000, 950, (600, 200, 150))  # position 1: 0.20 against 0.35
+    verdict = compare(shifted, expected, policy)
+    assert verdict["verdict"] == "drifted" and verdict["drifted_positions"] == [1]
+    row = verdict["positions"][1]
+    assert row["difference"] == pytest.approx(0.2 - 0.35) and row["difference_interval"][1] < 0
+    slight = Counts("llamacpp", 100000, 300000, 108000, (58000, 35000, 15000))  # significant, but 0.02 < 0.05
+    assert compare(slight, expected, policy)["verdict"] == "as predicted"
+    # The same shift, seen over prompts whose rounds are alike (design effect 20): within chance.
+    assert compare(shifted, expected, policy, (1.0, 20.0, 1.0))["verdict"] == "as predicted"
+    few = Counts("llamacpp", 20, 60, 10, (6, 3, 1))
+    assert compare(few, expected, policy)["verdict"] == "no verdict"
+    wider = Counts("llamacpp", 1000, 5000, 1110, (605, 352, 153, 0, 0))
+    assert "not the deployed one" in compare(wider, expected, policy)["why"]
+
+
+def test_against_a_folder_without_a_record_is_no_verdict(tmp_path):
+    before, after = tmp_path / "a.prom", tmp_path / "b.prom"
+    before.write_text(vllm_scrape(0, [0, 0, 0], 3))
+    after.write_text(vllm_scrape(200, [150, 90, 40], 3))
+    for folder, message in ((tmp_path / "nowhere", "not a run folder"),):
+        result = invoke("observe", str(before), str(after), "--against", str(folder), "--out", str(tmp_path / "o"))
+        assert result.exit_code == 2 and message in one_error_line(result)
+    assert not (tmp_path / "o").exists() or not any((tmp_path / "o").iterdir())

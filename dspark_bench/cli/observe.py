@@ -11,24 +11,27 @@ import typer
 from dspark_bench.cli.console import cli_errors, out_console, print_small_table
 from dspark_bench.cli.options import command_options
 
+NO_VERDICT = 2  # with --against, as `regress`: 0 as predicted, 1 drifted, 2 no verdict (bad input included)
 
-@command_options("window", "prices", "out", helps={"out": "Folder that receives the observation's folder."})
+
+@command_options("window", "prices", "against", "out", helps={"out": "Folder that receives the observation's folder."})
 def observe(
     sources: Annotated[list[str], typer.Argument(help="A metrics URL (scraped twice, --window apart), two saved "
                                                       "scrapes (start, end), or one (every count since it started).")],
-    *, window: float, prices: Path | None, out: Path,
+    *, window: float, prices: Path | None, against: Path | None, out: Path,
 ):
     """Per draft position, what a deployed engine accepted (vLLM, llama-server --metrics, TensorRT-LLM
     counters), with 95 % intervals; with --prices, the best draft length up to the deployed one.
 
     Example: dspark-bench observe http://localhost:8080/metrics --window 300 --prices llamacpp-prices.json
-    Example: dspark-bench observe before.prom after.prom
+    Example: dspark-bench observe before.prom after.prom --against results/<sweep_id>
+    (with --against: exit 0 as predicted, 1 drifted, 2 no verdict)
     """
     from dspark_bench.engines.observed import observe as lib  # loaded when the command runs, not for --help
 
     say = lambda line: out_console.print(line, highlight=False, soft_wrap=True, markup=False)  # noqa: E731
-    with cli_errors():
-        folder, result = lib(sources, window, prices, out, say=say)
+    with cli_errors(NO_VERDICT if against is not None else 1):
+        folder, result = lib(sources, window, prices, out, say=say, against=against)
     say(f"{result['engine']}, {result['window']}: {result['rounds']:,} rounds, {result['draft_tokens']:,} draft "
         f"tokens, {result['accepted']:,} accepted")
     low, high = result["mean_accepted_interval"]
@@ -42,6 +45,8 @@ def observe(
                         interval(p["conditional"], p["conditional_interval"])] for p in result["positions"]])
     print_advice(result.get("advice"), say)
     say(f"written: {folder / 'observed.json'}")
+    if "against" in result:
+        raise typer.Exit(print_verdict(result["against"], say))
 
 
 def interval(value: float, bounds) -> str:
@@ -62,3 +67,22 @@ def print_advice(advice: dict | None, say) -> None:
     say(f"advice: draft length {best} ({advice['best_speedup']:.3f}×)" if best else
         "advice: plain decoding (no draft length beats it on these prices)")
     say(advice["note"])
+
+
+def print_verdict(verdict: dict, say) -> int:
+    """The window against replay's prediction; the exit status it means."""
+    if verdict["verdict"] == "no verdict":
+        say(f"no verdict against {verdict['folder']}: {verdict['why']}")
+        return NO_VERDICT
+    print_small_table(f"observed against replay of {verdict['policy']} on {verdict['folder']} "
+                      f"({verdict['observed_rounds']:,} rounds seen, {verdict['predicted_rounds']:,} replayed)",
+                      ("position", "observed", "predicted", "difference (95 %)", "drifted"),
+                      [[str(r["position"]), f"{r['observed']:.3f}", f"{r['predicted']:.3f}",
+                        interval(r["difference"], r["difference_interval"]), "yes" if r["drifted"] else ""]
+                       for r in verdict["positions"]])
+    if verdict["verdict"] == "drifted":
+        say(f"drifted: position(s) {', '.join(map(str, verdict['drifted_positions']))} differ by ≥ "
+            f"{verdict['tolerance']:.2f} and beyond chance; calibrate again on this traffic")
+        return 1
+    say("as predicted")
+    return 0

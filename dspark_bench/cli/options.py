@@ -50,6 +50,10 @@ class CommandOptions:
     window: float = knob(60.0, "observe, one metrics URL: seconds between its two scrapes (the window read).")
     prices: Path | None = knob(None, "observe: a cost-model file (the engine's measured prices, or ours) that prices "
                                "each shorter draft length for the advice.", path=True)
+    against: Path | None = knob(None, "observe: a replay sweep's folder; the window is held against replay's "
+                                "prediction for the policy its export deploys (exit 0 as predicted, 1 drifted, 2 no "
+                                "verdict).",
+                                path=True)
     # --- who decodes: our decoder, HF's, or llama.cpp's server
     decoder: str = knob("ours", "The speculative side: ours | hf (HF assisted generation, HF's rule: --semantics hf, "
                         "top1, --min-draft-len 0) | llamacpp (llama-server with the flags export writes, one server "

@@ -8,15 +8,15 @@ A / R (bonus token excluded; the engines' "acceptance length" is 1 + it) with it
 the survival counts' own distribution.
 
 **Advice from counters alone.** Where the rounds drafted K tokens (draft tokens ≥ 95 % of R × K: a
-request's last drafts are cut to the tokens it has left), a draft cut to K' ≤ K tokens proposes the same first K' tokens (a draft does not look
-ahead to its own length), so each round accepts min(L, K') of them: its expected accepted length
-is Σ_{i<K'} S_i exactly, for every K' ≤ K. On a cost model (the engine's measured prices, ours,
-or a file) each K' then has a predicted speedup, K' = 0 being plain decoding; the best is named.
-(A round cut short at a request's end drafted fewer: min(L, K') holds for it too, and its cost is
-over-counted by the few tokens it did not draft.) Nothing past K can be seen: no counter says
-what position K + 1 would have accepted. Where the
-drafts varied in length (a p-min, an adaptive controller), a cut draft's own cost is unknown and
-no advice is given.
+request's last drafts are cut to the tokens it has left), a draft cut to K' ≤ K tokens proposes
+the same first K' tokens (a draft does not look ahead to its own length), so each round accepts
+min(L, K') of them: its expected accepted length is Σ_{i<K'} S_i exactly, for every K' ≤ K. On a
+cost model (the engine's measured prices, ours, or a file) each K' then has a predicted speedup,
+K' = 0 being plain decoding; the best is named. (A round cut short at a request's end drafted
+fewer: min(L, K') holds for it too, and its cost is over-counted by the few tokens it did not
+draft.) Nothing past K can be seen: no counter says what position K + 1 would have accepted.
+Where the drafts varied in length (a p-min, an adaptive controller), a cut draft's own cost is
+unknown and no advice is given.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from dspark_bench.engines import drift
 from dspark_bench.engines.counters import Counts, window
 from dspark_bench.errors import DsparkError
 from dspark_bench.replay import cost_file
@@ -131,14 +132,17 @@ def advice(observed: Observed, cost: CostModel) -> dict:
             "note": f"lengths past the deployed {k} cannot be seen: no counter says what they would have accepted"}
 
 
-def observe(sources: list[str], seconds: float, prices: Path | None, out: Path, say=None) -> tuple[Path, dict]:
+def observe(sources: list[str], seconds: float, prices: Path | None, out: Path, say=None,
+            against: Path | None = None) -> tuple[Path, dict]:
     """`dspark-bench observe`: a window of an engine's counters read per position, with advice on
-    `prices` (a cost-model file: its smallest batch size's model) where given, written as
-    OUT/<run id>/observed.json (whole or not at all). Every input is checked before the window."""
+    `prices` (a cost-model file: its smallest batch size's model) where given, held against replay's
+    prediction for what `against` (a replay sweep's folder) exports (engines/drift.py) where given,
+    written as OUT/<run id>/observed.json (whole or not at all). Every input is checked before the window."""
     cost = None
     if prices is not None:
         surface = cost_file.load(prices).surface
         cost = surface.at(min(surface.models))
+    sweep = drift.sweep_of(against) if against is not None else None
     check_writable(out)
     counts, how = window(sources, seconds, say=say)
     observed = Observed(counts)
@@ -148,6 +152,10 @@ def observe(sources: list[str], seconds: float, prices: Path | None, out: Path, 
             result["advice"] = {"prices": str(prices), **advice(observed, cost)}
         except DsparkError as refused:
             result["advice"] = {"prices": str(prices), "refused": str(refused)}
+    if sweep is not None:
+        policy = drift.deployed(sweep, counts.engine)
+        expected, effects = drift.predicted(sweep.rec, policy, counts.engine)
+        result["against"] = {"folder": str(against), **drift.compare(counts, expected, policy, effects)}
     text = json.dumps(result, indent=1)
     folder = write_folder(out / new_run_id("observe"), lambda partial: (partial / "observed.json").write_text(text))
     return folder, result
