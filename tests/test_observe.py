@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import json
 import math
+import os
 
 import numpy as np
 import pytest
 from cli_helpers import invoke, one_error_line
 
+from dspark_bench.config import DecodeConfig
 from dspark_bench.engines.counters import Counts, read_scrape, window
 from dspark_bench.engines.observed import Observed, advice, wilson
 from dspark_bench.errors import DsparkError
@@ -285,3 +287,101 @@ def test_against_a_folder_without_a_record_is_no_verdict(tmp_path):
         result = invoke("observe", str(before), str(after), "--against", str(folder), "--out", str(tmp_path / "o"))
         assert result.exit_code == 2 and message in one_error_line(result)
     assert not (tmp_path / "o").exists() or not any((tmp_path / "o").iterdir())
+
+
+# --- profiles out, and a window held against a real sweep ------------------------------------------
+
+
+def test_a_profile_s_rates_are_modelopt_s_for_the_same_steps():
+    """ModelOpt's own worked case (its test_offset_and_densification): 100 steps emitting 1, 2 and 3
+    tokens 40, 30 and 30 times at K = 3 give marginal 0.6, 0.3, 0 and conditional 0.6, 0.5, 0."""
+    from dspark_bench.engines.profiles import Profile, dynamo_args, modelopt, sglang_env, vllm_synthetic
+
+    profile = Profile(3, {0: 40, 1: 30, 2: 30})
+    assert profile.marginal == pytest.approx([0.6, 0.3, 0.0]) and profile.conditional == pytest.approx([0.6, 0.5, 0.0])
+    assert profile.mean_accept_length == pytest.approx(1.9)
+    policy = DecodeConfig.of(schedule="fixed", gamma_max=3)
+    data = json.loads(json.dumps(modelopt(profile, policy, {"draft": "d", "target": "t"}, {}, {})))
+    assert data["schema_version"] == "1.0" and data["acceptance_length_histogram"] == {"1": 40, "2": 30, "3": 30}
+    assert data["validation"]["mean_consistency"]["passed"] and data["validation"]["marginal_monotonicity"]["passed"]
+    assert data["num_speculative_tokens"] == 3 == len(data["conditional_accept_rates"])
+    # vLLM 0.34's checks on synthetic_acceptance_rates (vllm/config/speculative.py):
+    # length K, each in [0, 1], non-increasing.
+    rates = vllm_synthetic(profile)["synthetic_acceptance_rates"]
+    assert len(rates) == 3 and all(0 <= r <= 1 for r in rates) and all(a >= b for a, b in zip(rates, rates[1:]))
+    assert dynamo_args(Profile(7, {0: 5, 7: 5}))[1].startswith("# K = 7")  # Dynamo samples at most 5
+    assert dynamo_args(profile)[0] == "--aic-nextn 3 --aic-nextn-accept-rates 0.600000,0.500000,0.000000\n"
+    # SGLang's own environment parser reads what the file sets.
+    from sglang.srt.environ import envs
+
+    values = dict(line.split("=") for line in sglang_env(profile).split())
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        assert envs.SGLANG_SIMULATE_ACC_LEN.get() == pytest.approx(1.9)
+        assert envs.SGLANG_SIMULATE_ACC_METHOD.get() == "match-expected"
+    finally:
+        for k, v in saved.items():
+            os.environ.pop(k) if v is None else os.environ.update({k: v})
+
+
+@pytest.fixture(scope="module")
+def llamacpp_sweep(saved_pair, prompts_file, tmp_path_factory):
+    """A replay sweep of the tiny pair under llama.cpp's rule (nothing timed, isolated prices)."""
+    target, draft = saved_pair
+    out = tmp_path_factory.mktemp("sweep")
+    result = invoke("sweep", "--target", target, "--draft", draft, "--dataset", str(prompts_file), "--out", str(out),
+                    "--max-new-tokens", "24", "--semantics", "llamacpp", "--threshold", "0.2", "--threshold", "0.5",
+                    "--gamma-max", "3", "--confirm-top", "0", "--isolated-prices")
+    assert result.exit_code == 0, result.output
+    return next(p for p in out.iterdir() if "-sweep-" in p.name)
+
+
+def test_a_sweep_s_profile_is_its_best_policy_replayed(llamacpp_sweep, tmp_path):
+    from dspark_bench.engines.profiles import replayed_profiles
+    from dspark_bench.engines.run_policies import run_policies
+
+    result = invoke("profile", str(llamacpp_sweep), "--out", str(tmp_path / "p"))
+    assert result.exit_code == 0, result.output
+    run = run_policies(llamacpp_sweep)
+    policy = run.best[min(run.best)][0]
+    whole, per_category = replayed_profiles(run.rec, policy)
+    data = json.loads((tmp_path / "p" / "speculation_profile.json").read_text())
+    assert data["marginal_accept_rates"] == [round(x, 6) for x in whole.marginal]
+    assert sorted(data["per_category"]) == ["code", "prose"] == sorted(per_category)
+    assert sum(p.rounds for p in per_category.values()) == whole.rounds
+    vllm = json.loads((tmp_path / "p" / "vllm_speculative_config.json").read_text())
+    assert vllm["rejection_sample_method"] == "synthetic"
+    assert vllm["num_speculative_tokens"] == policy.stopping.gamma_max
+    again = invoke("profile", str(llamacpp_sweep), "--out", str(tmp_path / "p"))
+    assert again.exit_code == 1 and "never overwritten" in one_error_line(again)
+
+
+def test_a_window_of_the_predicted_counts_is_as_predicted_and_a_shifted_one_drifted(llamacpp_sweep, tmp_path):
+    from dspark_bench.engines.drift import deployed, predicted, sweep_of
+
+    run = sweep_of(llamacpp_sweep)
+    policy = deployed(run, "llamacpp")
+    expected, _ = predicted(run.rec, policy, "llamacpp")
+    scaled = Counts("llamacpp", expected.rounds * 20, expected.draft_tokens * 20, expected.accepted * 20,
+                    tuple(p * 20 for p in expected.per_position))
+    # Traffic the draft does not know: nothing accepted (a record of three prompts decides no smaller shift).
+    shifted = Counts("llamacpp", scaled.rounds, scaled.draft_tokens, 0, (0,) * len(scaled.per_position))
+    empty = Counts("llamacpp", 0, 0, 0, (0,) * len(expected.per_position))
+    statuses = []
+    for name, counts in (("same", scaled), ("shifted", shifted)):
+        before, after = tmp_path / f"{name}-0.prom", tmp_path / f"{name}-1.prom"
+        before.write_text(llamacpp_scrape(empty))
+        after.write_text(llamacpp_scrape(counts))
+        result = invoke("observe", str(before), str(after), "--against", str(llamacpp_sweep), "--out", str(tmp_path))
+        statuses.append(result.exit_code)
+        assert ("as predicted" if name == "same" else "drifted:") in result.output, result.output
+    assert statuses == [0, 1]
+
+
+def llamacpp_scrape(counts: Counts) -> str:
+    lines = [f"llamacpp:spec_decode_num_{name}_total {value}" for name, value in
+             (("drafts", counts.rounds), ("draft_tokens", counts.draft_tokens), ("accepted_tokens", counts.accepted))]
+    lines += [f'llamacpp:spec_decode_num_accepted_tokens_per_pos_total{{position="{i}"}} {v}'
+              for i, v in enumerate(counts.per_position)]
+    return "\n".join(lines) + "\n"

@@ -1,5 +1,5 @@
 """The `dspark-bench` command line: one thin module per command over the library (`run`, `decode`,
-`sweep`, `analyze`, `report`, `calibrate`, `regress`, `export`, `observe`; the groups `tasks`, `models` and
+`sweep`, `analyze`, `report`, `calibrate`, `regress`, `export`, `observe`, `profile`; the groups `tasks`, `models` and
 `continuations`).
 
 Each command parses its flags, builds a config, calls one library function and prints; library
@@ -22,6 +22,7 @@ from dspark_bench.cli.decode import decode
 from dspark_bench.cli.export import export
 from dspark_bench.cli.models import models_app
 from dspark_bench.cli.observe import observe
+from dspark_bench.cli.profile import profile
 from dspark_bench.cli.regress import regress
 from dspark_bench.cli.report import report
 from dspark_bench.cli.run import run
@@ -30,7 +31,7 @@ from dspark_bench.cli.tasks import tasks_app
 
 app = typer.Typer(help="Find, measure and prove the best speculative-decoding policy.", no_args_is_help=True,
                   pretty_exceptions_enable=False, add_completion=False)
-for command in (run, decode, sweep, analyze, report, calibrate, regress, export, observe):
+for command in (run, decode, sweep, analyze, report, calibrate, regress, export, observe, profile):
     app.command()(command)
 app.add_typer(tasks_app, name="tasks")
 app.add_typer(models_app, name="models")
