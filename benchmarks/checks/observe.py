@@ -140,24 +140,23 @@ def main() -> None:
     if args.drift:
         drift(args, out / "drift")
         return
+    advice_check(args, out)
+
+
+def advice_check(args, out: Path) -> None:
+    """Steps 1-3 of the module docstring, and the window against replay of the same fixed K."""
     run = measured_run(args, out / "runs")
     info = json.loads((run / "llamacpp.json").read_text())
-    sources, own = deployed_window(info, prompt_ids(args), args, out)
+    pair, ids = prompt_ids(args)
+    sources, own = deployed_window(info, ids, args, out)
     folder, result = observe(sources, 0, Path(info["prices"]["llamacpp"]), out / "observed")
     window = read_scrape(Path(sources[1]).read_text()).since(read_scrape(Path(sources[0]).read_text()))
-    measured = {int(row["policy"].split("γ=")[1].split()[0]): row for row in info["summary"]}
-    rows = []
-    for entry in result["advice"]["by_length"][1:]:
-        k, got = entry["draft_length"], measured.get(entry["draft_length"])
-        low, high = entry["speedup_interval"]
-        rows.append({"draft_length": k, "predicted": entry["speedup"], "low": low, "high": high,
-                     "measured": got["llamacpp_speedup"] if got else None,
-                     "measured_interval": [got["llamacpp_speedup_low"], got["llamacpp_speedup_high"]] if got else None,
-                     "within": bool(got and low <= got["llamacpp_speedup"] <= high)})
+    rows = advice_rows(result, info)
     # K' = 0 is plain decoding, 1.0 by definition: the measured best is plain where no K' beats it.
     best_measured = max([{"draft_length": 0, "measured": 1.0}] + rows, key=lambda r: r["measured"] or 0)["draft_length"]
+    verdict = against_replay(pair, ids, window, args)
     data = {"run": str(run), "observed": str(folder), "advice": result["advice"]["best"],
-            "best_measured": best_measured, "rows": rows, "window": result,
+            "best_measured": best_measured, "rows": rows, "window": result, "against_replay": verdict,
             "own_counts": own, "window_counts": {"draft_tokens": window.draft_tokens, "accepted": window.accepted}}
     (out / "observe.json").write_text(json.dumps(data, indent=1, default=str))
     lines = [f"llama-server deployed at fixed K = {args.gamma} on {args.limit} {args.task} prompts × "
@@ -172,20 +171,55 @@ def main() -> None:
               + f" | {'yes' if r['within'] else 'no'} |" for r in rows]
     lines += ["", f"Advised K' = {data['advice']}; measured best K' = {best_measured} (0: plain decoding). Prices: "
               f"{info['prices']['label']} ({info['prices']['llamacpp']}), timing health "
-              f"{info['prices']['timing_health']['verdict']}."]
+              f"{info['prices']['timing_health']['verdict']}.", "", *verdict_lines(verdict)]
     (out / "observe.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
-def prompt_ids(args) -> list[list[int]]:
-    """The run's prompts (the task's first --limit) as token ids, encoded as a run encodes them."""
+def advice_rows(result: dict, info: dict) -> list[dict]:
+    """Each K''s predicted speedup beside the one `run --decoder llamacpp` measured."""
+    measured = {int(row["policy"].split("γ=")[1].split()[0]): row for row in info["summary"]}
+    rows = []
+    for entry in result["advice"]["by_length"][1:]:
+        k, got = entry["draft_length"], measured.get(entry["draft_length"])
+        low, high = entry["speedup_interval"]
+        rows.append({"draft_length": k, "predicted": entry["speedup"], "low": low, "high": high,
+                     "measured": got["llamacpp_speedup"] if got else None,
+                     "measured_interval": [got["llamacpp_speedup_low"], got["llamacpp_speedup_high"]] if got else None,
+                     "within": bool(got and low <= got["llamacpp_speedup"] <= high)})
+    return rows
+
+
+def against_replay(pair, ids: list[list[int]], window, args) -> dict:
+    """The window against replay of the same fixed K under llama.cpp's rule, on a record of the same prompts."""
+    from dspark_bench.engines.drift import compare, predicted
+    from dspark_bench.measure.recording import record
+
+    rec = record(pair, ids, args.max_new_tokens, args.gamma, eos_ids=pair.eos_ids)
+    policy = DecodeConfig.of(schedule="fixed", gamma_max=args.gamma, semantics="llamacpp",
+                             max_new_tokens=args.max_new_tokens)
+    expected, effects = predicted(rec, policy, "llamacpp")
+    return compare(window, expected, policy, effects)
+
+
+def verdict_lines(verdict: dict) -> list[str]:
+    lines = [f"Against replay of {verdict['policy']} on the same prompts: {verdict['verdict']} "
+             f"({verdict['observed_rounds']} rounds seen, {verdict['predicted_rounds']} replayed).", "",
+             "| position | observed survival | replayed | difference (95 %) | drifted |", "|---|---|---|---|---|"]
+    return lines + [f"| {r['position']} | {r['observed']:.3f} | {r['predicted']:.3f} | {r['difference']:+.3f} "
+                    f"[{r['difference_interval'][0]:+.3f}, {r['difference_interval'][1]:+.3f}] | "
+                    f"{'yes' if r['drifted'] else ''} |" for r in verdict.get("positions", [])]
+
+
+def prompt_ids(args):
+    """The shipped pair, and the run's prompts (the task's first --limit) encoded as a run encodes them."""
     from dspark_bench.harness.models import load_pair
     from dspark_bench.tasks import load_prompts
     from dspark_bench.tasks.prompts import encode
 
     pair = load_pair(device="cpu")
-    return [encode(pair.tokenizer, p.text, "auto") for p in load_prompts(args.task, None, "train", None, None,
-                                                                         args.limit)[0]]
+    return pair, [encode(pair.tokenizer, p.text, "auto") for p in load_prompts(args.task, None, "train", None, None,
+                                                                               args.limit)[0]]
 
 
 if __name__ == "__main__":
