@@ -86,6 +86,29 @@ def test_each_engine_s_counters_are_read_from_its_own_exposition():
     assert trt.drafted == (8000, 8000, 8000) and trt.accepted == 15000
 
 
+def test_sglang_s_per_request_counts_are_a_window(tmp_path):
+    """SGLang's responses (native meta_info, and the OpenAI endpoints' sglext) summed; its histogram of
+    accepted drafts per verify step gives every position."""
+    native = {"meta_info": {"completion_tokens": 261, "spec_verify_ct": 80, "spec_num_correct_drafts": 180,
+                            "spec_num_proposed_drafts": 240, "spec_correct_drafts_histogram": [6, 10, 22, 42]}}
+    openai = {"sglext": {"spec_tokens_details": {"spec_verify_ct": 10, "spec_num_correct_drafts": 14,
+                                                 "spec_num_proposed_drafts": 30,
+                                                 "spec_correct_drafts_histogram": [2, 4, 2, 2]}}}
+    path = tmp_path / "responses.jsonl"
+    path.write_text(json.dumps(native) + "\n\n" + json.dumps(openai) + "\n")
+    counts, how = window([str(path)], 0)
+    assert counts == Counts("sglang", 90, 270, 194, (74 + 8, 64 + 4, 42 + 2)) and "requests it holds" in how
+    assert sum(counts.per_position) == counts.accepted and Observed(counts).draft_length == 3
+    timings = tmp_path / "llama.jsonl"
+    timings.write_text(json.dumps({"content": "x", "timings": {"draft_n": 10, "draft_n_accepted": 4}}) + "\n")
+    with pytest.raises(DsparkError, match="not rounds or positions"):
+        window([str(timings)], 0)
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text(json.dumps(native) + "\n{oops\n")
+    with pytest.raises(DsparkError, match="line 2 is not JSON"):
+        window([str(broken)], 0)
+
+
 def test_a_window_is_the_change_between_two_scrapes(tmp_path):
     before, after = tmp_path / "a.prom", tmp_path / "b.prom"
     before.write_text(vllm_scrape(100, [80, 50, 20], 3))

@@ -16,12 +16,15 @@ TensorRT-LLM's trtllm-serve /prometheus/metrics):
   position `trtllm_spec_decode_drafted_tokens_total` / `…_accepted_tokens_total{token_position}`;
   its rounds are the rounds that drafted position 0.
 
-SGLang exports no such counters (only gauges over its last 40 batches): refused, in one line.
+SGLang exports no such counters (only gauges over its last 40 batches): its Prometheus text is
+refused in one line, and its per-request counts are read from a JSONL of its responses instead
+(`read_requests`).
 A sample named `…_created` (prometheus_client's creation time) is not a count and is skipped.
 """
 
 from __future__ import annotations
 
+import json
 import time
 import urllib.error
 import urllib.request
@@ -121,7 +124,7 @@ def engine_of(found: dict, where: str) -> str:
             return engine
     if SGLANG_MARK in found:
         raise DsparkError(f"{where} is SGLang's: it exports no counts of drafted or accepted tokens, only gauges over "
-                          f"its last 40 batches, so no window can be read from it")
+                          f"its last 40 batches; give a .jsonl of its responses (meta_info) instead")
     raise DsparkError(f"{where} has no speculative decoding counters (vLLM's vllm:spec_decode_*, llama-server's "
                       f"llamacpp:spec_decode_* with --metrics, TensorRT-LLM's trtllm_spec_decode_*): is speculation "
                       f"on, and has a speculative request finished?")
@@ -173,13 +176,57 @@ def is_url(source: str) -> bool:
 
 
 def read_source(source: str) -> Counts:
-    """The counters of a metrics URL (scraped now) or of a saved scrape's file."""
+    """The counters of a metrics URL (scraped now), a saved scrape's file, or a file of per-request
+    responses (`read_requests`: a .jsonl)."""
     if is_url(source):
         return read_scrape(scrape(source), source)
     path = Path(source)
     if not path.is_file():
         raise DsparkError(f"{source!r} is neither a metrics URL (http://…/metrics) nor a file")
-    return read_scrape(path.read_text(errors="replace"), source)
+    text = path.read_text(errors="replace")
+    return read_requests(text, source) if path.suffix == ".jsonl" else read_scrape(text, source)
+
+
+# SGLang's per-request counts (sglang 0.5.23: meta_info, or sglext.spec_tokens_details on the OpenAI
+# endpoints with "return_spec_tokens_details": true; managers/schedule_batch.py), set when a request finishes.
+SGLANG_KEYS = ("spec_verify_ct", "spec_num_correct_drafts", "spec_num_proposed_drafts", "spec_correct_drafts_histogram")
+
+
+def request_details(response: dict) -> dict:
+    """The part of one response that carries SGLang's speculative counts (or the response itself)."""
+    for part in (response, response.get("meta_info") or {}, (response.get("sglext") or {}).get("spec_tokens_details")
+                 or {}):
+        if isinstance(part, dict) and "spec_correct_drafts_histogram" in part:
+            return part
+    return {}
+
+
+def read_requests(text: str, where: str) -> Counts:
+    """A window of finished requests, one response a line: SGLang's exact counts summed (its
+    histogram h[j], the verify steps that accepted exactly j drafts, gives every position: the
+    rounds that accepted at least i + 1 are Σ_{j > i} h[j])."""
+    rows = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                raise DsparkError(f"{where} line {number} is not JSON") from None
+    details = [request_details(r) for r in rows if isinstance(r, dict)]
+    if any("timings" in r and "draft_n" in r.get("timings", {}) for r in rows if isinstance(r, dict)) and not any(
+            details):
+        raise DsparkError(f"{where} holds llama.cpp's per-request timings: they count draft and accepted tokens but "
+                          "not rounds or positions; scrape llama-server's /metrics (--metrics) instead")
+    details = [d for d in details if d]
+    if not details:
+        raise DsparkError(f"{where} has no per-request speculative counts (SGLang's {', '.join(SGLANG_KEYS)})")
+    width = max(len(d["spec_correct_drafts_histogram"]) for d in details)
+    histogram = [sum(d["spec_correct_drafts_histogram"][j] if j < len(d["spec_correct_drafts_histogram"]) else 0
+                     for d in details) for j in range(width)]
+    return Counts("sglang", int(sum(d.get("spec_verify_ct", 0) for d in details)),
+                  int(sum(d.get("spec_num_proposed_drafts", 0) for d in details)),
+                  int(sum(d.get("spec_num_correct_drafts", 0) for d in details)),
+                  tuple(int(sum(histogram[i + 1:])) for i in range(width - 1)))
 
 
 def window(sources: list[str], seconds: float, wait=time.sleep, say=None) -> tuple[Counts, str]:
@@ -192,7 +239,8 @@ def window(sources: list[str], seconds: float, wait=time.sleep, say=None) -> tup
         return read_source(sources[1]).since(first), f"between {sources[0]} and {sources[1]}"
     (only,) = sources
     if not is_url(only):
-        return read_source(only), f"{only}: every count since the engine started"
+        since = "the requests it holds" if only.endswith(".jsonl") else "every count since the engine started"
+        return read_source(only), f"{only}: {since}"
     if not seconds > 0:
         raise DsparkError(f"--window must be a number of seconds above 0, not {seconds:g}")
     first = read_source(only)
