@@ -53,33 +53,32 @@ def measured_run(args, out: Path) -> Path:
 
 
 def deployed_window(info: dict, prompts: list[list[int]], args, out: Path) -> tuple[list[str], dict]:
-    """The K server (run's own binary, files and flags) serving `prompts`; its /metrics before and after."""
+    """The K server (run's own binary, files and flags) serving `prompts` (`served_window`, warmed up),
+    and its own per-request counts summed."""
     from dspark_bench.engines.llamacpp_run import found_build
 
     binary, _, version = found_build(info["binary"])
     flags = llamacpp_flags(DecodeConfig.of(schedule="fixed", gamma_max=args.gamma), info["gguf"]["draft"], version)
-    paths = [out / "before.prom", out / "after.prom"]
-    with LlamaServer(binary, Path(info["gguf"]["target"]), flags, name="llama-server (deployed)") as server:
-        server.complete(prompts[0], args.max_new_tokens)  # warm-up, inside the window too: it counts as traffic
-        paths[0].write_text(scrape(server.url("/metrics")))
-        answers = [server.complete(ids, args.max_new_tokens) for ids in prompts]
-        paths[1].write_text(scrape(server.url("/metrics")))
+    paths, answers = served_window(binary, Path(info["gguf"]["target"]), flags, prompts, args.max_new_tokens, out,
+                                   warm=True)
     own = {"draft_n": sum(a["timings"].get("draft_n", 0) for a in answers),
            "draft_n_accepted": sum(a["timings"].get("draft_n_accepted", 0) for a in answers)}
-    return [str(p) for p in paths], own
+    return paths, own
 
 
-def served_window(binary, target: Path, flags: list[str], prompts: list[list[int]], tokens: int,
-                  out: Path) -> list[str]:
-    """A llama-server with `flags` serving `prompts`; its /metrics saved before and after, as files."""
+def served_window(binary, target: Path, flags: list[str], prompts: list[list[int]], tokens: int, out: Path,
+                  warm: bool = False) -> tuple[list[str], list[dict]]:
+    """A llama-server with `flags` serving `prompts`: its /metrics saved before and after, as files,
+    and its answers. `warm`: a first request before the window (it pays for allocations; outside it)."""
     paths = [out / "before.prom", out / "after.prom"]
     out.mkdir(parents=True, exist_ok=True)
     with LlamaServer(binary, target, flags, name="llama-server (deployed)") as server:
+        if warm:
+            server.complete(prompts[0], tokens)
         paths[0].write_text(scrape(server.url("/metrics")))
-        for ids in prompts:
-            server.complete(ids, tokens)
+        answers = [server.complete(ids, tokens) for ids in prompts]
         paths[1].write_text(scrape(server.url("/metrics")))
-    return [str(p) for p in paths]
+    return [str(p) for p in paths], answers
 
 
 def drift(args, out: Path) -> None:
@@ -110,7 +109,7 @@ def drift(args, out: Path) -> None:
     for name, prompts in ((f"{args.task} (the sweep's {args.limit})", swept),
                           (f"{args.task}-next (the next {args.limit})", same), (args.other_task, other)):
         ids = [encode(pair.tokenizer, p.text, "auto") for p in prompts]
-        sources = served_window(binary, files[0], flags, ids, args.max_new_tokens, out / name.split()[0])
+        sources, _ = served_window(binary, files[0], flags, ids, args.max_new_tokens, out / name.split()[0])
         _, result = observe(sources, 0, None, out / "observed", against=sweep)
         rows.append((name, result["against"]))
     (out / "drift.json").write_text(json.dumps({"sweep": str(sweep), "flags": flags,

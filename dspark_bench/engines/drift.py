@@ -23,6 +23,7 @@ from dspark_bench.engines.counters import Counts
 from dspark_bench.engines.export import choose
 from dspark_bench.engines.run_policies import run_policies
 from dspark_bench.errors import DsparkError
+from dspark_bench.paired import Z95
 from dspark_bench.replay.simulate import simulate
 
 TOLERANCE = 0.05  # the smallest difference in a position's survival called drift
@@ -86,7 +87,7 @@ def position(i: int, seen: Counts, expected: Counts, critical: float, effect: fl
     n_o, n_p = seen.rounds / effect, expected.rounds / effect  # the rounds' worth of independent draws
     spread = math.sqrt(pooled * (1 - pooled) * (1 / n_o + 1 / n_p))
     z = (p_o - p_p) / spread if spread > 0 else 0.0
-    half = 1.959963984540054 * math.sqrt(p_o * (1 - p_o) / n_o + p_p * (1 - p_p) / n_p)
+    half = Z95 * math.sqrt(p_o * (1 - p_o) / n_o + p_p * (1 - p_p) / n_p)
     return {"position": i, "observed": p_o, "predicted": p_p, "difference": p_o - p_p, "design_effect": effect,
             "difference_interval": [p_o - p_p - half, p_o - p_p + half], "z": z,
             "drifted": abs(z) > critical and abs(p_o - p_p) >= TOLERANCE}

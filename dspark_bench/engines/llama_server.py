@@ -31,6 +31,7 @@ import numpy as np
 import pandas as pd
 
 from dspark_bench.config import DecodeConfig
+from dspark_bench.engines import counters
 from dspark_bench.errors import DsparkError
 from dspark_bench.results import cache_dir
 
@@ -196,10 +197,10 @@ class LlamaServer:
             raise DsparkError(f"{self.name} stopped answering {path} ({error}): {self.failure()}") from None
 
     def metrics(self) -> dict[str, float]:
-        """The server's Prometheus counters (llamacpp:<name> value)."""
-        with urllib.request.urlopen(self.url("/metrics"), timeout=10) as response:
-            text = response.read().decode()
-        return {m.group(1): float(m.group(2)) for m in re.finditer(r"^llamacpp:(\w+) (\S+)$", text, re.M)}
+        """The server's unlabelled Prometheus samples (llamacpp:<name> value), read as `observe` reads them."""
+        found = counters.samples(counters.scrape(self.url("/metrics")), f"{self.name} /metrics")
+        return {name.removeprefix("llamacpp:"): series[0][1] for name, series in found.items()
+                if name.startswith("llamacpp:") and len(series) == 1 and not series[0][0]}
 
     def tokenize(self, text: str) -> list[int]:
         return self.post("/tokenize", {"content": text, "add_special": False})["tokens"]

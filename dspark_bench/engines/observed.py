@@ -29,11 +29,11 @@ from pathlib import Path
 from dspark_bench.engines import drift
 from dspark_bench.engines.counters import Counts, window
 from dspark_bench.errors import DsparkError
+from dspark_bench.paired import Z95
 from dspark_bench.replay import cost_file
 from dspark_bench.replay.cost import CostModel
 from dspark_bench.results import check_writable, new_run_id, write_folder
 
-Z = 1.959963984540054  # a two-sided 95 % interval
 FULL_DRAFTS = 0.95  # the share of K a fixed-length deployment drafts (Observed.draft_length)
 
 
@@ -41,9 +41,9 @@ def wilson(successes: int, trials: int) -> tuple[float, float]:
     """The 95 % Wilson score interval of a binomial proportion (nan, nan without trials)."""
     if trials <= 0:
         return math.nan, math.nan
-    p, z2 = successes / trials, Z * Z
+    p, z2 = successes / trials, Z95 * Z95
     centre = (p + z2 / (2 * trials)) / (1 + z2 / trials)
-    half = Z * math.sqrt(p * (1 - p) / trials + z2 / (4 * trials * trials)) / (1 + z2 / trials)
+    half = Z95 * math.sqrt(p * (1 - p) / trials + z2 / (4 * trials * trials)) / (1 + z2 / trials)
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
@@ -94,7 +94,7 @@ class Observed:
     def mean_accepted(self) -> tuple[float, float, float]:
         """The mean accepted length a round (bonus token excluded) and its 95 % interval."""
         mean, variance = truncated_mean(self.survival, len(self.survival))
-        half = Z * math.sqrt(variance / self.counts.rounds)
+        half = Z95 * math.sqrt(variance / self.counts.rounds)
         return self.counts.accepted / self.counts.rounds, mean - half, mean + half
 
     def to_dict(self) -> dict:
@@ -121,7 +121,7 @@ def advice(observed: Observed, cost: CostModel) -> dict:
     costs = cost.round_costs()
     for cut in range(1, reach + 1):
         mean, variance = truncated_mean(observed.survival, cut)
-        half = Z * math.sqrt(variance / observed.counts.rounds)
+        half = Z95 * math.sqrt(variance / observed.counts.rounds)
         per_round = cut * cost.t_draft + costs[cut]
         speedups = [(1 + m) * cost.plain_step / per_round for m in (mean, mean - half, mean + half)]
         rows.append({"draft_length": cut, "mean_accepted": mean, "mean_accepted_interval": [mean - half, mean + half],
