@@ -96,24 +96,24 @@ def test_sglang_s_per_request_counts_are_a_window(tmp_path):
                                                  "spec_correct_drafts_histogram": [2, 4, 2, 2]}}}
     path = tmp_path / "responses.jsonl"
     path.write_text(json.dumps(native) + "\n\n" + json.dumps(openai) + "\n")
-    counts, how = window([str(path)], 0)
+    counts, how = window([str(path)], None)
     assert counts == Counts("sglang", 90, 270, 194, (74 + 8, 64 + 4, 42 + 2)) and "requests it holds" in how
     assert sum(counts.per_position) == counts.accepted and Observed(counts).draft_length == 3
     timings = tmp_path / "llama.jsonl"
     timings.write_text(json.dumps({"content": "x", "timings": {"draft_n": 10, "draft_n_accepted": 4}}) + "\n")
     with pytest.raises(DsparkError, match="not rounds or positions"):
-        window([str(timings)], 0)
+        window([str(timings)], None)
     broken = tmp_path / "broken.jsonl"
     broken.write_text(json.dumps(native) + "\n{oops\n")
     with pytest.raises(DsparkError, match="line 2 is not JSON"):
-        window([str(broken)], 0)
+        window([str(broken)], None)
 
 
 def test_a_window_is_the_change_between_two_scrapes(tmp_path):
     before, after = tmp_path / "a.prom", tmp_path / "b.prom"
     before.write_text(vllm_scrape(100, [80, 50, 20], 3))
     after.write_text(vllm_scrape(1100, [880, 550, 220], 3))
-    counts, how = window([str(before), str(after)], 0)
+    counts, how = window([str(before), str(after)], None)
     assert counts == Counts("vllm", 1000, 3000, 1500, (800, 500, 200)) and str(before) in how
     waited = []
     urls = {"http://x/metrics": iter([before.read_text(), after.read_text()])}
@@ -189,6 +189,7 @@ def test_bad_inputs_end_in_one_line_and_write_nothing(tmp_path):
         "neither a metrics URL": [str(tmp_path / "missing.prom")],
         "no speculative round finished": [str(good), str(good)],
         "above 0": ["http://127.0.0.1:9/metrics", "--window", "0"],
+        "it does nothing": [str(good), str(good), "--window", "30"],
         "is not a file": [str(good), "--prices", str(tmp_path / "nope.json")],
     }
     for message, args in cases.items():

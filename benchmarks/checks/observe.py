@@ -110,7 +110,7 @@ def drift(args, out: Path) -> None:
                           (f"{args.task}-next (the next {args.limit})", same), (args.other_task, other)):
         ids = [encode(pair.tokenizer, p.text, "auto") for p in prompts]
         sources, _ = served_window(binary, files[0], flags, ids, args.max_new_tokens, out / name.split()[0])
-        _, result = observe(sources, 0, None, out / "observed", against=sweep)
+        _, result = observe(sources, None, None, out / "observed", against=sweep)
         rows.append((name, result["against"]))
     (out / "drift.json").write_text(json.dumps({"sweep": str(sweep), "flags": flags,
                                                 "windows": dict(rows)}, indent=1, default=str))
@@ -148,7 +148,7 @@ def advice_check(args, out: Path) -> None:
     info = json.loads((run / "llamacpp.json").read_text())
     pair, ids = prompt_ids(args)
     sources, own = deployed_window(info, ids, args, out)
-    folder, result = observe(sources, 0, Path(info["prices"]["llamacpp"]), out / "observed")
+    folder, result = observe(sources, None, Path(info["prices"]["llamacpp"]), out / "observed")
     window = read_scrape(Path(sources[1]).read_text()).since(read_scrape(Path(sources[0]).read_text()))
     rows = advice_rows(result, info)
     # K' = 0 is plain decoding, 1.0 by definition: the measured best is plain where no K' beats it.

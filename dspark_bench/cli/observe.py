@@ -18,7 +18,7 @@ NO_VERDICT = 2  # with --against, as `regress`: 0 as predicted, 1 drifted, 2 no 
 def observe(
     sources: Annotated[list[str], typer.Argument(help="A metrics URL (scraped twice, --window apart), two saved "
                                                       "scrapes (start, end), or one (every count since it started).")],
-    *, window: float, prices: Path | None, against: Path | None, out: Path,
+    *, window: float | None, prices: Path | None, against: Path | None, out: Path,
 ):
     """Per draft position, what a deployed engine accepted (vLLM, llama-server --metrics, TensorRT-LLM
     counters), with 95 % intervals; with --prices, the best draft length up to the deployed one.

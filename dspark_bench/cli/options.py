@@ -47,7 +47,8 @@ class CommandOptions:
     config: Path | None = knob(None, "Run what a run folder's run.json describes, again (other flags but --out are "
                                "refused).", path=True)
     # --- what a deployed engine counted (observe)
-    window: float = knob(60.0, "observe, one metrics URL: seconds between its two scrapes (the window read).")
+    window: float | None = knob(None, "observe, one metrics URL: seconds between its two scrapes (the window read; "
+                                "default 60).")
     prices: Path | None = knob(None, "observe: a cost-model file (the engine's measured prices, or ours) that prices "
                                "each shorter draft length for the advice.", path=True)
     against: Path | None = knob(None, "observe: a replay sweep's folder; the window is held against replay's "

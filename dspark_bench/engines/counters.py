@@ -60,6 +60,7 @@ ENGINES = {
                     drafted="trtllm_spec_decode_drafted_tokens_total"),
 }
 SGLANG_MARK = "sglang:spec_accept_length"
+DEFAULT_WINDOW_S = 60.0  # observe --window, where one metrics URL is scraped twice
 
 
 @dataclass(frozen=True)
@@ -229,11 +230,16 @@ def read_requests(text: str, where: str) -> Counts:
                   tuple(int(sum(histogram[i + 1:])) for i in range(width - 1)))
 
 
-def window(sources: list[str], seconds: float, wait=time.sleep, say=None) -> tuple[Counts, str]:
+def window(sources: list[str], seconds: float | None, wait=time.sleep, say=None) -> tuple[Counts, str]:
     """The counts of a window, and how it was taken: between two scrapes (URLs or files), a URL
-    scraped `seconds` apart, or one saved scrape (everything since the engine started)."""
+    scraped `seconds` apart (None: DEFAULT_WINDOW_S), or one saved scrape (everything since the
+    engine started) or .jsonl of responses; `seconds` is refused where it would do nothing."""
     if not 1 <= len(sources) <= 2:
         raise DsparkError(f"give one metrics URL, one saved scrape, or two scrapes (start and end), not {len(sources)}")
+    if seconds is not None and (len(sources) != 1 or not is_url(sources[0])):
+        raise DsparkError("--window times the wait between two scrapes of one metrics URL; with saved scrapes or "
+                          "a .jsonl it does nothing: drop it")
+    seconds = DEFAULT_WINDOW_S if seconds is None else seconds
     if len(sources) == 2:
         first = read_source(sources[0])
         return read_source(sources[1]).since(first), f"between {sources[0]} and {sources[1]}"

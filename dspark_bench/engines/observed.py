@@ -132,7 +132,7 @@ def advice(observed: Observed, cost: CostModel) -> dict:
             "note": f"lengths past the deployed {k} cannot be seen: no counter says what they would have accepted"}
 
 
-def observe(sources: list[str], seconds: float, prices: Path | None, out: Path, say=None,
+def observe(sources: list[str], seconds: float | None, prices: Path | None, out: Path, say=None,
             against: Path | None = None) -> tuple[Path, dict]:
     """`dspark-bench observe`: a window of an engine's counters read per position, with advice on
     `prices` (a cost-model file: its smallest batch size's model) where given, held against replay's
