@@ -409,3 +409,31 @@ def llamacpp_scrape(counts: Counts) -> str:
     lines += [f'llamacpp:spec_decode_num_accepted_tokens_per_pos_total{{position="{i}"}} {v}'
               for i, v in enumerate(counts.per_position)]
     return "\n".join(lines) + "\n"
+
+
+def test_any_policy_s_profile_is_that_policy_replayed(llamacpp_sweep, tmp_path):
+    """The knobs given replace the best policy's: fixed γ = 2 profiled is fixed γ = 2 replayed (not the
+    best's profile), written by default beside the best's; a knob the policy would not read, or a draft
+    deeper than the record, is refused in one line with nothing written."""
+    from dspark_bench.engines.profiles import replayed_profiles
+    from dspark_bench.engines.run_policies import run_policies
+
+    run = run_policies(llamacpp_sweep)
+    best = run.best[min(run.best)][0]
+    fixed = best.replace(schedule="fixed", gamma_max=2)
+    result = invoke("profile", str(llamacpp_sweep), "--schedule", "fixed", "--gamma-max", "2")
+    assert result.exit_code == 0, result.output
+    (folder,) = [p for p in llamacpp_sweep.iterdir() if p.name.startswith("profiles-")]
+    assert folder.name == "profiles-fixed-g-2" and "fixed γ=2" in result.output
+    data = json.loads((folder / "speculation_profile.json").read_text())
+    whole, _ = replayed_profiles(run.rec, fixed)
+    assert data["num_speculative_tokens"] == 2 and data["measurement_conditions"]["policy"] == fixed.label()
+    assert data["marginal_accept_rates"] == [round(x, 6) for x in whole.marginal]
+    assert data["marginal_accept_rates"] != [round(x, 6) for x in replayed_profiles(run.rec, best)[0].marginal][:2]
+    cases = {"has no effect here": ["--schedule", "fixed", "--threshold", "0.4"],
+             "replays drafts of at most 3": ["--gamma-max", "5"],
+             "already exists": ["--schedule", "fixed", "--gamma-max", "2"]}
+    for message, args in cases.items():
+        refused = invoke("profile", str(llamacpp_sweep), *args)
+        assert refused.exit_code == 1 and message in one_error_line(refused), (message, refused.output)
+    assert sorted(p.name for p in llamacpp_sweep.iterdir() if p.name.startswith("profiles")) == [folder.name]

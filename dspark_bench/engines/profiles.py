@@ -25,13 +25,18 @@ acceptance length 1 + E[L] (the bonus token counted, as every engine reports it)
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from dspark_bench.config import DecodeConfig
-from dspark_bench.engines.run_policies import run_policies
+from dspark_bench.config import KNOBS, LEARNED, DecodeConfig
+from dspark_bench.decoding import learned_signal
+from dspark_bench.decoding.learned_signal import FILE as LEARNED_FILE
+from dspark_bench.engines.run_policies import RunPolicies, run_policies
 from dspark_bench.errors import DsparkError
+from dspark_bench.knobs import check_needs
+from dspark_bench.replay.learned import with_learned
 from dspark_bench.replay.simulate import simulate
 from dspark_bench.results import write_folder
 
@@ -152,29 +157,76 @@ def rendered(profile: Profile, policy: DecodeConfig, models: dict, per_category:
             "sglang.env": sglang_env(profile), "dynamo_args.txt": note + args}
 
 
-def write_profiles(folder: Path, out: Path | None = None) -> tuple[Path, Profile, DecodeConfig]:
-    """`dspark-bench profile`: the profile of `folder`'s best policy (at its smallest batch size)
-    replayed on its record, every format written into `out` (default FOLDER/profiles), whole or
-    not at all; an existing folder is never overwritten."""
-    run = run_policies(Path(folder))
-    if run.record is None:
-        sampled = float((run.info.get("config") or {}).get("temperature") or 0.0) > 0
-        raise DsparkError(f"{folder} keeps no replay record to profile from" + (
-            ": a sampled run keeps no paths of the target; sweep it (`dspark-bench sweep --temperature T --paths K`)"
-            if sampled else ": give a replay sweep's folder"))
-    policy = run.best[min(run.best)][0]
-    whole, per_category = replayed_profiles(run.rec, policy)
-    conditions = {"source": str(folder), "prompts": len(run.rec.lengths), "rounds": whole.rounds,
-                  "max_new_tokens": run.rec.max_new_tokens,
-                  "temperature": (run.rec.info.get("sampling") or {}).get("temperature", 0.0)}
-    files = rendered(whole, policy, run.info.get("models") or {}, per_category, conditions)
-    target = Path(out) if out is not None else Path(folder) / "profiles"
+def chosen_policy(run: RunPolicies, knobs: dict | None = None) -> DecodeConfig:
+    """The sweep's best policy at its smallest batch size, each knob given (not None) replacing its
+    value; refused in one line where a given knob does nothing for the resulting policy, or where
+    it drafts deeper than the record replays. The learned metric reads the sweep's own signal
+    where no other is named."""
+    best = run.best[min(run.best)][0]
+    given = {name: value for name, value in (knobs or {}).items() if value is not None}
+    if given.get("metric") == LEARNED and "signal_model" not in given and (run.folder / LEARNED_FILE).is_file():
+        given["signal_model"] = str(run.folder / LEARNED_FILE)
+    policy = best.replace(**given) if given else best
+    check_needs(KNOBS, {name: [value] for name, value in given.items()}, None, [policy])
+    if policy.stopping.gamma_max > run.depth:
+        raise DsparkError(f"{policy.label()} drafts up to {policy.stopping.gamma_max} tokens; the record of "
+                          f"{run.folder.name} replays drafts of at most {run.depth}: sweep with a larger gamma_max")
+    return policy
+
+
+def record_for(run: RunPolicies, policy: DecodeConfig):
+    """The sweep's record, with the learned signal `policy` reads where the best's did not bring it."""
+    rec = run.rec
+    if policy.stopping.metric == LEARNED and LEARNED not in rec.confidences:
+        rec = with_learned(rec, learned_signal.load(policy.stopping.signal_model))
+    return rec
+
+
+def profile_folder(folder: Path, policy: DecodeConfig, best: DecodeConfig) -> Path:
+    """Where a profile goes by default: FOLDER/profiles for the best policy, FOLDER/profiles-<policy>
+    for another (its label, in the characters a folder name keeps)."""
+    if policy == best:
+        return Path(folder) / "profiles"
+    return Path(folder) / ("profiles-" + "-".join(re.findall(r"[A-Za-z0-9.]+", policy.label().replace("γ", "g"))))
+
+
+def conditions_of(rec, source, whole: Profile) -> dict:
+    """How a profile was measured: where, on how many prompts and rounds, at which length and temperature."""
+    return {"source": str(source), "prompts": len(rec.lengths), "rounds": whole.rounds,
+            "max_new_tokens": rec.max_new_tokens,
+            "temperature": (rec.info.get("sampling") or {}).get("temperature", 0.0)}
+
+
+def write_rendered(target: Path, files: dict[str, str], replace: bool = False) -> Path:
+    """Every file of a profile into `target`, whole or not at all; an existing one kept unless `replace`."""
 
     def fill(partial: Path) -> None:
         for name, text in files.items():
             (partial / name).write_text(text)
 
     try:
-        return write_folder(target, fill), whole, policy
+        return write_folder(target, fill, replace)
     except FileExistsError:
         raise DsparkError(f"{target} already exists; profiles are never overwritten (give --out)") from None
+
+
+def write_profiles(folder: Path, out: Path | None = None, knobs: dict | None = None
+                   ) -> tuple[Path, Profile, DecodeConfig]:
+    """`dspark-bench profile`: the profile of `folder`'s best policy (at its smallest batch size), or
+    of the policy `knobs` make of it (`chosen_policy`), replayed on its record, every format written
+    into `out` (default: `profile_folder`), whole or not at all; an existing folder is never
+    overwritten."""
+    run = run_policies(Path(folder))
+    if run.record is None:
+        sampled = float((run.info.get("config") or {}).get("temperature") or 0.0) > 0
+        raise DsparkError(f"{folder} keeps no replay record to profile from" + (
+            ": a sampled run keeps no paths of the target; sweep it (`dspark-bench sweep --temperature T --paths K`)"
+            if sampled else ": give a replay sweep's folder"))
+    policy = chosen_policy(run, knobs)
+    target = Path(out) if out is not None else profile_folder(folder, policy, run.best[min(run.best)][0])
+    if target.exists():  # before any replay
+        raise DsparkError(f"{target} already exists; profiles are never overwritten (give --out)")
+    rec = record_for(run, policy)
+    whole, per_category = replayed_profiles(rec, policy)
+    files = rendered(whole, policy, run.info.get("models") or {}, per_category, conditions_of(rec, folder, whole))
+    return write_rendered(target, files), whole, policy
