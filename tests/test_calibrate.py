@@ -220,6 +220,38 @@ def test_calibrate_cli_writes_a_file_the_decoder_loads(calibrated):
     assert (out.parent / data["figure"]).is_file() and data["figure"] == "calibration.png"
 
 
+def test_a_replay_calibration_writes_each_domain_s_acceptance_profile(calibrated):
+    """Beside the file, each domain's chosen policy replayed on its own record, and the global policy on
+    every domain's: greedy replay is exact, so a domain's mean acceptance length is the tokens per round
+    its timed confirmation measured."""
+    out, result = calibrated
+    data = yaml.safe_load(out.read_text())
+    folder = out.parent / data["profiles"]
+    assert data["profiles"] == "calibration-profiles" and f"acceptance profiles: {folder}" in result.stdout
+    mapping = json.loads((folder / "domains.json").read_text())
+    assert mapping == {"code": "domains/code", "prose": "domains/prose"}
+    for domain, entry in data["domains"].items():
+        profile = json.loads((folder / mapping[domain] / "speculation_profile.json").read_text())
+        assert profile["measurement_conditions"]["policy"] == entry["label"]
+        assert profile["measurement_conditions"]["domain"] == domain
+        assert profile["mean_accept_length"] == pytest.approx(entry["tokens_per_round"], abs=1e-3)
+        rates = json.loads((folder / mapping[domain] / "vllm_speculative_config.json").read_text())
+        assert rates["synthetic_acceptance_rates"] == profile["marginal_accept_rates"]
+        assert (folder / mapping[domain] / "sglang.env").is_file() and (folder / mapping[domain] / "dynamo_args.txt").is_file()
+    whole = json.loads((folder / "global" / "speculation_profile.json").read_text())
+    assert whole["measurement_conditions"]["policy"] == data["global"]["label"]
+    assert sorted(whole["per_category"]) == ["code", "prose"]
+    assert sum(c["rounds"] for c in whole["per_category"].values()) == whole["measurement_conditions"]["rounds"]
+    assert whole["mean_accept_length"] == pytest.approx(data["global"]["measured"]["tokens_per_round"], abs=1e-3)
+
+
+def test_domain_folders_are_distinct_where_their_names_would_meet():
+    from dspark_bench.engines.profiles import folder_names
+
+    assert folder_names(["code", "a/b", "a b", "A-B", "..", "prose"]) == {
+        "code": "code", "a/b": "a-b", "a b": "a-b-2", "A-B": "A-B-3", "..": "domain", "prose": "prose"}
+
+
 @pytest.mark.parametrize("evaluation", ["replay", "real"])
 def test_calibrate_cli_with_sampling_replays_sampled_records_or_times_every_policy(evaluation, saved_pair, dataset,
                                                                                      tmp_path):
@@ -238,6 +270,12 @@ def test_calibrate_cli_with_sampling_replays_sampled_records_or_times_every_poli
         assert entry["speedup_low"] <= entry["speedup"] <= entry["speedup_high"]
         assert entry["search_speedup" if evaluation == "real" else "predicted_speedup"] > 0
         assert entry["policy"]["threshold"] in (0.2, 0.6)
+    profiles = tmp_path / "sampled-profiles"  # a sampled record's paths profile at its temperature; a real run has none
+    assert data["profiles"] == (profiles.name if evaluation == "replay" else None)
+    assert profiles.is_dir() == (evaluation == "replay")
+    if evaluation == "replay":
+        written = json.loads((profiles / "domains" / "code" / "speculation_profile.json").read_text())
+        assert written["measurement_conditions"]["temperature"] == 0.7
 
 
 def test_calibrate_cli_refuses_to_overwrite(calibrated, saved_pair, dataset, spec_file):
@@ -272,6 +310,14 @@ def test_outputs_are_never_overwritten_without_force(tmp_path):
     (tmp_path / "calibration.png").write_bytes(b"an earlier figure")
     with pytest.raises(DsparkError, match="calibration.png' already exists; pass --force"):
         lib.check_output(out, force=False)
+    (tmp_path / "calibration-profiles").mkdir()
+    (tmp_path / "calibration.png").unlink()
+    with pytest.raises(DsparkError, match="calibration-profiles' already exists; pass --force"):
+        lib.check_output(out, force=False)
+    # A calibration with no record to profile (a real one) takes a stale profiles folder away under --force.
+    assert lib.write_domain_profiles(out, None, None, {}, force=True) == (None, None)
+    assert not (tmp_path / "calibration-profiles").exists()
+    (tmp_path / "calibration.png").write_bytes(b"an earlier figure")
     assert lib.check_output(out, force=True) == (out, tmp_path / "calibration.png")
     bad = valid_data()
     bad["global"]["policy"]["threshold"] = 1.5

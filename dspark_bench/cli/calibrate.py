@@ -59,6 +59,9 @@ def calibrate(
             out_console.print(calibration_table({**result.data, **part}, f" · batch size {size}"))
         out_console.print(f"calibration file: {result.path}", highlight=False, soft_wrap=True)
         out_console.print(f"figure: {result.figure}", highlight=False, soft_wrap=True)
+        if result.profiles or result.profiles_note:
+            out_console.print(f"acceptance profiles: {result.profiles}" if result.profiles else result.profiles_note,
+                              highlight=False, soft_wrap=True)
 
 
 def calibration_table(data: dict, suffix: str = "") -> Table:

@@ -36,6 +36,7 @@ from dspark_bench.decoding.learned_signal import FILE as LEARNED_FILE
 from dspark_bench.engines.run_policies import RunPolicies, run_policies
 from dspark_bench.errors import DsparkError
 from dspark_bench.knobs import check_needs
+from dspark_bench.replay import sampled
 from dspark_bench.replay.learned import with_learned
 from dspark_bench.replay.simulate import simulate
 from dspark_bench.results import write_folder
@@ -70,6 +71,14 @@ class Profile:
     @property
     def mean_accept_length(self) -> float:
         return 1 + sum(length * n for length, n in self.histogram.items()) / self.rounds
+
+
+def pooled(profiles: list[Profile]) -> Profile:
+    """One profile of every round of `profiles` (of one policy: one width)."""
+    counts = Counter()
+    for profile in profiles:
+        counts.update(profile.histogram)
+    return Profile(profiles[0].width, dict(sorted(counts.items())))
 
 
 def profile_of(rounds, width: int) -> Profile:
@@ -197,19 +206,6 @@ def conditions_of(rec, source, whole: Profile) -> dict:
             "temperature": (rec.info.get("sampling") or {}).get("temperature", 0.0)}
 
 
-def write_rendered(target: Path, files: dict[str, str], replace: bool = False) -> Path:
-    """Every file of a profile into `target`, whole or not at all; an existing one kept unless `replace`."""
-
-    def fill(partial: Path) -> None:
-        for name, text in files.items():
-            (partial / name).write_text(text)
-
-    try:
-        return write_folder(target, fill, replace)
-    except FileExistsError:
-        raise DsparkError(f"{target} already exists; profiles are never overwritten (give --out)") from None
-
-
 def write_profiles(folder: Path, out: Path | None = None, knobs: dict | None = None
                    ) -> tuple[Path, Profile, DecodeConfig]:
     """`dspark-bench profile`: the profile of `folder`'s best policy (at its smallest batch size), or
@@ -229,4 +225,58 @@ def write_profiles(folder: Path, out: Path | None = None, knobs: dict | None = N
     rec = record_for(run, policy)
     whole, per_category = replayed_profiles(rec, policy)
     files = rendered(whole, policy, run.info.get("models") or {}, per_category, conditions_of(rec, folder, whole))
-    return write_rendered(target, files), whole, policy
+    return write_tree(target, {"": files}), whole, policy
+
+
+# --- per domain, from a calibration (`dspark-bench calibrate`) ------------------------------------
+
+
+def folder_names(domains) -> dict[str, str]:
+    """Each domain's folder name: its name in the characters a folder name keeps, made distinct
+    where two domains would share one ("a/b" and "a b")."""
+    names: dict[str, str] = {}
+    for domain in domains:
+        base = "-".join(re.findall(r"[A-Za-z0-9._]+", str(domain))).strip(".") or "domain"
+        name, n = base, 1
+        while name.lower() in {taken.lower() for taken in names.values()}:
+            n += 1
+            name = f"{base}-{n}"
+        names[domain] = name
+    return names
+
+
+def calibration_profiles(records: dict, chosen: dict[str, DecodeConfig], global_policy: DecodeConfig,
+                         models: dict, source) -> dict[str, dict[str, str]]:
+    """A calibration's profiles, by sub-folder: `global` (the global policy over every domain's
+    record, each domain a category) and `domains/<name>` (each domain's own policy on its own
+    record); a sampled record's every path, at its temperature."""
+    records = {domain: sampled.as_one(rec) for domain, rec in records.items()}
+    width = global_policy.stopping.gamma_max
+    per_domain = {domain: profile_of([r for prompt in simulate(rec, global_policy) for r in prompt], width)
+                  for domain, rec in records.items()}
+    whole = pooled(list(per_domain.values()))
+    first = next(iter(records.values()))
+    conditions = {**conditions_of(first, source, whole), "prompts": sum(len(r.lengths) for r in records.values())}
+    trees = {"global": rendered(whole, global_policy, models, per_domain, conditions)}
+    for domain, name in folder_names(records).items():
+        own, _ = replayed_profiles(records[domain], chosen[domain])
+        trees[f"domains/{name}"] = rendered(own, chosen[domain], models, {},
+                                            {**conditions_of(records[domain], source, own), "domain": domain})
+    trees[""] = {"domains.json": json.dumps({domain: f"domains/{name}"
+                                             for domain, name in folder_names(records).items()}, indent=1)}
+    return trees
+
+
+def write_tree(target: Path, trees: dict[str, dict[str, str]], replace: bool = False) -> Path:
+    """Every sub-folder's files into `target`, whole or not at all (`replace`: an existing one swapped out)."""
+
+    def fill(partial: Path) -> None:
+        for folder, files in trees.items():
+            (partial / folder).mkdir(parents=True, exist_ok=True)
+            for name, text in files.items():
+                (partial / folder / name).write_text(text)
+
+    try:
+        return write_folder(target, fill, replace)
+    except FileExistsError:
+        raise DsparkError(f"{target} already exists; profiles are never overwritten (give --out)") from None

@@ -23,7 +23,8 @@ from dspark_bench.tasks.prompts import Prompt
 SCHEMA_VERSION = 1
 # "engine": how the policies were evaluated, in files written before it was called "evaluation".
 TOP_LEVEL_KEYS = ("schema_version", "created", "environment", "spec", "models", "objective", "evaluation", "engine",
-                  "sampling", "max_new_tokens", "cost_model", "global", "domains", "figure", "by_batch_size")
+                  "sampling", "max_new_tokens", "cost_model", "global", "domains", "figure", "by_batch_size",
+                  "profiles")
 
 
 @dataclass(frozen=True)
@@ -174,12 +175,18 @@ def load_calibration(path: str | Path) -> Calibration:
     return dataclasses.replace(parse_calibration(data, str(path)), path=path)
 
 
-def check_output(out: Path, force: bool) -> tuple[Path, Path]:
-    """The calibration file and its figure; refuse to overwrite either unless `force`."""
+def profiles_folder(out: Path) -> Path:
+    """Where a replay calibration's acceptance profiles go: `<file stem>-profiles/` beside the file."""
+    return Path(out).with_name(Path(out).stem + "-profiles")
+
+
+def check_output(out: Path, force: bool, profiles: bool = True) -> tuple[Path, Path]:
+    """The calibration file and its figure; refuse to overwrite either, or (`profiles`) the profiles
+    folder beside them, unless `force`."""
     out = Path(out)
     figure = out.with_suffix(".png")
     if not force:
-        for path in (out, figure):
+        for path in (out, figure, *([profiles_folder(out)] if profiles else [])):
             if path.exists():
                 raise DsparkError(f"{str(path)!r} already exists; pass --force to overwrite it")
     try:
@@ -193,7 +200,7 @@ def check_output(out: Path, force: bool) -> tuple[Path, Path]:
 
 def write_calibration(data: dict, figure, out: Path, force: bool = False) -> Path:
     """Write the YAML (and the figure beside it) under temporary names, then rename into place."""
-    out, figure_path = check_output(out, force)
+    out, figure_path = check_output(out, force, profiles=False)  # its profiles are written just before it
     parse_calibration(data, str(out))  # never write a file the loader would refuse
     text = yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
     if figure is not None:
