@@ -237,7 +237,7 @@ def test_a_replay_calibration_writes_each_domain_s_acceptance_profile(calibrated
         assert profile["mean_accept_length"] == pytest.approx(entry["tokens_per_round"], abs=1e-3)
         rates = json.loads((folder / mapping[domain] / "vllm_speculative_config.json").read_text())
         assert rates["synthetic_acceptance_rates"] == profile["marginal_accept_rates"]
-        assert (folder / mapping[domain] / "sglang.env").is_file() and (folder / mapping[domain] / "dynamo_args.txt").is_file()
+        assert all((folder / mapping[domain] / name).is_file() for name in ("sglang.env", "dynamo_args.txt"))
     whole = json.loads((folder / "global" / "speculation_profile.json").read_text())
     assert whole["measurement_conditions"]["policy"] == data["global"]["label"]
     assert sorted(whole["per_category"]) == ["code", "prose"]
@@ -306,6 +306,8 @@ def test_help_has_an_example():
 
 
 def test_outputs_are_never_overwritten_without_force(tmp_path):
+    from dspark_bench.engines.profiles import write_calibration_profiles
+
     out = tmp_path / "calibration.yaml"
     (tmp_path / "calibration.png").write_bytes(b"an earlier figure")
     with pytest.raises(DsparkError, match="calibration.png' already exists; pass --force"):
@@ -315,7 +317,7 @@ def test_outputs_are_never_overwritten_without_force(tmp_path):
     with pytest.raises(DsparkError, match="calibration-profiles' already exists; pass --force"):
         lib.check_output(out, force=False)
     # A calibration with no record to profile (a real one) takes a stale profiles folder away under --force.
-    assert lib.write_domain_profiles(out, None, None, {}, force=True) == (None, None)
+    assert write_calibration_profiles(out, None, None, {}, force=True) == (None, None)
     assert not (tmp_path / "calibration-profiles").exists()
     (tmp_path / "calibration.png").write_bytes(b"an earlier figure")
     assert lib.check_output(out, force=True) == (out, tmp_path / "calibration.png")

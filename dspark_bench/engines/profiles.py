@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +36,7 @@ from dspark_bench.decoding import learned_signal
 from dspark_bench.decoding.learned_signal import FILE as LEARNED_FILE
 from dspark_bench.engines.run_policies import RunPolicies, run_policies
 from dspark_bench.errors import DsparkError
+from dspark_bench.harness.calibration_file import profiles_folder
 from dspark_bench.knobs import check_needs
 from dspark_bench.replay import sampled
 from dspark_bench.replay.learned import with_learned
@@ -280,3 +282,22 @@ def write_tree(target: Path, trees: dict[str, dict[str, str]], replace: bool = F
         return write_folder(target, fill, replace)
     except FileExistsError:
         raise DsparkError(f"{target} already exists; profiles are never overwritten (give --out)") from None
+
+
+def write_calibration_profiles(out: Path, records: dict | None, best, models: dict,
+                               force: bool) -> tuple[Path | None, str | None]:
+    """A replay calibration's profiles (`calibration_profiles`: `best(domain)` each domain's policy,
+    `best()` the global one, the smallest batch size's) into `<file stem>-profiles/` beside `out`,
+    written before the file that names them. (None, why) where there are none: a real calibration
+    keeps no record (a stale folder goes under `force`), or replay cannot profile a chosen policy,
+    which costs the profiles, never the calibration."""
+    target = profiles_folder(out)
+    if records is None:
+        if force and target.is_dir():
+            shutil.rmtree(target)
+        return None, None
+    try:
+        trees = calibration_profiles(records, {domain: best(domain) for domain in records}, best(), models, out)
+        return write_tree(target, trees, replace=force), None
+    except DsparkError as error:
+        return None, f"no acceptance profiles: {error}"

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +31,7 @@ from dspark_bench import schedules
 from dspark_bench.config import DEFAULT_MAX_NEW_TOKENS, POLICY_FIELDS, DecodeConfig
 from dspark_bench.decoding import capture
 from dspark_bench.decoding.static_batch_lm import capacity_for
-from dspark_bench.engines.profiles import calibration_profiles, write_tree
+from dspark_bench.engines.profiles import write_calibration_profiles
 from dspark_bench.errors import DsparkError
 from dspark_bench.harness.calibration_file import (
     SCHEMA_VERSION,
@@ -41,7 +40,6 @@ from dspark_bench.harness.calibration_file import (
     check_output,
     load_calibration,
     parse_calibration,
-    profiles_folder,
     write_calibration,
 )
 from dspark_bench.harness.in_decode import one_surface
@@ -68,7 +66,6 @@ __all__ = ["Calibration", "Choice", "DomainCalibration", "calibrate_domains", "c
            "choose_from_samples", "load_calibration", "parse_calibration", "write_calibration"]
 
 QUANTILES = (10, 25, 50, 75, 90)
-
 
 
 def confidence_quantiles(rec, metric: str = "top1") -> dict[str, float]:
@@ -150,8 +147,8 @@ class Calibrated:
     figure: Path | None  # None: no `draw` was handed in
     data: dict
     choice: Choice
-    profiles: Path | None = None  # the acceptance profiles' folder (a replay calibration's)
-    profiles_note: str | None = None  # why there are none, where replay could not profile a policy
+    profiles: Path | None = None  # the acceptance profiles' folder; None: why in profiles_note, or no record
+    profiles_note: str | None = None
 
 
 def record_domains(pair, domains: dict[str, list[Prompt]], base: DecodeConfig, gamma: int,
@@ -333,30 +330,10 @@ def calibrate_domains(spec: SweepSpec, out: Path, tasks: list[str] | None = None
     if len(parts) > 1:
         ylabel += f", batch size {batch_sizes[0]}"
     figure = draw(threshold_curves(choice), ylabel, choice.best().stopping.threshold) if draw else None
-    profiles, note = write_domain_profiles(out, records, choice, pair.describe(), force)
+    profiles, note = write_calibration_profiles(out, records, choice.best, pair.describe(), force)
     data["profiles"] = profiles.name if profiles else None
     write_calibration(data, figure, out, force)
     return Calibrated(out, figure_path if draw else None, data, choice, profiles, note)
-
-
-def write_domain_profiles(out: Path, records: dict | None, choice: Choice, models: dict,
-                   force: bool) -> tuple[Path | None, str | None]:
-    """A replay calibration's acceptance profiles (engines/profiles.py), written before the file that
-    names them: each domain's policy on its own record, the global one on all (the smallest batch
-    size's). (None, why) where there are none: a real calibration keeps no record (a stale folder
-    goes under `force`), or replay cannot profile a chosen policy, which costs the profiles, never
-    the calibration."""
-    target = profiles_folder(out)
-    if records is None:
-        if force and target.is_dir():
-            shutil.rmtree(target)
-        return None, None
-    try:
-        trees = calibration_profiles(records, {domain: choice.best(domain) for domain in records}, choice.best(),
-                                     models, out)
-        return write_tree(target, trees, replace=force), None
-    except DsparkError as error:
-        return None, f"no acceptance profiles: {error}"
 
 
 def domain_continuations(spec: SweepSpec, pair, domains: dict[str, list[Prompt]], base: DecodeConfig) -> Continuations:
