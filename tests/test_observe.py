@@ -226,6 +226,7 @@ def test_a_live_llama_server_s_counters_are_its_own_per_request_counts(tmp_path)
     from dspark_bench.engines.files import llamacpp_flags
     from dspark_bench.engines.llama_server import LlamaServer
     from dspark_bench.engines.llamacpp_run import found_build
+    from dspark_bench.engines.served import check_target, served_by
     from dspark_bench.harness.gguf import write_gguf
     from dspark_bench.harness.models import load_pair
     from dspark_bench.tasks import load_prompts
@@ -241,6 +242,12 @@ def test_a_live_llama_server_s_counters_are_its_own_per_request_counts(tmp_path)
         before = read_scrape(scrape(server.url("/metrics")))
         answers = [server.complete(ids, 24) for ids in prompts]
         after = read_scrape(scrape(server.url("/metrics")))
+        served = served_by([server.url("/metrics")])
+    # What it says it serves is the pair's target: its /v1/models parameter count (engines/served.py).
+    check_target(served, pair.describe(), "the shipped pair")
+    assert served.params and served.names
+    with pytest.raises(DsparkError, match="parameter target"):
+        check_target(served, {**pair.describe(), "target_params": served.params // 2}, "another pair")
     counts = after.since(before)
     assert counts.draft_tokens == sum(a["timings"]["draft_n"] for a in answers) > 0
     assert counts.accepted == sum(a["timings"].get("draft_n_accepted", 0) for a in answers)
@@ -412,28 +419,107 @@ def llamacpp_scrape(counts: Counts) -> str:
 
 
 def test_any_policy_s_profile_is_that_policy_replayed(llamacpp_sweep, tmp_path):
-    """The knobs given replace the best policy's: fixed γ = 2 profiled is fixed γ = 2 replayed (not the
-    best's profile), written by default beside the best's; a knob the policy would not read, or a draft
+    """The knobs given replace the best policy's: fixed γ = 2 (1 where that is the best) profiled is that
+    policy replayed, written by default beside the best's; a knob the policy would not read, or a draft
     deeper than the record, is refused in one line with nothing written."""
     from dspark_bench.engines.profiles import replayed_profiles
     from dspark_bench.engines.run_policies import run_policies
 
     run = run_policies(llamacpp_sweep)
     best = run.best[min(run.best)][0]
-    fixed = best.replace(schedule="fixed", gamma_max=2)
-    result = invoke("profile", str(llamacpp_sweep), "--schedule", "fixed", "--gamma-max", "2")
+    gamma = 1 if (best.stopping.schedule, best.stopping.gamma_max) == ("fixed", 2) else 2  # a policy not the best
+    fixed = best.replace(schedule="fixed", gamma_max=gamma)
+    result = invoke("profile", str(llamacpp_sweep), "--schedule", "fixed", "--gamma-max", str(gamma))
     assert result.exit_code == 0, result.output
     (folder,) = [p for p in llamacpp_sweep.iterdir() if p.name.startswith("profiles-")]
-    assert folder.name == "profiles-fixed-g-2" and "fixed γ=2" in result.output
+    assert folder.name == f"profiles-fixed-g-{gamma}" and f"fixed γ={gamma}" in result.output
     data = json.loads((folder / "speculation_profile.json").read_text())
     whole, _ = replayed_profiles(run.rec, fixed)
-    assert data["num_speculative_tokens"] == 2 and data["measurement_conditions"]["policy"] == fixed.label()
+    assert data["num_speculative_tokens"] == gamma and data["measurement_conditions"]["policy"] == fixed.label()
     assert data["marginal_accept_rates"] == [round(x, 6) for x in whole.marginal]
-    assert data["marginal_accept_rates"] != [round(x, 6) for x in replayed_profiles(run.rec, best)[0].marginal][:2]
     cases = {"has no effect here": ["--schedule", "fixed", "--threshold", "0.4"],
              "replays drafts of at most 3": ["--gamma-max", "5"],
-             "already exists": ["--schedule", "fixed", "--gamma-max", "2"]}
+             "already exists": ["--schedule", "fixed", "--gamma-max", str(gamma)]}
     for message, args in cases.items():
         refused = invoke("profile", str(llamacpp_sweep), *args)
         assert refused.exit_code == 1 and message in one_error_line(refused), (message, refused.output)
     assert sorted(p.name for p in llamacpp_sweep.iterdir() if p.name.startswith("profiles")) == [folder.name]
+
+
+VLLM_MODELS = {"object": "list", "data": [{"id": "coder", "object": "model", "root": "/models/acme/coder-7b"}]}
+LLAMA_MODELS = {"models": [{"name": "target-f32.gguf", "model": "/srv/target-f32.gguf", "aliases": ["prod"]}],
+                "object": "list", "data": [{"id": "/srv/target-f32.gguf", "meta": {"n_params": 14754301}}]}
+
+
+def test_what_an_engine_names_is_held_to_the_sweep_s_target():
+    """/v1/models as vLLM and llama-server answer it; a parameter count decides over names (within 0.1 %:
+    a GGUF's own tensors), a name matches by fingerprint or its last two path parts, a bare generic
+    part (`target`) by nothing alone; --served-model names the target where the engine calls it otherwise."""
+    from dspark_bench.engines.served import Served, check_target, from_model_list, same_name
+
+    assert from_model_list(VLLM_MODELS) == Served(("coder", "/models/acme/coder-7b"))
+    assert from_model_list(LLAMA_MODELS) == Served(("/srv/target-f32.gguf", "target-f32.gguf", "prod"), 14754301)
+    shipped = {"target": "/work/dspark_bench/reference/weights/target", "target_fingerprint": "76f618b95dc56137",
+               "target_params": 14754048}
+    hub = {"target": "/cache/acme/coder-7b", "target_fingerprint": "aa"}
+    assert same_name("76f618b95dc56137", shipped) and same_name("weights/target", shipped)
+    assert not same_name("target", shipped) and not same_name("/work/long/target", shipped)
+    assert same_name("acme/coder-7b", hub) and same_name("coder-7b", hub) and not same_name("acme/coder-13b", hub)
+    check_target(Served(("/srv/target-f32.gguf",), 14754301), shipped, "sweep")  # 253 more: a GGUF's RoPE tensors
+    check_target(Served(()), shipped, "sweep")  # the engine says nothing: nothing is checked
+    check_target(Served(("prod",)), shipped, "sweep", served_model="prod")
+    refusals = {"39,840-parameter target": (Served(("/srv/target-f32.gguf",), 39840), None),
+                "serves acme/coder-13b": (Served(("acme/coder-13b",)), None),
+                "--served-model prod is not among them": (Served(("canary",)), "prod")}
+    for message, (served, name) in refusals.items():
+        with pytest.raises(DsparkError, match=message):
+            check_target(served, shipped, "sweep", served_model=name)
+
+
+def test_against_a_sweep_of_another_pair_is_refused_before_the_window(llamacpp_sweep, tmp_path):
+    """A saved scrape's model_name labels, a .jsonl's models and a live /v1/models answer that name
+    another target: one line, exit 2, nothing written (a live URL's window never taken)."""
+    import http.server
+    import threading
+
+    from dspark_bench.engines.drift import deployed, predicted, sweep_of
+
+    run = sweep_of(llamacpp_sweep)
+    expected, _ = predicted(run.rec, deployed(run, "llamacpp"), "llamacpp")
+    text = llamacpp_scrape(Counts("llamacpp", expected.rounds * 5, expected.draft_tokens * 5, expected.accepted * 5,
+                                  tuple(p * 5 for p in expected.per_position)))
+    other = tmp_path / "other.prom"
+    other.write_text(text.replace("_total ", '_total{model_name="acme/coder-13b"} ', 3).replace(
+        '{position=', '{model_name="acme/coder-13b",position='))
+    jsonl = tmp_path / "other.jsonl"
+    jsonl.write_text(json.dumps({"model": "acme/coder-13b", "meta_info": {"spec_verify_ct": 2}}) + "\n")
+    asked = []
+
+    class Engine(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            asked.append(self.path)
+            body = json.dumps({"data": [{"id": "tiny.gguf", "meta": {"n_params": 123}}]}).encode()
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Engine)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_port}/metrics"
+    out = tmp_path / "out"
+    try:
+        for source, message in ((str(other), "serves acme/coder-13b"), (str(jsonl), "serves acme/coder-13b"),
+                                (url, "serves a 123-parameter target")):
+            result = invoke("observe", source, "--against", str(llamacpp_sweep), "--out", str(out))
+            assert result.exit_code == 2 and message in one_error_line(result), result.output
+    finally:
+        server.shutdown()
+    assert asked == ["/v1/models"] and not out.exists()
+    named = invoke("observe", str(other), "--against", str(llamacpp_sweep), "--served-model", "acme/coder-13b",
+                   "--out", str(out))
+    assert "written:" in named.output and "serves" not in named.output, named.output  # the window was read
+    alone = invoke("observe", str(other), "--served-model", "x", "--out", str(out))
+    assert alone.exit_code == 1 and "it needs --against" in one_error_line(alone)

@@ -14,11 +14,11 @@ from dspark_bench.cli.options import command_options
 NO_VERDICT = 2  # with --against, as `regress`: 0 as predicted, 1 drifted, 2 no verdict (bad input included)
 
 
-@command_options("window", "prices", "against", "out", helps={"out": "Folder that receives the observation's folder."})
+@command_options("window", "prices", "against", "served_model", "out", helps={"out": "Folder that receives the observation's folder."})
 def observe(
     sources: Annotated[list[str], typer.Argument(help="A metrics URL (scraped twice, --window apart), two saved "
                                                       "scrapes (start, end), or one (every count since it started).")],
-    *, window: float | None, prices: Path | None, against: Path | None, out: Path,
+    *, window: float | None, prices: Path | None, against: Path | None, served_model: str | None, out: Path,
 ):
     """Per draft position, what a deployed engine accepted (vLLM, llama-server --metrics, TensorRT-LLM
     counters), with 95 % intervals; with --prices, the best draft length up to the deployed one.
@@ -31,7 +31,7 @@ def observe(
 
     say = lambda line: out_console.print(line, highlight=False, soft_wrap=True, markup=False)  # noqa: E731
     with cli_errors(NO_VERDICT if against is not None else 1):
-        folder, result = lib(sources, window, prices, out, say=say, against=against)
+        folder, result = lib(sources, window, prices, out, say=say, against=against, served_model=served_model)
     say(f"{result['engine']}, {result['window']}: {result['rounds']:,} rounds, {result['draft_tokens']:,} draft "
         f"tokens, {result['accepted']:,} accepted")
     low, high = result["mean_accepted_interval"]

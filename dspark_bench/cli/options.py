@@ -55,6 +55,8 @@ class CommandOptions:
                                 "prediction for the policy its export deploys (exit 0 as predicted, 1 drifted, 2 no "
                                 "verdict).",
                                 path=True)
+    served_model: str | None = knob(None, "observe --against: the sweep's target as the engine names it (its "
+                                    "/v1/models id or model_name label), where the engine calls it otherwise.")
     # --- who decodes: our decoder, HF's, or llama.cpp's server
     decoder: str = knob("ours", "The speculative side: ours | hf (HF assisted generation, HF's rule: --semantics hf, "
                         "top1, --min-draft-len 0) | llamacpp (llama-server with the flags export writes, one server "

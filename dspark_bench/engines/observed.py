@@ -26,7 +26,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from dspark_bench.engines import drift
+from dspark_bench.engines import drift, served
 from dspark_bench.engines.counters import Counts, window
 from dspark_bench.errors import DsparkError
 from dspark_bench.paired import Z95
@@ -133,16 +133,22 @@ def advice(observed: Observed, cost: CostModel) -> dict:
 
 
 def observe(sources: list[str], seconds: float | None, prices: Path | None, out: Path, say=None,
-            against: Path | None = None) -> tuple[Path, dict]:
+            against: Path | None = None, served_model: str | None = None) -> tuple[Path, dict]:
     """`dspark-bench observe`: a window of an engine's counters read per position, with advice on
     `prices` (a cost-model file: its smallest batch size's model) where given, held against replay's
     prediction for what `against` (a replay sweep's folder) exports (engines/drift.py) where given,
-    written as OUT/<run id>/observed.json (whole or not at all). Every input is checked before the window."""
+    written as OUT/<run id>/observed.json (whole or not at all). Every input is checked before the window,
+    an engine that serves another target than `against` was swept on among them (engines/served.py;
+    `served_model`: the engine's name for the sweep's target, where it names it otherwise)."""
+    if served_model is not None and against is None:
+        raise DsparkError("--served-model names the sweep's target as the engine calls it: it needs --against")
     cost = None
     if prices is not None:
         surface = cost_file.load(prices).surface
         cost = surface.at(min(surface.models))
     sweep = drift.sweep_of(against) if against is not None else None
+    if sweep is not None:
+        served.check_target(served.served_by(sources), sweep.info.get("models") or {}, against, served_model)
     check_writable(out)
     counts, how = window(sources, seconds, say=say)
     observed = Observed(counts)
