@@ -14,7 +14,8 @@ from dspark_bench.cli.options import command_options
 NO_VERDICT = 2  # with --against, as `regress`: 0 as predicted, 1 drifted, 2 no verdict (bad input included)
 
 
-@command_options("window", "prices", "against", "served_model", "out", helps={"out": "Folder that receives the observation's folder."})
+@command_options("window", "prices", "against", "served_model", "out",
+                 helps={"out": "Folder that receives the observation's folder."})
 def observe(
     sources: Annotated[list[str], typer.Argument(help="A metrics URL (scraped twice, --window apart), two saved "
                                                       "scrapes (start, end), or one (every count since it started).")],

@@ -10,8 +10,9 @@ target's continuations written by an engine or by our decoder (`continuations`);
 sweep priced on an engine's costs, per engine (`registry`); and what a deployed engine counted of
 its speculation, read from its Prometheus counters (`counters`) per draft position, with the draft
 length its counters advise (`observed`: `dspark-bench observe`), held against replay's prediction
-for the deployed policy (`drift`); a policy's acceptance profile for the engines' simulators
-(`profiles`: `dspark-bench profile`).
+for the deployed policy (`drift`) once the engine is known to serve the sweep's target (`served`);
+a policy's acceptance profile for the engines' simulators, and each domain's of a calibration
+(`profiles`: `dspark-bench profile`, `calibrate`).
 
 Below the search: `tuning` knows engines only through this layer. May import `harness` (the
 pair, its GGUF files, the runner), `analysis`, `replay`, `decoding`, `tasks`, `reference` and the
