@@ -103,6 +103,36 @@ def test_perfect_stopping_bounds_every_rule_at_larger_batch_sizes_in_both_layout
         assert row["oracle_speedup"] == perfect[perfect["batch_size"] == 4][column].max()
 
 
+def test_on_in_decode_prices_the_batch_one_bounds_are_priced_as_the_batch_one_policies():
+    """A sweep over B on prices timed inside decodes prices its batch-1 policies on the batch-1
+    decoder's own model, not a one-row live batch's step terms (replay/batched.batch_one_priced):
+    the oracle and perfect stopping at B = 1, and a better signal's bound, are priced the same way,
+    so no batch-1 policy reads faster than its own oracle (priced on the surface, they read below)."""
+    from dspark_bench.analysis.signal_headroom import signal_headroom
+    from dspark_bench.replay.batched import simulate_with_surface
+    from dspark_bench.replay.cost import CostSurface, StepTerms
+
+    rec = with_signal(small_record(3, P=8, n=40, g=6), 1)
+    isolated = surface_for(rec)
+    surface = CostSurface(isolated.models, StepTerms(rows=[0.0] * 5, plain_rows=[0.0] * 5, join=0.0))
+    # The batch-1 decoder's own rounds: cheaper drafts and verifies than the surface's one-row batch.
+    alone = CostModel(t_draft=0.01, t_verify=[1.0 + 0.01 * k for k in range(7)], context_tokens=10, batch_size=1)
+    rules = [DecodeConfig.of(threshold=t, gamma_max=g, batch_size=b, max_new_tokens=40)
+             for t, g, b in itertools.product((0.1, 0.5, 0.9), (2, 4, 6), (1, 4))]
+    rules += [DecodeConfig.of(schedule="fixed", gamma_max=g, batch_size=b, max_new_tokens=40)
+              for g, b in itertools.product(range(1, 7), (1, 4))]
+    table = simulate_with_surface(rec, rules, surface, batch_one=surface.batch_one(alone))
+    at_one = table[table["batch_size"] == 1]["predicted_speedup"]
+    row = headroom(table, rec, alone, surface)[0]
+    perfect = perfect_stopping(rec, range(1, 7), [1, 4], alone, surface)
+    assert at_one.max() <= perfect[perfect["batch_size"] == 1]["predicted_speedup"].max() <= row["oracle_speedup"]
+    assert row["oracle_speedup"] == pytest.approx(oracle(rec, alone, 6)["predicted_speedup"])
+    on_surface = oracle(rec, alone, 6, surface=surface)["predicted_speedup"]
+    assert on_surface < at_one.max()  # what the analysis read before: a policy above its own oracle
+    bound = signal_headroom(rec, alone, surface, batch_sizes=(1, 4), gamma_max=6, betas=(0.0,))
+    assert bound[bound["batch_size"] == 1]["oracle_speedup"].iloc[0] == pytest.approx(row["oracle_speedup"])
+
+
 # --- how good a signal must be (analysis/signal_headroom.py) ---------------------------------------
 
 

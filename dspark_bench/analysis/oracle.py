@@ -105,9 +105,17 @@ def perfect_stopping(rec: Record, gammas, batch_sizes, cost: CostModel | None = 
     """Perfect stopping's predicted speedups, one row per (B, gamma_max): padded and packed at B > 1."""
     perfect = perfect_record(rec)
     policies = perfect_policies(gammas, batch_sizes, rec.max_new_tokens, drafter)
-    if surface is not None and max(batch_sizes) > 1:
-        return simulate_with_surface(perfect, policies, surface)
+    if surface is not None and max(batch_sizes) > 1:  # B = 1 priced as the sweep's table prices it
+        return simulate_with_surface(perfect, policies, surface, batch_one=surface.batch_one(cost))
     return simulate_grid(perfect, policies, cost)
+
+
+def walked_at_one(surface: CostSurface | None, cost: CostModel, batch_sizes) -> CostSurface | None:
+    """The surface the batch-1 oracle is priced on beside a sweep's table (`oracle`'s `surface`): the
+    batched walk's where the sweep spans B > 1 on passes timed alone; None, the batch-1 cost model,
+    at B = 1 alone or on prices timed inside decodes, where the sweep prices its batch-1 policies on
+    the batch-1 decoder's own model (CostSurface.batch_one)."""
+    return surface if surface is not None and max(batch_sizes) > 1 and surface.batch_one(cost) is None else None
 
 
 def headroom(table: pd.DataFrame, rec: Record, cost: CostModel, surface: CostSurface | None = None) -> list[dict]:
@@ -121,7 +129,7 @@ def headroom(table: pd.DataFrame, rec: Record, cost: CostModel, surface: CostSur
     if "drafter" in table:
         table = table[table["drafter"] == drafter]
     perfect = perfect_stopping(rec, gammas, batch_sizes, cost, surface, drafter)
-    exact = (oracle(rec, cost, max(gammas), drafter, surface if max(batch_sizes) > 1 else None)
+    exact = (oracle(rec, cost, max(gammas), drafter, walked_at_one(surface, cost, batch_sizes))
              if 1 in batch_sizes else None)
     for batch_size in batch_sizes:
         group = table[table["batch_size"] == batch_size] if "batch_size" in table else table

@@ -33,7 +33,7 @@ import numpy as np
 import pandas as pd
 
 from dspark_bench import objectives, schedules
-from dspark_bench.analysis.oracle import oracle, perfect_record, perfect_stopping
+from dspark_bench.analysis.oracle import oracle, perfect_record, perfect_stopping, walked_at_one
 from dspark_bench.config import DecodeConfig, expand
 from dspark_bench.decoding.learned_signal import FLOOR
 from dspark_bench.errors import DsparkError
@@ -89,7 +89,7 @@ def replayed(rec: Record, configs: list[DecodeConfig], cost: CostModel, surface:
     """Every policy's predicted speedups, priced as the sweep's headroom prices them: on the surface
     (padded and packed, each request's prefill) where it spans B > 1, else by the batch-1 cost model."""
     if max(c.batching.batch_size for c in configs) > 1:
-        table = simulate_with_surface(rec, configs, surface)
+        table = simulate_with_surface(rec, configs, surface, batch_one=surface.batch_one(cost))
     else:
         table = simulate_grid(rec, configs, cost)
     return table.assign(batch_size=[c.batching.batch_size for c in configs],
@@ -100,13 +100,13 @@ def replayed(rec: Record, configs: list[DecodeConfig], cost: CostModel, surface:
 def bounds(rec: Record, batch_sizes, gamma_max: int, cost: CostModel, surface: CostSurface | None) -> dict:
     """(B, layout) -> the oracle's predicted speedup: the exact optimum at B = 1, perfect stopping's
     best γ_max at B > 1 (oracle.headroom's)."""
-    on_surface = surface if surface is not None and max(batch_sizes) > 1 else None
     out = {}
     if 1 in batch_sizes:
-        out[(1, "—")] = oracle(rec, cost, gamma_max, surface=on_surface)["predicted_speedup"]
+        out[(1, "—")] = oracle(rec, cost, gamma_max, surface=walked_at_one(surface, cost, batch_sizes))[
+            "predicted_speedup"]
     larger = [b for b in batch_sizes if b > 1]
     if larger:
-        perfect = perfect_stopping(rec, list(range(1, gamma_max + 1)), larger, cost, on_surface)
+        perfect = perfect_stopping(rec, list(range(1, gamma_max + 1)), larger, cost, surface)
         for b in larger:
             part = perfect[perfect["batch_size"] == b]
             out[(b, "padded")] = float(part["predicted_speedup"].max())

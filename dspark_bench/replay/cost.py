@@ -217,6 +217,13 @@ class CostSurface:
     def at(self, batch_size: int) -> CostModel:
         return self.models[batch_size]
 
+    def batch_one(self, cost: CostModel) -> CostModel | None:
+        """What prices a batch-1 policy (and a batch-1 bound) beside this surface's walks: with `terms`
+        (prices timed inside decodes) `cost`, the batch-1 decoder's own model, which pays its own host
+        work, not a one-row live batch's step terms (replay/batched.batch_one_priced); timed alone,
+        None: the surface at B = 1, as the batched walk prices it."""
+        return cost if self.terms is not None else None
+
     def tables(self, batch_size: int, learned: bool = False,
                plain: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """(t_draft[b], t_verify[b, k]) for b = 0 .. batch_size rows (a draining batch has fewer),

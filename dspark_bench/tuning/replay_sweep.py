@@ -350,7 +350,7 @@ def replayed(rec, configs: list[DecodeConfig], surface, cost, batched: bool) -> 
     sampled record's expectations over its replicates (replay/sampled.py). Prices timed inside
     decodes (the surface has a live batch's terms) price a batch-1 policy on `cost`, the batch-1
     decoder's own; passes timed alone, on the surface as before."""
-    one = cost if batched and surface.terms is not None else None
+    one = surface.batch_one(cost) if batched else None
     return sampled.expected([simulate_with_surface(r, configs, surface, batch_one=one) if batched
                              else simulate_grid(r, configs, cost) for r in sampled.replicates(rec)])
 
