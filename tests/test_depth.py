@@ -359,6 +359,31 @@ def test_a_prompt_past_the_targets_trained_context_is_said_in_one_line(llama_pai
                     f"trained context of {trained:,} tokens (a long task's pair: `dspark-bench models build --long`)")
 
 
+def test_a_depth_policy_with_an_entry_no_round_reaches_is_refused_before_decoding(tmp_path):
+    """The shipped target is trained on 256 tokens: an entry for 256-1k is read by no round of a short
+    prompt (one line, nothing decoded or written); one for its own bucket alone decodes. A prompt that
+    itself runs past 256 tokens reaches the entry, and it is taken."""
+    from typer.testing import CliRunner
+
+    from dspark_bench.cli import app
+
+    runner = CliRunner()
+    refused = runner.invoke(app, ["decode", "def f(x):", "--schedule", "depth", "--depth-policy", "0.5/4,0.3/6",
+                                  "--max-new-tokens", "8"])
+    assert refused.exit_code == 1 and "its entry 0.3/6 is for depths 256-1k, where no round starts" in refused.output
+    assert refused.output.count("\n") <= 2
+    out = tmp_path / "runs"
+    run = runner.invoke(app, ["run", "--task", "code", "--limit", "1", "--schedule", "depth", "--depth-policy",
+                              "0.5/4,0.3/6", "--max-new-tokens", "8", "--out", str(out)])
+    assert run.exit_code == 1 and "where no round starts" in run.output and not any(out.iterdir())
+    fine = runner.invoke(app, ["decode", "def f(x):", "--schedule", "depth", "--depth-policy", "0.5/4",
+                               "--max-new-tokens", "8"])
+    assert fine.exit_code == 0, fine.output
+    deep = runner.invoke(app, ["decode", "x = 1\n" * 80, "--schedule", "depth", "--depth-policy", "0.5/4,0.3/6",
+                               "--max-new-tokens", "4"])
+    assert deep.exit_code == 0, deep.output
+
+
 def test_a_sweep_over_the_depth_schedule_says_it_is_composed_not_searched(saved_pair, prompts_file, tmp_path):
     from typer.testing import CliRunner
 

@@ -18,10 +18,12 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
 from dspark_bench.decoding import heads
+from dspark_bench.depth import DEPTH_EDGES, DEPTH_LABELS
 from dspark_bench.errors import DsparkError, first_line
 from dspark_bench.harness.gguf_read import hf_folder, is_gguf
 from dspark_bench.reference import default_heads_path, default_pair_paths
 from dspark_bench.reference.long import long_pair_paths
+from dspark_bench.schedules import depth_entries
 from dspark_bench.tasks.hub import hub_reachable
 
 DEVICES = ("auto", "cpu", "cuda", "mps")
@@ -275,3 +277,24 @@ def context_warning(pair: ModelPair, prompts, max_new_tokens: int, chat_template
     return (f"note: the longest prompt is {longest:,} tokens; with {max_new_tokens} new ones it runs past the target's "
             f"trained context of {trained:,} tokens (a long task's pair: `dspark-bench models build --long`)")
 
+
+
+def check_depth_reach(pair: ModelPair, prompts, max_new_tokens: int, configs, chat_template: str = "auto") -> None:
+    """Refuse, before anything decodes, a depth policy with an entry for a bucket no round can start
+    in: past both the target's trained context and the longest prompt with its new tokens (a round
+    starts below that). Such an entry would never be read; the policy's last entry holds for every
+    deeper bucket already."""
+    from dspark_bench.tasks.prompts import encode  # the core's; here only for the count, as context_warning
+
+    policies = [c.stopping.depth_policy for c in configs if c.stopping.depth_policy]
+    if not policies or not prompts:
+        return
+    trained = getattr(pair.target.config, "max_position_embeddings", None) or 0
+    longest = max(len(encode(pair.tokenizer, p.text, chat_template)) for p in prompts) + max_new_tokens
+    for text in dict.fromkeys(policies):
+        for index, entry in enumerate(depth_entries(text)):
+            if DEPTH_EDGES[index] >= max(trained, longest):
+                raise DsparkError(f"depth_policy {text!r}: its entry {entry} is for depths {DEPTH_LABELS[index]}, "
+                                  f"where no round starts (the longest prompt with its new tokens reaches "
+                                  f"{longest:,} tokens, the target's trained context is {trained:,}); drop it: the "
+                                  "last entry holds for every deeper bucket")

@@ -22,7 +22,7 @@ from dspark_bench.decoding.speculative import speculative_decode
 from dspark_bench.errors import DsparkError
 from dspark_bench.harness.calibration_file import load_calibration
 from dspark_bench.harness.hf_cost_model import priced_hf
-from dspark_bench.harness.models import context_warning, load_pair
+from dspark_bench.harness.models import check_depth_reach, context_warning, load_pair
 from dspark_bench.harness.runner import RunnerSettings, planned_samples, run_to_folder, stage_steps
 from dspark_bench.harness.workload import Served, Workload, check_served, served
 from dspark_bench.results import check_writable, read_json
@@ -281,6 +281,8 @@ def plan_run(config: RunConfig) -> Planned:
     pair = load_pair(config.target, config.draft, config.device, config.dtype, config.heads,
                      drafters={c.drafting.drafter for c in configs}, pair=pair_of(config.task))
     check_learned_models(pair, configs)
+    check_depth_reach(pair, prompts, max((c.verification.max_new_tokens for c in configs), default=0), configs,
+                      config.chat_template)
     if any(c.drafting.drafter == "heads" for c in configs):
         pair.heads  # noqa: B018 — load (and check) the heads before anything runs
     if config.calibration is not None:
@@ -376,6 +378,7 @@ def decode_once(text: str, config: DecodeConfig, target: str | None = None, draf
         config = load_calibration(calibration).policy_for(domain or "", strict=domain is not None, base=config)
     controllers.start(config)  # a controller's own files (vllm-adaptive's step costs), before the models load
     pair = load_pair(target, draft, device, dtype, heads, drafters={config.drafting.drafter})
+    check_depth_reach(pair, [Prompt("prompt", text)], config.verification.max_new_tokens, [config], chat_template)
     config = capture.captured([config], pair.device, eager, (pair.target, pair.draft))[0]
     ids = encode(pair.tokenizer, text, chat_template)
     return pair, config, speculative_decode(pair.target, pair.drafter_for(config), ids, config, pair.eos_ids)
