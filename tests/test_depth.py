@@ -99,6 +99,36 @@ def test_depth_totals_add_up_to_the_grid_and_follow_the_rounds(deep_record):
         assert got == expected, config.label()
 
 
+def test_llama_cpp_runs_are_held_to_replay_per_prompt_length_bucket(deep_record):
+    """`run --decoder llamacpp` over prompts of two buckets: per bucket, llama.cpp's generation speedup over
+    that bucket's prompts beside replay's prediction for them alone, priced at each round's depth."""
+    import pandas as pd
+
+    from dspark_bench.engines.llamacpp_run import by_bucket, generation_speedup
+    from dspark_bench.replay.sampled import rows_of
+    from dspark_bench.tasks.prompts import Prompt
+
+    prompts = [Prompt(f"p{i}", "x") for i in range(len(PROMPTS))]
+    rows = pd.DataFrame({"prompt_id": [p.id for p in prompts], "new_tokens": N, "baseline_new_tokens": N,
+                         "drafted_total": 6, "accepted_total": 3, "emitted_total": N, "rounds": 5, "full_blocks": 0,
+                         "spec_time_s": 1.0, "baseline_time_s": 1.5, "baseline_gen_s": 1.0,
+                         "spec_gen_s": [0.5 + 0.1 * i for i in range(len(PROMPTS))]})
+    policy = policies()[3]
+    parts = by_bucket(deep_record, policy, rows, PROMPTS, prompts, DEPTH_COST)
+    assert [p["bucket"] for p in parts] == ["0-256", "256-1k"]
+    buckets = depth_bucket([len(ids) for ids in PROMPTS])
+    for part, bucket in zip(parts, (0, 1)):
+        members = np.flatnonzero(buckets == bucket)
+        alone = simulate_grid(rows_of(deep_record, members), [policy], DEPTH_COST)["predicted_speedup"].iloc[0]
+        measured = generation_speedup(rows.iloc[members], policy.label())["speedup"]
+        assert part["prompts"] == len(members) and part["predicted_llamacpp"] == pytest.approx(alone)
+        assert part["llamacpp_speedup"] == pytest.approx(measured) and measured > 1
+        assert part["error_llamacpp"] == pytest.approx(alone / measured - 1)
+    shallow = np.flatnonzero(buckets == 0)
+    assert by_bucket(rows_of(deep_record, shallow), policy, rows, [PROMPTS[i] for i in shallow], prompts,
+                     DEPTH_COST) == []  # one bucket: nothing to split
+
+
 def test_depth_prices_charge_deeper_rounds_more(deep_record):
     configs = policies()
     flat = dataclasses.replace(DEPTH_COST, by_depth={})

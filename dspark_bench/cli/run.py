@@ -11,6 +11,7 @@ from dspark_bench.cli.console import (
     cli_errors,
     out_console,
     print_health,
+    print_small_table,
     print_shown,
     print_verdicts,
     read_summary,
@@ -214,12 +215,26 @@ def print_llamacpp(folder: Path) -> None:
         out_console.print("llama.cpp decoded your GGUF files as they are; our side, their de-quantized copy: the "
                           "'= target' column and the acceptance beside replay's say how far the two part",
                           highlight=False, soft_wrap=True)
+    print_llamacpp_buckets(info["summary"])
     if len(info["policies"]) == 1:
         print_llamacpp_decoders(info)
         print_llamacpp_prompts(folder)
     for policy in info["policies"]:
         out_console.print(f"llama-server flags ({policy['policy']}): {' '.join(policy['flags'])}", highlight=False,
                           soft_wrap=True, markup=False)
+
+
+def print_llamacpp_buckets(summary: list[dict]) -> None:
+    """Where the prompts span depth buckets: each policy per prompt-length bucket, llama.cpp measured
+    beside replay priced on llama.cpp's costs at each round's depth."""
+    rows = [(row["policy"], part) for row in summary for part in row.get("by_bucket") or []]
+    if rows:
+        print_small_table("per prompt-length bucket: llama.cpp measured (generation phase) vs replay on its prices",
+                          ("policy", "prompt tokens", "prompts", "measured [95% CI]", "predicted", "error"),
+                          [[policy, part["bucket"], str(part["prompts"]),
+                            f"{part['llamacpp_speedup']:.3f} [{part['llamacpp_speedup_low']:.3f}, "
+                            f"{part['llamacpp_speedup_high']:.3f}]", f"{part['predicted_llamacpp']:.3f}",
+                            f"{part['error_llamacpp']:+.1%}"] for policy, part in rows])
 
 
 def print_llamacpp_decoders(info: dict) -> None:

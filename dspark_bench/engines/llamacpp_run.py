@@ -36,6 +36,7 @@ import numpy as np
 import pandas as pd
 
 from dspark_bench.config import DecodeConfig
+from dspark_bench.depth import DEPTH_LABELS, depth_bucket
 from dspark_bench.decoding.autoregressive import autoregressive_decode
 from dspark_bench.decoding.rules import expressible
 from dspark_bench.engines.files import llamacpp_flags
@@ -52,6 +53,7 @@ from dspark_bench.measure.cost_model import measure_cost
 from dspark_bench.measure.recording import record
 from dspark_bench.metrics import rates, summarize
 from dspark_bench.replay import cost_file
+from dspark_bench.replay.sampled import rows_of
 from dspark_bench.replay.simulate import simulate, simulate_grid
 from dspark_bench.results import check_writable, write_json, write_parquet
 from dspark_bench.tasks.prompts import encode
@@ -143,7 +145,8 @@ def execute_llamacpp(config: RunConfig, out: Path, progress=None, say=None, serv
         table = side_by_side(rec, policy, targets, rows, mine, tokenized)
         tables.append({"policy": policy.label(), "flags": flags, "argv": argv,
                        "table": table.to_dict(orient="records")})
-        summary.append(policy_row(rec, policy, rows, mine, prices, our_prices))
+        summary.append({**policy_row(rec, policy, rows, mine, prices, our_prices),
+                        "by_bucket": by_bucket(rec, policy, rows, prompt_ids, planned.prompts, prices.surface.at(1))})
         per_prompt.append(rows.assign(config_id=i, config_label=policy.label()))
     summary = pd.DataFrame(summary)
     full = sorted({p for _, _, _, rows in measured for p in rows.loc[rows["context_full"], "prompt_id"]})
@@ -233,6 +236,26 @@ def policy_row(rec, policy: DecodeConfig, rows: pd.DataFrame, ours: pd.Series, p
             "ours_speedup": ours["speedup"], "ours_speedup_low": ours["speedup_low"],
             "ours_speedup_high": ours["speedup_high"],
             "identical": f"{int(rows['identical_to_target'].sum())}/{len(rows)}"}
+
+
+def by_bucket(rec, policy: DecodeConfig, rows: pd.DataFrame, prompt_ids, prompts, cost) -> list[dict]:
+    """Per prompt-length bucket (depth.DEPTH_LABELS; [] where every prompt is in one): llama.cpp's
+    measured generation speedup over the bucket's prompts beside replay's prediction for them on
+    llama.cpp's prices, each round priced at its own depth where the prices have the depth axis
+    (docs/depth.md#llamacpp-at-depth)."""
+    buckets = depth_bucket([len(ids) for ids in prompt_ids])
+    if len(set(buckets.tolist())) < 2:
+        return []
+    out = []
+    for bucket in sorted(set(buckets.tolist())):
+        members = np.flatnonzero(buckets == bucket)
+        predicted = float(simulate_grid(rows_of(rec, members), [policy], cost)["predicted_speedup"].iloc[0])
+        measured = generation_speedup(rows[rows["prompt_id"].isin({prompts[i].id for i in members})], policy.label())
+        speedup, low, high = (float(measured[k]) for k in ("speedup", "speedup_low", "speedup_high"))
+        out.append({"bucket": DEPTH_LABELS[bucket], "prompts": len(members), "predicted_llamacpp": predicted,
+                    "llamacpp_speedup": speedup, "llamacpp_speedup_low": low, "llamacpp_speedup_high": high,
+                    "error_llamacpp": predicted / speedup - 1})
+    return out
 
 
 def side_by_side(rec, policy: DecodeConfig, targets, rows: pd.DataFrame, ours: pd.Series,
