@@ -194,7 +194,8 @@ def stated_counts(text: str):
 def what_sweep_does(args: tuple[str, ...]) -> dict:
     """The policies a `sweep` with `args` replays, and its prompts, from its plan (no model loads)."""
     from dspark_bench.config import SEARCHABLE_FIELDS, DecodeConfig
-    from dspark_bench.tuning.replay_sweep import replay_space, replayed_count
+    from dspark_bench.tuning.replay_sweep import replay_space
+    from dspark_bench.tuning.sweep_plan import replayed_count
     from dspark_bench.tuning.spec import SweepSpec, points
     from dspark_bench.tuning.spec_files import command_overrides, resolve_spec
 

@@ -656,7 +656,8 @@ def test_the_plans_count_is_what_joins_after_recording(space, tmp_path):
     them; it must be what join_fitted adds once the fits exist."""
     from dspark_bench.config import DEFAULTS, expand
     from dspark_bench.tuning.added_policies import budget_points, goodput_points, learned_points
-    from dspark_bench.tuning.replay_sweep import replay_space, replayed_count
+    from dspark_bench.tuning.replay_sweep import replay_space
+    from dspark_bench.tuning.sweep_plan import replayed_count
 
     configs = replay_space(expand(space, DEFAULTS, strict=False), DEFAULTS)
     fitted = goodput_points(configs, tmp_path / "g.json") + budget_points(configs, tmp_path / "g.json")

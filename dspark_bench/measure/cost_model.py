@@ -28,8 +28,14 @@ from dspark_bench.decoding.static_batch_lm import StaticBatchLM
 from dspark_bench.replay.cost import CostModel, CostSurface, worst_spread
 
 
+# How many times each pass is timed (medians; harness/plan.prices_seconds counts them): at batch 1,
+# at each larger batch size, at each depth, and each prefill.
+COST_REPEATS, SURFACE_REPEATS, DEPTH_REPEATS, PREFILL_REPEATS = 15, 7, 9, 5
+
+
 @torch.inference_mode()
-def measure_depths(pair, sequence: list[int], gamma: int, depths, repeats: int = 9, compiled: bool = False) -> dict:
+def measure_depths(pair, sequence: list[int], gamma: int, depths, repeats: int = DEPTH_REPEATS,
+                   compiled: bool = False) -> dict:
     """`CostModel.by_depth`: the draft step and verify(k) timed with the caches holding the first d
     tokens of `sequence`, and the two models' prefill of those d tokens (seconds per token), for
     each depth d in `depths` that it is long enough for (`compiled`: as measure_cost's)."""
@@ -42,7 +48,7 @@ def measure_depths(pair, sequence: list[int], gamma: int, depths, repeats: int =
 
 
 @torch.inference_mode()
-def measure_cost(pair, context: list[int], gamma: int, repeats: int = 15, drafters=("model",),
+def measure_cost(pair, context: list[int], gamma: int, repeats: int = COST_REPEATS, drafters=("model",),
                  compiled: bool = False) -> CostModel:
     """Median timings with the caches holding `context`, interleaved across k to share drift;
     with "heads" among `drafters`, the heads' pass too. `compiled`: the passes the compiled decoder
@@ -176,7 +182,7 @@ def time_pass(pair, lm: BatchLM | StaticBatchLM, tokens: list[int], lengths: lis
 
 
 @torch.inference_mode()
-def measure_surface(pair, context: list[int], gamma: int, batch_sizes, repeats: int = 7,
+def measure_surface(pair, context: list[int], gamma: int, batch_sizes, repeats: int = SURFACE_REPEATS,
                     drafters=("model",), contexts: list[list[int]] | None = None,
                     compiled: bool = False, width: int = 0) -> CostSurface:
     """t_draft(B) and t_verify(B, k) for every B (and 1): B rows holding `context` (or, given
@@ -217,7 +223,7 @@ def time_prefill(pair, model, context: list[int]) -> float:
     return time.perf_counter() - start
 
 
-def measure_prefill(pair, context: list[int], repeats: int = 5) -> dict:
+def measure_prefill(pair, context: list[int], repeats: int = PREFILL_REPEATS) -> dict:
     """Seconds per prompt token of a batch-1 prefill of `context`, target and draft (medians)."""
 
     times = {name: [] for name in ("target", "draft")}

@@ -2,7 +2,8 @@
 
 Sweep specifications (`spec`; which one a command means: `spec_files`), the Optuna study behind
 real sweeps (`study`), what every sweep works on (`preparation`), sweeps by grid, Optuna or replay
-(`sweep`; the replay side in `replay_sweep`, its summary.json in `replay_summary`, its records in
+(`sweep`; the replay side in `replay_sweep`, its plan and estimate in `sweep_plan`, its summary.json in
+`replay_summary`, its records in
 `records`, the policies it adds in `added_policies`, the timed confirmation in `confirm`), and
 per-domain calibration
 (`calibrate`, choosing with `domain_choice`). A sweep's optional results (the depth-keyed policy,

@@ -21,7 +21,6 @@ from dspark_bench.analysis.analyze import Studied
 from dspark_bench.config import DEFAULTS, DecodeConfig, expand
 from dspark_bench.decoding import capture, controllers
 from dspark_bench.decoding.static_batch_lm import capacity_for
-from dspark_bench.depth import PRICED_DEPTHS, priced_depths, spans_depth
 from dspark_bench.engines.registry import EngineRegistry
 from dspark_bench.errors import DsparkError
 from dspark_bench.harness.health import (
@@ -32,8 +31,7 @@ from dspark_bench.harness.health import (
     wall_over_estimate,
     worst,
 )
-from dspark_bench.harness.in_decode import plan_seconds, price_in_decode
-from dspark_bench.harness.plan import precision_plan, replay_plan, seconds_per_token
+from dspark_bench.harness.in_decode import price_in_decode
 from dspark_bench.harness.workload import served
 from dspark_bench.measure.cost_model import halfway, measure_depths, measure_surface, torch_version
 from dspark_bench.replay import cost_file, sampled
@@ -47,7 +45,6 @@ from dspark_bench.sections.depth import depth_search_of, depth_verdict, join_dep
 from dspark_bench.sections.engine_verdict import EngineVerdict
 from dspark_bench.tasks.prompts import encode
 from dspark_bench.tuning.added_policies import (
-    added_count,
     budget_points,
     goodput_points,
     learned_points,
@@ -60,6 +57,7 @@ from dspark_bench.tuning.preparation import LoadedSweep, SweepResult
 from dspark_bench.tuning.records import drafter_groups, record_all, record_key
 from dspark_bench.tuning.replay_summary import write_replay_summary
 from dspark_bench.tuning.spec import SweepSpec, max_batch_of
+from dspark_bench.tuning.sweep_plan import depths_to_price, say_replay_plan
 
 if TYPE_CHECKING:
     from dspark_bench.harness.runner import StageProgress
@@ -138,7 +136,7 @@ def replay_sweep(folder: Path, spec: SweepSpec, prepared: LoadedSweep, records_r
     found += registry.computed(SweepFacts(folder, spec, configs, table, records[record_key_of(records)],
                                           records.get(MODEL), prices.surface,
                                           max_batch_of(spec) if served(spec) else None, say, progress))
-    checks = sweep_checks(table, prices, probe, time.perf_counter() - started - prices.timing_s, estimate)
+    checks = sweep_checks(table, prices, probe, time.perf_counter() - started, estimate)
     record_dir = record_dirs.get(MODEL, next(iter(record_dirs.values())))
     found = [result for result in found if result is not None]
     # where the target's continuations came from: an engine's file, else decoded here
@@ -154,7 +152,7 @@ def replay_sweep(folder: Path, spec: SweepSpec, prepared: LoadedSweep, records_r
 
 def sweep_checks(table: pd.DataFrame, prices: Prices, probe: LoadProbe, wall_s: float, estimate) -> list:
     """The sweep's own timing checks: the cost table's, the load probe's, the confirmed policies'
-    measured over predicted, and the wall time (less the cost model's timing) over the plan's estimate."""
+    measured over predicted, and the wall time over the plan's estimate (which counts the prices' timing)."""
     confirmed = table[table["source"] == "confirmed"]
     # Our decoder confirms: its measurements are judged against the prediction priced on its costs.
     measured_column = "predicted_speedup_ours" if prices.engine else "predicted_speedup"
@@ -271,15 +269,6 @@ def time_prices(folder: Path, pair, ids: list[list[int]], records: dict, configs
     return prices
 
 
-def depths_to_price(pair, ids: list[list[int]], max_new_tokens: int) -> tuple[int, ...]:
-    """The depths our passes are timed at (depth.priced_depths): none where every prompt fits the
-    first depth bucket, the priced depths up to the deepest round's otherwise."""
-    if max(len(i) for i in ids) <= PRICED_DEPTHS[0]:
-        return ()
-    trained = getattr(pair.target.config, "max_position_embeddings", None)
-    return priced_depths(max(len(i) for i in ids) + max_new_tokens, trained)
-
-
 def timing_sequence(rec, ids: list[list[int]], length: int) -> list[int]:
     """The context our passes are timed in at each depth, `length` tokens of real text (attention
     then reads what it reads in decoding): the longest prompt and the record's continuation of it,
@@ -353,46 +342,3 @@ def replayed(rec, configs: list[DecodeConfig], surface, cost, batched: bool) -> 
     one = surface.batch_one(cost) if batched else None
     return sampled.expected([simulate_with_surface(r, configs, surface, batch_one=one) if batched
                              else simulate_grid(r, configs, cost) for r in sampled.replicates(rec)])
-
-
-def replayed_count(configs: list[DecodeConfig]) -> int:
-    """How many policies a replay sweep of `configs` (replay_space's) simulates: those, and the
-    goodput, budget and learned policies that join once the record is made."""
-    return len(configs) + added_count(configs)
-
-
-def say_replay_plan(spec: SweepSpec, prepared: LoadedSweep, ids: list[list[int]], configs: list[DecodeConfig],
-                    recorded: bool, say: Callable[[str], None]) -> float:
-    """Say the plan; returns its estimate in seconds (the recording and confirming it covers)."""
-    first_ids, deepest_prompt = ids[0], max(len(i) for i in ids)
-
-    # Confirmed: the best `confirm_top` and the best fixed γ beside them, at each batch size and
-    # drafter (confirm.chosen_kinds); none at 0.
-    sizes = {c.batching.batch_size for c in configs}
-    groups = len({(c.batching.batch_size, c.drafting.drafter) for c in configs})
-    policies = replayed_count(configs)
-    scheduled = (policies - sum(schedules.of(c).baseline for c in configs)) // groups
-    confirmed = (min(spec.confirm_top, scheduled) + 1) * groups if spec.confirm_top else 0
-    tokens = prepared.base.verification.max_new_tokens
-    if confirmed and prepared.base.greedy and spans_depth([len(i) + j for i in ids for j in range(tokens)]):
-        confirmed += 1  # the depth policy the sweep will compose (sections/depth.py), timed beside them
-    per_token = seconds_per_token(prepared.pair, first_ids)
-    line, seconds = replay_plan(per_token, len(prepared.prompts), prepared.base.verification.max_new_tokens, policies,
-                                confirmed, spec.repeats, recorded=recorded,
-                                from_file=prepared.continuations is not None,
-                                paths=0 if prepared.base.greedy else spec.paths, space=len(prepared.points))
-    say(line + (" — an upper bound: a batched run takes less than a batch-1 one" if max(sizes) > 1 else ""))
-    if spec.isolated_prices:
-        say("prices: our passes timed alone (--isolated-prices: optimistic in a live batch)")
-    else:
-        extra = plan_seconds(per_token, tokens, max(sizes))
-        seconds += extra
-        say(f"prices: our passes timed inside running decodes of the prompts (about {extra:.0f} s more; "
-            "--isolated-prices: timed alone)")
-    depths = depths_to_price(prepared.pair, ids, prepared.base.verification.max_new_tokens)
-    if depths:  # time_prices times our passes at these depths too
-        say(f"prompts of up to {deepest_prompt:,} tokens: our passes are timed at depths "
-            f"{', '.join(f'{d:,}' for d in depths)} and each round is priced at its own depth")
-    if spec.precision > 0 and confirmed:
-        say(precision_plan(spec.precision, spec.precision_budget_s))
-    return seconds
