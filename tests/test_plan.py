@@ -41,5 +41,6 @@ def test_timing_our_prices_counts_each_batch_size_and_depth():
     wider = prices_seconds(pace, 500, 4, [1, 4, 16], ())
     assert wider - alone == pytest.approx((SURFACE_REPEATS + 1) * passes * (math.sqrt(4) + math.sqrt(16)))
     deeper = prices_seconds(pace, 500, 4, [1], (256, 4096))
-    assert deeper - alone > (DEPTH_REPEATS + 2) * passes * 2 + (PREFILL_REPEATS + 1) * 0.0002 * 4352
+    each_token = (PREFILL_REPEATS + 2) * (1 + DRAFT_SHARE) * 0.0002  # the timed prefills, and the caches' own
+    assert deeper - alone == pytest.approx((DEPTH_REPEATS + 2) * passes * 2 + each_token * (256 + 4096))
 

@@ -93,7 +93,8 @@ def prices_seconds(pace: Pace, context: int, gamma: int, batch_sizes, depths) ->
     prefills = (PREFILL_REPEATS + 1) * (1 + DRAFT_SHARE) * pace.per_prompt_token
     seconds = (COST_REPEATS + 2) * passes + prefills * context
     seconds += sum((SURFACE_REPEATS + 1) * passes * math.sqrt(b) for b in set(batch_sizes) - {1})
-    return seconds + sum((DEPTH_REPEATS + 2) * passes + (prefills + 1 + DRAFT_SHARE) * d for d in depths)
+    setup = (1 + DRAFT_SHARE) * pace.per_prompt_token  # each depth's caches filled once before its passes
+    return seconds + sum((DEPTH_REPEATS + 2) * passes + (prefills + setup) * d for d in depths)
 
 
 def timed_pairs_seconds(per_token: float, samples: int, tokens: int, repeats: int) -> float:
