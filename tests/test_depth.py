@@ -99,6 +99,25 @@ def test_depth_totals_add_up_to_the_grid_and_follow_the_rounds(deep_record):
         assert got == expected, config.label()
 
 
+def test_a_measured_plain_step_follows_depth_as_its_pass_does(deep_record):
+    """t_plain is measured at the model's own depth (an engine's fit, ours inside decodes): its one-token
+    pass follows the depth axis, what the step adds past it does not. Held flat, plain decoding at 245
+    tokens was priced as at 1,024 (speculation read far faster on short prompts, slower on long ones)."""
+    from dspark_bench.replay.tables import plain_by_depth, record_depths
+
+    measured = dataclasses.replace(DEPTH_COST, context_tokens=1024, t_plain=0.033)  # its pass 0.030 + 0.003
+    depths = record_depths(deep_record)
+    bucket = depth_bucket(depths)
+    plain = plain_by_depth(deep_record, measured, depths, bucket)
+    steps = DEPTH_COST.at_depths(depths)[1][..., 0] + 0.003  # the pass at each depth, and the step's own 3 ms
+    generated = np.arange(depths.shape[1])[None, :] < deep_record.lengths[:, None]
+    prefill = np.bincount(bucket[:, 0], weights=measured.prefills(np.asarray([len(p) for p in PROMPTS]))[0],
+                          minlength=len(DEPTH_LABELS))
+    expected = np.bincount(bucket[generated], weights=steps[generated], minlength=len(DEPTH_LABELS)) + prefill
+    assert plain == pytest.approx(expected)
+    assert steps[2, 0] == pytest.approx(0.013) and plain[0] < 0.033 * generated[bucket == 0].sum()
+
+
 def test_llama_cpp_runs_are_held_to_replay_per_prompt_length_bucket(deep_record):
     """`run --decoder llamacpp` over prompts of two buckets: per bucket, llama.cpp's generation speedup over
     that bucket's prompts beside replay's prediction for them alone, priced at each round's depth."""
