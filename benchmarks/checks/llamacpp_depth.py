@@ -23,10 +23,11 @@ import numpy as np
 import pandas as pd
 
 from dspark_bench.decoding.autoregressive import autoregressive_decode
-from dspark_bench.engines.llamacpp_run import by_bucket
+from dspark_bench.engines.llamacpp_run import by_bucket, generation_speedup
 from dspark_bench.harness.run import from_run_info, plan_run
 from dspark_bench.measure.recording import record
 from dspark_bench.replay import cost_file
+from dspark_bench.replay.simulate import simulate_grid
 from dspark_bench.results import read_json
 from dspark_bench.tasks.prompts import encode
 
@@ -51,6 +52,10 @@ def main() -> None:
           f"{info['prices']['llamacpp']}")
     for c, policy in enumerate(planned.configs):
         rows = measured[measured["config_id"] == c]
+        whole = generation_speedup(rows, policy.label())["speedup"]
+        predicted = float(simulate_grid(rec, [policy], cost)["predicted_speedup"].iloc[0])
+        print(f"  {policy.label():46} every prompt: measured {whole:.3f}, predicted {predicted:.3f} "
+              f"({predicted / whole - 1:+.1%})")
         for part in by_bucket(rec, policy, rows, ids, planned.prompts, cost):
             errors.append(abs(part["error_llamacpp"]))
             print(f"  {policy.label():46} {part['bucket']:>7} ({part['prompts']} prompts): measured "
