@@ -279,6 +279,23 @@ def test_a_sweep_sets_each_controller_beside_fixed_and_ours(controller_sweep):
     assert len(fig.axes) == 4 and "length each engine controller picks" in caption
 
 
+@pytest.mark.parametrize("slots", [("1,3,5,7", "1,2,3,4"), ("1,2,3,4", "0,1,3"), ("0,1,3", "2,4,6,8")])
+def test_sglang_starts_every_exported_slot_where_our_replay_starts_it(slots, tmp_path):
+    """SGLang starts each slot at --speculative-num-steps where the slot has that length, at its middle
+    otherwise; ours at its middle: the export picks the number where the two agree for every slot."""
+    from types import SimpleNamespace
+
+    from dspark_bench.engines.files import sglang_slots, sglang_start
+
+    choices = [SimpleNamespace(batch_size=b, exported=DecodeConfig.of(schedule="sglang-adaptive",
+                                                                      candidate_steps=steps))
+               for b, steps in zip((1, 8), slots)]
+    (tmp_path / "slots.json").write_text(json.dumps(sglang_slots(choices)))
+    params = adaptive.AdaptiveSpeculativeParams(sglang_start(choices), str(tmp_path / "slots.json"))
+    for choice in choices:
+        assert params.get_steps_for_batch(choice.batch_size) == controllers.start(choice.exported).steps()
+
+
 def test_export_writes_each_controller_in_its_engine_s_own_words(controller_sweep, tmp_path, monkeypatch):
     """export --controller: SGLang's adaptive config (a slot per batch size) read by SGLang's own loader,
     whose slots then pick as ours do; TensorRT-LLM's keys; a version without the controller gets the nearest

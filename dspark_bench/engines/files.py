@@ -153,12 +153,23 @@ def sglang_slots(choices) -> dict:
             for c in choices}
 
 
+def sglang_start(choices) -> int:
+    """--speculative-num-steps under --speculative-adaptive: SGLang starts every slot at it where the
+    slot has that length, each other slot at its middle (AdaptiveStepSlot); our replay starts each
+    slot at its middle. So the first value at which every slot starts at its own middle: the first
+    slot's middle, else another slot's length, else a length between or one past them all (slots
+    1,2,3,4 and 0,1,3 meet nowhere below 5)."""
+    slots = [controllers.lengths(c.exported) for c in choices]
+    middles = [lengths[len(lengths) // 2] for lengths in slots]
+    top = max(max(lengths) for lengths in slots)
+    tried = [middles[0], *sorted({k for lengths in slots for k in lengths}), *range(1, top + 2)]
+    return next(v for v in tried if all(v not in lengths or v == middle for lengths, middle in zip(slots, middles)))
+
+
 def sglang_adaptive_arguments(choices, draft: str) -> dict:
-    """SGLang's fields for its adaptive controller: the slots' file, and --speculative-num-steps at the
-    first slot's start (its middle length, where our replay starts it; SGLang starts every slot there
-    that has that length, the others at their middle)."""
-    steps = controllers.lengths(choices[0].exported)
-    start = steps[len(steps) // 2]
+    """SGLang's fields for its adaptive controller: the slots' file, and --speculative-num-steps where
+    every slot starts as our replay starts it (`sglang_start`)."""
+    start = sglang_start(choices)
     return {**sglang_arguments(choices[0].exported, draft), "speculative_num_steps": start,
             "speculative_num_draft_tokens": start + 1, "speculative_adaptive": True,
             "speculative_adaptive_config": SGLANG_ADAPTIVE}
