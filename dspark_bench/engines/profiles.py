@@ -216,10 +216,10 @@ def write_profiles(folder: Path, out: Path | None = None, knobs: dict | None = N
     overwritten."""
     run = run_policies(Path(folder))
     if run.record is None:
-        sampled = float((run.info.get("config") or {}).get("temperature") or 0.0) > 0
+        at_temperature = float((run.info.get("config") or {}).get("temperature") or 0.0) > 0
         raise DsparkError(f"{folder} keeps no replay record to profile from" + (
             ": a sampled run keeps no paths of the target; sweep it (`dspark-bench sweep --temperature T --paths K`)"
-            if sampled else ": give a replay sweep's folder"))
+            if at_temperature else ": give a replay sweep's folder"))
     policy = chosen_policy(run, knobs)
     target = Path(out) if out is not None else profile_folder(folder, policy, run.best[min(run.best)][0])
     if target.exists():  # before any replay
@@ -260,12 +260,12 @@ def calibration_profiles(records: dict, chosen: dict[str, DecodeConfig], global_
     first = next(iter(records.values()))
     conditions = {**conditions_of(first, source, whole), "prompts": sum(len(r.lengths) for r in records.values())}
     trees = {"global": rendered(whole, global_policy, models, per_domain, conditions)}
-    for domain, name in folder_names(records).items():
+    names = folder_names(records)
+    for domain, name in names.items():
         own, _ = replayed_profiles(records[domain], chosen[domain])
         trees[f"domains/{name}"] = rendered(own, chosen[domain], models, {},
                                             {**conditions_of(records[domain], source, own), "domain": domain})
-    trees[""] = {"domains.json": json.dumps({domain: f"domains/{name}"
-                                             for domain, name in folder_names(records).items()}, indent=1)}
+    trees[""] = {"domains.json": json.dumps({domain: f"domains/{name}" for domain, name in names.items()}, indent=1)}
     return trees
 
 
