@@ -22,9 +22,10 @@ from dspark_bench.decoding.batched import batched_speculative
 from dspark_bench.decoding.speculative import speculative_decode
 from dspark_bench.errors import DsparkError
 from dspark_bench.measure.recording import record
-from dspark_bench.replay.batched import walk_controlled
+from dspark_bench.replay.joint_walks import walk_controlled
 from dspark_bench.replay.rounds import match_lengths
 from dspark_bench.replay.simulate import simulate
+from dspark_bench.replay.step_prices import StepPrices
 
 DATA = Path(__file__).parent / "data"
 VECTORS = json.loads((DATA / "vllm_adaptive_vectors.json").read_text())
@@ -164,7 +165,8 @@ def test_a_batched_server_budgets_the_whole_batch(recorded, costly, batch_size):
     rounds = [r for q in requests for r in q.result.rounds]
     assert len({r.drafted for r in rounds}) >= 2 and {3, 4} <= {r.draft_forwards for r in rounds}  # 4: one row left
     zeros = np.zeros(len(PROMPTS))
-    walked = walk_controlled(rec, config, np.zeros(batch_size + 1), np.zeros((batch_size + 1, G + 1)), zeros,
+    free = StepPrices.flat(np.zeros(batch_size + 1), np.zeros((batch_size + 1, G + 1)))
+    walked = walk_controlled(rec, config, free, zeros,
                              True, match_lengths(rec), zeros, zeros.copy(), zeros.copy())
     assert [walked[k] for k in ("rounds", "drafted_total", "accepted_total", "draft_forwards")] == [
         len(rounds), sum(r.drafted for r in rounds), sum(r.accepted for r in rounds),

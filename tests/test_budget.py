@@ -26,9 +26,11 @@ from dspark_bench.decoding.goodput import GoodputRule, load
 from dspark_bench.decoding.speculative import speculative_decode
 from dspark_bench.errors import DsparkError
 from dspark_bench.measure.recording import record
-from dspark_bench.replay.batched import predict_batched, walk_budget
+from dspark_bench.replay.batched import predict_batched
 from dspark_bench.replay.cost import CostModel, CostSurface
+from dspark_bench.replay.joint_walks import walk_budget
 from dspark_bench.replay.simulate import simulate
+from dspark_bench.replay.step_prices import step_prices
 
 EOS = frozenset({1})
 # tiny.GOODPUT_MODEL's curves with cheap draft steps (its own costs stop nearly every batched draft
@@ -153,8 +155,8 @@ def test_the_walk_is_the_batched_decoder_round_for_round(llama_pair, budget_reco
               for p in PROMPTS]
     assert [r.result.tokens for r in rows] == [g.tokens for g in greedy]  # the target's own output
     surface = surface_of_model()
-    t_draft, t_verify = surface.tables(config.batching.batch_size)
-    predicted, drafted_at = walk_budget(budget_record, config, t_draft, t_verify, np.zeros(len(PROMPTS)))
+    prices = step_prices(surface, config.batching.batch_size)
+    predicted, drafted_at = walk_budget(budget_record, config, prices, np.zeros(len(PROMPTS)))
     for p, row in enumerate(rows):
         j, engine_rounds = 0, []
         for r in row.result.rounds:

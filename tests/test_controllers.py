@@ -23,9 +23,10 @@ from dspark_bench.decoding.batched import batched_speculative
 from dspark_bench.decoding.speculative import speculative_decode
 from dspark_bench.errors import DsparkError
 from dspark_bench.measure.recording import record
-from dspark_bench.replay.batched import walk_controlled
+from dspark_bench.replay.joint_walks import walk_controlled
 from dspark_bench.replay.rounds import match_lengths
 from dspark_bench.replay.simulate import simulate, simulate_grid
+from dspark_bench.replay.step_prices import StepPrices
 from dspark_bench.reporting.controllers import controllers_figure
 from dspark_bench.reporting.report_inputs import load_inputs
 
@@ -184,7 +185,7 @@ def test_replay_runs_a_controller_as_our_decoder_does(recorded, draft_mode):
 def test_a_batched_server_runs_one_controller_for_the_batch(recorded, batch_size):
     """At batch size B one controller sets every row's length each step, fed every row's acceptance:
     the output is the target's own, the length moved, and replay's walk of the same server
-    (replay.batched.walk_controlled) counts the decoder's rounds, drafts and acceptances."""
+    (replay.joint_walks.walk_controlled) counts the decoder's rounds, drafts and acceptances."""
     pair, rec = recorded
     schedule = DecodeConfig.of(schedule="trtllm-schedule", draft_len_schedule="1:4,2:2,3:1", max_new_tokens=N,
                                batch_size=batch_size)  # its length follows the step's live rows
@@ -195,7 +196,8 @@ def test_a_batched_server_runs_one_controller_for_the_batch(recorded, batch_size
         rounds = [r for q in requests for r in q.result.rounds]
         assert len({r.drafted for r in rounds}) >= 2
         zeros = np.zeros(len(PROMPTS))
-        walked = walk_controlled(rec, config, np.zeros(batch_size + 1), np.zeros((batch_size + 1, G + 1)), zeros,
+        free = StepPrices.flat(np.zeros(batch_size + 1), np.zeros((batch_size + 1, G + 1)))
+        walked = walk_controlled(rec, config, free, zeros,
                                  True, match_lengths(rec), zeros, zeros.copy(), zeros.copy())
         assert [walked[k] for k in ("rounds", "drafted_total", "accepted_total", "draft_forwards")] == [
             len(rounds), sum(r.drafted for r in rounds), sum(r.accepted for r in rounds),

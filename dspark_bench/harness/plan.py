@@ -87,13 +87,15 @@ def prices_seconds(pace: Pace, context: int, gamma: int, batch_sizes, depths) ->
     """About how long timing our passes takes (measure/cost_model.py): a draft step and verify(0 ..
     gamma), repeated, at batch 1 on `context` tokens with the two prefills, at each larger batch
     size (a step of B rows costing about √B single ones: harness/in_decode.plan_seconds), and at
-    each depth with its prefills; every pass at the probe's pace (deeper ones cost more, timed
-    fewer times)."""
+    each depth with its prefills, and each larger batch size again at each depth (its B rows'
+    caches filled first); every pass at the probe's pace (deeper ones cost more, timed fewer times)."""
     passes = pace.per_token * (gamma + 1 + DRAFT_SHARE)
     prefills = (PREFILL_REPEATS + 1) * (1 + DRAFT_SHARE) * pace.per_prompt_token
     seconds = (COST_REPEATS + 2) * passes + prefills * context
-    seconds += sum((SURFACE_REPEATS + 1) * passes * math.sqrt(b) for b in set(batch_sizes) - {1})
+    batched = set(batch_sizes) - {1}
+    seconds += sum((SURFACE_REPEATS + 1) * passes * math.sqrt(b) for b in batched)
     setup = (1 + DRAFT_SHARE) * pace.per_prompt_token  # each depth's caches filled once before its passes
+    seconds += sum((SURFACE_REPEATS + 1) * passes * math.sqrt(b) + b * setup * d for b in batched for d in depths)
     return seconds + sum((DEPTH_REPEATS + 2) * passes + (prefills + setup) * d for d in depths)
 
 

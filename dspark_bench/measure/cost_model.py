@@ -193,25 +193,48 @@ def measure_surface(pair, context: list[int], gamma: int, batch_sizes, repeats: 
 
     models = {1: dataclasses.replace(measure_cost(pair, context, gamma, drafters=drafters, compiled=compiled),
                                      **measure_prefill(pair, context))}
-    filler = context[-gamma - 1 :] * (gamma + 1)
     for b in sorted(set(batch_sizes) - {1}):
-        target, draft, lengths = batch_of(pair, context, b, contexts, compiled, gamma, width)
-        samples = {k: [] for k in range(-1, gamma + 1)}
-        learned_step = (learned_clock(pair, context, b, lambda: time_pass(pair, draft, filler[:1], lengths))
-                        if "model" in drafters else None)
-        learned = []
-        warm = 3 if compiled else 1  # the first passes warm up (compiled: compile, then record the graph)
-        for _ in range(repeats + warm):
-            samples[-1].append(time_pass(pair, draft, filler[:1], lengths))
-            if learned_step:
-                learned.append(learned_step())
-            for k in range(gamma + 1):
-                samples[k].append(time_pass(pair, target, filler[: k + 1], lengths))
-        median = {k: statistics.median(v[warm:]) for k, v in samples.items()}
-        models[b] = CostModel(median[-1], [median[k] for k in range(gamma + 1)], max(lengths), b,
-                              spread=worst_spread(v[warm:] for v in samples.values()),
-                              t_learned=max(statistics.median(learned[warm:]), 0.0) if learned else 0.0)
+        models[b] = time_batch(pair, context, gamma, b, repeats, drafters, contexts, compiled, width)
     return CostSurface(models)
+
+
+def time_batch(pair, context: list[int], gamma: int, rows: int, repeats: int, drafters=("model",),
+               contexts: list[list[int]] | None = None, compiled: bool = False, width: int = 0) -> CostModel:
+    """One batch size's CostModel of `measure_surface` (with the learned signal's cost where the
+    draft model is among `drafters`)."""
+    target, draft, lengths = batch_of(pair, context, rows, contexts, compiled, gamma, width)
+    filler = context[-gamma - 1 :] * (gamma + 1)
+    samples = {k: [] for k in range(-1, gamma + 1)}
+    learned_step = (learned_clock(pair, context, rows, lambda: time_pass(pair, draft, filler[:1], lengths))
+                    if "model" in drafters else None)
+    learned = []
+    warm = 3 if compiled else 1  # the first passes warm up (compiled: compile, then record the graph)
+    for _ in range(repeats + warm):
+        samples[-1].append(time_pass(pair, draft, filler[:1], lengths))
+        if learned_step:
+            learned.append(learned_step())
+        for k in range(gamma + 1):
+            samples[k].append(time_pass(pair, target, filler[: k + 1], lengths))
+    median = {k: statistics.median(v[warm:]) for k, v in samples.items()}
+    return CostModel(median[-1], [median[k] for k in range(gamma + 1)], max(lengths), rows,
+                     spread=worst_spread(v[warm:] for v in samples.values()),
+                     t_learned=max(statistics.median(learned[warm:]), 0.0) if learned else 0.0)
+
+
+@torch.inference_mode()
+def measure_surface_depths(pair, sequence: list[int], gamma: int, batch_sizes, depths, repeats: int = SURFACE_REPEATS,
+                           compiled: bool = False, width: int = 0) -> dict[int, dict]:
+    """Each B > 1's `CostModel.by_depth` (docs/depth.md#at-every-batch-size-and-under-load): the draft
+    step and verify(k) of B rows whose widest holds the first d tokens of `sequence` (the others a
+    few tokens fewer, as `batch_of` cuts them), for each depth d of `depths` it is long enough for:
+    what replay/step_prices.py prices a step at its rows' depths with."""
+    timed = {}
+    for b in sorted(set(batch_sizes) - {1}):
+        timed[b] = {}
+        for depth in sorted(d for d in set(depths) if gamma + 1 < d <= len(sequence)):
+            model = time_batch(pair, sequence[:depth], gamma, b, repeats, (), None, compiled, width)
+            timed[b][depth] = {"t_draft": model.t_draft, "t_verify": model.t_verify}
+    return timed
 
 
 def time_prefill(pair, model, context: list[int]) -> float:

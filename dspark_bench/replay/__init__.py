@@ -5,7 +5,9 @@ position, saved and read back; the target's half may come from an engine's conti
 `continuations`); the sampled record and replay under sampling (`sampled`: K sampled paths per
 prompt, replicates on shared coins, expectations with intervals); what fixes a round at each
 position for a policy (`rounds`), the simulation of policies at batch size 1 (`simulate`) and at
-any batch size in either layout (`batched`), and the tables their totals become, per policy and
+any batch size in either layout (`batched`; the walks whose rows decide together, the budget's and
+an engine controller's, `joint_walks`; the server's slots every batched walk fills, `slots`; each
+step's prices at its rows' depths, `step_prices`), and the tables their totals become, per policy and
 per depth bucket (`tables`); the cost model and the cost model over B (`cost`), replay under load
 (`under_load`: requests arriving at a rate or by a trace, `arrivals`, served by continuous batching) and
 the cost-model file that carries anyone's costs with their provenance (`cost_file`); the

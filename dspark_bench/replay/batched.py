@@ -13,6 +13,10 @@ joins (target, plus draft on the speculative side; as the batched decoder runs i
 
 and the batched baseline one t_verify(b, 0) per step. Speedup = baseline time / policy time
 (greedy: both sides make the same tokens). At B = 1 both layouts give replay's own prediction.
+Where the surface was timed at depths at every B, each step is priced at its rows' depths (padded:
+the widest row's, packed: their mean; step_prices.py), and a depth policy's rows each run their
+own bucket's policy, as the batched decoder runs them. The walks whose rows decide together (the
+budget's, an engine controller's) are joint_walks.py's.
 """
 
 from __future__ import annotations
@@ -23,14 +27,13 @@ import pandas as pd
 
 from dspark_bench import schedules
 from dspark_bench.config import LEARNED, DecodeConfig
-from dspark_bench.decoding import budget, controllers
-from dspark_bench.decoding.budget import decide, draft_seconds, packed_verify
-from dspark_bench.decoding.confidence import signal_of
+from dspark_bench.decoding.budget import packed_verify
 from dspark_bench.errors import DsparkError
 from dspark_bench.metrics import rates
 from dspark_bench.replay.cost import CostModel, CostSurface
+from dspark_bench.replay.joint_walks import TOTALS, depths_for, walk_budget, walk_controlled
 from dspark_bench.replay.record import Record
-from dspark_bench.replay.rounds import eos_positions, match_lengths, round_plans
+from dspark_bench.replay.rounds import eos_positions, match_lengths, round_plan
 from dspark_bench.replay.simulate import (
     failure_codes,
     grid_signals,
@@ -39,56 +42,38 @@ from dspark_bench.replay.simulate import (
     rule_arrays,
     simulate_grid,
 )
-
-TOTALS = ("rounds", "drafted_total", "accepted_total", "full_blocks", "draft_forwards")  # what the budget walk counts
-
-
-@numba.njit(cache=True, nogil=True)
-def _admit(slot_p, slot_j, next_p, P, active, refill, prefill, clock, arrive):  # pragma: no cover (compiled)
-    """Fill free slots, in order, from the requests that have arrived by the clock (`arrive`: each
-    request's arrival, all 0 when every prompt waits at the start), each paying its own prefill
-    one after another, as the batched decoder admits them (one arriving meanwhile joins too). An
-    empty server first waits for the next arrival. Returns (next request, active rows, the clock
-    once done waiting, the prefills' seconds): with no wait the clock is `clock` itself, so a
-    walk without arrivals adds what it always added."""
-    if active == 0 and next_p < P and arrive[next_p] > clock:
-        clock = arrive[next_p]  # idle until the next request arrives
-    spent = 0.0
-    if refill or active == 0:
-        for s in range(len(slot_p)):
-            if slot_p[s] < 0 and next_p < P and arrive[next_p] <= clock + spent:
-                slot_p[s], slot_j[s] = next_p, 0
-                spent += prefill[next_p]
-                next_p += 1
-                active += 1
-    return next_p, active, clock, spent
+from dspark_bench.replay.slots import admit, stamp
+from dspark_bench.replay.step_prices import draft_row, step_depths, step_prices, verify_row
 
 
 @numba.njit(cache=True, nogil=True)
-def _stamp(rows, starts, clock, first, end):  # pragma: no cover (compiled)
-    """After a step ends at `clock`: the first token of each row that started there (`starts` 0),
-    and the latest token of every row (its last step's is its end)."""
-    for r in range(len(rows)):
-        if rows[r] >= 0:
-            if starts[r] == 0:
-                first[rows[r]] = clock
-            end[rows[r]] = clock
+def _quorum_cut(drafting, quorum, active, min_draft_len, G):  # pragma: no cover (compiled)
+    """The quorum rule: every row stops after the first step too few rows outlast (G + 1: none;
+    `drafting[j]`: rows whose draft ran at least j forwards)."""
+    if quorum > 0:
+        for step in range(max(min_draft_len, 1), G + 1):
+            if 0 < drafting[step + 1] < quorum * active:
+                return step
+    return G + 1
 
 
 @numba.njit(cache=True, nogil=True)
-def _walk_batched(fail, gamma_max, min_draft_len, discard_below, quorum, matches, lengths, max_new_tokens, batch_size,
-                  refill, t_draft, t_verify, prefill, arrive, first, end):  # pragma: no cover (compiled)
-    """Predicted seconds of one policy at `batch_size`: (padded, packed). The padded layout's
-    clock (the layout the batched decoder runs) admits arrivals and stamps each request's first and last
-    token into `first` / `end`."""
-    P, G = len(lengths), t_verify.shape[1] - 1
+def _walk_batched(fail, plan, gamma_max, min_draft_len, discard_below, quorum, matches, lengths, max_new_tokens,
+                  batch_size, refill, at, t_draft, t_verify, depth_of, prefill, arrive, first,
+                  end):  # pragma: no cover (compiled)
+    """Predicted seconds of one policy at `batch_size`: (padded, packed), each step priced at its
+    rows' depths (step_prices.py). A round is fail[p, j]'s (`round_length`), or, where `plan` [2, P, N]
+    holds rows, what its plan drafted and its forwards (a depth policy's: rounds.round_plan). The padded
+    layout's clock (the layout the batched decoder runs) admits arrivals and stamps each request's
+    first and last token into `first` / `end`."""
+    P, G, planned = len(lengths), t_verify.shape[2] - 1, plan.shape[1] > 0
     slot_p, slot_j = np.full(batch_size, -1), np.zeros(batch_size, np.int64)
     length, forwards = np.zeros(batch_size, np.int64), np.zeros(batch_size, np.int64)
     drafting = np.zeros(G + 2, np.int64)  # rows whose draft ran at least j forwards
     rows, starts = np.empty(batch_size, np.int64), np.empty(batch_size, np.int64)  # a step's rows, as it began
     next_p, active, padded, packed = 0, 0, 0.0, 0.0
     while True:
-        next_p, active, clock, spent = _admit(slot_p, slot_j, next_p, P, active, refill, prefill, padded, arrive)
+        next_p, active, clock, spent = admit(slot_p, slot_j, next_p, P, active, refill, prefill, padded, arrive)
         padded, packed = clock + spent, packed + (clock - padded) + spent
         if active == 0:
             return padded, packed
@@ -98,16 +83,15 @@ def _walk_batched(fail, gamma_max, min_draft_len, discard_below, quorum, matches
             p = slot_p[s]
             if p >= 0:
                 j = slot_j[s]
-                cap = min(gamma_max, max_new_tokens - j - 1)
-                length[s], forwards[s] = round_length(fail[p, j], cap, discard_below)
+                if planned:
+                    length[s], forwards[s] = plan[0, p, j], plan[1, p, j]
+                else:
+                    length[s], forwards[s] = round_length(fail[p, j], min(gamma_max, max_new_tokens - j - 1),
+                                                          discard_below)
                 drafting[1 : forwards[s] + 1] += 1
-        cut = G + 1  # the quorum rule: every row stops after the first step too few rows outlast
-        if quorum > 0:
-            for step in range(max(min_draft_len, 1), G + 1):
-                if 0 < drafting[step + 1] < quorum * active:
-                    cut = step
-                    break
+        cut = _quorum_cut(drafting, quorum, active, min_draft_len, G)
         longest, most, tokens, leaving = 0, 0, 0, 0
+        widest, mean = step_depths(depth_of, rows, starts)
         drafting[:] = 0
         for s in range(batch_size):
             p = slot_p[s]
@@ -123,91 +107,30 @@ def _walk_batched(fail, gamma_max, min_draft_len, discard_below, quorum, matches
             if slot_j[s] >= lengths[p]:
                 slot_p[s] = -1
                 leaving += 1
-        padded += most * t_draft[active] + t_verify[active, longest]
-        _stamp(rows, starts, padded, first, end)
+        padded += most * draft_row(at, t_draft, widest)[active] + verify_row(at, t_verify, widest, active)[longest]
+        stamp(rows, starts, padded, first, end)
+        draft_mean = draft_row(at, t_draft, mean)
         for step in range(1, most + 1):
-            packed += t_draft[drafting[step]]
-        packed += packed_verify(t_verify[active], tokens, active)
+            packed += draft_mean[drafting[step]]
+        packed += packed_verify(verify_row(at, t_verify, mean, active), tokens, active)
         active -= leaving
 
 
 @numba.njit(cache=True, nogil=True)
-def _walk_budget(alpha, eos_step, matches, lengths, max_new_tokens, gamma_max, min_draft_len, batch_size, refill,
-                 packed_rule, rule_draft, rule_verify, t_draft, t_verify, prefill, drafted_at,
-                 counts, arrive, first, end):  # pragma: no cover (compiled)
-    """The budget schedule's walk (decoding/budget.py): its rows' drafts are decided together, by
-    `decide` after every draft step on the batch's fitted acceptances `alpha` [P, N, G], as the
-    batched decoder decides them. Predicted seconds (padded, packed); drafted_at[p, j]: what the
-    round at j drafted (left alone where no round starts); counts: rounds, drafted, accepted,
-    full blocks, draft forwards; arrivals and first / last tokens as `_walk_batched`'s."""
-    P = len(lengths)
-    slot_p, slot_j = np.full(batch_size, -1), np.zeros(batch_size, np.int64)
-    go = np.zeros(batch_size, dtype=np.bool_)  # decide's answer, row by row
-    next_p, active, padded, packed = 0, 0, 0.0, 0.0
-    while True:
-        next_p, active, clock, spent = _admit(slot_p, slot_j, next_p, P, active, refill, prefill, padded, arrive)
-        padded, packed = clock + spent, packed + (clock - padded) + spent
-        if active == 0:
-            return padded, packed
-        live = np.flatnonzero(slot_p >= 0)  # the batch's rows (their order changes no decision)
-        n = len(live)
-        keys, starts = slot_p[live], slot_j[live]
-        expected, survival, gain = np.ones(n), np.ones(n), np.zeros(n)
-        length, cap = np.zeros(n, np.int64), np.zeros(n, np.int64)
-        for r in range(n):
-            cap[r] = min(gamma_max, max_new_tokens - starts[r] - 1)
-        drafting = cap > 0
-        steps_with, steps = np.zeros(n + 1, np.int64), 0
-        while drafting.any():
-            steps += 1
-            steps_with[drafting.sum()] += 1
-            for r in np.flatnonzero(drafting):  # each drafting row's next token, as Proposal takes it
-                fitted = alpha[keys[r], starts[r], steps - 1]
-                survival[r] *= fitted
-                expected[r] += survival[r]
-                gain[r] = survival[r] * fitted
-                length[r] = steps
-                if steps >= cap[r] or eos_step[keys[r], starts[r]] == steps:
-                    drafting[r] = False
-            decide(expected, gain, keys, drafting.copy(), length <= min_draft_len, length, steps_with, steps,
-                   packed_rule, rule_draft, rule_verify, go[:n])
-            drafting &= go[:n]
-        tokens, leaving = 0, 0
-        for r in range(n):
-            p, j, L = keys[r], starts[r], length[r]
-            accepted = min(L, matches[p, j])
-            drafted_at[p, j] = L
-            counts[0] += 1
-            counts[1] += L
-            counts[2] += accepted
-            counts[3] += accepted == L
-            counts[4] += L  # one draft forward per drafted token: the budget drops none
-            tokens += L + 1
-            slot_j[live[r]] = j + accepted + 1
-            if slot_j[live[r]] >= lengths[p]:
-                slot_p[live[r]] = -1
-                leaving += 1
-        padded += steps * t_draft[n] + t_verify[n, length.max()]
-        _stamp(keys, starts, padded, first, end)
-        packed += draft_seconds(steps_with, t_draft, 0) + packed_verify(t_verify[n], tokens, n)
-        active -= leaving
-
-
-@numba.njit(cache=True, nogil=True)
-def _walk_baseline(lengths, batch_size, refill, t_verify, prefill, arrive, first,
+def _walk_baseline(lengths, batch_size, refill, at, t_verify, depth_of, prefill, arrive, first,
                    end):  # pragma: no cover (compiled)
-    """Predicted seconds of batched autoregressive decoding: one t_verify(b, 0) per step (arrivals
-    and first / last tokens as `_walk_batched`'s)."""
+    """Predicted seconds of batched autoregressive decoding: one t_verify(b, 0) per step, at its
+    widest row's depth (arrivals and first / last tokens as `_walk_batched`'s)."""
     P = len(lengths)
     slot_p, slot_j = np.full(batch_size, -1), np.zeros(batch_size, np.int64)
     next_p, active, spent = 0, 0, 0.0
     while True:
-        next_p, active, clock, admitted = _admit(slot_p, slot_j, next_p, P, active, refill, prefill, spent, arrive)
+        next_p, active, clock, admitted = admit(slot_p, slot_j, next_p, P, active, refill, prefill, spent, arrive)
         spent = clock + admitted
         if active == 0:
             return spent
-        spent += t_verify[active, 0]
-        _stamp(slot_p, slot_j, spent, first, end)
+        spent += verify_row(at, t_verify, step_depths(depth_of, slot_p, slot_j)[0], active)[0]
+        stamp(slot_p, slot_j, spent, first, end)
         for s in range(batch_size):
             if slot_p[s] >= 0:
                 slot_j[s] += 1
@@ -229,11 +152,11 @@ def predict_batched(rec: Record, configs: list[DecodeConfig], surface: CostSurfa
 
 def walks(rec: Record, configs: list[DecodeConfig], surface: CostSurface, refill: bool = True,
           arrive: np.ndarray | None = None, per_request=None):
-    """Each policy's walk at its own batch_size, one row (a dict) each, in no set order. `arrive`:
-    each record row's arrival (seconds; None: all at 0), in the order they arrive; where given,
-    `per_request(first, end)` (each row's first and last token, on the padded clock) adds its
-    columns to the row, and the plain decoding of each batch size is a row of its own
-    (config_id -1)."""
+    """Each policy's walk at its own batch_size, one row (a dict) each, in no set order, every step
+    priced at its rows' depths where the surface has a depth axis at every B (step_prices.py).
+    `arrive`: each record row's arrival (seconds; None: all at 0), in the order they arrive; where
+    given, `per_request(first, end)` (each row's first and last token, on the padded clock) adds its
+    columns to the row, and the plain decoding of each batch size is a row of its own (config_id -1)."""
     deepest = max(c.stopping.gamma_max for c in configs)
     if min(len(m.t_verify) for m in surface.models.values()) <= deepest:
         raise DsparkError(f"the cost surface times drafts shorter than gamma_max {deepest}; measure it again")
@@ -244,113 +167,57 @@ def walks(rec: Record, configs: list[DecodeConfig], surface: CostSurface, refill
     signals, signal_of = grid_signals(rec, configs)
     thresholds = grid_thresholds(configs, rec.gamma_record)
     # A learned policy's draft steps cost what its signal adds too (CostModel.t_learned).
-    tables = {(b, learned): surface.tables(b, learned)
+    prices = {(b, learned): step_prices(surface, b, learned)
               for b, learned in {(c.batching.batch_size, c.stopping.metric == LEARNED) for c in configs}}
-    # Each request's prefill (its prompt but the last token), batch 1, as the batched decoder does,
-    # and what joining a live batch adds past it (CostSurface.join: 0 on isolated prices).
-    alone = surface.at(min(surface.models))
-    prompt = np.maximum(np.asarray(rec.info.get("prompt_tokens", [1] * len(lengths)), dtype=np.float64) - 1, 0)
-    prefill_base = np.maximum(prompt * alone.t_prefill_target + surface.join(), 0.0)
-    prefill_spec = np.maximum(prompt * (alone.t_prefill_target + alone.t_prefill_draft) + surface.join(), 0.0)
+    depth_of = depths_for(rec, next(iter(prices.values())))
+    prefill_base, prefill_spec = prefills(rec, surface)
     baseline = {}
-    for b, _ in tables:
-        if b not in baseline:  # plain decoding's steps at its own terms (CostSurface.tables' `plain`)
-            baseline[b] = _walk_baseline(lengths, b, refill, surface.tables(b, plain=True)[1], prefill_base, arrive,
-                                         first, end)
-            if per_request is not None:
-                yield {"config_id": -1, "batch_size": b, "predicted_time": baseline[b], **per_request(first, end)}
-    fail = np.empty(matches.shape, dtype=np.int64)
+    for b in sorted({b for b, _ in prices}):  # plain decoding's steps at its own terms (CostSurface.tables' `plain`)
+        plain = step_prices(surface, b, plain=True)
+        baseline[b] = _walk_baseline(lengths, b, refill, plain.at, plain.verify, depth_of, prefill_base, arrive,
+                                     first, end)
+        if per_request is not None:
+            yield {"config_id": -1, "batch_size": b, "predicted_time": baseline[b], **per_request(first, end)}
+    fail, no_plan = np.empty(matches.shape, dtype=np.int64), np.zeros((2, 0, 0), dtype=np.int64)
     last_key, made = None, {}  # made: the controllers' round plans, shared
     forced_steps, keep, discard_below = rule_arrays(configs)
     order = sorted(range(len(configs)), key=lambda c: (signal_of[c], forced_steps[c], keep[c], tuple(thresholds[c])))
     for c in order:
-        config = configs[c]
-        draft, verify = tables[(config.batching.batch_size, config.stopping.metric == LEARNED)]
-        if schedules.of(config).whole_batch:  # its rows decide together: a walk of its own
-            row = walk_budget(rec, config, draft, verify, prefill_spec, refill, matches, eos, arrive, first, end)[0]
-        elif schedules.of(config).controlled:  # one controller sets every row's length: so does its walk
-            row = walk_controlled(rec, config, draft, verify, prefill_spec, refill, matches, arrive, first, end,
-                                  made=made)
+        config, kind = configs[c], schedules.of(configs[c])
+        priced = prices[(config.batching.batch_size, config.stopping.metric == LEARNED)]
+        if kind.whole_batch:  # its rows decide together: a walk of its own
+            row = walk_budget(rec, config, priced, prefill_spec, refill, matches, eos, arrive, first, end)[0]
+        elif kind.controlled:  # one controller sets every row's length: so does its walk
+            row = walk_controlled(rec, config, priced, prefill_spec, refill, matches, arrive, first, end, made=made)
         else:
             key = (signal_of[c], forced_steps[c], keep[c], tuple(thresholds[c]))
-            if key != last_key:  # policies that stop at the same draft steps share one failure table
+            if key != last_key and not kind.by_depth:  # policies stopping at the same steps share one failure table
                 failure_codes(signals[signal_of[c]], thresholds[c], forced_steps[c], keep[c], eos, fail)
                 last_key = key
-            padded, packed = _walk_batched(fail, config.stopping.gamma_max, forced_steps[c], discard_below[c],
+            # A depth policy's round at (p, j) is its depth bucket's policy's there: its plan holds them.
+            plan = np.stack(round_plan(rec, config)[:2]).astype(np.int64) if kind.by_depth else no_plan
+            padded, packed = _walk_batched(fail, plan, config.stopping.gamma_max, forced_steps[c], discard_below[c],
                                            config.stopping.batch_quorum, matches, lengths, rec.max_new_tokens,
-                                           config.batching.batch_size, refill, draft, verify, prefill_spec,
-                                           arrive, first, end)
+                                           config.batching.batch_size, refill, priced.at, priced.draft, priced.verify,
+                                           depth_of, prefill_spec, arrive, first, end)
             row = {"predicted_time": padded, "predicted_time_packed": packed}
         row = {"config_id": c, **row, "predicted_baseline_time": baseline[config.batching.batch_size]}
         yield row if per_request is None else {**row, **per_request(first, end)}
 
 
-def walk_budget(rec: Record, config: DecodeConfig, draft: np.ndarray, verify: np.ndarray, prefill: np.ndarray,
-                refill: bool = True, matches: np.ndarray | None = None, eos: np.ndarray | None = None,
-                arrive: np.ndarray | None = None, first: np.ndarray | None = None,
-                end: np.ndarray | None = None) -> tuple[dict, np.ndarray]:
-    """One budget policy at its batch size: (its predicted times and totals, drafted_at [P, N]:
-    what the round at each position drafted, -1 where no round starts), priced by `draft` /
-    `verify` (the cost model's tables at its B) and deciding with its own goodput model's; arrivals
-    and first / last tokens as `walks`'."""
-    rule = budget.rule_for(config)
-    alpha = rule.curve(rec.confidences[signal_of(config)].astype(np.float64))  # as Proposal fits each score
-    matches = match_lengths(rec).astype(np.int64) if matches is None else matches
-    eos = eos_positions(rec).astype(np.int64) if eos is None else eos
-    drafted_at, counts = np.full(matches.shape, -1, dtype=np.int64), np.zeros(5, dtype=np.int64)
-    P = len(rec.lengths)
-    arrive = np.zeros(P) if arrive is None else arrive
-    first, end = (np.zeros(P) if first is None else first), (np.zeros(P) if end is None else end)
-    padded, packed = _walk_budget(alpha, eos, matches, rec.lengths.astype(np.int64), rec.max_new_tokens,
-                                  config.stopping.gamma_max, config.stopping.min_draft_len, config.batching.batch_size,
-                                  refill, rule.packed, rule.t_draft, rule.t_verify, draft, verify,
-                                  prefill, drafted_at, counts, arrive, first, end)
-    totals = dict(zip(TOTALS, counts.tolist()))
-    return {"predicted_time": padded, "predicted_time_packed": packed, **totals}, drafted_at
-
-
-def walk_controlled(rec: Record, config: DecodeConfig, draft: np.ndarray, verify: np.ndarray, prefill: np.ndarray,
-                    refill: bool, matches: np.ndarray, arrive: np.ndarray, first: np.ndarray,
-                    end: np.ndarray, chosen: list | None = None, made: dict | None = None) -> dict:
-    """One engine controller's policy at its batch size, as the batched decoder serves it: before
-    each step the controller picks one length for every row (each row's round the fixed draft of
-    that length there, `round_plans`), after it is fed every row's accepted count; priced as
-    `_walk_batched` prices a step (padded and packed). Its predicted times and totals (TOTALS);
-    `chosen` receives each step's (rows, length picked, mean accepted); `made`: round_plans' shared plans."""
-    plans, controller = round_plans(rec, config, made), controllers.start(config)
-    signal, trims = rec.confidences[signal_of(config)], schedules.of(config).priced
-    B, P = config.batching.batch_size, len(rec.lengths)
-    slot_p, slot_j = np.full(B, -1), np.zeros(B, np.int64)
-    counts = np.zeros(len(TOTALS), dtype=np.int64)
-    next_p, active, padded, packed = 0, 0, 0.0, 0.0
-    while True:
-        next_p, active, clock, spent = _admit(slot_p, slot_j, next_p, P, active, refill, prefill, padded, arrive)
-        padded, packed = clock + spent, packed + (clock - padded) + spent
-        if active == 0:
-            return {"predicted_time": padded, "predicted_time_packed": packed, **dict(zip(TOTALS, counts.tolist()))}
-        picked = controller.steps(active)
-        drafted, forwards = plans[picked][:2]
-        rows, starts = slot_p.copy(), slot_j.copy()
-        stepped = [(s, slot_p[s], slot_j[s]) for s in range(B) if slot_p[s] >= 0]
-        lengths = np.array([drafted[p, j] for _, p, j in stepped])
-        if trims:  # vLLM's adaptive verification may verify fewer than were drafted (controllers.Controller.admit)
-            lengths = np.array(controller.admit([p for _, p, _ in stepped], [
-                signal[p, j, : drafted[p, j]].astype(np.float64).tolist() for _, p, j in stepped]), dtype=np.int64)
-        spent_forwards = np.array([forwards[p, j] for _, p, j in stepped])
-        accepted = np.minimum(lengths, [matches[p, j] for _, p, j in stepped])
-        counts += (len(stepped), lengths.sum(), accepted.sum(), (accepted == lengths).sum(), spent_forwards.sum())
-        padded += spent_forwards.max() * draft[active] + verify[active, lengths.max()]
-        _stamp(rows, starts, padded, first, end)
-        packed += sum(draft[(spent_forwards >= step).sum()] for step in range(1, spent_forwards.max() + 1))
-        packed += packed_verify(verify[active], int((lengths + 1).sum()), active)
-        controller.observe(accepted.tolist(), lengths.tolist())
-        if chosen is not None:
-            chosen.append((active, float(lengths.mean()) if trims else picked,
-                           float(accepted.mean())))  # vLLM's: the mean length it verified of the K drafted
-        for (s, p, j), a in zip(stepped, accepted):
-            slot_j[s] = j + a + 1
-            if slot_j[s] >= rec.lengths[p]:
-                slot_p[s], active = -1, active - 1
+def prefills(rec: Record, surface: CostSurface) -> tuple[np.ndarray, np.ndarray]:
+    """Each request's prefill (its prompt but the last token), batch 1, as the batched decoder runs
+    it, plain and speculative (target, then draft), and what joining a live batch adds past it
+    (CostSurface.join: 0 on isolated prices). Per token at the prompt's own length where the batch-1
+    model timed prefills at depth (CostModel.prefills), else at its one length."""
+    alone = surface.at(min(surface.models))
+    prompt = np.maximum(np.asarray(rec.info.get("prompt_tokens", [1] * len(rec.lengths)), dtype=np.float64) - 1, 0)
+    if any("t_prefill_target" in entry for entry in alone.by_depth.values()):
+        target, draft = alone.prefills(prompt)
+        both = target + draft
+    else:
+        target, both = prompt * alone.t_prefill_target, prompt * (alone.t_prefill_target + alone.t_prefill_draft)
+    return np.maximum(target + surface.join(), 0.0), np.maximum(both + surface.join(), 0.0)
 
 
 def simulate_with_surface(rec: Record, configs: list[DecodeConfig], surface: CostSurface,

@@ -62,7 +62,7 @@ def simulate(rec: Record, config: DecodeConfig, made: dict | None = None) -> lis
     check_replayable(rec, config)
     if schedules.of(config).whole_batch and config.batching.batch_size > 1:
         raise DsparkError("the budget schedule's rounds depend on the whole batch: "
-                          "replay.batched.walk_budget walks them")
+                          "replay.joint_walks.walk_budget walks them")
     plans = round_plans(rec, config, made)
     # An engine's controller picks each round's plan; one runs on across the prompts, as in a server.
     controller = controllers.start(config)
@@ -234,11 +234,15 @@ def grid_signals(rec: Record, configs: list[DecodeConfig]) -> tuple[np.ndarray, 
 
 
 def grid_thresholds(configs: list[DecodeConfig], G: int) -> np.ndarray:
-    """[C, G]: the threshold of every draft position, by the schedule's own `threshold_at`."""
+    """[C, G]: the threshold of every draft position, by the schedule's own `threshold_at`; -1 for a
+    depth policy, whose rounds are its buckets' policies' (rounds.round_plan) and read none of these."""
     rows: dict = {}
     out = np.empty((len(configs), G))
     for c, config in enumerate(configs):
         p = config.stopping
+        if schedules.of(config).by_depth:
+            out[c] = -1.0
+            continue
         key = (p.schedule, p.threshold, p.threshold_start, p.threshold_end, p.gamma_max)
         if key not in rows:
             rows[key] = position_thresholds(config, G)

@@ -85,10 +85,6 @@ def replay_load(rec: Record, configs: list[DecodeConfig], surface: CostSurface, 
     `config_id` (-1: plain decoding), `config_label` and `schedule`."""
     check_load(surface, max_batch)
     configs = [c.replace(batch_size=max_batch) for c in configs]
-    deep = [c.label() for c in configs if schedules.of(c).by_depth]
-    if deep:
-        raise DsparkError(f"replay under load prices every step at one depth and does not walk depth policies "
-                          f"({deep[0]})")
     frames = []
     for load in loads:
         requests = requests_of(rec, load.requests)

@@ -18,8 +18,9 @@ from dspark_bench import objectives, schedules
 from dspark_bench.decoding import controllers
 from dspark_bench.objectives import rank_under_load
 from dspark_bench.replay import sampled
-from dspark_bench.replay.batched import walk_controlled
+from dspark_bench.replay.joint_walks import walk_controlled
 from dspark_bench.replay.rounds import match_lengths
+from dspark_bench.replay.step_prices import step_prices
 from dspark_bench.results import read_parquet, write_parquet
 from dspark_bench.sections.base import END, UNDER_HEADLINE, Line, OneKey, ReportView, Rows, SweepFacts, cell
 from dspark_bench.sections.under_load import FILE as LOAD_FILE
@@ -101,7 +102,7 @@ def by_rate(facts: SweepFacts, objective: str) -> list[dict]:
 
 def traces(facts: SweepFacts, batches: list[dict]) -> pd.DataFrame:
     """Each controller row's walk at its batch size: the length it picked at every step, the step's
-    rows and mean accepted drafts (replay.batched.walk_controlled)."""
+    rows and mean accepted drafts (replay.joint_walks.walk_controlled)."""
     rec = sampled.as_one(facts.model_record if facts.model_record is not None else facts.record)
     matches, zeros = match_lengths(rec).astype(np.int64), np.zeros(len(rec.lengths))
     frames = []
@@ -110,9 +111,9 @@ def traces(facts: SweepFacts, batches: list[dict]) -> pd.DataFrame:
             config = facts.configs[row["config_id"]]
             if not schedules.of(config).controlled:
                 continue
-            draft, verify = facts.surface.tables(batch["batch_size"])
             chosen: list = []
-            walk_controlled(rec, config, draft, verify, zeros, True, matches, zeros, zeros.copy(), zeros.copy(), chosen)
+            walk_controlled(rec, config, step_prices(facts.surface, batch["batch_size"]), zeros, True, matches, zeros,
+                            zeros.copy(), zeros.copy(), chosen)
             frames.append(pd.DataFrame(chosen, columns=["rows", "length", "accepted"]).assign(
                 step=np.arange(len(chosen)), batch_size=batch["batch_size"], role=row["role"],
                 config_label=row["config_label"]))

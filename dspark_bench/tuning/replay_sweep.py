@@ -33,7 +33,13 @@ from dspark_bench.harness.health import (
 )
 from dspark_bench.harness.in_decode import price_in_decode
 from dspark_bench.harness.workload import served
-from dspark_bench.measure.cost_model import halfway, measure_depths, measure_surface, torch_version
+from dspark_bench.measure.cost_model import (
+    halfway,
+    measure_depths,
+    measure_surface,
+    measure_surface_depths,
+    torch_version,
+)
 from dspark_bench.replay import cost_file, sampled
 from dspark_bench.replay.batched import simulate_with_surface
 from dspark_bench.replay.simulate import simulate_grid
@@ -239,12 +245,7 @@ def time_prices(folder: Path, pair, ids: list[list[int]], records: dict, configs
     surface, checks = timed_surface(pair, context, gamma, batch_sizes, drafters={key.drafter for key in records},
                                     measure=functools.partial(measure_surface, contexts=rows, compiled=compiled,
                                                               width=width))
-    depths = depths_to_price(pair, ids, rec.max_new_tokens)
-    if depths:
-        if progress:
-            progress(f"timing the cost model at depths {', '.join(map(str, depths))}", 0, 1)
-        surface.models[1].by_depth = measure_depths(pair, timing_sequence(rec, ids, depths[-1]), gamma, depths,
-                                                    compiled=compiled)
+    deep = time_depths(pair, rec, ids, surface, gamma, compiled, width, progress)
     cost, passes = surface.at(1), {"passes": "isolated"}
     if in_decode is not None and any(c.drafting.drafter == MODEL.drafter for c in configs):
         if progress:
@@ -252,6 +253,8 @@ def time_prices(folder: Path, pair, ids: list[list[int]], records: dict, configs
         timed = price_in_decode(pair, ids, in_decode[0], surface, gamma, in_decode[1], compiled)
         cost, surface, passes = timed.cost, timed.surface or surface, timed.described()
         surface.models[1] = dataclasses.replace(surface.models[1], by_depth=cost.by_depth)
+    for b, by_depth in deep.items():  # each B > 1 at depth too: replay/step_prices.py prices a step at its rows'
+        surface.models[b] = dataclasses.replace(surface.models[b], by_depth=by_depth)
     timing = time.perf_counter() - timing
     ours = cost_file.ours(surface, pair, capture=capture.pass_mode(compiled, pair.device), version=torch_version())
     if engine is None:
@@ -267,6 +270,21 @@ def time_prices(folder: Path, pair, ids: list[list[int]], records: dict, configs
     if prices.batched:
         write_json(folder / "cost_surface.json", prices.surface.to_dict())
     return prices
+
+
+def time_depths(pair, rec, ids: list[list[int]], surface, gamma: int, compiled: bool, width: int,
+                progress: StageProgress | None) -> dict[int, dict]:
+    """Where prompts (`ids`) reach past the first depth bucket's edge, our passes timed at depth
+    (depth.PRICED_DEPTHS): batch 1's into `surface` (CostModel.by_depth, prefills too), and each
+    larger batch size's returned (B -> its by_depth) for the caller to add once its surface is final."""
+    depths = depths_to_price(pair, ids, rec.max_new_tokens)
+    if not depths:
+        return {}
+    if progress:
+        progress(f"timing the cost model at depths {', '.join(map(str, depths))}", 0, 1)
+    sequence = timing_sequence(rec, ids, depths[-1])
+    surface.models[1].by_depth = measure_depths(pair, sequence, gamma, depths, compiled=compiled)
+    return measure_surface_depths(pair, sequence, gamma, surface.models, depths, compiled=compiled, width=width)
 
 
 def timing_sequence(rec, ids: list[list[int]], length: int) -> list[int]:

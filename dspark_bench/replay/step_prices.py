@@ -1,0 +1,113 @@
+"""A batched step's prices at its rows' depths (docs/depth.md#at-every-batch-size-and-under-load).
+
+A cost model over B whose every batch size was timed at the same context depths (CostModel.by_depth
+in each, measure/cost_model.measure_surface_depths) prices each step of a batched walk at its own
+depth, as the engine pays it:
+
+- padded (the batched decoder here): the widest row's depth. Its rows share the cache's columns
+  (decoding/batch_lm.py), so every row's attention reads as many columns as the longest row holds;
+  the surface at depth d was timed with its widest row holding d tokens.
+- packed (vLLM, SGLang, TensorRT-LLM: paged caches): the rows' mean depth. Each row reads its own
+  cache, so a step costs what its rows' total length costs, spread evenly.
+
+Between the timed depths a step's cost is linear in depth, flat below the shallowest and
+extrapolated along the deepest two beyond the deepest (CostModel.at_depths, a KV-cache read grows
+linearly with its length). A surface without the axis at every batch size prices every step at its
+one depth, as batched replay did before depth had an axis: the tables below then hold one depth and
+give back the same numbers to the bit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numba
+import numpy as np
+
+from dspark_bench.replay.cost import CostSurface
+
+
+@dataclass(frozen=True)
+class StepPrices:
+    """CostSurface.tables at each timed depth: `draft` [D, b] and `verify` [D, b, k] for b = 0 ..
+    batch_size rows, `at` [D] the depths (D = 1 and `at` [0.0]: no depth axis)."""
+
+    at: np.ndarray
+    draft: np.ndarray
+    verify: np.ndarray
+
+    @classmethod
+    def flat(cls, draft: np.ndarray, verify: np.ndarray) -> "StepPrices":
+        """One depth's tables (CostSurface.tables'): every step priced there."""
+        return cls(np.zeros(1), np.ascontiguousarray(np.asarray(draft, dtype=np.float64)[None]),
+                   np.ascontiguousarray(np.asarray(verify, dtype=np.float64)[None]))
+
+    @property
+    def deep(self) -> bool:
+        return len(self.at) > 1 or self.at[0] > 0
+
+
+def surface_depths(surface: CostSurface) -> tuple[int, ...]:
+    """The depths timed at every batch size of `surface`; empty unless every batch size has the axis
+    (a surface whose B > 1 were timed at one depth, as every surface was before, keeps pricing there)."""
+    timed = [set(model.by_depth) for model in surface.models.values()]
+    return tuple(sorted(set.intersection(*timed))) if all(timed) else ()
+
+
+def at_depth(surface: CostSurface, depth: int) -> CostSurface:
+    """`surface` with every batch size's passes those timed at `depth` (its step terms kept)."""
+    models = {b: dataclasses.replace(m, t_draft=m.by_depth[depth]["t_draft"], t_verify=m.by_depth[depth]["t_verify"],
+                                     context_tokens=depth, by_depth={}) for b, m in surface.models.items()}
+    return CostSurface(models, surface.terms)
+
+
+def step_prices(surface: CostSurface, batch_size: int, learned: bool = False, plain: bool = False) -> StepPrices:
+    """The tables a walk at `batch_size` prices its steps with (`CostSurface.tables`' arguments), at
+    every depth the surface was timed at."""
+    depths = surface_depths(surface)
+    if not depths:
+        return StepPrices.flat(*surface.tables(batch_size, learned, plain))
+    layers = [at_depth(surface, d).tables(batch_size, learned, plain) for d in depths]
+    return StepPrices(np.array(depths, dtype=np.float64), np.stack([d for d, _ in layers]),
+                      np.stack([v for _, v in layers]))
+
+
+@numba.njit(cache=True, nogil=True)
+def _weight(at, depth):  # pragma: no cover (compiled)
+    """(lower, upper, weight) of `depth` between the timed depths `at`, as cost._between weighs them."""
+    if len(at) == 1:
+        return 0, 0, 0.0
+    hi = min(max(np.searchsorted(at, depth), 1), len(at) - 1)
+    lo = hi - 1
+    return lo, hi, max((depth - at[lo]) / (at[hi] - at[lo]), 0.0)
+
+
+@numba.njit(cache=True, nogil=True)
+def draft_row(at, draft, depth):  # pragma: no cover (compiled)
+    """t_draft[b] for every row count b, at `depth`."""
+    lo, hi, w = _weight(at, depth)
+    if w == 0.0:
+        return draft[lo]
+    return (1.0 - w) * draft[lo] + w * draft[hi]
+
+
+@numba.njit(cache=True, nogil=True)
+def verify_row(at, verify, depth, rows):  # pragma: no cover (compiled)
+    """t_verify[rows, k] for every draft length k, at `depth`."""
+    lo, hi, w = _weight(at, depth)
+    if w == 0.0:
+        return verify[lo, rows]
+    return (1.0 - w) * verify[lo, rows] + w * verify[hi, rows]
+
+
+@numba.njit(cache=True, nogil=True)
+def step_depths(depth_of, keys, starts):  # pragma: no cover (compiled)
+    """(the widest, the mean) context depth of a step's rows (`keys`: each row's request, -1 for an
+    empty slot; `starts`: its position): the depth a padded and a packed step are priced at."""
+    widest, total, rows = 0.0, 0.0, 0
+    for r in range(len(keys)):
+        if keys[r] >= 0:
+            d = depth_of[keys[r], starts[r]]
+            widest, total, rows = max(widest, d), total + d, rows + 1
+    return widest, total / max(rows, 1)
