@@ -172,5 +172,75 @@ def test_a_batched_sweep_over_long_prompts_times_every_batch_size_at_depth(saved
     assert result.exit_code == 0, result.output
     (folder,) = [p for p in (tmp_path / "out").iterdir() if p.name != "records"]
     surface = cost_file.load(folder / "prices.json").surface
-    assert set(surface.at(1).by_depth) == set(surface.at(2).by_depth) == {256}
-    assert surface_depths(surface) == (256,) and step_prices(surface, 2).deep
+    # B = 2 at 256 and at its own rows' widest (the prompts' own, halfway: where a batch of them reaches).
+    widest = surface.at(2).context_tokens
+    assert set(surface.at(1).by_depth) == {256} and set(surface.at(2).by_depth) == {256, widest} and widest > 256
+    assert surface.at(2).by_depth[widest]["t_verify"] == surface.at(2).t_verify
+    assert surface_depths(surface) == (256, widest) and step_prices(surface, 2).deep
+
+
+def test_a_live_batchs_step_terms_are_fitted_against_its_steps_priced_at_their_depths():
+    """A traced step is priced at the depth its widest row began it at (run_under_load's `depth`), so the
+    terms a run at depth paid are the ones fitted back, where pricing at one depth would fold the
+    depth's cost into them."""
+    import pandas as pd
+
+    from dspark_bench.harness.in_decode import fit_terms
+    from dspark_bench.harness.under_load import step_costs
+    from dspark_bench.replay.cost import StepTerms
+
+    surface = CostSurface({b: linear(b, prefill=True) for b in (1, 4)})
+    terms = StepTerms(rows=[0.001 * r for r in range(5)], plain_rows=[0.0005 * r for r in range(5)], join=0.002)
+    steps = pd.DataFrame([{"config_id": c, "learned": False, "kind": "step", "rows": r, "forwards": 0 if c < 0 else 3,
+                           "longest": 0 if c < 0 else 2, "depth": d, "tokens": np.nan}
+                          for c in (-1, 0) for r in range(1, 5) for d in (300, 900, 1500)]
+                         + [{"config_id": c, "learned": False, "kind": "join", "rows": 0, "tokens": 700,
+                             "forwards": np.nan, "longest": np.nan, "depth": np.nan} for c in (-1, 0)])
+    seconds = step_costs(steps, dataclasses.replace(surface, terms=terms))
+    deep_step = steps.index[(steps["depth"] == 1500) & (steps["rows"] == 4) & (steps["config_id"] == 0)][0]
+    prices = step_prices(surface, 4)
+    assert seconds[deep_step] == pytest.approx(3 * draft_row(prices.at, prices.draft, 1500.0)[4]
+                                               + verify_row(prices.at, prices.verify, 1500.0, 4)[2] + terms.rows[4])
+    fitted = fit_terms(steps.assign(seconds=seconds), surface, {})
+    assert fitted.rows == pytest.approx(terms.rows, abs=1e-12)
+    assert fitted.plain_rows == pytest.approx(terms.plain_rows, abs=1e-12)
+    assert fitted.join == pytest.approx(terms.join, abs=1e-12)
+
+
+def test_a_traced_step_holds_its_widest_rows_depth(llama_pair):
+    from dspark_bench.harness.under_load import run_under_load
+    from dspark_bench.replay.arrivals import Arrivals
+
+    target, draft = llama_pair
+    prompts = [[1 + i % 50 for i in range(n)] for n in (10, 40)]
+    policy = DecodeConfig.of(threshold=0.3, gamma_max=3, max_new_tokens=6)
+    _, _, steps = run_under_load(SimpleNamespace(target=target, draft=draft), prompts, [policy],
+                                 Arrivals(np.zeros(2), "both at once", 1.0), 2, frozenset())
+    plain = steps[(steps["config_id"] < 0) & (steps["kind"] == "step")]
+    assert plain["depth"].tolist() == [40 + k for k in range(6)]  # both rows run 6 steps: the 40-token one widest
+    spoken = steps[(steps["config_id"] == 0) & (steps["kind"] == "step")]
+    assert spoken["depth"].iloc[0] == 40 and spoken["depth"].is_monotonic_increasing
+
+
+def test_batch_sizes_timed_at_different_depths_are_each_read_along_their_own_axis():
+    """B = 4 timed at 256 and 600 (its rows' widest), B = 1 at 256 and 1,024: every depth of either
+    priced, each batch size's between or beyond its own points (prices linear in depth: exact)."""
+    surface = CostSurface({1: linear(1, (256, 1024)), 4: linear(4, (256, 600))})
+    assert surface_depths(surface) == (256, 600, 1024)
+    prices = step_prices(surface, 4)
+    for depth in (256.0, 600.0, 800.0, 1024.0, 1500.0):
+        for rows in (1, 4):
+            expected = [A_VERIFY * depth * (1 + 0.1 * (rows - 1)) * (1 + 0.01 * k) for k in range(G + 1)]
+            assert verify_row(prices.at, prices.verify, depth, rows) == pytest.approx(expected, rel=1e-9)
+            assert draft_row(prices.at, prices.draft, depth)[rows] == pytest.approx(A_DRAFT * depth * rows, rel=1e-9)
+
+
+def test_a_batched_table_over_long_prompts_holds_one_baseline_column(deep_record):
+    """simulate_with_surface over a depth-priced batch-1 model: the walk's baseline, once (the grid's
+    own depth-priced baseline column once collided with it as _x / _y)."""
+    from dspark_bench.replay.batched import simulate_with_surface
+
+    table = simulate_with_surface(deep_record, [c.replace(batch_size=3) for c in policies()],
+                                  CostSurface({b: linear(b) for b in (1, 3)}))
+    assert "predicted_baseline_time" in table and not any(c.endswith(("_x", "_y")) for c in table.columns)
+    assert (table["predicted_speedup"] == table["predicted_baseline_time"] / table["predicted_time"]).all()

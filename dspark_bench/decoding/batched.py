@@ -89,7 +89,8 @@ def serving(prompts: list[list[int]], config: DecodeConfig, batch_size: int, lms
 
     `trace` receives what each admission and step cost on that clock, as replay prices them:
     ("join", rows in the batch, the prompt's tokens but its last, seconds) and ("step", rows, the
-    most draft forwards of a row, the longest draft, seconds); plain decoding's steps draft none."""
+    most draft forwards of a row, the longest draft, the widest row's context depth as the step
+    began, seconds); plain decoding's steps draft none."""
     device = lms[0].device
     arrive = list(arrivals) if arrivals is not None else [0.0] * len(prompts)
     seeds = seeds if seeds is not None else [config.verification.seed] * len(prompts)
@@ -140,6 +141,7 @@ class Server:
         requests, start = self.requests, _clock(self.device)
         stepped = list(self.active)
         starting = [i for i in stepped if not requests[i].result.tokens]
+        widest = max(len(requests[i].seq) for i in stepped)  # the depth replay prices the step at
         step([requests[i] for i in stepped])
         done = {i for i in stepped if requests[i].done(config, eos_ids)}
         for row in reversed(range(len(self.active))):
@@ -154,7 +156,7 @@ class Server:
         if self.trace is not None:
             rounds = [requests[i].result.rounds[-1] for i in stepped if requests[i].result.rounds]
             self.trace.append(("step", len(stepped), max((r.draft_forwards for r in rounds), default=0),
-                               max((r.drafted for r in rounds), default=0), elapsed))
+                               max((r.drafted for r in rounds), default=0), widest, elapsed))
         for i in starting:
             requests[i].first_token = self.own
         for i in stepped:

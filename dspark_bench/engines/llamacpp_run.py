@@ -36,9 +36,9 @@ import numpy as np
 import pandas as pd
 
 from dspark_bench.config import DecodeConfig
-from dspark_bench.depth import DEPTH_LABELS, depth_bucket
 from dspark_bench.decoding.autoregressive import autoregressive_decode
 from dspark_bench.decoding.rules import expressible
+from dspark_bench.depth import DEPTH_LABELS, depth_bucket
 from dspark_bench.engines.files import llamacpp_flags
 from dspark_bench.engines.llama_server import LlamaServer, build_info, check_port_free, find_server, served
 from dspark_bench.engines.llamacpp_prices import llamacpp_prices

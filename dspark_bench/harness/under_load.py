@@ -20,6 +20,7 @@ from dspark_bench.decoding.batched import autoregressive_serving, interleave, sp
 from dspark_bench.errors import DsparkError
 from dspark_bench.measure.between_steps import CostBetweenSteps
 from dspark_bench.replay.cost import CostSurface
+from dspark_bench.replay.step_prices import draft_row, prefill_seconds, step_prices, verify_row
 from dspark_bench.replay.under_load import PLAIN, Arrivals, serving_metrics
 
 
@@ -68,7 +69,7 @@ def run_under_load(pair, prompt_ids: list[list[int]], configs: list[DecodeConfig
     learned = [False] + [c.stopping.metric == LEARNED for c in configs]  # its draft steps cost t_learned too
     steps = pd.DataFrame([{"config_id": index - 1, "learned": learned[index], "kind": entry[0], "rows": entry[1],
                            **({"tokens": entry[2]} if entry[0] == "join" else
-                              {"forwards": entry[2], "longest": entry[3]}), "seconds": entry[-1]}
+                              {"forwards": entry[2], "longest": entry[3], "depth": entry[4]}), "seconds": entry[-1]}
                           for index, trace in enumerate(traces) for entry in trace])
     return pd.DataFrame(rows), pd.concat(requests, ignore_index=True), steps
 
@@ -76,21 +77,22 @@ def run_under_load(pair, prompt_ids: list[list[int]], configs: list[DecodeConfig
 def step_costs(steps: pd.DataFrame, surface: CostSurface) -> np.ndarray:
     """What the cost surface charges for each traced admission and step (run_under_load's `steps`), as
     the load replay charges it: a join its prompt's prefill (the draft's too on a speculative
-    server), a step forwards · t_draft(rows) + t_verify(rows, longest), with the surface's step
-    terms where it has them (plain decoding's on its server)."""
+    server), a step forwards · t_draft(rows) + t_verify(rows, longest) at its widest row's depth
+    (replay/step_prices.py), with the surface's step terms where it has them (plain decoding's on
+    its server)."""
     largest = int(steps["rows"].max())
-    tables = {(learned, plain): surface.tables(largest, learned, plain) for learned in (False, True)
+    prices = {(learned, plain): step_prices(surface, largest, learned, plain) for learned in (False, True)
               for plain in (False, True)}
-    alone = surface.at(min(surface.models))
-    out = np.zeros(len(steps))
-    for i, step in enumerate(steps.itertuples()):
-        if step.kind == "join":
-            prefill = step.tokens * (alone.t_prefill_target + (alone.t_prefill_draft if step.config_id >= 0 else 0.0))
-            out[i] = max(prefill + surface.join(), 0.0)
-        else:
-            t_draft, t_verify = tables[(bool(step.learned), step.config_id < 0)]
-            rows = int(step.rows)
-            out[i] = step.forwards * t_draft[rows] + t_verify[rows, int(step.longest)]
+    joins = (steps["kind"] == "join").to_numpy()
+    tokens = steps["tokens"].fillna(0).to_numpy(dtype=np.float64) if "tokens" in steps else np.zeros(len(steps))
+    plain_prefill, spec_prefill = prefill_seconds(surface, tokens)
+    out = np.where(steps["config_id"].to_numpy() >= 0, spec_prefill, plain_prefill)
+    for i in np.flatnonzero(~joins):
+        step = steps.iloc[i]
+        priced, rows = prices[(bool(step.learned), step.config_id < 0)], int(step.rows)
+        depth = float(step.depth) if "depth" in steps else 0.0
+        out[i] = (step.forwards * draft_row(priced.at, priced.draft, depth)[rows]
+                  + verify_row(priced.at, priced.verify, depth, rows)[int(step.longest)])
     return out
 
 

@@ -27,7 +27,6 @@ from dspark_bench.decoding.learned_signal import LearnedSignal, feature_names
 from dspark_bench.decoding.static_batch_lm import StaticBatchLM
 from dspark_bench.replay.cost import CostModel, CostSurface, worst_spread
 
-
 # How many times each pass is timed (medians; harness/plan.prices_seconds counts them): at batch 1,
 # at each larger batch size, at each depth, and each prefill.
 COST_REPEATS, SURFACE_REPEATS, DEPTH_REPEATS, PREFILL_REPEATS = 15, 7, 9, 5

@@ -43,7 +43,7 @@ from dspark_bench.replay.simulate import (
     simulate_grid,
 )
 from dspark_bench.replay.slots import admit, stamp
-from dspark_bench.replay.step_prices import draft_row, step_depths, step_prices, verify_row
+from dspark_bench.replay.step_prices import draft_row, prefill_seconds, step_depths, step_prices, verify_row
 
 
 @numba.njit(cache=True, nogil=True)
@@ -170,7 +170,9 @@ def walks(rec: Record, configs: list[DecodeConfig], surface: CostSurface, refill
     prices = {(b, learned): step_prices(surface, b, learned)
               for b, learned in {(c.batching.batch_size, c.stopping.metric == LEARNED) for c in configs}}
     depth_of = depths_for(rec, next(iter(prices.values())))
-    prefill_base, prefill_spec = prefills(rec, surface)
+    # Each request's prefill (its prompt but the last token), as the batched decoder runs it.
+    prompt = np.asarray(rec.info.get("prompt_tokens", [1] * len(lengths)), dtype=np.float64) - 1
+    prefill_base, prefill_spec = prefill_seconds(surface, np.maximum(prompt, 0))
     baseline = {}
     for b in sorted({b for b, _ in prices}):  # plain decoding's steps at its own terms (CostSurface.tables' `plain`)
         plain = step_prices(surface, b, plain=True)
@@ -205,21 +207,6 @@ def walks(rec: Record, configs: list[DecodeConfig], surface: CostSurface, refill
         yield row if per_request is None else {**row, **per_request(first, end)}
 
 
-def prefills(rec: Record, surface: CostSurface) -> tuple[np.ndarray, np.ndarray]:
-    """Each request's prefill (its prompt but the last token), batch 1, as the batched decoder runs
-    it, plain and speculative (target, then draft), and what joining a live batch adds past it
-    (CostSurface.join: 0 on isolated prices). Per token at the prompt's own length where the batch-1
-    model timed prefills at depth (CostModel.prefills), else at its one length."""
-    alone = surface.at(min(surface.models))
-    prompt = np.maximum(np.asarray(rec.info.get("prompt_tokens", [1] * len(rec.lengths)), dtype=np.float64) - 1, 0)
-    if any("t_prefill_target" in entry for entry in alone.by_depth.values()):
-        target, draft = alone.prefills(prompt)
-        both = target + draft
-    else:
-        target, both = prompt * alone.t_prefill_target, prompt * (alone.t_prefill_target + alone.t_prefill_draft)
-    return np.maximum(target + surface.join(), 0.0), np.maximum(both + surface.join(), 0.0)
-
-
 def simulate_with_surface(rec: Record, configs: list[DecodeConfig], surface: CostSurface,
                           refill: bool = True, batch_one: CostModel | None = None) -> pd.DataFrame:
     """`simulate_grid`'s table, its predictions made at each policy's own batch size: padded in
@@ -242,7 +229,9 @@ def simulate_with_surface(rec: Record, configs: list[DecodeConfig], surface: Cos
         grid.loc[ids, "draft_forwards_per_token"] = grid.loc[ids, "draft_forwards"] / grid.loc[ids, "new_tokens"]
         grid = grid.reset_index()
     predicted = predicted.drop(columns=[c for c in TOTALS if c in predicted])
-    table = grid.drop(columns=["predicted_time", "predicted_speedup"]).merge(predicted, on="config_id")
+    # The walk's times (a depth-priced grid's baseline too: the walk's is the batch's).
+    table = grid.drop(columns=["predicted_time", "predicted_speedup", "predicted_baseline_time"], errors="ignore")
+    table = table.merge(predicted, on="config_id")
     return table if batch_one is None else batch_one_priced(rec, configs, table, batch_one)
 
 

@@ -1,8 +1,8 @@
 """A batched step's prices at its rows' depths (docs/depth.md#at-every-batch-size-and-under-load).
 
-A cost model over B whose every batch size was timed at the same context depths (CostModel.by_depth
-in each, measure/cost_model.measure_surface_depths) prices each step of a batched walk at its own
-depth, as the engine pays it:
+A cost model over B whose every batch size was timed at context depths (CostModel.by_depth in each,
+measure/cost_model.measure_surface_depths) prices each step of a batched walk at its own depth, as
+the engine pays it:
 
 - padded (the batched decoder here): the widest row's depth. Its rows share the cache's columns
   (decoding/batch_lm.py), so every row's attention reads as many columns as the longest row holds;
@@ -49,16 +49,21 @@ class StepPrices:
 
 
 def surface_depths(surface: CostSurface) -> tuple[int, ...]:
-    """The depths timed at every batch size of `surface`; empty unless every batch size has the axis
+    """Every depth any batch size of `surface` was timed at; empty unless every batch size has the axis
     (a surface whose B > 1 were timed at one depth, as every surface was before, keeps pricing there)."""
     timed = [set(model.by_depth) for model in surface.models.values()]
-    return tuple(sorted(set.intersection(*timed))) if all(timed) else ()
+    return tuple(sorted(set.union(*timed))) if all(timed) else ()
 
 
 def at_depth(surface: CostSurface, depth: int) -> CostSurface:
-    """`surface` with every batch size's passes those timed at `depth` (its step terms kept)."""
-    models = {b: dataclasses.replace(m, t_draft=m.by_depth[depth]["t_draft"], t_verify=m.by_depth[depth]["t_verify"],
-                                     context_tokens=depth, by_depth={}) for b, m in surface.models.items()}
+    """`surface` with every batch size's passes at `depth` (its step terms kept): each batch size's own
+    timing there, or between its timed depths as CostModel.at_depths reads them (a larger batch is
+    timed at fewer depths: replay_sweep.time_depths)."""
+    models = {}
+    for b, m in surface.models.items():
+        draft, verify = dataclasses.replace(m, t_round=0.0, t_round_empty=None).at_depths([depth])
+        models[b] = dataclasses.replace(m, t_draft=float(draft[0]), t_verify=[float(t) for t in verify[0]],
+                                        context_tokens=depth, by_depth={})
     return CostSurface(models, surface.terms)
 
 
@@ -71,6 +76,20 @@ def step_prices(surface: CostSurface, batch_size: int, learned: bool = False, pl
     layers = [at_depth(surface, d).tables(batch_size, learned, plain) for d in depths]
     return StepPrices(np.array(depths, dtype=np.float64), np.stack([d for d, _ in layers]),
                       np.stack([v for _, v in layers]))
+
+
+def prefill_seconds(surface: CostSurface, tokens) -> tuple[np.ndarray, np.ndarray]:
+    """Seconds of each request's prefill of `tokens` prompt tokens (its prompt but the last), batch 1,
+    as the batched decoder runs it, plain and speculative (target, then draft), with what joining a
+    live batch adds past it (CostSurface.join: 0 on isolated prices). Per token at the prompt's own
+    length where the batch-1 model timed prefills at depth (CostModel.prefills), else at its one."""
+    alone, tokens = surface.at(min(surface.models)), np.asarray(tokens, dtype=np.float64)
+    if any("t_prefill_target" in entry for entry in alone.by_depth.values()):
+        target, draft = alone.prefills(tokens)
+        both = target + draft
+    else:
+        target, both = tokens * alone.t_prefill_target, tokens * (alone.t_prefill_target + alone.t_prefill_draft)
+    return np.maximum(target + surface.join(), 0.0), np.maximum(both + surface.join(), 0.0)
 
 
 @numba.njit(cache=True, nogil=True)

@@ -245,7 +245,10 @@ def time_prices(folder: Path, pair, ids: list[list[int]], records: dict, configs
     surface, checks = timed_surface(pair, context, gamma, batch_sizes, drafters={key.drafter for key in records},
                                     measure=functools.partial(measure_surface, contexts=rows, compiled=compiled,
                                                               width=width))
-    deep = time_depths(pair, rec, ids, surface, gamma, compiled, width, progress)
+    # Each B > 1 at depth too (replay/step_prices.py prices a step at its rows'), before the live batch's
+    # step terms are fitted against it.
+    for b, by_depth in time_depths(pair, rec, ids, surface, gamma, compiled, width, progress).items():
+        surface.models[b] = dataclasses.replace(surface.models[b], by_depth=by_depth)
     cost, passes = surface.at(1), {"passes": "isolated"}
     if in_decode is not None and any(c.drafting.drafter == MODEL.drafter for c in configs):
         if progress:
@@ -253,8 +256,6 @@ def time_prices(folder: Path, pair, ids: list[list[int]], records: dict, configs
         timed = price_in_decode(pair, ids, in_decode[0], surface, gamma, in_decode[1], compiled)
         cost, surface, passes = timed.cost, timed.surface or surface, timed.described()
         surface.models[1] = dataclasses.replace(surface.models[1], by_depth=cost.by_depth)
-    for b, by_depth in deep.items():  # each B > 1 at depth too: replay/step_prices.py prices a step at its rows'
-        surface.models[b] = dataclasses.replace(surface.models[b], by_depth=by_depth)
     timing = time.perf_counter() - timing
     ours = cost_file.ours(surface, pair, capture=capture.pass_mode(compiled, pair.device), version=torch_version())
     if engine is None:
@@ -276,7 +277,12 @@ def time_depths(pair, rec, ids: list[list[int]], surface, gamma: int, compiled: 
                 progress: StageProgress | None) -> dict[int, dict]:
     """Where prompts (`ids`) reach past the first depth bucket's edge, our passes timed at depth
     (depth.PRICED_DEPTHS): batch 1's into `surface` (CostModel.by_depth, prefills too), and each
-    larger batch size's returned (B -> its by_depth) for the caller to add once its surface is final."""
+    larger batch size's returned (B -> its by_depth): timed at the depths below its own widest row,
+    with its own timing (its rows the prompts' own, halfway through) the depth point at that row's
+    length. A batch is not timed deeper than its rows reach: on long-code 8 rows of 4,096 tokens cost
+    3x 8 rows of 2,048 here, where the workload's own rows (the widest 3,244) cost 1.26x, about what
+    the live batch paid; a line through the deeper point priced B = 8's plain decoding at 1.56x its
+    measured time (docs/depth.md#at-every-batch-size-and-under-load)."""
     depths = depths_to_price(pair, ids, rec.max_new_tokens)
     if not depths:
         return {}
@@ -284,7 +290,13 @@ def time_depths(pair, rec, ids: list[list[int]], surface, gamma: int, compiled: 
         progress(f"timing the cost model at depths {', '.join(map(str, depths))}", 0, 1)
     sequence = timing_sequence(rec, ids, depths[-1])
     surface.models[1].by_depth = measure_depths(pair, sequence, gamma, depths, compiled=compiled)
-    return measure_surface_depths(pair, sequence, gamma, surface.models, depths, compiled=compiled, width=width)
+    out = {}
+    for b, model in sorted(surface.models.items()):
+        if b > 1:
+            below = [d for d in depths if d < model.context_tokens]
+            timed = measure_surface_depths(pair, sequence, gamma, [b], below, compiled=compiled, width=width)
+            out[b] = {**timed[b], model.context_tokens: {"t_draft": model.t_draft, "t_verify": list(model.t_verify)}}
+    return out
 
 
 def timing_sequence(rec, ids: list[list[int]], length: int) -> list[int]:

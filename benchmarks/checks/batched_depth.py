@@ -1,0 +1,78 @@
+"""Batched replay at depth against the batched decoder: a finished sweep at B > 1 over long prompts,
+its confirmed policies' measured speedups beside replay's predictions priced at each step's depth
+(the sweep's own) and at one depth (as batched replay priced them before issue 67).
+
+A benchmark, not a test. The sweep's measurements (trials.parquet's confirmed rows: each policy
+and the batched baseline decoded in turns on the same prompts) are kept as they were; the record
+is the sweep's own (its records folder); the predictions come from predict_batched on the sweep's
+cost_surface.json, once as it is (every B timed at depth: replay/step_prices.py) and once with the
+depth axis dropped at B > 1 (every step priced at the surface's one depth, the sweep's halfway
+rows). Prints each policy's measured speedup [95 % CI], both predictions and their errors
+(predicted / measured − 1), and writes batched-depth.md beside the sweep.
+
+    dspark-bench sweep --task long-code --limit 12 --max-new-tokens 64 --batch-size 8 --confirm-top 3
+    python -m benchmarks.checks.batched_depth results/<sweep folder>
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pandas as pd
+
+from benchmarks import common
+from dspark_bench.engines.run_policies import policy_of
+from dspark_bench.harness.served_run import with_signals
+from dspark_bench.replay import sampled
+from dspark_bench.replay.batched import predict_batched
+from dspark_bench.replay.cost import CostSurface
+from dspark_bench.results import read_json
+
+
+def one_depth(surface: CostSurface) -> CostSurface:
+    """`surface` with its B > 1 timed at one depth only: what batched replay priced with before."""
+    models = {b: m if b == 1 else dataclasses.replace(m, by_depth={}) for b, m in surface.models.items()}
+    return CostSurface(models, surface.terms)
+
+
+def sweep_record(folder):
+    """The sweep's draft-model record (its records folder beside the sweep's)."""
+    found = [d for d in sorted((folder.parent / "records").iterdir()) if (d / "record.json").is_file()]
+    return sampled.load(next(d for d in found if "lookup" not in d.name and "heads" not in d.name))
+
+
+def main() -> None:
+    args = common.parser(__doc__, sweep=True).parse_args()
+    folder = args.sweep
+    trials = pd.read_parquet(folder / "trials.parquet")
+    confirmed = trials[(trials["source"] == "confirmed") & (trials["batch_size"] > 1)].reset_index(drop=True)
+    if confirmed.empty:
+        raise SystemExit(f"{folder} confirmed no policy at a batch size above 1: "
+                         "sweep with --batch-size 8 --confirm-top 3")
+    configs = [policy_of(row, folder) for _, row in confirmed.iterrows()]
+    rec = with_signals(sweep_record(folder), configs)
+    surface = CostSurface.from_dict(read_json(folder / "cost_surface.json", "cost surface"))
+    at_depth = predict_batched(rec, configs, surface)["predicted_speedup"].to_numpy()
+    flat = predict_batched(rec, configs, one_depth(surface))["predicted_speedup"].to_numpy()
+    measured = confirmed["speedup"].to_numpy()
+    if not np.allclose(at_depth, confirmed["predicted_speedup"].to_numpy(), rtol=1e-9):
+        print("sweep:", confirmed["predicted_speedup"].tolist(), "here:", at_depth.tolist())
+    lines = [f"Batched replay at depth against the batched decoder: sweep {folder.name}, "
+             f"B = {sorted(set(confirmed['batch_size']))}, {len(rec.lengths)} prompts.", "",
+             "| policy | measured [95 % CI] | predicted, each step at its depth | error | "
+             "predicted, one depth | error |", "|---|---|---|---|---|---|"]
+    for i, row in confirmed.iterrows():
+        lines.append(f"| {row['config_label']} | {measured[i]:.3f} [{row['speedup_low']:.3f}, "
+                     f"{row['speedup_high']:.3f}] | {at_depth[i]:.3f} | {at_depth[i] / measured[i] - 1:+.1%} | "
+                     f"{flat[i]:.3f} | {flat[i] / measured[i] - 1:+.1%} |")
+    errors = {name: np.abs(values / measured - 1) for name, values in (("at depth", at_depth), ("one depth", flat))}
+    lines += ["", "; ".join(f"{name}: median |error| {np.median(e):.1%}, largest {e.max():.1%}"
+                            for name, e in errors.items())]
+    text = "\n".join(lines)
+    (folder / "batched-depth.md").write_text(text + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
