@@ -244,3 +244,27 @@ def test_a_batched_table_over_long_prompts_holds_one_baseline_column(deep_record
                                   CostSurface({b: linear(b) for b in (1, 3)}))
     assert "predicted_baseline_time" in table and not any(c.endswith(("_x", "_y")) for c in table.columns)
     assert (table["predicted_speedup"] == table["predicted_baseline_time"] / table["predicted_time"]).all()
+
+
+def test_a_depth_axis_read_back_keeps_its_prefills_and_learned_step():
+    """CostModel.from_dict kept only the passes of a depth entry: a sweep's prices read back (export,
+    calibrate, a check) then priced long prompts' prefills at the one-depth rate."""
+    model = linear(1, prefill=True)
+    model.by_depth[256]["t_learned"] = 3e-4
+    back = CostModel.from_dict(model.to_dict())
+    assert back == model
+    assert back.prefills([700])[0] == pytest.approx(model.prefills([700])[0]) and back.prefills([700])[0][0] > 0
+
+
+def test_a_learned_draft_step_is_priced_at_its_depth():
+    """The learned signal's host work reads each row's context: timed per depth, a learned policy's draft
+    step at depth d costs t_draft(d) + t_learned(d), each read along its own timed depths."""
+    models = {b: linear(b) for b in (1, 4)}
+    for b, m in models.items():
+        for d in m.by_depth:
+            m.by_depth[d]["t_learned"] = 1e-6 * d * b
+    surface = CostSurface(models)
+    plain, learned = step_prices(surface, 4), step_prices(surface, 4, learned=True)
+    for depth in (256.0, 640.0, 1024.0, 2048.0):
+        extra = draft_row(learned.at, learned.draft, depth)[4] - draft_row(plain.at, plain.draft, depth)[4]
+        assert extra == pytest.approx(1e-6 * depth * 4, rel=1e-9)

@@ -133,7 +133,7 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=8, help="prompts (the long task's, from the 13th)")
     args = parser.parse_args()
     pair = load_pair(None, None, "cpu", pair="long")
-    prompts = load_prompts("long-code", None)[0][FIRST: FIRST + args.limit]
+    prompts = load_prompts("long-code", None, limit=FIRST + args.limit)[0][FIRST:]
     ids = [encode(pair.tokenizer, p.text, "auto") for p in prompts]
     print(f"{len(ids)} prompts of {min(map(len, ids))}-{max(map(len, ids))} tokens", flush=True)
     run_real(args.out, pair, ids)

@@ -23,7 +23,7 @@ from dspark_bench.harness.in_decode import price_in_decode
 from dspark_bench.harness.run import Planned, RunConfig, plan_run
 from dspark_bench.harness.under_load import run_under_load
 from dspark_bench.harness.workload import served
-from dspark_bench.measure.cost_model import halfway, measure_surface
+from dspark_bench.measure.cost_model import halfway, measure_surface, time_depths
 from dspark_bench.measure.recording import record
 from dspark_bench.replay import learned
 from dspark_bench.replay.arrivals import Arrivals
@@ -60,6 +60,7 @@ def priced(planned: Planned, ids: list[list[int]], rec, max_batch: int, say=None
     gamma, sizes = max(c.stopping.gamma_max for c in configs), surface_sizes(max_batch)
     context, rows = ids[0] + rec.continuation[0, : int(rec.lengths[0]) // 2].tolist(), halfway(rec, ids)
     surface = measure_surface(pair, context, gamma, sizes, contexts=rows)
+    time_depths(pair, rec, ids, surface, gamma, False, 0)  # long prompts: each step at its rows' depths
     if planned.config.isolated_prices:
         return surface, {"passes": "isolated"}
     timed = price_in_decode(pair, ids, configs[0], surface, gamma, planned.config.settings().eos_ids(pair), say=say)

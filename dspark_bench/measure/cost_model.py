@@ -25,6 +25,7 @@ from dspark_bench.decoding.heads import target_hidden
 from dspark_bench.decoding.host import fetch, synchronize
 from dspark_bench.decoding.learned_signal import LearnedSignal, feature_names
 from dspark_bench.decoding.static_batch_lm import StaticBatchLM
+from dspark_bench.depth import PRICED_DEPTHS, priced_depths
 from dspark_bench.replay.cost import CostModel, CostSurface, worst_spread
 
 # How many times each pass is timed (medians; harness/plan.prices_seconds counts them): at batch 1,
@@ -41,7 +42,7 @@ def measure_depths(pair, sequence: list[int], gamma: int, depths, repeats: int =
     timed = {}
     for depth in sorted(d for d in set(depths) if gamma + 1 < d <= len(sequence)):
         model = measure_cost(pair, sequence[:depth], gamma, repeats=repeats, compiled=compiled)
-        timed[depth] = {"t_draft": model.t_draft, "t_verify": model.t_verify,
+        timed[depth] = {"t_draft": model.t_draft, "t_verify": model.t_verify, "t_learned": model.t_learned,
                         **measure_prefill(pair, sequence[:depth])}
     return timed
 
@@ -224,15 +225,16 @@ def time_batch(pair, context: list[int], gamma: int, rows: int, repeats: int, dr
 def measure_surface_depths(pair, sequence: list[int], gamma: int, batch_sizes, depths, repeats: int = SURFACE_REPEATS,
                            compiled: bool = False, width: int = 0) -> dict[int, dict]:
     """Each B > 1's `CostModel.by_depth` (docs/depth.md#at-every-batch-size-and-under-load): the draft
-    step and verify(k) of B rows whose widest holds the first d tokens of `sequence` (the others a
-    few tokens fewer, as `batch_of` cuts them), for each depth d of `depths` it is long enough for:
-    what replay/step_prices.py prices a step at its rows' depths with."""
+    step, verify(k) and what the learned signal adds to a draft step (its lookup reads each row's
+    whole context) of B rows whose widest holds the first d tokens of `sequence` (the others a few
+    tokens fewer, as `batch_of` cuts them), for each depth d of `depths` it is long enough for: what
+    replay/step_prices.py prices a step at its rows' depths with."""
     timed = {}
     for b in sorted(set(batch_sizes) - {1}):
         timed[b] = {}
         for depth in sorted(d for d in set(depths) if gamma + 1 < d <= len(sequence)):
-            model = time_batch(pair, sequence[:depth], gamma, b, repeats, (), None, compiled, width)
-            timed[b][depth] = {"t_draft": model.t_draft, "t_verify": model.t_verify}
+            model = time_batch(pair, sequence[:depth], gamma, b, repeats, ("model",), None, compiled, width)
+            timed[b][depth] = {"t_draft": model.t_draft, "t_verify": model.t_verify, "t_learned": model.t_learned}
     return timed
 
 
@@ -258,3 +260,50 @@ def measure_prefill(pair, context: list[int], repeats: int = PREFILL_REPEATS) ->
 def torch_version() -> str:
     """What ran our decoder's passes, as its cost-model file names it (replay/cost_file.py's `ours`)."""
     return f"torch {torch.__version__}"
+
+
+def depths_to_price(pair, ids: list[list[int]], max_new_tokens: int) -> tuple[int, ...]:
+    """The depths our passes are timed at (depth.priced_depths): none where every prompt fits the
+    first depth bucket, the priced depths up to the deepest round's otherwise."""
+    if max(len(i) for i in ids) <= PRICED_DEPTHS[0]:
+        return ()
+    trained = getattr(pair.target.config, "max_position_embeddings", None)
+    return priced_depths(max(len(i) for i in ids) + max_new_tokens, trained)
+
+
+def time_depths(pair, rec, ids: list[list[int]], surface, gamma: int, compiled: bool, width: int,
+                progress=None) -> None:
+    """Where prompts (`ids`) reach past the first depth bucket's edge, our passes timed at depth
+    (depth.PRICED_DEPTHS) into `surface`'s models (CostModel.by_depth): batch 1's with its prefills,
+    each larger batch size's at the depths below its own widest row, with its own timing (its rows
+    the prompts' own, halfway through) the depth point at that row's length. A batch is not timed
+    deeper than its rows reach: on long-code 8 rows of 4,096 tokens cost 3x 8 rows of 2,048 here,
+    where the workload's own rows (the widest 3,244) cost 1.26x, about what the live batch paid; a
+    line through the deeper point priced B = 8's plain decoding at 1.56x its measured time
+    (docs/depth.md#at-every-batch-size-and-under-load)."""
+    depths = depths_to_price(pair, ids, rec.max_new_tokens)
+    if not depths:
+        return
+    if progress:
+        progress(f"timing the cost model at depths {', '.join(map(str, depths))}", 0, 1)
+    sequence = timing_sequence(rec, ids, depths[-1])
+    surface.models[1].by_depth = measure_depths(pair, sequence, gamma, depths, compiled=compiled)
+    for b, model in sorted(surface.models.items()):
+        if b > 1:
+            below = [d for d in depths if d < model.context_tokens]
+            timed = measure_surface_depths(pair, sequence, gamma, [b], below, compiled=compiled, width=width)[b]
+            own = {model.context_tokens: {"t_draft": model.t_draft, "t_verify": list(model.t_verify)}}
+            surface.models[b] = dataclasses.replace(model, by_depth={**timed, **own})
+
+
+def timing_sequence(rec, ids: list[list[int]], length: int) -> list[int]:
+    """The context our passes are timed in at each depth, `length` tokens of real text (attention
+    then reads what it reads in decoding): the longest prompt and the record's continuation of it,
+    then the other prompts and theirs, as far as it takes."""
+    order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
+    sequence: list[int] = []
+    for p in order:
+        sequence += list(ids[p]) + rec.continuation[p, : int(rec.lengths[p])].tolist()
+        if len(sequence) >= length:
+            break
+    return sequence[:length]

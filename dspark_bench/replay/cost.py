@@ -79,8 +79,7 @@ class CostModel:
                    float(data.get("spread", 0.0)), float(data.get("t_learned", 0.0)), float(data.get("t_round", 0.0)),
                    float(data.get("t_plain", 0.0)),
                    None if data.get("t_round_empty") is None else float(data["t_round_empty"]),
-                   {int(d): {"t_draft": float(e["t_draft"]), "t_verify": [float(t) for t in e["t_verify"]]}
-                    for d, e in data.get("by_depth", {}).items()})
+                   {int(d): _depth_entry(e) for d, e in data.get("by_depth", {}).items()})
 
     def at_depths(self, depths) -> tuple[np.ndarray, np.ndarray]:
         """(t_draft [n], round costs [n, k]: `round_costs` at each depth in `depths`): linear in depth
@@ -97,7 +96,7 @@ class CostModel:
         verify = np.array([e["t_verify"][: len(extra)] for _, e in timed])
         if len(at) == 1:
             return np.full(depths.shape, draft[0]), np.broadcast_to(verify[0] + extra, (*depths.shape, len(extra)))
-        lo, hi, w = _between(at, depths)
+        lo, hi, w = between_depths(at, depths)
         w = w[..., None]
         return ((1 - w[..., 0]) * draft[lo] + w[..., 0] * draft[hi],
                 (1 - w) * verify[lo] + w * verify[hi] + extra)
@@ -114,7 +113,7 @@ class CostModel:
         per_token = {role: np.array([e[f"t_prefill_{role}"] for _, e in timed]) for role in ("target", "draft")}
         if len(at) == 1:
             return n * per_token["target"][0], n * per_token["draft"][0]
-        lo, hi, w = _between(at, n)
+        lo, hi, w = between_depths(at, n)
         return tuple(n * ((1 - w) * per_token[role][lo] + w * per_token[role][hi]) for role in ("target", "draft"))
 
     @property
@@ -149,7 +148,18 @@ class CostModel:
         return tokens * self.plain_step / predicted_time
 
 
-def _between(at: np.ndarray, depths: np.ndarray):
+# What a depth's entry may time past its passes: the prefills per prompt token (batch 1) and what the
+# learned signal adds to a draft step there (its lookup reads the whole context).
+DEPTH_EXTRAS = ("t_prefill_target", "t_prefill_draft", "t_learned")
+
+
+def _depth_entry(entry: dict) -> dict:
+    """One by_depth entry read back: its passes and whichever DEPTH_EXTRAS it holds."""
+    return {"t_draft": float(entry["t_draft"]), "t_verify": [float(t) for t in entry["t_verify"]],
+            **{k: float(entry[k]) for k in DEPTH_EXTRAS if k in entry}}
+
+
+def between_depths(at: np.ndarray, depths: np.ndarray):
     """(lower index, upper index, weight) of each depth between timed depths `at` (sorted, ≥ 2):
     flat below the first, extrapolated along the last two beyond the last."""
     hi = np.clip(np.searchsorted(at, depths), 1, len(at) - 1)

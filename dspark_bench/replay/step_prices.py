@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
-from dspark_bench.replay.cost import CostSurface
+from dspark_bench.replay.cost import CostModel, CostSurface, between_depths
 
 
 @dataclass(frozen=True)
@@ -58,13 +58,27 @@ def surface_depths(surface: CostSurface) -> tuple[int, ...]:
 def at_depth(surface: CostSurface, depth: int) -> CostSurface:
     """`surface` with every batch size's passes at `depth` (its step terms kept): each batch size's own
     timing there, or between its timed depths as CostModel.at_depths reads them (a larger batch is
-    timed at fewer depths: replay_sweep.time_depths)."""
+    timed at fewer depths: measure/cost_model.time_depths)."""
     models = {}
     for b, m in surface.models.items():
         draft, verify = dataclasses.replace(m, t_round=0.0, t_round_empty=None).at_depths([depth])
         models[b] = dataclasses.replace(m, t_draft=float(draft[0]), t_verify=[float(t) for t in verify[0]],
-                                        context_tokens=depth, by_depth={})
+                                        context_tokens=depth, by_depth={}, t_learned=learned_at(m, depth))
     return CostSurface(models, surface.terms)
+
+
+def learned_at(model: CostModel, depth: float) -> float:
+    """What the learned signal adds to a draft step at `depth`: between the depths that timed it
+    (linear, flat below the shallowest, along the deepest two beyond), else the model's one t_learned."""
+    timed = sorted((d, e["t_learned"]) for d, e in model.by_depth.items() if "t_learned" in e)
+    if not timed:
+        return model.t_learned
+    at = np.array([d for d, _ in timed], dtype=np.float64)
+    values = np.array([v for _, v in timed])
+    if len(at) == 1:
+        return float(values[0])
+    lo, hi, w = between_depths(at, np.array([float(depth)]))
+    return max(float((1 - w[0]) * values[lo[0]] + w[0] * values[hi[0]]), 0.0)
 
 
 def step_prices(surface: CostSurface, batch_size: int, learned: bool = False, plain: bool = False) -> StepPrices:
@@ -94,7 +108,7 @@ def prefill_seconds(surface: CostSurface, tokens) -> tuple[np.ndarray, np.ndarra
 
 @numba.njit(cache=True, nogil=True)
 def _weight(at, depth):  # pragma: no cover (compiled)
-    """(lower, upper, weight) of `depth` between the timed depths `at`, as cost._between weighs them."""
+    """(lower, upper, weight) of `depth` between the timed depths `at`, as cost.between_depths weighs them."""
     if len(at) == 1:
         return 0, 0, 0.0
     hi = min(max(np.searchsorted(at, depth), 1), len(at) - 1)

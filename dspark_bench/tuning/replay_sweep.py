@@ -33,13 +33,7 @@ from dspark_bench.harness.health import (
 )
 from dspark_bench.harness.in_decode import price_in_decode
 from dspark_bench.harness.workload import served
-from dspark_bench.measure.cost_model import (
-    halfway,
-    measure_depths,
-    measure_surface,
-    measure_surface_depths,
-    torch_version,
-)
+from dspark_bench.measure.cost_model import halfway, measure_surface, time_depths, torch_version
 from dspark_bench.replay import cost_file, sampled
 from dspark_bench.replay.batched import simulate_with_surface
 from dspark_bench.replay.simulate import simulate_grid
@@ -63,7 +57,7 @@ from dspark_bench.tuning.preparation import LoadedSweep, SweepResult
 from dspark_bench.tuning.records import drafter_groups, record_all, record_key
 from dspark_bench.tuning.replay_summary import write_replay_summary
 from dspark_bench.tuning.spec import SweepSpec, max_batch_of
-from dspark_bench.tuning.sweep_plan import depths_to_price, say_replay_plan
+from dspark_bench.tuning.sweep_plan import say_replay_plan
 
 if TYPE_CHECKING:
     from dspark_bench.harness.runner import StageProgress
@@ -247,8 +241,7 @@ def time_prices(folder: Path, pair, ids: list[list[int]], records: dict, configs
                                                               width=width))
     # Each B > 1 at depth too (replay/step_prices.py prices a step at its rows'), before the live batch's
     # step terms are fitted against it.
-    for b, by_depth in time_depths(pair, rec, ids, surface, gamma, compiled, width, progress).items():
-        surface.models[b] = dataclasses.replace(surface.models[b], by_depth=by_depth)
+    time_depths(pair, rec, ids, surface, gamma, compiled, width, progress)
     cost, passes = surface.at(1), {"passes": "isolated"}
     if in_decode is not None and any(c.drafting.drafter == MODEL.drafter for c in configs):
         if progress:
@@ -271,45 +264,6 @@ def time_prices(folder: Path, pair, ids: list[list[int]], records: dict, configs
     if prices.batched:
         write_json(folder / "cost_surface.json", prices.surface.to_dict())
     return prices
-
-
-def time_depths(pair, rec, ids: list[list[int]], surface, gamma: int, compiled: bool, width: int,
-                progress: StageProgress | None) -> dict[int, dict]:
-    """Where prompts (`ids`) reach past the first depth bucket's edge, our passes timed at depth
-    (depth.PRICED_DEPTHS): batch 1's into `surface` (CostModel.by_depth, prefills too), and each
-    larger batch size's returned (B -> its by_depth): timed at the depths below its own widest row,
-    with its own timing (its rows the prompts' own, halfway through) the depth point at that row's
-    length. A batch is not timed deeper than its rows reach: on long-code 8 rows of 4,096 tokens cost
-    3x 8 rows of 2,048 here, where the workload's own rows (the widest 3,244) cost 1.26x, about what
-    the live batch paid; a line through the deeper point priced B = 8's plain decoding at 1.56x its
-    measured time (docs/depth.md#at-every-batch-size-and-under-load)."""
-    depths = depths_to_price(pair, ids, rec.max_new_tokens)
-    if not depths:
-        return {}
-    if progress:
-        progress(f"timing the cost model at depths {', '.join(map(str, depths))}", 0, 1)
-    sequence = timing_sequence(rec, ids, depths[-1])
-    surface.models[1].by_depth = measure_depths(pair, sequence, gamma, depths, compiled=compiled)
-    out = {}
-    for b, model in sorted(surface.models.items()):
-        if b > 1:
-            below = [d for d in depths if d < model.context_tokens]
-            timed = measure_surface_depths(pair, sequence, gamma, [b], below, compiled=compiled, width=width)
-            out[b] = {**timed[b], model.context_tokens: {"t_draft": model.t_draft, "t_verify": list(model.t_verify)}}
-    return out
-
-
-def timing_sequence(rec, ids: list[list[int]], length: int) -> list[int]:
-    """The context our passes are timed in at each depth, `length` tokens of real text (attention
-    then reads what it reads in decoding): the longest prompt and the record's continuation of it,
-    then the other prompts and theirs, as far as it takes."""
-    order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
-    sequence: list[int] = []
-    for p in order:
-        sequence += list(ids[p]) + rec.continuation[p, : int(rec.lengths[p])].tolist()
-        if len(sequence) >= length:
-            break
-    return sequence[:length]
 
 
 def check_covers(engine, batch_sizes: list[int], gamma: int) -> None:

@@ -8,21 +8,13 @@ from typing import Callable
 
 from dspark_bench import schedules
 from dspark_bench.config import DecodeConfig
-from dspark_bench.depth import PRICED_DEPTHS, priced_depths, spans_depth
+from dspark_bench.depth import spans_depth
 from dspark_bench.harness.in_decode import plan_seconds
 from dspark_bench.harness.plan import duration, measured_pace, precision_plan, prices_seconds, replay_plan
+from dspark_bench.measure.cost_model import depths_to_price
 from dspark_bench.tuning.added_policies import added_count
 from dspark_bench.tuning.preparation import LoadedSweep
 from dspark_bench.tuning.spec import SweepSpec
-
-
-def depths_to_price(pair, ids: list[list[int]], max_new_tokens: int) -> tuple[int, ...]:
-    """The depths our passes are timed at (depth.priced_depths): none where every prompt fits the
-    first depth bucket, the priced depths up to the deepest round's otherwise."""
-    if max(len(i) for i in ids) <= PRICED_DEPTHS[0]:
-        return ()
-    trained = getattr(pair.target.config, "max_position_embeddings", None)
-    return priced_depths(max(len(i) for i in ids) + max_new_tokens, trained)
 
 
 def replayed_count(configs: list[DecodeConfig]) -> int:
