@@ -192,3 +192,16 @@ def test_the_t_quantile_is_students_at_every_degree_of_freedom():
         assert paired.t_quantile(dof) == pytest.approx(t.ppf(0.975, dof), abs=2e-6), dof
     with pytest.raises(ValueError):
         paired.t_quantile(0)
+
+
+def test_batched_policies_are_paired_on_their_own_plain_decodings_clock():
+    """At B > 1 policies run one after another, each beside its own plain decoding: a candidate as
+    fast as the fixed γ relative to plain decoding, timed while the machine ran 25 % slower, is the
+    same, not 20 % slower; at batch 1 (every side interleaved) raw seconds are paired as before."""
+    samples = timings(1.0, prompts=20, noise=0.01)
+    slow = samples["config_id"] == 1
+    samples.loc[slow, ["spec_time_s", "baseline_time_s"]] *= 1.25
+    for batch_size, ratio in ((8, 1.0), (1, 0.8)):
+        table = table_of(samples, {0: "fixed", 1: "threshold"}).assign(batch_size=batch_size)
+        found = verdicts.paired_verdicts(samples.assign(batch_size=batch_size), table)
+        assert found[0]["ratio"] == pytest.approx(ratio, rel=0.03), batch_size
