@@ -57,7 +57,7 @@ def main() -> None:
     flat = predict_batched(rec, configs, one_depth(surface))["predicted_speedup"].to_numpy()
     measured = confirmed["speedup"].to_numpy()
     if not np.allclose(at_depth, confirmed["predicted_speedup"].to_numpy(), rtol=1e-9):
-        print("sweep:", confirmed["predicted_speedup"].tolist(), "here:", at_depth.tolist())
+        raise SystemExit("replay here does not give the sweep's own predictions: the sweep was made by another build")
     lines = [f"Batched replay at depth against the batched decoder: sweep {folder.name}, "
              f"B = {sorted(set(confirmed['batch_size']))}, {len(rec.lengths)} prompts.", "",
              "| policy | measured [95 % CI] | predicted, each step at its depth | error | "
