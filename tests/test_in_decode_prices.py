@@ -164,6 +164,9 @@ def test_prices_in_decode_on_a_real_pair(llama_pair):
     assert sorted(timed.surface.models) == [1, 2] and timed.surface.at(1).t_prefill_target > 0
     described = timed.described()
     assert described["passes"] == "in decode" and described["step_terms"]["fitted_on"]["steps"] > 0
+    # The traced steps kept are the ones the terms were fitted on: refitted, they give the same terms.
+    assert (timed.steps["kind"] == "step").sum() == terms.fitted_on["steps"]
+    assert fit_terms(timed.steps, isolated, terms.fitted_on) == terms
 
 
 def test_a_run_under_load_sets_replay_beside_the_measurement(saved_pair, prompts_file, tmp_path):
@@ -184,6 +187,12 @@ def test_a_run_under_load_sets_replay_beside_the_measurement(saved_pair, prompts
         assert (table[metric] > 0).all() and (table[f"{metric}_replay"] > 0).all()
     requests = pd.read_parquet(folder / "requests.parquet")
     assert len(requests) == 3 * 6 and (requests["first_token_s"] >= requests["arrival_s"]).all()
+    steps = pd.read_parquet(folder / "steps.parquet")  # every server's admissions and steps, as timed
+    assert (steps.groupby("config_id")["kind"].apply(lambda k: (k == "join").sum()) == 6).all()
+    assert sorted(steps["config_id"].unique()) == [-1, 0, 1] and (steps["seconds"] > 0).all()
+    calibration = pd.read_parquet(folder / "calibration_steps.parquet")  # what the step terms were fitted on
+    assert (calibration["kind"] == "step").sum() == json.loads((folder / "cost_surface.json").read_text())[
+        "in_decode"]["fitted_on"]["steps"]
     summary = json.loads((folder / "summary.json").read_text())
     assert summary["load_run"]["prices"]["passes"] == "in decode" and summary["load_run"]["max_batch"] == 2
     assert "in_decode" in json.loads((folder / "cost_surface.json").read_text())

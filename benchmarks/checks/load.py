@@ -33,6 +33,7 @@ from dspark_bench.config import DecodeConfig
 from dspark_bench.engines.export import policy_of
 from dspark_bench.harness.models import load_pair
 from dspark_bench.harness.served_run import with_signals
+from dspark_bench.harness.under_load import step_costs
 from dspark_bench.measure.recording import record
 from dspark_bench.objectives import rank_under_load
 from dspark_bench.replay.cost import CostSurface
@@ -165,6 +166,39 @@ def markdown(title: str, rows: pd.DataFrame, sides: list[tuple[str, str]]) -> li
     return lines
 
 
+BANDS = [(1, 2), (3, 5), (6, 8), (9, 16), (17, 64)]  # live rows, for where the steps' prices miss
+
+
+def step_ratios(run: Path, surfaces: dict[str, Path], chosen: list[int]) -> list[str]:
+    """Where the prices miss: each server's traced steps (the run's steps.parquet) as seconds /
+    what each surface charges them, by policy and band of live rows, and the same of the steps
+    the sweep's step terms were fitted on (its calibration_steps.parquet)."""
+    steps = pd.read_parquet(run / "steps.parquet")
+    labels = measured(run, chosen).drop_duplicates("config_id").set_index("config_id")["config_label"]
+    steps["policy"] = [labels.get(-1 if c < 0 else chosen[c], str(c)) for c in steps["config_id"]]
+    parts = {"served": steps}
+    for name, folder in surfaces.items():
+        if (folder / "calibration_steps.parquet").is_file():
+            parts[f"{name}'s calibration"] = pd.read_parquet(folder / "calibration_steps.parquet").assign(
+                policy=lambda t: np.where(t["config_id"] < 0, "plain decoding", "calibration policy " + t[
+                    "config_id"].astype(str)))
+    heads = list(surfaces)
+    lines = ["| steps | policy | live rows | steps | " + " | ".join(f"seconds / {h}'s price" for h in heads) + " |",
+             "|---|---|---|---|" + "---|" * len(heads)]
+    for part, table in parts.items():
+        table = table[table["kind"] == "step"]
+        priced = {h: step_costs(table, CostSurface.from_dict(read_json(f / "cost_surface.json", "cost surface")))
+                  for h, f in surfaces.items()}
+        for policy in table["policy"].unique():
+            for low, high in BANDS:
+                mask = ((table["policy"] == policy) & table["rows"].between(low, high)).to_numpy()
+                if mask.sum():
+                    ratios = " | ".join(f"{table['seconds'].to_numpy()[mask].sum() / priced[h][mask].sum():.3f}"
+                                        for h in heads)
+                    lines.append(f"| {part} | {policy} | {low}-{high} | {int(mask.sum())} | {ratios} |")
+    return lines
+
+
 def main() -> None:
     parser = common.parser(__doc__, task="code", limit=24, max_new_tokens=64, out="results/load")
     parser.add_argument("--rate", type=float, action="append", dest="rates",
@@ -206,6 +240,8 @@ def main() -> None:
                   [("default", "sweep, default (in decode)"), ("isolated", "sweep, --isolated-prices")]),
         *markdown(f"The next {args.limit} {args.task} prompts (the prices measured on the first)",
                   other.sort_values(KEYS), [("sweep", "on the sweep's prices")]),
+        f"### Where the steps' prices miss ({run_a.name})", "",
+        *step_ratios(run_a, {"default sweep": default, "isolated sweep": isolated, "the run": run_a}, chosen), "",
         "Times in ms, throughput in output tokens/s. Error: predicted / measured − 1; ✗ past the issue's bound "
         "(throughput ±5 %, TPOT p50 ±10 %, TPOT p99 ±20 %, TTFT p50 ±25 %)."])
     (out / "load.md").write_text(text + "\n")
@@ -229,6 +265,8 @@ def default_only(args, out: Path) -> None:
         f"sweep {default.name} (default prices); run {run.name}.", "",
         *markdown(f"The sweep's {args.limit} {args.task} prompts", same.sort_values(KEYS),
                   [("default", "sweep, default (in decode)")]),
+        f"### Where the steps' prices miss ({run.name})", "",
+        *step_ratios(run, {"default sweep": default, "the run": run}, chosen), "",
         "Times in ms, throughput in output tokens/s. Error: predicted / measured − 1; ✗ past the issue's bound "
         "(throughput ±5 %, TPOT p50 ±10 %, TPOT p99 ±20 %, TTFT p50 ±25 %)."])
     (out / "load.md").write_text(text + "\n")

@@ -48,6 +48,7 @@ from dspark_bench.config import DecodeConfig, Drafting
 
 TOKENS, SEEDS, DRAWS, GAMMA, PROMPTS = 48, 4, 16, 8, 20
 DOMAINS, TEMPERATURES = ("code", "prose", "ood"), (0.3, 0.7, 1.0)
+IN_DOMAIN = ("code", "prose")  # the pair's training text's kind; "ood": short questions and translations
 OOD = ["What is the capital of France?", "Translate to German: the cat sleeps.", "Who wrote Hamlet?",
        "Translate to French: good morning, my friend.", "How many legs does a spider have?", "What is 12 times 7?",
        "Translate to Spanish: where is the train station?", "Why is the sky blue?", "Name three primary colours.",
@@ -107,9 +108,11 @@ def paired(pair, ids: list[int], temperature: float, policy: str, seed: int, key
             "eos": bool(real.tokens and real.tokens[-1] in pair.eos_ids)}
 
 
-def run(out: Path, own_seeds: bool = False, policies: list[str] = tuple(POLICIES)) -> None:
+def run(out: Path, own_seeds: bool = False, policies: list[str] = tuple(POLICIES), seeds: int = SEEDS,
+        shard: tuple[int, int] = (0, 1)) -> None:
     """The paired runs; `own_seeds`: each real decode seeded by a stream of its own (OUT/runs-own), not 100-103
-    (OUT/runs: the seeds every prompt shared, which a fixed γ's real runs draw from in step across prompts)."""
+    (OUT/runs: the seeds every prompt shared, which a fixed γ's real runs draw from in step across prompts).
+    `seeds` decodes per prompt and policy; `shard` (k, n): the k-th of n processes takes every n-th job."""
     import torch
 
     from dspark_bench.harness.models import load_pair
@@ -119,13 +122,13 @@ def run(out: Path, own_seeds: bool = False, policies: list[str] = tuple(POLICIES
     pair = load_pair(None, None, "cpu")
     prompts, folder = {d: texts(d) for d in DOMAINS}, "runs-own" if own_seeds else "runs"
     (out / folder).mkdir(parents=True, exist_ok=True)
-    for domain, temperature, index in jobs():
+    for number, (domain, temperature, index) in enumerate(jobs()):
         path = job_file(out, domain, temperature, index, folder)
-        if path.is_file():
+        if path.is_file() or number % shard[1] != shard[0]:
             continue
         started, ids = time.perf_counter(), encode(pair.tokenizer, prompts[domain][index], "auto")
         key = (DOMAINS.index(domain), TEMPERATURES.index(temperature), index)
-        keys = {p: [(*key, 9 + n, s) if own_seeds else (*key, n, s) for s in range(SEEDS)]
+        keys = {p: [(*key, 9 + n, s) if own_seeds else (*key, n, s) for s in range(seeds)]
                 for n, p in enumerate(POLICIES) if p in policies}
         result = {p: [paired(pair, ids, temperature, p, stream(*k) if own_seeds else 100 + k[-1], k) for k in ks]
                   for p, ks in keys.items()}
@@ -293,9 +296,10 @@ def section(out: Path, folder: str, rng, data: dict) -> list[str]:
         return [f"No prompt of {folder} is done in every cell yet."]
     policies = list(found[(DOMAINS[0], TEMPERATURES[0])][common[0]])
     seeds = "a seed of its own" if folder == "runs-own" else "seeds 100-103, the same for every prompt"
+    per_prompt = len(found[(DOMAINS[0], TEMPERATURES[0])][common[0]][policies[0]])
     head = " | ".join(f"{m} real | replay/real − 1 [95 %]" for m in METRICS)
     said = (f"Each real decode ({seeds}) against its policy replayed along its own output ({DRAWS} coin draws); "
-            f"{len(common)} prompts per domain and temperature, {SEEDS} decodes per prompt and policy, "
+            f"{len(common)} prompts per domain and temperature, {per_prompt} decodes per prompt and policy, "
             f"{TOKENS} tokens, top-p 1.")
     lines = [f"### {folder}: {', '.join(policies)}", "", said, "", f"| cell | {head} |", "|---" * 7 + "|"]
     data = data.setdefault(folder, {})
@@ -305,8 +309,11 @@ def section(out: Path, folder: str, rng, data: dict) -> list[str]:
 
     for t in TEMPERATURES:
         lines.append(row(f"T {t:g}, pooled", cells(DOMAINS, [t]), rng, data))
+        lines.append(row(f"T {t:g}, in domain (code, prose)", cells(IN_DOMAIN, [t]), rng, data))
         lines += [row(f"T {t:g}, {d}", cells([d], [t]), rng, data) for d in DOMAINS]
     lines.append(row("all", cells(DOMAINS, TEMPERATURES), rng, data))
+    lines.append(row("all, in domain (code, prose)", cells(IN_DOMAIN, TEMPERATURES), rng, data))
+    lines.append(row("all, ood", cells(["ood"], TEMPERATURES), rng, data))
     if len(policies) > 1:
         lines += [row(f"{p} (all T, domains)", cells(DOMAINS, TEMPERATURES, [p]), rng, data) for p in policies]
     decodes = [x for v in found.values() for i in common for runs in v[i].values() for x in runs]
@@ -332,10 +339,12 @@ if __name__ == "__main__":
     parser.add_argument("--report", action="store_true")
     parser.add_argument("--own-seeds", action="store_true", help="--run with a real seed of its own per decode")
     parser.add_argument("--policies", default=",".join(POLICIES), help="--run's policies, comma-separated")
+    parser.add_argument("--seeds", type=int, default=SEEDS, help="--run's decodes per prompt and policy")
+    parser.add_argument("--shard", default="0/1", help="--run's share K/N: every N-th job from the K-th")
     args = parser.parse_args()
     if args.numerics:
         numerics(args.out, args.policy)
     if args.run:
-        run(args.out, args.own_seeds, args.policies.split(","))
+        run(args.out, args.own_seeds, args.policies.split(","), args.seeds, tuple(map(int, args.shard.split("/"))))
     if args.report:
         report(args.out)

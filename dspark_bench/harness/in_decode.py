@@ -108,11 +108,11 @@ def fit_terms(steps: pd.DataFrame, isolated: CostSurface, fitted_on: dict) -> St
 
 
 def live_batch(pair, ids: list[list[int]], policies: list[DecodeConfig], isolated: CostSurface,
-               eos_ids: frozenset[int]) -> CostSurface:
+               eos_ids: frozenset[int]) -> tuple[CostSurface, pd.DataFrame]:
     """A server of `2 * B` requests (the prompts in turn) at `isolated`'s largest batch B, arriving
     as a ramp to a full batch (`ramp`), plain decoding and `policies` taking turns a step each, run
     twice (the first warms every shape up, as a server that has run a while is): `isolated` with
-    the step terms fitted on the second run's traced steps. Nothing else runs beside the
+    the step terms fitted on the second run's traced steps, and those steps. Nothing else runs beside the
     servers: a pass timed between their steps would slow the steps it is fitted on."""
     largest = max(isolated.models)
     # Paced by the fewest steps a speculative request can take (every draft accepted): the batch fills
@@ -125,18 +125,20 @@ def live_batch(pair, ids: list[list[int]], policies: list[DecodeConfig], isolate
     terms = fit_terms(steps, isolated, {"requests": 2 * largest, "max_batch": largest,
                                         "policies": [c.policy_label() for c in policies],
                                         "max_new_tokens": policies[0].verification.max_new_tokens})
-    return dataclasses.replace(isolated, terms=terms)
+    return dataclasses.replace(isolated, terms=terms), steps
 
 
 @dataclasses.dataclass
 class InDecode:
     """The in-decode prices: the batch-1 cost model and the surface over B (None where the sweep
-    has no B > 1), what each was fitted on, and how long the runs took."""
+    has no B > 1), what each was fitted on, how long the runs took, and the live batch's traced
+    steps the terms were fitted on (run_under_load's `steps`; None without a live batch)."""
 
     cost: CostModel
     surface: CostSurface | None
     detail: dict
     seconds: float
+    steps: pd.DataFrame | None = None
 
     def described(self) -> dict:
         """summary.json's account of the prices: where they were timed, and the fitted terms."""
@@ -158,8 +160,8 @@ def price_in_decode(pair, ids: list[list[int]], base: DecodeConfig, isolated: Co
         say(f"timing prices inside decodes: plain decoding, {' and '.join(c.policy_label() for c in policies)}"
             + (f"; then a batch of up to {largest} rows serving {2 * largest} requests, twice" if largest > 1 else ""))
     cost, detail = batch_one(pair, ids, policies, isolated.at(1), eos_ids, compiled)
-    surface = live_batch(pair, ids, policies, isolated, eos_ids) if largest > 1 else None
-    return InDecode(cost, surface, detail, time.perf_counter() - started)
+    surface, steps = live_batch(pair, ids, policies, isolated, eos_ids) if largest > 1 else (None, None)
+    return InDecode(cost, surface, detail, time.perf_counter() - started, steps)
 
 
 def one_surface(pair, ids: list[list[int]], base: DecodeConfig, isolated: CostSurface, gamma: int,

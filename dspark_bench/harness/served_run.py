@@ -5,8 +5,10 @@ The run records its prompts (greedy), prices its passes as a sweep does (inside 
 by default: harness/in_decode.py; `--isolated-prices`: alone), replays plain decoding and every
 policy under each load (replay/under_load.py), then serves each load for real: plain decoding and
 the policies each a server of its own, taking turns a step each (harness/under_load.py). Its run
-folder holds both side by side (load.parquet), every request's times (requests.parquet) and the
-prices (cost_surface.json); summary.json's `load_run` is the section sections/served.py reads.
+folder holds both side by side (load.parquet), every request's times (requests.parquet), every
+admission and step the servers timed (steps.parquet) and the prices (cost_surface.json, and the
+live batch's steps its terms were fitted on: calibration_steps.parquet); summary.json's `load_run`
+is the section sections/served.py reads.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from dspark_bench.measure.cost_model import halfway, measure_surface, time_depth
 from dspark_bench.measure.recording import record
 from dspark_bench.replay import learned
 from dspark_bench.replay.arrivals import Arrivals
+from dspark_bench.replay.cost import CostSurface
 from dspark_bench.replay.simulate import simulate_grid
 from dspark_bench.replay.under_load import replay_load
 from dspark_bench.results import check_writable, write_json, write_run
@@ -55,16 +58,18 @@ def surface_sizes(max_batch: int) -> list[int]:
 
 
 def priced(planned: Planned, ids: list[list[int]], rec, max_batch: int, say=None):
-    """The cost surface replay charges the servers' steps with, and where it was timed."""
+    """The cost surface replay charges the servers' steps with, where it was timed, and the live
+    batch's traced steps its terms were fitted on (None: isolated prices, or no batch above 1)."""
     pair, configs = planned.pair, planned.configs
     gamma, sizes = max(c.stopping.gamma_max for c in configs), surface_sizes(max_batch)
     context, rows = ids[0] + rec.continuation[0, : int(rec.lengths[0]) // 2].tolist(), halfway(rec, ids)
     surface = measure_surface(pair, context, gamma, sizes, contexts=rows)
     time_depths(pair, rec, ids, surface, gamma, False, 0)  # long prompts: each step at its rows' depths
     if planned.config.isolated_prices:
-        return surface, {"passes": "isolated"}
+        return surface, {"passes": "isolated"}, None
     timed = price_in_decode(pair, ids, configs[0], surface, gamma, planned.config.settings().eos_ids(pair), say=say)
-    return timed.surface, timed.described()
+    # A server of one row (--max-batch 1) has no live batch: its prices are the batch-1 model timed in decodes.
+    return timed.surface or CostSurface({**surface.models, 1: timed.cost}), timed.described(), timed.steps
 
 
 def side_by_side(predicted: pd.DataFrame, measured: pd.DataFrame) -> pd.DataFrame:
@@ -74,17 +79,19 @@ def side_by_side(predicted: pd.DataFrame, measured: pd.DataFrame) -> pd.DataFram
 
 
 def serve(planned: Planned, ids: list[list[int]], loads: list[Arrivals], max_batch: int, eos_ids, progress=None):
-    """Each load served for real: (one row per load and server, every request's times)."""
-    rows, requests = [], []
+    """Each load served for real: (one row per load and server, every request's times, every
+    admission and step each server timed)."""
+    rows, requests, steps = [], [], []
     for index, load in enumerate(loads):
         if progress:
             progress("serving", index, len(loads))
-        table, times, _ = run_under_load(planned.pair, ids, planned.configs, load, max_batch, eos_ids)
+        table, times, traced = run_under_load(planned.pair, ids, planned.configs, load, max_batch, eos_ids)
         rows.append(table)
         requests.append(times.assign(arrival=load.label))
+        steps.append(traced.assign(arrival=load.label))
     if progress:
         progress("serving", len(loads), len(loads))
-    return pd.concat(rows, ignore_index=True), pd.concat(requests, ignore_index=True)
+    return tuple(pd.concat(parts, ignore_index=True) for parts in (rows, requests, steps))
 
 
 def execute_served(config: RunConfig, out: Path, progress=None, say=None,
@@ -103,10 +110,10 @@ def execute_served(config: RunConfig, out: Path, progress=None, say=None,
             f"{max_batch} at once, served by plain decoding and {count} in turns; replay's prediction first")
     rec = with_signals(record(pair, ids, configs[0].verification.max_new_tokens,
                               max(c.stopping.gamma_max for c in configs), eos_ids=eos_ids), configs)
-    surface, prices = priced(planned, ids, rec, max_batch, say)
+    surface, prices, calibration = priced(planned, ids, rec, max_batch, say)
     predicted = replay_load(rec, configs, surface, loads, max_batch)
     started = time.perf_counter()
-    measured, requests = serve(planned, ids, loads, max_batch, eos_ids, progress)
+    measured, requests, steps = serve(planned, ids, loads, max_batch, eos_ids, progress)
     table = side_by_side(predicted, measured)
     section = {"max_batch": max_batch, "requests": f"{config.requests} requests per rate" if config.arrival_rates
                else f"{loads[-1].requests} requests in the trace", "prices": prices,
@@ -118,7 +125,7 @@ def execute_served(config: RunConfig, out: Path, progress=None, say=None,
                                                                  source="replay")
     folder = write_run(out, "run", run_info(planned, max_batch, loads),
                        {"configs": policies.to_dict(orient="records"), "load_run": section},
-                       {"load": table, "requests": requests})
+                       {"load": table, "requests": requests, "steps": steps, "calibration_steps": calibration})
     write_json(folder / "cost_surface.json", surface.to_dict())
     return folder, table
 

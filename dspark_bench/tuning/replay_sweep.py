@@ -249,6 +249,8 @@ def time_prices(folder: Path, pair, ids: list[list[int]], records: dict, configs
         timed = price_in_decode(pair, ids, in_decode[0], surface, gamma, in_decode[1], compiled)
         cost, surface, passes = timed.cost, timed.surface or surface, timed.described()
         surface.models[1] = dataclasses.replace(surface.models[1], by_depth=cost.by_depth)
+        if timed.steps is not None:  # the live batch's steps its terms were fitted on, to hold a run's steps against
+            write_parquet(folder / "calibration_steps.parquet", timed.steps)
     timing = time.perf_counter() - timing
     ours = cost_file.ours(surface, pair, capture=capture.pass_mode(compiled, pair.device), version=torch_version())
     if engine is None:
