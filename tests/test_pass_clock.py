@@ -132,6 +132,35 @@ def test_the_cost_model_takes_what_the_decodes_measured():
     assert detail["verify_passes"] == {1: 3, 3: 3} and detail["rounds"] == 3
 
 
+def test_a_rounds_first_draft_pass_is_kept_apart(llama_pair):
+    """Every one-token draft pass is an opener (its round's first) or a follower, as the round ran it."""
+    target, draft = llama_pair
+    config = DecodeConfig.of(schedule="fixed", gamma_max=3, max_new_tokens=30)
+    with pass_clock.timing(CPU) as timing:
+        result = speculative_decode(target, draft, PROMPT, config, clock=timing)
+    ones = [seconds for role, tokens, seconds in timing.passes if (role, tokens) == ("draft", 1)]
+    assert sorted(timing.openers + timing.followers) == sorted(ones)
+    opened_by_one = sum(r.draft_forwards > 0 for r in result.rounds) - sum(
+        tokens == 2 for role, tokens, _ in timing.passes if role == "draft")  # a catch-up pass opens its round
+    assert len(timing.openers) == opened_by_one > 0 and len(timing.followers) > 0
+
+
+def test_a_rounds_first_draft_pass_is_priced_once_a_round():
+    """With openers and followers seen, a draft step is priced at the followers' median and the
+    openers' excess over it goes to every round (t_round): a long draft is not priced as first steps."""
+    isolated = CostModel(t_draft=1.0, t_verify=[2.0, 2.2, 2.4, 2.6], context_tokens=100)
+    spec = timing_of([("draft", 1, 0.5)] * 6 + [("target", 2, 3.0)] * 3,
+                     [(5.0, 4.0, 1), (6.25, 4.5, 2), (7.5, 5.0, 3)])  # past the passes: 0.25 a round, 0.75 a step
+    spec.openers, spec.followers = [1.4, 1.5, 1.3], [0.9, 1.0, 1.1, 0.95]
+    plain = timing_of([("target", 1, 1.8)] * 3, [(2.0, 1.8, 0)] * 3)
+    model, detail = cost_from(spec, plain, isolated)
+    assert model.t_draft == pytest.approx(0.975 + 0.75) and detail["draft_pass"] == pytest.approx(0.975)
+    assert model.t_round == pytest.approx(0.25 + 1.4 - 0.975) and detail["first_draft_excess"] == pytest.approx(0.425)
+    spec.openers = spec.openers[:2]  # too few to tell apart: every one-token pass's median, no excess
+    model, detail = cost_from(spec, plain, isolated)
+    assert model.t_draft == pytest.approx(0.5 + 0.75) and model.t_round == pytest.approx(0.25)
+
+
 def test_measure_in_decode_on_real_decodes(llama_pair):
     target, draft = llama_pair
     pair = type("Pair", (), {"target": target, "draft": draft, "device": CPU})()

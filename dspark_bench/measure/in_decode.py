@@ -4,7 +4,9 @@
 round timed where it runs (CUDA events on a GPU, no sync between them), and returns the cost
 model they imply: t_verify(k) the median pass of each length; the rounds' time past their passes
 fitted as a part per round (t_round) and a part per draft step (the host's work between draft
-passes, added to the median draft pass for t_draft); t_plain plain decoding's whole step. A pass length no decode fed
+passes, added to the median draft pass for t_draft, a pass after another draft pass where both kinds
+were seen: what a round's first draft pass costs past it is the round's, in t_round); t_plain plain
+decoding's whole step. A pass length no decode fed
 (a k no policy verified) keeps the isolated cost scaled by how the seen lengths moved.
 """
 
@@ -34,13 +36,23 @@ def cost_from(spec: pass_clock.Timing, plain: pass_clock.Timing, isolated: CostM
     scale = float(np.median(ratios)) if ratios else 1.0
     t_verify = [seen[k][0] if k in seen else isolated.t_verify[k] * scale for k in range(len(isolated.t_verify))]
     draft_pass, drafts = medians.get(("draft", 1), (isolated.t_draft, 0))
+    mixed, opening = draft_pass, 0.0
+    if min(len(spec.openers), len(spec.followers)) >= MIN_PASSES:
+        # A round's first draft pass runs right after the target's and, on a CPU, costs more than the
+        # ones after it (the draft's weights read back into cache: 1.24 against 0.67 ms on the shipped
+        # pair, docs/batch-sizes.md#in-decode-prices): a draft step is priced at the later ones, and
+        # the first's excess once a round, so a long draft is not priced as so many first steps.
+        draft_pass = statistics.median(spec.followers)
+        opening = max(statistics.median(spec.openers) - draft_pass, 0.0)
     per_round, per_step = spec.overhead_fit()
     plain_steps = [total for total, _, _ in plain.rounds]
     t_plain = statistics.median(plain_steps) if plain_steps else 0.0
-    model = dataclasses.replace(isolated, t_draft=draft_pass + per_step, t_verify=t_verify, t_round=per_round,
-                                t_plain=t_plain, by_depth={})
+    model = dataclasses.replace(isolated, t_draft=draft_pass + per_step, t_verify=t_verify,
+                                t_round=per_round + opening, t_plain=t_plain, by_depth={})
     detail = {"draft_passes": drafts, "verify_passes": {k: n for k, (_, n) in seen.items()},
-              "draft_pass": draft_pass, "per_step_overhead": per_step, "median_round_overhead": spec.overhead(),
+              "draft_pass": draft_pass, "first_draft_excess": opening, "every_draft_pass": mixed,
+              "per_step_overhead": per_step,
+              "median_round_overhead": spec.overhead(),
               "verify_scaled_by": scale, "rounds": len(spec.rounds), "plain_steps": len(plain_steps),
               "plain_pass": plain.medians().get(("target", 1), (0.0, 0))[0],
               "catch_up_draft": every.get(("draft", 2), (None, 0))[0]}

@@ -37,6 +37,10 @@ class Timing:
     passes: list[tuple[str, int, float]] = field(default_factory=list)  # (role, tokens, seconds), rounds only
     # (round seconds, its passes' seconds, its draft passes)
     rounds: list[tuple[float, float, int]] = field(default_factory=list)
+    # One-token draft passes that open their round (right after the target's pass) and the ones after
+    # another draft pass: on a CPU the first reads the draft's weights back into cache (cost_from).
+    openers: list[float] = field(default_factory=list)
+    followers: list[float] = field(default_factory=list)
 
     def round_starts(self) -> None:
         self.marks.append(("round", None, self.mark()))
@@ -74,6 +78,8 @@ class Timing:
                     seconds = self.between(*mark)
                     self.passes.append((*detail, seconds))
                     spent += seconds
+                    if detail == ("draft", 1):
+                        (self.followers if drafts else self.openers).append(seconds)
                     drafts += detail[0] == "draft"
                 continue
             if opened is not None:
@@ -85,6 +91,8 @@ class Timing:
         """Take `other`'s settled passes and rounds (decodes timed block by block, interleaved)."""
         self.passes += other.passes
         self.rounds += other.rounds
+        self.openers += other.openers
+        self.followers += other.followers
 
     def medians(self) -> dict[tuple[str, int], tuple[float, int]]:
         """(role, tokens fed) -> (median seconds, passes)."""
