@@ -76,6 +76,26 @@ def test_fitted_terms_are_the_ones_the_steps_paid():
         TERMS.rows[5])
 
 
+def test_a_draft_pass_term_is_told_apart_from_the_rows_line():
+    """Steps that paid a draft pass's term on each draft pass (warm passes after the first cost less
+    than the surface's, timed after a target pass) give it back apart from the line over rows, and
+    the tables charge it on every draft pass of a speculative step."""
+    warm = dataclasses.replace(TERMS, draft=-0.0005)
+    paid = dataclasses.replace(SURFACE, terms=warm)
+    steps = traced_steps()
+    fitted = fit_terms(steps.assign(seconds=step_costs(steps, paid)), SURFACE, {})
+    assert fitted.draft == pytest.approx(-0.0005, abs=1e-12)
+    assert fitted.rows == pytest.approx(TERMS.rows, abs=1e-12) and fitted.plain_rows == pytest.approx(
+        TERMS.plain_rows, abs=1e-12)
+    np.testing.assert_allclose(paid.tables(8)[0], np.maximum(SURFACE.tables(8)[0] - 0.0005, 0.0))
+    one_length = steps[steps["forwards"].isin([0, 3]) | (steps["config_id"] < 0)]  # two lengths: still told apart
+    assert fit_terms(one_length.assign(seconds=step_costs(one_length, paid)), SURFACE, {}).draft == pytest.approx(
+        -0.0005, abs=1e-12)
+    same = steps[(steps["forwards"] == 3) | (steps["config_id"] < 0) | (steps["kind"] == "join")]
+    assert fit_terms(same.assign(seconds=step_costs(same, paid)), SURFACE, {}).draft == 0.0  # nothing to tell apart
+    assert CostSurface.from_dict(json.loads(json.dumps(paid.to_dict()))) == paid
+
+
 def test_a_few_slow_steps_at_one_width_move_the_terms_little():
     """A width seen a few times (a ramp passes a wide batch's counts once) with one step slowed by
     something else, and more steps at the others: the median per count and the weighted line keep
@@ -203,6 +223,22 @@ def test_a_run_under_load_sets_replay_beside_the_measurement(saved_pair, prompts
     assert again.exit_code == 0, again.output
     served = pd.read_parquet(next((tmp_path / "again").iterdir()) / "load.parquet")
     assert list(served["config_label"]) == list(table["config_label"]) and served["identical"].all()
+
+
+def test_a_one_row_server_under_load_is_priced_on_the_batch_one_model(saved_pair, prompts_file, tmp_path):
+    """A server of one row has no live batch to fit step terms on: it is priced on the batch-1
+    model timed inside decodes (there was no surface to price it on)."""
+    target, draft = saved_pair
+    result = invoke("run", "--target", target, "--draft", draft, "--dataset", str(prompts_file), "--max-new-tokens",
+                    "6", "--batch-size", "1", "--schedule", "fixed", "--gamma-max", "2", "--arrival-rate", "40",
+                    "--requests", "3", "--out", str(tmp_path / "out"))
+    assert result.exit_code == 0, result.output
+    folder = next((tmp_path / "out").iterdir())
+    surface = json.loads((folder / "cost_surface.json").read_text())
+    assert list(surface["batch_sizes"]) == ["1"] and "in_decode" not in surface
+    assert surface["batch_sizes"]["1"]["t_plain"] > 0  # the batch-1 model timed in decodes, not the isolated passes
+    assert not (folder / "calibration_steps.parquet").exists()
+    assert (pd.read_parquet(folder / "load.parquet")["tpot_p50_s_replay"] > 0).all()
 
 
 @pytest.mark.parametrize("flags, message", [

@@ -33,6 +33,7 @@ from dspark_bench import schedules
 from dspark_bench.config import DecodeConfig
 from dspark_bench.engines.export import policy_of
 from dspark_bench.harness.models import load_pair
+from dspark_bench.harness.in_decode import fit_terms
 from dspark_bench.harness.served_run import with_signals
 from dspark_bench.harness.under_load import step_costs
 from dspark_bench.measure.recording import record
@@ -186,6 +187,11 @@ def step_ratios(run: Path, surfaces: dict[str, Path], chosen: list[int]) -> list
     prices = {h: CostSurface.from_dict(read_json(f / "cost_surface.json", "cost surface")) for h, f in surfaces.items()}
     prices.update({f"{h} (passes alone)": dataclasses.replace(surface, terms=None)
                    for h, surface in list(prices.items()) if surface.terms is not None})
+    for h, folder in surfaces.items():  # its calibration refitted by this build's fit_terms (older runs' terms)
+        if (folder / "calibration_steps.parquet").is_file():
+            alone = prices[f"{h} (passes alone)"]
+            prices[f"{h} (refitted)"] = dataclasses.replace(alone, terms=fit_terms(
+                pd.read_parquet(folder / "calibration_steps.parquet"), alone, prices[h].terms.fitted_on))
     heads = list(prices)
     lines = ["| steps | policy | live rows | steps | " + " | ".join(f"seconds / {h}'s price" for h in heads) + " |",
              "|---|---|---|---|" + "---|" * len(heads)]

@@ -94,17 +94,40 @@ def line_over_rows(rows: np.ndarray, extra: np.ndarray, widest: int) -> tuple[li
     return [intercept + slope * r for r in range(widest + 1)], counts
 
 
+def per_draft_pass(rows: np.ndarray, forwards: np.ndarray, extra: np.ndarray) -> float:
+    """What each draft pass of a speculative step costs past the surface's draft pass. A draft pass
+    timed alone follows a target pass and reads the draft's weights back into cache; in a step all
+    but the first follow a draft pass, so a step of many draft passes costs less past the surface
+    than one of few. Each step's `extra` less its row count's median, then the median of that at
+    each count of draft passes, and the slope of those over the count, weighted by their steps (as
+    line_over_rows fits its line: a few slow steps move it little); 0 where every step drafted as
+    many passes (nothing to tell them apart)."""
+    table = pd.DataFrame({"rows": rows, "forwards": forwards, "extra": extra})
+    if table["forwards"].nunique() < 2:
+        return 0.0
+    table["left"] = table["extra"] - table.groupby("rows")["extra"].transform("median")
+    by_length = table.groupby("forwards")["left"].agg(["median", "size"]).reset_index()
+    at, weights = by_length["forwards"].to_numpy(np.float64), by_length["size"].to_numpy(np.float64)
+    centre = np.average(at, weights=weights)
+    return float(np.sum(weights * (at - centre) * by_length["median"]) / np.sum(weights * (at - centre) ** 2))
+
+
 def fit_terms(steps: pd.DataFrame, isolated: CostSurface, fitted_on: dict) -> StepTerms:
-    """The step terms of a traced run (run_under_load's `steps`) against the surface it is priced on."""
+    """The step terms of a traced run (run_under_load's `steps`) against the surface it is priced on:
+    a speculative step's draft passes' term first (`per_draft_pass`), then its line over rows on what
+    is left."""
     extra = steps["seconds"].to_numpy() - step_costs(steps, isolated)
     rows, widest = steps["rows"].to_numpy(), int(steps["rows"].max())
     step, plain, join = (steps["kind"] == "step").to_numpy(), (steps["config_id"] < 0).to_numpy(), \
         (steps["kind"] == "join").to_numpy()
-    speculative, seen = line_over_rows(rows[step & ~plain], extra[step & ~plain], widest)
+    spec = step & ~plain
+    forwards = steps["forwards"].fillna(0).to_numpy(dtype=np.float64) if "forwards" in steps else np.zeros(len(steps))
+    draft = per_draft_pass(rows[spec], forwards[spec], extra[spec])
+    speculative, seen = line_over_rows(rows[spec], extra[spec] - draft * forwards[spec], widest)
     plain_rows, plain_seen = line_over_rows(rows[step & plain], extra[step & plain], widest)
     return StepTerms(speculative, plain_rows, float(np.median(extra[join])) if join.any() else 0.0,
                      {**fitted_on, "steps": int(step.sum()), "joins": int(join.sum()),
-                      "steps_by_rows": {"speculative": seen, "plain": plain_seen}})
+                      "steps_by_rows": {"speculative": seen, "plain": plain_seen}}, draft)
 
 
 def live_batch(pair, ids: list[list[int]], policies: list[DecodeConfig], isolated: CostSurface,

@@ -185,13 +185,16 @@ class StepTerms:
     costs its passes plus `rows[r]` (speculative servers) or `plain_rows[r]` (plain decoding: less
     host work per row) — the per-row host work and the batch's upkeep at that width, a table over
     the row count (fitted on a line: harness/in_decode.line_over_rows) — and each request joining
-    the batch its prompt's prefill plus `join`. A term is below 0 where a live step took less than
-    its isolated passes."""
+    the batch its prompt's prefill plus `join`. A speculative step's draft passes each cost `draft`
+    more than the surface's draft pass (below 0: a pass timed alone follows a target pass and reads
+    the draft's weights back; in a step all but the first follow a draft pass). A term is below 0
+    where a live step took less than its isolated passes."""
 
     rows: list[float]  # index r: seconds past its passes of a speculative step with r live rows
     plain_rows: list[float]
     join: float
     fitted_on: dict = field(default_factory=dict, compare=False)  # the calibration run it came from
+    draft: float = 0.0  # seconds past the surface's of each draft pass of a speculative step
 
     def step(self, rows: np.ndarray, plain: bool = False) -> np.ndarray:
         """Seconds a step of `rows` live rows adds past its passes (the widest fitted beyond it)."""
@@ -239,11 +242,13 @@ class CostSurface:
         """(t_draft[b], t_verify[b, k]) for b = 0 .. batch_size rows (a draining batch has fewer),
         linear in b between the measured batch sizes, non-decreasing in b and k; row 0 is unused.
         `learned`: a draft step scored by the learned signal (t_draft + t_learned). With `terms`, each
-        row's step terms are in its verify passes (one a step): `plain`, plain decoding's."""
+        row's step terms are in its verify passes (one a step), each draft pass's in the draft pass:
+        `plain`, plain decoding's."""
         draft, verify = cost_tables({b: (m.t_draft + (m.t_learned if learned else 0.0), m.t_verify)
                                      for b, m in self.models.items()}, batch_size)
         if self.terms is not None:
             verify = np.maximum(verify + self.terms.step(np.arange(batch_size + 1), plain)[:, None], 0.0)
+            draft = np.maximum(draft + self.terms.draft, 0.0)
         return draft, verify
 
     def join(self) -> float:
