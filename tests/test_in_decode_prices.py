@@ -21,7 +21,7 @@ from dspark_bench.harness.under_load import step_costs
 from dspark_bench.measure.cost_model import measure_surface
 from dspark_bench.measure.recording import record
 from dspark_bench.replay.batched import simulate_with_surface, walks
-from dspark_bench.replay.cost import CostSurface, StepTerms
+from dspark_bench.replay.cost import CostModel, CostSurface, StepTerms
 from dspark_bench.replay.simulate import simulate_grid
 
 # Per row count 0-8: a speculative step's seconds past its passes, a plain one's (each on a line over
@@ -94,6 +94,21 @@ def test_a_draft_pass_term_is_told_apart_from_the_rows_line():
     same = steps[(steps["forwards"] == 3) | (steps["config_id"] < 0) | (steps["kind"] == "join")]
     assert fit_terms(same.assign(seconds=step_costs(same, paid)), SURFACE, {}).draft == 0.0  # nothing to tell apart
     assert CostSurface.from_dict(json.loads(json.dumps(paid.to_dict()))) == paid
+
+
+def test_at_depth_a_round_does_not_pay_its_first_draft_pass_twice(monkeypatch):
+    """With a depth axis every draft step is priced at the isolated pass of its depth, itself a
+    round's first (timed after a target pass): the batch-1 model's t_round then leaves out the
+    first pass's excess, which it holds where draft steps are priced at the later passes."""
+    from dspark_bench.harness import in_decode
+
+    timed = CostModel(t_draft=0.001, t_verify=[0.01, 0.011], context_tokens=8, t_round=0.0008)
+    monkeypatch.setattr(in_decode, "measure_in_decode", lambda *a, **k: (timed, {"first_draft_excess": 0.0005}))
+    flat = CostModel(t_draft=0.0015, t_verify=[0.01, 0.011], context_tokens=8)
+    deep = dataclasses.replace(flat, by_depth={1024: {"t_draft": 0.0016, "t_verify": [0.012, 0.013]}})
+    assert in_decode.batch_one(None, [[1]], [], flat, frozenset())[0].t_round == 0.0008
+    at_depth = in_decode.batch_one(None, [[1]], [], deep, frozenset())[0]
+    assert at_depth.t_round == pytest.approx(0.0003) and at_depth.by_depth == deep.by_depth
 
 
 def test_a_few_slow_steps_at_one_width_move_the_terms_little():
@@ -225,9 +240,9 @@ def test_a_run_under_load_sets_replay_beside_the_measurement(saved_pair, prompts
     assert list(served["config_label"]) == list(table["config_label"]) and served["identical"].all()
 
 
-def test_a_one_row_server_under_load_is_priced_on_the_batch_one_model(saved_pair, prompts_file, tmp_path):
-    """A server of one row has no live batch to fit step terms on: it is priced on the batch-1
-    model timed inside decodes (there was no surface to price it on)."""
+def test_a_one_row_server_under_load_is_priced_on_its_passes(saved_pair, prompts_file, tmp_path):
+    """A server of one row has no live batch to fit step terms on, and replay walks its steps on
+    their passes: it is priced on the passes timed alone, and says why (it had no surface at all)."""
     target, draft = saved_pair
     result = invoke("run", "--target", target, "--draft", draft, "--dataset", str(prompts_file), "--max-new-tokens",
                     "6", "--batch-size", "1", "--schedule", "fixed", "--gamma-max", "2", "--arrival-rate", "40",
@@ -236,7 +251,8 @@ def test_a_one_row_server_under_load_is_priced_on_the_batch_one_model(saved_pair
     folder = next((tmp_path / "out").iterdir())
     surface = json.loads((folder / "cost_surface.json").read_text())
     assert list(surface["batch_sizes"]) == ["1"] and "in_decode" not in surface
-    assert surface["batch_sizes"]["1"]["t_plain"] > 0  # the batch-1 model timed in decodes, not the isolated passes
+    prices = json.loads((folder / "summary.json").read_text())["load_run"]["prices"]
+    assert prices == {"passes": "isolated", "why": "a server of one row has no live batch to fit step terms on"}
     assert not (folder / "calibration_steps.parquet").exists()
     assert (pd.read_parquet(folder / "load.parquet")["tpot_p50_s_replay"] > 0).all()
 

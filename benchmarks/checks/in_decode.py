@@ -42,6 +42,21 @@ def rounds_seconds(pair, prompt: list[int], config, speculative: bool) -> tuple[
     return sum(total for total, _, _ in timing.rounds), output
 
 
+def measure(pair, ids, configs, expected, repeats: int) -> tuple[list[float], list[list[float]], bool]:
+    """Plain decoding's and every policy's seconds per repeat, prompt by prompt in a rotating order,
+    and whether every output was the record's."""
+    plain, runs, exact = [0.0] * repeats, [[0.0] * repeats for _ in configs], True
+    order, turn = [-1, *range(len(configs))], 0
+    for repeat in range(repeats):
+        for p, prompt in enumerate(ids):
+            turn += 1
+            for index in order[turn % len(order):] + order[: turn % len(order)]:
+                seconds, output = rounds_seconds(pair, prompt, configs[max(index, 0)], speculative=index >= 0)
+                exact &= output == expected[p]
+                (plain if index < 0 else runs[index])[repeat] += seconds
+    return plain, runs, exact
+
+
 def main() -> None:
     args = common.parser(__doc__, task="code", limit=8, max_new_tokens=64, repeats=3,
                          out="results/in-decode").parse_args()
@@ -62,15 +77,7 @@ def main() -> None:
                                     t_round=inside.t_round - detail["first_draft_excess"])
     predicted = {name: simulate_grid(rec, configs, cost)["predicted_speedup"].tolist()
                  for name, cost in (("alone", alone), ("in_decode", inside), ("one_price", one_price))}
-    plain, runs, exact = [0.0] * args.repeats, [[0.0] * args.repeats for _ in configs], True
-    order, turn = [-1, *range(len(configs))], 0
-    for repeat in range(args.repeats):  # prompt by prompt, plain and every policy in a rotating order
-        for p, prompt in enumerate(ids):
-            turn += 1
-            for index in order[turn % len(order):] + order[: turn % len(order)]:
-                seconds, output = rounds_seconds(pair, prompt, configs[max(index, 0)], speculative=index >= 0)
-                exact &= output == expected[p]
-                (plain if index < 0 else runs[index])[repeat] += seconds
+    plain, runs, exact = measure(pair, ids, configs, expected, args.repeats)
     rows = []
     for i, (config, seconds) in enumerate(zip(configs, runs)):
         ratios = [p / s for p, s in zip(plain, seconds)]  # each repeat's plain over its policy

@@ -188,7 +188,7 @@ def step_ratios(run: Path, surfaces: dict[str, Path], chosen: list[int]) -> list
     prices.update({f"{h} (passes alone)": dataclasses.replace(surface, terms=None)
                    for h, surface in list(prices.items()) if surface.terms is not None})
     for h, folder in surfaces.items():  # its calibration refitted by this build's fit_terms (older runs' terms)
-        if (folder / "calibration_steps.parquet").is_file():
+        if (folder / "calibration_steps.parquet").is_file() and prices[h].terms is not None:
             alone = prices[f"{h} (passes alone)"]
             prices[f"{h} (refitted)"] = dataclasses.replace(alone, terms=fit_terms(
                 pd.read_parquet(folder / "calibration_steps.parquet"), alone, prices[h].terms.fitted_on))

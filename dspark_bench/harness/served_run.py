@@ -29,7 +29,6 @@ from dspark_bench.measure.cost_model import halfway, measure_surface, time_depth
 from dspark_bench.measure.recording import record
 from dspark_bench.replay import learned
 from dspark_bench.replay.arrivals import Arrivals
-from dspark_bench.replay.cost import CostSurface
 from dspark_bench.replay.simulate import simulate_grid
 from dspark_bench.replay.under_load import replay_load
 from dspark_bench.results import check_writable, write_json, write_run
@@ -67,9 +66,10 @@ def priced(planned: Planned, ids: list[list[int]], rec, max_batch: int, say=None
     time_depths(pair, rec, ids, surface, gamma, False, 0)  # long prompts: each step at its rows' depths
     if planned.config.isolated_prices:
         return surface, {"passes": "isolated"}, None
+    if max_batch == 1:  # replay walks a server's steps on its passes: a batch-1 decoder's round work has no place
+        return surface, {"passes": "isolated", "why": "a server of one row has no live batch to fit step terms on"}, None
     timed = price_in_decode(pair, ids, configs[0], surface, gamma, planned.config.settings().eos_ids(pair), say=say)
-    # A server of one row (--max-batch 1) has no live batch: its prices are the batch-1 model timed in decodes.
-    return timed.surface or CostSurface({**surface.models, 1: timed.cost}), timed.described(), timed.steps
+    return timed.surface, timed.described(), timed.steps
 
 
 def side_by_side(predicted: pd.DataFrame, measured: pd.DataFrame) -> pd.DataFrame:

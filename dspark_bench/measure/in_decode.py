@@ -37,11 +37,13 @@ def cost_from(spec: pass_clock.Timing, plain: pass_clock.Timing, isolated: CostM
     t_verify = [seen[k][0] if k in seen else isolated.t_verify[k] * scale for k in range(len(isolated.t_verify))]
     draft_pass, drafts = medians.get(("draft", 1), (isolated.t_draft, 0))
     mixed, opening = draft_pass, 0.0
-    if min(len(spec.openers), len(spec.followers)) >= MIN_PASSES:
+    if min(len(spec.openers), len(spec.followers)) >= MIN_PASSES and \
+            statistics.median(spec.openers) > statistics.median(spec.followers):
         # A round's first draft pass runs right after the target's and, on a CPU, costs more than the
         # ones after it (the draft's weights read back into cache: 1.24 against 0.67 ms on the shipped
         # pair, docs/batch-sizes.md#in-decode-prices): a draft step is priced at the later ones, and
-        # the first's excess once a round, so a long draft is not priced as so many first steps.
+        # the first's excess once a round, so a long draft is not priced as so many first steps
+        # (where the first is no dearer, as on a GPU may be, every pass's median as before).
         draft_pass = statistics.median(spec.followers)
         opening = max(statistics.median(spec.openers) - draft_pass, 0.0)
     per_round, per_step = spec.overhead_fit()
