@@ -67,7 +67,8 @@ def priced(planned: Planned, ids: list[list[int]], rec, max_batch: int, say=None
     if planned.config.isolated_prices:
         return surface, {"passes": "isolated"}, None
     if max_batch == 1:  # replay walks a server's steps on its passes: a batch-1 decoder's round work has no place
-        return surface, {"passes": "isolated", "why": "a server of one row has no live batch to fit step terms on"}, None
+        why = "a server of one row has no live batch to fit step terms on"
+        return surface, {"passes": "isolated", "why": why}, None
     timed = price_in_decode(pair, ids, configs[0], surface, gamma, planned.config.settings().eos_ids(pair), say=say)
     return timed.surface, timed.described(), timed.steps
 
