@@ -101,15 +101,16 @@ def main() -> None:
         exact &= same
         repeats.append({"measured": measured, "in_decode": in_decode, "alone": alone, "prices": prices})
         print(f"repeat {repeat + 1}: " + ", ".join(f"{m:.3f}/{p:.3f}" for m, p in zip(measured, in_decode)), flush=True)
-    rows = [row_of(config, i, rec, repeats) for i, config in enumerate(configs)]
+    per_round = simulate_grid(rec, configs)["tokens_per_round"].tolist()  # the rounds: the same every repeat
+    rows = [row_of(config, i, per_round[i], repeats) for i, config in enumerate(configs)]
     write(args, rows, repeats, exact, time.perf_counter() - started)
 
 
-def row_of(config: DecodeConfig, i: int, rec, repeats: list[dict]) -> dict:
+def row_of(config: DecodeConfig, i: int, tokens_per_round: float, repeats: list[dict]) -> dict:
     """One policy's errors, prediction / measured − 1: per repeat on its own prices, and on the first's."""
     measured = [r["measured"][i] for r in repeats]
     sides = ("in_decode", "alone")
-    return {"policy": config.label(), "tokens_per_round": float(simulate_grid(rec, [config])["tokens_per_round"][0]),
+    return {"policy": config.label(), "tokens_per_round": tokens_per_round,
             "measured_speedup": statistics.median(measured), "measured_low": min(measured),
             "measured_high": max(measured),
             **{f"errors_{side}": [r[side][i] / m - 1 for r, m in zip(repeats, measured)] for side in sides},

@@ -124,7 +124,7 @@ def fit_terms(steps: pd.DataFrame, isolated: CostSurface, fitted_on: dict) -> St
     step, plain, join = (steps["kind"] == "step").to_numpy(), (steps["config_id"] < 0).to_numpy(), \
         (steps["kind"] == "join").to_numpy()
     spec = step & ~plain
-    forwards = steps["forwards"].fillna(0).to_numpy(dtype=np.float64) if "forwards" in steps else np.zeros(len(steps))
+    forwards = steps["forwards"].fillna(0).to_numpy(dtype=np.float64)  # a join has none
     draft = per_draft_pass(rows[spec], forwards[spec], extra[spec])
     speculative, seen = line_over_rows(rows[spec], extra[spec] - draft * forwards[spec], widest)
     plain_rows, plain_seen = line_over_rows(rows[step & plain], extra[step & plain], widest)

@@ -53,8 +53,7 @@ def cost_from(spec: pass_clock.Timing, plain: pass_clock.Timing, isolated: CostM
                                 t_round=per_round + opening, t_plain=t_plain, by_depth={})
     detail = {"draft_passes": drafts, "verify_passes": {k: n for k, (_, n) in seen.items()},
               "draft_pass": draft_pass, "first_draft_excess": opening, "every_draft_pass": mixed,
-              "per_step_overhead": per_step,
-              "median_round_overhead": spec.overhead(),
+              "per_step_overhead": per_step, "median_round_overhead": spec.overhead(),
               "verify_scaled_by": scale, "rounds": len(spec.rounds), "plain_steps": len(plain_steps),
               "plain_pass": plain.medians().get(("target", 1), (0.0, 0))[0],
               "catch_up_draft": every.get(("draft", 2), (None, 0))[0]}
