@@ -96,19 +96,24 @@ def test_a_draft_pass_term_is_told_apart_from_the_rows_line():
     assert CostSurface.from_dict(json.loads(json.dumps(paid.to_dict()))) == paid
 
 
-def test_at_depth_a_round_does_not_pay_its_first_draft_pass_twice(monkeypatch):
-    """With a depth axis every draft step is priced at the isolated pass of its depth, itself a
-    round's first (timed after a target pass): the batch-1 model's t_round then leaves out the
-    first pass's excess, which it holds where draft steps are priced at the later passes."""
+def test_at_depth_a_round_pays_its_first_draft_pass_once():
+    """With a depth axis a draft step is priced at its depth's isolated later step (measure_cost's
+    chain line) and the first step's excess stays once a round of the draft model's (t_first_draft),
+    as without one: not in t_round, which the heads and the lookup pay too."""
     from dspark_bench.harness import in_decode
 
-    timed = CostModel(t_draft=0.001, t_verify=[0.01, 0.011], context_tokens=8, t_round=0.0008)
-    monkeypatch.setattr(in_decode, "measure_in_decode", lambda *a, **k: (timed, {"first_draft_excess": 0.0005}))
+    timed = CostModel(t_draft=0.001, t_verify=[0.01, 0.011], context_tokens=8, t_round=0.0008, t_first_draft=0.0005)
+    monkeypatch_detail = {"first_draft_excess": 0.0005}
     flat = CostModel(t_draft=0.0015, t_verify=[0.01, 0.011], context_tokens=8)
     deep = dataclasses.replace(flat, by_depth={1024: {"t_draft": 0.0016, "t_verify": [0.012, 0.013]}})
-    assert in_decode.batch_one(None, [[1]], [], flat, frozenset())[0].t_round == 0.0008
-    at_depth = in_decode.batch_one(None, [[1]], [], deep, frozenset())[0]
-    assert at_depth.t_round == pytest.approx(0.0003) and at_depth.by_depth == deep.by_depth
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(in_decode, "measure_in_decode", lambda *a, **k: (timed, monkeypatch_detail))
+        alone = in_decode.batch_one(None, [[1]], [], flat, frozenset())[0]
+        at_depth = in_decode.batch_one(None, [[1]], [], deep, frozenset())[0]
+    assert (alone.t_round, alone.t_first_draft) == (0.0008, 0.0005) == (at_depth.t_round, at_depth.t_first_draft)
+    draft, rounds = at_depth.at_depths([1024])
+    assert draft[0] == pytest.approx(0.0016) and rounds[0, 1] == pytest.approx(0.013 + 0.0008 + 0.0005)
+    assert at_depth.at_depths([1024], "heads")[1][0, 1] == pytest.approx(0.013 + 0.0008)
 
 
 def test_a_few_slow_steps_at_one_width_move_the_terms_little():

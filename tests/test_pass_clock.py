@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
 import pytest
 import torch
 
@@ -12,6 +13,7 @@ from dspark_bench.config import DecodeConfig
 from dspark_bench.decoding.autoregressive import autoregressive_decode
 from dspark_bench.decoding.speculative import speculative_decode
 from dspark_bench.measure import pass_clock
+from dspark_bench.measure.cost_model import chain_line, measure_cost
 from dspark_bench.measure.in_decode import cost_from, measure_in_decode
 from dspark_bench.replay.cost import CostModel
 
@@ -147,7 +149,8 @@ def test_a_rounds_first_draft_pass_is_kept_apart(llama_pair):
 
 def test_a_rounds_first_draft_pass_is_priced_once_a_round():
     """With openers and followers seen, a draft step is priced at the followers' median and the
-    openers' excess over it goes to every round (t_round): a long draft is not priced as first steps."""
+    openers' excess over it goes to every round of the draft model's (t_first_draft), not the heads'
+    or the lookup's: a long draft is not priced as first steps."""
     isolated = CostModel(t_draft=1.0, t_verify=[2.0, 2.2, 2.4, 2.6], context_tokens=100)
     spec = timing_of([("draft", 1, 0.5)] * 6 + [("target", 2, 3.0)] * 3,
                      [(5.0, 4.0, 1), (6.25, 4.5, 2), (7.5, 5.0, 3)])  # past the passes: 0.25 a round, 0.75 a step
@@ -155,10 +158,14 @@ def test_a_rounds_first_draft_pass_is_priced_once_a_round():
     plain = timing_of([("target", 1, 1.8)] * 3, [(2.0, 1.8, 0)] * 3)
     model, detail = cost_from(spec, plain, isolated)
     assert model.t_draft == pytest.approx(0.975 + 0.75) and detail["draft_pass"] == pytest.approx(0.975)
-    assert model.t_round == pytest.approx(0.25 + 1.4 - 0.975) and detail["first_draft_excess"] == pytest.approx(0.425)
+    assert model.t_round == pytest.approx(0.25) and detail["first_draft_excess"] == pytest.approx(0.425)
+    assert model.t_first_draft == pytest.approx(0.425)
+    assert model.round_costs("model")[1] == pytest.approx(model.t_verify[1] + 0.25 + 0.425)
+    assert model.round_costs("heads")[1] == pytest.approx(model.t_verify[1] + 0.25) == model.round_costs("lookup")[1]
     spec.openers = spec.openers[:2]  # too few to tell apart: every one-token pass's median, no excess
     model, detail = cost_from(spec, plain, isolated)
     assert model.t_draft == pytest.approx(0.5 + 0.75) and model.t_round == pytest.approx(0.25)
+    assert model.t_first_draft == 0
 
 
 def test_measure_in_decode_on_real_decodes(llama_pair):
@@ -169,3 +176,30 @@ def test_measure_in_decode_on_real_decodes(llama_pair):
     model, detail = measure_in_decode(pair, [PROMPT, PROMPT[:4]], configs, isolated)
     assert set(detail["verify_passes"]) >= {2, 4} and detail["plain_steps"] == 2 * 32  # 2 repeats × 2 prompts × 16
     assert 0 < model.t_draft < 0.5 and model.t_round >= 0 and model.t_plain >= detail["plain_pass"] > 0
+
+
+def test_chain_line_prices_a_rounds_draft_steps_as_a_first_step_and_the_rest():
+    """measure_cost's draft steps timed in turn after the target's pass: a first step dearer than
+    the rest by a fixed excess is read back exactly; a warm-up over several steps (the shipped
+    pair's on this CPU) is priced within 0.25 ms of every running sum, where one price a step (the
+    first's) was 3.3 ms over at six; no step dearer than the later ones: their median, no excess."""
+    assert chain_line([1.5, 0.5, 0.5, 0.5, 0.5, 0.5]) == pytest.approx((0.5, 1.0))
+    warm_up = [1.3, 0.95, 0.70, 0.55, 0.50, 0.49]
+    t_draft, first = chain_line(warm_up)
+    assert 0.5 < t_draft < 0.7 and first > 0
+    for s, total in enumerate(np.cumsum(warm_up), start=1):
+        assert abs(first + s * t_draft - total) < 0.25
+    assert 6 * warm_up[0] - sum(warm_up) > 3.3
+    assert chain_line([0.5, 0.52, 0.49, 0.5]) == pytest.approx((0.5, 0.0), abs=0.01)  # flat: next to no excess
+    assert chain_line([0.4, 0.5, 0.6]) == (pytest.approx(0.5), 0.0)  # dearer later: no first-step excess
+    assert chain_line([0.7]) == (0.7, 0.0)
+
+
+def test_measure_cost_times_a_rounds_draft_steps_in_turn(llama_pair):
+    """The isolated batch-1 model prices a draft step and a round's first step's excess from steps
+    timed one after another, as a round drafts them: its first step costs no less than a later one."""
+    target, draft = llama_pair
+    pair = type("Pair", (), {"target": target, "draft": draft, "device": CPU})()
+    model = measure_cost(pair, PROMPT, 4, repeats=3)
+    assert model.t_draft > 0 and model.t_first_draft >= 0 and len(model.t_verify) == 5
+    assert CostModel.from_dict(model.to_dict()) == model

@@ -72,7 +72,8 @@ def test_simulated_rounds_equal_our_decoder(recorded, draft_mode):
 def test_grid_totals_equal_round_by_round_simulation(recorded):
     _, rec = recorded
     configs = policies()
-    cost = CostModel(t_draft=0.001, t_verify=[0.01 + 0.001 * k for k in range(G + 1)], context_tokens=10)
+    cost = CostModel(t_draft=0.001, t_verify=[0.01 + 0.001 * k for k in range(G + 1)], context_tokens=10,
+                     t_first_draft=0.0004)
     grid = simulate_grid(rec, configs, cost)
     for config, row in zip(configs, grid.itertuples()):
         rounds = [r for prompt_rounds in simulate(rec, config) for r in prompt_rounds]
@@ -83,6 +84,9 @@ def test_grid_totals_equal_round_by_round_simulation(recorded):
         assert row.full_blocks == sum(r.accepted == r.drafted for r in rounds)
         assert row.draft_forwards == sum(r.draft_forwards for r in rounds)
         assert row.predicted_speedup == pytest.approx(cost.predict(rounds, row.emitted_total))
+        # every round of the draft model's pays its first step's excess once, however long its draft
+        assert row.predicted_time == pytest.approx(sum(r.draft_forwards * 0.001 + cost.t_verify[r.drafted] + 0.0004
+                                                       for r in rounds))
 
 
 def random_record(seed: int, P: int = 12, n: int = 40, g: int = 7) -> Record:

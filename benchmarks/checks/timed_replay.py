@@ -8,7 +8,8 @@ the first two prompts: harness/in_decode.py) and on the passes timed alone (--is
 round's acceptance as the passes compute it is checked against the forced one. Writes timed_replay.md
 and .json into --out.
 
-Each repeat times its own prices first (both kinds), then plain decoding and every policy in turn: the
+Each repeat times its own prices first (both kinds), then plain decoding and every policy in turn,
+prompt by prompt (a minute's drift then slows every side alike, not one policy's stretch): the
 machine's speed drifts by more than the check's ±2 % between minutes (docs/measurements.md), so each
 repeat's measurement is held against replay on prices timed beside it, and the median of the
 repeats' errors is the check, with the range over repeats; the first repeat's prices held against
@@ -28,7 +29,7 @@ from dspark_bench.config import DecodeConfig
 from dspark_bench.harness.in_decode import batch_one, calibration_policies
 from dspark_bench.measure.cost_model import measure_cost
 from dspark_bench.measure.recording import record
-from dspark_bench.measure.timed import timed_plain, timed_replay
+from dspark_bench.measure.timed import forced_rounds, plain_prompt, run_prompt
 from dspark_bench.replay.simulate import simulate_grid
 from dspark_bench.results import describe_machine, environment
 from dspark_bench.tasks.prompts import encode
@@ -68,20 +69,23 @@ def priced(pair, ids, rec, context, configs, max_new_tokens: int) -> tuple[list[
 
 
 def measure_repeat(pair, ids, rec, configs, repeat: int) -> tuple[list[float], bool]:
-    """One repeat: plain decoding and every policy in turn (the order rotated each repeat); each
-    policy's measured speedup (plain's seconds over its), and whether every round was exact."""
-    order = [-1, *range(len(configs))]
-    order = order[repeat % len(order):] + order[: repeat % len(order)]
-    seconds, exact = {}, True
-    for index in order:
-        if index < 0:
-            timed = timed_plain(pair, rec, ids)
-            exact &= all(same for _, same in timed)
-            seconds[index] = sum(t for t, _ in timed)
-        else:
-            timed = timed_replay(pair, rec, ids, configs[index])
-            exact &= all(run.accepted == run.forced for run in timed)
-            seconds[index] = sum(run.seconds for run in timed)
+    """One repeat: prompt by prompt, plain decoding and every policy in turn (the order rotated each
+    prompt and repeat), so that a minute's drift slows every side alike; each policy's measured
+    speedup (plain's seconds over its, summed over the prompts), and whether every round was exact."""
+    rounds = [forced_rounds(rec, ids, config) for config in configs]
+    sides = [-1, *range(len(configs))]
+    seconds, exact = dict.fromkeys(sides, 0.0), True
+    for p, prompt in enumerate(ids):
+        tokens = rec.continuation[p, : int(rec.lengths[p])].tolist()
+        turn = (repeat * len(ids) + p) % len(sides)
+        for index in sides[turn:] + sides[:turn]:
+            if index < 0:
+                spent, same = plain_prompt(pair, prompt, tokens)
+            else:
+                run = run_prompt(pair, prompt, tokens, rounds[index][p], configs[index])
+                spent, same = run.seconds, run.accepted == run.forced
+            seconds[index] += spent
+            exact &= same
     return [seconds[-1] / seconds[i] for i in range(len(configs))], exact
 
 
@@ -121,7 +125,8 @@ def write(args, rows: list[dict], repeats: list[dict], exact: bool, seconds: flo
     within = {side: sum(abs(statistics.median(r[f"errors_{side}"])) <= 0.02 for r in rows)
               for side in ("in_decode", "alone", "first_in_decode", "first_alone")}
     lines = [f"Timed replay, {args.limit} {args.task} prompts × {args.max_new_tokens} tokens, {args.repeats} repeats, "
-             f"each timing its prices then plain decoding and the policies in turn ({seconds:.0f} s); machine: "
+             f"each timing its prices then plain decoding and the policies in turn prompt by prompt "
+             f"({seconds:.0f} s); machine: "
              f"{describe_machine(environment())}; every round's acceptance as the passes computed it equal to the "
              f"forced one: {exact}.", "", "Error: predicted / measured − 1, the median over repeats [min, max].", "",
              "| policy | tokens/round | measured speedup [min, max] | on its repeat's prices, in decode (the default) "

@@ -126,7 +126,8 @@ def break_even(cost: CostModel) -> tuple[float, int]:
     that needs least; and that γ."""
     def speedup(alpha: float, gamma: int) -> float:
         tokens = sum(alpha ** i for i in range(gamma + 1))
-        return tokens * cost.plain_step / (gamma * cost.t_draft + cost.t_verify[gamma] + cost.t_round)
+        return tokens * cost.plain_step / (gamma * cost.t_draft + cost.t_verify[gamma] + cost.t_round
+                                                + cost.t_first_draft)
 
     best = (1.0, 1)
     for gamma in range(1, len(cost.t_verify)):

@@ -47,12 +47,10 @@ def batch_one(pair, ids: list[list[int]], policies: list[DecodeConfig], isolated
               eos_ids: frozenset[int], compiled: bool = False) -> tuple[CostModel, dict]:
     """The batch-1 cost model timed inside decodes of the first two prompts, on the passes the
     sweep's decodes run (`compiled`: captured); its depth prices kept from the isolated passes
-    (the calibration runs at one depth), whose draft pass, timed after a target pass, is a round's
-    first: t_round then leaves out the first pass's excess (measure/in_decode.cost_from)."""
+    (the calibration runs at one depth), whose draft step, like the decodes' own, is a later step's
+    (measure/cost_model.chain_line): the first's excess stays once a round (t_first_draft)."""
     policies = [c.replace(compiled=True) for c in policies] if compiled else policies
     model, detail = measure_in_decode(pair, ids[:2], policies, isolated, eos_ids)
-    if isolated.by_depth:  # at depth a draft step is the isolated pass, a round's first: its excess is in it
-        model = dataclasses.replace(model, t_round=model.t_round - detail["first_draft_excess"])
     return dataclasses.replace(model, by_depth=isolated.by_depth), detail
 
 

@@ -1,6 +1,7 @@
 """Measuring a cost model: this machine's step costs, timed on the models.
 
-`measure_cost` times `t_draft`, one draft step, and `t_verify(k)`, one target pass over k + 1 new
+`measure_cost` times `t_draft`, one draft step (and `t_first_draft`, what a round's first costs past
+it: `chain_line`), and `t_verify(k)`, one target pass over k + 1 new
 positions, each the median of interleaved timings with the caches at a realistic length
 (docs/sweeps-and-replay.md); `measure_surface` the same at every batch size B, with B rows in the
 batched decoder's own cache (`t_draft(B)`, `t_verify(B, k)`): a cost model over B, what replay
@@ -60,7 +61,8 @@ def measure_cost(pair, context: list[int], gamma: int, repeats: int = COST_REPEA
     draft = CachedLM(pair.draft, compiled, capacity, role="draft")
     target.prefill(context)
     draft.prefill(context)
-    samples = {k: [] for k in range(-1, gamma + 1)}  # -1: the draft step
+    samples = {k: [] for k in range(gamma + 1)}
+    chain = [[] for _ in range(max(gamma, 1))]  # a round's draft steps, in turn, each timed right after the last
     filler = context[-gamma - 1 :] * (gamma + 1)
 
     def clock(lm, tokens):
@@ -78,7 +80,8 @@ def measure_cost(pair, context: list[int], gamma: int, repeats: int = COST_REPEA
     learned = []
     warm = 3 if compiled else 2  # the first passes warm up (compiled: compile, then record the graph)
     for _ in range(repeats + warm):
-        samples[-1].append(clock(draft, filler[:1]))
+        for step, seconds in zip(chain, drafting(pair, draft, filler[0], len(chain), len(context))):
+            step.append(seconds)
         if heads_step:
             samples[-2].append(heads_step())
         if learned_step:
@@ -86,9 +89,42 @@ def measure_cost(pair, context: list[int], gamma: int, repeats: int = COST_REPEA
         for k in range(gamma + 1):
             samples[k].append(clock(target, filler[: k + 1]))
     median = {k: statistics.median(v[warm:]) for k, v in samples.items()}
-    return CostModel(median[-1], [median[k] for k in range(gamma + 1)], len(context), t_heads=median.get(-2, 0.0),
-                     spread=worst_spread(v[warm:] for v in samples.values()),
-                     t_learned=max(statistics.median(learned[warm:]), 0.0) if learned else 0.0)
+    t_draft, t_first_draft = chain_line([statistics.median(step[warm:]) for step in chain])
+    return CostModel(t_draft, [median[k] for k in range(gamma + 1)], len(context), t_heads=median.get(-2, 0.0),
+                     spread=worst_spread(v[warm:] for v in [*samples.values(), *chain]),
+                     t_learned=max(statistics.median(learned[warm:]), 0.0) if learned else 0.0,
+                     t_first_draft=t_first_draft)
+
+
+def drafting(pair, draft: CachedLM, token: int, steps: int, length: int) -> list[float]:
+    """Seconds of each of a round's `steps` draft steps, as a round drafts them right after the
+    target's pass: each on the token the last one chose (read on the host, as the decoder reads
+    it), the cache growing a position a step; then the cache back at `length`. (Timed alone between
+    rollbacks, the later steps sped up faster than a round's: 0.52 against 0.82 ms at the third.)"""
+    seconds = []
+    for _ in range(steps):
+        synchronize(pair.device)
+        start = time.perf_counter()
+        token = int(draft.forward([token], keep=1)[-1].argmax())
+        seconds.append(time.perf_counter() - start)
+    draft.rollback(length)
+    return seconds
+
+
+def chain_line(steps: list[float]) -> tuple[float, float]:
+    """(t_draft, t_first_draft) from a round's draft steps timed in turn (`steps`, seconds each):
+    the least-squares line through their running sums over s = 1 .. len(steps), so that s steps cost
+    t_first_draft + s * t_draft. On a CPU the first steps after the target's pass run slow (1.3, 0.95,
+    0.70, 0.55, 0.50 ms on the shipped pair: the draft's weights read back into cache), and pricing
+    every step as the first priced a six-token draft 60 % too dear. Where the line would start
+    below 0 (no step dearer than the later ones, as on a GPU), every step at their median."""
+    sums = np.cumsum(steps)
+    s = np.arange(1, len(steps) + 1, dtype=np.float64)
+    if len(steps) >= 2:
+        slope, start = np.polyfit(s, sums, 1)
+        if start > 0 and slope > 0:
+            return float(slope), float(start)
+    return float(statistics.median(steps)), 0.0
 
 
 def heads_clock(pair, context: list[int]):

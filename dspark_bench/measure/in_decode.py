@@ -5,7 +5,7 @@ round timed where it runs (CUDA events on a GPU, no sync between them), and retu
 model they imply: t_verify(k) the median pass of each length; the rounds' time past their passes
 fitted as a part per round (t_round) and a part per draft step (the host's work between draft
 passes, added to the median draft pass for t_draft, a pass after another draft pass where both kinds
-were seen: what a round's first draft pass costs past it is the round's, in t_round); t_plain plain
+were seen: what a round's first draft pass costs past it is t_first_draft); t_plain plain
 decoding's whole step. A pass length no decode fed
 (a k no policy verified) keeps the isolated cost scaled by how the seen lengths moved.
 """
@@ -42,7 +42,8 @@ def cost_from(spec: pass_clock.Timing, plain: pass_clock.Timing, isolated: CostM
         # A round's first draft pass runs right after the target's and, on a CPU, costs more than the
         # ones after it (the draft's weights read back into cache: 1.24 against 0.67 ms on the shipped
         # pair, docs/batch-sizes.md#in-decode-prices): a draft step is priced at the later ones, and
-        # the first's excess once a round, so a long draft is not priced as so many first steps
+        # the first's excess once a round (t_first_draft: the draft model's rounds only, not the heads'
+        # or the lookup's), so a long draft is not priced as so many first steps
         # (where the first is no dearer, as on a GPU may be, every pass's median as before).
         draft_pass = statistics.median(spec.followers)
         opening = max(statistics.median(spec.openers) - draft_pass, 0.0)
@@ -50,7 +51,7 @@ def cost_from(spec: pass_clock.Timing, plain: pass_clock.Timing, isolated: CostM
     plain_steps = [total for total, _, _ in plain.rounds]
     t_plain = statistics.median(plain_steps) if plain_steps else 0.0
     model = dataclasses.replace(isolated, t_draft=draft_pass + per_step, t_verify=t_verify,
-                                t_round=per_round + opening, t_plain=t_plain, by_depth={})
+                                t_round=per_round, t_first_draft=opening, t_plain=t_plain, by_depth={})
     detail = {"draft_passes": drafts, "verify_passes": {k: n for k, (_, n) in seen.items()},
               "draft_pass": draft_pass, "first_draft_excess": opening, "every_draft_pass": mixed,
               "per_step_overhead": per_step, "median_round_overhead": spec.overhead(),

@@ -44,6 +44,14 @@ class TimedPrompt:
 def timed_replay(pair, rec: Record, prompt_ids: list[list[int]], config: DecodeConfig) -> list[TimedPrompt]:
     """Every prompt's rounds under `config` as replay makes them, run on `pair` (target and draft
     models): one TimedPrompt per prompt."""
+    rounds = forced_rounds(rec, prompt_ids, config)
+    return [run_prompt(pair, ids, rec.continuation[p, : int(rec.lengths[p])].tolist(), rounds[p], config)
+            for p, ids in enumerate(prompt_ids)]
+
+
+def forced_rounds(rec: Record, prompt_ids: list[list[int]], config: DecodeConfig) -> list:
+    """Each prompt's rounds under `config` as replay makes them (`simulate`), for `run_prompt` to run:
+    refused where timed replay would time what it does not run."""
     if not config.greedy or config.drafting.drafter != "model":
         raise DsparkError("timed replay forces a greedy record's rounds onto the draft model's passes")
     # What it does not run, it must not time as if it did: verify-side drafting (a draft to the
@@ -57,11 +65,10 @@ def timed_replay(pair, rec: Record, prompt_ids: list[list[int]], config: DecodeC
         raise DsparkError(f"timed replay runs the batch-1 early-stop decoder's passes, not {unlike[0]}")
     if len(prompt_ids) != len(rec.lengths):
         raise DsparkError(f"timed replay needs the record's {len(rec.lengths)} prompts (got {len(prompt_ids)})")
-    rounds = simulate(rec, config)
-    return [run_prompt(pair, ids, rec.continuation[p, : int(rec.lengths[p])].tolist(), rounds[p], config)
-            for p, ids in enumerate(prompt_ids)]
+    return simulate(rec, config)
 
 
+@torch.inference_mode()  # called alone too (a check interleaving prompts): autograd's bookkeeping slowed it 15 %
 def run_prompt(pair, ids: list[int], continuation: list[int], rounds, config: DecodeConfig) -> TimedPrompt:
     capacity = len(ids) + config.verification.max_new_tokens + config.stopping.gamma_max + 2
     target = CachedLM(pair.target, config.verification.compiled, capacity)
@@ -100,17 +107,20 @@ def timed_plain(pair, rec: Record, prompt_ids: list[list[int]], compiled: bool =
     baseline runs them, what a timed replay is held against: per prompt (seconds, prefill excluded;
     whether every pass chose the record's token, as it does on the pair that made the record).
     `compiled`: the baseline's compiled passes (what it runs on CUDA by default)."""
-    out = []
-    for p, ids in enumerate(prompt_ids):
-        tokens = rec.continuation[p, : int(rec.lengths[p])].tolist()
-        target = CachedLM(pair.target, compiled, capacity=len(ids) + len(tokens) + 1)
-        target.prefill(ids[:-1])
-        seq, chosen = list(ids), []
-        synchronize(target.device)
-        start = time.perf_counter()
-        for token in tokens:
-            chosen.append(int(target.forward(seq[target.length :])[-1].argmax()))  # the baseline reads its token
-            seq.append(token)
-        synchronize(target.device)
-        out.append((time.perf_counter() - start, chosen == tokens))
-    return out
+    return [plain_prompt(pair, ids, rec.continuation[p, : int(rec.lengths[p])].tolist(), compiled)
+            for p, ids in enumerate(prompt_ids)]
+
+
+@torch.inference_mode()
+def plain_prompt(pair, ids: list[int], tokens: list[int], compiled: bool = False) -> tuple[float, bool]:
+    """One prompt of `timed_plain`: (seconds, whether every pass chose `tokens`)."""
+    target = CachedLM(pair.target, compiled, capacity=len(ids) + len(tokens) + 1)
+    target.prefill(ids[:-1])
+    seq, chosen = list(ids), []
+    synchronize(target.device)
+    start = time.perf_counter()
+    for token in tokens:
+        chosen.append(int(target.forward(seq[target.length :])[-1].argmax()))  # the baseline reads its token
+        seq.append(token)
+    synchronize(target.device)
+    return time.perf_counter() - start, chosen == tokens

@@ -62,6 +62,14 @@ class CostModel:
     # "t_verify": [s, ...]}. A round is priced at its own depth (`at_depths`); empty: every round at
     # context_tokens, as cost models were before depth had an axis.
     by_depth: dict = field(default_factory=dict)
+    # What a round's first draft-model step costs past t_draft, once a round of the draft model's
+    # (the heads and the lookup run no draft model). On a CPU the draft's passes right after the
+    # target's run slow and speed up over the next few (the draft's weights read back into cache:
+    # 1.3, 0.95, 0.70, 0.55, 0.50 ms on the shipped pair); a round's s draft steps cost
+    # t_first_draft + s * t_draft, the line through those passes' running sums
+    # (measure/cost_model.chain_line; docs/batch-sizes.md#in-decode-prices). 0: every step
+    # at t_draft, as cost models were before it.
+    t_first_draft: float = 0.0
 
     def to_dict(self) -> dict:
         data = dataclasses.asdict(self)
@@ -79,17 +87,19 @@ class CostModel:
                    float(data.get("spread", 0.0)), float(data.get("t_learned", 0.0)), float(data.get("t_round", 0.0)),
                    float(data.get("t_plain", 0.0)),
                    None if data.get("t_round_empty") is None else float(data["t_round_empty"]),
-                   {int(d): _depth_entry(e) for d, e in data.get("by_depth", {}).items()})
+                   {int(d): _depth_entry(e) for d, e in data.get("by_depth", {}).items()},
+                   float(data.get("t_first_draft", 0.0)))
 
-    def at_depths(self, depths) -> tuple[np.ndarray, np.ndarray]:
-        """(t_draft [n], round costs [n, k]: `round_costs` at each depth in `depths`): linear in depth
+    def at_depths(self, depths, drafter: str = "model") -> tuple[np.ndarray, np.ndarray]:
+        """(t_draft [n], round costs [n, k]: `drafter`'s `round_costs` at each depth in `depths`): linear in depth
         between the two nearest timed depths, flat below the shallowest, and extrapolated along the
         deepest two beyond the deepest (a KV-cache read grows linearly with its length). Without a
         depth axis, every depth costs what context_tokens did."""
         depths = np.asarray(depths, dtype=np.float64)
-        extra = np.asarray(self.round_costs()) - np.asarray(self.t_verify)  # t_round: not a pass, no depth
+        costs = self.round_costs(drafter)
+        extra = np.asarray(costs) - np.asarray(self.t_verify)  # t_round, t_first_draft: held flat in depth
         if not self.by_depth:
-            return np.full(depths.shape, self.t_draft), np.broadcast_to(self.round_costs(), (*depths.shape, len(extra)))
+            return np.full(depths.shape, self.t_draft), np.broadcast_to(costs, (*depths.shape, len(extra)))
         timed = sorted(self.by_depth.items())
         at = np.array([d for d, _ in timed], dtype=np.float64)
         draft = np.array([e["t_draft"] for _, e in timed])
@@ -128,15 +138,18 @@ class CostModel:
         return {"model": self.t_draft + (self.t_learned if learned else 0.0), "heads": self.t_heads,
                 "lookup": 0.0}[drafter]
 
-    def round_costs(self) -> list[float]:
-        """Index k: one round's cost past its draft steps, a draft of k tokens: t_verify(k) and
-        what the engine adds per round (t_round; t_round_empty where k = 0)."""
+    def round_costs(self, drafter: str = "model") -> list[float]:
+        """Index k: one round's cost past its draft steps' t_draft each, a draft of k tokens: t_verify(k),
+        what the engine adds per round (t_round; t_round_empty where k = 0) and, where the draft
+        model drafts, its first step's excess (t_first_draft: a round that drafts nothing ran it too,
+        the step whose confidence stopped it)."""
         empty = self.t_round if self.t_round_empty is None else self.t_round_empty
-        return [t + (self.t_round if k else empty) for k, t in enumerate(self.t_verify)]
+        first = self.t_first_draft if drafter == "model" else 0.0
+        return [t + (self.t_round if k else empty) + first for k, t in enumerate(self.t_verify)]
 
     def predict(self, rounds: list[Round], tokens: int) -> float:
-        """docs/sweeps-and-replay.md: N * t_plain / sum over rounds of (s_r * t_draft + t_verify(L_r) + t_round),
-        t_round_empty in place of t_round where L_r = 0."""
+        """docs/sweeps-and-replay.md: N * t_plain / sum over rounds of (s_r * t_draft + t_verify(L_r) + t_round
+        + t_first_draft), t_round_empty in place of t_round where L_r = 0."""
         costs = self.round_costs()
         spent = sum(r.draft_forwards * self.t_draft + costs[r.drafted] for r in rounds)  # a draft model's
         return self.speedup(tokens, spent)
@@ -243,8 +256,9 @@ class CostSurface:
         linear in b between the measured batch sizes, non-decreasing in b and k; row 0 is unused.
         `learned`: a draft step scored by the learned signal (t_draft + t_learned). With `terms`, each
         row's step terms are in its verify passes (one a step), each draft pass's in the draft pass:
-        `plain`, plain decoding's."""
-        draft, verify = cost_tables({b: (m.t_draft + (m.t_learned if learned else 0.0), m.t_verify)
+        `plain`, plain decoding's. A draft step here is a round's first (t_first_draft in it): a step
+        of the batched walk prices passes, and B > 1 times its draft pass right after the target's."""
+        draft, verify = cost_tables({b: (m.t_draft + m.t_first_draft + (m.t_learned if learned else 0.0), m.t_verify)
                                      for b, m in self.models.items()}, batch_size)
         if self.terms is not None:
             verify = np.maximum(verify + self.terms.step(np.arange(batch_size + 1), plain)[:, None], 0.0)

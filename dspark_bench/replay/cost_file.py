@@ -43,7 +43,7 @@ READS = (1, FORMAT_VERSION)  # version 1: "measured_by" was called "engine"
 REQUIRED = ("t_draft", "t_verify", "context_tokens")
 # Every number a batch size's entry may hold (CostModel's fields), each a non-negative finite number.
 SECONDS = ("t_draft", "t_round", "t_round_empty", "t_plain", "t_prefill_target", "t_prefill_draft", "t_heads",
-           "t_learned")
+           "t_learned", "t_first_draft")
 # Who measured a cost-model file ("measured_by"'s name): our decoder, or a serving engine.
 OURS = "ours"
 MEASURERS = {OURS: "our decoder (PyTorch)", "llamacpp": "llama.cpp", "hf": "HF assisted generation",
@@ -213,7 +213,8 @@ def fit_overheads(passes: CostModel, rec, runs) -> tuple[CostModel, list[dict]]:
     for policy, rows in runs:
         for p, (row, rounds) in enumerate(zip(rows.itertuples(), simulate(rec, policy))):
             tokens = int(rec.lengths[p])
-            spent = sum(r.draft_forwards * passes.t_draft + passes.t_verify[r.drafted] for r in rounds)
+            spent = sum(r.draft_forwards * passes.t_draft + passes.t_verify[r.drafted] + passes.t_first_draft
+                        for r in rounds)
             plain = row.baseline_s / row.baseline_new_tokens
             # The speculative side's seconds for replay's tokens at the fit's median plain speed:
             # its paired ratio to the plain side (the two take turns, so a slow minute slows both)

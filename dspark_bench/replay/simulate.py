@@ -319,11 +319,12 @@ def simulate_grid_by_depth(rec: Record, configs: list[DecodeConfig],
 
 def position_costs(rec: Record, cost, drafter: str):
     """Per position (p, j) of the record: its depth, its depth bucket, one draft forward's cost and
-    a round's cost by draft length [P, N, G + 1] (zeros without a cost model): the one record, one
-    drafter (check_replayable) — the heads' pass and the lookup's search have no depth axis."""
+    a round's cost by draft length [P, N, G + 1] (zeros without a cost model; the draft model's first
+    step's excess only where it drafts): the one record, one drafter (check_replayable) — the heads'
+    pass and the lookup's search have no depth axis."""
     depths = record_depths(rec)
     G = rec.gamma_record
-    draft_cost, verify_cost = (cost.at_depths(depths) if cost else
+    draft_cost, verify_cost = (cost.at_depths(depths, drafter) if cost else
                                (np.zeros(depths.shape), np.broadcast_to(np.zeros(G + 1), (*depths.shape, G + 1))))
     if cost is not None and drafter != "model":
         draft_cost = np.full(depths.shape, cost.draft_step(drafter))

@@ -233,7 +233,10 @@ def cost_model_blocks(inputs: Inputs) -> list[tuple]:
             if column != "predicted_speedup" else ".")
         if cost:
             verify = ", ".join(f"{t * 1e3:.2f}" for t in cost.get("t_verify", []))
-            text += f" Cost model: t_draft {cost['t_draft'] * 1e3:.2f} ms, t_verify(k = 0..) {verify} ms"
+            first = cost.get("t_first_draft") or 0.0
+            text += (f" Cost model: t_draft {cost['t_draft'] * 1e3:.2f} ms"
+                     + (f" (a round's first draft step {first * 1e3:.2f} ms more)" if first else "")
+                     + f", t_verify(k = 0..) {verify} ms")
             empty = cost.get("t_round_empty")
             text += (f", t_round {cost['t_round'] * 1e3:.2f} ms"
                      + (f" ({empty * 1e3:.2f} ms where the draft came back empty)" if empty is not None else "")
