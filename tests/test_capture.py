@@ -112,10 +112,11 @@ def test_prices_of_compiled_passes_warm_each_shape_first(llama_pair, monkeypatch
     pair = type("Pair", (), {"target": target, "draft": draft, "device": CPU})()
     model = measure_cost(pair, list(range(3, 40)), gamma=2, repeats=3, drafters=(), compiled=True)
     assert len(model.t_verify) == 3 and model.t_draft > 0
-    # every timed pass went through the compiled forward: 3 + 3 warm-ups, for the draft and each k
-    assert calls.count(draft) == 6 and calls.count(target) == 3 * 6
+    # every timed pass went through the compiled forward: 3 + 3 warm-ups, for each k and each of a
+    # round's γ = 2 draft steps, timed in turn
+    assert calls.count(draft) == 2 * 6 and calls.count(target) == 3 * 6
     measure_cost(pair, list(range(3, 40)), gamma=2, repeats=3, drafters=())  # eager: none
-    assert len(calls) == 24
+    assert len(calls) == 30
 
 
 @pytest.mark.parametrize("flag", [[], ["--eager"]])

@@ -194,6 +194,38 @@ def test_depth_search_takes_each_buckets_best_and_replays_it_exactly(deep_record
     assert exact["predicted_time"].iloc[0] <= 1.05 * best_single
 
 
+def test_the_bound_over_every_family_takes_each_buckets_cheapest_policy_of_any_schedule(deep_record):
+    """Beyond the families the depth schedule composes (cumulative rules here, which it cannot run):
+    in each bucket the cheapest policy per token of any schedule, at the best single policy's tokens
+    there; never slower than that policy, and at least as fast as the composed depth policy."""
+    from dspark_bench import schedules
+    from dspark_bench.sections.depth import depth_search, every_family
+
+    configs = [DecodeConfig.of(threshold=t, gamma_max=g, max_new_tokens=N, schedule=schedule)
+               for schedule in (schedules.THRESHOLD, schedules.CUMULATIVE) for t in (0.1, 0.4, 0.8) for g in (1, 3, G)]
+    configs += [DecodeConfig.of(schedule=schedules.BASELINE, gamma_max=g, min_draft_len=0, max_new_tokens=N)
+                for g in (1, 3, G)]
+    bound = every_family(deep_record, configs, DEPTH_COST)
+    grid, by_depth = simulate_grid_by_depth(deep_record, configs, DEPTH_COST)
+    single = int(grid["predicted_speedup"].idxmax())
+    assert bound["best_single"] == {"config_label": configs[single].label(),
+                                    "predicted_speedup": pytest.approx(grid["predicted_speedup"].max())}
+    per_token = by_depth.assign(t=by_depth["predicted_time"] / by_depth["emitted_total"])
+    mine = per_token[per_token["config_id"] == single].set_index("depth_bucket")
+    assert [b["depth_bucket"] for b in bound["per_bucket"]] == [b for b in DEPTH_LABELS if b in mine.index]
+    for b in bound["per_bucket"]:
+        cheapest = per_token[per_token["depth_bucket"] == b["depth_bucket"]]["t"].min()
+        own = mine.loc[b["depth_bucket"]]
+        expected = own["predicted_baseline_time"] / (cheapest * own["emitted_total"])
+        assert b["predicted_speedup"] == pytest.approx(expected)
+        assert b["predicted_speedup"] >= b["best_single_there"] - 1e-12
+    assert bound["bound_speedup"] >= bound["best_single"]["predicted_speedup"] and bound["gain"] >= 0
+    composed = depth_search(deep_record, configs, DEPTH_COST).row["predicted_speedup"].iloc[0]
+    assert composed <= bound["bound_speedup"] * 1.05  # a round crossing a bucket's edge aside
+    assert any(b["config_label"] != bound["best_single"]["config_label"] for b in bound["per_bucket"]) or \
+        bound["gain"] == pytest.approx(0)
+
+
 def test_a_workload_in_one_bucket_gets_no_depth_policy(llama_pair):
     from dspark_bench.sections.depth import depth_search
 
@@ -278,6 +310,10 @@ def test_a_sweep_over_long_prompts_proposes_a_depth_policy_and_judges_it(long_sw
     said = " ".join(output.split())
     assert "by context depth: each bucket's best policy" in said
     assert f"depth policy vs best single policy, paired on the same prompts: {verdict['sentence']}" in said
+    bound = by_depth["every_family"]  # over every family the sweep searched, learned and goodput included
+    assert bound["bound_speedup"] >= bound["best_single"]["predicted_speedup"]
+    assert [b["depth_bucket"] for b in bound["per_bucket"]] == by_depth["buckets"]
+    assert f"replay's bound: {bound['bound_speedup']:.3f}×" in said
 
 
 def test_the_report_of_a_depth_search_says_each_buckets_best_and_draws_it(long_sweep, tmp_path):

@@ -158,9 +158,10 @@ def test_batched_prices_of_captured_passes(llama_pair, monkeypatch):
                               compiled=True, width=600)
     at3 = surface.at(3)
     assert at3.batch_size == 3 and len(at3.t_verify) == 3
-    # B = 1 (measure_cost's 3 warm-ups + its 15 repeats a shape: the draft step, k = 0..2) and B = 3
-    # (3 warm-ups + 2 repeats a shape, the same shapes): every timed pass went through the compiled forward
-    assert calls.count(draft) == 18 + 5 and calls.count(target) == 3 * 18 + 3 * 5
+    # B = 1 (measure_cost's 3 warm-ups + its 15 repeats a shape: a round's γ = 2 draft steps in turn,
+    # k = 0..2) and B = 3 (3 warm-ups + 2 repeats a shape, one draft step): every timed pass went
+    # through the compiled forward
+    assert calls.count(draft) == 2 * 18 + 5 and calls.count(target) == 3 * 18 + 3 * 5
     assert cached_lm._STATIC[target]["target", 3][1] >= 600 and cached_lm._STATIC[draft]["draft", 3][1] >= 600
 
 

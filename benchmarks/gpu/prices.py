@@ -167,7 +167,8 @@ def round_overheads(pair, context: list[int], cost, gammas, tokens: tuple[int, i
     """What a round of our decoder costs beyond its draft steps and its verify pass (t_round), at
     batch 1: fixed-gamma decodes of two lengths, the difference of their seconds over the
     difference of their rounds (the prefill and the first steps cancel), less replay's price of the
-    same rounds (t_draft per draft forward, t_verify(k) per verify). The median over `gammas`."""
+    same rounds (t_draft per draft forward, t_first_draft per round that drafted, t_verify(k) per
+    verify). The median over `gammas`."""
     from dspark_bench.config import DecodeConfig
     from dspark_bench.decoding.host import synchronize
     from dspark_bench.decoding.speculative import speculative_decode
@@ -177,7 +178,8 @@ def round_overheads(pair, context: list[int], cost, gammas, tokens: tuple[int, i
         start = time.perf_counter()
         result = speculative_decode(pair.target, pair.draft, context, config, frozenset())  # EOS ignored
         synchronize(pair.device)
-        priced = sum(r.draft_forwards * cost.t_draft + cost.t_verify[r.drafted] for r in result.rounds)
+        priced = sum(r.draft_forwards * cost.t_draft + cost.t_verify[r.drafted]
+                     + (cost.t_first_draft if r.draft_forwards else 0.0) for r in result.rounds)
         return time.perf_counter() - start, len(result.rounds), priced, result
 
     per_gamma = {}

@@ -113,8 +113,8 @@ def captured(c: dict) -> str:
              f"- verify({c['verify_tokens']}) / verify(1) (tokens fed): **{c['verify_8_over_1']:.2f}**",
              f"- inside running decodes (CUDA events, no sync between passes; {detail['rounds']} rounds, "
              f"{detail['plain_steps']} plain steps): a round's time past its passes (never below 0: a round "
-             f"holds its passes), with its first draft pass's excess over the later ones "
-             f"({ms(detail.get('first_draft_excess', 0.0))} ms), **{ms(inside['t_round'])} ms** a round + "
+             f"holds its passes), **{ms(inside['t_round'])} ms** a round, its first draft pass's excess over the "
+             f"later ones {ms(detail.get('first_draft_excess', 0.0))} ms (t_first_draft) + "
              f"**{ms(detail['per_step_overhead'])} ms** a draft step (median round "
              f"{ms(detail['median_round_overhead'])} ms); t_draft = the draft pass (a later one's where the first "
              f"is dearer) {ms(detail['draft_pass'])} ms + that step's host work; plain step "

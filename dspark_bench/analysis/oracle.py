@@ -38,7 +38,9 @@ def round_cost(cost: CostModel, k: int, drafter: str = "model") -> float:
     """One round drafting exactly k tokens: k draft forwards (heads: one pass; lookup: none) and a
     verify of k tokens."""
     drafting = k * cost.t_draft if drafter == "model" else (cost.t_heads if drafter == "heads" and k else 0.0)
-    return drafting + cost.round_costs(drafter)[k]
+    # A round drafting nothing runs no draft step (its first's excess, t_first_draft, unpaid).
+    unused = cost.t_first_draft if drafter == "model" and k == 0 else 0.0
+    return drafting + cost.round_costs(drafter)[k] - unused
 
 
 def oracle_lengths(rec: Record, cost: CostModel, gamma_max: int,

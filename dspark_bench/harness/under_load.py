@@ -120,6 +120,7 @@ def in_decode_surface(surface: CostSurface, ratios: pd.DataFrame) -> CostSurface
         nearest = steps.loc[observed[np.abs(observed - b).argmin()]]
         ratio = float(nearest["seconds"] / nearest["priced"])
         models[b] = dataclasses.replace(model, t_draft=model.t_draft * ratio, t_learned=model.t_learned * ratio,
+                                        t_first_draft=model.t_first_draft * ratio,
                                         t_verify=[t * ratio for t in model.t_verify])
     joins = pooled.loc["join"].sum() if "join" in pooled.index.get_level_values("kind") else None
     if joins is not None and joins["priced"] > 0:  # a surface without prefill prices has none to scale

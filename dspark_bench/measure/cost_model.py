@@ -112,18 +112,20 @@ def drafting(pair, draft: CachedLM, token: int, steps: int, length: int) -> list
 
 
 def chain_line(steps: list[float]) -> tuple[float, float]:
-    """(t_draft, t_first_draft) from a round's draft steps timed in turn (`steps`, seconds each):
-    the least-squares line through their running sums over s = 1 .. len(steps), so that s steps cost
-    t_first_draft + s * t_draft. On a CPU the first steps after the target's pass run slow (1.3, 0.95,
-    0.70, 0.55, 0.50 ms on the shipped pair: the draft's weights read back into cache), and pricing
-    every step as the first priced a six-token draft 60 % too dear. Where the line would start
-    below 0 (no step dearer than the later ones, as on a GPU), every step at their median."""
-    sums = np.cumsum(steps)
-    s = np.arange(1, len(steps) + 1, dtype=np.float64)
+    """(t_draft, t_first_draft) from a round's draft steps timed in turn (`steps`, seconds each): s
+    steps cost t_first_draft + s * t_draft, the line through the first step's timing that fits the
+    later running sums best (least squares over s = 2 .. len(steps)). On a CPU the first steps after
+    the target's pass run slow (1.3, 0.95, 0.70, 0.55, 0.50 ms on the shipped pair: the draft's
+    weights read back into cache), and pricing every step as the first priced a six-token draft 70 %
+    too dear. Through the first step, a batched walk, which prices every draft step as a round's
+    first (CostSurface.tables: t_draft + t_first_draft), prices it as timed. Where the line would
+    start below 0 (no step dearer than the later ones, as on a GPU), every step at their median."""
     if len(steps) >= 2:
-        slope, start = np.polyfit(s, sums, 1)
-        if start > 0 and slope > 0:
-            return float(slope), float(start)
+        later = np.cumsum(steps)[1:] - steps[0]  # what the steps after the first add, over s - 1 of them
+        s = np.arange(1, len(steps), dtype=np.float64)
+        slope = float(s @ later / (s @ s))
+        if 0 < slope < steps[0]:
+            return slope, float(steps[0] - slope)
     return float(statistics.median(steps)), 0.0
 
 

@@ -36,7 +36,8 @@ def cost_from(spec: pass_clock.Timing, plain: pass_clock.Timing, isolated: CostM
     scale = float(np.median(ratios)) if ratios else 1.0
     t_verify = [seen[k][0] if k in seen else isolated.t_verify[k] * scale for k in range(len(isolated.t_verify))]
     draft_pass, drafts = medians.get(("draft", 1), (isolated.t_draft, 0))
-    mixed, opening = draft_pass, 0.0
+    # Too few draft passes seen: the isolated step and its first's excess (measure_cost's chain_line).
+    mixed, opening = draft_pass, (isolated.t_first_draft if drafts == 0 else 0.0)
     if min(len(spec.openers), len(spec.followers)) >= MIN_PASSES and \
             statistics.median(spec.openers) > statistics.median(spec.followers):
         # A round's first draft pass runs right after the target's and, on a CPU, costs more than the

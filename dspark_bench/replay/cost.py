@@ -151,7 +151,9 @@ class CostModel:
         """docs/sweeps-and-replay.md: N * t_plain / sum over rounds of (s_r * t_draft + t_verify(L_r) + t_round
         + t_first_draft), t_round_empty in place of t_round where L_r = 0."""
         costs = self.round_costs()
-        spent = sum(r.draft_forwards * self.t_draft + costs[r.drafted] for r in rounds)  # a draft model's
+        # a draft model's rounds; one that ran no draft step does not pay its first's excess
+        spent = sum(r.draft_forwards * self.t_draft + costs[r.drafted]
+                    - (0.0 if r.draft_forwards else self.t_first_draft) for r in rounds)
         return self.speedup(tokens, spent)
 
     def speedup(self, tokens, predicted_time):
@@ -247,8 +249,9 @@ class CostSurface:
         """What prices a batch-1 policy (and a batch-1 bound) beside this surface's walks: with `terms`
         (prices timed inside decodes) `cost`, the batch-1 decoder's own model, which pays its own host
         work, not a one-row live batch's step terms (replay/batched.batch_one_priced); timed alone,
-        None: the surface at B = 1, as the batched walk prices it."""
-        return cost if self.terms is not None else None
+        None: the surface at B = 1, as the batched walk prices it — unless `cost` prices a round's first
+        draft step apart (t_first_draft), which the walk's steps cannot: then `cost`, as a batch-1 sweep."""
+        return cost if self.terms is not None or cost.t_first_draft else None
 
     def tables(self, batch_size: int, learned: bool = False,
                plain: bool = False) -> tuple[np.ndarray, np.ndarray]:
@@ -256,8 +259,9 @@ class CostSurface:
         linear in b between the measured batch sizes, non-decreasing in b and k; row 0 is unused.
         `learned`: a draft step scored by the learned signal (t_draft + t_learned). With `terms`, each
         row's step terms are in its verify passes (one a step), each draft pass's in the draft pass:
-        `plain`, plain decoding's. A draft step here is a round's first (t_first_draft in it): a step
-        of the batched walk prices passes, and B > 1 times its draft pass right after the target's."""
+        `plain`, plain decoding's. A draft step here is a round's first (t_first_draft in it:
+        measure/cost_model.chain_line's line meets the first step's timing): a step of the batched walk
+        prices passes, and B > 1 times its draft pass right after the target's."""
         draft, verify = cost_tables({b: (m.t_draft + m.t_first_draft + (m.t_learned if learned else 0.0), m.t_verify)
                                      for b, m in self.models.items()}, batch_size)
         if self.terms is not None:

@@ -213,8 +213,8 @@ def fit_overheads(passes: CostModel, rec, runs) -> tuple[CostModel, list[dict]]:
     for policy, rows in runs:
         for p, (row, rounds) in enumerate(zip(rows.itertuples(), simulate(rec, policy))):
             tokens = int(rec.lengths[p])
-            spent = sum(r.draft_forwards * passes.t_draft + passes.t_verify[r.drafted] + passes.t_first_draft
-                        for r in rounds)
+            spent = sum(r.draft_forwards * passes.t_draft + passes.t_verify[r.drafted]
+                        + (passes.t_first_draft if r.draft_forwards else 0.0) for r in rounds)
             plain = row.baseline_s / row.baseline_new_tokens
             # The speculative side's seconds for replay's tokens at the fit's median plain speed:
             # its paired ratio to the plain side (the two take turns, so a slow minute slows both)

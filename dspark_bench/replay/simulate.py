@@ -160,9 +160,10 @@ def round_length(fail, cap, discard_below):  # pragma: no cover (compiled)
 
 @numba.njit(cache=True, nogil=True)
 def _walk(fail, gamma_max, discard_below, matches, available, per_round, lengths, max_new_tokens, verify_cost,
-          draft_cost, bucket, counts, by_depth):  # pragma: no cover
+          draft_cost, unused_first, bucket, counts, by_depth):  # pragma: no cover
     """The walk of `simulate` for one policy, keeping only totals: rounds, drafted, accepted,
-    full blocks, draft forwards and Σ verify_cost[p, j, L] (a round's cost at its own depth).
+    full blocks, draft forwards and Σ verify_cost[p, j, L] (a round's cost at its own depth; less
+    `unused_first`, the draft model's first-step excess, where a round ran no draft step).
     `by_depth[b]` keeps the rounds starting in depth bucket `bucket[p, j]`: the same five counts,
     emitted tokens, verify seconds and draft seconds (forwards × draft_cost[p, j]). Only round
     starts are visited, without a data-dependent branch in a round (random accept/reject defeats
@@ -182,7 +183,8 @@ def _walk(fail, gamma_max, discard_below, matches, available, per_round, lengths
             accepted += a
             full += a == length
             forwards += spent_forwards
-            spent += verify_cost[p, j, length]
+            paid = verify_cost[p, j, length] - unused_first * (spent_forwards == 0)
+            spent += paid
             row = by_depth[bucket[p, j]]
             row[0] += 1
             row[1] += length
@@ -190,7 +192,7 @@ def _walk(fail, gamma_max, discard_below, matches, available, per_round, lengths
             row[3] += a == length
             row[4] += spent_forwards
             row[5] += min(a + 1, lengths[p] - j)
-            row[6] += verify_cost[p, j, length]
+            row[6] += paid
             row[7] += spent_forwards * draft_cost[p, j]
             # An accepted EOS is the continuation's last token (`record` stops at EOS): the walk
             # ends there either way, with or without the target's extra token.
@@ -201,8 +203,8 @@ def _walk(fail, gamma_max, discard_below, matches, available, per_round, lengths
 
 @numba.njit(cache=True, nogil=True)
 def _walk_grid(signals, signal_of, thresholds, forced, keep, discard_below, gamma_max, groups, matches, eos_step,
-               available, per_round, lengths, max_new_tokens, verify_cost, draft_cost, bucket, counts, verify,
-               by_depth):  # pragma: no cover
+               available, per_round, lengths, max_new_tokens, verify_cost, draft_cost, unused_first, bucket, counts,
+               verify, by_depth):  # pragma: no cover
     """Every policy's totals. Policies are ordered so that those sharing signal, thresholds,
     forced positions and what happens to a failing token (differing in gamma_max or llama.cpp's
     minimum only) are consecutive: `groups` marks where each run starts, and one table of
@@ -213,7 +215,7 @@ def _walk_grid(signals, signal_of, thresholds, forced, keep, discard_below, gamm
         failure_codes(signals[signal_of[first]], thresholds[first], forced[first], keep[first], eos_step, fail)
         for c in range(first, groups[g + 1]):
             verify[c] = _walk(fail, gamma_max[c], discard_below[c], matches, available, per_round, lengths,
-                              max_new_tokens, verify_cost, draft_cost, bucket, counts[c], by_depth[c])
+                              max_new_tokens, verify_cost, draft_cost, unused_first, bucket, counts[c], by_depth[c])
 
 
 def signal_kind(config: DecodeConfig) -> tuple:
@@ -302,7 +304,8 @@ def simulate_grid_by_depth(rec: Record, configs: list[DecodeConfig],
               gamma_max[order])
     record_arrays = (match_lengths(rec).astype(np.int64), eos_positions(rec).astype(np.int64),
                      rec.available.astype(np.int64), round_forwards(configs[0]), rec.lengths.astype(np.int64),
-                     rec.max_new_tokens, verify_cost, draft_cost, bucket)
+                     rec.max_new_tokens, verify_cost, draft_cost, unused_first(cost, configs[0].drafting.drafter),
+                     bucket)
 
     def walk(bounds: np.ndarray) -> None:  # compiled without the GIL: threads run it in parallel
         _walk_grid(*arrays, bounds, *record_arrays, counts, verify, by_depth)
@@ -315,6 +318,12 @@ def simulate_grid_by_depth(rec: Record, configs: list[DecodeConfig],
     # back to the caller's order
     counts[order], verify[order], by_depth[order] = counts.copy(), verify.copy(), by_depth.copy()
     return tables(rec, configs, cost, counts, verify, by_depth, depths, bucket)
+
+
+def unused_first(cost, drafter: str) -> float:
+    """What a round that runs no draft step (a prompt's last token, a draft under llama.cpp's minimum,
+    a controller's length 0) does not pay of its round cost: the draft model's first-step excess."""
+    return float(cost.t_first_draft) if cost is not None and drafter == "model" else 0.0
 
 
 def position_costs(rec: Record, cost, drafter: str):
@@ -355,12 +364,13 @@ def simulate_priced(rec: Record, config: DecodeConfig, cost: "CostModel | None" 
     what prices a policy the grid's walk cannot take, a depth schedule's (its threshold and γ_max
     change with the round's depth)."""
     depths, bucket, draft_cost, verify_cost = position_costs(rec, cost, config.drafting.drafter)
+    unused = unused_first(cost, config.drafting.drafter)
     counts, verify = np.zeros((1, 5), dtype=np.int64), np.zeros(1)
     by_depth = np.zeros((1, len(DEPTH_LABELS), 8))
     for p, rounds in enumerate(simulate(rec, config, made)):
         j = 0
         for r in rounds:
-            spent = float(verify_cost[p, j, r.drafted])
+            spent = float(verify_cost[p, j, r.drafted]) - (unused if r.draft_forwards == 0 else 0.0)
             counts[0] += (1, r.drafted, r.accepted, r.accepted == r.drafted, r.draft_forwards)
             verify[0] += spent
             by_depth[0, bucket[p, j]] += (1, r.drafted, r.accepted, r.accepted == r.drafted, r.draft_forwards,

@@ -116,6 +116,40 @@ def depth_search(rec, configs: list[DecodeConfig], cost) -> DepthChoice | None:
     return DepthChoice(depth, row, pd.concat([by_depth, depth_rows], ignore_index=True), chosen)
 
 
+def every_family(rec, configs: list[DecodeConfig], cost) -> dict | None:
+    """The most keying by depth could win in replay's prices over every family the sweep searched
+    (learned, goodput and budget rules, cumulative ones, every metric and min_draft_len), where the
+    depth schedule composes plain threshold rules and fixed γ of one family: in each bucket the
+    batch-1 draft-model policy whose rounds starting there cost the fewest predicted seconds per
+    token, at the best single policy's (by prediction) tokens in that bucket, against that policy.
+    A bound, not a policy: each bucket's best whatever its family, every round as the bucket it
+    starts in says (docs/depth.md#a-policy-keyed-by-depth)."""
+    ids = [i for i, c in enumerate(configs) if c.batching.batch_size == 1 and c.drafting.drafter == "model"
+           and c.stopping.batch_quorum == 0 and c.verification.draft_mode == "early-stop"
+           and not schedules.of(c).by_depth]
+    if not ids:
+        return None
+    grid, by_depth = simulate_grid_by_depth(rec, [configs[i] for i in ids], cost)
+    single = int(grid.sort_values(["predicted_speedup", "config_id"], ascending=[False, True],
+                                  kind="stable")["config_id"].iloc[0])
+    rows = by_depth.assign(per_token=by_depth["predicted_time"] / by_depth["emitted_total"].clip(lower=1))
+    best = rows.sort_values(["per_token", "config_id"], kind="stable").groupby("depth_bucket", sort=False).head(1)
+    best = best.set_index("depth_bucket")
+    mine = rows[rows["config_id"] == single]
+    per_bucket, bound = [], 0.0
+    for bucket in (b for b in DEPTH_LABELS if b in set(mine["depth_bucket"])):
+        own = mine[mine["depth_bucket"] == bucket].iloc[0]
+        there = best.loc[bucket]
+        seconds = float(there["per_token"] * own["emitted_total"])
+        bound += seconds
+        per_bucket.append({"depth_bucket": bucket, "config_label": configs[ids[int(there["config_id"])]].label(),
+                           "predicted_speedup": float(own["predicted_baseline_time"] / seconds),
+                           "best_single_there": float(own["predicted_speedup"])})
+    baseline, spent = float(mine["predicted_baseline_time"].sum()), float(mine["predicted_time"].sum())
+    return {"bound_speedup": baseline / bound, "gain": spent / bound - 1, "per_bucket": per_bucket,
+            "best_single": {"config_label": configs[ids[single]].label(), "predicted_speedup": baseline / spent}}
+
+
 def depth_search_of(choice: DepthChoice, table: pd.DataFrame, configs: list[DecodeConfig], rec, cost) -> DepthSearch:
     """summary.json's "depth_search": each bucket's choice, and per bucket the depth policy beside
     the best single policy and the best fixed γ (each bucket's metrics and predicted speedup); the
@@ -147,7 +181,7 @@ def depth_search_of(choice: DepthChoice, table: pd.DataFrame, configs: list[Deco
         depth_policy={"config_label": choice.config.label(), "buckets": buckets(int(choice.row["config_id"][0]))},
         best_single={"config_label": labels[best_single], "buckets": buckets(int(best_single))},
         best_fixed={"config_label": labels[best_fixed], "buckets": buckets(int(best_fixed))},
-        ranked_by=column)
+        ranked_by=column, every_family=every_family(rec, configs, cost))
 
 
 
@@ -213,6 +247,7 @@ class DepthSearch:
     best_single: dict
     best_fixed: dict
     ranked_by: str
+    every_family: dict | None = None  # `every_family`: what keying by depth could win over every family, a bound
     verdict: dict | None = None
 
     @classmethod
@@ -223,7 +258,8 @@ class DepthSearch:
     def to_json(self) -> dict:
         return {"depth_search": {"buckets": self.buckets, "per_bucket_best": self.per_bucket_best,
                                  "depth_policy": self.depth_policy, "best_single": self.best_single,
-                                 "best_fixed": self.best_fixed, "ranked_by": self.ranked_by},
+                                 "best_fixed": self.best_fixed, "ranked_by": self.ranked_by,
+                                 "every_family": self.every_family},
                 "depth_verdict": self.verdict}
 
     def console(self) -> list:
@@ -235,7 +271,17 @@ class DepthSearch:
             "answer alone)")
         return [Rows("by context depth: each bucket's best policy (replayed, its rounds there priced at their depth)",
                      ("depth", "best policy there", "predicted"), rows, left=("depth", "best policy there")),
-                Line(f"depth policy vs best single policy, paired on the same prompts: {said}", "bold")]
+                Line(f"depth policy vs best single policy, paired on the same prompts: {said}", "bold"),
+                *([Line(self.bound_sentence())] if self.every_family else [])]
+
+    def bound_sentence(self) -> str:
+        """`every_family` in words: the most keying by depth could win over every family."""
+        bound = self.every_family
+        picks = "; ".join(f"{b['depth_bucket']} {b['config_label']}" for b in bound["per_bucket"])
+        single = bound["best_single"]
+        return (f"keyed by depth over every family (learned, goodput, budget included), replay's bound: "
+                f"{bound['bound_speedup']:.3f}× against the best single policy's {single['predicted_speedup']:.3f}× "
+                f"({single['config_label']}), {bound['gain']:+.1%} at most ({picks})")
 
     @classmethod
     def report_blocks(cls, found: dict[str, DepthSearch], view: ReportView) -> list[tuple]:
@@ -262,7 +308,9 @@ class DepthSearch:
                          f"{search.best_single['config_label']}. "
                          + (f"Depth policy vs best single policy, paired on the same prompts: "
                             f"{search.verdict['sentence']}." if search.verdict
-                            else "The two were not both timed, so no paired verdict."))
+                            else "The two were not both timed, so no paired verdict.")
+                         + (f" {search.bound_sentence()[0].upper()}{search.bound_sentence()[1:]}."
+                            if search.every_family else ""))
         return [("p", "The depth search (summary.json's `depth_search`): in each depth bucket, the threshold policy "
                       "or fixed γ whose rounds starting there cost the fewest predicted seconds per token, beside the "
                       "best single policy's prediction over the same bucket. " + " ".join(words)),
