@@ -256,10 +256,11 @@ class DepthSearch:
         return cls(**known(cls, search), verdict=summary.get("depth_verdict")) if search else None
 
     def to_json(self) -> dict:
-        return {"depth_search": {"buckets": self.buckets, "per_bucket_best": self.per_bucket_best,
-                                 "depth_policy": self.depth_policy, "best_single": self.best_single,
-                                 "best_fixed": self.best_fixed, "ranked_by": self.ranked_by,
-                                 "every_family": self.every_family},
+        search = {"buckets": self.buckets, "per_bucket_best": self.per_bucket_best, "depth_policy": self.depth_policy,
+                  "best_single": self.best_single, "best_fixed": self.best_fixed, "ranked_by": self.ranked_by}
+        if self.every_family is not None:  # a summary written before the bound reads back as it was
+            search["every_family"] = self.every_family
+        return {"depth_search": search,
                 "depth_verdict": self.verdict}
 
     def console(self) -> list:
