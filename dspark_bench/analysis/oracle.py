@@ -31,16 +31,15 @@ from dspark_bench.replay.batched import simulate_with_surface
 from dspark_bench.replay.cost import CostModel, CostSurface
 from dspark_bench.replay.record import Record
 from dspark_bench.replay.rounds import match_lengths
-from dspark_bench.replay.simulate import simulate_grid
+from dspark_bench.replay.simulate import simulate_grid, unused_first
 
 
 def round_cost(cost: CostModel, k: int, drafter: str = "model") -> float:
     """One round drafting exactly k tokens: k draft forwards (heads: one pass; lookup: none) and a
     verify of k tokens."""
     drafting = k * cost.t_draft if drafter == "model" else (cost.t_heads if drafter == "heads" and k else 0.0)
-    # A round drafting nothing runs no draft step (its first's excess, t_first_draft, unpaid).
-    unused = cost.t_first_draft if drafter == "model" and k == 0 else 0.0
-    return drafting + cost.round_costs(drafter)[k] - unused
+    # A round drafting nothing runs no draft step (its first's excess unpaid).
+    return drafting + cost.round_costs(drafter)[k] - (unused_first(cost, drafter) if k == 0 else 0.0)
 
 
 def oracle_lengths(rec: Record, cost: CostModel, gamma_max: int,

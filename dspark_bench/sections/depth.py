@@ -221,6 +221,10 @@ def depth_verdict(table: pd.DataFrame, samples: pd.DataFrame, same_work: dict | 
     return compare(samples[samples["config_id"] == mine], samples[samples["config_id"] == theirs], *labels).to_dict()
 
 
+def _upper_first(text: str) -> str:
+    return text[:1].upper() + text[1:]
+
+
 def _number(value, digits: int = 3) -> str:
     return "—" if value is None or pd.isna(value) else f"{value:.{digits}f}"
 
@@ -310,8 +314,7 @@ class DepthSearch:
                          + (f"Depth policy vs best single policy, paired on the same prompts: "
                             f"{search.verdict['sentence']}." if search.verdict
                             else "The two were not both timed, so no paired verdict.")
-                         + (f" {search.bound_sentence()[0].upper()}{search.bound_sentence()[1:]}."
-                            if search.every_family else ""))
+                         + (f" {_upper_first(search.bound_sentence())}." if search.every_family else ""))
         return [("p", "The depth search (summary.json's `depth_search`): in each depth bucket, the threshold policy "
                       "or fixed γ whose rounds starting there cost the fewest predicted seconds per token, beside the "
                       "best single policy's prediction over the same bucket. " + " ".join(words)),
