@@ -465,8 +465,8 @@ def check_exports(folder: Path, tmp_path: Path) -> None:
 
 def cli(*args: str, **kwargs) -> subprocess.Popen:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen([sys.executable, "-m", "dspark_bench.cli", *args], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, **kwargs)
+    streams = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, **kwargs}
+    return subprocess.Popen([sys.executable, "-m", "dspark_bench.cli", *args], env=env, text=True, **streams)
 
 
 def slow_args(saved_pair, prompts_file, out, repeats: int = 2, tokens: int = 64) -> list[str]:
@@ -562,25 +562,75 @@ def test_load_keeps_each_shared_trial_in_its_latest_state(tmp_path):
         assert sorted(zip(merged["trial"], merged["state"])) == [(0, "COMPLETE"), (1, "COMPLETE")]
 
 
+def running_workers(url: str | None, study_name: str | None) -> set[str]:
+    """The workers named on the study's RUNNING trials; none while the study is not made yet. Reads
+    without creating the schema (a worker may be creating it)."""
+    try:
+        storage = optuna.storages.RDBStorage(url, skip_table_creation=True)
+        study = optuna.load_study(study_name=study_name, storage=storage)
+    except Exception:  # noqa: BLE001 (no storage, tables or study yet, or a locked file: poll again)
+        return set()
+    return {t.user_attrs["worker"] for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+            if "worker" in t.user_attrs}
+
+
+def hold_first_until_second_joins(processes: list, storage_url, study_name: str | None = None,
+                                  limit_s: float = 45) -> None:
+    """Pause whichever worker takes a grid point first until another has taken one too.
+
+    Left alone, one worker can take all four points while the other is still starting (CI saw it),
+    and the test would say nothing about sharing. Paused, its heartbeat stops too: the pause stays
+    under the heartbeat's grace period (2 x 30 s), so its trial is not retried meanwhile.
+    `storage_url` is called until it names the storage (a sweep's own folder appears when it starts).
+    """
+    deadline, paused = time.time() + limit_s, None
+    try:
+        while time.time() < deadline:
+            if any(p.poll() is not None for p in processes):
+                return  # exited early: the return codes and the trials below say how
+            running = running_workers(storage_url(), study_name)
+            if paused is None and running:
+                paused = next(iter(running))
+                os.kill(int(paused.rsplit(":", 1)[1]), signal.SIGSTOP)
+            elif paused is not None and running - {paused}:
+                return
+            time.sleep(0.2)
+        pytest.fail("no second worker took a grid point while the first was paused")
+    finally:
+        if paused is not None:
+            os.kill(int(paused.rsplit(":", 1)[1]), signal.SIGCONT)
+
+
+def sweep_storage(out: Path) -> str | None:
+    """The SQLite storage of the one sweep writing under `out`, once its folder has one."""
+    found = sorted(out.glob("*/study.db"))
+    return studies.default_storage(found[0].parent) if found else None
+
+
 @pytest.mark.parametrize("storage", ["postgresql", "local-workers"])
 def test_two_workers_share_one_grid_study(storage, saved_pair, prompts_file, tmp_path):
-    # Trials of several seconds each: a worker takes seconds to start (imports, models), and the
-    # grid must still have points left when the second one joins.
+    # Trials of several seconds each, and the first worker to take a grid point paused until another
+    # has taken one: the grid must still have points left when the second one joins.
     args = slow_args(saved_pair, prompts_file, tmp_path, repeats=3, tokens=128)
+    logs = [tmp_path.parent / f"{tmp_path.name}-worker-{i}.log" for i in range(2)]
     if storage == "postgresql":
         url, study_name = postgres_url(), f"test-{uuid.uuid4().hex[:8]}"
         args += ["--storage", url, "--study", study_name]
-        workers = [cli("sweep", *args) for _ in range(2)]
-        outputs = [w.communicate(timeout=600) for w in workers]
-        assert all(w.returncode == 0 for w in workers), outputs
+        workers = [cli("sweep", *args, stdout=log.open("w"), stderr=subprocess.STDOUT) for log in logs]
+        hold_first_until_second_joins(workers, lambda: url, study_name)
+        for worker in workers:
+            worker.wait(timeout=600)
+        assert all(w.returncode == 0 for w in workers), [log.read_text()[-2000:] for log in logs]
         study = optuna.load_study(study_name=study_name, storage=url)
         folders = [p for p in tmp_path.iterdir() if p.name != "records"]
         assert len(folders) == 2
         merged = load(folders)
         assert len(merged[merged["state"] == "COMPLETE"]) == 4  # one row per trial across both folders
     else:
-        result = runner.invoke(app, ["sweep", *args, "--workers", "2"])
-        assert result.exit_code == 0, result.output
+        main = cli("sweep", *args, "--workers", "2", stdout=logs[0].open("w"), stderr=subprocess.STDOUT)
+        hold_first_until_second_joins([main], lambda: sweep_storage(tmp_path))
+        main.wait(timeout=600)  # the main worker waits for its helper before it writes the table
+        assert main.returncode == 0, logs[0].read_text()[-2000:]
         study = load_study(only_folder(tmp_path))
         table = load(only_folder(tmp_path))  # written after the helper finished its last trial
         assert (table["state"] == "COMPLETE").sum() == 4
