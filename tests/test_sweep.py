@@ -562,16 +562,18 @@ def test_load_keeps_each_shared_trial_in_its_latest_state(tmp_path):
         assert sorted(zip(merged["trial"], merged["state"])) == [(0, "COMPLETE"), (1, "COMPLETE")]
 
 
-def running_workers(url: str | None, study_name: str | None) -> set[str]:
-    """The workers named on the study's RUNNING trials; none while the study is not made yet. Reads
-    without creating the schema (a worker may be creating it)."""
+def decoding_workers(url: str | None, study_name: str | None) -> set[str]:
+    """The workers decoding a trial of the study: RUNNING, named, its policy set (the objective's last
+    write before it decodes, so a worker paused then holds no storage lock: SQLite's would stop
+    every other worker). None while the study is not made yet; reads without creating the schema
+    (a worker may be creating it)."""
     try:
         storage = optuna.storages.RDBStorage(url, skip_table_creation=True)
         study = optuna.load_study(study_name=study_name, storage=storage)
     except Exception:  # noqa: BLE001 (no storage, tables or study yet, or a locked file: poll again)
         return set()
     return {t.user_attrs["worker"] for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
-            if "worker" in t.user_attrs}
+            if "worker" in t.user_attrs and "config_label" in t.user_attrs}
 
 
 def hold_first_until_second_joins(processes: list, storage_url, study_name: str | None = None,
@@ -588,7 +590,7 @@ def hold_first_until_second_joins(processes: list, storage_url, study_name: str 
         while time.time() < deadline:
             if any(p.poll() is not None for p in processes):
                 return  # exited early: the return codes and the trials below say how
-            running = running_workers(storage_url(), study_name)
+            running = decoding_workers(storage_url(), study_name)
             if paused is None and running:
                 paused = next(iter(running))
                 os.kill(int(paused.rsplit(":", 1)[1]), signal.SIGSTOP)
