@@ -13,6 +13,7 @@ import itertools
 from dataclasses import dataclass, field
 
 from dspark_bench import schedules
+from dspark_bench.depth import DEPTH_POLICY_HELP
 from dspark_bench.errors import DsparkError
 from dspark_bench.knobs import Needs, check_declared, knob
 
@@ -79,27 +80,24 @@ class StoppingPolicy:
     gamma_max: int = knob(5, "Most draft tokens per round.", at_least=1, searched=True, repeats=True)
     min_draft_len: int = knob(1, "Fewest draft tokens per round (llama.cpp's rule: a shorter draft is discarded).",
                               at_least=0, searched=True, repeats=True)
-    depth_policy: str = knob("", schedules.DEPTH_POLICY_HELP, repeats=True, check=schedules.check_depth_policy,
+    depth_policy: str = knob("", DEPTH_POLICY_HELP, repeats=True, check=schedules.check_depth_policy,
                              needs=read_by_schedule("depth_policy"))
     # The learned signal reads topk_mass among its raw signals (decoding/learned_signal.py).
     topk: int = knob(5, "k of the topk_mass metric.", at_least=1, needs=Needs(
         "the topk_mass or learned metric", lambda w, c: c.stopping.metric in ("topk_mass", LEARNED)))
-    # Batch size B > 1, padded layout: once fewer than this share of a round's rows are still
-    # drafting (and every row has drafted the positions its rule always keeps: min_draft_len,
-    # none under llama.cpp's), the round's draft stops for all of them, so a batch stops paying
-    # for the longest drafts of a confident few. 0: each row stops on its own.
+    # B > 1, padded: once fewer than this share of a round's rows still draft (each past what its rule always
+    # keeps), every row's draft stops, so a batch stops paying for a confident few's longest drafts.
     batch_quorum: float = knob(0.0, "B > 1: stop every row's draft once fewer than this share of the rows still "
                                "draft (0: each row on its own).", at_least=0, at_most=1, searched=True, needs=BATCHED)
     # How an engine applies the rule (decoding/rules.py): SEMANTICS.
     semantics: str = knob("dspark", "Whose rule: dspark (drops the failing token) | hf (keeps it) | llamacpp (drops "
                           "it; a draft shorter than --min-draft-len is discarded).", choices=SEMANTICS, searched=True,
                           repeats=True, noun="rule semantics")
-    # The fitted files two schedules and one metric decide with: "goodput"/"budget" read a sweep
-    # folder's goodput_model.json (goodput.py; they have no threshold, this is their data); metric
-    # "learned" reads its learned_signal.json (learned_signal.py).
+    # The fitted files two schedules and one metric decide with: "goodput"/"budget" read goodput_model.json
+    # (goodput.py; they have no threshold, this is their data); "learned" its learned_signal.json.
     goodput_model: str = knob("", "The goodput and budget schedules' acceptance fit and step costs (vllm-adaptive's "
-                              "costs): a replay sweep's folder (or its goodput_model.json).", path=True,
-                              needs=Needs("goodput, budget or vllm-adaptive", lambda w, c: schedules.of(c).reads_costs))
+                              "costs): a replay sweep's folder (or its goodput_model.json).", path=True, needs=Needs(
+                                  "goodput, budget or vllm-adaptive", lambda w, c: schedules.rounds_read_costs(c)))
     # "budget": the layout it prices a pass in (LAYOUTS) — padded, as the batched decoder runs, or
     # packed, as vLLM, SGLang and TensorRT-LLM run (then predicted only). One row: the same rule.
     budget_layout: str = knob("padded", "Budget schedule: price each pass as the padded layout does (its longest "
@@ -109,7 +107,7 @@ class StoppingPolicy:
                                           lambda w, c: schedules.of(c).whole_batch and c.batching.batch_size > 1))
     signal_model: str = knob("", "Metric learned: the fitted signal, a replay sweep's folder (or its "
                              "learned_signal.json).", path=True,
-                             needs=Needs("the learned metric", lambda w, c: c.stopping.metric == LEARNED))
+                             needs=Needs("the learned metric", lambda w, c: LEARNED in schedules.round_metrics(c)))
     # An engine controller's knobs (decoding/controllers.py), by its own names (SGLang's: its slot for B = 1).
     candidate_steps: str = controller_knob("candidate_steps", "1,3,5,7", schedules.CANDIDATE_STEPS_HELP,
                                            check=lambda p: schedules.candidate_steps(p.candidate_steps))
@@ -337,6 +335,8 @@ def check_combination(config: DecodeConfig) -> None:
     if config.verification.draft_mode == "verify-side" and (batched or schedules.of(config).priced):
         raise DsparkError("the verify-side draft mode runs at batch size 1 only (batched decoding drafts early-stop)"
                           if batched else f"{config.stopping.schedule} trims drafts on the host: draft early-stop")
+    if schedules.any_family(config) and (batched or config.drafting.drafter != "model"):
+        raise DsparkError("a depth policy whose entries name their own family runs at batch size 1, on the draft model")
     check_drafter(config)
 
 

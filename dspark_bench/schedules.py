@@ -11,8 +11,8 @@ token it proposed. What differs between them, and what every other part reads:
 - whether it decides with a goodput model instead (`cost_aware`: goodput, budget; decoding/goodput.py),
   and then keeps the token where it stops, as it decides before drafting the next one;
 - whether it decides for the whole batch at once (`whole_batch`: budget; decoding/budget.py);
-- whether it keys its policy by the round's context depth (`by_depth`: depth; a threshold and γ_max
-  per depth bucket of depth.py, each round running its bucket's threshold rule: decoding/rules.at_depth);
+- whether it keys its policy by the round's context depth (`by_depth`: depth; a policy per depth
+  bucket of depth.py, a threshold rule or any family's, each round running its bucket's: decoding/rules.at_depth);
 - whether it is the classic baseline, a fixed draft length (`baseline`), that every policy is
   compared to;
 - whether an engine's own controller picks each round's draft length from what earlier rounds
@@ -30,9 +30,10 @@ tests hold those forms equal. A new schedule is one entry in SCHEDULES (docs/arc
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
-from dspark_bench.depth import DEPTH_LABELS
+from dspark_bench.depth import DEPTH_LABELS, DEPTH_POLICY_EXAMPLE, depth_entries, depth_policy
 from dspark_bench.errors import DsparkError
 
 # The serving engines an exported policy may run in (engines/export.py's formats).
@@ -48,7 +49,7 @@ class Schedule:
     cost_aware: bool = False  # decides with a goodput model (goodput_model), keeping its last token
     whole_batch: bool = False  # decides for every row of a batch at once
     baseline: bool = False  # a fixed draft length: drafts gamma_max every round
-    by_depth: bool = False  # a threshold and γ_max per context-depth bucket (depth_policy), none per position
+    by_depth: bool = False  # a policy per context-depth bucket (depth_policy), no threshold per position
     controlled: bool = False  # an engine's controller picks each round's length from earlier rounds' acceptance
     priced: bool = False  # its controller budgets each step with a goodput model's step costs (goodput_model)
     engines: tuple[str, ...] = ()  # serving engines that can run it exactly (given the rest of the policy)
@@ -98,7 +99,7 @@ class Schedule:
             return {"depth_policy": ""}
         if not buckets:
             return {}  # none given: the policy's own check says so
-        return {"gamma_max": max(gamma for _, gamma in buckets), "threshold": buckets[0][0],
+        return {"gamma_max": max(e.gamma_max for e in buckets), "threshold": buckets[0].threshold,
                 "depth_policy": ",".join(depth_entries(text))}
 
     @property
@@ -166,68 +167,64 @@ def names(**properties) -> tuple[str, ...]:
     return tuple(name for name, s in SCHEDULES.items() if all(getattr(s, k) == v for k, v in properties.items()))
 
 
-# --- the depth schedule's policy: a threshold and γ_max per context-depth bucket ---------------------
+# --- the depth schedule's policy: one policy per context-depth bucket (depth.py reads its knob) -------
 
-DEPTH_POLICY_EXAMPLE = "0.5/4,0.3/6,0.2/8"
-# config.StoppingPolicy.depth_policy's help: what the knob holds, which `depth_policy` reads.
-DEPTH_POLICY_HELP = (f"Depth schedule: threshold/gamma_max per context-depth bucket ({', '.join(DEPTH_LABELS)} "
-                     f"tokens), shallowest first, the last holding deeper; e.g. {DEPTH_POLICY_EXAMPLE}. Its gamma_max "
-                     "is the largest.")
-
-
-def depth_policy(text: str) -> tuple[tuple[float, int], ...]:
-    """The depth schedule's (threshold, γ_max) in each depth bucket, in depth.DEPTH_LABELS order,
-    from its knob: "threshold/γ_max" entries, shallowest bucket first, separated by commas (e.g.
-    "0.5/4,0.3/6,0.2/8"); the last entry holds for every deeper bucket. "" is none: (). A
-    malformed one is refused in one line."""
-    if not text.strip():
-        return ()
-    entries = [entry.strip() for entry in text.split(",")]
-    if len(entries) > len(DEPTH_LABELS):
-        raise DsparkError(f"depth_policy {text!r} has {len(entries)} entries; there are {len(DEPTH_LABELS)} depth "
-                          f"buckets ({', '.join(DEPTH_LABELS)})")
-    buckets = []
-    for entry in entries:
-        threshold, _, gamma = entry.partition("/")
-        try:
-            threshold, gamma = float(threshold), int(gamma)
-        except ValueError:
-            raise DsparkError(f"depth_policy entry {entry!r} is not threshold/gamma_max (e.g. "
-                              f"{DEPTH_POLICY_EXAMPLE!r})") from None
-        if not 0 <= threshold <= 1:  # NaN fails too
-            raise DsparkError(f"depth_policy entry {entry!r}: its threshold must be in [0, 1]")
-        if gamma < 1:
-            raise DsparkError(f"depth_policy entry {entry!r}: its gamma_max must be at least 1")
-        buckets.append((threshold, gamma))
-    return tuple(buckets + buckets[-1:] * (len(DEPTH_LABELS) - len(buckets)))
+# What a depth policy's entry may run of its own: one rule a round, row by row (not a ramp, a budget
+# over a batch, an engine's controller or another depth policy).
+ENTRY_SCHEDULES = tuple(name for name, s in SCHEDULES.items()
+                        if s.one_threshold or s.baseline or (s.cost_aware and not s.whole_batch))
 
 
-def depth_entries(text: str) -> list[str]:
-    """A depth policy's entries as its label writes them: "0.5/4", ..., without the trailing
-    repeats the last entry implies."""
-    buckets = list(depth_policy(text))
-    while len(buckets) > 1 and buckets[-1] == buckets[-2]:
-        buckets.pop()
-    return [f"{threshold:g}/{gamma}" for threshold, gamma in buckets]
+def entries_of(policy) -> tuple:
+    """The depth policy's entries of a stopping policy (or DecodeConfig), one per depth bucket; none
+    off the depth schedule."""
+    stop = getattr(policy, "stopping", policy)
+    return depth_policy(stop.depth_policy) if of(stop).by_depth else ()
+
+
+def round_metrics(policy) -> set[str]:
+    """The metrics a policy's rounds read: its own, or under the depth schedule each bucket's."""
+    stop = getattr(policy, "stopping", policy)
+    return {e.metric if e.own else stop.metric for e in entries_of(stop)} or {stop.metric}
+
+
+def rounds_read_costs(policy) -> bool:
+    """Whether any of a policy's rounds decides with a goodput model (Schedule.reads_costs)."""
+    return of(policy).reads_costs or any(named(e.schedule).reads_costs for e in entries_of(policy) if e.own)
+
+
+def any_family(policy) -> bool:
+    """Whether a depth policy runs, in some bucket, a policy that names its own family."""
+    return any(e.own for e in entries_of(policy))
 
 
 def check_depth_policy(policy) -> None:
     """The depth_policy knob, checked with its stopping policy (knobs.check_declared's hook): well
-    formed under any schedule; under the depth schedule given, with gamma_max its largest γ_max
-    and min_draft_len within its smallest."""
+    formed under any schedule; under the depth schedule given, with gamma_max its largest γ_max,
+    min_draft_len within its smallest plain entry's, and each entry of its own family a policy that
+    stands with the depth policy's other knobs (its signal or goodput model given)."""
     buckets = depth_policy(policy.depth_policy)
     if not of(policy).by_depth:
         return
     if not buckets:
-        raise DsparkError(f"the depth schedule needs --depth-policy: threshold/gamma_max per depth bucket "
+        raise DsparkError(f"the depth schedule needs --depth-policy: a policy per depth bucket "
                           f"({', '.join(DEPTH_LABELS)}), e.g. {DEPTH_POLICY_EXAMPLE}")
-    gammas = [gamma for _, gamma in buckets]
+    gammas = [e.gamma_max for e in buckets]
     if policy.gamma_max != max(gammas):
         raise DsparkError(f"gamma_max ({policy.gamma_max}) must be the depth policy's largest gamma_max, "
                           f"{max(gammas)} ({policy.depth_policy})")
-    if policy.min_draft_len > min(gammas):
+    plain = [e.gamma_max for e in buckets if not e.own]
+    if plain and policy.min_draft_len > min(plain):
         raise DsparkError(f"min_draft_len ({policy.min_draft_len}) must not exceed the depth policy's smallest "
-                          f"gamma_max, {min(gammas)} ({policy.depth_policy})")
+                          f"gamma_max, {min(plain)} ({policy.depth_policy})")
+    for entry in dict.fromkeys(e for e in buckets if e.own):
+        if entry.schedule not in ENTRY_SCHEDULES:
+            raise DsparkError(f"depth_policy entry {entry.text()!r}: a bucket runs one of "
+                              f"{', '.join(ENTRY_SCHEDULES)}, not {entry.schedule!r}")
+        try:  # the bucket's policy, checked as any policy is (its metric, its signal or goodput model)
+            dataclasses.replace(policy, depth_policy="", **entry.knobs())
+        except DsparkError as err:
+            raise DsparkError(f"depth_policy entry {entry.text()!r}: {err}") from None
 
 
 # --- an engine controller's candidate draft lengths ---------------------------------------------------

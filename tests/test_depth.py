@@ -168,6 +168,7 @@ def test_depth_prices_charge_deeper_rounds_more(deep_record):
 
 def test_depth_search_takes_each_buckets_best_and_replays_it_exactly(deep_record):
     from dspark_bench import schedules
+    from dspark_bench.decoding.rules import bucket_policies
     from dspark_bench.sections.depth import depth_search
 
     configs = [DecodeConfig.of(threshold=t, gamma_max=g, max_new_tokens=N, metric=m)
@@ -178,15 +179,14 @@ def test_depth_search_takes_each_buckets_best_and_replays_it_exactly(deep_record
     assert choice is not None and schedules.of(choice.config).by_depth
     rows = choice.by_depth[choice.by_depth["config_id"] < len(configs)]
     rows = rows.assign(per_token=rows["predicted_time"] / rows["emitted_total"])
-    metric = choice.config.stopping.metric
-    for pick in choice.per_bucket.itertuples():  # each bucket's choice: its family's cheapest per token there
-        pool = rows[(rows["depth_bucket"] == pick.depth_bucket) & rows["config_id"].map(
-            lambda i: configs[i].stopping.metric == metric or schedules.of(configs[i]).baseline)]
-        assert pick.seconds_per_token == pytest.approx(pool["per_token"].min())
-    entries = schedules.depth_policy(choice.config.stopping.depth_policy)
-    for pick, (threshold, gamma) in zip(choice.per_bucket.itertuples(), entries):
-        stop = configs[pick.config_id].stopping
-        assert (threshold, gamma) == ((0.0 if schedules.of(stop).baseline else stop.threshold), stop.gamma_max)
+    for pick in choice.per_bucket.itertuples():  # each bucket's choice: the cheapest per token there, any metric
+        there = rows[rows["depth_bucket"] == pick.depth_bucket]
+        assert pick.seconds_per_token == pytest.approx(there["per_token"].min())
+    runs = bucket_policies(choice.config)
+    for pick in choice.per_bucket.itertuples():  # ... which the composed policy runs in that bucket
+        mine, stop = runs[DEPTH_LABELS.index(pick.depth_bucket)].stopping, configs[pick.config_id].stopping
+        assert (mine.schedule, mine.metric, mine.gamma_max) == (stop.schedule, stop.metric, stop.gamma_max)
+        assert mine.threshold == stop.threshold or schedules.of(stop).baseline
     exact, _ = simulate_priced(deep_record, choice.config, DEPTH_COST)
     assert choice.row["predicted_time"].iloc[0] == exact["predicted_time"].iloc[0]
     best_single = simulate_grid(deep_record, configs, DEPTH_COST)["predicted_time"].min()

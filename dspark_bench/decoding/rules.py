@@ -16,7 +16,7 @@ replayed and run exactly:
 The goodput schedule (goodput.py) decides after each token whether to draft the next one, so
 its last token stays too, as under "hf"; so does the budget schedule (budget.py), which decides
 for a whole batch at once and is goodput's rule for one row. The depth schedule runs, each round,
-the threshold rule of the round's context-depth bucket (`at_depth`).
+the policy of the round's context-depth bucket (`at_depth`): a threshold rule, or its entry's own family.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from dspark_bench.depth import depth_bucket
 
 def at_depth(config: DecodeConfig, depth: int) -> DecodeConfig:
     """The policy a round starting at this context depth (tokens before it: prompt and output so
-    far) runs: under the depth schedule its bucket's threshold policy (`bucket_policies`), under
+    far) runs: under the depth schedule its bucket's policy (`bucket_policies`), under
     any other schedule `config` itself."""
     if not schedules.of(config).by_depth:
         return config
@@ -61,10 +61,11 @@ def round_start(config: DecodeConfig, depth: int, controller, budget: int, rows:
 
 @functools.lru_cache(maxsize=64)
 def bucket_policies(config: DecodeConfig) -> tuple[DecodeConfig, ...]:
-    """A depth policy's plain threshold policy in each depth bucket (depth.DEPTH_LABELS): the
-    bucket's threshold and γ_max, every other knob the policy's own."""
-    return tuple(config.replace(schedule=schedules.THRESHOLD, threshold=threshold, gamma_max=gamma, depth_policy="")
-                 for threshold, gamma in schedules.depth_policy(config.stopping.depth_policy))
+    """A depth policy's policy in each depth bucket (depth.DEPTH_LABELS): the threshold rule at the
+    bucket's threshold and γ_max, or the family its entry names (depth.DepthEntry); every other knob
+    the policy's own."""
+    return tuple(config.replace(**{"schedule": schedules.THRESHOLD, **entry.knobs(), "depth_policy": ""})
+                 for entry in schedules.entries_of(config))
 
 
 def threshold_at(config: DecodeConfig, position: int) -> float:

@@ -200,7 +200,7 @@ def nearest_pool(run: RunPolicies, fmt: str, tuned: DecodeConfig, reasons: list[
 
 
 def stand_in(run: RunPolicies, tuned: DecodeConfig) -> tuple[DecodeConfig, str, float]:
-    """A depth policy's stand-in where one policy runs at every depth: the threshold policy of the
+    """A depth policy's stand-in where one policy runs at every depth: the policy of the
     bucket holding most of its rounds on the record (where one policy's choice weighs most in the
     time; the deepest bucket's would serve only the few longest contexts), its name and that share."""
     buckets = simulate_priced(run.rec, tuned.replace(max_new_tokens=run.rec.max_new_tokens))[1]  # rounds per bucket

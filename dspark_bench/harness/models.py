@@ -18,12 +18,11 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
 from dspark_bench.decoding import heads
-from dspark_bench.depth import DEPTH_EDGES, DEPTH_LABELS
+from dspark_bench.depth import DEPTH_EDGES, DEPTH_LABELS, depth_entries
 from dspark_bench.errors import DsparkError, first_line
 from dspark_bench.harness.gguf_read import hf_folder, is_gguf
 from dspark_bench.reference import default_heads_path, default_pair_paths
 from dspark_bench.reference.long import long_pair_paths
-from dspark_bench.schedules import depth_entries
 from dspark_bench.tasks.hub import hub_reachable
 
 DEVICES = ("auto", "cpu", "cuda", "mps")

@@ -25,10 +25,10 @@ import numpy as np
 import pandas as pd
 
 from dspark_bench import schedules
-from dspark_bench.config import METRICS, SEMANTICS, DecodeConfig
+from dspark_bench.config import LEARNED, METRICS, SEMANTICS, DecodeConfig
 from dspark_bench.decoding import controllers
 from dspark_bench.decoding.confidence import signal_of
-from dspark_bench.decoding.rules import discards_below, forced, keeps_failing
+from dspark_bench.decoding.rules import bucket_policies, discards_below, forced, keeps_failing
 from dspark_bench.decoding.types import Round
 from dspark_bench.depth import DEPTH_LABELS, depth_bucket
 from dspark_bench.errors import DsparkError
@@ -365,12 +365,17 @@ def simulate_priced(rec: Record, config: DecodeConfig, cost: "CostModel | None" 
     change with the round's depth)."""
     depths, bucket, draft_cost, verify_cost = position_costs(rec, cost, config.drafting.drafter)
     unused = unused_first(cost, config.drafting.drafter)
+    # A depth policy's learned buckets pay the learned signal's host work on their own draft steps
+    # (tables.learned_everywhere charges the other policies' by their metric).
+    learned = [cost is not None and p.stopping.metric == LEARNED for p in bucket_policies(config)] \
+        if schedules.of(config).by_depth else [False] * len(DEPTH_LABELS)
     counts, verify = np.zeros((1, 5), dtype=np.int64), np.zeros(1)
     by_depth = np.zeros((1, len(DEPTH_LABELS), 8))
     for p, rounds in enumerate(simulate(rec, config, made)):
         j = 0
         for r in rounds:
             spent = float(verify_cost[p, j, r.drafted]) - (unused if r.draft_forwards == 0 else 0.0)
+            spent += r.draft_forwards * cost.t_learned if learned[bucket[p, j]] else 0.0
             counts[0] += (1, r.drafted, r.accepted, r.accepted == r.drafted, r.draft_forwards)
             verify[0] += spent
             by_depth[0, bucket[p, j]] += (1, r.drafted, r.accepted, r.accepted == r.drafted, r.draft_forwards,

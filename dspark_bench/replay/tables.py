@@ -9,11 +9,18 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from dspark_bench import schedules
 from dspark_bench.config import FIELDS, LEARNED, DecodeConfig
 from dspark_bench.depth import DEPTH_LABELS, depth_bucket
 from dspark_bench.metrics import rates
 from dspark_bench.replay.cost import CostModel
 from dspark_bench.replay.record import Record
+
+
+def learned_everywhere(config: DecodeConfig) -> bool:
+    """Every draft step pays the learned signal's host work (t_learned): a learned policy's; a depth
+    policy's learned buckets pay it on their own rounds' steps (simulate.simulate_priced)."""
+    return config.stopping.metric == LEARNED and not schedules.of(config).by_depth
 
 
 def record_depths(rec: Record) -> np.ndarray:
@@ -30,7 +37,7 @@ def tables(rec: Record, configs: list[DecodeConfig], cost, counts: np.ndarray, v
         else (None, None)
     table = grid_table(configs, counts, verify, rec, cost)
     if priced:  # at depth: the draft's seconds and plain decoding's each at its own depth, and the prefills
-        step = np.array([cost.t_learned if c.stopping.metric == LEARNED else 0.0 for c in configs])  # on the host
+        step = np.array([cost.t_learned if learned_everywhere(c) else 0.0 for c in configs])  # on the host
         table["predicted_time"] = by_depth[:, :, 7].sum(axis=1) + counts[:, 4] * step + verify + prefill.sum(axis=1)
         table["predicted_baseline_time"] = plain.sum()
         table["predicted_speedup"] = table["predicted_baseline_time"] / table["predicted_time"]
@@ -49,7 +56,7 @@ def grid_table(configs: list[DecodeConfig], counts: np.ndarray, verify: np.ndarr
         "draft_forwards": counts[:, 4], "new_tokens": tokens, "draft_forwards_per_token": counts[:, 4] / max(tokens, 1),
     })
     if cost is not None:  # in cost-model seconds; plain decoding takes tokens × its plain step
-        step = np.array([cost.draft_step(c.drafting.drafter, c.stopping.metric == LEARNED) for c in configs])
+        step = np.array([cost.draft_step(c.drafting.drafter, learned_everywhere(c)) for c in configs])
         table["predicted_time"] = counts[:, 4] * step + verify  # verify: each round's round_costs()
         table["predicted_speedup"] = cost.speedup(tokens, table["predicted_time"])
     return table
@@ -100,8 +107,9 @@ def depth_table(configs: list[DecodeConfig], by_depth: np.ndarray, plain, cost, 
     table = pd.DataFrame({"config_id": c, "depth_bucket": np.asarray(DEPTH_LABELS)[b], **totals, **rates(totals),
                           "draft_forwards": rows[:, 4].astype(np.int64)})
     if cost is not None:
-        step = np.array([cost.draft_step(x.drafting.drafter, x.stopping.metric == LEARNED) for x in configs])
-        draft = rows[:, 7] if cost.by_depth else rows[:, 4] * step[c]
+        step = np.array([cost.draft_step(x.drafting.drafter, learned_everywhere(x)) for x in configs])
+        learned = np.array([cost.t_learned if learned_everywhere(x) else 0.0 for x in configs])
+        draft = rows[:, 7] + rows[:, 4] * learned[c] if cost.by_depth else rows[:, 4] * step[c]
         table["predicted_time"] = draft + rows[:, 6] + (prefill[c, b] if prefill is not None else 0.0)
         baseline = plain[b] if plain is not None else table["emitted_total"].to_numpy() * cost.plain_step
         table["predicted_baseline_time"] = baseline

@@ -4,10 +4,11 @@ and the report say it. Figure 14 is drawn by reporting/depth_tables.py from this
 
 Given the record, a round's outcome depends only on the policy in force where it starts, so the
 choice per depth bucket is separable, up to the one round that crosses a bucket's edge: the
-search takes, in each bucket, the plain threshold policy (fixed γ being threshold 0) whose rounds
-starting there cost the fewest predicted seconds per token they emit, within each family of
-policies sharing the metric, min_draft_len and rule semantics; the family whose buckets' best add
-up to the least time wins. That is the per-bucket best, not a product of every bucket's choices.
+search takes, in each bucket, the policy of any family a depth policy's entry may run (threshold
+and cumulative rules, goodput, fixed γ; on any metric, the learned signal's too) whose rounds
+starting there cost the fewest predicted seconds per token they emit, among the policies of one
+rule semantics (the entries share it); the semantics whose buckets' best add up to the least time
+wins. That is the per-bucket best, not a product of every bucket's choices.
 The composed depth policy is then replayed exactly, round by round (`simulate_priced`), so its
 prediction is the record's, not the sum assumed in the search.
 """
@@ -31,7 +32,6 @@ from dspark_bench.results import write_parquet
 from dspark_bench.sections.base import BY_DEPTH, UNDER_HEADLINE, Line, ReportView, Rows, cell, known
 
 FILE = "depth.parquet"  # every depth candidate's replayed totals per depth bucket
-FAMILY = ["metric", "min_draft_len", "semantics"]  # what a depth policy keeps the same in every bucket
 
 
 @dataclass
@@ -46,53 +46,58 @@ class DepthChoice:
 
 
 def candidates(configs: list[DecodeConfig]) -> list[int]:
-    """The policies a depth policy is made of: batch 1, the draft model, the plain threshold rule
-    or fixed γ, drafting early-stop, each row on its own (no quorum)."""
-    plain = set(schedules.names(one_threshold=True, cumulative=False, cost_aware=False, by_depth=False))
+    """The policies a depth policy is made of: batch 1, the draft model, drafting early-stop, each
+    row on its own (no quorum), of any family a depth policy's entry may run (schedules.ENTRY_SCHEDULES:
+    threshold and cumulative rules, goodput, fixed γ; on any metric, the learned signal's included)."""
     return [i for i, c in enumerate(configs)
             if c.batching.batch_size == 1 and c.drafting.drafter == "model" and c.stopping.batch_quorum == 0
-            and c.verification.draft_mode == "early-stop" and c.stopping.metric in DEPTH_METRICS
-            and (c.stopping.schedule in plain or schedules.of(c).baseline)]
+            and c.verification.draft_mode == "early-stop" and c.stopping.schedule in schedules.ENTRY_SCHEDULES]
 
 
-DEPTH_METRICS = ("top1", "entropy", "topk_mass", "margin")  # raw signals; learned and llama.cpp's own not composed
-
-
-def per_bucket_best(by_depth: pd.DataFrame, configs: list[DecodeConfig]) -> tuple[tuple, pd.DataFrame]:
-    """(the winning family, its best candidate per bucket): seconds per emitted token, lowest."""
+def per_bucket_best(by_depth: pd.DataFrame, configs: list[DecodeConfig]) -> tuple[str, pd.DataFrame]:
+    """(the rule semantics, its best candidate per bucket): seconds per emitted token, lowest, among
+    the policies of one semantics (a depth policy's entries share it) and fixed γ; the semantics
+    whose buckets' best add up to the least time wins."""
     rows = by_depth.assign(seconds_per_token=by_depth["predicted_time"] / by_depth["emitted_total"].clip(lower=1))
-    knobs = pd.DataFrame([{k: getattr(configs[i].stopping, k) for k in FAMILY} | {
-        "fixed": schedules.of(configs[i]).baseline} for i in rows["config_id"]], index=rows.index)
-    rows = pd.concat([rows, knobs], axis=1)
-    fixed, scheduled = rows[rows["fixed"]], rows[~rows["fixed"]]
-    best = None
-    for family, members in scheduled.groupby(FAMILY, sort=True):
-        pool = pd.concat([members, fixed]).sort_values(["seconds_per_token", "config_id"], kind="stable")
-        chosen = pool.groupby("depth_bucket", sort=False).head(1)
+    rows["semantics"] = [configs[i].stopping.semantics for i in rows["config_id"]]
+    fixed = rows["config_id"].map(lambda i: schedules.of(configs[i]).baseline)
+    best, kinds = None, sorted(set(rows.loc[~fixed, "semantics"])) or sorted(set(rows["semantics"]))  # fixed γ alone
+    for semantics in kinds:
+        pool = rows[fixed | (rows["semantics"] == semantics)]
+        chosen = pool.sort_values(["seconds_per_token", "config_id"], kind="stable").groupby("depth_bucket").head(1)
         total = chosen["predicted_time"].sum() / chosen["emitted_total"].sum()
         if best is None or total < best[0]:
-            best = (total, family, chosen)
-    if best is None:  # fixed γ only: the depth policy picks a γ per bucket
-        chosen = fixed.sort_values(["seconds_per_token", "config_id"], kind="stable").groupby("depth_bucket").head(1)
-        best = (0.0, ("top1", 0, "dspark"), chosen)
+            best = (total, semantics, chosen)
     order = {label: i for i, label in enumerate(DEPTH_LABELS)}
     return best[1], best[2].sort_values("depth_bucket", key=lambda s: s.map(order), kind="stable")
 
 
-def compose(family: tuple, chosen: pd.DataFrame, configs: list[DecodeConfig], base: DecodeConfig) -> DecodeConfig:
+def compose(semantics: str, chosen: pd.DataFrame, configs: list[DecodeConfig], base: DecodeConfig) -> DecodeConfig:
     """The depth policy of each bucket's choice: a bucket without rounds takes the next deeper
-    bucket's choice (none shallower were seen), the deepest holds beyond."""
-    picked = {row.depth_bucket: configs[row.config_id].stopping for row in chosen.itertuples()}
+    bucket's choice (none shallower were seen), the deepest holds beyond. The shallowest choice's
+    metric and min_draft_len are the policy's own; an entry of a threshold rule with both is written
+    threshold/γ_max, any other names its family (depth.DepthEntry)."""
+    picked = {row.depth_bucket: configs[row.config_id] for row in chosen.itertuples()}
     seen = [label for label in DEPTH_LABELS if label in picked]
-    entries = []
-    for label in DEPTH_LABELS[: DEPTH_LABELS.index(seen[-1]) + 1]:
-        stop = picked.get(label) or picked[next(s for s in seen if DEPTH_LABELS.index(s) > DEPTH_LABELS.index(label))]
-        threshold = 0.0 if schedules.of(stop).baseline else stop.threshold
-        entries.append(f"{threshold:g}/{stop.gamma_max}")
-    metric, min_draft_len, semantics = family
-    return base.replace(schedule=schedules.DEPTH, depth_policy=",".join(entries), metric=metric,
-                        min_draft_len=min_draft_len, semantics=semantics,
-                        gamma_max=max(int(e.split("/")[1]) for e in entries))
+    order = DEPTH_LABELS[: DEPTH_LABELS.index(seen[-1]) + 1]
+    stops = [(picked.get(label) or picked[next(s for s in seen if DEPTH_LABELS.index(s) > DEPTH_LABELS.index(label))])
+             .stopping for label in order]
+    own = stops[0]
+    entries = [entry_text(s, own) for s in stops]
+    files = {name: next((getattr(s, name) for s in stops if getattr(s, name)), "")
+             for name in ("signal_model", "goodput_model")}  # the one of the sweep that its learned and goodput read
+    return base.replace(schedule=schedules.DEPTH, depth_policy=",".join(entries), metric=own.metric,
+                        min_draft_len=own.min_draft_len, semantics=semantics,
+                        gamma_max=max(s.gamma_max for s in stops), **files)
+
+
+def entry_text(stop, own) -> str:
+    """A bucket's entry for its choice `stop` (a StoppingPolicy) in a depth policy whose own metric and
+    min_draft_len are `own`'s (depth.depth_entry reads it back)."""
+    if (stop.schedule, stop.metric, stop.min_draft_len) == (schedules.THRESHOLD, own.metric, own.min_draft_len):
+        return f"{stop.threshold:g}/{stop.gamma_max}"
+    threshold = stop.threshold if schedules.of(stop).one_threshold else 0  # fixed γ and goodput read none
+    return f"{stop.metric}:{stop.schedule}:{threshold:g}/{stop.gamma_max}/{stop.min_draft_len}"
 
 
 def depth_search(rec, configs: list[DecodeConfig], cost) -> DepthChoice | None:
@@ -106,9 +111,8 @@ def depth_search(rec, configs: list[DecodeConfig], cost) -> DepthChoice | None:
         return None
     _, by_depth = simulate_grid_by_depth(rec, [configs[i] for i in ids], cost)
     by_depth["config_id"] = np.asarray(ids)[by_depth["config_id"].to_numpy()]
-    family, chosen = per_bucket_best(by_depth, configs)
-    base = configs[ids[0]]
-    depth = compose(family, chosen, configs, base)
+    semantics, chosen = per_bucket_best(by_depth, configs)
+    depth = compose(semantics, chosen, configs, configs[ids[0]])
     row, depth_rows = simulate_priced(rec, depth, cost)
     new_id = len(configs)
     row = row.assign(config_id=new_id)
