@@ -147,7 +147,7 @@ def check(config: RunConfig) -> None:
             budget.rule_for(c)  # and times the policy's batch size
         if schedules.of(c).priced:
             controllers.start(c)  # its controller's step costs: given, readable, at its batch size
-    for signal_model in {c.stopping.signal_model for c in configs if c.stopping.metric == LEARNED}:
+    for signal_model in {c.stopping.signal_model for c in configs if LEARNED in schedules.round_metrics(c)}:
         learned_signal.load(signal_model)  # a missing or broken file fails here, before any model loads
 
 
@@ -292,7 +292,7 @@ def plan_run(config: RunConfig) -> Planned:
 
 def check_learned_models(pair, configs: list[DecodeConfig]) -> None:
     """A learned signal decodes only with the models it was fitted on, and in float64 (not on MPS)."""
-    files = {c.stopping.signal_model for c in configs if c.stopping.metric == LEARNED}
+    files = {c.stopping.signal_model for c in configs if LEARNED in schedules.round_metrics(c)}
     if files and pair.device.type == "mps":
         raise DsparkError("the learned metric computes in float64, which MPS lacks: "
                           "use --device cpu, or another metric")

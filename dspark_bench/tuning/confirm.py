@@ -18,6 +18,7 @@ import pandas as pd
 from dspark_bench import schedules
 from dspark_bench.config import LEARNED, DecodeConfig
 from dspark_bench.decoding import controllers
+from dspark_bench.decoding.rules import bucket_policies
 from dspark_bench.harness.runner import another_pass, run, stage_steps
 from dspark_bench.harness.verdicts import judge
 from dspark_bench.metrics import summarize
@@ -59,13 +60,16 @@ def chosen_kinds(ranked: pd.DataFrame, top: int, shipped: dict | None = None) ->
 
 def work_of(config: DecodeConfig, records: dict) -> tuple:
     """What timing a policy measures: its batch size, whether its draft steps pay for the learned
-    signal, and its rounds on every prompt (drafted, accepted, draft forwards) as replay walks
-    them. Rounds that depend on the whole batch (a quorum, the budget or a controller at B > 1) are its own."""
+    signal (a depth policy's: in each bucket), and its rounds on every prompt (drafted, accepted,
+    draft forwards) as replay walks them. Rounds that depend on the whole batch (a quorum, the budget
+    or a controller at B > 1) are its own."""
     batch_wide = schedules.of(config).whole_batch or schedules.of(config).controlled  # one decision for every row
     if config.stopping.batch_quorum > 0 or (batch_wide and config.batching.batch_size > 1):
         return ("batch-dependent", config)
     rounds = simulate(records[config.drafting], config)
-    return (config.batching.batch_size, config.stopping.metric == LEARNED, config.drafting,
+    learned = tuple(p.stopping.metric == LEARNED for p in bucket_policies(config)) if schedules.of(config).by_depth \
+        else config.stopping.metric == LEARNED
+    return (config.batching.batch_size, learned, config.drafting,
             tuple(tuple((r.drafted, r.accepted, r.draft_forwards) for r in prompt) for prompt in rounds))
 
 
