@@ -161,3 +161,12 @@ def test_the_depth_search_composes_each_buckets_cheapest_policy_of_any_family(cr
     exact, _ = simulate_priced(rec, choice.config, cost)
     assert choice.row["predicted_time"].iloc[0] == exact["predicted_time"].iloc[0]
     assert exact["predicted_time"].iloc[0] <= 1.05 * simulate_grid(rec, configs, cost)["predicted_time"].min()
+
+
+def test_a_buckets_choice_says_no_threshold_where_its_rule_reads_none():
+    from dspark_bench.sections.depth import threshold_of
+
+    assert threshold_of(DecodeConfig.of(threshold=0.35)) == 0.35
+    assert threshold_of(DecodeConfig.of(schedule="cumulative", threshold=0.2)) == 0.2
+    assert threshold_of(DecodeConfig.of(schedule=schedules.BASELINE, gamma_max=3)) == 0.0  # fixed γ: threshold 0
+    assert threshold_of(DecodeConfig.of(schedule="goodput", goodput_model=tiny.GOODPUT_MODEL, threshold=0.05)) is None

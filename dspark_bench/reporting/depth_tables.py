@@ -175,8 +175,9 @@ def depth_figure(inputs: Inputs):
         "Each sweep that searched by depth (sections/depth.py): (a) the acceptance_rate of the depth policy "
         "(wide, pale), the best single policy and the best fixed γ over the rounds that started in each depth bucket, "
         "replayed from the record; (b), (c) the γ_max and threshold of the policy the search chose in each bucket "
-        "(threshold 0: a fixed γ), which the depth policy runs there; (d) each policy's predicted speedup over the "
-        "rounds starting in the bucket, priced at their depth, and, hollow with its 95 % bootstrap interval, the "
-        "measured speedup of the confirmed depth policy and best single policy over the prompts whose length falls "
-        "in the bucket (a decode is timed whole, so a measured speedup is cut by prompt, not by round: a prompt's "
-        "rounds start at its length and deeper). " + "; ".join(policies) + ".")
+        "(threshold 0: a fixed γ; none drawn: goodput, which reads none), which the depth policy runs there; (d) "
+        "each policy's predicted speedup over the rounds starting in the bucket, priced at their depth, and, hollow "
+        "with its 95 % bootstrap interval, the measured speedup of the confirmed depth policy and best single "
+        "policy over the prompts whose length falls in the bucket (a decode is timed whole, so a measured speedup "
+        "is cut by prompt, not by round: a prompt's rounds start at its length and deeper). "
+        + "; ".join(policies) + ".")

@@ -154,6 +154,13 @@ def every_family(rec, configs: list[DecodeConfig], cost) -> dict | None:
             "best_single": {"config_label": configs[ids[single]].label(), "predicted_speedup": baseline / spent}}
 
 
+def threshold_of(config: DecodeConfig) -> float | None:
+    """The threshold a bucket's choice reads: 0 for a fixed γ, none for a rule without one (goodput)."""
+    if schedules.of(config).baseline:
+        return 0.0
+    return config.stopping.threshold if schedules.of(config).one_threshold else None
+
+
 def depth_search_of(choice: DepthChoice, table: pd.DataFrame, configs: list[DecodeConfig], rec, cost) -> DepthSearch:
     """summary.json's "depth_search": each bucket's choice, and per bucket the depth policy beside
     the best single policy and the best fixed γ (each bucket's metrics and predicted speedup); the
@@ -178,8 +185,7 @@ def depth_search_of(choice: DepthChoice, table: pd.DataFrame, configs: list[Deco
     return DepthSearch(
         buckets=[b for b in DEPTH_LABELS if b in set(choice.by_depth["depth_bucket"])],
         per_bucket_best=[{"depth_bucket": r.depth_bucket, "config_label": labels[r.config_id],
-                          "threshold": 0.0 if schedules.of(configs[r.config_id]).baseline
-                          else configs[r.config_id].stopping.threshold,
+                          "threshold": threshold_of(configs[r.config_id]),
                           "gamma_max": configs[r.config_id].stopping.gamma_max,
                           "predicted_speedup": float(r.predicted_speedup)} for r in choice.per_bucket.itertuples()],
         depth_policy={"config_label": choice.config.label(), "buckets": buckets(int(choice.row["config_id"][0]))},
@@ -319,8 +325,9 @@ class DepthSearch:
                             f"{search.verdict['sentence']}." if search.verdict
                             else "The two were not both timed, so no paired verdict.")
                          + (f" {_upper_first(search.bound_sentence())}." if search.every_family else ""))
-        return [("p", "The depth search (summary.json's `depth_search`): in each depth bucket, the threshold policy "
-                      "or fixed γ whose rounds starting there cost the fewest predicted seconds per token, beside the "
-                      "best single policy's prediction over the same bucket. " + " ".join(words)),
+        return [("p", "The depth search (summary.json's `depth_search`): in each depth bucket, the policy of any "
+                      "family a depth policy's entry runs (threshold and cumulative rules, goodput, fixed γ) whose "
+                      "rounds starting there cost the fewest predicted seconds per token, beside the best single "
+                      "policy's prediction over the same bucket (threshold —: a rule without one). " + " ".join(words)),
                 ("table", [*(["run"] if view.several else []), "depth", "best policy there", "threshold", "γ_max",
                            "predicted there", "best single policy there"], lines)]

@@ -42,9 +42,9 @@ def depth_axis(rows: pd.DataFrame, title: str = "") -> Figure:
     """Four panels against the depth bucket, one line and marker style per task: (a) acceptance_rate
     of the depth policy, the best single policy and the best fixed γ, replayed by the depth each round
     started at; (b) and (c) the γ_max and threshold the search chose in each bucket (threshold 0: a
-    fixed γ); (d) the three policies' predicted speedup per bucket, and the measured speedup (95 %
-    interval) of the confirmed depth policy and best single policy over the prompts whose length
-    falls in each bucket, beside it."""
+    fixed γ; none, a gap: goodput, which reads none); (d) the three policies' predicted speedup per
+    bucket, and the measured speedup (95 % interval) of the confirmed depth policy and best single
+    policy over the prompts whose length falls in each bucket, beside it."""
     order = bucket_order(rows)
     where = {b: i for i, b in enumerate(order)}
     tasks = list(dict.fromkeys(rows["task"]))
