@@ -330,8 +330,9 @@ def test_the_report_of_a_depth_search_says_each_buckets_best_and_draws_it(long_s
     text = " ".join(report.read_text().split())
     assert "### By depth" in text and "by context depth: skipped" not in text
     single = {b["depth_bucket"]: b["predicted_speedup"] for b in search["best_single"]["buckets"]}
-    for best in search["per_bucket_best"]:
-        assert (f"| {best['depth_bucket']} | {best['config_label']} | {best['threshold']:.2f} | {best['gamma_max']} | "
+    for best in search["per_bucket_best"]:  # a goodput choice reads no threshold: —
+        threshold = "—" if best["threshold"] is None else f"{best['threshold']:.2f}"
+        assert (f"| {best['depth_bucket']} | {best['config_label']} | {threshold} | {best['gamma_max']} | "
                 f"{best['predicted_speedup']:.3f} | {single[best['depth_bucket']]:.3f} |") in text
     assert f"Depth policy vs best single policy, paired on the same prompts: {verdict['sentence']}." in text
     assert f"into the depth policy {search['depth_policy']['config_label']}: predicted" in text
@@ -370,7 +371,8 @@ def test_the_depth_figure_draws_the_summarys_numbers_and_the_measured_speedups(l
         assert drawn(speed, role) == (xs, pytest.approx([b["predicted_speedup"] for b in buckets]))
     chosen = search["per_bucket_best"]
     assert drawn(gamma, "depth policy")[1] == [b["gamma_max"] for b in chosen]
-    assert drawn(threshold, "depth policy")[1] == pytest.approx([b["threshold"] for b in chosen])
+    assert drawn(threshold, "depth policy")[1] == pytest.approx([np.nan if b["threshold"] is None else b["threshold"]
+                                                                 for b in chosen], nan_ok=True)  # goodput: none
 
     trials, samples = pd.read_parquet(folder / "trials.parquet"), pd.read_parquet(folder / "samples.parquet")
     shared = dict(zip(trials["config_label"], trials["same_as"].fillna(trials["config_label"])))
