@@ -84,7 +84,7 @@ class StoppingPolicy:
                              needs=read_by_schedule("depth_policy"))
     # The learned signal reads topk_mass among its raw signals (decoding/learned_signal.py).
     topk: int = knob(5, "k of the topk_mass metric.", at_least=1, needs=Needs(
-        "the topk_mass or learned metric", lambda w, c: c.stopping.metric in ("topk_mass", LEARNED)))
+        "the topk_mass or learned metric", lambda w, c: bool(schedules.round_metrics(c) & {"topk_mass", LEARNED})))
     # B > 1, padded: once fewer than this share of a round's rows still draft (each past what its rule always
     # keeps), every row's draft stops, so a batch stops paying for a confident few's longest drafts.
     batch_quorum: float = knob(0.0, "B > 1: stop every row's draft once fewer than this share of the rows still "
@@ -374,12 +374,12 @@ def expand(space: dict, base: DecodeConfig = DEFAULTS, strict: bool = True) -> l
                           semantics="dspark" if params["semantics"] == "hf" else params["semantics"])
         if schedule.controlled:
             params["metric"] = DEFAULTS.stopping.metric
-        if not schedule.reads_costs:
+        if not schedule.reads_costs and not schedule.by_depth:  # a depth policy's entries may read it
             params["goodput_model"] = ""
         if not schedule.whole_batch or params["batch_size"] == 1:
             params["budget_layout"] = "padded"  # one row: both layouts are one rule
-        if params["metric"] != LEARNED:
-            params["signal_model"] = ""  # only the learned metric reads it
+        if params["metric"] != LEARNED and not schedule.by_depth:
+            params["signal_model"] = ""  # only the learned metric reads it (a depth policy's entries too)
         # only a controller reads its knobs (and a gate's threshold, only a gate: window > 0)
         params.update({name: KNOBS[name].default for name in schedules.controller_knobs() if name not in schedule.reads
                        or (name == "acceptance_rate_threshold" and not params["acceptance_rate_window_size"])})

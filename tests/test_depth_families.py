@@ -4,6 +4,7 @@ replay walks them, priced round by round, and composed by the depth search from 
 
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
 
 import numpy as np
@@ -170,3 +171,31 @@ def test_a_buckets_choice_says_no_threshold_where_its_rule_reads_none():
     assert threshold_of(DecodeConfig.of(schedule="cumulative", threshold=0.2)) == 0.2
     assert threshold_of(DecodeConfig.of(schedule=schedules.BASELINE, gamma_max=3)) == 0.0  # fixed γ: threshold 0
     assert threshold_of(DecodeConfig.of(schedule="goodput", goodput_model=tiny.GOODPUT_MODEL, threshold=0.05)) is None
+
+
+def test_every_path_that_meets_such_a_policy_reads_its_entries_or_refuses_it(crossing, tmp_path):
+    """A run's grid keeps the files its entries read; replay refuses a record without the learned
+    signal a bucket reads; a batched or served walk, which reads one metric for a batch's rows,
+    refuses it in one line; the sweep's load stage leaves it out."""
+    from typer.testing import CliRunner
+
+    from dspark_bench.cli import app
+    from dspark_bench.config import expand
+    from dspark_bench.replay.batched import walks
+    from dspark_bench.sections.under_load import load_policies
+
+    _, _, rec, path = crossing
+    text = "learned:threshold:0.5/4/1,top1:goodput:0/4/0"
+    (config,) = expand({"schedule": ["depth"], "depth_policy": [text], "goodput_model": [tiny.GOODPUT_MODEL],
+                        "signal_model": [path], "max_new_tokens": [N]})
+    assert (config.stopping.goodput_model, config.stopping.signal_model) == (tiny.GOODPUT_MODEL, path)
+    without = dataclasses.replace(rec, confidences={k: v for k, v in rec.confidences.items() if k != LEARNED})
+    with pytest.raises(DsparkError, match="holds no learned signal"):  # its top-level metric is top1's
+        simulate(without, config)
+    with pytest.raises(DsparkError, match="replays at batch size 1"):
+        list(walks(rec, [config], SimpleNamespace(models={1: CostModel(0.001, [0.01] * (G + 1), 64)})))
+    assert load_policies([config, DecodeConfig.of(max_new_tokens=N)], 1) == [1]
+    result = CliRunner().invoke(app, ["run", "--task", "code", "--limit", "1", "--schedule", "depth", "--depth-policy",
+                                      "0.3/4,top1:fixed:0/3/0", "--arrival-rate", "1", "--out", str(tmp_path)])
+    assert result.exit_code != 0 and "runs a depth policy of plain threshold/gamma_max entries" in result.output
+    assert not any(tmp_path.iterdir())  # refused before any work

@@ -216,6 +216,7 @@ def test_the_fit_is_read_again_when_rewritten_and_checked_against_the_models(lea
     import os
     from types import SimpleNamespace
 
+    from dspark_bench.config import DecodeConfig
     from dspark_bench.decoding import learned_signal
     from dspark_bench.harness.run import check_learned_models
 
@@ -228,7 +229,7 @@ def test_the_fit_is_read_again_when_rewritten_and_checked_against_the_models(lea
     copy.write_text(json.dumps({**fitted, "intercept": fitted["intercept"] + 1.0}))
     os.utime(copy, ns=(1, 1))  # a rewrite, whatever the clock's resolution
     assert learned_signal.load(str(copy)).intercept == pytest.approx(first.intercept + 1.0)
-    config = SimpleNamespace(stopping=SimpleNamespace(metric="learned", signal_model=str(copy)))
+    config = DecodeConfig.of(metric="learned", signal_model=str(copy))
     fingerprints = (fitted["models"]["target_fingerprint"], fitted["models"]["draft_fingerprint"])
     check_learned_models(SimpleNamespace(device=torch.device("cpu"), fingerprints=fingerprints), [config])
     with pytest.raises(DsparkError, match="fitted on other models"):

@@ -11,7 +11,7 @@ import sys
 import threading
 import time
 import uuid
-from contextlib import closing
+from contextlib import closing, contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -562,18 +562,26 @@ def test_load_keeps_each_shared_trial_in_its_latest_state(tmp_path):
         assert sorted(zip(merged["trial"], merged["state"])) == [(0, "COMPLETE"), (1, "COMPLETE")]
 
 
-def decoding_workers(url: str | None, study_name: str | None) -> set[str]:
-    """The workers decoding a trial of the study: RUNNING, named, its policy set (the objective's last
-    write before it decodes, so a worker paused then holds no storage lock: SQLite's would stop
-    every other worker). None while the study is not made yet; reads without creating the schema
-    (a worker may be creating it)."""
+def decoding_workers(storage, study_name: str | None) -> set[str]:
+    """The workers decoding a trial of the study: RUNNING, named for this very trial (a retried one
+    inherits its predecessor's name), its policy set (the objective's last write before it decodes,
+    so a worker paused then holds no storage lock: SQLite's would stop every other worker). None
+    while the study is not made yet."""
     try:
-        storage = optuna.storages.RDBStorage(url, skip_table_creation=True)
         study = optuna.load_study(study_name=study_name, storage=storage)
-    except Exception:  # noqa: BLE001 (no storage, tables or study yet, or a locked file: poll again)
+    except Exception:  # noqa: BLE001 (no tables or study yet, or a locked file: poll again)
         return set()
     return {t.user_attrs["worker"] for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
-            if "worker" in t.user_attrs and "config_label" in t.user_attrs}
+            if t.user_attrs.get("worker_trial") == t.number and "config_label" in t.user_attrs}
+
+
+def reading(url: str):
+    """The storage at `url` opened without creating its schema (a worker may be creating it); None
+    until its tables exist."""
+    try:
+        return optuna.storages.RDBStorage(url, skip_table_creation=True)
+    except Exception:  # noqa: BLE001 (no tables yet: poll again)
+        return None
 
 
 def hold_first_until_second_joins(processes: list, storage_url, study_name: str | None = None,
@@ -583,14 +591,17 @@ def hold_first_until_second_joins(processes: list, storage_url, study_name: str 
     Left alone, one worker can take all four points while the other is still starting (CI saw it),
     and the test would say nothing about sharing. Paused, its heartbeat stops too: the pause stays
     under the heartbeat's grace period (2 x 30 s), so its trial is not retried meanwhile.
-    `storage_url` is called until it names the storage (a sweep's own folder appears when it starts).
+    `storage_url` is called until it names the storage (a sweep's own folder appears when it starts),
+    which is then opened once (`reading`).
     """
-    deadline, paused = time.time() + limit_s, None
+    deadline, paused, storage = time.time() + limit_s, None, None
     try:
         while time.time() < deadline:
             if any(p.poll() is not None for p in processes):
                 return  # exited early: the return codes and the trials below say how
-            running = decoding_workers(storage_url(), study_name)
+            url = storage_url() if storage is None else None
+            storage = storage or (reading(url) if url else None)
+            running = decoding_workers(storage, study_name) if storage is not None else set()
             if paused is None and running:
                 paused = next(iter(running))
                 os.kill(int(paused.rsplit(":", 1)[1]), signal.SIGSTOP)
@@ -601,6 +612,21 @@ def hold_first_until_second_joins(processes: list, storage_url, study_name: str 
     finally:
         if paused is not None:
             os.kill(int(paused.rsplit(":", 1)[1]), signal.SIGCONT)
+        if storage is not None:
+            storage.engine.dispose()
+
+
+@contextmanager
+def killed_at_exit(processes: list):
+    """Worker processes (each its own session: a main worker's helpers with it) killed if still alive
+    when the test leaves, failed or not."""
+    try:
+        yield processes
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
 
 
 def sweep_storage(out: Path) -> str | None:
@@ -618,10 +644,12 @@ def test_two_workers_share_one_grid_study(storage, saved_pair, prompts_file, tmp
     if storage == "postgresql":
         url, study_name = postgres_url(), f"test-{uuid.uuid4().hex[:8]}"
         args += ["--storage", url, "--study", study_name]
-        workers = [cli("sweep", *args, stdout=log.open("w"), stderr=subprocess.STDOUT) for log in logs]
-        hold_first_until_second_joins(workers, lambda: url, study_name)
-        for worker in workers:
-            worker.wait(timeout=600)
+        workers = [cli("sweep", *args, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+                   for log in logs]
+        with killed_at_exit(workers):
+            hold_first_until_second_joins(workers, lambda: url, study_name)
+            for worker in workers:
+                worker.wait(timeout=600)
         assert all(w.returncode == 0 for w in workers), [log.read_text()[-2000:] for log in logs]
         study = optuna.load_study(study_name=study_name, storage=url)
         folders = [p for p in tmp_path.iterdir() if p.name != "records"]
@@ -629,9 +657,11 @@ def test_two_workers_share_one_grid_study(storage, saved_pair, prompts_file, tmp
         merged = load(folders)
         assert len(merged[merged["state"] == "COMPLETE"]) == 4  # one row per trial across both folders
     else:
-        main = cli("sweep", *args, "--workers", "2", stdout=logs[0].open("w"), stderr=subprocess.STDOUT)
-        hold_first_until_second_joins([main], lambda: sweep_storage(tmp_path))
-        main.wait(timeout=600)  # the main worker waits for its helper before it writes the table
+        main = cli("sweep", *args, "--workers", "2", stdout=logs[0].open("w"), stderr=subprocess.STDOUT,
+                   start_new_session=True)
+        with killed_at_exit([main]):
+            hold_first_until_second_joins([main], lambda: sweep_storage(tmp_path))
+            main.wait(timeout=600)  # the main worker waits for its helper before it writes the table
         assert main.returncode == 0, logs[0].read_text()[-2000:]
         study = load_study(only_folder(tmp_path))
         table = load(only_folder(tmp_path))  # written after the helper finished its last trial

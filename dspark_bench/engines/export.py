@@ -17,7 +17,7 @@ Where the engine cannot express the tuned policy, the export takes the nearest p
 the best of every policy the engine expresses, replayed on the run's own record with its own
 cost model (or surface, per batch size). Both predicted speedups are reported side by side:
 what deploying on that engine costs. No engine keys its policy by depth: a depth policy's is its
-busiest depth bucket's threshold policy where the engine runs that (`stand_in`), else as above.
+busiest depth bucket's policy where the engine runs that (`stand_in`), else as above.
 """
 
 from __future__ import annotations

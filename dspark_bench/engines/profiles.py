@@ -31,6 +31,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from dspark_bench import schedules
 from dspark_bench.config import KNOBS, LEARNED, DecodeConfig
 from dspark_bench.decoding import learned_signal
 from dspark_bench.decoding.learned_signal import FILE as LEARNED_FILE
@@ -188,7 +189,7 @@ def chosen_policy(run: RunPolicies, knobs: dict | None = None) -> DecodeConfig:
 def record_for(run: RunPolicies, policy: DecodeConfig):
     """The sweep's record, with the learned signal `policy` reads where the best's did not bring it."""
     rec = run.rec
-    if policy.stopping.metric == LEARNED and LEARNED not in rec.confidences:
+    if LEARNED in schedules.round_metrics(policy) and LEARNED not in rec.confidences:
         rec = with_learned(rec, learned_signal.load(policy.stopping.signal_model))
     return rec
 

@@ -40,7 +40,7 @@ class RunPolicies:
         learned signal where a best policy reads it (only then: an older sweep's fit, or a record
         made before the signal's context features, fails in one line only where it is needed)."""
         rec = sampled.as_one(sampled.load(self.record))  # a sampled sweep's: every replicate
-        if any(c.stopping.metric == LEARNED
+        if any(LEARNED in schedules.round_metrics(c)
                for c, _, _ in self.best.values()) and (self.folder / LEARNED_FILE).is_file():
             rec = with_learned(rec, learned_signal.load(str(self.folder / LEARNED_FILE)))
         return rec

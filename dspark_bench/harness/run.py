@@ -17,7 +17,7 @@ from dspark_bench import schedules
 from dspark_bench.config import KNOBS, LEARNED, DecodeConfig, expand, from_dict, with_defaults
 from dspark_bench.decoding import budget, capture, controllers, learned_signal
 from dspark_bench.decoding.budget import row_rule
-from dspark_bench.decoding.rules import expressible
+from dspark_bench.decoding.rules import expressible, round_policies
 from dspark_bench.decoding.speculative import speculative_decode
 from dspark_bench.errors import DsparkError
 from dspark_bench.harness.calibration_file import load_calibration
@@ -141,8 +141,8 @@ def check(config: RunConfig) -> None:
                                   f"{'; '.join(expressible(c, 'hf'))}); use --metric top1 --min-draft-len 0 "
                                   "--semantics hf, or --schedule fixed")
     for c in configs:  # the model exists, reads, and has the metric: before any model loads
-        if schedules.of(c).cost_aware:
-            row_rule(c)
+        for bucket in (p for p in round_policies(c) if schedules.of(p).cost_aware):  # a depth policy's entries too
+            row_rule(bucket)
         if schedules.of(c).whole_batch:
             budget.rule_for(c)  # and times the policy's batch size
         if schedules.of(c).priced:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from dspark_bench import schedules
 from dspark_bench.config import BATCHED, DEFAULT_MAX_NEW_TOKENS, KNOBS, same_as
 from dspark_bench.errors import DsparkError
 from dspark_bench.knobs import Needs, check_declared, check_needs, knob
@@ -189,6 +190,8 @@ def check_served(config: Served, configs: list) -> None:  # config: a harness.ru
                                                                       "decoder's drafter): drop --drafter"),
                 (any(c.verification.compiled for c in configs), "runs its servers side by side on eager passes "
                                                                 "(one static cache per model): drop --compile"),
+                (any(schedules.any_family(c) for c in configs), "runs a depth policy of plain threshold/gamma_max "
+                                                                "entries (one metric for a batch's rows)"),
                 (config.repeats > 1 or config.precision > 0, "serves each load once: drop --repeats and "
                                                              "--precision")]
     for refused, why in refusals:

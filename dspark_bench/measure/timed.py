@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+from dspark_bench import schedules
 from dspark_bench.config import LEARNED, DecodeConfig
 from dspark_bench.decoding.cached_lm import CachedLM
 from dspark_bench.decoding.host import synchronize
@@ -59,7 +60,7 @@ def forced_rounds(rec: Record, prompt_ids: list[list[int]], config: DecodeConfig
     # decoder runs them; the caller runs each config once untimed first, so each shape is met.
     unlike = [what for what, differs in (
         ("the verify-side draft mode", config.verification.draft_mode == "verify-side"),
-        ("the learned signal", config.stopping.metric == LEARNED),
+        ("the learned signal", LEARNED in schedules.round_metrics(config)),
         ("a batch size above 1", config.batching.batch_size > 1)) if differs]
     if unlike:
         raise DsparkError(f"timed replay runs the batch-1 early-stop decoder's passes, not {unlike[0]}")

@@ -160,6 +160,8 @@ def walks(rec: Record, configs: list[DecodeConfig], surface: CostSurface, refill
     deepest = max(c.stopping.gamma_max for c in configs)
     if min(len(m.t_verify) for m in surface.models.values()) <= deepest:
         raise DsparkError(f"the cost surface times drafts shorter than gamma_max {deepest}; measure it again")
+    if any(schedules.any_family(c) for c in configs):  # its rows would read one metric and one rule's minimum
+        raise DsparkError("a depth policy whose entries name their own family replays at batch size 1 (simulate)")
     matches, eos = match_lengths(rec).astype(np.int64), eos_positions(rec).astype(np.int64)
     lengths = rec.lengths.astype(np.int64)
     arrive = np.zeros(len(lengths)) if arrive is None else np.asarray(arrive, dtype=np.float64)

@@ -78,6 +78,8 @@ def check_replayable(rec: Record, config: DecodeConfig) -> None:
                           "run the sweep again, which records it")
     if config.stopping.metric == "topk_mass" and config.stopping.topk != rec.info["topk"]:
         raise DsparkError(f"the record has topk_mass for k={rec.info['topk']}, not k={config.stopping.topk}")
+    for policy in dict.fromkeys(bucket_policies(config)) if schedules.of(config).by_depth else ():
+        check_replayable(rec, policy)  # a depth policy's entries read what their own families read
 
 
 def check_sampling(sampling: dict | None, config: DecodeConfig) -> None:
@@ -123,7 +125,7 @@ def round_plan(rec: Record, config: DecodeConfig):
     """Per (p, j): drafted L, proposals the rule considered s (the draft model's forwards) and
     stop reason code, vectorised over positions (proposal.Proposal's rule: dropped or kept failing
     token, EOS, limit, what the drafter had (`Proposal.cap`), llama.cpp's discard). A depth
-    policy's round at (p, j) is its depth bucket's threshold policy's round there (at_depth: the
+    policy's round at (p, j) is its depth bucket's policy's round there (at_depth: the
     depth is the prompt's tokens + j)."""
     if schedules.of(config).by_depth:
         if "prompt_tokens" not in rec.info:

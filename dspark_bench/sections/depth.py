@@ -122,8 +122,8 @@ def depth_search(rec, configs: list[DecodeConfig], cost) -> DepthChoice | None:
 
 def every_family(rec, configs: list[DecodeConfig], cost) -> dict | None:
     """The most keying by depth could win in replay's prices over every family the sweep searched
-    (learned, goodput and budget rules, cumulative ones, every metric and min_draft_len), where the
-    depth schedule composes plain threshold rules and fixed γ of one family: in each bucket the
+    (budget rules, ramps and the engines' controllers at batch 1 too, which no depth policy's entry
+    runs; learned, goodput and cumulative rules, every metric and min_draft_len): in each bucket the
     batch-1 draft-model policy whose rounds starting there cost the fewest predicted seconds per
     token, at the best single policy's (by prediction) tokens in that bucket, against that policy.
     A bound, not a policy: each bucket's best whatever its family, every round as the bucket it

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
+from dspark_bench import schedules
 from dspark_bench.config import DecodeConfig
 from dspark_bench.replay import sampled
 from dspark_bench.replay.under_load import replay_load, verdicts
@@ -24,9 +25,11 @@ FILE = "load.parquet"
 def load_policies(configs: list[DecodeConfig], max_batch: int) -> list[int]:
     """The sweep's policies a server under load runs: the draft model's (the batched decoder's
     drafter) at the smallest batch size of the sweep at or above the max batch (one copy of each
-    policy; it runs at the max batch). Their indices into `configs`."""
+    policy; it runs at the max batch), but a depth policy with entries of their own family (batch 1
+    only). Their indices into `configs`."""
     sizes = sorted({c.batching.batch_size for c in configs if c.batching.batch_size >= max_batch})
-    return [i for i, c in enumerate(configs) if c.batching.batch_size == sizes[0] and c.drafting.drafter == "model"]
+    return [i for i, c in enumerate(configs) if c.batching.batch_size == sizes[0] and c.drafting.drafter == "model"
+            and not schedules.any_family(c)]
 
 
 def load_stage(folder: Path, spec, max_batch: int, configs: list[DecodeConfig], rec, surface,

@@ -67,8 +67,8 @@ def work_of(config: DecodeConfig, records: dict) -> tuple:
     if config.stopping.batch_quorum > 0 or (batch_wide and config.batching.batch_size > 1):
         return ("batch-dependent", config)
     rounds = simulate(records[config.drafting], config)
-    learned = tuple(p.stopping.metric == LEARNED for p in bucket_policies(config)) if schedules.of(config).by_depth \
-        else config.stopping.metric == LEARNED
+    learned = tuple(dict.fromkeys(p.stopping.metric == LEARNED for p in bucket_policies(config))) \
+        if schedules.of(config).by_depth else (config.stopping.metric == LEARNED,)  # (True,): every step pays it
     return (config.batching.batch_size, learned, config.drafting,
             tuple(tuple((r.drafted, r.accepted, r.draft_forwards) for r in prompt) for prompt in rounds))
 
