@@ -77,9 +77,10 @@ def test_decode_shows_rounds(saved_pair):
         (["--batch-size", "2", "--turns", "all"], "use --batch-size 1 with it"),
         (["--draft-mode", "sideways"], "unknown draft mode 'sideways'"),
         (["--draft-mode", "verify-side", "--batch-size", "2"], "verify-side runs at batch size 1 only"),
-        (["--schedule", "depth"], "the depth schedule needs --depth-policy: threshold/gamma_max per depth bucket"),
+        (["--schedule", "depth"], "the depth schedule needs --depth-policy: a policy per depth bucket"),
         (["--schedule", "depth", "--depth-policy", "0.5/4;0.3/6"],
-         "depth_policy entry '0.5/4;0.3/6' is not threshold/gamma_max (e.g. '0.5/4,0.3/6,0.2/8')"),
+         "depth_policy entry '0.5/4;0.3/6' is not threshold/gamma_max nor metric:schedule:threshold/gamma_max/"
+         "min_draft_len (e.g. '0.5/4,0.3/6,0.2/8')"),
     ],
 )
 def test_bad_inputs_fail_in_one_line(flags, message, first_run, saved_pair, prompts_file, tmp_path):

@@ -131,7 +131,7 @@ def test_ramp_rises_linearly():
         ({"temperature": -1.0}, "temperature"),
         ({"threshold_end": -0.1}, r"threshold_end must be in \[0, 1\] \(got -0.1\)"),
         ({"batch_quorum": 1.5}, r"batch_quorum must be in \[0, 1\] \(got 1.5\)"),
-        ({"schedule": "depth"}, r"the depth schedule needs --depth-policy: threshold/gamma_max per depth bucket "
+        ({"schedule": "depth"}, r"the depth schedule needs --depth-policy: a policy per depth bucket "
                                 r"\(0-256, 256-1k, 1k-2k, 2k-4k, 4k\+\), e.g. 0.5/4,0.3/6,0.2/8"),
         ({"schedule": "depth", "depth_policy": "0.5/4;0.3/6"}, "depth_policy entry '0.5/4;0.3/6' is not "
                                                                "threshold/gamma_max"),
