@@ -24,7 +24,7 @@ import pandas as pd
 
 from dspark_bench import schedules
 from dspark_bench.config import DecodeConfig
-from dspark_bench.depth import DEPTH_LABELS, spans_depth
+from dspark_bench.depth import DEPTH_LABELS, DepthEntry, spans_depth
 from dspark_bench.harness.verdicts import same_work_verdict
 from dspark_bench.paired import compare
 from dspark_bench.replay.simulate import record_depths, simulate_grid_by_depth, simulate_priced
@@ -93,11 +93,11 @@ def compose(semantics: str, chosen: pd.DataFrame, configs: list[DecodeConfig], b
 
 def entry_text(stop, own) -> str:
     """A bucket's entry for its choice `stop` (a StoppingPolicy) in a depth policy whose own metric and
-    min_draft_len are `own`'s (depth.depth_entry reads it back)."""
+    min_draft_len are `own`'s, as DepthEntry writes it."""
     if (stop.schedule, stop.metric, stop.min_draft_len) == (schedules.THRESHOLD, own.metric, own.min_draft_len):
-        return f"{stop.threshold:g}/{stop.gamma_max}"
+        return DepthEntry(stop.threshold, stop.gamma_max).text()
     threshold = stop.threshold if schedules.of(stop).one_threshold else 0  # fixed γ and goodput read none
-    return f"{stop.metric}:{stop.schedule}:{threshold:g}/{stop.gamma_max}/{stop.min_draft_len}"
+    return DepthEntry(threshold, stop.gamma_max, stop.metric, stop.schedule, stop.min_draft_len).text()
 
 
 def depth_search(rec, configs: list[DecodeConfig], cost) -> DepthChoice | None:
