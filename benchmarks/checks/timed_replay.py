@@ -1,21 +1,25 @@
 """Timed replay against replay's prediction (issue 53's check of the prices, here on the CPU).
 
-Records the shipped pair on held-out prompts, times its cost model, then runs the rounds replay
-says five policies make (fixed γ 2, 4, 6 and two threshold policies) on real passes
-(measure/timed.py), interleaved with plain decoding of the same tokens, and sets each measured
-speedup beside the ones replay predicts on the default path's batch-1 prices (timed inside decodes of
-the first two prompts: harness/in_decode.py) and on the passes timed alone (--isolated-prices). Every
-round's acceptance as the passes compute it is checked against the forced one. Writes timed_replay.md
-and .json into --out.
+Records the shipped pair on held-out prompts, then runs the rounds replay says five policies make
+(fixed γ 2, 4, 6 and two threshold policies) on real passes (measure/timed.py), interleaved with
+plain decoding of the same tokens, and sets each measured speedup beside the one replay predicts
+on the passes' prices (measure/cost_model.measure_cost, what `--isolated-prices` times: timed
+replay runs the passes and nothing of the decoder's own sampling and acceptance). Every round's
+acceptance as the passes compute it is checked against the forced one. Writes timed_replay.md and
+.json into --out.
 
-Each repeat times its own prices first (both kinds), then plain decoding and every policy in turn,
-prompt by prompt (a minute's drift then slows every side alike, not one policy's stretch): the
-machine's speed drifts by more than the check's ±2 % between minutes (docs/measurements.md), so each
-repeat's measurement is held against replay on prices timed beside it, and the median of the
-repeats' errors is the check, with the range over repeats; the first repeat's prices held against
-every repeat's measurement (as a sweep's prices, timed once, are) are shown beside it.
+The prices are timed in windows inside the same rotation as the sides they price: each prompt, in
+turn with plain decoding and every policy (the order rotated each prompt and repeat), a window
+times every pass's price at that prompt's halfway context (3 repeats), and the check's prices are
+each field's median over every window. The machine's speed drifts by more than the check's ±2 %
+between minutes and between seconds (docs/measurements.md): prices timed in one stretch and held
+against a measurement of the next read its drift (session 10's 1 of 5 within ±2 %), while windows
+spread over the measurement's own minutes see the same machine it did. Beside it, the first
+window's prices held against the whole measurement (as a sweep's prices, timed once, are), and the
+default path's in-decode prices timed once before (harness/in_decode.py: they charge the decoder's
+sampling and acceptance, which timed replay does not run, so they read low by construction).
 
-    python -m benchmarks.checks.timed_replay --out results/timed [--limit 8] [--max-new-tokens 64] [--repeats 9]
+    python -m benchmarks.checks.timed_replay --out results/timed [--limit 8] [--max-new-tokens 64] [--repeats 16]
 """
 
 from __future__ import annotations
@@ -24,12 +28,15 @@ import json
 import statistics
 import time
 
+import numpy as np
+
 from benchmarks import common
 from dspark_bench.config import DecodeConfig
 from dspark_bench.harness.in_decode import batch_one, calibration_policies
 from dspark_bench.measure.cost_model import measure_cost
 from dspark_bench.measure.recording import record
 from dspark_bench.measure.timed import forced_rounds, plain_prompt, run_prompt
+from dspark_bench.replay.cost import CostModel
 from dspark_bench.replay.simulate import simulate_grid
 from dspark_bench.results import describe_machine, environment
 from dspark_bench.tasks.prompts import encode
@@ -57,92 +64,127 @@ def recorded(args):
     return pair, ids, rec, ids[0] + rec.continuation[0, : int(rec.lengths[0]) // 2].tolist()
 
 
-def priced(pair, ids, rec, context, configs, max_new_tokens: int) -> tuple[list[float], list[float], dict]:
-    """Replay's predicted speedups on prices timed now: inside decodes of the first two prompts (the
-    default path's batch-1 prices, harness/in_decode.py) and alone (--isolated-prices); and both models."""
-    alone = measure_cost(pair, context, GAMMA)
+PLAIN, PRICES = -1, -2  # the rotation's sides past the policies: plain decoding, and a window timing the prices
+WINDOW_REPEATS = 3  # each window's timings of every pass (measure_cost's medians over them)
+BOOTSTRAP = 400
+
+
+def in_decode_prices(pair, ids, max_new_tokens: int) -> CostModel:
+    """The default path's batch-1 prices: timed inside decodes of the first two prompts (harness/in_decode.py)."""
+    alone = measure_cost(pair, ids[0], GAMMA)
     cost, _ = batch_one(pair, ids, calibration_policies(DecodeConfig.of(max_new_tokens=max_new_tokens), GAMMA),
                         alone, pair.eos_ids)
-    return (simulate_grid(rec, configs, cost)["predicted_speedup"].tolist(),
-            simulate_grid(rec, configs, alone)["predicted_speedup"].tolist(),
-            {"in_decode": cost.to_dict(), "alone": alone.to_dict()})
+    return cost
 
 
-def measure_repeat(pair, ids, rec, configs, repeat: int) -> tuple[list[float], bool]:
-    """One repeat: prompt by prompt, plain decoding and every policy in turn (the order rotated each
-    prompt and repeat), so that a minute's drift slows every side alike; each policy's measured
-    speedup (plain's seconds over its, summed over the prompts), and whether every round was exact."""
+def measure_repeat(pair, ids, rec, configs, repeat: int) -> tuple[dict, list[CostModel], bool]:
+    """One repeat: prompt by prompt, a window timing the prices at the prompt's halfway context,
+    plain decoding and every policy in turn (the order rotated each prompt and repeat), so that the
+    machine's drift meets every side alike: each side's seconds summed over the prompts, the
+    windows' cost models, and whether every round's acceptance was the forced one."""
     rounds = [forced_rounds(rec, ids, config) for config in configs]
-    sides = [-1, *range(len(configs))]
-    seconds, exact = dict.fromkeys(sides, 0.0), True
+    sides = [PRICES, PLAIN, *range(len(configs))]
+    seconds, windows, exact = dict.fromkeys(sides[1:], 0.0), [], True
     for p, prompt in enumerate(ids):
         tokens = rec.continuation[p, : int(rec.lengths[p])].tolist()
         turn = (repeat * len(ids) + p) % len(sides)
-        for index in sides[turn:] + sides[:turn]:
-            if index < 0:
+        for side in sides[turn:] + sides[:turn]:
+            if side == PRICES:
+                windows.append(measure_cost(pair, prompt + tokens[: len(tokens) // 2], GAMMA, repeats=WINDOW_REPEATS))
+            elif side == PLAIN:
                 spent, same = plain_prompt(pair, prompt, tokens)
             else:
-                run = run_prompt(pair, prompt, tokens, rounds[index][p], configs[index])
+                run = run_prompt(pair, prompt, tokens, rounds[side][p], configs[side])
                 spent, same = run.seconds, run.accepted == run.forced
-            seconds[index] += spent
-            exact &= same
-    return [seconds[-1] / seconds[i] for i in range(len(configs))], exact
+            if side != PRICES:
+                seconds[side] += spent
+                exact &= same
+    return seconds, windows, exact
 
 
-def spread(errors: list[float]) -> str:
-    return f"{statistics.median(errors):+.1%} [{min(errors):+.1%}, {max(errors):+.1%}]"
+def pooled(windows: list[CostModel]) -> CostModel:
+    """Every price's median over the windows (each window's own a median over its repeats)."""
+    def median(field) -> float:
+        return statistics.median(field(m) for m in windows)
+    return CostModel(median(lambda m: m.t_draft), [median(lambda m: m.t_verify[k]) for k in range(GAMMA + 1)],
+                     int(median(lambda m: m.context_tokens)), t_first_draft=median(lambda m: m.t_first_draft))
+
+
+def predicted(rec, configs, cost: CostModel) -> list[float]:
+    return simulate_grid(rec, configs, cost)["predicted_speedup"].tolist()
+
+
+def errors(rec, configs, repeats: list[dict], seed: int = 0) -> list[dict]:
+    """Each policy's measured speedup (plain's seconds over its, summed over every repeat), replay's
+    prediction on the windows' pooled prices and its error, with a 95 % bootstrap interval over
+    repeats (each resample re-pools its repeats' windows and re-sums their seconds)."""
+    rng = np.random.default_rng(seed)
+    point = errors_of(rec, configs, repeats)
+    samples = [errors_of(rec, configs, [repeats[i] for i in rng.integers(0, len(repeats), len(repeats))])
+               for _ in range(BOOTSTRAP)]
+    return [{**p, "error_low": float(np.percentile([s[i]["error"] for s in samples], 2.5)),
+             "error_high": float(np.percentile([s[i]["error"] for s in samples], 97.5))} for i, p in enumerate(point)]
+
+
+def errors_of(rec, configs, repeats: list[dict]) -> list[dict]:
+    prices = pooled([w for r in repeats for w in r["windows"]])
+    plain = sum(r["seconds"][PLAIN] for r in repeats)
+    measured = [plain / sum(r["seconds"][i] for r in repeats) for i in range(len(configs))]
+    return [{"measured": m, "predicted": p, "error": p / m - 1}
+            for m, p in zip(measured, predicted(rec, configs, prices))]
 
 
 def main() -> None:
-    args = common.parser(__doc__, task="code", limit=8, max_new_tokens=64, repeats=9, out="results/timed").parse_args()
-    pair, ids, rec, context = recorded(args)
+    args = common.parser(__doc__, task="code", limit=8, max_new_tokens=64, repeats=16, out="results/timed").parse_args()
+    pair, ids, rec, _ = recorded(args)
     configs, repeats, exact = policies(args.max_new_tokens), [], True
     started = time.perf_counter()
     measure_repeat(pair, ids, rec, configs, 0)  # untimed: every pass's shape met once (the first runs read slow)
+    in_decode = in_decode_prices(pair, ids, args.max_new_tokens)
     for repeat in range(args.repeats):
-        in_decode, alone, prices = priced(pair, ids, rec, context, configs, args.max_new_tokens)
-        measured, same = measure_repeat(pair, ids, rec, configs, repeat)
+        seconds, windows, same = measure_repeat(pair, ids, rec, configs, repeat)
         exact &= same
-        repeats.append({"measured": measured, "in_decode": in_decode, "alone": alone, "prices": prices})
-        print(f"repeat {repeat + 1}: " + ", ".join(f"{m:.3f}/{p:.3f}" for m, p in zip(measured, in_decode)), flush=True)
+        repeats.append({"seconds": seconds, "windows": windows})
+        print(f"repeat {repeat + 1}: " + ", ".join(f"{seconds[PLAIN] / seconds[i]:.3f}" for i in range(len(configs))),
+              flush=True)
     per_round = simulate_grid(rec, configs)["tokens_per_round"].tolist()  # the rounds: the same every repeat
-    rows = [row_of(config, i, per_round[i], repeats) for i, config in enumerate(configs)]
-    write(args, rows, repeats, exact, time.perf_counter() - started)
+    rows = [row_of(config, per_round[i], repeats, i, e) for i, (config, e) in
+            enumerate(zip(configs, errors(rec, configs, repeats)))]
+    for row, first, decoded in zip(rows, predicted(rec, configs, repeats[0]["windows"][0]),
+                                   predicted(rec, configs, in_decode)):
+        row.update(error_first_window=first / row["measured"] - 1, error_in_decode=decoded / row["measured"] - 1)
+    write(args, rows, repeats, in_decode, exact, time.perf_counter() - started)
 
 
-def row_of(config: DecodeConfig, i: int, tokens_per_round: float, repeats: list[dict]) -> dict:
-    """One policy's errors, prediction / measured − 1: per repeat on its own prices, and on the first's."""
-    measured = [r["measured"][i] for r in repeats]
-    sides = ("in_decode", "alone")
-    return {"policy": config.label(), "tokens_per_round": tokens_per_round,
-            "measured_speedup": statistics.median(measured), "measured_low": min(measured),
-            "measured_high": max(measured),
-            **{f"errors_{side}": [r[side][i] / m - 1 for r, m in zip(repeats, measured)] for side in sides},
-            **{f"errors_first_{side}": [repeats[0][side][i] / m - 1 for m in measured] for side in sides}}
+def row_of(config: DecodeConfig, tokens_per_round: float, repeats: list[dict], i: int, errors_: dict) -> dict:
+    per_repeat = [r["seconds"][PLAIN] / r["seconds"][i] for r in repeats]
+    return {"policy": config.label(), "tokens_per_round": tokens_per_round, **errors_,
+            "measured_low": min(per_repeat), "measured_high": max(per_repeat)}
 
 
-def write(args, rows: list[dict], repeats: list[dict], exact: bool, seconds: float) -> None:
-    within = {side: sum(abs(statistics.median(r[f"errors_{side}"])) <= 0.02 for r in rows)
-              for side in ("in_decode", "alone", "first_in_decode", "first_alone")}
+def write(args, rows: list[dict], repeats: list[dict], in_decode: CostModel, exact: bool, seconds: float) -> None:
+    within = sum(abs(r["error"]) <= 0.02 for r in rows)
+    windows = len(repeats) * len(repeats[0]["windows"])
     lines = [f"Timed replay, {args.limit} {args.task} prompts × {args.max_new_tokens} tokens, {args.repeats} repeats, "
-             f"each timing its prices then plain decoding and the policies in turn prompt by prompt "
-             f"({seconds:.0f} s); machine: "
-             f"{describe_machine(environment())}; every round's acceptance as the passes computed it equal to the "
-             f"forced one: {exact}.", "", "Error: predicted / measured − 1, the median over repeats [min, max].", "",
-             "| policy | tokens/round | measured speedup [min, max] | on its repeat's prices, in decode (the default) "
-             "| its repeat's, alone | the first repeat's, in decode | the first repeat's, alone |",
-             "|---|---|---|---|---|---|---|"]
-    lines += [f"| {r['policy']} | {r['tokens_per_round']:.2f} | {r['measured_speedup']:.3f} [{r['measured_low']:.3f}, "
-              f"{r['measured_high']:.3f}] | {spread(r['errors_in_decode'])} | {spread(r['errors_alone'])} | "
-              f"{spread(r['errors_first_in_decode'])} | {spread(r['errors_first_alone'])} |" for r in rows]
-    lines += ["", f"Median within ±2 %, of {len(rows)}: on each repeat's prices {within['in_decode']} in decode, "
-              f"{within['alone']} alone; on the first repeat's {within['first_in_decode']} in decode, "
-              f"{within['first_alone']} alone."]
+             f"each prompt by prompt a prices window, plain decoding and the policies in turn ({seconds:.0f} s); "
+             f"machine: {describe_machine(environment())}; every round's acceptance as the passes computed it equal "
+             f"to the forced one: {exact}.", "",
+             f"Error: predicted / measured − 1. Measured: plain decoding's seconds over the policy's, summed over the "
+             f"repeats ([the repeats' lowest, highest]). Predicted: replay on the passes' prices, each the median of "
+             f"its {windows} windows ([95 % bootstrap over repeats]).", "",
+             "| policy | tokens/round | measured speedup | predicted | error | the first window's prices "
+             "| in-decode prices, timed once before |", "|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['policy']} | {r['tokens_per_round']:.2f} | {r['measured']:.3f} [{r['measured_low']:.3f}, "
+              f"{r['measured_high']:.3f}] | {r['predicted']:.3f} | {r['error']:+.1%} [{r['error_low']:+.1%}, "
+              f"{r['error_high']:+.1%}] | {r['error_first_window']:+.1%} | {r['error_in_decode']:+.1%} |" for r in rows]
+    lines += ["", f"Within ±2 % on the windows' prices: {within} of {len(rows)}."]
     args.out.mkdir(parents=True, exist_ok=True)
     text = "\n".join(lines)
     (args.out / "timed_replay.md").write_text(text + "\n")
-    (args.out / "timed_replay.json").write_text(json.dumps({"rows": rows, "exact": exact, "repeats": repeats},
-                                                           indent=1))
+    json_repeats = [{"seconds": {str(k): v for k, v in r["seconds"].items()},
+                     "windows": [w.to_dict() for w in r["windows"]]} for r in repeats]
+    (args.out / "timed_replay.json").write_text(json.dumps({"rows": rows, "exact": exact, "repeats": json_repeats,
+                                                            "in_decode": in_decode.to_dict()}, indent=1))
     print(text)
 
 
