@@ -2,6 +2,7 @@
 with an engine's per-round and plain-decoding costs, a sweep ranked on an engine's prices, and
 an export that writes plain decoding where no speculative policy wins on those prices."""
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -169,6 +170,39 @@ def test_the_fit_finds_what_an_engine_adds_per_drafting_and_per_empty_round():
     slow = runs[1][1].assign(spec_s=runs[1][1]["spec_s"] * 1.3, baseline_s=runs[1][1]["baseline_s"] * 1.3)
     drifted, _ = cost_file.fit_overheads(passes, rec, [runs[0], (runs[1][0], slow), runs[2]])
     assert drifted.t_round == pytest.approx(model.t_round, rel=0.02) and drifted.t_plain == pytest.approx(0.0105)
+
+
+def test_the_fit_prices_each_fit_prompt_at_its_own_depth():
+    """Fit prompts of 300 to 3,400 tokens, timed on passes that grow with depth (each drafting round
+    2 ms past its passes, each plain step 0.3 ms past its one-token pass): priced at their own
+    depths, as replay prices a run's rounds, the fit gives both back. Priced at one depth, as it
+    was, t_round came out far off (llama-server's fit read 2.6 ms where its prompts' depths said 2.0)."""
+    rec = synthetic_record()
+    rec.info["prompt_tokens"] = [300, 700, 1200, 1800, 2500, 3400]
+    shallow = [0.010, 0.011, 0.0115, 0.012, 0.013, 0.0135, 0.014, 0.015, 0.016]
+    grow = lambda depth: 1 + (depth - 256) / 1792  # noqa: E731  twice the cost at 2,048, linear past it
+    passes = CostModel(0.003, [2 * t for t in shallow], 2048,
+                       by_depth={256: {"t_draft": 0.002, "t_verify": shallow},
+                                 2048: {"t_draft": 0.003, "t_verify": [2 * t for t in shallow]}})
+    policies = [DecodeConfig.of(schedule="fixed", gamma_max=g, min_draft_len=0, max_new_tokens=40, semantics="llamacpp")
+                for g in (5, 7)]
+    runs = []
+    for policy in policies:
+        rows = []
+        for p, rounds in enumerate(simulate(rec, policy)):
+            depth, spec = rec.info["prompt_tokens"][p], 0.0
+            for r in rounds:
+                spec += r.draft_forwards * 0.001 * (1 + grow(depth)) + shallow[r.drafted] * grow(depth) + 0.002
+                depth += r.emitted
+            plain = sum(shallow[0] * grow(rec.info["prompt_tokens"][p] + i) + 0.0003 for i in range(40))
+            rows.append({"prompt_id": f"p{p}", "spec_s": spec, "new_tokens": 40, "baseline_s": plain,
+                         "baseline_new_tokens": 40})
+        runs.append((policy, pd.DataFrame(rows)))
+    model, _ = cost_file.fit_overheads(passes, rec, runs)
+    assert model.t_round == pytest.approx(0.002, rel=1e-6)
+    assert model.t_plain == pytest.approx(2 * shallow[0] + 0.0003, rel=1e-6)  # its pass at 2,048 and what it adds
+    flat, _ = cost_file.fit_overheads(dataclasses.replace(passes, by_depth={}), rec, runs)
+    assert abs(flat.t_round / 0.002 - 1) > 0.25
 
 
 def test_break_even_acceptance_matches_the_fixed_gamma_it_names():

@@ -155,7 +155,8 @@ def file_key(path: Path) -> str:
 
 
 # Bumped when the way a file is fitted changes, so a cached file of the old way is measured again.
-FIT_VERSION = 3  # 2: the passes scaled to the server's (server_scale); 3: t_round_empty, paired ratios
+FIT_VERSION = 4  # 2: the passes scaled to the server's (server_scale); 3: t_round_empty, paired ratios;
+# 4: each fit prompt priced at its own depths
 
 
 def cache_path(build: dict, target: Path, draft: Path, depth: int, threads: int | None) -> Path:
@@ -205,7 +206,8 @@ def how_measured(scale: float) -> str:
             "through the draft too); t_draft: the draft's -p 1; medians of "
             f"{REPETITIONS * INVOCATIONS} repetitions over {INVOCATIONS} runs, sizes shuffled. t_plain, t_round: "
             f"fitted on llama-server's timings.predicted_ms of fixed γ={' and '.join(map(str, FIT_GAMMAS))} and plain "
-            "runs: the median per round of what each took beyond replay's passes (fitted_on); t_round_empty: the same "
+            "runs: the median per round of what each took beyond replay's passes, each prompt's at its own depths "
+            "(fitted_on); t_round_empty: the same "
             f"per empty round of a p-min 1 run; every pass scaled by {scale:.3f}, the server's plain step over "
             "llama-bench's one-token target pass where llama-bench's is the slower (server_scale)")
 
@@ -249,9 +251,10 @@ def llamacpp_prices(pair, fit_prompts, fit_ids: list[list[int]], eos, max_new_to
     probe.sample("after the fit runs")
     rec = record(pair, fit_ids, max_new_tokens, gamma, eos_ids=eos)
     scale = server_scale(passes, runs)
-    model, per_run = fit_overheads(scaled(passes, scale), rec, runs)
-    model.by_depth = depth_passes(find_bench(binary), target, draft, deep_enough(depth, context), gamma, threads,
-                                  scale, say)
+    # The depth axis before the fit: each fit prompt's rounds priced at their own depths, as a run's are.
+    deep = dataclasses.replace(scaled(passes, scale), by_depth=depth_passes(
+        find_bench(binary), target, draft, deep_enough(depth, context), gamma, threads, scale, say))
+    model, per_run = fit_overheads(deep, rec, runs)
     described = pair.describe()
     prices = CostFile(
         CostSurface({1: model}), {"name": "llamacpp", "version": f"b{build['build_number']}", "build": build},
@@ -259,7 +262,7 @@ def llamacpp_prices(pair, fit_prompts, fit_ids: list[list[int]], eos, max_new_to
          "draft_fingerprint": described["draft_fingerprint"]}, how_measured(scale),
         {**machine(), "threads": threads or "llama.cpp's default"}, now(),
         {"policies": [p.label() for p in policies], "prompts": [p.id for p in fit_prompts], "runs": per_run,
-         "pass_scale": scale,
+         "pass_scale": scale, "fit_version": FIT_VERSION,
          "llama_bench_medians_s": {role: {str(n): s for n, s in m.items()} for role, m in medians.items()}},
         timing_health=health([*probe.checks(), cost_dispersion(CostSurface({1: passes})), fit_dispersion(per_run)]))
     prices.save(where)

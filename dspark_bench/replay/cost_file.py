@@ -33,8 +33,11 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from dspark_bench.errors import DsparkError
 from dspark_bench.replay.cost import CostModel, CostSurface
+from dspark_bench.replay.tables import record_depths
 from dspark_bench.results import cache_dir, machine, write_json  # machine: what every result names
 
 FORMAT = "dspark-bench cost model"
@@ -197,33 +200,35 @@ def fit_overheads(passes: CostModel, rec, runs) -> tuple[CostModel, list[dict]]:
 
     `runs`: (policy, rows) pairs, rows one per prompt in the record's order with the engine's
     speculative and plain seconds (`spec_s`, `baseline_s`) for its tokens (`new_tokens`,
-    `baseline_new_tokens`). t_plain is the plain side's median seconds per token. t_round: the
+    `baseline_new_tokens`). Each prompt's passes are priced as replay prices them, at their own
+    depths where `passes` has a depth axis (`passes_by_prompt`). t_plain: the passes' one-token
+    step at context_tokens plus what the plain side's step takes past its own pass (the median
+    over the prompts; without a depth axis, the plain side's median seconds per token). t_round: the
     median over the prompts of the drafting policies of what the speculative run took beyond
-    replay's passes (t_draft and t_verify over the policy's replayed rounds), per round, the
-    speculative run's seconds taken as its paired ratio to the plain side times t_plain (what a
-    prediction is: a ratio to plain decoding, which a slow stretch under one fit run leaves alone).
-    t_round_empty: the same over the runs whose rounds are mostly empty drafts (llama.cpp's p-min
-    1 fit run), per empty round, their few drafting rounds charged t_round. Medians: one prompt
-    timed while the machine hiccupped moves a least-squares fit, not the median. (A cost per
-    draft step on top was tried on llama.cpp and dropped: fitted on γ 5 and 7 it extrapolated to
-    half the overhead γ = 1 measures; what llama-server adds per drafting round is flat in γ.)"""
-    from dspark_bench.replay.simulate import simulate  # simulate imports this module's cost model
-
-    per_run, t_plain = [], plain_seconds_per_token(runs)
-    for policy, rows in runs:
-        for p, (row, rounds) in enumerate(zip(rows.itertuples(), simulate(rec, policy))):
+    replay's passes, per round, the speculative run's seconds taken as its paired ratio to the
+    plain side times that prompt's plain step priced (what a prediction is: a ratio to plain
+    decoding, which a slow stretch under one fit run leaves alone). t_round_empty: the same over
+    the runs whose rounds are mostly empty drafts (llama.cpp's p-min 1 fit run), per empty round,
+    their few drafting rounds charged t_round. Medians: one prompt timed while the machine
+    hiccupped moves a least-squares fit, not the median. (A cost per draft step on top was tried on
+    llama.cpp and dropped: fitted on γ 5 and 7 it extrapolated to half the overhead γ = 1
+    measures; what llama-server adds per drafting round is flat in γ.) Priced at one depth, fit
+    prompts of 900 to 3,500 tokens put llama-server's t_round at 2.6 ms where their own depths say
+    2.0 (docs/depth.md#llamacpp-at-depth)."""
+    one_token, spent = passes_by_prompt(passes, rec, runs)
+    plain = [[row.baseline_s / row.baseline_new_tokens for row in rows.itertuples()] for _, rows in runs]
+    past_pass = statistics.median(p - one_token[i] for per_prompt in plain for i, p in enumerate(per_prompt))
+    per_run = []
+    for (policy, rows), rounds, plains in zip(runs, spent, plain):
+        for p, (row, (n_rounds, empties, passes_s)) in enumerate(zip(rows.itertuples(), rounds)):
             tokens = int(rec.lengths[p])
-            spent = sum(r.draft_forwards * passes.t_draft + passes.t_verify[r.drafted]
-                        + (passes.t_first_draft if r.draft_forwards else 0.0) for r in rounds)
-            plain = row.baseline_s / row.baseline_new_tokens
-            # The speculative side's seconds for replay's tokens at the fit's median plain speed:
+            # The speculative side's seconds for replay's tokens at this prompt's priced plain step:
             # its paired ratio to the plain side (the two take turns, so a slow minute slows both)
-            # times t_plain. Absolute seconds would carry each pair's minute of drift into t_round.
-            spec_s = row.spec_s / row.new_tokens / plain * t_plain * tokens
+            # times the step. Absolute seconds would carry each pair's minute of drift into t_round.
+            spec_s = row.spec_s / row.new_tokens / plains[p] * (one_token[p] + past_pass) * tokens
             per_run.append({"policy": policy.label(), "prompt_id": row.prompt_id, "tokens": tokens,
-                            "rounds": len(rounds), "empty_rounds": sum(r.drafted == 0 for r in rounds),
-                            "spec_s": spec_s, "passes_s": spent, "round_overhead_s": (spec_s - spent) / len(rounds),
-                            "plain_per_token_s": plain})
+                            "rounds": n_rounds, "empty_rounds": empties, "spec_s": spec_s, "passes_s": passes_s,
+                            "round_overhead_s": (spec_s - passes_s) / n_rounds, "plain_per_token_s": plains[p]})
     empty, drafting = [], []  # runs of mostly empty drafts (llama.cpp's p-min 1 fit run), the rest
     for r in per_run:
         (empty if 2 * r["empty_rounds"] > r["rounds"] else drafting).append(r)
@@ -231,7 +236,38 @@ def fit_overheads(passes: CostModel, rec, runs) -> tuple[CostModel, list[dict]]:
     t_round_empty = max(statistics.median(
         (r["spec_s"] - r["passes_s"] - (r["rounds"] - r["empty_rounds"]) * t_round) / r["empty_rounds"] for r in empty),
         0.0) if empty else None
+    t_plain = passes.at_depths([passes.context_tokens])[1][0, 0] - first_step(passes) + past_pass
     return dataclasses.replace(passes, t_round=t_round, t_round_empty=t_round_empty, t_plain=t_plain), per_run
+
+
+def passes_by_prompt(passes: CostModel, rec, runs) -> tuple[list[float], list[list[tuple[int, int, float]]]]:
+    """(each prompt's one-token pass, seconds a token: plain decoding's, each of its tokens at its
+    own depth; per run, each prompt's (rounds, empty rounds, the rounds' passes in seconds)): each
+    round's draft steps and verify at the depth it starts at (replay/tables.record_depths), flat
+    where `passes` has no depth axis."""
+    from dspark_bench.replay.simulate import simulate  # simulate imports this module's cost model
+
+    depths = record_depths(rec)
+    one_token = [float(np.mean(passes.at_depths(depths[p, : int(n)])[1][:, 0])) - first_step(passes)
+                 for p, n in enumerate(rec.lengths)]
+    spent = []
+    for policy, _ in runs:
+        per_prompt = []
+        for p, rounds in enumerate(simulate(rec, policy)):
+            starts = np.cumsum([0] + [r.emitted for r in rounds[:-1]])
+            draft, costs = passes.at_depths(depths[p, starts])
+            seconds = sum(r.draft_forwards * draft[i] + costs[i, r.drafted] - (0.0 if r.draft_forwards else
+                                                                                 passes.t_first_draft)
+                          for i, r in enumerate(rounds))
+            per_prompt.append((len(rounds), sum(r.drafted == 0 for r in rounds), float(seconds)))
+        spent.append(per_prompt)
+    return one_token, spent
+
+
+def first_step(passes: CostModel) -> float:
+    """What round_costs adds to a round's verify past its pass where nothing is fitted yet: the draft
+    model's first-step excess (replay/cost.py)."""
+    return passes.round_costs()[0] - passes.t_verify[0]
 
 
 def plain_seconds_per_token(runs) -> float:
