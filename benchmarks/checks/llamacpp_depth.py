@@ -15,7 +15,7 @@ replay/cost_file.fit_overheads on the file's own passes, and every bucket priced
     dspark-bench run --decoder llamacpp --task long-code --limit 12 --max-new-tokens 64 --semantics llamacpp \
         --metric top1 --threshold 0 --threshold 0.3 --threshold 0.6 --gamma-max 3 --gamma-max 6 \
         --min-draft-len 0 --repeats 1 --out results/llamacpp-depth
-    python -m benchmarks.checks.llamacpp_depth results/llamacpp-depth/<run folder> [--refit]
+    python -m benchmarks.checks.llamacpp_depth results/llamacpp-depth/<run folder> [--refit] [--prices FILE]
 """
 
 from __future__ import annotations
@@ -46,6 +46,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("run", type=Path, help="a `run --decoder llamacpp` folder over prompts of several buckets")
     parser.add_argument("--refit", action="store_true", help="also price on the prices file's fit rows fitted again")
+    parser.add_argument("--prices", type=Path, help="the run's prices file where it is no longer where the run "
+                        "read it (a copy kept beside the run's data)")
     args = parser.parse_args()
     folder = args.run
     info = read_json(folder / "llamacpp.json", "llama.cpp result")
@@ -57,13 +59,13 @@ def main() -> None:
     targets = [autoregressive_decode(pair.target, i, first, eos).tokens for i in ids]
     gamma = max(c.stopping.gamma_max for c in planned.configs)
     rec = record(pair, ids, first.verification.max_new_tokens, gamma, eos_ids=eos, continuations=targets)
-    prices = cost_file.load(Path(info["prices"]["llamacpp"]))
+    where = args.prices or Path(info["prices"]["llamacpp"])
+    prices = cost_file.load(where)
     costs = {"the run's prices": prices.surface.at(1)}
     if args.refit:
         costs["refitted at each fit prompt's depths"] = refitted(prices, planned, pair, settings, eos)
     measured = pd.read_parquet(folder / "llamacpp.parquet")
-    print(f"{folder}: {len(ids)} prompts of {min(map(len, ids)):,}-{max(map(len, ids)):,} tokens; prices "
-          f"{info['prices']['llamacpp']}")
+    print(f"{folder}: {len(ids)} prompts of {min(map(len, ids)):,}-{max(map(len, ids)):,} tokens; prices {where}")
     for name, cost in costs.items():
         print(f"on {name}: t_round {cost.t_round * 1e3:.3f} ms, t_round_empty {(cost.t_round_empty or 0) * 1e3:.3f} "
               f"ms, t_plain {cost.t_plain * 1e3:.3f} ms")
