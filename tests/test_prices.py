@@ -176,7 +176,7 @@ def test_the_fit_prices_each_fit_prompt_at_its_own_depth():
     """Fit prompts of 300 to 3,400 tokens, timed on passes that grow with depth (each drafting round
     2 ms past its passes, each plain step 0.3 ms past its one-token pass): priced at their own
     depths, as replay prices a run's rounds, the fit gives both back. Priced at one depth, as it
-    was, t_round came out far off (llama-server's fit read 2.6 ms where its prompts' depths said 2.0)."""
+    was, t_round came out far off (llama-server's fit read 2.6 ms where its prompts' depths said 2.4)."""
     rec = synthetic_record()
     rec.info["prompt_tokens"] = [300, 700, 1200, 1800, 2500, 3400]
     shallow = [0.010, 0.011, 0.0115, 0.012, 0.013, 0.0135, 0.014, 0.015, 0.016]

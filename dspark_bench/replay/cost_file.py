@@ -214,7 +214,7 @@ def fit_overheads(passes: CostModel, rec, runs) -> tuple[CostModel, list[dict]]:
     llama.cpp and dropped: fitted on γ 5 and 7 it extrapolated to half the overhead γ = 1
     measures; what llama-server adds per drafting round is flat in γ.) Priced at one depth, fit
     prompts of 900 to 3,500 tokens put llama-server's t_round at 2.6 ms where their own depths say
-    2.0 (docs/depth.md#llamacpp-at-depth)."""
+    2.4 (docs/depth.md#llamacpp-at-depth)."""
     one_token, spent = passes_by_prompt(passes, rec, runs)
     plain = [[row.baseline_s / row.baseline_new_tokens for row in rows.itertuples()] for _, rows in runs]
     past_pass = statistics.median(p - one_token[i] for per_prompt in plain for i, p in enumerate(per_prompt))
