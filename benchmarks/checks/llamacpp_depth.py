@@ -31,6 +31,7 @@ from dspark_bench import schedules
 from dspark_bench.config import DecodeConfig
 from dspark_bench.decoding.autoregressive import autoregressive_decode
 from dspark_bench.engines.llamacpp_prices import EMPTY_FIT
+from dspark_bench.errors import DsparkError
 from dspark_bench.engines.llamacpp_run import by_bucket, generation_speedup
 from dspark_bench.harness.hf_cost_model import FIT_GAMMAS, fit_prompts
 from dspark_bench.harness.run import from_run_info, plan_run
@@ -51,6 +52,14 @@ def main() -> None:
     args = parser.parse_args()
     folder = args.run
     info = read_json(folder / "llamacpp.json", "llama.cpp result")
+    where = args.prices or Path(info["prices"]["llamacpp"])
+    try:  # a wrong file, or --refit on a depth-fitted one: refused in one line before any model loads
+        prices = cost_file.load(where)
+    except DsparkError as error:
+        raise SystemExit(f"error: {error}") from None
+    measured = pd.read_parquet(folder / "llamacpp.parquet")
+    if args.refit and prices.fitted_on.get("fit_version", 3) >= 4:  # engines/llamacpp_prices.FIT_VERSION 4
+        raise SystemExit("--refit takes a prices file fitted at one depth; this one is fitted at each prompt's depths")
     planned = plan_run(from_run_info(read_json(folder / "run.json", "run file")))
     pair, settings = planned.pair, planned.config.settings()
     eos = settings.eos_ids(pair)
@@ -59,12 +68,9 @@ def main() -> None:
     targets = [autoregressive_decode(pair.target, i, first, eos).tokens for i in ids]
     gamma = max(c.stopping.gamma_max for c in planned.configs)
     rec = record(pair, ids, first.verification.max_new_tokens, gamma, eos_ids=eos, continuations=targets)
-    where = args.prices or Path(info["prices"]["llamacpp"])
-    prices = cost_file.load(where)
     costs = {"the run's prices": prices.surface.at(1)}
     if args.refit:
         costs["refitted at each fit prompt's depths"] = refitted(prices, planned, pair, settings, eos)
-    measured = pd.read_parquet(folder / "llamacpp.parquet")
     print(f"{folder}: {len(ids)} prompts of {min(map(len, ids)):,}-{max(map(len, ids)):,} tokens; prices {where}")
     for name, cost in costs.items():
         print(f"on {name}: t_round {cost.t_round * 1e3:.3f} ms, t_round_empty {(cost.t_round_empty or 0) * 1e3:.3f} "
@@ -96,8 +102,6 @@ def report(rec, planned, measured: pd.DataFrame, ids, cost: CostModel) -> None:
 def refitted(prices, planned, pair, settings, eos) -> CostModel:
     """The file's own fit rows fitted again on its passes (its depth axis included): the rows as the
     one-depth fit wrote them, each speculative side normalized to the fit's t_plain, made raw again."""
-    if prices.fitted_on.get("fit_version", 3) >= 4:  # engines/llamacpp_prices.FIT_VERSION 4: fitted at depth
-        raise SystemExit("--refit takes a prices file fitted at one depth; this one is fitted at each prompt's depths")
     old = prices.surface.at(1)
     fit = fit_prompts(planned.config, planned.prompts)
     fit_ids = [encode(pair.tokenizer, p.text, settings.chat_template) for p in fit]

@@ -77,12 +77,11 @@ def in_decode_prices(pair, ids, max_new_tokens: int) -> CostModel:
     return cost
 
 
-def measure_repeat(pair, ids, rec, configs, repeat: int) -> tuple[dict, list[CostModel], bool]:
+def measure_repeat(pair, ids, rec, configs, rounds, repeat: int) -> tuple[dict, list[CostModel], bool]:
     """One repeat: prompt by prompt, a window timing the prices at the prompt's halfway context,
     plain decoding and every policy in turn (the order rotated each prompt and repeat), so that the
     machine's drift meets every side alike: each side's seconds summed over the prompts, the
     windows' cost models, and whether every round's acceptance was the forced one."""
-    rounds = [forced_rounds(rec, ids, config) for config in configs]
     sides = [PRICES, PLAIN, *range(len(configs))]
     seconds, windows, exact = dict.fromkeys(sides[1:], 0.0), [], True
     for p, prompt in enumerate(ids):
@@ -139,10 +138,11 @@ def main() -> None:
     pair, ids, rec, _ = recorded(args)
     configs, repeats, exact = policies(args.max_new_tokens), [], True
     started = time.perf_counter()
-    measure_repeat(pair, ids, rec, configs, 0)  # untimed: every pass's shape met once (the first runs read slow)
+    rounds = [forced_rounds(rec, ids, config) for config in configs]  # each policy's, the same every repeat
+    measure_repeat(pair, ids, rec, configs, rounds, 0)  # untimed: every shape met once (the first runs read slow)
     in_decode = in_decode_prices(pair, ids, args.max_new_tokens)
     for repeat in range(args.repeats):
-        seconds, windows, same = measure_repeat(pair, ids, rec, configs, repeat)
+        seconds, windows, same = measure_repeat(pair, ids, rec, configs, rounds, repeat)
         exact &= same
         repeats.append({"seconds": seconds, "windows": windows})
         print(f"repeat {repeat + 1}: " + ", ".join(f"{seconds[PLAIN] / seconds[i]:.3f}" for i in range(len(configs))),
