@@ -13,6 +13,7 @@ from dspark_bench.harness.plan import (
     Pace,
     prices_seconds,
     replay_plan,
+    run_plan,
 )
 from dspark_bench.measure.cost_model import COST_REPEATS, DEPTH_REPEATS, PREFILL_REPEATS, SURFACE_REPEATS
 
@@ -30,6 +31,16 @@ def test_each_decode_pays_its_prompt_s_prefill():
     # A sampled record records every path as a greedy record is: its prompt's prefill too.
     _, sampled = replay_plan(pace, 6000, 2, 64, 100, 0, 1, recorded=False, paths=4)
     assert sampled == pytest.approx(4 * record)
+
+
+def test_a_run_s_plan_pays_each_decode_s_prefill():
+    pace = Pace(per_token=0.02, per_prompt_token=0.0003)
+    line, total = run_plan(pace, prompts=12, samples=36, configs=3, tokens=64, repeats=2, prompt_tokens=2000)
+    pair = 2 * 0.0003 * 2000 + 0.02 * 64 * (1 + 1 / ASSUMED_SPEEDUP)  # both sides pay the prefill
+    assert total == pytest.approx(36 * 2 * pair)
+    assert "0.60 s a prompt's prefill" in line and "12 prompts × 3 configurations × 2 timed pairs" in line
+    _, short = run_plan(pace, 12, 36, 3, 64, 2)
+    assert short == pytest.approx(36 * 2 * 0.02 * 64 * (1 + 1 / ASSUMED_SPEEDUP))
 
 
 def test_timing_our_prices_counts_each_batch_size_and_depth():

@@ -116,13 +116,18 @@ def duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-def run_plan(per_token: float, prompts: int, samples: int, configs: int, tokens: int,
-             repeats: int) -> tuple[str, float]:
-    """The line `run` prints before it decodes, and its estimate in seconds."""
-    seconds = timed_pairs_seconds(per_token, samples, tokens, repeats)
+def run_plan(pace: Pace, prompts: int, samples: int, configs: int, tokens: int, repeats: int,
+             prompt_tokens: float = 0.0) -> tuple[str, float]:
+    """The line `run` prints before it decodes, and its estimate in seconds: `samples` (prompt,
+    configuration) measurements, each `repeats` timed pairs whose two decodes each pay their prompt's
+    prefill (`prompt_tokens`: a prompt's mean). Without the prefill, 12 long-code prompts at B = 8
+    were planned at 70 s and took 118 s."""
+    seconds = samples * repeats * (2 * pace.decodes(prompt_tokens, 0)
+                                   + pace.decodes(0, tokens) * (1 + 1 / ASSUMED_SPEEDUP))
+    prefill = f", {pace.per_prompt_token * prompt_tokens:.2f} s a prompt's prefill" if prompt_tokens else ""
     return (f"plan: {prompts} prompts × {configs} configuration{'s' * (configs != 1)} × {repeats} timed "
             f"pair{'s' * (repeats != 1)} × {tokens} tokens ≈ {duration(seconds)} "
-            f"(target {per_token * 1e3:.1f} ms/token here)"), seconds
+            f"(target {pace.per_token * 1e3:.1f} ms/token here{prefill})"), seconds
 
 
 def replay_plan(pace: Pace, prompt_tokens: int, prompts: int, tokens: int, policies: int, confirm: int, repeats: int,

@@ -36,7 +36,7 @@ from dspark_bench.decoding.types import DecodeResult
 from dspark_bench.harness.depth_breakdown import depth_breakdowns
 from dspark_bench.harness.health import LoadProbe, baseline_drift, health, identical_rounds, wall_over_estimate
 from dspark_bench.harness.models import ModelPair
-from dspark_bench.harness.plan import precision_plan, run_plan, seconds_per_token
+from dspark_bench.harness.plan import measured_pace, precision_plan, run_plan
 from dspark_bench.harness.samples import config_columns, round_rows, sample_fields
 from dspark_bench.harness.verdicts import judge, with_schedules
 from dspark_bench.harness.workload import RunnerSettings  # declared beside the workload; still importable here
@@ -293,10 +293,11 @@ def say_plan(pair: ModelPair, prompts: list[Prompt], configs: list[DecodeConfig]
     """Say the plan; returns its estimate in seconds."""
     if not prompts:
         return None
-    per_token = seconds_per_token(pair, encode(pair.tokenizer, prompts[0].text, settings.chat_template))
+    ids = [encode(pair.tokenizer, p.text, settings.chat_template) for p in prompts]
+    pace = measured_pace(pair, sorted(ids, key=len)[len(ids) // 2])  # the median prompt's, its prefill apart
     tokens = max(c.verification.max_new_tokens for c in configs)
-    plan, seconds = run_plan(per_token, len(prompts), planned_samples(prompts, configs, settings, assignment),
-                             len(configs), tokens, settings.repeats)
+    plan, seconds = run_plan(pace, len(prompts), planned_samples(prompts, configs, settings, assignment),
+                             len(configs), tokens, settings.repeats, float(np.mean([len(i) for i in ids])))
     if any(c.verification.compiled for c in configs):
         say(plan + ", after compiling every step it feeds (not in the estimate)")
         return None  # compiling is not in the estimate: nothing to hold the wall time to
