@@ -25,6 +25,7 @@ from dspark_bench.measure.recording import record
 from dspark_bench.replay.joint_walks import walk_controlled
 from dspark_bench.replay.rounds import match_lengths
 from dspark_bench.replay.simulate import simulate
+from dspark_bench.replay.slots import unpriced
 from dspark_bench.replay.step_prices import StepPrices
 
 DATA = Path(__file__).parent / "data"
@@ -166,7 +167,7 @@ def test_a_batched_server_budgets_the_whole_batch(recorded, costly, batch_size):
     assert len({r.drafted for r in rounds}) >= 2 and {3, 4} <= {r.draft_forwards for r in rounds}  # 4: one row left
     zeros = np.zeros(len(PROMPTS))
     free = StepPrices.flat(np.zeros(batch_size + 1), np.zeros((batch_size + 1, G + 1)))
-    walked = walk_controlled(rec, config, free, zeros,
+    walked = walk_controlled(rec, config, free, unpriced(len(zeros)),
                              True, match_lengths(rec), zeros, zeros.copy(), zeros.copy())
     assert [walked[k] for k in ("rounds", "drafted_total", "accepted_total", "draft_forwards")] == [
         len(rounds), sum(r.drafted for r in rounds), sum(r.accepted for r in rounds),

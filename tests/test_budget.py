@@ -30,6 +30,7 @@ from dspark_bench.replay.batched import predict_batched
 from dspark_bench.replay.cost import CostModel, CostSurface
 from dspark_bench.replay.joint_walks import walk_budget
 from dspark_bench.replay.simulate import simulate
+from dspark_bench.replay.slots import unpriced
 from dspark_bench.replay.step_prices import step_prices
 
 EOS = frozenset({1})
@@ -156,7 +157,7 @@ def test_the_walk_is_the_batched_decoder_round_for_round(llama_pair, budget_reco
     assert [r.result.tokens for r in rows] == [g.tokens for g in greedy]  # the target's own output
     surface = surface_of_model()
     prices = step_prices(surface, config.batching.batch_size)
-    predicted, drafted_at = walk_budget(budget_record, config, prices, np.zeros(len(PROMPTS)))
+    predicted, drafted_at = walk_budget(budget_record, config, prices, unpriced(len(PROMPTS)))
     for p, row in enumerate(rows):
         j, engine_rounds = 0, []
         for r in row.result.rounds:

@@ -25,9 +25,10 @@ from dspark_bench.replay.cost import CostModel, CostSurface, StepTerms
 from dspark_bench.replay.simulate import simulate_grid
 
 # Per row count 0-8: a speculative step's seconds past its passes, a plain one's (each on a line over
-# the rows, as they are fitted: harness/in_decode.line_over_rows); a join's.
+# the rows, as they are fitted: harness/in_decode.line_over_rows); a join's, and its splice per position
+# of the batch's caches (replay/slots.spliced).
 TERMS = StepTerms(rows=[0.002 + 0.0005 * r for r in range(9)], plain_rows=[-0.0004 + 0.0003 * r for r in range(9)],
-                  join=0.004)
+                  join=0.004, join_slots=2e-6)
 
 
 def traced_steps() -> pd.DataFrame:
@@ -36,7 +37,7 @@ def traced_steps() -> pd.DataFrame:
     for config_id in (-1, 0):
         for r in range(1, 9):
             rows.append({"config_id": config_id, "learned": False, "kind": "join", "rows": r, "tokens": 5 + r,
-                         "forwards": np.nan, "longest": np.nan})
+                         "depth": 40 * r if config_id < 0 else 12, "forwards": np.nan, "longest": np.nan})
             for longest in (0, 2, 3):
                 rows.append({"config_id": config_id, "learned": False, "kind": "step", "rows": r, "tokens": np.nan,
                              "forwards": 0 if config_id < 0 else longest, "longest": 0 if config_id < 0 else longest})
@@ -56,7 +57,9 @@ def test_step_terms_are_charged_per_step_row_and_join():
     extra = step_costs(steps, with_terms) - step_costs(steps, SURFACE)
     rows = steps["rows"].to_numpy()
     per_step = np.where(steps["config_id"] < 0, np.take(TERMS.plain_rows, rows), np.take(TERMS.rows, rows))
-    expected = np.where(steps["kind"] == "join", 0.004, per_step)
+    # A join: the term, and the splice of every row already there at the widest's context or its own prompt.
+    positions = steps["rows"] * np.maximum(steps["depth"].fillna(0), steps["tokens"].fillna(0))
+    expected = np.where(steps["kind"] == "join", 0.004 + 2e-6 * positions, per_step)
     np.testing.assert_allclose(extra, expected)
     assert CostSurface.from_dict(json.loads(json.dumps(with_terms.to_dict()))) == with_terms
     assert "in_decode" not in SURFACE.to_dict()  # isolated prices are written as they always were
@@ -66,8 +69,12 @@ def test_fitted_terms_are_the_ones_the_steps_paid():
     steps = traced_steps()
     paid = dataclasses.replace(SURFACE, terms=TERMS)
     fitted = fit_terms(steps.assign(seconds=step_costs(steps, paid)), SURFACE, {"requests": 8})
-    for name in ("rows", "plain_rows", "join"):
+    for name in ("rows", "plain_rows", "join", "join_slots"):
         assert getattr(fitted, name) == pytest.approx(getattr(TERMS, name), abs=1e-12), name
+    # Joins all spliced alike tell no slope apart: their median, as before the splice was priced.
+    alike = steps.assign(depth=np.where(steps["kind"] == "join", 0, steps["depth"]), tokens=5, rows=1)
+    flat = fit_terms(alike.assign(seconds=step_costs(alike, paid)), SURFACE, {})
+    assert flat.join_slots == 0.0 and flat.join == pytest.approx(0.004 + 2e-6 * 5)
     assert fitted.fitted_on["steps"] == 48 and fitted.fitted_on["joins"] == 16
     assert fitted.fitted_on["steps_by_rows"]["speculative"] == {r: 3 for r in range(1, 9)}
     # A row count no step had lies on the line.

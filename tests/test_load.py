@@ -27,7 +27,8 @@ from dspark_bench.harness.under_load import in_decode_ratios, in_decode_surface,
 from dspark_bench.measure.recording import record
 from dspark_bench.replay import under_load
 from dspark_bench.replay.batched import predict_batched, walks
-from dspark_bench.replay.cost import CostSurface
+from dspark_bench.replay.cost import CostSurface, StepTerms
+from dspark_bench.replay.slots import spliced
 
 N = 12
 # Two at once, one mid-run, a gap the server idles through, then a burst: its third request
@@ -36,8 +37,12 @@ ARRIVALS = np.array([0.0, 0.0, 0.04, 0.05, 0.6, 3.0, 3.0, 3.02, 3.03])
 B = 3
 # Prefill seconds per prompt token (target, draft): a burst's prefills outlast 0.02 s.
 PREFILL = (4e-3, 1e-3)
+# Seconds per position of the batch's caches a joining row is spliced into (replay/slots.spliced): a
+# request joining two rows of about 40 tokens pays 0.008 s past its prefill, one joining none nothing.
+JOIN_SLOTS = 1e-4
 PRICES = CostSurface({**SURFACE.models, 1: dataclasses.replace(SURFACE.at(1), t_prefill_target=PREFILL[0],
-                                                               t_prefill_draft=PREFILL[1])})
+                                                               t_prefill_draft=PREFILL[1])},
+                     StepTerms([0.0] * (B + 1), [0.0] * (B + 1), 0.0, join_slots=JOIN_SLOTS))
 POLICIES = [
     DecodeConfig.of(metric="entropy", threshold=0.5, gamma_max=5, max_new_tokens=N, batch_size=B),
     DecodeConfig.of(schedule="fixed", gamma_max=3, max_new_tokens=N, batch_size=B),
@@ -73,12 +78,15 @@ class Priced(Logged):
 
 def served_on_the_surface(monkeypatch, pair, ids, config, plain: bool, trace=None) -> list:
     """The batched decoder serving ARRIVALS, its clock the surface's prices of its own steps and
-    of each request's prefill."""
+    of each request's admission: its prefill, and the splice of the target's cache (a row's context
+    is its cache and the token it has not fed yet)."""
     clock = [0.0]
     monkeypatch.setattr(batched_decoder, "_clock", lambda device: clock[0])
     add = BatchLM.add
 
     def priced_add(lm, tokens):
+        if lm.model is pair.target:
+            clock[0] += JOIN_SLOTS * spliced(lm.rows, max(lm.lengths, default=-1) + 1, len(tokens))
         add(lm, tokens)
         clock[0] += len(tokens) * PREFILL[0 if lm.model is pair.target else 1]
 
@@ -112,7 +120,8 @@ def test_the_load_replay_is_the_decoder_s_own_server(monkeypatch, setting):
         served = served_on_the_surface(monkeypatch, pair, ids, config, plain=config_id < 0, trace=trace)
         # The trace prices as the walk does: every step and join at what its clock advanced.
         steps = pd.DataFrame([{"config_id": config_id, "learned": False, "kind": e[0], "rows": e[1],
-                               **({"tokens": e[2]} if e[0] == "join" else {"forwards": e[2], "longest": e[3]}),
+                               **({"tokens": e[2], "depth": e[3]} if e[0] == "join" else
+                                  {"forwards": e[2], "longest": e[3]}),
                                "seconds": e[-1]} for e in trace])
         assert (steps["kind"] == "join").sum() == len(ARRIVALS)
         np.testing.assert_allclose(step_costs(steps, PRICES), steps["seconds"], rtol=1e-9, atol=1e-15)

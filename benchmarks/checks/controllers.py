@@ -35,9 +35,11 @@ from dspark_bench.decoding.batched import batched_speculative
 from dspark_bench.decoding.speculative import speculative_decode
 from dspark_bench.harness.models import load_pair
 from dspark_bench.measure.recording import record
-from dspark_bench.replay.batched import walk_controlled
+from dspark_bench.replay.joint_walks import walk_controlled
 from dspark_bench.replay.rounds import match_lengths
 from dspark_bench.replay.simulate import simulate
+from dspark_bench.replay.slots import unpriced
+from dspark_bench.replay.step_prices import StepPrices
 from dspark_bench.tasks import load_prompts
 from dspark_bench.tasks.prompts import encode
 
@@ -123,8 +125,8 @@ def against_decoder(pair, ids: list[list[int]], rec, tokens: int, goodput_model:
         served = [r for q in batched_speculative(pair.target, pair.draft, ids, batched, 8, pair.eos_ids)
                   for r in q.result.rounds]
         zeros = np.zeros(len(ids))
-        walked = walk_controlled(rec, batched, np.zeros(9), np.zeros((9, G + 1)), zeros, True,
-                                 match_lengths(rec), zeros, zeros.copy(), zeros.copy())
+        walked = walk_controlled(rec, batched, StepPrices.flat(np.zeros(9), np.zeros((9, G + 1))), unpriced(len(ids)),
+                                 True, match_lengths(rec), zeros, zeros.copy(), zeros.copy())
         rows.append({"policy": config.label(), "rounds_compared": compared, "rounds_differ": differ,
                      "outputs_not_the_target_s": outputs, "lengths_run": sorted(lengths), "trimmed": trimmed,
                      "b8_rounds": [len(served), walked["rounds"]],

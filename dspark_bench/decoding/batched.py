@@ -88,7 +88,8 @@ def serving(prompts: list[list[int]], config: DecodeConfig, batch_size: int, lms
     baseline and speculative can still take turns). replay/under_load.py replays the same server.
 
     `trace` receives what each admission and step cost on that clock, as replay prices them:
-    ("join", rows in the batch, the prompt's tokens but its last, seconds) and ("step", rows, the
+    ("join", rows in the batch, the prompt's tokens but its last, the widest row's context depth,
+    seconds) and ("step", rows, the
     most draft forwards of a row, the longest draft, the widest row's context depth as the step
     began, seconds); plain decoding's steps draft none."""
     device = lms[0].device
@@ -126,6 +127,7 @@ class Server:
         while self.waiting and len(self.active) < batch_size and self.requests[self.waiting[0]].arrival <= self.own:
             request = self.requests[self.waiting.popleft()]
             request.admitted = self.own
+            widest = max((len(self.requests[i].seq) for i in self.active), default=0)  # the columns it is spliced into
             start = _clock(self.device)
             for lm in self.lms:
                 lm.add(request.prompt[:-1])
@@ -133,7 +135,7 @@ class Server:
             request.time_s += elapsed
             self.own += elapsed
             if self.trace is not None:
-                self.trace.append(("join", len(self.active), len(request.prompt) - 1, elapsed))
+                self.trace.append(("join", len(self.active), len(request.prompt) - 1, widest, elapsed))
             self.active.append(request.index)
 
     def step(self, step: Callable[[list[Request]], None], config: DecodeConfig, eos_ids: frozenset[int]) -> None:

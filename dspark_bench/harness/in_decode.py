@@ -26,7 +26,7 @@ import pandas as pd
 from dspark_bench import schedules
 from dspark_bench.config import DecodeConfig
 from dspark_bench.errors import DsparkError
-from dspark_bench.harness.under_load import run_under_load, step_costs
+from dspark_bench.harness.under_load import join_positions, run_under_load, step_costs
 from dspark_bench.measure.in_decode import measure_in_decode
 from dspark_bench.replay.arrivals import Arrivals
 from dspark_bench.replay.cost import CostModel, CostSurface, StepTerms
@@ -113,10 +113,24 @@ def per_draft_pass(rows: np.ndarray, forwards: np.ndarray, extra: np.ndarray) ->
     return float(np.sum(weights * (at - centre) * by_length["median"]) / np.sum(weights * (at - centre) ** 2))
 
 
+def join_line(positions: np.ndarray, extra: np.ndarray) -> tuple[float, float]:
+    """(seconds a join adds past its prefill, seconds per position of the batch's caches it is spliced
+    into): least squares over the admissions, the intercept then their median past the slope (a few
+    slow joins move it little). Where the joins were all spliced alike, or the slope comes out below
+    0, none: their median alone, as before the splice was priced."""
+    if len(extra) == 0:
+        return 0.0, 0.0
+    if np.ptp(positions) > 0:
+        slope = float(np.polyfit(positions, extra, 1)[0])
+        if slope > 0:
+            return float(np.median(extra - slope * positions)), slope
+    return float(np.median(extra)), 0.0
+
+
 def fit_terms(steps: pd.DataFrame, isolated: CostSurface, fitted_on: dict) -> StepTerms:
     """The step terms of a traced run (run_under_load's `steps`) against the surface it is priced on:
     a speculative step's draft passes' term first (`per_draft_pass`), then its line over rows on what
-    is left."""
+    is left; a join's on a line over the positions it was spliced into (`join_line`)."""
     extra = steps["seconds"].to_numpy() - step_costs(steps, isolated)
     rows, widest = steps["rows"].to_numpy(), int(steps["rows"].max())
     step, plain, join = (steps["kind"] == "step").to_numpy(), (steps["config_id"] < 0).to_numpy(), \
@@ -126,9 +140,10 @@ def fit_terms(steps: pd.DataFrame, isolated: CostSurface, fitted_on: dict) -> St
     draft = per_draft_pass(rows[spec], forwards[spec], extra[spec])
     speculative, seen = line_over_rows(rows[spec], extra[spec] - draft * forwards[spec], widest)
     plain_rows, plain_seen = line_over_rows(rows[step & plain], extra[step & plain], widest)
-    return StepTerms(speculative, plain_rows, float(np.median(extra[join])) if join.any() else 0.0,
+    joined, per_position = join_line(join_positions(steps)[join], extra[join])
+    return StepTerms(speculative, plain_rows, joined,
                      {**fitted_on, "steps": int(step.sum()), "joins": int(join.sum()),
-                      "steps_by_rows": {"speculative": seen, "plain": plain_seen}}, draft)
+                      "steps_by_rows": {"speculative": seen, "plain": plain_seen}}, draft, per_position)
 
 
 def live_batch(pair, ids: list[list[int]], policies: list[DecodeConfig], isolated: CostSurface,

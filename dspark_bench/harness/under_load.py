@@ -20,6 +20,7 @@ from dspark_bench.decoding.batched import autoregressive_serving, interleave, sp
 from dspark_bench.errors import DsparkError
 from dspark_bench.measure.between_steps import CostBetweenSteps
 from dspark_bench.replay.cost import CostSurface
+from dspark_bench.replay.slots import spliced
 from dspark_bench.replay.step_prices import draft_row, prefill_seconds, step_prices, verify_row
 from dspark_bench.replay.under_load import PLAIN, Arrivals, serving_metrics
 
@@ -68,7 +69,7 @@ def run_under_load(pair, prompt_ids: list[list[int]], configs: list[DecodeConfig
                                       "finished_s": end, "tokens": tokens.astype(int)}))
     learned = [False] + [c.stopping.metric == LEARNED for c in configs]  # its draft steps cost t_learned too
     steps = pd.DataFrame([{"config_id": index - 1, "learned": learned[index], "kind": entry[0], "rows": entry[1],
-                           **({"tokens": entry[2]} if entry[0] == "join" else
+                           **({"tokens": entry[2], "depth": entry[3]} if entry[0] == "join" else
                               {"forwards": entry[2], "longest": entry[3], "depth": entry[4]}), "seconds": entry[-1]}
                           for index, trace in enumerate(traces) for entry in trace])
     return pd.DataFrame(rows), pd.concat(requests, ignore_index=True), steps
@@ -77,9 +78,9 @@ def run_under_load(pair, prompt_ids: list[list[int]], configs: list[DecodeConfig
 def step_costs(steps: pd.DataFrame, surface: CostSurface) -> np.ndarray:
     """What the cost surface charges for each traced admission and step (run_under_load's `steps`), as
     the load replay charges it: a join its prompt's prefill (the draft's too on a speculative
-    server), a step forwards · t_draft(rows) + t_verify(rows, longest) at its widest row's depth
-    (replay/step_prices.py), with the surface's step terms where it has them (plain decoding's on
-    its server)."""
+    server) and the splice into the batch's caches (join_positions), a step forwards · t_draft(rows)
+    + t_verify(rows, longest) at its widest row's depth (replay/step_prices.py), with the surface's
+    step terms where it has them (plain decoding's on its server)."""
     largest = int(steps["rows"].max())
     prices = {(learned, plain): step_prices(surface, largest, learned, plain) for learned in (False, True)
               for plain in (False, True)}
@@ -87,6 +88,7 @@ def step_costs(steps: pd.DataFrame, surface: CostSurface) -> np.ndarray:
     tokens = steps["tokens"].fillna(0).to_numpy(dtype=np.float64) if "tokens" in steps else np.zeros(len(steps))
     plain_prefill, spec_prefill = prefill_seconds(surface, tokens)
     out = np.where(steps["config_id"].to_numpy() >= 0, spec_prefill, plain_prefill)
+    out = out + np.where(joins, surface.join_slots() * join_positions(steps), 0.0)
     for i in np.flatnonzero(~joins):
         step = steps.iloc[i]
         priced, rows = prices[(bool(step.learned), step.config_id < 0)], int(step.rows)
@@ -94,6 +96,16 @@ def step_costs(steps: pd.DataFrame, surface: CostSurface) -> np.ndarray:
         out[i] = (step.forwards * draft_row(priced.at, priced.draft, depth)[rows]
                   + verify_row(priced.at, priced.verify, depth, rows)[int(step.longest)])
     return out
+
+
+def join_positions(steps: pd.DataFrame) -> np.ndarray:
+    """Each traced admission's positions of the batch's caches it was spliced into (replay/slots.spliced;
+    0 for a step, and for a trace that did not record a join's widest row)."""
+    joins = (steps["kind"] == "join").to_numpy()
+    depth = steps["depth"].fillna(0).to_numpy(np.float64) if "depth" in steps else np.zeros(len(steps))
+    tokens = steps["tokens"].fillna(0).to_numpy(np.float64) if "tokens" in steps else np.zeros(len(steps))
+    rows = steps["rows"].to_numpy(np.float64)
+    return np.array([spliced(r, d, t) if j else 0.0 for j, r, d, t in zip(joins, rows, depth, tokens)])
 
 
 def in_decode_ratios(steps: pd.DataFrame, surface: CostSurface) -> pd.DataFrame:

@@ -6,7 +6,8 @@ costs depends on the batch. The walk below replays the batched decoder's schedul
 prompts join in order as rows finish (or after the batch drains), a round drafts until its
 last row stops, and its one verify pass covers every row — and charges each round from the
 cost model over B at the number of rows it really had, and each request its own prefill when it
-joins (target, plus draft on the speculative side; as the batched decoder runs it):
+joins (target, plus draft on the speculative side; as the batched decoder runs it) with the copy of
+the batch's caches it is spliced into (replay/slots.py):
 
     padded:  max_i s_i · t_draft(b) + t_verify(b, max_i L_i)
     packed:  Σ_j t_draft(rows still drafting at step j) + t_verify(b, Σ_i (L_i + 1) / b − 1)
@@ -43,7 +44,7 @@ from dspark_bench.replay.simulate import (
     simulate_grid,
 )
 from dspark_bench.replay.slots import admit, stamp
-from dspark_bench.replay.step_prices import draft_row, prefill_seconds, step_depths, step_prices, verify_row
+from dspark_bench.replay.step_prices import admissions, draft_row, step_depths, step_prices, verify_row
 
 
 @numba.njit(cache=True, nogil=True)
@@ -59,7 +60,7 @@ def _quorum_cut(drafting, quorum, active, min_draft_len, G):  # pragma: no cover
 
 @numba.njit(cache=True, nogil=True)
 def _walk_batched(fail, plan, gamma_max, min_draft_len, discard_below, quorum, matches, lengths, max_new_tokens,
-                  batch_size, refill, at, t_draft, t_verify, depth_of, prefill, arrive, first,
+                  batch_size, refill, at, t_draft, t_verify, depth_of, joins, arrive, first,
                   end):  # pragma: no cover (compiled)
     """Predicted seconds of one policy at `batch_size`: (padded, packed), each step priced at its
     rows' depths (step_prices.py). A round is fail[p, j]'s (`round_length`), or, where `plan` [2, P, N]
@@ -73,7 +74,7 @@ def _walk_batched(fail, plan, gamma_max, min_draft_len, discard_below, quorum, m
     rows, starts = np.empty(batch_size, np.int64), np.empty(batch_size, np.int64)  # a step's rows, as it began
     next_p, active, padded, packed = 0, 0, 0.0, 0.0
     while True:
-        next_p, active, clock, spent = admit(slot_p, slot_j, next_p, P, active, refill, prefill, padded, arrive)
+        next_p, active, clock, spent = admit(slot_p, slot_j, next_p, P, active, refill, joins, padded, arrive)
         padded, packed = clock + spent, packed + (clock - padded) + spent
         if active == 0:
             return padded, packed
@@ -117,7 +118,7 @@ def _walk_batched(fail, plan, gamma_max, min_draft_len, discard_below, quorum, m
 
 
 @numba.njit(cache=True, nogil=True)
-def _walk_baseline(lengths, batch_size, refill, at, t_verify, depth_of, prefill, arrive, first,
+def _walk_baseline(lengths, batch_size, refill, at, t_verify, depth_of, joins, arrive, first,
                    end):  # pragma: no cover (compiled)
     """Predicted seconds of batched autoregressive decoding: one t_verify(b, 0) per step, at its
     widest row's depth (arrivals and first / last tokens as `_walk_batched`'s)."""
@@ -125,7 +126,7 @@ def _walk_baseline(lengths, batch_size, refill, at, t_verify, depth_of, prefill,
     slot_p, slot_j = np.full(batch_size, -1), np.zeros(batch_size, np.int64)
     next_p, active, spent = 0, 0, 0.0
     while True:
-        next_p, active, clock, admitted = admit(slot_p, slot_j, next_p, P, active, refill, prefill, spent, arrive)
+        next_p, active, clock, admitted = admit(slot_p, slot_j, next_p, P, active, refill, joins, spent, arrive)
         spent = clock + admitted
         if active == 0:
             return spent
@@ -172,13 +173,13 @@ def walks(rec: Record, configs: list[DecodeConfig], surface: CostSurface, refill
     prices = {(b, learned): step_prices(surface, b, learned)
               for b, learned in {(c.batching.batch_size, c.stopping.metric == LEARNED) for c in configs}}
     depth_of = depths_for(rec, next(iter(prices.values())))
-    # Each request's prefill (its prompt but the last token), as the batched decoder runs it.
-    prompt = np.asarray(rec.info.get("prompt_tokens", [1] * len(lengths)), dtype=np.float64) - 1
-    prefill_base, prefill_spec = prefill_seconds(surface, np.maximum(prompt, 0))
+    # Each request's admission: its prefill (its prompt but the last token), as the batched decoder runs
+    # it, and the copy of the batch's caches it is spliced into.
+    joins_base, joins_spec = admissions(surface, rec.info.get("prompt_tokens", [1] * len(lengths)))
     baseline = {}
     for b in sorted({b for b, _ in prices}):  # plain decoding's steps at its own terms (CostSurface.tables' `plain`)
         plain = step_prices(surface, b, plain=True)
-        baseline[b] = _walk_baseline(lengths, b, refill, plain.at, plain.verify, depth_of, prefill_base, arrive,
+        baseline[b] = _walk_baseline(lengths, b, refill, plain.at, plain.verify, depth_of, joins_base, arrive,
                                      first, end)
         if per_request is not None:
             yield {"config_id": -1, "batch_size": b, "predicted_time": baseline[b], **per_request(first, end)}
@@ -190,9 +191,9 @@ def walks(rec: Record, configs: list[DecodeConfig], surface: CostSurface, refill
         config, kind = configs[c], schedules.of(configs[c])
         priced = prices[(config.batching.batch_size, config.stopping.metric == LEARNED)]
         if kind.whole_batch:  # its rows decide together: a walk of its own
-            row = walk_budget(rec, config, priced, prefill_spec, refill, matches, eos, arrive, first, end)[0]
+            row = walk_budget(rec, config, priced, joins_spec, refill, matches, eos, arrive, first, end)[0]
         elif kind.controlled:  # one controller sets every row's length: so does its walk
-            row = walk_controlled(rec, config, priced, prefill_spec, refill, matches, arrive, first, end, made=made)
+            row = walk_controlled(rec, config, priced, joins_spec, refill, matches, arrive, first, end, made=made)
         else:
             key = (signal_of[c], forced_steps[c], keep[c], tuple(thresholds[c]))
             if key != last_key and not kind.by_depth:  # policies stopping at the same steps share one failure table
@@ -203,7 +204,7 @@ def walks(rec: Record, configs: list[DecodeConfig], surface: CostSurface, refill
             padded, packed = _walk_batched(fail, plan, config.stopping.gamma_max, forced_steps[c], discard_below[c],
                                            config.stopping.batch_quorum, matches, lengths, rec.max_new_tokens,
                                            config.batching.batch_size, refill, priced.at, priced.draft, priced.verify,
-                                           depth_of, prefill_spec, arrive, first, end)
+                                           depth_of, joins_spec, arrive, first, end)
             row = {"predicted_time": padded, "predicted_time_packed": packed}
         row = {"config_id": c, **row, "predicted_baseline_time": baseline[config.batching.batch_size]}
         yield row if per_request is None else {**row, **per_request(first, end)}

@@ -202,14 +202,18 @@ class StepTerms:
     the row count (fitted on a line: harness/in_decode.line_over_rows) — and each request joining
     the batch its prompt's prefill plus `join`. A speculative step's draft passes each cost `draft`
     more than the surface's draft pass (below 0: a pass timed alone follows a target pass and reads
-    the draft's weights back; in a step all but the first follow a draft pass). A term is below 0
-    where a live step took less than its isolated passes."""
+    the draft's weights back; in a step all but the first follow a draft pass). A join costs
+    `join_slots` more per position of the batch's caches its own is spliced into (replay/slots.spliced:
+    the rows already there × the widest one's context): on the long pair at B = 8 a request joining
+    7 rows of 3,000 tokens copied 0.7 GB and took 0.3-0.4 s past its prefill, one joining an empty
+    batch nothing. A term is below 0 where a live step took less than its isolated passes."""
 
     rows: list[float]  # index r: seconds past its passes of a speculative step with r live rows
     plain_rows: list[float]
     join: float
     fitted_on: dict = field(default_factory=dict, compare=False)  # the calibration run it came from
     draft: float = 0.0  # seconds past the surface's of each draft pass of a speculative step
+    join_slots: float = 0.0  # seconds per position of the batch's caches a joining row is spliced into
 
     def step(self, rows: np.ndarray, plain: bool = False) -> np.ndarray:
         """Seconds a step of `rows` live rows adds past its passes (the widest fitted beyond it)."""
@@ -273,3 +277,7 @@ class CostSurface:
         """Seconds a request's admission adds past its prefill (0 without terms; below 0 where
         admissions took less than the isolated prefill: a prefill plus it is kept ≥ 0)."""
         return 0.0 if self.terms is None else self.terms.join
+
+    def join_slots(self) -> float:
+        """Seconds per position of the batch's caches a request's admission copies (StepTerms.join_slots)."""
+        return 0.0 if self.terms is None else self.terms.join_slots

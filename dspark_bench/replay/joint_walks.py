@@ -55,7 +55,7 @@ def _settle(keys, starts, length, live, matches, lengths, slot_p, slot_j, drafte
 
 @numba.njit(cache=True, nogil=True)
 def _walk_budget(alpha, eos_step, matches, lengths, max_new_tokens, gamma_max, min_draft_len, batch_size, refill,
-                 packed_rule, rule_draft, rule_verify, at, t_draft, t_verify, depth_of, prefill, drafted_at,
+                 packed_rule, rule_draft, rule_verify, at, t_draft, t_verify, depth_of, joins, drafted_at,
                  counts, arrive, first, end):  # pragma: no cover (compiled)
     """The budget schedule's walk: its rows' drafts are decided together, by `decide` after every
     draft step on the batch's fitted acceptances `alpha` [P, N, G], as the batched decoder decides
@@ -67,7 +67,7 @@ def _walk_budget(alpha, eos_step, matches, lengths, max_new_tokens, gamma_max, m
     go = np.zeros(batch_size, dtype=np.bool_)  # decide's answer, row by row
     next_p, active, padded, packed = 0, 0, 0.0, 0.0
     while True:
-        next_p, active, clock, spent = admit(slot_p, slot_j, next_p, P, active, refill, prefill, padded, arrive)
+        next_p, active, clock, spent = admit(slot_p, slot_j, next_p, P, active, refill, joins, padded, arrive)
         padded, packed = clock + spent, packed + (clock - padded) + spent
         if active == 0:
             return padded, packed
@@ -103,7 +103,7 @@ def _walk_budget(alpha, eos_step, matches, lengths, max_new_tokens, gamma_max, m
         active -= leaving
 
 
-def walk_budget(rec: Record, config: DecodeConfig, prices: StepPrices, prefill: np.ndarray,
+def walk_budget(rec: Record, config: DecodeConfig, prices: StepPrices, joins: tuple,
                 refill: bool = True, matches: np.ndarray | None = None, eos: np.ndarray | None = None,
                 arrive: np.ndarray | None = None, first: np.ndarray | None = None,
                 end: np.ndarray | None = None) -> tuple[dict, np.ndarray]:
@@ -122,13 +122,13 @@ def walk_budget(rec: Record, config: DecodeConfig, prices: StepPrices, prefill: 
     padded, packed = _walk_budget(alpha, eos, matches, rec.lengths.astype(np.int64), rec.max_new_tokens,
                                   config.stopping.gamma_max, config.stopping.min_draft_len, config.batching.batch_size,
                                   refill, rule.packed, rule.t_draft, rule.t_verify, prices.at, prices.draft,
-                                  prices.verify, depths_for(rec, prices), prefill, drafted_at, counts, arrive, first,
+                                  prices.verify, depths_for(rec, prices), joins, drafted_at, counts, arrive, first,
                                   end)
     totals = dict(zip(TOTALS, counts.tolist()))
     return {"predicted_time": padded, "predicted_time_packed": packed, **totals}, drafted_at
 
 
-def walk_controlled(rec: Record, config: DecodeConfig, prices: StepPrices, prefill: np.ndarray,
+def walk_controlled(rec: Record, config: DecodeConfig, prices: StepPrices, joins: tuple,
                     refill: bool, matches: np.ndarray, arrive: np.ndarray, first: np.ndarray,
                     end: np.ndarray, chosen: list | None = None, made: dict | None = None) -> dict:
     """One engine controller's policy at its batch size, as the batched decoder serves it: before
@@ -143,7 +143,7 @@ def walk_controlled(rec: Record, config: DecodeConfig, prices: StepPrices, prefi
     counts = np.zeros(len(TOTALS), dtype=np.int64)
     next_p, active, padded, packed = 0, 0, 0.0, 0.0
     while True:
-        next_p, active, clock, spent = admit(slot_p, slot_j, next_p, P, active, refill, prefill, padded, arrive)
+        next_p, active, clock, spent = admit(slot_p, slot_j, next_p, P, active, refill, joins, padded, arrive)
         padded, packed = clock + spent, packed + (clock - padded) + spent
         if active == 0:
             return {"predicted_time": padded, "predicted_time_packed": packed, **dict(zip(TOTALS, counts.tolist()))}

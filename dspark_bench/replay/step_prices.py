@@ -106,6 +106,15 @@ def prefill_seconds(surface: CostSurface, tokens) -> tuple[np.ndarray, np.ndarra
     return np.maximum(target + surface.join(), 0.0), np.maximum(both + surface.join(), 0.0)
 
 
+def admissions(surface: CostSurface, prompt_tokens) -> tuple[tuple, tuple]:
+    """What a walk's `admit` (replay/slots.py) charges each request joining, plain and speculative:
+    (its prefill's seconds, its prompt's tokens, seconds per position of the batch's caches it is
+    spliced into: StepTerms.join_slots, 0 without terms)."""
+    tokens = np.asarray(prompt_tokens, dtype=np.float64)
+    plain, speculative = prefill_seconds(surface, np.maximum(tokens - 1, 0))
+    return (plain, tokens, surface.join_slots()), (speculative, tokens, surface.join_slots())
+
+
 @numba.njit(cache=True, nogil=True)
 def _weight(at, depth):  # pragma: no cover (compiled)
     """(lower, upper, weight) of `depth` between the timed depths `at`, as cost.between_depths weighs them."""

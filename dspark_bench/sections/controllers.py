@@ -20,6 +20,7 @@ from dspark_bench.objectives import rank_under_load
 from dspark_bench.replay import sampled
 from dspark_bench.replay.joint_walks import walk_controlled
 from dspark_bench.replay.rounds import match_lengths
+from dspark_bench.replay.slots import unpriced
 from dspark_bench.replay.step_prices import step_prices
 from dspark_bench.results import read_parquet, write_parquet
 from dspark_bench.sections.base import END, UNDER_HEADLINE, Line, OneKey, ReportView, Rows, SweepFacts, cell
@@ -112,7 +113,8 @@ def traces(facts: SweepFacts, batches: list[dict]) -> pd.DataFrame:
             if not schedules.of(config).controlled:
                 continue
             chosen: list = []
-            walk_controlled(rec, config, step_prices(facts.surface, batch["batch_size"]), zeros, True, matches, zeros,
+            walk_controlled(rec, config, step_prices(facts.surface, batch["batch_size"]), unpriced(len(zeros)), True,
+                            matches, zeros,
                             zeros.copy(), zeros.copy(), chosen)
             frames.append(pd.DataFrame(chosen, columns=["rows", "length", "accepted"]).assign(
                 step=np.arange(len(chosen)), batch_size=batch["batch_size"], role=row["role"],
