@@ -23,9 +23,12 @@ from dspark_bench.decoding.batch_lm import BatchLM
 from dspark_bench.decoding.batched import (
     AutoregressiveStep,
     SpeculativeStep,
+    autoregressive_serving,
     batched_autoregressive,
     batched_speculative,
+    interleave,
     serve,
+    speculative_serving,
 )
 from dspark_bench.decoding.speculative import speculative_decode
 from dspark_bench.errors import DsparkError
@@ -111,6 +114,27 @@ def test_drained_batches_decode_the_same(llama_pair):
     # Draining: the last two prompts wait for the first four to finish; refilling: one does not.
     assert min(r.admitted for r in drained[4:]) >= max(r.finished for r in drained[:4])
     assert min(r.admitted for r in refilled[4:]) < max(r.finished for r in refilled[:4])
+
+
+def test_side_by_side_servers_take_turns_join_by_join(llama_pair, monkeypatch):
+    """Plain decoding and a policy interleaved prefill their prompts in turns, the same prompt one
+    after the other: a batch's joins in one stretch per side let drift part a long prompt's pair."""
+    target, draft = llama_pair
+    config = DecodeConfig.of(threshold=0.3, gamma_max=3, max_new_tokens=N)
+    joined, add = [], BatchLM.add
+
+    def logged(lm, tokens):
+        if lm.model is target:
+            joined.append((lm, tuple(tokens)))
+        add(lm, tokens)
+
+    monkeypatch.setattr(BatchLM, "add", logged)
+    plain, spec = interleave(autoregressive_serving(target, PROMPTS[:4], config, 4),
+                             speculative_serving(target, draft, PROMPTS[:4], config, 4))
+    sides = list(dict.fromkeys(lm for lm, _ in joined))
+    assert [sides.index(lm) for lm, _ in joined] == [0, 1] * 4
+    assert [tokens for _, tokens in joined] == [tuple(p[:-1]) for p in PROMPTS[:4] for _ in range(2)]
+    assert [r.result.tokens for r in spec] == [r.result.tokens for r in plain]
 
 
 def test_time_shares_add_up_to_the_run(llama_pair):

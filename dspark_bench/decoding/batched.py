@@ -73,8 +73,9 @@ def serving(prompts: list[list[int]], config: DecodeConfig, batch_size: int, lms
             trace: list | None = None) -> Iterator[None]:
     """Decode every prompt, at most `batch_size` at once; `step` advances every active row.
 
-    A generator: it pauses after each step, so two of them (baseline and speculative) can take
-    turns step by step (`interleave`) and share a noisy machine's drift at a fine grain. Its
+    A generator: it pauses after each step and each admission, so two of them (baseline and
+    speculative) can take turns step by step (`interleave`) and share a noisy machine's drift at a
+    fine grain. Its
     return value (StopIteration's) is the requests. Clocks count this decoder's own time only:
     each request's `time_s` is its share of the steps it was in plus its prefill, and its
     `admitted` / `finished` marks are read on that own-time clock.
@@ -102,7 +103,7 @@ def serving(prompts: list[list[int]], config: DecodeConfig, batch_size: int, lms
         if not server.active and arrive[server.waiting[0]] > server.own:
             server.own = arrive[server.waiting[0]]  # idle until the next request arrives
         if server.waiting and len(server.active) < batch_size and (refill or not server.active):
-            server.admit(batch_size)
+            yield from server.admit(batch_size)
         server.step(step, config, eos_ids)
         yield
     return requests
@@ -122,8 +123,11 @@ class Server:
     active: list[int] = field(default_factory=list)
     own: float = 0.0
 
-    def admit(self, batch_size: int) -> None:
-        """Prefill every arrived request the batch has room for, each on its own clock."""
+    def admit(self, batch_size: int) -> Iterator[None]:
+        """Prefill every arrived request the batch has room for, each on its own clock, pausing after
+        each: a side by side decoder's own join of the same prompt comes next, so a prefill shares the
+        machine's drift with its pair's (a long prompt's is as long as many steps: on long-code at
+        B = 8 half a run's time, which a batch's joins in one stretch left to drift apart)."""
         while self.waiting and len(self.active) < batch_size and self.requests[self.waiting[0]].arrival <= self.own:
             request = self.requests[self.waiting.popleft()]
             request.admitted = self.own
@@ -137,6 +141,7 @@ class Server:
             if self.trace is not None:
                 self.trace.append(("join", len(self.active), len(request.prompt) - 1, widest, elapsed))
             self.active.append(request.index)
+            yield
 
     def step(self, step: Callable[[list[Request]], None], config: DecodeConfig, eos_ids: frozenset[int]) -> None:
         """One step of every row, the finished rows removed, and its time shared by the rows."""

@@ -47,7 +47,7 @@ class Encoded:
 
 def encoded(workload: Workload) -> Encoded:
     workload.check_workload()
-    workload.use_threads()
+    workload.prepare_host()
     prompts, _, task_tokens = load_prompts(workload.task, workload.dataset, workload.split, workload.prompt_field,
                                            workload.category_field, workload.limit)
     # The target alone continues; a draft, when given, is loaded only so that the pair is the sweep's.

@@ -11,7 +11,8 @@ pair as GGUF files for llama.cpp (`gguf`), GGUF model files opened as cached HF 
 (`gguf_read`), a run's rounds and prompts cut by context depth (`depth_breakdown`), a real run
 under load, the batched decoder serving requests as they arrive (`under_load`), `run --arrival-rate`
 serving a load beside replay's prediction into a run folder (`served_run`), and the prices timed
-inside running decodes that replay charges by default (`in_decode`).
+inside running decodes that replay charges by default (`in_decode`), and the process's allocator
+set before any model loads (`allocator`: freed memory kept mapped).
 
 May import: `measure`, `analysis`, `replay`, `decoding`, `tasks`, `reference` and the core modules; never `tuning`,
 `reporting`, `engines` or `cli`.

@@ -273,7 +273,7 @@ class Planned:
 
 def plan_run(config: RunConfig) -> Planned:
     """Read the prompts, build the policies and load the models (cheap checks first)."""
-    config.use_threads()
+    config.prepare_host()
     prompts, source, task_tokens = resolve_prompts(config)
     configs, assignment = config.decode_configs(task_tokens), None
     if config.calibration is not None:

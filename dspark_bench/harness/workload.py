@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from dspark_bench import schedules
 from dspark_bench.config import BATCHED, DEFAULT_MAX_NEW_TOKENS, KNOBS, same_as
 from dspark_bench.errors import DsparkError
+from dspark_bench.harness.allocator import keep_freed_memory
 from dspark_bench.knobs import Needs, check_declared, check_needs, knob
 from dspark_bench.replay.arrivals import poisson, read_trace
 
@@ -107,8 +108,11 @@ class Workload:
         changed = {name: [getattr(self, name)] for name, f in declared.items() if f.default is not dataclasses.MISSING}
         check_needs({**KNOBS, **declared}, {**changed, **(grid or {})}, self, policies)
 
-    def use_threads(self) -> None:
-        """Set torch's CPU threads as the workload asks, before any model loads."""
+    def prepare_host(self) -> None:
+        """Before any model loads: keep what the process frees mapped (harness/allocator.py: a
+        server's steady state, and neither side of a timed pair paying the other's growth), and set
+        torch's CPU threads as the workload asks."""
+        keep_freed_memory()
         if self.threads is None:
             return
         import torch  # only when a job starts: the CLI's options are made from this module, without torch

@@ -95,7 +95,7 @@ def check_sampled_replay(spec: SweepSpec, configs: list[DecodeConfig]) -> None:
 
 def prepare(spec: SweepSpec, say: Callable[[str], None] | None = None, engines: EngineRegistry | None = None,
             progress: StageProgress | None = None) -> LoadedSweep:
-    spec.use_threads()
+    spec.prepare_host()
     cost_file.check_choice(spec.prices)  # a bad --prices ends before anything loads
     if spec.continuations is not None:  # so does a missing or foreign continuations file
         if spec.temperature > 0:
