@@ -17,11 +17,12 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 
-# mallopt's parameters (malloc.h) and its largest values: the heap's top kept up to 2 GiB, and every
-# allocation under 32 MiB (glibc's largest mmap threshold on 64-bit) served from the heap, where
-# freed memory stays mapped.
+# mallopt's parameters (malloc.h) and their values: the heap's top never trimmed (-1, mallopt(3): a
+# top kept up to 2 GiB was still trimmed after two long-pair caches of 0.8 GB and their copies), and
+# every allocation under 32 MiB (glibc's largest mmap threshold on 64-bit) served from the heap,
+# where freed memory stays mapped.
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
-KEEP_TOP, LARGEST_MMAP_THRESHOLD = 2**31 - 1, 32 * 1024 * 1024
+NEVER_TRIM, LARGEST_MMAP_THRESHOLD = -1, 32 * 1024 * 1024
 
 
 def glibc():
@@ -40,5 +41,5 @@ def keep_freed_memory() -> bool:
     libc = glibc()
     if libc is None:
         return False
-    return bool(libc.mallopt(M_TRIM_THRESHOLD, KEEP_TOP)) and bool(libc.mallopt(M_MMAP_THRESHOLD,
+    return bool(libc.mallopt(M_TRIM_THRESHOLD, NEVER_TRIM)) and bool(libc.mallopt(M_MMAP_THRESHOLD,
                                                                                 LARGEST_MMAP_THRESHOLD))
