@@ -110,7 +110,8 @@ def walk_budget(rec: Record, config: DecodeConfig, prices: StepPrices, joins: tu
     """One budget policy at its batch size: (its predicted times and totals, drafted_at [P, N]:
     what the round at each position drafted, -1 where no round starts), priced by `prices` (the
     cost model's tables at its B: step_prices.step_prices) and deciding with its own goodput
-    model's; arrivals and first / last tokens as batched.walks'."""
+    model's; each request's admission as `joins` prices it (slots.admit: step_prices.admissions,
+    or slots.unpriced); arrivals and first / last tokens as batched.walks'."""
     rule = budget.rule_for(config)
     alpha = rule.curve(rec.confidences[signal_of(config)].astype(np.float64))  # as Proposal fits each score
     matches = match_lengths(rec).astype(np.int64) if matches is None else matches
@@ -134,7 +135,8 @@ def walk_controlled(rec: Record, config: DecodeConfig, prices: StepPrices, joins
     """One engine controller's policy at its batch size, as the batched decoder serves it: before
     each step the controller picks one length for every row (each row's round the fixed draft of
     that length there, `round_plans`), after it is fed every row's accepted count; priced as
-    batched._walk_batched prices a step (padded and packed). Its predicted times and totals (TOTALS);
+    batched._walk_batched prices a step (padded and packed), each admission as `joins` (slots.admit).
+    Its predicted times and totals (TOTALS);
     `chosen` receives each step's (rows, length picked, mean accepted); `made`: round_plans' shared plans."""
     plans, controller = round_plans(rec, config, made), controllers.start(config)
     signal, trims = rec.confidences[signal_of(config)], schedules.of(config).priced
