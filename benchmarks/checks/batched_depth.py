@@ -74,15 +74,14 @@ def main() -> None:
     confirmed["config"] = [policy_of(row, folder) for _, row in confirmed.iterrows()]
     rec = sweep_record(folder)
     surface = CostSurface.from_dict(read_json(folder / "cost_surface.json", "cost surface"))
-    own = predict_batched(with_signals(rec, list(confirmed["config"])), list(confirmed["config"]), surface)
-    if not np.allclose(own["predicted_speedup"], confirmed["predicted_speedup"], rtol=1e-9):
-        raise SystemExit("replay here does not give the sweep's own predictions: the sweep was made by another build")
     rows = pd.concat([confirmed.assign(source=f"sweep {folder.name}"),
                       *(run_rows(run, folder, rec).assign(source=f"run {run.name}") for run in args.run)],
                      ignore_index=True)
     configs = list(rows["config"])
     rec = with_signals(rec, configs)
     at_depth = predict_batched(rec, configs, surface)["predicted_speedup"].to_numpy()
+    if not np.allclose(at_depth[: len(confirmed)], confirmed["predicted_speedup"], rtol=1e-9):  # the sweep's rows first
+        raise SystemExit("replay here does not give the sweep's own predictions: the sweep was made by another build")
     flat = predict_batched(rec, configs, one_depth(surface))["predicted_speedup"].to_numpy()
     measured = rows["speedup"].to_numpy()
     lines = [f"Batched replay at depth against the batched decoder: sweep {folder.name}'s record and prices, "

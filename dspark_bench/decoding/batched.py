@@ -75,8 +75,7 @@ def serving(prompts: list[list[int]], config: DecodeConfig, batch_size: int, lms
 
     A generator: it pauses after each step and each admission, so two of them (baseline and
     speculative) can take turns step by step (`interleave`) and share a noisy machine's drift at a
-    fine grain. Its
-    return value (StopIteration's) is the requests. Clocks count this decoder's own time only:
+    fine grain. Its return value (StopIteration's) is the requests. Clocks count this decoder's own time only:
     each request's `time_s` is its share of the steps it was in plus its prefill, and its
     `admitted` / `finished` marks are read on that own-time clock.
 
@@ -131,7 +130,7 @@ class Server:
         while self.waiting and len(self.active) < batch_size and self.requests[self.waiting[0]].arrival <= self.own:
             request = self.requests[self.waiting.popleft()]
             request.admitted = self.own
-            widest = max((len(self.requests[i].seq) for i in self.active), default=0)  # the columns it is spliced into
+            widest = self.widest()  # the columns it is spliced into
             start = _clock(self.device)
             for lm in self.lms:
                 lm.add(request.prompt[:-1])
@@ -143,12 +142,16 @@ class Server:
             self.active.append(request.index)
             yield
 
+    def widest(self) -> int:
+        """The widest context among the batch's rows (0: none): the cache's columns, give or take holes."""
+        return max((len(self.requests[i].seq) for i in self.active), default=0)
+
     def step(self, step: Callable[[list[Request]], None], config: DecodeConfig, eos_ids: frozenset[int]) -> None:
         """One step of every row, the finished rows removed, and its time shared by the rows."""
         requests, start = self.requests, _clock(self.device)
         stepped = list(self.active)
         starting = [i for i in stepped if not requests[i].result.tokens]
-        widest = max(len(requests[i].seq) for i in stepped)  # the depth replay prices the step at
+        widest = self.widest()  # the depth replay prices the step at
         step([requests[i] for i in stepped])
         done = {i for i in stepped if requests[i].done(config, eos_ids)}
         for row in reversed(range(len(self.active))):
