@@ -45,6 +45,10 @@ def test_a_cost_model_file_round_trips_with_its_provenance(tmp_path):
     emptied = cost_file.load(engine_file(t_round_empty=0.0004).save(tmp_path / "empty.json")).surface.at(1)
     assert emptied.t_round_empty == 0.0004 and emptied.round_costs()[:2] == [0.0104, 0.012]
     assert json.loads(path.read_text())["format_version"] == cost_file.FORMAT_VERSION
+    # What a round adds per drafted token is kept; a model flat in the draft is written as before the term.
+    per_token = cost_file.load(engine_file(t_round_token=0.0003).save(tmp_path / "token.json")).surface.at(1)
+    assert per_token.t_round_token == 0.0003 and per_token.round_costs()[:3] == pytest.approx([0.011, 0.0123, 0.0131])
+    assert "t_round_token" not in json.loads(path.read_text())["batch_sizes"]["1"]
 
 
 def test_a_version_1_cost_model_file_still_loads(tmp_path):
@@ -68,6 +72,7 @@ def test_a_version_1_cost_model_file_still_loads(tmp_path):
     (lambda d: d["batch_sizes"]["1"].update(t_verify=[0.01]), "at least k = 0 and 1"),
     (lambda d: d["batch_sizes"]["1"].update(t_round=-0.001), "t_round is -0.001"),
     (lambda d: d["batch_sizes"]["1"].update(t_round_empty=-0.001), "t_round_empty is -0.001"),
+    (lambda d: d["batch_sizes"]["1"].update(t_round_token=-0.001), "t_round_token is -0.001"),
     (lambda d: d["batch_sizes"]["1"]["t_verify"].__setitem__(3, float("nan")), r"t_verify\[3\] is nan"),
     (lambda d: d["batch_sizes"]["1"].update(t_draft="fast"), "t_draft is 'fast'"),
     (lambda d: d["batch_sizes"].update({"0": d["batch_sizes"]["1"]}), "batch size '0'"),
@@ -113,21 +118,23 @@ def synthetic_record(prompts: int = 6, tokens: int = 40, gamma: int = 8, seed: i
 
 
 def test_round_and_plain_costs_price_every_round():
-    """predicted = N · t_plain / Σ (s · t_draft + t_verify(L) + t_round), from the rounds themselves,
-    t_round_empty in place of t_round where a draft came back empty; a cost model without it
-    charges t_round there, one without any prices as before (plain = t_verify(0), no round cost)."""
+    """predicted = N · t_plain / Σ (s · t_draft + t_verify(L) + t_round + L · t_round_token), from the
+    rounds themselves, t_round_empty in place of t_round where a draft came back empty; a cost model
+    without it charges t_round there, one without any prices as before (plain = t_verify(0), no
+    round cost)."""
     rec = synthetic_record()
     policies = [DecodeConfig.of(schedule="fixed", gamma_max=g, min_draft_len=0, max_new_tokens=40, semantics="llamacpp")
                 for g in (1, 3, 6)] + [DecodeConfig.of(threshold=0.5, gamma_max=8, min_draft_len=0, max_new_tokens=40,
                                                        semantics="llamacpp")]
     assert sum(r.drafted == 0 for prompt in simulate(rec, policies[-1]) for r in prompt) > 20  # empty drafts to price
-    for cost in (engine_costs(), engine_costs(t_round_empty=0.0002), engine_costs(t_round=0.0, t_plain=0.0)):
+    for cost in (engine_costs(), engine_costs(t_round_empty=0.0002), engine_costs(t_round=0.0, t_plain=0.0),
+                 engine_costs(t_round_empty=0.0002, t_round_token=0.0004)):
         table = simulate_grid(rec, policies, cost)
         empty = cost.t_round if cost.t_round_empty is None else cost.t_round_empty
         for config, predicted in zip(policies, table["predicted_speedup"]):
             rounds = [r for prompt in simulate(rec, config) for r in prompt]
             spent = sum(r.draft_forwards * cost.t_draft + cost.t_verify[r.drafted]
-                        + (cost.t_round if r.drafted else empty)
+                        + (cost.t_round + r.drafted * cost.t_round_token if r.drafted else empty)
                         for r in rounds)
             plain = cost.t_plain or cost.t_verify[0]
             assert predicted == pytest.approx(rec.lengths.sum() * plain / spent, rel=1e-12)
@@ -170,6 +177,46 @@ def test_the_fit_finds_what_an_engine_adds_per_drafting_and_per_empty_round():
     slow = runs[1][1].assign(spec_s=runs[1][1]["spec_s"] * 1.3, baseline_s=runs[1][1]["baseline_s"] * 1.3)
     drifted, _ = cost_file.fit_overheads(passes, rec, [runs[0], (runs[1][0], slow), runs[2]])
     assert drifted.t_round == pytest.approx(model.t_round, rel=0.02) and drifted.t_plain == pytest.approx(0.0105)
+
+
+def test_the_fit_finds_what_a_round_adds_per_drafted_token():
+    """Timings made from rounds that cost more the more they draft (1.5 ms + 0.4 ms a drafted token
+    past their passes; 0.5 ms an empty one), on llama.cpp's fit runs (fixed γ 2, 5 and 7, p-min 1):
+    the per-token fit gives all three back, and prices what a threshold policy's rounds, mostly
+    short drafts, took past their passes as they were made. One t_round fitted flat (as before the
+    term) reads the long drafts' overhead and prices those rounds' more than 15 % too dear."""
+    from dspark_bench.engines.llamacpp_prices import FIT_GAMMAS
+
+    rec = synthetic_record()
+    passes = CostModel(0.002, [0.010, 0.011, 0.0115, 0.012, 0.013, 0.0135, 0.014, 0.015, 0.016], 100)
+    overhead = lambda r: 0.0015 + 0.0004 * r.drafted if r.drafted else 0.0005  # noqa: E731
+
+    def timed(policy) -> pd.DataFrame:
+        rows = []
+        for p, rounds in enumerate(simulate(rec, policy)):
+            spec = sum(r.draft_forwards * passes.t_draft + passes.t_verify[r.drafted] + overhead(r) for r in rounds)
+            rows.append({"prompt_id": f"p{p}", "spec_s": spec, "new_tokens": int(rec.lengths[p]),
+                         "baseline_s": 0.0105 * 40, "baseline_new_tokens": 40})
+        return pd.DataFrame(rows)
+
+    knobs = dict(min_draft_len=0, max_new_tokens=40, semantics="llamacpp")
+    fits = [DecodeConfig.of(schedule="fixed", gamma_max=g, **knobs) for g in FIT_GAMMAS]
+    fits.append(DecodeConfig.of(threshold=1.0, gamma_max=1, **knobs))
+    runs = [(policy, timed(policy)) for policy in fits]
+    model, per_run = cost_file.fit_overheads(passes, rec, runs, per_token=True)
+    assert model.t_round == pytest.approx(0.0015, rel=0.03) and model.t_round_token == pytest.approx(0.0004, rel=0.03)
+    assert model.t_round_empty == pytest.approx(0.0005, rel=0.05) and {r["drafted"] for r in per_run} != {0}
+    threshold = DecodeConfig.of(threshold=0.5, gamma_max=7, **knobs)
+    rounds = [r for prompt in simulate(rec, threshold) for r in prompt]
+    assert np.mean([r.drafted for r in rounds if r.drafted]) < 4  # mostly short drafts: where the two fits part
+    made = sum(overhead(r) for r in rounds)  # what its rounds took past their passes
+    priced = lambda cost: sum(cost.round_costs()[r.drafted] - passes.t_verify[r.drafted] for r in rounds)  # noqa
+    assert priced(model) == pytest.approx(made, rel=0.02)
+    flat, _ = cost_file.fit_overheads(passes, rec, runs)
+    assert flat.t_round_token == 0.0 and priced(flat) / made - 1 > 0.15
+    # Fitted on policies that draft alike there is no slope to read: the fit stays flat.
+    alike, _ = cost_file.fit_overheads(passes, rec, [runs[1], runs[1]], per_token=True)
+    assert alike.t_round_token == 0.0
 
 
 def test_the_fit_prices_each_fit_prompt_at_its_own_depth():

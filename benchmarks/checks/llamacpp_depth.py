@@ -16,6 +16,12 @@ replay/cost_file.fit_overheads on the file's own passes, and every bucket priced
         --metric top1 --threshold 0 --threshold 0.3 --threshold 0.6 --gamma-max 3 --gamma-max 6 \
         --min-draft-len 0 --repeats 1 --out results/llamacpp-depth
     python -m benchmarks.checks.llamacpp_depth results/llamacpp-depth/<run folder> [--refit] [--prices FILE]
+
+`--line`: what each of the run's own rounds took past their passes, fitted as fit_overheads fits
+llama-server's (t_round + t_round_token per drafted token, replay/cost_file.round_line) on the
+run's fixed-γ policies alone, and every policy priced on that line: the threshold policies, mostly
+short drafts, are then priced on a line they did not make (how the per-token term was found:
+docs/depth.md#what-a-round-adds-per-drafted-token).
 """
 
 from __future__ import annotations
@@ -49,6 +55,8 @@ def main() -> None:
     parser.add_argument("--refit", action="store_true", help="also price on the prices file's fit rows fitted again")
     parser.add_argument("--prices", type=Path, help="the run's prices file where it is no longer where the run "
                         "read it (a copy kept beside the run's data)")
+    parser.add_argument("--line", action="store_true", help="also price on the per-token line fitted on the run's "
+                        "own fixed-γ rounds")
     args = parser.parse_args()
     folder = args.run
     info = read_json(folder / "llamacpp.json", "llama.cpp result")
@@ -71,9 +79,12 @@ def main() -> None:
     costs = {"the run's prices": prices.surface.at(1)}
     if args.refit:
         costs["refitted at each fit prompt's depths"] = refitted(prices, planned, pair, settings, eos)
+    if args.line:
+        costs["the line through the run's own fixed-γ rounds"] = own_line(prices, planned, measured, rec)
     print(f"{folder}: {len(ids)} prompts of {min(map(len, ids)):,}-{max(map(len, ids)):,} tokens; prices {where}")
     for name, cost in costs.items():
-        print(f"on {name}: t_round {cost.t_round * 1e3:.3f} ms, t_round_empty {(cost.t_round_empty or 0) * 1e3:.3f} "
+        print(f"on {name}: t_round {cost.t_round * 1e3:.3f} ms + {cost.t_round_token * 1e3:.3f} ms a drafted token, "
+              f"t_round_empty {(cost.t_round_empty or 0) * 1e3:.3f} "
               f"ms, t_plain {cost.t_plain * 1e3:.3f} ms")
         report(rec, planned, measured, ids, cost)
 
@@ -99,6 +110,21 @@ def report(rec, planned, measured: pd.DataFrame, ids, cost: CostModel) -> None:
           f"whose median over buckets is within ±10 %: {sum(m <= 0.10 for m in medians)} of {len(medians)}")
 
 
+def own_line(prices, planned, measured: pd.DataFrame, rec) -> CostModel:
+    """The run's prices with t_round and t_round_token fitted on its own fixed-γ policies' rounds
+    (llama.cpp's rule at threshold 0), t_plain and t_round_empty as the file has them."""
+    passes = dataclasses.replace(prices.surface.at(1), t_round=0.0, t_round_empty=None, t_plain=0.0, t_round_token=0.0)
+    order = {p.id: i for i, p in enumerate(planned.prompts)}
+    runs = []
+    for c, policy in enumerate(planned.configs):
+        rows = measured[measured["config_id"] == c].sort_values("prompt_id", key=lambda ids: ids.map(order))
+        runs.append((policy, rows.assign(spec_s=rows["spec_gen_s"], baseline_s=rows["baseline_gen_s"])))
+    _, per_run = cost_file.fit_overheads(passes, rec, runs)
+    fixed = {c.label() for c in planned.configs if c.stopping.threshold == 0}
+    t_round, t_round_token = cost_file.round_line([r for r in per_run if r["policy"] in fixed])
+    return dataclasses.replace(prices.surface.at(1), t_round=t_round, t_round_token=t_round_token)
+
+
 def refitted(prices, planned, pair, settings, eos) -> CostModel:
     """The file's own fit rows fitted again on its passes (its depth axis included): the rows as the
     one-depth fit wrote them, each speculative side normalized to the fit's t_plain, made raw again."""
@@ -115,7 +141,7 @@ def refitted(prices, planned, pair, settings, eos) -> CostModel:
             "prompt_id": r["prompt_id"], "new_tokens": r["tokens"], "baseline_new_tokens": r["tokens"],
             "baseline_s": r["plain_per_token_s"] * r["tokens"],
             "spec_s": r["spec_s"] * r["plain_per_token_s"] / old.t_plain} for r in rows])))
-    passes = dataclasses.replace(old, t_round=0.0, t_round_empty=None, t_plain=0.0)
+    passes = dataclasses.replace(old, t_round=0.0, t_round_empty=None, t_plain=0.0, t_round_token=0.0)
     return cost_file.fit_overheads(passes, record(pair, fit_ids, tokens, max(FIT_GAMMAS), eos_ids=eos), runs)[0]
 
 

@@ -126,8 +126,7 @@ def break_even(cost: CostModel) -> tuple[float, int]:
     that needs least; and that γ."""
     def speedup(alpha: float, gamma: int) -> float:
         tokens = sum(alpha ** i for i in range(gamma + 1))
-        return tokens * cost.plain_step / (gamma * cost.t_draft + cost.t_verify[gamma] + cost.t_round
-                                                + cost.t_first_draft)
+        return tokens * cost.plain_step / (gamma * cost.t_draft + cost.round_costs()[gamma])
 
     best = (1.0, 1)
     for gamma in range(1, len(cost.t_verify)):
@@ -145,7 +144,9 @@ def plain_because(cost: CostModel, label: str, best: float, acceptance: float) -
     return (f"no speculative policy is predicted to beat plain decoding on {label}'s prices (the best, "
             f"{best:.3f}×). A draft step costs {cost.t_draft / cost.plain_step:.2f}× a plain decoding step there "
             f"(t_draft {cost.t_draft * 1e3:.2f} ms, plain {cost.plain_step * 1e3:.2f} ms, verify(1) "
-            f"{cost.t_verify[1] * 1e3:.2f} ms, {cost.t_round * 1e3:.2f} ms per round): a fixed γ = {gamma} breaks even "
+            f"{cost.t_verify[1] * 1e3:.2f} ms, a round of γ = {gamma} "
+            f"{(cost.round_costs()[gamma] - cost.t_verify[gamma]) * 1e3:.2f} ms past its passes): a fixed γ = {gamma} "
+            "breaks even "
             f"only where each drafted token is accepted with probability {alpha:.2f}; this pair's first drafted token "
             f"is accepted with {acceptance:.2f}")
 

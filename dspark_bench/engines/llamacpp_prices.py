@@ -11,12 +11,15 @@ context), then sampling each verified position and the cache edits. So:
   flags). Not assumed linear or monotone in k: each k is its own measurement (llama.cpp issue
   #5625: one model's pp8 runs at twice pp9's throughput).
 - t_draft = the draft's pass over one token at that depth (`llama-bench -p 1`).
-- t_plain and t_round: what the server adds (sampling every verified and drafted position, cache
-  edits, the slot's bookkeeping). Fitted on fixed γ = 5 and 7 runs (FIT_GAMMAS) of both servers
-  on prompts set apart for fitting (the task's last ones), from llama-server's own `timings`
-  (`predicted_ms`, the generation phase): t_plain = plain seconds per generated token; t_round =
-  what the speculative side took beyond replay's passes for the same prompts, per round (the
-  median over prompts and both policies: replay/cost_file.py's fit_overheads).
+- t_plain, t_round and t_round_token: what the server adds (sampling every verified and drafted
+  position, cache edits, the slot's bookkeeping). Fitted on fixed γ = 2, 5 and 7 runs (FIT_GAMMAS)
+  of both servers on prompts set apart for fitting (the task's last ones), from llama-server's own
+  `timings` (`predicted_ms`, the generation phase): t_plain = plain seconds per generated token;
+  what the speculative side took beyond replay's passes for the same prompts, per round, is
+  t_round + t_round_token per token drafted (the line through each policy's medians:
+  replay/cost_file.py's fit_overheads). A round costs more the more it drafts: on the long pair
+  2.1 ms + 0.19 ms a drafted token, so one t_round fitted on γ 5 and 7 priced every shorter
+  draft too dear (docs/depth.md#llamacpp-at-depth).
 - t_round_empty: what a round adds whose draft came back empty (p-min stopped it before its first
   token). The server then takes a plain step, the sampled token alone (server-context.cpp: no
   verification, no checkpoint), so it adds far less than t_round: on this machine pricing such
@@ -53,13 +56,16 @@ from dspark_bench.engines.files import llamacpp_flags
 from dspark_bench.engines.llama_server import LlamaServer, build_info, served  # a run's own interleaved requests
 from dspark_bench.errors import DsparkError
 from dspark_bench.harness.health import Check, LoadProbe, cost_dispersion, grade, health
-from dspark_bench.harness.hf_cost_model import FIT_GAMMAS  # the fixed γ an engine's own costs are fitted on
+from dspark_bench.harness.hf_cost_model import FIT_GAMMAS as HF_FIT_GAMMAS
 from dspark_bench.harness.runner import stage_steps
 from dspark_bench.measure.recording import record
 from dspark_bench.replay.cost import CostModel, CostSurface, relative_iqr
 from dspark_bench.replay.cost_file import CostFile, cache_home, fit_overheads, machine, now, plain_seconds_per_token
 from dspark_bench.replay.cost_file import load as load_file
 
+# The fixed γ llama-server's own costs are fitted on: HF's (neither among those a comparison usually
+# lists) and a short draft, so that what a round adds per drafted token has drafts to be read from.
+FIT_GAMMAS = (2, *HF_FIT_GAMMAS)
 # The fit's empty-draft run: p-min 1 stops every draft at its first token (t_round_empty).
 EMPTY_FIT = dict(schedule=schedules.THRESHOLD, metric="top1", threshold=1.0, gamma_max=1)
 REPETITIONS = 5  # llama-bench -r, in each of INVOCATIONS runs (a pass takes milliseconds: many are cheap)
@@ -155,8 +161,8 @@ def file_key(path: Path) -> str:
 
 
 # Bumped when the way a file is fitted changes, so a cached file of the old way is measured again.
-FIT_VERSION = 4  # 2: the passes scaled to the server's (server_scale); 3: t_round_empty, paired ratios;
-# 4: each fit prompt priced at its own depths
+FIT_VERSION = 5  # 2: the passes scaled to the server's (server_scale); 3: t_round_empty, paired ratios;
+# 4: each fit prompt priced at its own depths; 5: t_round_token, on fixed γ 2, 5 and 7
 
 
 def cache_path(build: dict, target: Path, draft: Path, depth: int, threads: int | None) -> Path:
@@ -204,11 +210,12 @@ def how_measured(scale: float) -> str:
     """The cost-model file's own account of how its prices were taken."""
     return ("t_verify(k): llama-bench -p k+1 -n 0 -d DEPTH, target + draft (the server passes every target batch "
             "through the draft too); t_draft: the draft's -p 1; medians of "
-            f"{REPETITIONS * INVOCATIONS} repetitions over {INVOCATIONS} runs, sizes shuffled. t_plain, t_round: "
-            f"fitted on llama-server's timings.predicted_ms of fixed γ={' and '.join(map(str, FIT_GAMMAS))} and plain "
-            "runs: the median per round of what each took beyond replay's passes, each prompt's at its own depths "
-            "(fitted_on); t_round_empty: the same "
-            f"per empty round of a p-min 1 run; every pass scaled by {scale:.3f}, the server's plain step over "
+            f"{REPETITIONS * INVOCATIONS} repetitions over {INVOCATIONS} runs, sizes shuffled. t_plain, t_round, "
+            "t_round_token: fitted on llama-server's timings.predicted_ms of fixed "
+            f"γ={', '.join(map(str, FIT_GAMMAS))} and plain runs: what each took beyond replay's passes per round, "
+            "each prompt's at its own depths, the line through each policy's median against its tokens drafted per "
+            "round (fitted_on); t_round_empty: the same per empty round of a p-min 1 run; every pass scaled by "
+            f"{scale:.3f}, the server's plain step over "
             "llama-bench's one-token target pass where llama-bench's is the slower (server_scale)")
 
 
@@ -254,7 +261,7 @@ def llamacpp_prices(pair, fit_prompts, fit_ids: list[list[int]], eos, max_new_to
     # The depth axis before the fit: each fit prompt's rounds priced at their own depths, as a run's are.
     deep = dataclasses.replace(scaled(passes, scale), by_depth=depth_passes(
         find_bench(binary), target, draft, deep_enough(depth, context), gamma, threads, scale, say))
-    model, per_run = fit_overheads(deep, rec, runs)
+    model, per_run = fit_overheads(deep, rec, runs, per_token=True)
     described = pair.describe()
     prices = CostFile(
         CostSurface({1: model}), {"name": "llamacpp", "version": f"b{build['build_number']}", "build": build},

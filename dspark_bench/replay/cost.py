@@ -70,6 +70,14 @@ class CostModel:
     # (measure/cost_model.chain_line; docs/batch-sizes.md#in-decode-prices). 0: every step
     # at t_draft, as cost models were before it.
     t_first_draft: float = 0.0
+    # What a drafting round adds per token it drafted, past t_round and its passes: llama-server
+    # samples every drafted and every verified position on the host, and its verify outputs the
+    # logits of all k + 1 (llama-bench's pass, the last only). On the long pair a run's fixed γ 3
+    # and 6 rounds cost 2.1 ms + 0.19 ms per drafted token past their passes, and one t_round of
+    # 3.8 ms fitted on γ 5 and 7 priced every shorter draft too dear: each p-min policy read 4-16 %
+    # low (docs/depth.md#llamacpp-at-depth). 0: flat in the draft, as
+    # cost models were before it (and ours: what our rounds add per draft step is in t_draft).
+    t_round_token: float = 0.0
 
     def to_dict(self) -> dict:
         data = dataclasses.asdict(self)
@@ -77,6 +85,8 @@ class CostModel:
             data["by_depth"] = {str(d): entry for d, entry in sorted(self.by_depth.items())}
         else:
             del data["by_depth"]
+        if not self.t_round_token:  # and one flat in the draft as before the term
+            del data["t_round_token"]
         return data
 
     @classmethod
@@ -88,7 +98,7 @@ class CostModel:
                    float(data.get("t_plain", 0.0)),
                    None if data.get("t_round_empty") is None else float(data["t_round_empty"]),
                    {int(d): _depth_entry(e) for d, e in data.get("by_depth", {}).items()},
-                   float(data.get("t_first_draft", 0.0)))
+                   float(data.get("t_first_draft", 0.0)), float(data.get("t_round_token", 0.0)))
 
     def at_depths(self, depths, drafter: str = "model") -> tuple[np.ndarray, np.ndarray]:
         """(t_draft [n], round costs [n, k]: `drafter`'s `round_costs` at each depth in `depths`): linear in depth
@@ -97,7 +107,7 @@ class CostModel:
         depth axis, every depth costs what context_tokens did."""
         depths = np.asarray(depths, dtype=np.float64)
         costs = self.round_costs(drafter)
-        extra = np.asarray(costs) - np.asarray(self.t_verify)  # t_round, t_first_draft: held flat in depth
+        extra = np.asarray(costs) - np.asarray(self.t_verify)  # t_round(_token), t_first_draft: flat in depth
         if not self.by_depth:
             return np.full(depths.shape, self.t_draft), np.broadcast_to(costs, (*depths.shape, len(extra)))
         timed = sorted(self.by_depth.items())
@@ -140,16 +150,17 @@ class CostModel:
 
     def round_costs(self, drafter: str = "model") -> list[float]:
         """Index k: one round's cost past its draft steps' t_draft each, a draft of k tokens: t_verify(k),
-        what the engine adds per round (t_round; t_round_empty where k = 0) and, where the draft
-        model drafts, its first step's excess (t_first_draft: a round that drafts nothing ran it too,
-        the step whose confidence stopped it)."""
+        what the engine adds per round (t_round and k * t_round_token; t_round_empty where k = 0) and,
+        where the draft model drafts, its first step's excess (t_first_draft: a round that drafts
+        nothing ran it too, the step whose confidence stopped it)."""
         empty = self.t_round if self.t_round_empty is None else self.t_round_empty
         first = self.t_first_draft if drafter == "model" else 0.0
-        return [t + (self.t_round if k else empty) + first for k, t in enumerate(self.t_verify)]
+        return [t + (self.t_round + k * self.t_round_token if k else empty) + first
+                for k, t in enumerate(self.t_verify)]
 
     def predict(self, rounds: list[Round], tokens: int) -> float:
         """docs/sweeps-and-replay.md: N * t_plain / sum over rounds of (s_r * t_draft + t_verify(L_r) + t_round
-        + t_first_draft), t_round_empty in place of t_round where L_r = 0."""
+        + L_r * t_round_token + t_first_draft), t_round_empty in place of t_round where L_r = 0."""
         costs = self.round_costs()
         # a draft model's rounds; one that ran no draft step does not pay its first's excess
         spent = sum(r.draft_forwards * self.t_draft + costs[r.drafted]

@@ -46,7 +46,7 @@ READS = (1, FORMAT_VERSION)  # version 1: "measured_by" was called "engine"
 REQUIRED = ("t_draft", "t_verify", "context_tokens")
 # Every number a batch size's entry may hold (CostModel's fields), each a non-negative finite number.
 SECONDS = ("t_draft", "t_round", "t_round_empty", "t_plain", "t_prefill_target", "t_prefill_draft", "t_heads",
-           "t_learned", "t_first_draft")
+           "t_learned", "t_first_draft", "t_round_token")
 # Who measured a cost-model file ("measured_by"'s name): our decoder, or a serving engine.
 OURS = "ours"
 MEASURERS = {OURS: "our decoder (PyTorch)", "llamacpp": "llama.cpp", "hf": "HF assisted generation",
@@ -134,9 +134,9 @@ def from_dict(data, source: str = "") -> CostFile:
         raise DsparkError(f"{where} names nobody who measured it (\"measured_by\": {{\"name\": ...}})")
     models = {int_key(b, where): check_entry(entry, f"{where}, batch size {b}")
               for b, entry in data["batch_sizes"].items()}
-    if len(models) > 1 and any(m.t_round or m.t_round_empty or m.t_plain for m in models.values()):
-        raise DsparkError(f"{where} has t_round, t_round_empty or t_plain with several batch sizes: replay prices "
-                          "those at batch size 1 only; fold them into t_verify and t_draft")
+    if len(models) > 1 and any(m.t_round or m.t_round_empty or m.t_plain or m.t_round_token for m in models.values()):
+        raise DsparkError(f"{where} has t_round, t_round_token, t_round_empty or t_plain with several batch sizes: "
+                          "replay prices those at batch size 1 only; fold them into t_verify and t_draft")
     return CostFile(CostSurface(models), data["measured_by"], data["models"], data["method"], data.get("machine") or {},
                     str(data.get("measured", "")), data.get("fitted_on"), source, data.get("timing_health"))
 
@@ -193,58 +193,95 @@ def check_depths(by_depth, lengths: int, where: str) -> None:
                 raise DsparkError(f"{where}: by_depth[{depth}] holds {value!r}, not a positive number of seconds")
 
 
-def fit_overheads(passes: CostModel, rec, runs) -> tuple[CostModel, list[dict]]:
+def fit_overheads(passes: CostModel, rec, runs, per_token: bool = False) -> tuple[CostModel, list[dict]]:
     """What an engine adds to its passes, from timed runs on the record's prompts: `passes` with
-    t_plain, t_round and (where a run's drafts came back empty) t_round_empty filled in, and one
-    row per prompt and policy.
+    t_plain, t_round, (`per_token`) t_round_token and (where a run's drafts came back empty)
+    t_round_empty filled in, and one row per prompt and policy.
 
     `runs`: (policy, rows) pairs, rows one per prompt in the record's order with the engine's
     speculative and plain seconds (`spec_s`, `baseline_s`) for its tokens (`new_tokens`,
     `baseline_new_tokens`). Each prompt's passes are priced as replay prices them, at their own
     depths where `passes` has a depth axis (`passes_by_prompt`). t_plain: the passes' one-token
     step at context_tokens plus what the plain side's step takes past its own pass (the median
-    over the prompts; without a depth axis, the plain side's median seconds per token). t_round: the
-    median over the prompts of the drafting policies of what the speculative run took beyond
-    replay's passes, per round, the speculative run's seconds taken as its paired ratio to the
-    plain side times that prompt's plain step priced (what a prediction is: a ratio to plain
-    decoding, which a slow stretch under one fit run leaves alone). t_round_empty: the same over
-    the runs whose rounds are mostly empty drafts (llama.cpp's p-min 1 fit run), per empty round,
-    their few drafting rounds charged t_round. Medians: one prompt timed while the machine
-    hiccupped moves a least-squares fit, not the median. (A cost per draft step on top was tried on
-    llama.cpp and dropped: fitted on γ 5 and 7 it extrapolated to half the overhead γ = 1
-    measures; what llama-server adds per drafting round is flat in γ.) Priced at one depth, fit
-    prompts of 900 to 3,500 tokens put llama-server's t_round at 2.6 ms where their own depths say
-    2.4 (docs/depth.md#llamacpp-at-depth)."""
+    over the prompts; without a depth axis, the plain side's median seconds per token). t_round:
+    what the speculative run took beyond replay's passes, per round, the speculative run's seconds
+    taken as its paired ratio to the plain side times that prompt's plain step priced (what a
+    prediction is: a ratio to plain decoding, which a slow stretch under one fit run leaves
+    alone): the median over the prompts of the drafting policies, or with `per_token` the line
+    through each drafting policy's medians (per round, against tokens drafted per round) whose
+    slope is t_round_token (`round_line`). t_round_empty: the same over the runs whose rounds are
+    mostly empty drafts (llama.cpp's p-min 1 fit run), per empty round, their few drafting rounds
+    charged as the rest. Medians: one prompt timed while the machine hiccupped moves a
+    least-squares fit, not the median. Priced at one depth, fit prompts of 900 to 3,500 tokens put
+    llama-server's t_round at 2.6 ms where their own depths say 2.4 (docs/depth.md#llamacpp-at-depth)."""
     one_token, spent = passes_by_prompt(passes, rec, runs)
     plain = [[row.baseline_s / row.baseline_new_tokens for row in rows.itertuples()] for _, rows in runs]
     past_pass = statistics.median(p - one_token[i] for per_prompt in plain for i, p in enumerate(per_prompt))
     per_run = []
     for (policy, rows), rounds, plains in zip(runs, spent, plain):
-        for p, (row, (n_rounds, empties, passes_s)) in enumerate(zip(rows.itertuples(), rounds)):
+        for p, (row, (n_rounds, empties, drafted, passes_s)) in enumerate(zip(rows.itertuples(), rounds)):
             tokens = int(rec.lengths[p])
             # The speculative side's seconds for replay's tokens at this prompt's priced plain step:
             # its paired ratio to the plain side (the two take turns, so a slow minute slows both)
             # times the step. Absolute seconds would carry each pair's minute of drift into t_round.
             spec_s = row.spec_s / row.new_tokens / plains[p] * (one_token[p] + past_pass) * tokens
             per_run.append({"policy": policy.label(), "prompt_id": row.prompt_id, "tokens": tokens,
-                            "rounds": n_rounds, "empty_rounds": empties, "spec_s": spec_s, "passes_s": passes_s,
-                            "round_overhead_s": (spec_s - passes_s) / n_rounds, "plain_per_token_s": plains[p]})
+                            "rounds": n_rounds, "empty_rounds": empties, "drafted": drafted, "spec_s": spec_s,
+                            "passes_s": passes_s, "round_overhead_s": (spec_s - passes_s) / n_rounds,
+                            "plain_per_token_s": plains[p]})
     empty, drafting = [], []  # runs of mostly empty drafts (llama.cpp's p-min 1 fit run), the rest
     for r in per_run:
         (empty if 2 * r["empty_rounds"] > r["rounds"] else drafting).append(r)
-    t_round = max(statistics.median(r["round_overhead_s"] for r in drafting), 0.0)
-    t_round_empty = max(statistics.median(
-        (r["spec_s"] - r["passes_s"] - (r["rounds"] - r["empty_rounds"]) * t_round) / r["empty_rounds"] for r in empty),
-        0.0) if empty else None
+    t_round, t_round_token = round_line(drafting) if per_token else (
+        max(statistics.median(r["round_overhead_s"] for r in drafting), 0.0), 0.0)
+    t_round_empty = empty_cost(empty, t_round, t_round_token)
+    if per_token and t_round_empty is not None:  # the line again, the drafting runs' few empty rounds at their cost
+        t_round, t_round_token = round_line(drafting, t_round_empty)
+        t_round_empty = empty_cost(empty, t_round, t_round_token)
     t_plain = passes.at_depths([passes.context_tokens])[1][0, 0] - first_step(passes) + past_pass
-    return dataclasses.replace(passes, t_round=t_round, t_round_empty=t_round_empty, t_plain=t_plain), per_run
+    return dataclasses.replace(passes, t_round=t_round, t_round_empty=t_round_empty, t_plain=t_plain,
+                               t_round_token=t_round_token), per_run
 
 
-def passes_by_prompt(passes: CostModel, rec, runs) -> tuple[list[float], list[list[tuple[int, int, float]]]]:
+def empty_cost(empty: list[dict], t_round: float, t_round_token: float) -> float | None:
+    """t_round_empty: the median over the mostly-empty runs' rows (fit_overheads') of what each
+    empty round took, their few drafting rounds charged t_round + t_round_token a drafted token;
+    None without such runs."""
+    if not empty:
+        return None
+    return max(statistics.median(
+        (r["spec_s"] - r["passes_s"] - (r["rounds"] - r["empty_rounds"]) * t_round - r["drafted"] * t_round_token)
+        / r["empty_rounds"] for r in empty), 0.0)
+
+
+def round_line(drafting: list[dict], t_round_empty: float = 0.0) -> tuple[float, float]:
+    """(t_round, t_round_token): the least-squares line through each drafting policy's median
+    overhead per drafting round (its empty rounds, a prompt's last, charged `t_round_empty`)
+    against its median tokens drafted per drafting round (fit_overheads' rows), its
+    slope floored at 0 (flat: the median overhead, as fit_overheads' flat fit, as where the
+    policies draft less than a token apart) and its intercept at 0. It needs policies that draft
+    differently: llama.cpp fits on fixed γ 2, 5 and 7 (engines/llamacpp_prices.FIT_GAMMAS); fitted
+    on 5 and 7 alone, two tokens apart, the slope was as much the fit prompts' noise as the
+    server's."""
+    by_policy: dict[str, list[dict]] = {}
+    for r in drafting:
+        by_policy.setdefault(r["policy"], []).append(r)
+    drafting_rounds = lambda r: max(r["rounds"] - r["empty_rounds"], 1)  # noqa: E731
+    points = np.array([(statistics.median(r["drafted"] / drafting_rounds(r) for r in rows),
+                        statistics.median((r["spec_s"] - r["passes_s"] - r["empty_rounds"] * t_round_empty)
+                                          / drafting_rounds(r) for r in rows)) for rows in by_policy.values()])
+    if len(points) >= 2 and np.ptp(points[:, 0]) >= 1.0:  # else no slope to read: flat
+        slope, intercept = np.polyfit(points[:, 0], points[:, 1], 1)
+        if slope > 0:
+            return max(float(intercept), 0.0), float(slope)
+    return max(float(np.median([r["round_overhead_s"] for r in drafting])), 0.0), 0.0
+
+
+def passes_by_prompt(passes: CostModel, rec, runs) -> tuple[list[float], list[list[tuple[int, int, int, float]]]]:
     """(each prompt's one-token pass, seconds a token: plain decoding's, each of its tokens at its
-    own depth; per run, each prompt's (rounds, empty rounds, the rounds' passes in seconds)): each
-    round's draft steps and verify at the depth it starts at (replay/tables.record_depths), flat
-    where `passes` has no depth axis."""
+    own depth; per run, each prompt's (rounds, empty rounds, tokens drafted, the rounds' passes in
+    seconds)): each round's draft steps and verify at the depth it starts at
+    (replay/tables.record_depths), flat where `passes` has no depth axis."""
     from dspark_bench.replay.simulate import simulate  # simulate imports this module's cost model
 
     depths = record_depths(rec)
@@ -259,7 +296,8 @@ def passes_by_prompt(passes: CostModel, rec, runs) -> tuple[list[float], list[li
             seconds = sum(r.draft_forwards * draft[i] + costs[i, r.drafted] - (0.0 if r.draft_forwards else
                                                                                  passes.t_first_draft)
                           for i, r in enumerate(rounds))
-            per_prompt.append((len(rounds), sum(r.drafted == 0 for r in rounds), float(seconds)))
+            per_prompt.append((len(rounds), sum(r.drafted == 0 for r in rounds), sum(r.drafted for r in rounds),
+                               float(seconds)))
         spent.append(per_prompt)
     return one_token, spent
 

@@ -61,7 +61,8 @@ def at_depth(surface: CostSurface, depth: int) -> CostSurface:
     timed at fewer depths: measure/cost_model.time_depths)."""
     models = {}
     for b, m in surface.models.items():
-        draft, verify = dataclasses.replace(m, t_round=0.0, t_round_empty=None, t_first_draft=0.0).at_depths([depth])
+        draft, verify = dataclasses.replace(m, t_round=0.0, t_round_empty=None, t_first_draft=0.0,
+                                            t_round_token=0.0).at_depths([depth])
         models[b] = dataclasses.replace(m, t_draft=float(draft[0]), t_verify=[float(t) for t in verify[0]],
                                         context_tokens=depth, by_depth={}, t_learned=learned_at(m, depth))
     return CostSurface(models, surface.terms)

@@ -238,7 +238,9 @@ def cost_model_blocks(inputs: Inputs) -> list[tuple]:
                      + (f" (a round's first draft step {first * 1e3:.2f} ms more)" if first else "")
                      + f", t_verify(k = 0..) {verify} ms")
             empty = cost.get("t_round_empty")
+            per_token = cost.get("t_round_token") or 0.0
             text += (f", t_round {cost['t_round'] * 1e3:.2f} ms"
+                     + (f" + {per_token * 1e3:.2f} ms a drafted token" if per_token else "")
                      + (f" ({empty * 1e3:.2f} ms where the draft came back empty)" if empty is not None else "")
                      + f", plain step {cost['t_plain'] * 1e3:.2f} ms." if cost.get("t_plain") else ".")
         where = f" ({plots.short_run(run_id)})" if len(inputs.summaries) > 1 else ""

@@ -10,9 +10,10 @@ from dspark_bench.reporting.plots.base import figure
 
 
 def verify_curves(models: dict, title: str = ""):
-    """Left: t_verify(k) (+ t_round; t_round_empty at k = 0) over the engine's plain step, k = 0 … its deepest,
-    one line per engine, its draft step as a dotted level; right: the same in milliseconds. Where the left
-    curve climbs steeply from k = 0 to 1, verifying even one drafted token costs most of a step."""
+    """Left: t_verify(k) (+ what a round adds: t_round + k · t_round_token; t_round_empty at k = 0) over the
+    engine's plain step, k = 0 … its deepest, one line per engine, its draft step as a dotted level;
+    right: the same in milliseconds. Where the left curve climbs steeply from k = 0 to 1, verifying even
+    one drafted token costs most of a step."""
     fig, axes = figure(11, 4.2, 1, 2)
     relative, absolute = axes[0]
     for i, (label, cost) in enumerate(models.items()):
