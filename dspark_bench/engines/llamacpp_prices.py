@@ -13,13 +13,14 @@ context), then sampling each verified position and the cache edits. So:
 - t_draft = the draft's pass over one token at that depth (`llama-bench -p 1`).
 - t_plain, t_round and t_round_token: what the server adds (sampling every verified and drafted
   position, cache edits, the slot's bookkeeping). Fitted on fixed γ = 2, 5 and 7 runs (FIT_GAMMAS)
-  of both servers on prompts set apart for fitting (the task's last ones), from llama-server's own
-  `timings` (`predicted_ms`, the generation phase): t_plain = plain seconds per generated token;
-  what the speculative side took beyond replay's passes for the same prompts, per round, is
+  of both servers on prompts set apart for fitting (the task's last ones), each the median of
+  FIT_REPEATS timed pairs, from llama-server's own `timings` (`predicted_ms`, the generation
+  phase): t_plain = plain seconds per generated token; what the speculative side took beyond
+  replay's passes for the same prompts, per round, is
   t_round + t_round_token per token drafted (the line through each policy's medians:
   replay/cost_file.py's fit_overheads). A round costs more the more it drafts: on the long pair
   2.1 ms + 0.19 ms a drafted token, so one t_round fitted on γ 5 and 7 priced every shorter
-  draft too dear (docs/depth.md#llamacpp-at-depth).
+  draft too dear (docs/depth.md#what-a-round-adds-per-drafted-token).
 - t_round_empty: what a round adds whose draft came back empty (p-min stopped it before its first
   token). The server then takes a plain step, the sampled token alone (server-context.cpp: no
   verification, no checkpoint), so it adds far less than t_round: on this machine pricing such
@@ -68,6 +69,9 @@ from dspark_bench.replay.cost_file import load as load_file
 FIT_GAMMAS = (2, *HF_FIT_GAMMAS)
 # The fit's empty-draft run: p-min 1 stops every draft at its first token (t_round_empty).
 EMPTY_FIT = dict(schedule=schedules.THRESHOLD, metric="top1", threshold=1.0, gamma_max=1)
+# Each fit prompt's timed pairs (medians): one pair a prompt put one fit's t_round at 0.2 ms where
+# two others read 1.0-1.1 (5 prompts, each a residual of a few per cent of its passes).
+FIT_REPEATS = 3
 REPETITIONS = 5  # llama-bench -r, in each of INVOCATIONS runs (a pass takes milliseconds: many are cheap)
 INVOCATIONS = 6
 
@@ -161,8 +165,8 @@ def file_key(path: Path) -> str:
 
 
 # Bumped when the way a file is fitted changes, so a cached file of the old way is measured again.
-FIT_VERSION = 5  # 2: the passes scaled to the server's (server_scale); 3: t_round_empty, paired ratios;
-# 4: each fit prompt priced at its own depths; 5: t_round_token, on fixed γ 2, 5 and 7
+FIT_VERSION = 6  # 2: the passes scaled to the server's (server_scale); 3: t_round_empty, paired ratios;
+# 4: each fit prompt priced at its own depths; 5: t_round_token, on fixed γ 2, 5 and 7; 6: FIT_REPEATS pairs
 
 
 def cache_path(build: dict, target: Path, draft: Path, depth: int, threads: int | None) -> Path:
@@ -211,7 +215,7 @@ def how_measured(scale: float) -> str:
     return ("t_verify(k): llama-bench -p k+1 -n 0 -d DEPTH, target + draft (the server passes every target batch "
             "through the draft too); t_draft: the draft's -p 1; medians of "
             f"{REPETITIONS * INVOCATIONS} repetitions over {INVOCATIONS} runs, sizes shuffled. t_plain, t_round, "
-            "t_round_token: fitted on llama-server's timings.predicted_ms of fixed "
+            f"t_round_token: fitted on llama-server's timings.predicted_ms ({FIT_REPEATS} pairs a prompt) of fixed "
             f"γ={', '.join(map(str, FIT_GAMMAS))} and plain runs: what each took beyond replay's passes per round, "
             "each prompt's at its own depths, the line through each policy's median against its tokens drafted per "
             "round (fitted_on); t_round_empty: the same per empty round of a p-min 1 run; every pass scaled by "
@@ -234,8 +238,9 @@ def llamacpp_prices(pair, fit_prompts, fit_ids: list[list[int]], eos, max_new_to
     gamma = max(gamma, *FIT_GAMMAS)
     if say:
         say(f"measuring llama.cpp's prices (cached after): llama-bench passes of 1 to {gamma + 1} tokens at depth "
-            f"{depth}, then {2 * len(fit_ids) * (len(FIT_GAMMAS) + 1)} fit requests ({len(fit_ids)} prompts × "
-            f"fixed γ={', '.join(map(str, FIT_GAMMAS))} and p-min 1 × both servers, {max_new_tokens} tokens)")
+            f"{depth}, then {2 * FIT_REPEATS * len(fit_ids) * (len(FIT_GAMMAS) + 1)} fit requests ({len(fit_ids)} "
+            f"prompts × fixed γ={', '.join(map(str, FIT_GAMMAS))} and p-min 1 × both servers × {FIT_REPEATS} pairs, "
+            f"{max_new_tokens} tokens)")
     probe = LoadProbe()  # a busy machine while measuring is said, as for our own timings
     probe.sample("before llama-bench")
     passes, medians = pass_costs(find_bench(binary), target, draft, depth, gamma, threads)
@@ -244,8 +249,9 @@ def llamacpp_prices(pair, fit_prompts, fit_ids: list[list[int]], eos, max_new_to
                 for knobs in [*(dict(schedule=schedules.BASELINE, gamma_max=g) for g in FIT_GAMMAS), EMPTY_FIT]]
     if say:  # the fit's estimate, now that llama-bench has timed a plain step
         step = medians["target"][1]
-        say(f"llama.cpp's plain step: {step * 1e3:.1f} ms (llama-bench); the fit's {2 * len(fit_ids) * len(policies)} "
-            f"requests ≈ {2 * len(fit_ids) * len(policies) * max_new_tokens * step:.0f} s at that step, the servers' "
+        requests = 2 * FIT_REPEATS * len(fit_ids) * len(policies)
+        say(f"llama.cpp's plain step: {step * 1e3:.1f} ms (llama-bench); the fit's {requests} "
+            f"requests ≈ {requests * max_new_tokens * step:.0f} s at that step, the servers' "
             "starts aside")
     context = max(len(ids) for ids in fit_ids) + max_new_tokens + gamma + 8
     runs, steps = [], stage_steps(progress, "llama.cpp prices (fit)", len(fit_ids) * len(policies))
@@ -253,7 +259,7 @@ def llamacpp_prices(pair, fit_prompts, fit_ids: list[list[int]], eos, max_new_to
         for policy in policies:
             with LlamaServer(binary, target, llamacpp_flags(policy, str(draft), version), threads, context, None,
                              "llama-server (speculative, fit)") as spec:
-                rows = served(plain, spec, fit_prompts, fit_ids, policy, 1, steps)
+                rows = served(plain, spec, fit_prompts, fit_ids, policy, FIT_REPEATS, steps)
             runs.append((policy, rows.rename(columns={"spec_gen_s": "spec_s", "baseline_gen_s": "baseline_s"})))
     probe.sample("after the fit runs")
     rec = record(pair, fit_ids, max_new_tokens, gamma, eos_ids=eos)
